@@ -1,0 +1,6 @@
+"""nanovllm: a small, readable LLM inference engine."""
+
+from nanovllm.llm import LLM
+from nanovllm.sampling_params import SamplingParams
+
+__all__ = ["LLM", "SamplingParams"]

@@ -1,0 +1,105 @@
+"""Engine configuration: one validated dataclass built from `LLM(model, **kwargs)`."""
+
+import os
+from dataclasses import dataclass, field, fields
+
+import torch
+from transformers import AutoConfig, PretrainedConfig
+
+_LOAD_FORMATS = ("auto", "dummy")
+_DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@dataclass
+class Config:
+    """Everything the engine needs to know, checked once at construction.
+
+    `model` is a local Hugging Face folder (config.json, *.safetensors, tokenizer
+    files). `num_kvcache_blocks=-1` means "size the KV cache from memory": from
+    `gpu_memory_utilization` on CUDA, from `cpu_kvcache_gb` on CPU.
+    """
+
+    model: str
+    max_num_batched_tokens: int = 16384
+    max_num_seqs: int = 512
+    max_model_len: int = 4096
+    gpu_memory_utilization: float = 0.9
+    tensor_parallel_size: int = 1
+    enforce_eager: bool = False
+    kvcache_block_size: int = 256
+    num_kvcache_blocks: int = -1
+    cpu_kvcache_gb: float = 2.0
+    device: str = field(default_factory=_default_device)
+    dtype: str = "auto"
+    load_format: str = "auto"
+    seed: int = 0
+    hf_config: PretrainedConfig = field(init=False, repr=False)
+    eos_token_ids: tuple[int, ...] = field(init=False, default=())
+
+    @classmethod
+    def from_kwargs(cls, model: str, **kwargs) -> "Config":
+        """Build a Config, naming any keyword that is not one of its fields."""
+        known = {f.name for f in fields(cls) if f.init} - {"model"}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown argument(s) {', '.join(unknown)}; valid ones are: {', '.join(sorted(known))}"
+            )
+        return cls(model=model, **kwargs)
+
+    def __post_init__(self) -> None:
+        self._check_ranges()
+        self._check_model_folder()
+        self.hf_config = AutoConfig.from_pretrained(self.model)
+        self.max_model_len = min(self.max_model_len, self.hf_config.max_position_embeddings)
+        if self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
+                f"max_model_len ({self.max_model_len}), or a long prompt could never be scheduled; "
+                f"raise max_num_batched_tokens or lower max_model_len"
+            )
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """The dtype weights and activations use: the checkpoint's unless `dtype` overrides it."""
+        chosen = _DTYPES[self.dtype]
+        if chosen is not None:
+            return chosen
+        checkpoint_dtype = getattr(self.hf_config, "dtype", None) or torch.float32
+        if isinstance(checkpoint_dtype, str):
+            checkpoint_dtype = getattr(torch, checkpoint_dtype)
+        return checkpoint_dtype
+
+    def _check_ranges(self) -> None:
+        def require(ok: bool, message: str) -> None:
+            if not ok:
+                raise ValueError(message)
+
+        require(self.max_num_batched_tokens >= 1, f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        require(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        require(self.max_model_len >= 1, f"max_model_len must be >= 1, got {self.max_model_len}")
+        require(0.0 < self.gpu_memory_utilization <= 1.0,
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        require(self.tensor_parallel_size == 1,
+                f"tensor_parallel_size={self.tensor_parallel_size} is not supported yet; use 1")
+        bs = self.kvcache_block_size
+        require(bs >= 16 and bs & (bs - 1) == 0, f"kvcache_block_size must be a power of two >= 16, got {bs}")
+        require(self.num_kvcache_blocks == -1 or self.num_kvcache_blocks >= 1,
+                f"num_kvcache_blocks must be -1 (size from memory) or >= 1, got {self.num_kvcache_blocks}")
+        require(self.cpu_kvcache_gb > 0, f"cpu_kvcache_gb must be > 0, got {self.cpu_kvcache_gb}")
+        require(self.device in ("cpu", "cuda"), f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        require(self.device == "cpu" or torch.cuda.is_available(),
+                "device='cuda' was asked for but no CUDA GPU is visible; use device='cpu'")
+        require(self.dtype in _DTYPES, f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
+        require(self.load_format in _LOAD_FORMATS,
+                f"load_format must be one of {', '.join(_LOAD_FORMATS)}, got {self.load_format!r}")
+
+    def _check_model_folder(self) -> None:
+        if not os.path.isdir(self.model):
+            raise FileNotFoundError(f"model folder {self.model!r} does not exist; pass a local Hugging Face model folder")
+        if not os.path.isfile(os.path.join(self.model, "config.json")):
+            raise FileNotFoundError(f"no config.json in {self.model!r}; is this a Hugging Face model folder?")

@@ -1,0 +1,141 @@
+"""Paged KV-cache bookkeeping with a hash-chained prefix cache."""
+
+from array import array
+from collections import deque
+
+import xxhash
+
+from nanovllm.engine.sequence import Sequence
+
+
+class Block:
+    """One physical block of the KV cache."""
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_count = 0
+        self.hash = -1
+        self.token_ids: list[int] = []
+
+    def set_content(self, block_hash: int, token_ids: list[int]) -> None:
+        self.hash = block_hash
+        self.token_ids = list(token_ids)
+
+    def reset(self) -> None:
+        self.ref_count = 1
+        self.hash = -1
+        self.token_ids = []
+
+
+def chain_hash(token_ids: list[int], prefix_hash: int = -1) -> int:
+    """xxhash64 of the previous block's hash and this block's tokens: names the whole prefix."""
+    h = xxhash.xxh64()
+    if prefix_hash != -1:
+        h.update(prefix_hash.to_bytes(8, "little"))
+    h.update(array("q", token_ids).tobytes())
+    return h.intdigest()
+
+
+class BlockManager:
+    """Owns the pool of KV blocks: hands them out, shares cached prefixes, frees them.
+
+    Free blocks wait in a FIFO and keep their hash, so a later request with the
+    same prefix can revive them; a block is only reused for new content once it
+    reaches the head of the queue.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int):
+        self.block_size = block_size
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.hash_to_block_id: dict[int, int] = {}
+        self.free_block_ids: deque[int] = deque(range(num_blocks))
+        self.used_block_ids: set[int] = set()
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_block_ids)
+
+    def cached_prefix(self, seq: Sequence) -> list[int]:
+        """Block ids that already hold the leading full blocks of `seq`.
+
+        At least one token is always left to compute, so that the step has a
+        last position to sample from and never writes into a shared block.
+        """
+        hits = []
+        prefix_hash = -1
+        for i in range(seq.num_blocks):
+            if (i + 1) * self.block_size >= seq.num_tokens:
+                break
+            tokens = seq.block(i)
+            prefix_hash = chain_hash(tokens, prefix_hash)
+            block_id = self.hash_to_block_id.get(prefix_hash, -1)
+            if block_id == -1 or self.blocks[block_id].token_ids != tokens:
+                break
+            hits.append(block_id)
+        return hits
+
+    def can_allocate(self, seq: Sequence, hits: list[int]) -> bool:
+        """Whether the free list covers `seq`'s blocks, given its prefix-cache hits."""
+        shared_in_use = sum(1 for b in hits if self.blocks[b].ref_count > 0)
+        return self.num_free_blocks >= seq.num_blocks - shared_in_use
+
+    def allocate(self, seq: Sequence, hits: list[int]) -> None:
+        """Give `seq` a block table: `hits` shared, the rest fresh; register full blocks."""
+        assert not seq.block_table
+        for block_id in hits:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                self.free_block_ids.remove(block_id)
+                self.used_block_ids.add(block_id)
+            block.ref_count += 1
+            seq.block_table.append(block_id)
+        seq.num_cached_tokens = seq.num_computed_tokens = len(hits) * self.block_size
+        self._grow_block_table(seq)
+
+    def deallocate(self, seq: Sequence) -> None:
+        """Drop `seq`'s references, last block first; freed blocks keep their hash."""
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.used_block_ids.remove(block_id)
+                self.free_block_ids.append(block_id)
+        seq.block_table.clear()
+        seq.num_computed_tokens = 0
+
+    def can_append(self, seq: Sequence) -> bool:
+        """Whether the free list covers the blocks `seq` needs for its new tokens."""
+        return self.num_free_blocks >= seq.num_blocks - len(seq.block_table)
+
+    def may_append(self, seq: Sequence) -> None:
+        """Take the blocks `seq`'s new tokens need and register blocks they fill."""
+        self._grow_block_table(seq)
+
+    def _grow_block_table(self, seq: Sequence) -> None:
+        while len(seq.block_table) < seq.num_blocks:
+            seq.block_table.append(self._take_free_block())
+        self._register_full_blocks(seq)
+
+    def _register_full_blocks(self, seq: Sequence) -> None:
+        # Walk back to the last block that already has a hash, then chain forward.
+        num_full = seq.num_tokens // self.block_size
+        first = num_full
+        while first > 0 and self.blocks[seq.block_table[first - 1]].hash == -1:
+            first -= 1
+        prefix_hash = self.blocks[seq.block_table[first - 1]].hash if first > 0 else -1
+        for i in range(first, num_full):
+            tokens = seq.block(i)
+            prefix_hash = chain_hash(tokens, prefix_hash)
+            block = self.blocks[seq.block_table[i]]
+            block.set_content(prefix_hash, tokens)
+            self.hash_to_block_id[prefix_hash] = block.block_id
+
+    def _take_free_block(self) -> int:
+        block_id = self.free_block_ids.popleft()
+        block = self.blocks[block_id]
+        assert block.ref_count == 0
+        if self.hash_to_block_id.get(block.hash) == block_id:
+            del self.hash_to_block_id[block.hash]
+        block.reset()
+        self.used_block_ids.add(block_id)
+        return block_id

@@ -1,0 +1,173 @@
+"""Runs the model for one rank: builds it, sizes the KV cache, prepares each step's inputs, samples."""
+
+import torch
+
+from nanovllm.config import Config
+from nanovllm.engine.scheduler import ScheduledBatch
+from nanovllm.engine.sequence import Sequence
+from nanovllm.layers.attention import Attention
+from nanovllm.layers.sampler import Sampler
+from nanovllm.models import model_class
+from nanovllm.sampling_params import SamplingParams
+from nanovllm.utils.context import Context, reset_context, set_context
+from nanovllm.utils.loader import init_dummy_weights, load_model
+from nanovllm.utils.parallel import tp_rank
+
+_GIB = 1 << 30
+
+
+class ModelRunner:
+    """Owns the model, its KV cache and the sampler on one device."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.block_size = config.kvcache_block_size
+        self.device = torch.device(config.device)
+        self.dtype = config.torch_dtype
+        self.rank = tp_rank()
+        torch.manual_seed(config.seed)
+        self.model = self._build_model()
+        self.sampler = Sampler()
+        if self.device.type == "cuda":
+            self._warm_up()
+        self._allocate_kv_cache()
+
+    def _build_model(self) -> torch.nn.Module:
+        hf_config = self.config.hf_config
+        default_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with self.device:
+                model = model_class(hf_config)(hf_config)
+        finally:
+            torch.set_default_dtype(default_dtype)
+        if self.config.load_format == "dummy":
+            init_dummy_weights(model)
+        else:
+            load_model(model, self.config.model)
+        return model.eval()
+
+    def _warm_up(self) -> None:
+        # The largest prefill the config allows sets the activation peak that the
+        # KV-cache sizing must leave room for.
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        max_len = self.config.max_model_len
+        num_seqs = max(1, min(self.config.max_num_batched_tokens // max_len, self.config.max_num_seqs))
+        greedy_one_token = SamplingParams(temperature=0.0, max_tokens=1)
+        seqs = [Sequence([0] * max_len, greedy_one_token, self.block_size) for _ in range(num_seqs)]
+        self.run(ScheduledBatch(seqs, is_prefill=True))
+        torch.cuda.empty_cache()
+
+    def _kv_block_bytes(self) -> int:
+        hf = self.config.hf_config
+        attn = next(m for m in self.model.modules() if isinstance(m, Attention))
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * hf.num_hidden_layers * self.block_size * attn.num_kv_heads * attn.head_dim * itemsize
+
+    def _num_blocks_that_fit(self, block_bytes: int) -> int:
+        if self.device.type == "cpu":
+            return int(self.config.cpu_kvcache_gb * _GIB) // block_bytes
+        free, total = torch.cuda.mem_get_info(self.device)
+        stats = torch.cuda.memory_stats(self.device)
+        used_elsewhere = total - free
+        warm_up_extra = stats["allocated_bytes.all.peak"] - stats["allocated_bytes.all.current"]
+        budget = total * self.config.gpu_memory_utilization - used_elsewhere - warm_up_extra
+        if budget < block_bytes:
+            raise ValueError(
+                f"no room for the KV cache: one block needs {block_bytes / _GIB:.3f} GiB but only "
+                f"{max(budget, 0) / _GIB:.3f} GiB is left of gpu_memory_utilization="
+                f"{self.config.gpu_memory_utilization} x {total / _GIB:.1f} GiB; raise "
+                f"gpu_memory_utilization, or lower max_model_len/max_num_batched_tokens"
+            )
+        return int(budget) // block_bytes
+
+    def _allocate_kv_cache(self) -> None:
+        config = self.config
+        block_bytes = self._kv_block_bytes()
+        if config.num_kvcache_blocks == -1:
+            # never more than every sequence at full length could use
+            blocks_per_seq = (config.max_model_len + self.block_size - 1) // self.block_size
+            config.num_kvcache_blocks = min(self._num_blocks_that_fit(block_bytes),
+                                            config.max_num_seqs * blocks_per_seq)
+            if config.num_kvcache_blocks < 1:
+                raise ValueError(
+                    f"cpu_kvcache_gb={config.cpu_kvcache_gb} holds no KV block of "
+                    f"{block_bytes / _GIB:.3f} GiB; raise it or lower kvcache_block_size"
+                )
+        layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        attn = layers[0]
+        # kv_cache: [2, layers, blocks, block_size, kv_heads, head_dim]
+        self.kv_cache = torch.zeros(2, len(layers), config.num_kvcache_blocks, self.block_size,
+                                    attn.num_kv_heads, attn.head_dim, dtype=self.dtype, device=self.device)
+        for i, layer in enumerate(layers):
+            layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
+
+    def _to_device(self, values: list, dtype: torch.dtype) -> torch.Tensor:
+        pin = self.device.type == "cuda"
+        return torch.tensor(values, dtype=dtype, pin_memory=pin).to(self.device, non_blocking=True)
+
+    def _slots(self, seq: Sequence, start: int, end: int) -> list[int]:
+        """Flat cache slots of positions start..end-1 of `seq`."""
+        bs, table = self.block_size, seq.block_table
+        return [table[p // bs] * bs + p % bs for p in range(start, end)] if table else [-1] * (end - start)
+
+    def _block_tables(self, seqs: list[Sequence]) -> torch.Tensor:
+        width = max(len(seq.block_table) for seq in seqs)
+        rows = [seq.block_table + [-1] * (width - len(seq.block_table)) for seq in seqs]
+        return self._to_device(rows, torch.int32)
+
+    def prepare_prefill(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs of each sequence's uncomputed tokens, packed, and the prefill context."""
+        input_ids, positions, slots = [], [], []
+        seqlens_q, seqlens_k = [], []
+        for seq in seqs:
+            start, end = seq.num_computed_tokens, seq.num_tokens
+            input_ids += seq.token_ids[start:end]
+            positions += range(start, end)
+            slots += self._slots(seq, start, end)
+            seqlens_q.append(end - start)
+            seqlens_k.append(end)
+        cu_q = [0]
+        cu_k = [0]
+        for q_len, k_len in zip(seqlens_q, seqlens_k):
+            cu_q.append(cu_q[-1] + q_len)
+            cu_k.append(cu_k[-1] + k_len)
+        has_prefix = any(seq.num_computed_tokens for seq in seqs)
+        set_context(Context(
+            is_prefill=True,
+            slot_mapping=self._to_device(slots, torch.int64),
+            cu_seqlens_q=self._to_device(cu_q, torch.int32),
+            cu_seqlens_k=self._to_device(cu_k, torch.int32),
+            max_seqlen_q=max(seqlens_q),
+            max_seqlen_k=max(seqlens_k),
+            seqlens_q=seqlens_q,
+            seqlens_k=seqlens_k,
+            block_tables=self._block_tables(seqs) if has_prefix else None,
+        ))
+        return self._to_device(input_ids, torch.int64), self._to_device(positions, torch.int64)
+
+    def prepare_decode(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each sequence's last token, its position and slot, and the decode context."""
+        input_ids = [seq.last_token for seq in seqs]
+        positions = [seq.num_tokens - 1 for seq in seqs]
+        slots = [self._slots(seq, p, p + 1)[0] for seq, p in zip(seqs, positions)]
+        set_context(Context(
+            is_prefill=False,
+            slot_mapping=self._to_device(slots, torch.int64),
+            context_lens=self._to_device([seq.num_tokens for seq in seqs], torch.int32),
+            block_tables=self._block_tables(seqs),
+        ))
+        return self._to_device(input_ids, torch.int64), self._to_device(positions, torch.int64)
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> list[int] | None:
+        """One forward pass over the batch; rank 0 returns the sampled token ids."""
+        prepare = self.prepare_prefill if batch.is_prefill else self.prepare_decode
+        input_ids, positions = prepare(batch.seqs)
+        logits = self.model.compute_logits(self.model(input_ids, positions))
+        reset_context()
+        if self.rank != 0:
+            return None
+        temperatures = self._to_device([seq.temperature for seq in batch.seqs], torch.float32)
+        return self.sampler(logits, temperatures).tolist()

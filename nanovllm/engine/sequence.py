@@ -1,0 +1,98 @@
+"""One request: its tokens, its place in the KV cache and its progress."""
+
+from copy import copy
+from enum import Enum, auto
+from itertools import count
+
+from nanovllm.sampling_params import SamplingParams
+
+
+class SequenceStatus(Enum):
+    """Where a sequence is in its life."""
+
+    WAITING = auto()
+    RUNNING = auto()
+    FINISHED = auto()
+
+
+class Sequence:
+    """A prompt and its completion, with the blocks that hold their K/V.
+
+    Progress is two counts: `num_tokens` (prompt + completion so far) and
+    `num_computed_tokens` (how many of them already have K/V in the cache). The
+    tokens a step must compute are `token_ids[num_computed_tokens:]`.
+    `num_cached_tokens` records how many prompt tokens the prefix cache supplied
+    at the last allocation.
+    """
+
+    _ids = count()
+
+    def __init__(self, token_ids: list[int], sampling_params: SamplingParams, block_size: int):
+        self.seq_id = next(Sequence._ids)
+        self.block_size = block_size
+        self.status = SequenceStatus.WAITING
+        self.token_ids = copy(token_ids)
+        self.last_token = token_ids[-1]
+        self.num_tokens = len(token_ids)
+        self.num_prompt_tokens = len(token_ids)
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0
+        self.block_table: list[int] = []
+        self.temperature = sampling_params.temperature
+        self.max_tokens = sampling_params.max_tokens
+        self.ignore_eos = sampling_params.ignore_eos
+
+    def __len__(self) -> int:
+        return self.num_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return self.num_tokens - self.num_prompt_tokens
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def completion_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks needed to hold every token of the sequence."""
+        return (self.num_tokens + self.block_size - 1) // self.block_size
+
+    @property
+    def num_new_tokens(self) -> int:
+        """Tokens whose K/V the next step computes."""
+        return self.num_tokens - self.num_computed_tokens
+
+    def block(self, i: int) -> list[int]:
+        """Token ids of logical block `i`."""
+        return self.token_ids[i * self.block_size : (i + 1) * self.block_size]
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+        self.last_token = token_id
+        self.num_tokens += 1
+
+    def __getstate__(self):
+        # Workers only need the tokens they will compute: the whole list for a
+        # prefill (first or after preemption), just the last token for a decode.
+        tokens = self.last_token if self.num_new_tokens == 1 and self.num_computed_tokens else self.token_ids
+        return (self.seq_id, self.num_tokens, self.num_prompt_tokens, self.num_computed_tokens,
+                self.block_table, tokens)
+
+    def __setstate__(self, state) -> None:
+        (self.seq_id, self.num_tokens, self.num_prompt_tokens, self.num_computed_tokens,
+         self.block_table, tokens) = state
+        if isinstance(tokens, list):
+            self.token_ids = tokens
+            self.last_token = tokens[-1]
+        else:
+            self.token_ids = []
+            self.last_token = tokens

@@ -1,0 +1,74 @@
+"""Paged attention in plain PyTorch: the CPU path and the reference for GPU kernels.
+
+Cache layout: k_cache, v_cache: [num_blocks, block_size, kv_heads, head_dim];
+token t of a sequence lives in block `block_table[t // block_size]` at offset
+`t % block_size`, i.e. flat slot `block_id * block_size + offset`.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from nanovllm.utils.context import Context
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    # q: [q_len, heads, d]; k, v: [k_len, kv_heads, d]. The queries are the last
+    # q_len of the k_len positions, so query i sees keys 0 .. k_len - q_len + i.
+    q_len, k_len = q.size(0), k.size(0)
+    mask = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device).tril(k_len - q_len)
+    o = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+        attn_mask=mask, scale=scale, enable_gqa=True,
+    )
+    return o.transpose(0, 1)
+
+
+def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    # the first `length` tokens of one sequence: [length, kv_heads, d]
+    block_size = cache.size(1)
+    num_blocks = (length + block_size - 1) // block_size
+    return cache[block_table[:num_blocks]].flatten(0, 1)[:length]
+
+
+class TorchAttentionBackend:
+    """Stores K/V into the paged cache and attends over it with SDPA."""
+
+    def store_kvcache(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                      v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        # k, v: [tokens, kv_heads, d]; slot_mapping: [tokens], -1 = skip
+        keep = slot_mapping >= 0
+        slots = slot_mapping[keep]
+        k_cache.flatten(0, 1)[slots] = k[keep]
+        v_cache.flatten(0, 1)[slots] = v[keep]
+
+    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, context: Context, scale: float) -> torch.Tensor:
+        """Causal attention of each sequence's new tokens over its prefix and themselves."""
+        # q: [tokens, heads, d]; k, v: [tokens, kv_heads, d]
+        o = torch.empty_like(q)
+        start = 0
+        for i, (q_len, k_len) in enumerate(zip(context.seqlens_q, context.seqlens_k)):
+            new = slice(start, start + q_len)
+            if context.block_tables is None:
+                keys, values = k[new], v[new]
+            else:
+                keys = _gather(k_cache, context.block_tables[i], k_len)
+                values = _gather(v_cache, context.block_tables[i], k_len)
+            o[new] = _attend(q[new], keys, values, scale)
+            start += q_len
+        return o
+
+    def decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               context: Context, scale: float) -> torch.Tensor:
+        """One query per sequence over its `context_lens[i]` cached tokens."""
+        # q: [seqs, heads, d]; block_tables: [seqs, max_blocks]
+        block_tables = context.block_tables.clamp_min(0)
+        keys = k_cache[block_tables].flatten(1, 2)  # [seqs, max_blocks * block_size, kv_heads, d]
+        values = v_cache[block_tables].flatten(1, 2)
+        positions = torch.arange(keys.size(1), device=q.device)
+        mask = positions < context.context_lens.unsqueeze(1)  # [seqs, keys]
+        o = F.scaled_dot_product_attention(
+            q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2),
+            attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True,
+        )
+        return o.squeeze(2)

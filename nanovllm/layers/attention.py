@@ -1,0 +1,51 @@
+"""Attention over the paged KV cache, through a pluggable backend."""
+
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from nanovllm.kernels.torch_attention import TorchAttentionBackend
+from nanovllm.utils.context import Context, get_context
+
+
+class AttentionBackend(Protocol):
+    """What an attention implementation provides; caches are [blocks, block_size, kv_heads, d]."""
+
+    def store_kvcache(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                      v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None: ...
+
+    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, context: Context, scale: float) -> torch.Tensor: ...
+
+    def decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               context: Context, scale: float) -> torch.Tensor: ...
+
+
+class Attention(nn.Module):
+    """Stores this step's K/V at the slot mapping, then attends.
+
+    `k_cache`/`v_cache` are views into the runner's KV tensor, bound after the
+    cache is allocated; before that (warm-up) nothing is stored.
+    """
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                 backend: AttentionBackend | None = None):
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.backend = backend or TorchAttentionBackend()
+        self.k_cache = self.v_cache = torch.tensor([])
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # q: [tokens, heads, d]; k, v: [tokens, kv_heads, d] -> [tokens, heads * d]
+        context = get_context()
+        if self.k_cache.numel():
+            self.backend.store_kvcache(k, v, self.k_cache, self.v_cache, context.slot_mapping)
+        if context.is_prefill:
+            o = self.backend.prefill(q, k, v, self.k_cache, self.v_cache, context, self.scale)
+        else:
+            o = self.backend.decode(q, self.k_cache, self.v_cache, context, self.scale)
+        return o.flatten(1)

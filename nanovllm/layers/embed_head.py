@@ -1,0 +1,54 @@
+"""Token embedding and LM head, both split along the vocabulary across ranks."""
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from nanovllm.layers.linear import divide
+from nanovllm.utils.context import get_context
+from nanovllm.utils.parallel import tp_rank, tp_size
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Each rank holds a contiguous slice of the vocabulary's rows."""
+
+    def __init__(self, vocab_size: int, hidden_size: int):
+        super().__init__()
+        self.tp_rank, self.tp_size = tp_rank(), tp_size()
+        self.rows_per_rank = divide(vocab_size, self.tp_size, "vocabulary size")
+        self.vocab_start = self.tp_rank * self.rows_per_rank
+        self.weight = nn.Parameter(torch.empty(self.rows_per_rank, hidden_size), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        param.data.copy_(loaded.narrow(0, self.vocab_start, self.rows_per_rank))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        # input_ids: [tokens] -> [tokens, hidden]
+        if self.tp_size == 1:
+            return F.embedding(input_ids, self.weight)
+        local = input_ids - self.vocab_start
+        mine = (local >= 0) & (local < self.rows_per_rank)
+        y = F.embedding(local.clamp(0, self.rows_per_rank - 1), self.weight) * mine.unsqueeze(1)
+        dist.all_reduce(y)
+        return y
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """Hidden states to logits; in prefill only each sequence's last token is scored.
+
+    Rank 0 gathers the full vocabulary's logits; other ranks return None.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor | None:
+        # x: [tokens, hidden] -> logits: [num_seqs, vocab]
+        context = get_context()
+        if context.is_prefill:
+            x = x[context.cu_seqlens_q[1:] - 1]
+        logits = F.linear(x, self.weight)
+        if self.tp_size == 1:
+            return logits
+        parts = [torch.empty_like(logits) for _ in range(self.tp_size)] if self.tp_rank == 0 else None
+        dist.gather(logits, parts, dst=0)
+        return torch.cat(parts, dim=-1) if self.tp_rank == 0 else None

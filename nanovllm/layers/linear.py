@@ -1,0 +1,119 @@
+"""Linear layers split across tensor-parallel ranks, each parameter with its own loader.
+
+Column-parallel layers split their output features, row-parallel layers split
+their input features and all-reduce the partial sums. A parameter's
+`weight_loader(param, loaded, shard_id=None)` copies this rank's slice of a
+checkpoint tensor into it; fused layers (qkv, gate/up) take one checkpoint
+tensor per `shard_id`.
+"""
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from nanovllm.utils.parallel import tp_rank, tp_size
+
+
+def divide(numerator: int, denominator: int, what: str) -> int:
+    """`numerator / denominator`, or a clear error when the split is uneven."""
+    if numerator % denominator:
+        raise ValueError(f"{what} ({numerator}) is not divisible by tensor_parallel_size ({denominator})")
+    return numerator // denominator
+
+
+class LinearBase(nn.Module):
+    """y = x W^T (+ b), with W stored as this rank's shard along `tp_dim` (None = replicated)."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool, tp_dim: int | None):
+        super().__init__()
+        self.tp_dim = tp_dim
+        self.tp_rank = tp_rank()
+        self.tp_size = tp_size() if tp_dim is not None else 1
+        if tp_dim == 0:
+            output_size = divide(output_size, self.tp_size, "output features")
+        elif tp_dim == 1:
+            input_size = divide(input_size, self.tp_size, "input features")
+        self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        if self.tp_dim is not None and self.tp_dim < loaded.dim():
+            size = param.size(self.tp_dim)
+            loaded = loaded.narrow(self.tp_dim, self.tp_rank * size, size)
+        param.data.copy_(loaded)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class ReplicatedLinear(LinearBase):
+    """The whole weight on every rank."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False):
+        super().__init__(input_size, output_size, bias, tp_dim=None)
+
+
+class ColumnParallelLinear(LinearBase):
+    """Output features split across ranks; no communication."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False):
+        super().__init__(input_size, output_size, bias, tp_dim=0)
+
+
+class FusedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel projections of one input stored as one weight.
+
+    `shard_sizes` maps each checkpoint tensor's shard id to its full output size;
+    on each rank the fused weight holds every shard's slice, in that order.
+    """
+
+    def __init__(self, input_size: int, shard_sizes: dict, bias: bool = False):
+        super().__init__(input_size, sum(shard_sizes.values()), bias)
+        self.shard_sizes = shard_sizes
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        offset = 0
+        for sid, full_size in self.shard_sizes.items():
+            size = full_size // self.tp_size
+            if sid == shard_id:
+                target = param.data.narrow(0, offset, size)
+                target.copy_(loaded.narrow(0, self.tp_rank * size, size))
+                return
+            offset += size
+        raise KeyError(f"unknown shard {shard_id!r}; expected one of {list(self.shard_sizes)}")
+
+
+class MergedColumnParallelLinear(FusedColumnParallelLinear):
+    """gate and up projections in one matmul; shard ids 0 and 1."""
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False):
+        super().__init__(input_size, dict(enumerate(output_sizes)), bias)
+
+
+class QKVParallelLinear(FusedColumnParallelLinear):
+    """q, k and v projections in one matmul; heads and KV heads split across ranks."""
+
+    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool = False):
+        divide(num_heads, tp_size(), "attention heads")
+        divide(num_kv_heads, tp_size(), "KV heads")
+        sizes = {"q": num_heads * head_dim, "k": num_kv_heads * head_dim, "v": num_kv_heads * head_dim}
+        super().__init__(hidden_size, sizes, bias)
+
+
+class RowParallelLinear(LinearBase):
+    """Input features split across ranks; partial outputs summed by all-reduce."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False):
+        super().__init__(input_size, output_size, bias, tp_dim=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # the bias is added once, on rank 0, so the all-reduce counts it once
+        y = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
+        if self.tp_size > 1:
+            dist.all_reduce(y)
+        return y

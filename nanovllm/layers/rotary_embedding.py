@@ -1,0 +1,58 @@
+"""Rotary position embedding (rotate-half layout) from a precomputed cos/sin table."""
+
+import math
+
+import torch
+from torch import nn
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    # Llama 3.1's long-context rule: keep high frequencies, divide low ones by
+    # `factor`, and blend smoothly in between.
+    factor = scaling["factor"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_len = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (old_len / wavelen - low) / (high - low)
+    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    is_medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return torch.where(is_medium, blended, scaled)
+
+
+def rope_parameters(hf_config) -> dict:
+    """The checkpoint's rope settings as one dict with at least `rope_type` and `rope_theta`."""
+    params = dict(getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {})
+    params.setdefault("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    params["rope_type"] = params.get("rope_type", params.get("type", "default"))
+    if params["rope_type"] not in ("default", "llama3"):
+        raise ValueError(f"rope_type {params['rope_type']!r} is not supported; supported: default, llama3")
+    return params
+
+
+class RotaryEmbedding(nn.Module):
+    """Applies rotary embedding to q and k at given positions."""
+
+    def __init__(self, head_dim: int, max_position: int, params: dict):
+        super().__init__()
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+        inv_freq = 1.0 / (params["rope_theta"] ** exponents)
+        if params["rope_type"] == "llama3":
+            inv_freq = _llama3_inv_freq(inv_freq, params)
+        freqs = torch.outer(torch.arange(max_position, dtype=torch.float), inv_freq)
+        angles = torch.cat((freqs, freqs), dim=-1)
+        # cos_sin: [max_position, 2, head_dim], fp32; cast at use like the reference does
+        self.register_buffer("cos_sin", torch.stack((angles.cos(), angles.sin()), dim=1), persistent=False)
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # positions: [tokens]; q: [tokens, heads, head_dim]; k: [tokens, kv_heads, head_dim]
+        cos_sin = self.cos_sin[positions].to(q.dtype)
+        cos, sin = cos_sin[:, 0].unsqueeze(1), cos_sin[:, 1].unsqueeze(1)
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)

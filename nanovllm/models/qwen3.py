@@ -1,0 +1,9 @@
+"""Qwen3: the Llama decoder with RMSNorm on each head's q and k before rotary."""
+
+from nanovllm.models.llama import LlamaForCausalLM
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    """Qwen3 dense models (0.6B ... 32B)."""
+
+    qk_norm = True

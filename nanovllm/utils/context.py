@@ -1,0 +1,44 @@
+"""Per-step attention metadata, set by the model runner and read by attention layers."""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Context:
+    """What the attention layers need to know about the current step.
+
+    Prefill packs every sequence's new tokens one after another:
+    `cu_seqlens_q`/`cu_seqlens_k` are the cumulative query and key lengths
+    (the key length counts the cached prefix too). `block_tables` is set when
+    some sequence reads a cached prefix. Decode has one query per sequence,
+    reading `context_lens[i]` keys through `block_tables[i]`.
+    """
+
+    is_prefill: bool = False
+    slot_mapping: torch.Tensor | None = None      # [num_tokens]; -1 = do not store
+    cu_seqlens_q: torch.Tensor | None = None      # [num_seqs + 1]
+    cu_seqlens_k: torch.Tensor | None = None      # [num_seqs + 1]
+    max_seqlen_q: int = 0
+    max_seqlen_k: int = 0
+    seqlens_q: list[int] | None = None            # host copies, for loops that need them
+    seqlens_k: list[int] | None = None
+    context_lens: torch.Tensor | None = None      # [num_seqs]
+    block_tables: torch.Tensor | None = None      # [num_seqs, max_blocks]; -1 pads
+
+
+_CONTEXT = Context()
+
+
+def get_context() -> Context:
+    return _CONTEXT
+
+
+def set_context(context: Context) -> None:
+    global _CONTEXT
+    _CONTEXT = context
+
+
+def reset_context() -> None:
+    set_context(Context())
