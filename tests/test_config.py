@@ -1,0 +1,66 @@
+"""Config: defaults, validation and the errors a user sees."""
+
+import json
+import os
+
+import pytest
+
+from nanovllm import LLM
+from nanovllm.config import Config
+
+
+def test_defaults_follow_the_design(qwen3_dir):
+    config = Config(qwen3_dir)
+    assert (config.max_num_batched_tokens, config.max_num_seqs, config.gpu_memory_utilization,
+            config.tensor_parallel_size, config.kvcache_block_size, config.num_kvcache_blocks) == (
+        16384, 512, 0.9, 1, 256, -1)
+    assert config.device == "cpu"
+    # max_model_len is capped by the model's max_position_embeddings (1024 here)
+    assert config.max_model_len == 1024
+
+
+def test_unknown_keyword_is_named(qwen3_dir):
+    with pytest.raises(ValueError, match="unknown argument.*max_num_sequences"):
+        LLM(qwen3_dir, max_num_sequences=4)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"kvcache_block_size": 24}, "power of two >= 16"),
+    ({"kvcache_block_size": 8}, "power of two >= 16"),
+    ({"max_num_seqs": 0}, "max_num_seqs"),
+    ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+    ({"num_kvcache_blocks": 0}, "num_kvcache_blocks"),
+    ({"dtype": "float8"}, "dtype"),
+    ({"load_format": "pt"}, "load_format"),
+    ({"device": "tpu"}, "device"),
+    ({"max_num_batched_tokens": 100, "max_model_len": 200}, "max_num_batched_tokens"),
+    ({"tensor_parallel_size": 2}, "tensor_parallel_size"),
+])
+def test_bad_values_are_refused(qwen3_dir, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Config.from_kwargs(qwen3_dir, **kwargs)
+
+
+def test_small_power_of_two_blocks_are_accepted(qwen3_dir):
+    assert Config(qwen3_dir, kvcache_block_size=16).kvcache_block_size == 16
+
+
+def test_missing_model_folder(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        LLM(str(tmp_path / "nowhere"))
+
+
+def test_folder_without_config(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        LLM(str(tmp_path))
+
+
+def test_dtype_defaults_to_the_checkpoint(qwen3_dir, tmp_path):
+    import torch
+    assert Config(qwen3_dir).torch_dtype == torch.float32
+    assert Config(qwen3_dir, dtype="bfloat16").torch_dtype == torch.bfloat16
+    with open(os.path.join(qwen3_dir, "config.json")) as f:
+        raw = json.load(f)
+    raw["dtype"] = "bfloat16"
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert Config(str(tmp_path)).torch_dtype == torch.bfloat16

@@ -1,0 +1,163 @@
+"""End-to-end generation: parity with transformers, prefix caching, preemption, bad requests."""
+
+import random
+
+import pytest
+from hf_reference import hf_greedy
+
+from nanovllm import LLM, SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+BLOCK = 16
+
+
+def random_prompts(lengths, seed=0):
+    rng = random.Random(seed)
+    return [[rng.randrange(2, 512) for _ in range(n)] for n in lengths]
+
+
+def token_ids(outputs):
+    return [o["token_ids"] for o in outputs]
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    # lengths below, at and across the 16-token block boundary
+    return random_prompts([1, 5, 15, 16, 17, 33, 70])
+
+
+@pytest.mark.parametrize("arch_dir", ["qwen3_dir", "llama_dir"])
+def test_batched_greedy_matches_transformers(arch_dir, prompts, request):
+    model_dir = request.getfixturevalue(arch_dir)
+    llm = LLM(model_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
+    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert token_ids(outputs) == hf_greedy(model_dir, prompts, GREEDY.max_tokens)
+    assert all(len(o["token_ids"]) == GREEDY.max_tokens for o in outputs)
+
+
+def test_text_output_decodes_completion(qwen3_dir):
+    llm = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=16, max_model_len=256)
+    [out] = llm.generate(["w5 w6 w7"], GREEDY, use_tqdm=False)
+    assert out["text"] == llm.tokenizer.decode(out["token_ids"], skip_special_tokens=True)
+    assert out["text"].split()[0].startswith("w")
+
+
+def test_outputs_follow_prompt_order_with_per_prompt_params(qwen3_dir, prompts):
+    llm = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
+    lengths = [3, 9, 1, 14, 6, 2, 11]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    assert [len(o["token_ids"]) for o in outputs] == lengths
+    full = token_ids(llm.generate(prompts, GREEDY, use_tqdm=False))
+    assert [o["token_ids"] for o in outputs] == [f[:n] for f, n in zip(full, lengths)]
+
+
+def test_eos_stops_generation(qwen3_dir, prompts):
+    llm = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
+    free_running = token_ids(llm.generate(prompts, GREEDY, use_tqdm=False))
+    # declare the 3rd generated token of the first prompt to be an end token
+    stop_token = free_running[0][2]
+    llm.scheduler.eos_token_ids = frozenset({stop_token})
+    [out] = llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=24), use_tqdm=False)
+    assert out["token_ids"] == free_running[0][: free_running[0].index(stop_token) + 1]
+
+
+def test_prefix_cache_hit_gives_identical_output(qwen3_dir):
+    shared = random_prompts([5 * BLOCK + 3], seed=1)[0]
+    first, second = shared + [7, 8, 9], shared + [10, 11]
+    llm = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
+    llm.generate([first], GREEDY, use_tqdm=False)
+    seq = llm.add_request(second, GREEDY)
+    while not llm.is_finished():
+        llm.step()
+    assert seq.num_cached_tokens == 5 * BLOCK
+    cold = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
+    assert seq.completion_token_ids == cold.generate([second], GREEDY, use_tqdm=False)[0]["token_ids"]
+
+
+def test_prefix_shared_within_one_batch(qwen3_dir):
+    shared = random_prompts([3 * BLOCK], seed=2)[0]
+    batch = [shared + [5], shared + [6, 7], shared + [8]]
+    llm = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
+    seqs = [llm.add_request(p, GREEDY) for p in batch]
+    while not llm.is_finished():
+        llm.step()
+    assert [s.num_cached_tokens for s in seqs] == [0, 3 * BLOCK, 3 * BLOCK]
+    assert [s.completion_token_ids for s in seqs] == hf_greedy(qwen3_dir, batch, GREEDY.max_tokens)
+
+
+def test_preemption_keeps_outputs_identical(qwen3_dir):
+    prompts = random_prompts([20, 30, 12, 25, 18, 40], seed=3)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    roomy = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
+    expected = token_ids(roomy.generate(prompts, params, use_tqdm=False))
+    # 8 blocks hold 128 tokens; together the requests need about twice that
+    tight = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=8, max_model_len=256)
+    preemptions = 0
+    original = tight.scheduler._preempt
+
+    def counting_preempt(seq):
+        nonlocal preemptions
+        preemptions += 1
+        original(seq)
+
+    tight.scheduler._preempt = counting_preempt
+    assert token_ids(tight.generate(prompts, params, use_tqdm=False)) == expected
+    assert preemptions > 0
+
+
+def test_sampling_with_temperature_runs_and_is_seeded(qwen3_dir, prompts):
+    params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
+    runs = [token_ids(LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256,
+                          seed=seed).generate(prompts, params, use_tqdm=False)) for seed in (0, 0, 1)]
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+
+
+@pytest.fixture(scope="module")
+def small_llm(qwen3_dir):
+    return LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=8, max_model_len=100)
+
+
+@pytest.mark.parametrize("prompt, message", [
+    ("", "empty"),
+    ([], "empty"),
+    ([5, 512], "outside the vocabulary"),
+    ([-1], "outside the vocabulary"),
+    (list(range(2, 103)), "max_model_len"),
+    (42, "string or a list of token ids"),
+])
+def test_bad_prompt_is_refused_with_clear_error(small_llm, prompt, message):
+    with pytest.raises(ValueError, match=message):
+        small_llm.add_request(prompt, GREEDY)
+    assert small_llm.is_finished()
+
+
+def test_request_larger_than_kv_pool_is_refused_and_others_finish(qwen3_dir):
+    # 4 blocks of 16 hold 64 tokens, less than max_model_len allows
+    llm = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=4, max_model_len=256)
+    good = llm.add_request([5, 6, 7], GREEDY)
+    with pytest.raises(ValueError, match="needs 5 KV-cache blocks"):
+        llm.add_request(list(range(2, 32)), SamplingParams(temperature=0, max_tokens=40))
+    while not llm.is_finished():
+        llm.step()
+    assert len(good.completion_token_ids) == GREEDY.max_tokens
+
+
+def test_generate_names_the_bad_prompt_and_engine_stays_usable(small_llm):
+    with pytest.raises(ValueError, match="prompt 1: .*max_model_len"):
+        small_llm.generate([[5, 6], list(range(2, 150))], GREEDY, use_tqdm=False)
+    assert small_llm.is_finished()
+    outputs = small_llm.generate([[5, 6], [7]], GREEDY, use_tqdm=False)
+    assert [len(o["token_ids"]) for o in outputs] == [GREEDY.max_tokens] * 2
+
+
+def test_generation_stops_at_max_model_len(small_llm):
+    [out] = small_llm.generate([list(range(2, 92))], SamplingParams(temperature=0, max_tokens=50, ignore_eos=True),
+                               use_tqdm=False)
+    assert len(out["token_ids"]) == 100 - 90
+
+
+def test_mismatched_params_list_is_refused(small_llm):
+    with pytest.raises(ValueError, match="2 prompts but 1 sampling params"):
+        small_llm.generate([[5], [6]], [GREEDY], use_tqdm=False)

@@ -1,0 +1,95 @@
+"""The pure-PyTorch paged attention against dense attention computed the plain way."""
+
+import math
+
+import pytest
+import torch
+
+from nanovllm.kernels.torch_attention import TorchAttentionBackend
+from nanovllm.utils.context import Context
+
+HEADS, KV_HEADS, DIM, BLOCK = 4, 2, 8, 16
+
+
+def dense_attention(q, k, v):
+    """Causal attention of the last len(q) positions over all len(k), by the textbook formula."""
+    q_len, k_len = q.size(0), k.size(0)
+    group = q.size(1) // k.size(1)
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(q.size(-1))
+    allowed = torch.arange(k_len)[None, :] <= torch.arange(q_len)[:, None] + (k_len - q_len)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+
+
+def scattered_block_tables(lengths, num_blocks, seed=0):
+    """Each sequence's blocks drawn from a shuffled pool, so tables are not contiguous."""
+    pool = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
+    tables = []
+    for n in lengths:
+        need = (n + BLOCK - 1) // BLOCK
+        tables.append(pool[:need])
+        pool = pool[need:]
+    width = max(map(len, tables))
+    return torch.tensor([t + [-1] * (width - len(t)) for t in tables], dtype=torch.int32)
+
+
+def slots_of(table, start, end):
+    return [table[p // BLOCK] * BLOCK + p % BLOCK for p in range(start, end)]
+
+
+@pytest.fixture
+def caches():
+    shape = (32, BLOCK, KV_HEADS, DIM)
+    return torch.zeros(shape), torch.zeros(shape)
+
+
+def test_store_writes_slots_and_skips_minus_one(caches):
+    k_cache, v_cache = caches
+    k, v = torch.randn(3, KV_HEADS, DIM), torch.randn(3, KV_HEADS, DIM)
+    TorchAttentionBackend().store_kvcache(k, v, k_cache, v_cache, torch.tensor([5, -1, 40]))
+    assert torch.equal(k_cache[0, 5], k[0]) and torch.equal(v_cache[2, 8], v[2])
+    assert k_cache.flatten(0, 1).abs().sum(-1).sum(-1).nonzero().flatten().tolist() == [5, 40]
+
+
+@pytest.mark.parametrize("cached", [[0, 0, 0], [16, 0, 32], [16, 10, 3]])
+def test_prefill_with_and_without_cached_prefix(caches, cached):
+    torch.manual_seed(0)
+    k_cache, v_cache = caches
+    backend = TorchAttentionBackend()
+    totals = [40, 17, 50]
+    tables = scattered_block_tables(totals, 32)
+    full_k = [torch.randn(n, KV_HEADS, DIM) for n in totals]
+    full_v = [torch.randn(n, KV_HEADS, DIM) for n in totals]
+    q = [torch.randn(n - c, HEADS, DIM) for n, c in zip(totals, cached)]
+    # the cached prefix is already in the cache
+    for i, c in enumerate(cached):
+        slots = torch.tensor(slots_of(tables[i].tolist(), 0, c), dtype=torch.int64)
+        backend.store_kvcache(full_k[i][:c], full_v[i][:c], k_cache, v_cache, slots)
+    new_k = torch.cat([fk[c:] for fk, c in zip(full_k, cached)])
+    new_v = torch.cat([fv[c:] for fv, c in zip(full_v, cached)])
+    slots = torch.tensor(sum((slots_of(tables[i].tolist(), c, n) for i, (n, c) in enumerate(zip(totals, cached))), []))
+    backend.store_kvcache(new_k, new_v, k_cache, v_cache, slots)
+    context = Context(is_prefill=True, seqlens_q=[n - c for n, c in zip(totals, cached)], seqlens_k=totals,
+                      block_tables=tables if any(cached) else None)
+    out = backend.prefill(torch.cat(q), new_k, new_v, k_cache, v_cache, context, DIM**-0.5)
+    expected = torch.cat([dense_attention(qi, fk, fv) for qi, fk, fv in zip(q, full_k, full_v)])
+    torch.testing.assert_close(out, expected)
+
+
+def test_decode_reads_each_sequence_through_its_blocks(caches):
+    torch.manual_seed(0)
+    k_cache, v_cache = caches
+    backend = TorchAttentionBackend()
+    lengths = [1, 16, 17, 45]
+    tables = scattered_block_tables(lengths, 32, seed=1)
+    full_k = [torch.randn(n, KV_HEADS, DIM) for n in lengths]
+    full_v = [torch.randn(n, KV_HEADS, DIM) for n in lengths]
+    for i, n in enumerate(lengths):
+        slots = torch.tensor(slots_of(tables[i].tolist(), 0, n))
+        backend.store_kvcache(full_k[i], full_v[i], k_cache, v_cache, slots)
+    q = torch.randn(len(lengths), HEADS, DIM)
+    context = Context(context_lens=torch.tensor(lengths, dtype=torch.int32), block_tables=tables)
+    out = backend.decode(q, k_cache, v_cache, context, DIM**-0.5)
+    expected = torch.stack([dense_attention(q[i:i + 1], full_k[i], full_v[i])[0] for i in range(len(lengths))])
+    torch.testing.assert_close(out, expected)
