@@ -123,7 +123,7 @@ class ModelRunner:
         seqlens_q, seqlens_k = [], []
         for seq in seqs:
             start, end = seq.num_computed_tokens, seq.num_tokens
-            input_ids += seq.token_ids[start:end]
+            input_ids += seq.new_token_ids
             positions += range(start, end)
             slots += self._slots(seq, start, end)
             seqlens_q.append(end - start)

@@ -71,6 +71,13 @@ class Sequence:
         """Tokens whose K/V the next step computes."""
         return self.num_tokens - self.num_computed_tokens
 
+    @property
+    def new_token_ids(self) -> list[int]:
+        """The tokens themselves; on a worker that got the compact state, too."""
+        if self.num_new_tokens == 1:
+            return [self.last_token]
+        return self.token_ids[self.num_computed_tokens :]
+
     def block(self, i: int) -> list[int]:
         """Token ids of logical block `i`."""
         return self.token_ids[i * self.block_size : (i + 1) * self.block_size]
@@ -81,9 +88,11 @@ class Sequence:
         self.num_tokens += 1
 
     def __getstate__(self):
-        # Workers only need the tokens they will compute: the whole list for a
-        # prefill (first or after preemption), just the last token for a decode.
-        tokens = self.last_token if self.num_new_tokens == 1 and self.num_computed_tokens else self.token_ids
+        # Workers need only the tokens they will compute: the whole list before
+        # the first completion token and for a recompute after preemption, then
+        # just the last token.
+        is_decode = self.num_completion_tokens > 0 and self.num_new_tokens == 1
+        tokens = self.last_token if is_decode else self.token_ids
         return (self.seq_id, self.num_tokens, self.num_prompt_tokens, self.num_computed_tokens,
                 self.block_table, tokens)
 
