@@ -1,0 +1,121 @@
+"""CPU decode throughput on the demo's chat prompts: nanovllm against transformers, one run.
+
+Both engines decode the same templated prompts greedily for exactly
+`--max-tokens` new tokens each (EOS ignored), in one batch, fp32. Decode tok/s
+excludes the prefill (nanovllm: timed per step; transformers: a run that
+generates one token is subtracted). The physical limit printed beside them is
+the memory roofline: each decode step reads every weight once, at the copy
+bandwidth measured on this machine.
+
+    .venv/bin/python benchmarks/cpu_chat.py [--model DIR] [--max-tokens 128]
+"""
+
+import argparse
+import os
+import platform
+import time
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from nanovllm import LLM, SamplingParams
+from nanovllm.default_model import default_model_dir
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Give me three tips for staying focused while studying.",
+    "Write a haiku about the sea.",
+    "Explain in one sentence what a CPU does.",
+]
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def copy_bandwidth(size_bytes: int = 1 << 30) -> float:
+    """Bytes per second moved (read + write) by a large tensor copy."""
+    src = torch.ones(size_bytes // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * size_bytes / best
+
+
+def nanovllm_decode_tps(model_dir: str, prompt_ids: list[list[int]], max_tokens: int) -> tuple[float, list]:
+    llm = LLM(model_dir, dtype="float32")
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    llm.generate(prompt_ids, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+    seqs = [llm.add_request(ids, params) for ids in prompt_ids]
+    decode_time, decode_tokens = 0.0, 0
+    while not llm.is_finished():
+        start = time.perf_counter()
+        _, num_tokens = llm.step()
+        if num_tokens < 0:
+            decode_time += time.perf_counter() - start
+            decode_tokens += -num_tokens
+    return decode_tokens / decode_time, [s.completion_token_ids for s in seqs]
+
+
+def transformers_decode_tps(model_dir: str, prompt_ids: list[list[int]], max_tokens: int) -> tuple[float, list]:
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    batch = tokenizer.pad({"input_ids": prompt_ids}, return_tensors="pt")
+
+    def timed(new_tokens: int):
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(**batch, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                                 pad_token_id=tokenizer.pad_token_id)
+        return time.perf_counter() - start, out
+
+    timed(4)
+    prefill_time, _ = timed(1)
+    total_time, out = timed(max_tokens)
+    width = batch["input_ids"].shape[1]
+    tokens = [row[width:].tolist() for row in out]
+    return len(prompt_ids) * (max_tokens - 1) / (total_time - prefill_time), tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    args = parser.parse_args()
+    model_dir = args.model or default_model_dir()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompt_ids = [
+        tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+        for q in QUESTIONS
+    ]
+    prompt_ids = [tokenizer.encode(text, add_special_tokens=False) for text in prompt_ids]
+
+    ours, our_tokens = nanovllm_decode_tps(model_dir, prompt_ids, args.max_tokens)
+    peer, peer_tokens = transformers_decode_tps(model_dir, prompt_ids, args.max_tokens)
+    weight_bytes = os.path.getsize(os.path.join(model_dir, "model.safetensors"))
+    bandwidth = copy_bandwidth()
+    roofline = len(prompt_ids) * bandwidth / weight_bytes
+
+    print(f"machine: {cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    print(f"workload: {len(prompt_ids)} chat prompts, {args.max_tokens} greedy new tokens each, fp32, one batch")
+    print(f"nanovllm      decode: {ours:8.1f} tok/s")
+    print(f"transformers  decode: {peer:8.1f} tok/s   (nanovllm / transformers = {ours / peer:.2f}x)")
+    print(f"memory roofline:      {roofline:8.1f} tok/s   ({weight_bytes / 1e6:.0f} MB of weights per step at "
+          f"{bandwidth / 1e9:.1f} GB/s copy bandwidth; nanovllm at {ours / roofline:.0%})")
+    same = sum(a == b for a, b in zip(our_tokens, peer_tokens))
+    print(f"identical greedy outputs: {same}/{len(prompt_ids)}")
+
+
+if __name__ == "__main__":
+    main()
