@@ -19,7 +19,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -30,8 +29,6 @@ _CACHE_ENV = "NANOVLLM_CACHE"
 # A folder only ever appears under its final name by an atomic rename, so if
 # these files are present the conversion that produced them finished.
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
-# Leftovers of a killed conversion; younger ones may belong to a running one.
-_STALE_TMP_SECONDS = 3600
 
 
 def default_model_dir(cache_dir: str | None = None) -> str:
@@ -53,11 +50,9 @@ def default_model_dir(cache_dir: str | None = None) -> str:
     gguf_path = find_gguf_file()
     _require_gguf_package()
     os.makedirs(cache, exist_ok=True)
-    _remove_stale_tmp_dirs(cache)
     tmp = tempfile.mkdtemp(prefix=f".{MODEL_NAME}.", suffix=".tmp", dir=cache)
     try:
         convert_gguf(gguf_path, tmp)
-        _apply_umask(tmp)
         _publish(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -105,25 +100,6 @@ def _is_complete(folder: str) -> bool:
 def _require_gguf_package() -> None:
     if importlib.util.find_spec("gguf") is None:
         raise ImportError("reading the default model's GGUF file needs the gguf package: pip install gguf")
-
-
-def _remove_stale_tmp_dirs(cache: str) -> None:
-    # A SIGKILL skips our cleanup; without this each one would leak ~0.5 GB.
-    now = time.time()
-    for entry in os.scandir(cache):
-        if entry.name.startswith(f".{MODEL_NAME}.") and entry.name.endswith(".tmp") and entry.is_dir():
-            if now - entry.stat().st_mtime > _STALE_TMP_SECONDS:
-                shutil.rmtree(entry.path, ignore_errors=True)
-
-
-def _apply_umask(folder: str) -> None:
-    # mkdtemp (and safetensors) create owner-only entries; a shared cache
-    # should get the same permissions as any other file the user creates.
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(folder, 0o777 & ~umask)
-    for entry in os.scandir(folder):
-        os.chmod(entry.path, 0o666 & ~umask)
 
 
 def _publish(tmp: str, target: str) -> None:

@@ -41,3 +41,9 @@ def test_high_temperature_flattens_the_distribution():
     cold = Sampler()(logits.repeat(draws, 1), torch.full((draws,), 0.5)).float().mean()
     hot = Sampler()(logits.repeat(draws, 1), torch.full((draws,), 5.0)).float().mean()
     assert cold < 0.01 and hot > 0.3
+
+
+def test_no_temperatures_means_all_greedy():
+    torch.manual_seed(0)
+    logits = torch.randn(5, 50, dtype=torch.bfloat16)
+    assert torch.equal(Sampler()(logits), logits.float().argmax(-1))

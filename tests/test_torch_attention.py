@@ -89,7 +89,8 @@ def test_decode_reads_each_sequence_through_its_blocks(caches):
         slots = torch.tensor(slots_of(tables[i].tolist(), 0, n))
         backend.store_kvcache(full_k[i], full_v[i], k_cache, v_cache, slots)
     q = torch.randn(len(lengths), HEADS, DIM)
-    context = Context(context_lens=torch.tensor(lengths, dtype=torch.int32), block_tables=tables)
+    context = Context(context_lens=torch.tensor(lengths, dtype=torch.int32), max_seqlen_k=max(lengths),
+                      block_tables=tables)
     out = backend.decode(q, k_cache, v_cache, context, DIM**-0.5)
     expected = torch.stack([dense_attention(q[i:i + 1], full_k[i], full_v[i])[0] for i in range(len(lengths))])
     torch.testing.assert_close(out, expected)

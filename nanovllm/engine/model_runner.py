@@ -152,10 +152,12 @@ class ModelRunner:
         input_ids = [seq.last_token for seq in seqs]
         positions = [seq.num_tokens - 1 for seq in seqs]
         slots = [self._slots(seq, p, p + 1)[0] for seq, p in zip(seqs, positions)]
+        context_lens = [seq.num_tokens for seq in seqs]
         set_context(Context(
             is_prefill=False,
             slot_mapping=self._to_device(slots, torch.int64),
-            context_lens=self._to_device([seq.num_tokens for seq in seqs], torch.int32),
+            max_seqlen_k=max(context_lens),
+            context_lens=self._to_device(context_lens, torch.int32),
             block_tables=self._block_tables(seqs),
         ))
         return self._to_device(input_ids, torch.int64), self._to_device(positions, torch.int64)
@@ -169,5 +171,7 @@ class ModelRunner:
         reset_context()
         if self.rank != 0:
             return None
-        temperatures = self._to_device([seq.temperature for seq in batch.seqs], torch.float32)
-        return self.sampler(logits, temperatures).tolist()
+        temperatures = [seq.temperature for seq in batch.seqs]
+        if not any(temperatures):
+            return self.sampler(logits).tolist()
+        return self.sampler(logits, self._to_device(temperatures, torch.float32)).tolist()

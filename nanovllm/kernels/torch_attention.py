@@ -60,12 +60,14 @@ class TorchAttentionBackend:
 
     def decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                context: Context, scale: float) -> torch.Tensor:
-        """One query per sequence over its `context_lens[i]` cached tokens."""
+        """One query per sequence over its `context_lens[i]` cached tokens (at most `max_seqlen_k`)."""
         # q: [seqs, heads, d]; block_tables: [seqs, max_blocks]
-        block_tables = context.block_tables.clamp_min(0)
-        keys = k_cache[block_tables].flatten(1, 2)  # [seqs, max_blocks * block_size, kv_heads, d]
-        values = v_cache[block_tables].flatten(1, 2)
-        positions = torch.arange(keys.size(1), device=q.device)
+        block_size = k_cache.size(1)
+        positions = torch.arange(context.max_seqlen_k, device=q.device)  # [keys]
+        blocks = context.block_tables[:, positions // block_size].clamp_min(0)  # [seqs, keys]
+        slots = blocks * block_size + positions % block_size
+        keys = k_cache.flatten(0, 1)[slots]  # [seqs, keys, kv_heads, d]
+        values = v_cache.flatten(0, 1)[slots]
         mask = positions < context.context_lens.unsqueeze(1)  # [seqs, keys]
         o = F.scaled_dot_product_attention(
             q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2),

@@ -11,10 +11,12 @@ class Sampler(nn.Module):
     which draws from softmax(logits / T) without a multinomial.
     """
 
-    def forward(self, logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
-        # logits: [num_seqs, vocab]; temperatures: [num_seqs] -> token ids [num_seqs]
-        logits = logits.float()
+    def forward(self, logits: torch.Tensor, temperatures: torch.Tensor | None = None) -> torch.Tensor:
+        """Token ids [num_seqs] for logits [num_seqs, vocab]; no temperatures means all greedy."""
         greedy = logits.argmax(dim=-1)
+        if temperatures is None:
+            return greedy
+        logits = logits.float()
         is_greedy = temperatures == 0
         scaled = logits / torch.where(is_greedy, 1.0, temperatures).unsqueeze(1)
         probs = torch.softmax(scaled, dim=-1)

