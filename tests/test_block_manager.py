@@ -221,14 +221,19 @@ def test_can_allocate_does_not_charge_for_in_use_hits():
     assert bm.num_free_blocks == 0 and not bm.can_allocate(b, hits)
 
 
-def test_can_allocate_charges_for_revived_free_hits():
+def pool_with_two_freed_cached_blocks():
+    """A 5-block pool with P0 and P1 cached in freed blocks and two blocks held by others; b wants P0 P1 P2."""
     bm = BlockManager(5, BS)
     a = make_seq(P0 + P1 + [42])
     admit(bm, a)
     bm.deallocate(a)
     admit(bm, make_seq([100]))
     admit(bm, make_seq([101]))
-    b = make_seq(P0 + P1 + P2)
+    return bm, make_seq(P0 + P1 + P2)
+
+
+def test_can_allocate_charges_for_revived_free_hits():
+    bm, b = pool_with_two_freed_cached_blocks()
     hits = bm.cached_prefix(b)
     assert len(hits) == 2 and bm.num_free_blocks == 3
     assert bm.can_allocate(b, hits)
@@ -239,13 +244,7 @@ def test_can_allocate_charges_for_revived_free_hits():
 
 
 def test_allocate_takes_exactly_the_blocks_can_allocate_counted():
-    bm = BlockManager(5, BS)
-    a = make_seq(P0 + P1 + [42])
-    admit(bm, a)
-    bm.deallocate(a)
-    admit(bm, make_seq([100]))
-    admit(bm, make_seq([101]))
-    b = make_seq(P0 + P1 + P2)
+    bm, b = pool_with_two_freed_cached_blocks()
     admit(bm, b)
     assert bm.num_free_blocks == 0
     assert len(set(b.block_table)) == 3
