@@ -46,7 +46,13 @@ class ParallelLMHead(VocabParallelEmbedding):
         context = get_context()
         if context.is_prefill:
             x = x[context.cu_seqlens_q[1:] - 1]
-        logits = F.linear(x, self.weight)
+        if x.device.type == "cpu":
+            # MKL runs this [vocab, hidden] @ [hidden, seqs] orientation up to 3x
+            # faster than x @ weight.T when there are few rows; same products,
+            # another summation order.
+            logits = (self.weight @ x.T).T.contiguous()
+        else:
+            logits = F.linear(x, self.weight)
         if self.tp_size == 1:
             return logits
         parts = [torch.empty_like(logits) for _ in range(self.tp_size)] if self.tp_rank == 0 else None
