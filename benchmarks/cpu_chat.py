@@ -19,14 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from nanovllm import LLM, SamplingParams
-from nanovllm.default_model import default_model_dir
-
-QUESTIONS = [
-    "What is the capital of France?",
-    "Give me three tips for staying focused while studying.",
-    "Write a haiku about the sea.",
-    "Explain in one sentence what a CPU does.",
-]
+from nanovllm.default_model import CHAT_QUESTIONS, chat_prompt, default_model_dir
 
 
 def cpu_name() -> str:
@@ -107,11 +100,7 @@ def main() -> None:
     args = parser.parse_args()
     model_dir = args.model or default_model_dir()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    prompt_ids = [
-        tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
-        for q in QUESTIONS
-    ]
-    prompt_ids = [tokenizer.encode(text, add_special_tokens=False) for text in prompt_ids]
+    prompt_ids = [tokenizer.encode(chat_prompt(tokenizer, q), add_special_tokens=False) for q in CHAT_QUESTIONS]
 
     ours, our_tokens = nanovllm_decode_tps(model_dir, prompt_ids, args.max_tokens, args.repeats)
     peer, peer_tokens = transformers_decode_tps(model_dir, prompt_ids, args.max_tokens, args.repeats)

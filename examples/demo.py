@@ -3,14 +3,7 @@
 import argparse
 
 from nanovllm import LLM, SamplingParams
-from nanovllm.default_model import default_model_dir
-
-QUESTIONS = [
-    "What is the capital of France?",
-    "Give me three tips for staying focused while studying.",
-    "Write a haiku about the sea.",
-    "Explain in one sentence what a CPU does.",
-]
+from nanovllm.default_model import CHAT_QUESTIONS, chat_prompt, default_model_dir
 
 
 def main() -> None:
@@ -21,12 +14,9 @@ def main() -> None:
     args = parser.parse_args()
 
     llm = LLM(args.model or default_model_dir())
-    prompts = [
-        llm.tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
-        for q in QUESTIONS
-    ]
+    prompts = [chat_prompt(llm.tokenizer, q) for q in CHAT_QUESTIONS]
     outputs = llm.generate(prompts, SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens))
-    for question, output in zip(QUESTIONS, outputs):
+    for question, output in zip(CHAT_QUESTIONS, outputs):
         print(f"\n>>> {question}\n{output['text'].strip()}")
 
 

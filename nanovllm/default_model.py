@@ -30,6 +30,14 @@ _CACHE_ENV = "NANOVLLM_CACHE"
 # these files are present the conversion that produced them finished.
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
+# The chat questions the demo, the CPU benchmark and the tests put to this model.
+CHAT_QUESTIONS = (
+    "What is the capital of France?",
+    "Give me three tips for staying focused while studying.",
+    "Write a haiku about the sea.",
+    "Explain in one sentence what a CPU does.",
+)
+
 
 def default_model_dir(cache_dir: str | None = None) -> str:
     """Return the path of the converted SmolLM2-135M-Instruct model folder.
@@ -91,6 +99,12 @@ def convert_gguf(gguf_path: str, out_dir: str) -> None:
     _save_weights(model, out_dir)
     _save_configs(model, out_dir)
     _save_tokenizer(tokenizer, model.config.max_position_embeddings, out_dir)
+
+
+def chat_prompt(tokenizer, question: str) -> str:
+    """`question` as one user turn in the model's chat template, ready for the assistant's answer."""
+    return tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                         add_generation_prompt=True)
 
 
 def _is_complete(folder: str) -> bool:

@@ -5,13 +5,9 @@ from hf_reference import hf_greedy
 
 from nanovllm import LLM, SamplingParams
 from nanovllm import default_model
-from nanovllm.default_model import default_model_dir
+from nanovllm.default_model import CHAT_QUESTIONS, chat_prompt, default_model_dir
 
-QUESTIONS = [
-    "What is the capital of France?",
-    "Give me three tips for staying focused while studying.",
-    "Write a haiku about the sea.",
-]
+QUESTIONS = CHAT_QUESTIONS[:3]
 
 
 @pytest.fixture(scope="module")
@@ -24,11 +20,6 @@ def llm(smollm_dir):
     return LLM(smollm_dir, kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=512)
 
 
-def chat(llm, question: str) -> str:
-    return llm.tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
-                                             add_generation_prompt=True)
-
-
 def test_converted_folder_is_a_llama_checkpoint_with_chat_eos(smollm_dir, llm):
     assert llm.config.hf_config.architectures == ["LlamaForCausalLM"]
     assert llm.config.hf_config.num_hidden_layers == 30
@@ -38,14 +29,15 @@ def test_converted_folder_is_a_llama_checkpoint_with_chat_eos(smollm_dir, llm):
 
 
 def test_greedy_matches_transformers_on_real_weights(smollm_dir, llm):
-    prompts = [llm.tokenizer.encode(chat(llm, q), add_special_tokens=False) for q in QUESTIONS]
+    prompts = [llm.tokenizer.encode(chat_prompt(llm.tokenizer, q), add_special_tokens=False) for q in QUESTIONS]
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     outputs = llm.generate(prompts, params, use_tqdm=False)
     assert [o["token_ids"] for o in outputs] == hf_greedy(smollm_dir, prompts, params.max_tokens)
 
 
 def test_capital_of_france_is_paris(llm):
-    [out] = llm.generate([chat(llm, QUESTIONS[0])], SamplingParams(temperature=0.0, max_tokens=32), use_tqdm=False)
+    [out] = llm.generate([chat_prompt(llm.tokenizer, QUESTIONS[0])], SamplingParams(temperature=0.0, max_tokens=32),
+                         use_tqdm=False)
     assert "Paris" in out["text"]
     assert out["token_ids"][-1] in llm.config.eos_token_ids  # stopped on its own, before max_tokens
 

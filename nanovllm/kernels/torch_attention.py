@@ -23,11 +23,12 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> 
     return o.transpose(0, 1)
 
 
-def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    # the first `length` tokens of one sequence: [length, kv_heads, d]
+def _gather(cache: torch.Tensor, block_tables: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    # the cached tokens at `positions` of each sequence, read through its block table:
+    # block_tables: [seqs, max_blocks], positions: [keys] -> [seqs, keys, kv_heads, d]
     block_size = cache.size(1)
-    num_blocks = (length + block_size - 1) // block_size
-    return cache[block_table[:num_blocks]].flatten(0, 1)[:length]
+    blocks = block_tables[:, positions // block_size].clamp_min(0)
+    return cache.flatten(0, 1)[blocks * block_size + positions % block_size]
 
 
 class TorchAttentionBackend:
@@ -52,8 +53,10 @@ class TorchAttentionBackend:
             if context.block_tables is None:
                 keys, values = k[new], v[new]
             else:
-                keys = _gather(k_cache, context.block_tables[i], k_len)
-                values = _gather(v_cache, context.block_tables[i], k_len)
+                positions = torch.arange(k_len, device=q.device)
+                table = context.block_tables[i:i + 1]
+                keys = _gather(k_cache, table, positions)[0]
+                values = _gather(v_cache, table, positions)[0]
             o[new] = _attend(q[new], keys, values, scale)
             start += q_len
         return o
@@ -62,12 +65,9 @@ class TorchAttentionBackend:
                context: Context, scale: float) -> torch.Tensor:
         """One query per sequence over its `context_lens[i]` cached tokens (at most `max_seqlen_k`)."""
         # q: [seqs, heads, d]; block_tables: [seqs, max_blocks]
-        block_size = k_cache.size(1)
         positions = torch.arange(context.max_seqlen_k, device=q.device)  # [keys]
-        blocks = context.block_tables[:, positions // block_size].clamp_min(0)  # [seqs, keys]
-        slots = blocks * block_size + positions % block_size
-        keys = k_cache.flatten(0, 1)[slots]  # [seqs, keys, kv_heads, d]
-        values = v_cache.flatten(0, 1)[slots]
+        keys = _gather(k_cache, context.block_tables, positions)  # [seqs, keys, kv_heads, d]
+        values = _gather(v_cache, context.block_tables, positions)
         mask = positions < context.context_lens.unsqueeze(1)  # [seqs, keys]
         o = F.scaled_dot_product_attention(
             q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2),
