@@ -1,5 +1,6 @@
 """Engine configuration: one validated dataclass built from `LLM(model, **kwargs)`."""
 
+import importlib.util
 import os
 from dataclasses import dataclass, field, fields
 
@@ -7,6 +8,7 @@ import torch
 from transformers import AutoConfig, PretrainedConfig
 
 _LOAD_FORMATS = ("auto", "dummy")
+_ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
 _DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -21,6 +23,10 @@ class Config:
     `model` is a local Hugging Face folder (config.json, *.safetensors, tokenizer
     files). `num_kvcache_blocks=-1` means "size the KV cache from memory": from
     `gpu_memory_utilization` on CUDA, from `cpu_kvcache_gb` on CPU.
+    `attention_backend="auto"` picks the Triton kernels on CUDA and PyTorch on
+    the CPU; "flash_attn" uses the flash-attn package if it is installed.
+    `skip_tokenizer_init` runs without a tokenizer: prompts must be token ids
+    and outputs carry no text.
     """
 
     model: str
@@ -36,6 +42,8 @@ class Config:
     device: str = field(default_factory=_default_device)
     dtype: str = "auto"
     load_format: str = "auto"
+    attention_backend: str = "auto"
+    skip_tokenizer_init: bool = False
     seed: int = 0
     hf_config: PretrainedConfig = field(init=False, repr=False)
     eos_token_ids: tuple[int, ...] = field(init=False, default=())
@@ -53,6 +61,7 @@ class Config:
 
     def __post_init__(self) -> None:
         self._check_ranges()
+        self.attention_backend = self._resolve_attention_backend()
         self._check_model_folder()
         self.hf_config = AutoConfig.from_pretrained(self.model)
         self.max_model_len = min(self.max_model_len, self.hf_config.max_position_embeddings)
@@ -97,6 +106,23 @@ class Config:
         require(self.dtype in _DTYPES, f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
         require(self.load_format in _LOAD_FORMATS,
                 f"load_format must be one of {', '.join(_LOAD_FORMATS)}, got {self.load_format!r}")
+
+    def _resolve_attention_backend(self) -> str:
+        name = self.attention_backend
+        if name not in _ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {', '.join(_ATTENTION_BACKENDS)}, got {name!r}")
+        if name == "auto":
+            return "triton" if self.device == "cuda" else "torch"
+        if name == "triton" and self.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("attention_backend='triton' needs device='cuda' (or TRITON_INTERPRET=1 on the CPU, "
+                             "which is slow and meant for tests); use 'torch' on the CPU")
+        if name in ("triton", "flash_attn") and importlib.util.find_spec(name) is None:
+            raise ValueError(f"attention_backend={name!r} needs the {name} package, which is not installed; "
+                             f"install it or use attention_backend='auto'")
+        if name == "flash_attn" and (self.device != "cuda" or self.kvcache_block_size % 256):
+            raise ValueError("attention_backend='flash_attn' needs device='cuda' and a kvcache_block_size "
+                             "that is a multiple of 256 (flash-attn's paged layout)")
+        return name
 
     def _check_model_folder(self) -> None:
         if not os.path.isdir(self.model):

@@ -1,9 +1,19 @@
 """Fixtures: tiny random models saved with transformers, with a small word-level tokenizer."""
 
-import pytest
+import os
+
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+# Without a GPU the Triton kernels run in Triton's interpreter. It must be chosen
+# before triton is first imported (transformers imports it), hence before the rest.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
+from transformers import (  # noqa: E402
+    LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM,
+)
 
 VOCAB_SIZE = 512
 EOS_ID = 1

@@ -35,6 +35,8 @@ def test_unknown_keyword_is_named(qwen3_dir):
     ({"device": "tpu"}, "device"),
     ({"max_num_batched_tokens": 100, "max_model_len": 200}, "max_num_batched_tokens"),
     ({"tensor_parallel_size": 2}, "tensor_parallel_size"),
+    ({"attention_backend": "xformers"}, "attention_backend must be one of"),
+    ({"attention_backend": "flash_attn"}, "flash_attn"),
 ])
 def test_bad_values_are_refused(qwen3_dir, kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -64,3 +66,13 @@ def test_dtype_defaults_to_the_checkpoint(qwen3_dir, tmp_path):
     raw["dtype"] = "bfloat16"
     (tmp_path / "config.json").write_text(json.dumps(raw))
     assert Config(str(tmp_path)).torch_dtype == torch.bfloat16
+
+
+def test_auto_attention_backend_is_torch_on_cpu(qwen3_dir):
+    assert Config(qwen3_dir, device="cpu").attention_backend == "torch"
+
+
+def test_triton_on_cpu_needs_the_interpreter(qwen3_dir, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        Config(qwen3_dir, device="cpu", attention_backend="triton")

@@ -35,6 +35,32 @@ def test_batched_greedy_matches_transformers(arch_dir, prompts, request):
     assert all(len(o["token_ids"]) == GREEDY.max_tokens for o in outputs)
 
 
+def test_triton_backend_matches_transformers(qwen3_dir, prompts):
+    # on the CPU the kernels run in Triton's interpreter (conftest sets TRITON_INTERPRET=1)
+    pytest.importorskip("triton")
+    shared = random_prompts([2 * BLOCK + 5], seed=4)[0]
+    batch = prompts[:4] + [shared + [5], shared + [6, 7]]  # the last one reads a cached prefix
+    llm = LLM(qwen3_dir, attention_backend="triton", kvcache_block_size=BLOCK, num_kvcache_blocks=64,
+              max_model_len=256)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    llm.generate(batch[-2:-1], params, use_tqdm=False)
+    seqs = [llm.add_request(p, params) for p in batch]
+    while not llm.is_finished():
+        llm.step()
+    assert [s.completion_token_ids for s in seqs] == hf_greedy(qwen3_dir, batch, 8)
+    assert seqs[-1].num_cached_tokens == 2 * BLOCK
+
+
+def test_without_tokenizer_prompts_are_token_ids(qwen3_dir, prompts):
+    llm = LLM(qwen3_dir, skip_tokenizer_init=True, kvcache_block_size=BLOCK, num_kvcache_blocks=64,
+              max_model_len=256)
+    assert llm.tokenizer is None
+    [out] = llm.generate(prompts[:1], GREEDY, use_tqdm=False)
+    assert out["text"] == "" and out["token_ids"] == hf_greedy(qwen3_dir, prompts[:1], GREEDY.max_tokens)[0]
+    with pytest.raises(ValueError, match="token ids, not text"):
+        llm.generate(["w5 w6"], GREEDY, use_tqdm=False)
+
+
 def test_text_output_decodes_completion(qwen3_dir):
     llm = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=16, max_model_len=256)
     [out] = llm.generate(["w5 w6 w7"], GREEDY, use_tqdm=False)

@@ -3,13 +3,14 @@
 import torch
 
 from nanovllm.config import Config
+from nanovllm.engine.cuda_graphs import DecodeGraphs
 from nanovllm.engine.scheduler import ScheduledBatch
 from nanovllm.engine.sequence import Sequence
-from nanovllm.layers.attention import Attention
+from nanovllm.layers.attention import Attention, make_attention_backend
 from nanovllm.layers.sampler import Sampler
 from nanovllm.models import model_class
 from nanovllm.sampling_params import SamplingParams
-from nanovllm.utils.context import Context, reset_context, set_context
+from nanovllm.utils.context import Context, get_context, reset_context, set_context
 from nanovllm.utils.loader import init_dummy_weights, load_model
 from nanovllm.utils.parallel import tp_rank
 
@@ -27,10 +28,19 @@ class ModelRunner:
         self.rank = tp_rank()
         torch.manual_seed(config.seed)
         self.model = self._build_model()
+        self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        backend = make_attention_backend(config.attention_backend)
+        for layer in self.attention_layers:
+            layer.backend = backend
         self.sampler = Sampler()
         if self.device.type == "cuda":
             self._warm_up()
         self._allocate_kv_cache()
+        self.graphs = None
+        if self.device.type == "cuda" and not config.enforce_eager and backend.supports_cuda_graphs:
+            max_blocks = (config.max_model_len + self.block_size - 1) // self.block_size
+            self.graphs = DecodeGraphs(self.model, config.max_num_seqs, max_blocks, config.hf_config.hidden_size,
+                                       self.dtype, self.device)
 
     def _build_model(self) -> torch.nn.Module:
         hf_config = self.config.hf_config
@@ -48,20 +58,24 @@ class ModelRunner:
         return model.eval()
 
     def _warm_up(self) -> None:
-        # The largest prefill the config allows sets the activation peak that the
-        # KV-cache sizing must leave room for.
+        # The largest prefill the config allows, and sampling for the largest
+        # decode batch, set the activation peak the KV-cache sizing must leave room for.
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         max_len = self.config.max_model_len
         num_seqs = max(1, min(self.config.max_num_batched_tokens // max_len, self.config.max_num_seqs))
-        greedy_one_token = SamplingParams(temperature=0.0, max_tokens=1)
-        seqs = [Sequence([0] * max_len, greedy_one_token, self.block_size) for _ in range(num_seqs)]
+        sampled_one_token = SamplingParams(temperature=1.0, max_tokens=1)
+        seqs = [Sequence([0] * max_len, sampled_one_token, self.block_size) for _ in range(num_seqs)]
         self.run(ScheduledBatch(seqs, is_prefill=True))
+        logits = torch.zeros(self.config.max_num_seqs, self.config.hf_config.vocab_size, dtype=self.dtype,
+                             device=self.device)
+        self.sampler(logits, torch.ones(self.config.max_num_seqs, device=self.device))
+        del logits
         torch.cuda.empty_cache()
 
     def _kv_block_bytes(self) -> int:
         hf = self.config.hf_config
-        attn = next(m for m in self.model.modules() if isinstance(m, Attention))
+        attn = self.attention_layers[0]
         itemsize = torch.empty((), dtype=self.dtype).element_size()
         return 2 * hf.num_hidden_layers * self.block_size * attn.num_kv_heads * attn.head_dim * itemsize
 
@@ -95,11 +109,10 @@ class ModelRunner:
                     f"cpu_kvcache_gb={config.cpu_kvcache_gb} holds no KV block of "
                     f"{block_bytes / _GIB:.3f} GiB; raise it or lower kvcache_block_size"
                 )
-        layers = [m for m in self.model.modules() if isinstance(m, Attention)]
-        attn = layers[0]
+        layers = self.attention_layers
         # kv_cache: [2, layers, blocks, block_size, kv_heads, head_dim]
         self.kv_cache = torch.zeros(2, len(layers), config.num_kvcache_blocks, self.block_size,
-                                    attn.num_kv_heads, attn.head_dim, dtype=self.dtype, device=self.device)
+                                    layers[0].num_kv_heads, layers[0].head_dim, dtype=self.dtype, device=self.device)
         for i, layer in enumerate(layers):
             layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
 
@@ -167,7 +180,11 @@ class ModelRunner:
         """One forward pass over the batch; rank 0 returns the sampled token ids."""
         prepare = self.prepare_prefill if batch.is_prefill else self.prepare_decode
         input_ids, positions = prepare(batch.seqs)
-        logits = self.model.compute_logits(self.model(input_ids, positions))
+        if not batch.is_prefill and self.graphs is not None and self.graphs.fits(len(batch.seqs)):
+            hidden_states = self.graphs.run(input_ids, positions, get_context())
+        else:
+            hidden_states = self.model(input_ids, positions)
+        logits = self.model.compute_logits(hidden_states)
         reset_context()
         if self.rank != 0:
             return None

@@ -22,11 +22,23 @@ class AttentionBackend(Protocol):
                context: Context, scale: float) -> torch.Tensor: ...
 
 
+def make_attention_backend(name: str) -> AttentionBackend:
+    """The backend called `name` ('torch', 'triton' or 'flash_attn'); GPU-only ones are imported on demand."""
+    if name == "triton":
+        from nanovllm.kernels.triton_attention import TritonAttentionBackend
+        return TritonAttentionBackend()
+    if name == "flash_attn":
+        from nanovllm.kernels.flash_attention import FlashAttentionBackend
+        return FlashAttentionBackend()
+    return TorchAttentionBackend()
+
+
 class Attention(nn.Module):
     """Stores this step's K/V at the slot mapping, then attends.
 
     `k_cache`/`v_cache` are views into the runner's KV tensor, bound after the
-    cache is allocated; before that (warm-up) nothing is stored.
+    cache is allocated; before that (warm-up) nothing is stored. The runner
+    also sets `backend` to the one the config chose.
     """
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,

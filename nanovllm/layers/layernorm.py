@@ -3,6 +3,22 @@
 import torch
 from torch import nn
 
+from nanovllm.layers.fusion import fused_on_cuda
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x * rsqrt(mean(x^2) + eps) * weight over the last dimension, computed in fp32."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+@fused_on_cuda
+def _add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    x = x + residual
+    return rms_norm(x, weight, eps), x
+
 
 class RMSNorm(nn.Module):
     """Root-mean-square normalisation over the last dimension, computed in fp32."""
@@ -12,16 +28,13 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size))
 
-    def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
-
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Normalise `x`; with `residual`, first add it and also return the sum."""
         if residual is None:
-            return self._norm(x)
-        x = x + residual
-        return self._norm(x), x
+            return _rms_norm(x, self.weight, self.eps)
+        return _add_rms_norm(x, residual, self.weight, self.eps)
+
+
+_rms_norm = fused_on_cuda(rms_norm)

@@ -5,6 +5,9 @@ import math
 import torch
 from torch import nn
 
+from nanovllm.layers.fusion import fused_on_cuda
+from nanovllm.layers.layernorm import RMSNorm, rms_norm
+
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     # Llama 3.1's long-context rule: keep high frequencies, divide low ones by
@@ -44,15 +47,27 @@ class RotaryEmbedding(nn.Module):
         # cos_sin: [max_position, 2, head_dim], fp32; cast at use like the reference does
         self.register_buffer("cos_sin", torch.stack((angles.cos(), angles.sin()), dim=1), persistent=False)
 
-    @staticmethod
-    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x1, x2 = x.chunk(2, dim=-1)
-        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
-
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate q and k at `positions`; with q_norm/k_norm (Qwen3) each head is RMS-normalised first,
+        in the same fused kernel."""
         # positions: [tokens]; q: [tokens, heads, head_dim]; k: [tokens, kv_heads, head_dim]
-        cos_sin = self.cos_sin[positions].to(q.dtype)
-        cos, sin = cos_sin[:, 0].unsqueeze(1), cos_sin[:, 1].unsqueeze(1)
-        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        if q_norm is None:
+            return _norm_rotate_qk(positions, q, k, self.cos_sin, None, None, 0.0)
+        return _norm_rotate_qk(positions, q, k, self.cos_sin, q_norm.weight, k_norm.weight, q_norm.eps)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+@fused_on_cuda
+def _norm_rotate_qk(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor,
+                    q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+                    eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    if q_weight is not None:
+        q, k = rms_norm(q, q_weight, eps), rms_norm(k, k_weight, eps)
+    cos_sin = cos_sin[positions].to(q.dtype)
+    cos, sin = cos_sin[:, 0].unsqueeze(1), cos_sin[:, 1].unsqueeze(1)
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)

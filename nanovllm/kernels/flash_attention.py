@@ -1,0 +1,36 @@
+"""The flash-attn backend, for users who have the flash-attn package installed (never required).
+
+flash-attn reads the same paged layout ([num_blocks, block_size, kv_heads,
+head_dim], block size a multiple of 256); the store is our Triton kernel.
+"""
+
+import torch
+from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
+
+from nanovllm.kernels.triton_store_kvcache import store_kvcache
+from nanovllm.utils.context import Context
+
+
+class FlashAttentionBackend:
+    """Prefill through flash_attn_varlen_func, decode through flash_attn_with_kvcache."""
+
+    supports_cuda_graphs = True
+
+    def store_kvcache(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                      v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        store_kvcache(k, v, k_cache, v_cache, slot_mapping)
+
+    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, context: Context, scale: float) -> torch.Tensor:
+        if context.block_tables is not None:  # a cached prefix: read every key through the block tables
+            k, v = k_cache, v_cache
+        return flash_attn_varlen_func(q, k, v, context.cu_seqlens_q, context.cu_seqlens_k, context.max_seqlen_q,
+                                      context.max_seqlen_k, softmax_scale=scale, causal=True,
+                                      block_table=context.block_tables)
+
+    def decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               context: Context, scale: float) -> torch.Tensor:
+        # q: [seqs, heads, d] -> flash-attn's [seqs, 1, heads, d]
+        o = flash_attn_with_kvcache(q.unsqueeze(1), k_cache, v_cache, cache_seqlens=context.context_lens,
+                                    block_table=context.block_tables, softmax_scale=scale, causal=True)
+        return o.squeeze(1)

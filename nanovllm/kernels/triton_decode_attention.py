@@ -1,0 +1,142 @@
+"""Triton kernels: decode attention over the paged KV cache (flash-decoding).
+
+One query token per sequence. Layouts: q: [seqs, heads, head_dim];
+k_cache, v_cache: [num_blocks, block_size, kv_heads, head_dim];
+block_tables: [seqs, max_blocks] (int32); context_lens: [seqs] (0 = padded slot).
+
+Pass 1, grid (seqs, kv_heads, num_splits): a program takes one sequence, one KV
+head and one slice of the context. All query heads of that KV head (the GQA
+group, padded to 16 rows for tl.dot) share each K/V tile it loads. It keeps an
+online softmax and writes its slice's normalised output and log-sum-exp (base 2).
+Pass 2, grid (seqs, heads): merges the slices, weighting each by exp2(lse - max).
+With one split pass 1 writes the final output and pass 2 is skipped.
+
+The split count depends only on the batch shape, never on the context lengths,
+so a captured CUDA graph stays valid: short contexts leave late splits empty.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+_BLOCK_N = 64   # context tokens per tile
+_MAX_SPLITS = 32
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, o_ptr, lse_ptr,
+    stride_qs, stride_qh, stride_kb, stride_kt, stride_kh, stride_bt,
+    stride_os, stride_oh, stride_osp, stride_ls, stride_lh,
+    scale_log2,
+    PAGE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    context_len = tl.load(context_lens_ptr + seq)
+    tiles_per_split = tl.cdiv(tl.cdiv(context_len, BLOCK_N), NUM_SPLITS)
+    start = split * tiles_per_split * BLOCK_N
+    end = tl.minimum(start + tiles_per_split * BLOCK_N, context_len)
+
+    g = tl.arange(0, GROUP_PAD)
+    d = tl.arange(0, BLOCK_D)
+    heads = kv_head * GROUP + g
+    g_mask = g < GROUP
+    d_mask = d < HEAD_DIM
+    # q: [GROUP_PAD, BLOCK_D]
+    q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + d[None, :],
+                mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
+    for tile in range(start, end, BLOCK_N):
+        pos = tile + tl.arange(0, BLOCK_N)
+        pos_mask = pos < end
+        block = tl.load(block_tables_ptr + seq * stride_bt + pos // PAGE, mask=pos_mask, other=0)
+        rows = block.to(tl.int64) * stride_kb + (pos % PAGE) * stride_kt + kv_head * stride_kh
+        kv_mask = pos_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [GROUP_PAD, BLOCK_N]
+        s = tl.where(pos_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m - m_new)
+        l = l * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m = m_new
+
+    has_keys = l > 0
+    out = acc / tl.where(has_keys, l, 1.0)[:, None]
+    lse = tl.where(has_keys, m + tl.log2(tl.where(has_keys, l, 1.0)), float("-inf"))
+    o_rows = seq * stride_os + heads * stride_oh + split * stride_osp
+    tl.store(o_ptr + o_rows[:, None] + d[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=g_mask[:, None] & d_mask[None, :])
+    tl.store(lse_ptr + seq * stride_ls + heads * stride_lh + split, lse, mask=g_mask)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    partial_ptr, lse_ptr, o_ptr,
+    stride_ps, stride_ph, stride_psp, stride_ls, stride_lh, stride_os, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    sp = tl.arange(0, SPLITS_PAD)
+    d = tl.arange(0, BLOCK_D)
+    sp_mask = sp < NUM_SPLITS
+    lse = tl.load(lse_ptr + seq * stride_ls + head * stride_lh + sp, mask=sp_mask, other=float("-inf"))
+    top = tl.max(lse, 0)
+    weight = tl.exp2(lse - tl.where(top == float("-inf"), 0.0, top))  # empty slices weigh 0
+    total = tl.sum(weight, 0)
+    partial = tl.load(partial_ptr + seq * stride_ps + head * stride_ph + sp[:, None] * stride_psp + d[None, :],
+                      mask=sp_mask[:, None] & (d[None, :] < HEAD_DIM), other=0.0).to(tl.float32)
+    out = tl.sum(partial * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
+    tl.store(o_ptr + seq * stride_os + head * stride_oh + d, out.to(o_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+def default_num_splits(num_seqs: int, num_kv_heads: int, device: torch.device) -> int:
+    """Enough context slices that seqs x kv_heads x splits programs fill every SM about twice."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+    return max(1, min(_MAX_SPLITS, triton.cdiv(2 * sms, num_seqs * num_kv_heads)))
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                     context_lens: torch.Tensor, scale: float, num_splits: int | None = None) -> torch.Tensor:
+    """Attention of one query per sequence over its `context_lens[i]` cached tokens -> [seqs, heads, head_dim]."""
+    num_seqs, num_heads, head_dim = q.shape
+    page, num_kv_heads = k_cache.size(1), k_cache.size(2)
+    assert q.stride(2) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
+    if num_splits is None:
+        num_splits = default_num_splits(num_seqs, num_kv_heads, q.device)
+    group = num_heads // num_kv_heads
+    block_d = triton.next_power_of_2(head_dim)
+    # partial: [seqs, heads, splits, head_dim] -- with one split it is the output itself
+    partial_dtype = q.dtype if num_splits == 1 else torch.float32
+    partial = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=partial_dtype, device=q.device)
+    lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, context_lens, partial, lse,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),
+        scale * _LOG2E,
+        PAGE=page, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+        BLOCK_D=block_d, BLOCK_N=_BLOCK_N, NUM_SPLITS=num_splits, PRECISION=precision,
+        num_warps=4, num_stages=2,
+    )
+    if num_splits == 1:
+        return partial.squeeze(2)
+    out = torch.empty_like(q)
+    _merge_splits_kernel[(num_seqs, num_heads)](
+        partial, lse, out,
+        partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),
+        out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_splits,
+        SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
+    )
+    return out

@@ -1,0 +1,121 @@
+"""Triton kernel: variable-length causal prefill attention, reading a cached prefix through block tables.
+
+The new tokens of all sequences are packed: q: [tokens, heads, head_dim],
+k, v: [tokens, kv_heads, head_dim]; sequence i's new tokens are rows
+cu_seqlens_q[i] .. cu_seqlens_q[i + 1] and its key length (cached prefix plus
+new tokens) is cu_seqlens_k[i + 1] - cu_seqlens_k[i]. The prefix (the first
+key_len - query_len positions) is read from k_cache, v_cache: [num_blocks,
+block_size, kv_heads, head_dim] through block_tables: [seqs, max_blocks]; the
+new tokens' keys come straight from k and v, so the kernel also runs before
+the cache exists (warm-up).
+
+Grid: (cdiv(max_seqlen_q, BLOCK_M), seqs, heads). A program owns BLOCK_M query
+rows of one head of one sequence: it first sweeps the prefix tiles (no mask),
+then the new-token tiles up to its last row (causal mask), with an online
+softmax in fp32.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _softmax_step(q, k, v, mask, m, l, acc, scale_log2, PRECISION: tl.constexpr):
+    # one online-softmax update of rows q: [M, D] with keys k, values v: [N, D]
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+    s = tl.where(mask, s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m - m_new)
+    l = l * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return m_new, l, acc
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_q_ptr, cu_k_ptr, o_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_cb, stride_ct, stride_ch, stride_bt, stride_ot, stride_oh,
+    scale_log2,
+    PAGE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_PREFIX: tl.constexpr, PRECISION: tl.constexpr,
+):
+    m_block = tl.program_id(0)
+    seq = tl.program_id(1)
+    head = tl.program_id(2)
+    q_start = tl.load(cu_q_ptr + seq)
+    q_len = tl.load(cu_q_ptr + seq + 1) - q_start
+    if m_block * BLOCK_M >= q_len:
+        return
+    kv_head = head // GROUP
+    rows = m_block * BLOCK_M + tl.arange(0, BLOCK_M)  # query index among the new tokens
+    row_mask = rows < q_len
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+    q = tl.load(q_ptr + (q_start + rows)[:, None].to(tl.int64) * stride_qt + head * stride_qh + d[None, :],
+                mask=row_mask[:, None] & d_mask[None, :], other=0.0)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+    if HAS_PREFIX:
+        prefix_len = tl.load(cu_k_ptr + seq + 1) - tl.load(cu_k_ptr + seq) - q_len
+        for tile in range(0, prefix_len, BLOCK_N):
+            pos = tile + tl.arange(0, BLOCK_N)
+            pos_mask = pos < prefix_len
+            block = tl.load(block_tables_ptr + seq * stride_bt + pos // PAGE, mask=pos_mask, other=0)
+            slots = block.to(tl.int64) * stride_cb + (pos % PAGE) * stride_ct + kv_head * stride_ch
+            kv_mask = pos_mask[:, None] & d_mask[None, :]
+            k = tl.load(k_cache_ptr + slots[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(v_cache_ptr + slots[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            m, l, acc = _softmax_step(q, k, v, pos_mask[None, :], m, l, acc, scale_log2, PRECISION)
+
+    last = tl.minimum(q_len, (m_block + 1) * BLOCK_M)
+    for tile in range(0, last, BLOCK_N):
+        cols = tile + tl.arange(0, BLOCK_N)
+        col_mask = cols < q_len
+        kv_rows = (q_start + cols).to(tl.int64)
+        kv_mask = col_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_ptr + kv_rows[:, None] * stride_kt + kv_head * stride_kh + d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr + kv_rows[:, None] * stride_vt + kv_head * stride_vh + d[None, :], mask=kv_mask, other=0.0)
+        causal = (cols[None, :] <= rows[:, None]) & col_mask[None, :]
+        m, l, acc = _softmax_step(q, k, v, causal, m, l, acc, scale_log2, PRECISION)
+
+    out = acc / l[:, None]
+    tl.store(o_ptr + (q_start + rows)[:, None].to(tl.int64) * stride_ot + head * stride_oh + d[None, :],
+             out.to(o_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
+
+
+def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                      v_cache: torch.Tensor, block_tables: torch.Tensor | None, cu_seqlens_q: torch.Tensor,
+                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, scale: float) -> torch.Tensor:
+    """Causal attention of each sequence's new tokens over its cached prefix and themselves.
+
+    `block_tables` None means no sequence has a cached prefix.
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k.size(1)
+    num_seqs = cu_seqlens_q.numel() - 1
+    assert q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1
+    o = torch.empty_like(q)
+    has_prefix = block_tables is not None
+    if not has_prefix:  # never read: the prefix sweep is compiled out
+        k_cache = v_cache = block_tables = k
+    fp32 = q.dtype == torch.float32
+    block_m, block_n = (32, 32) if fp32 else (64, 64)
+    grid = (triton.cdiv(max_seqlen_q, block_m), num_seqs, num_heads)
+    _prefill_kernel[grid](
+        q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cu_seqlens_k, o,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0), o.stride(0), o.stride(1),
+        scale * _LOG2E,
+        PAGE=k_cache.size(1) if has_prefix else 16, GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
+        BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=block_m, BLOCK_N=block_n,
+        HAS_PREFIX=has_prefix, PRECISION="ieee" if fp32 else "tf32",
+        num_warps=4, num_stages=2,
+    )
+    return o

@@ -1,0 +1,117 @@
+"""The Triton kernels against the PyTorch backend: compiled on a GPU over a grid of shapes,
+and under the Triton interpreter on the CPU (TRITON_INTERPRET=1, set by conftest) on tiny ones."""
+
+import pytest
+import torch
+from paged_cases import paged_case
+
+pytest.importorskip("triton")
+from nanovllm.kernels.torch_attention import TorchAttentionBackend  # noqa: E402
+from nanovllm.kernels.triton_attention import TritonAttentionBackend  # noqa: E402
+from nanovllm.kernels.triton_decode_attention import decode_attention  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+requires_gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+interpreter = pytest.mark.skipif(CUDA, reason="the compiled kernels are tested on the GPU instead")
+TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
+
+
+def stored(case, backend):
+    """The case's caches after `backend` stored the new K/V."""
+    k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
+    backend.store_kvcache(case.k, case.v, k_cache, v_cache, case.slot_mapping)
+    return k_cache, v_cache
+
+
+def check_store(case):
+    assert all(torch.equal(a, b) for a, b in zip(stored(case, TritonAttentionBackend()),
+                                                 stored(case, TorchAttentionBackend())))
+
+
+def check_prefill(case):
+    k_cache, v_cache = stored(case, TorchAttentionBackend())
+    context, scale = case.prefill_context(), case.q.size(-1) ** -0.5
+    want = TorchAttentionBackend().prefill(case.q, case.k, case.v, k_cache, v_cache, context, scale)
+    got = TritonAttentionBackend().prefill(case.q, case.k, case.v, k_cache, v_cache, context, scale)
+    torch.testing.assert_close(got, want, atol=TOLERANCE[case.q.dtype], rtol=TOLERANCE[case.q.dtype])
+
+
+def check_decode(case, num_splits=None):
+    k_cache, v_cache = stored(case, TorchAttentionBackend())
+    context, scale = case.decode_context(), case.q.size(-1) ** -0.5
+    want = TorchAttentionBackend().decode(case.q, k_cache, v_cache, context, scale)
+    got = decode_attention(case.q, k_cache, v_cache, context.block_tables, context.context_lens, scale, num_splits)
+    torch.testing.assert_close(got, want, atol=TOLERANCE[case.q.dtype], rtol=TOLERANCE[case.q.dtype])
+
+
+def decode_case(lengths, **kw):
+    return paged_case(lengths, [n - 1 for n in lengths], **kw)
+
+
+# ---- CPU, interpreted, tiny shapes ----
+
+TINY = dict(heads=4, kv_heads=2, head_dim=16)
+
+
+@interpreter
+def test_store_skips_minus_one_slots():
+    case = paged_case([5, 9], [0, 4], block_size=16, **TINY)
+    case.slot_mapping[2] = -1
+    check_store(case)
+    k_cache, _ = stored(case, TritonAttentionBackend())
+    assert torch.equal(k_cache, stored(case, TorchAttentionBackend())[0])
+
+
+@interpreter
+@pytest.mark.parametrize("cached", [[0, 0], [16, 0], [17, 5]])
+def test_prefill_interpreted(cached):
+    check_prefill(paged_case([40, 21], cached, block_size=16, **TINY))
+
+
+@interpreter
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_interpreted(num_splits):
+    check_decode(decode_case([1, 17, 70], block_size=16, heads=8, kv_heads=2, head_dim=16), num_splits)
+
+
+@interpreter
+def test_decode_padded_slot_gives_zeros_not_nan():
+    case = decode_case([20, 3], block_size=16, **TINY)
+    context_lens = torch.tensor([20, 0], dtype=torch.int32)
+    out = decode_attention(case.q, case.k_cache, case.v_cache, case.block_tables, context_lens, 0.25, num_splits=2)
+    assert torch.isfinite(out).all() and not out[1].any()
+
+
+# ---- GPU, compiled, a grid of shapes ----
+
+GPU_LENGTHS = [1, 15, 16, 17, 255, 256, 257, 1000, 3000]
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_size", [16, 256])
+@pytest.mark.parametrize("group", [1, 2, 4, 8])
+@pytest.mark.parametrize("num_splits", [None, 1, 7])
+@pytest.mark.parametrize("head_dim", [128, 64])
+def test_decode_on_gpu(dtype, block_size, group, num_splits, head_dim):
+    torch.manual_seed(0)
+    case = decode_case(GPU_LENGTHS, block_size=block_size, heads=2 * group, kv_heads=2, head_dim=head_dim,
+                       dtype=dtype, device="cuda")
+    check_store(case)
+    check_decode(case, num_splits)
+
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_size", [16, 256])
+@pytest.mark.parametrize("group", [1, 2, 4, 8])
+@pytest.mark.parametrize("cached", [[0] * 6, [0, 16, 256, 240, 512, 17]])
+def test_prefill_on_gpu(dtype, block_size, group, cached):
+    case = paged_case([1, 40, 300, 257, 1100, 700], cached, block_size=block_size, heads=2 * group, kv_heads=2,
+                      head_dim=128, dtype=dtype, device="cuda")
+    check_store(case)
+    check_prefill(case)
+
