@@ -3,6 +3,7 @@
 import torch
 from torch import nn
 
+from nanovllm.engine.decode_buffers import DecodeBuffers
 from nanovllm.utils.context import Context, reset_context, set_context
 
 
@@ -14,58 +15,44 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    """Decode steps of up to the largest captured size replay a graph; the inputs live in static buffers.
+    """Graphs of the model's decode forward, each reading the decode buffers' views of its size.
 
-    A batch replays the smallest graph that fits; its unused slots get slot -1
-    (nothing stored) and context length 0 (nothing read).
+    A batch of n sequences is padded to the smallest captured size >= n (the
+    buffers mark the padding rows), and that graph is replayed.
     """
 
-    def __init__(self, model: nn.Module, max_num_seqs: int, max_blocks_per_seq: int, hidden_size: int,
-                 dtype: torch.dtype, device: torch.device):
+    def __init__(self, model: nn.Module, buffers: DecodeBuffers, max_num_seqs: int, hidden_size: int,
+                 dtype: torch.dtype):
         self.model = model
+        self.buffers = buffers
         self.sizes = capture_sizes(max_num_seqs)
-        largest = self.sizes[-1]
-        ints = dict(dtype=torch.int32, device=device)
-        longs = dict(dtype=torch.int64, device=device)
-        self.input_ids = torch.zeros(largest, **longs)
-        self.positions = torch.zeros(largest, **longs)
-        self.slot_mapping = torch.full((largest,), -1, **longs)
-        self.context_lens = torch.zeros(largest, **ints)
-        self.block_tables = torch.zeros(largest, max_blocks_per_seq, **ints)
-        self.outputs = torch.zeros(largest, hidden_size, dtype=dtype, device=device)
+        self.outputs = torch.zeros(self.sizes[-1], hidden_size, dtype=dtype, device=buffers.device.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._capture_all()
 
-    def _context(self, size: int) -> Context:
-        return Context(is_prefill=False, slot_mapping=self.slot_mapping[:size], context_lens=self.context_lens[:size],
-                       block_tables=self.block_tables[:size])
-
+    @torch.inference_mode()
     def _capture_all(self) -> None:
         pool = None
         for size in reversed(self.sizes):  # largest first, so smaller graphs fit in its pool
+            input_ids, positions, slot_mapping, context_lens, block_tables = self.buffers.views(size)
+            slot_mapping.fill_(-1)
+            context_lens.zero_()
+            set_context(Context(is_prefill=False, slot_mapping=slot_mapping, context_lens=context_lens,
+                                block_tables=block_tables))
+            self.outputs[:size] = self.model(input_ids, positions)  # compiles the kernels first
             graph = torch.cuda.CUDAGraph()
-            set_context(self._context(size))
-            self.outputs[:size] = self.model(self.input_ids[:size], self.positions[:size])  # compiles kernels
             with torch.cuda.graph(graph, pool):
-                self.outputs[:size] = self.model(self.input_ids[:size], self.positions[:size])
+                self.outputs[:size] = self.model(input_ids, positions)
             pool = graph.pool() if pool is None else pool
             self.graphs[size] = graph
             torch.cuda.synchronize()
         reset_context()
 
-    def fits(self, num_seqs: int) -> bool:
-        return num_seqs <= self.sizes[-1]
+    def padded_size(self, num_seqs: int) -> int | None:
+        """The captured size a batch of `num_seqs` replays, or None when it is too large for any graph."""
+        return next((s for s in self.sizes if s >= num_seqs), None)
 
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, context: Context) -> torch.Tensor:
-        """Hidden states [seqs, hidden] of one decode step, by replaying the smallest graph that fits."""
-        n = input_ids.size(0)
-        size = next(s for s in self.sizes if s >= n)
-        self.input_ids[:n] = input_ids
-        self.positions[:n] = positions
-        self.slot_mapping[:n] = context.slot_mapping
-        self.slot_mapping[n:size] = -1
-        self.context_lens[:n] = context.context_lens
-        self.context_lens[n:size] = 0
-        self.block_tables[:n, :context.block_tables.size(1)] = context.block_tables
+    def replay(self, size: int) -> torch.Tensor:
+        """Hidden states [size, hidden] of the decode step whose inputs are in the buffers' views of `size`."""
         self.graphs[size].replay()
-        return self.outputs[:n]
+        return self.outputs[:size]

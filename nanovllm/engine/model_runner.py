@@ -4,13 +4,14 @@ import torch
 
 from nanovllm.config import Config
 from nanovllm.engine.cuda_graphs import DecodeGraphs
+from nanovllm.engine.decode_buffers import DecodeBuffers
 from nanovllm.engine.scheduler import ScheduledBatch
 from nanovllm.engine.sequence import Sequence
 from nanovllm.layers.attention import Attention, make_attention_backend
 from nanovllm.layers.sampler import Sampler
 from nanovllm.models import model_class
 from nanovllm.sampling_params import SamplingParams
-from nanovllm.utils.context import Context, get_context, reset_context, set_context
+from nanovllm.utils.context import Context, reset_context, set_context
 from nanovllm.utils.loader import init_dummy_weights, load_model
 from nanovllm.utils.parallel import tp_rank
 
@@ -36,11 +37,12 @@ class ModelRunner:
         if self.device.type == "cuda":
             self._warm_up()
         self._allocate_kv_cache()
+        max_blocks = (config.max_model_len + self.block_size - 1) // self.block_size
+        self.decode_buffers = DecodeBuffers(config.max_num_seqs, max_blocks, self.block_size, self.device)
         self.graphs = None
         if self.device.type == "cuda" and not config.enforce_eager and backend.supports_cuda_graphs:
-            max_blocks = (config.max_model_len + self.block_size - 1) // self.block_size
-            self.graphs = DecodeGraphs(self.model, config.max_num_seqs, max_blocks, config.hf_config.hidden_size,
-                                       self.dtype, self.device)
+            self.graphs = DecodeGraphs(self.model, self.decode_buffers, config.max_num_seqs,
+                                       config.hf_config.hidden_size, self.dtype)
 
     def _build_model(self) -> torch.nn.Module:
         hf_config = self.config.hf_config
@@ -55,7 +57,7 @@ class ModelRunner:
             init_dummy_weights(model)
         else:
             load_model(model, self.config.model)
-        return model.eval()
+        return model.eval().requires_grad_(False)
 
     def _warm_up(self) -> None:
         # The largest prefill the config allows, and sampling for the largest
@@ -160,31 +162,34 @@ class ModelRunner:
         ))
         return self._to_device(input_ids, torch.int64), self._to_device(positions, torch.int64)
 
+    def decode_size(self, num_seqs: int) -> int:
+        """Rows a decode step of `num_seqs` runs: a captured graph's size, or exactly `num_seqs` when eager."""
+        size = self.graphs.padded_size(num_seqs) if self.graphs is not None else None
+        return size or num_seqs
+
     def prepare_decode(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each sequence's last token, its position and slot, and the decode context."""
-        input_ids = [seq.last_token for seq in seqs]
-        positions = [seq.num_tokens - 1 for seq in seqs]
-        slots = [self._slots(seq, p, p + 1)[0] for seq, p in zip(seqs, positions)]
-        context_lens = [seq.num_tokens for seq in seqs]
+        """Each sequence's last token, its position and slot, and the decode context, padded to `decode_size`."""
+        input_ids, positions, slot_mapping, context_lens, block_tables = self.decode_buffers.load(
+            seqs, self.decode_size(len(seqs)))
         set_context(Context(
             is_prefill=False,
-            slot_mapping=self._to_device(slots, torch.int64),
-            max_seqlen_k=max(context_lens),
-            context_lens=self._to_device(context_lens, torch.int32),
-            block_tables=self._block_tables(seqs),
+            slot_mapping=slot_mapping,
+            max_seqlen_k=max(seq.num_tokens for seq in seqs),
+            context_lens=context_lens,
+            block_tables=block_tables,
         ))
-        return self._to_device(input_ids, torch.int64), self._to_device(positions, torch.int64)
+        return input_ids, positions
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> list[int] | None:
         """One forward pass over the batch; rank 0 returns the sampled token ids."""
         prepare = self.prepare_prefill if batch.is_prefill else self.prepare_decode
         input_ids, positions = prepare(batch.seqs)
-        if not batch.is_prefill and self.graphs is not None and self.graphs.fits(len(batch.seqs)):
-            hidden_states = self.graphs.run(input_ids, positions, get_context())
-        else:
+        if batch.is_prefill or self.graphs is None or not self.graphs.padded_size(len(batch.seqs)):
             hidden_states = self.model(input_ids, positions)
-        logits = self.model.compute_logits(hidden_states)
+        else:
+            hidden_states = self.graphs.replay(input_ids.size(0))
+        logits = self.model.compute_logits(hidden_states)[:len(batch.seqs)]  # drops graph padding rows
         reset_context()
         if self.rank != 0:
             return None

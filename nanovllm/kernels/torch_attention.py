@@ -32,7 +32,13 @@ def _gather(cache: torch.Tensor, block_tables: torch.Tensor, positions: torch.Te
 
 
 class TorchAttentionBackend:
-    """Stores K/V into the paged cache and attends over it with SDPA."""
+    """Stores K/V into the paged cache and attends over it with SDPA.
+
+    Decode shapes depend on the longest context, a host-side number, so this
+    backend cannot be captured in a CUDA graph.
+    """
+
+    supports_cuda_graphs = False
 
     def store_kvcache(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                       v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:

@@ -12,6 +12,8 @@ from nanovllm.utils.context import Context, get_context
 class AttentionBackend(Protocol):
     """What an attention implementation provides; caches are [blocks, block_size, kv_heads, d]."""
 
+    supports_cuda_graphs: bool
+
     def store_kvcache(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                       v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None: ...
 
