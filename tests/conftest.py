@@ -12,8 +12,10 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import (  # noqa: E402
-    LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM,
+    AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM,
 )
+
+from nanovllm.default_model import default_model_dir  # noqa: E402
 
 VOCAB_SIZE = 512
 EOS_ID = 1
@@ -62,3 +64,20 @@ def llama_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-llama")
     save_tiny_model(path, "llama", tie=True)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def smollm_dir():
+    """The bundled SmolLM2-135M-Instruct folder (converted once)."""
+    return default_model_dir()
+
+
+@pytest.fixture(scope="session")
+def smollm_tokenizer(smollm_dir):
+    """A byte-level BPE tokenizer: multi-byte characters span several tokens."""
+    return AutoTokenizer.from_pretrained(smollm_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(qwen3_dir):
+    return AutoTokenizer.from_pretrained(qwen3_dir)

@@ -5,10 +5,11 @@ import torch
 from nanovllm.config import Config
 from nanovllm.engine.cuda_graphs import DecodeGraphs
 from nanovllm.engine.decode_buffers import DecodeBuffers
+from nanovllm.engine.sampling_batch import logprob_dicts, sampling_tensors
 from nanovllm.engine.scheduler import ScheduledBatch
 from nanovllm.engine.sequence import Sequence
 from nanovllm.layers.attention import Attention, make_attention_backend
-from nanovllm.layers.sampler import Sampler
+from nanovllm.layers.sampler import Sampler, SamplingTensors
 from nanovllm.models import model_class
 from nanovllm.sampling_params import SamplingParams
 from nanovllm.utils.context import Context, reset_context, set_context
@@ -71,7 +72,7 @@ class ModelRunner:
         self.run(ScheduledBatch(seqs, is_prefill=True))
         logits = torch.zeros(self.config.max_num_seqs, self.config.hf_config.vocab_size, dtype=self.dtype,
                              device=self.device)
-        self.sampler(logits, torch.ones(self.config.max_num_seqs, device=self.device))
+        self.sampler(logits, SamplingTensors(temperatures=torch.ones(self.config.max_num_seqs, device=self.device)))
         del logits
         torch.cuda.empty_cache()
 
@@ -181,8 +182,9 @@ class ModelRunner:
         return input_ids, positions
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> list[int] | None:
-        """One forward pass over the batch; rank 0 returns the sampled token ids."""
+    def run(self, batch: ScheduledBatch) -> tuple[list[int], list[dict[int, float] | None] | None] | None:
+        """One forward pass over the batch; rank 0 returns the sampled token ids and,
+        where asked for, their logprobs."""
         prepare = self.prepare_prefill if batch.is_prefill else self.prepare_decode
         input_ids, positions = prepare(batch.seqs)
         if batch.is_prefill or self.graphs is None or not self.graphs.padded_size(len(batch.seqs)):
@@ -193,7 +195,6 @@ class ModelRunner:
         reset_context()
         if self.rank != 0:
             return None
-        temperatures = [seq.temperature for seq in batch.seqs]
-        if not any(temperatures):
-            return self.sampler(logits).tolist()
-        return self.sampler(logits, self._to_device(temperatures, torch.float32)).tolist()
+        tensors = sampling_tensors(batch.seqs, logits.shape[-1], self.config.eos_token_ids, self._to_device)
+        output = self.sampler(logits, tensors)
+        return output.token_ids.tolist(), logprob_dicts(batch.seqs, output)
