@@ -55,6 +55,15 @@ def test_frequencies_follow_softmax_of_scaled_logits(logits, temperature):
     assert chi_square_p_value(ids, torch.softmax(logits / temperature, -1)) > ALPHA
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_compiled_temperature_sampling_on_gpu_follows_softmax(logits):
+    torch.manual_seed(2)
+    tensors = SamplingTensors(temperatures=torch.full((DRAWS,), 0.7, device="cuda"))
+    ids = Sampler()(logits.cuda().repeat(DRAWS, 1), tensors).token_ids.cpu()
+    assert chi_square_p_value(ids, torch.softmax(logits / 0.7, -1)) > ALPHA
+
+
 def test_seeded_frequencies_follow_softmax(logits):
     # one draw per seed: across seeds the hash noise must act as Exp(1) noise
     ids = draws_of(logits, temperatures=torch.tensor([0.8]), positions=torch.tensor([5]),

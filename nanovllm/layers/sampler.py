@@ -5,6 +5,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from nanovllm.layers.fusion import fused_on_cuda
 from nanovllm.layers.penalties import PenaltyTensors, apply_penalties
 from nanovllm.layers.seeded_noise import seeded_exponential
 from nanovllm.layers.truncation import apply_min_p, apply_top_k_top_p
@@ -24,6 +25,12 @@ class SamplingTensors:
     penalties: PenaltyTensors | None = None
     banned: torch.Tensor | None = None         # [2, n] int64: (row, token id) pairs that may not be drawn
     num_logprobs: int | None = None            # most alternatives any row asks for; None = no logprobs
+
+    @property
+    def temperature_only(self) -> bool:
+        """Rows only greedy or plain temperature sampling: no truncation, seeds, penalties, bans or logprobs."""
+        others = (self.min_p, self.top_k, self.top_p, self.seeded_rows, self.penalties, self.banned, self.num_logprobs)
+        return self.temperatures is not None and all(x is None for x in others)
 
 
 @dataclass
@@ -50,6 +57,8 @@ class Sampler(nn.Module):
         """Tokens for logits [num_seqs, vocab]; no tensors means every row is plain greedy."""
         if tensors is None:
             return SamplerOutput(logits.argmax(dim=-1))
+        if tensors.temperature_only:
+            return SamplerOutput(_sample_with_temperatures(logits, tensors.temperatures))
         processed = logits.float()
         if tensors.penalties is not None:
             processed = apply_penalties(processed, tensors.penalties)
@@ -82,3 +91,17 @@ class Sampler(nn.Module):
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         ids = torch.cat([token_ids.unsqueeze(1), logprobs.topk(k, dim=-1).indices], dim=1)
         return ids, logprobs.gather(1, ids)
+
+
+@fused_on_cuda
+def _sample_with_temperatures(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+    """The common case in one fused pass over the logits: argmax for temperature 0, else Gumbel-max.
+
+    argmax(p / E) with E ~ Exp(1) equals argmax(logits / T - log E), so no softmax is needed.
+    """
+    # logits: [num_seqs, vocab]; temperatures: [num_seqs]
+    is_greedy = temperatures == 0
+    scaled = logits.float() / torch.where(is_greedy, 1.0, temperatures).unsqueeze(1)
+    exponential = -torch.log(torch.rand_like(scaled))
+    sampled = (scaled - torch.log(exponential.clamp_min(1e-10))).argmax(dim=-1)
+    return torch.where(is_greedy, logits.argmax(dim=-1), sampled)
