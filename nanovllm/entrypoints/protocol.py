@@ -1,0 +1,129 @@
+"""OpenAI request bodies and response objects, for /v1/completions and /v1/chat/completions."""
+
+import time
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from nanovllm.sampling_params import SamplingParams
+
+
+class StreamOptions(BaseModel):
+    """`stream_options`: `include_usage` adds a last chunk with the token counts."""
+
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
+
+class _GenerationRequest(BaseModel):
+    """Fields both endpoints share. Unknown fields are refused, so a typo is not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    stop: str | list[str] | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False
+    user: str | None = None
+
+    def sampling_params(self, default_max_tokens: int) -> SamplingParams:
+        """The engine's SamplingParams; ValueError names a bad value."""
+        if self.n != 1:
+            raise ValueError(f"n must be 1 (one completion per request), got {self.n}")
+        if self.stop:
+            raise ValueError("stop is not supported yet")
+        max_tokens = default_max_tokens if self.max_tokens is None else self.max_tokens
+        return SamplingParams(temperature=self.temperature, max_tokens=max_tokens, ignore_eos=self.ignore_eos)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(_GenerationRequest):
+    """POST /v1/completions: a prompt as text or token ids."""
+
+    prompt: str | list[int] | list[str] | list[list[int]]
+
+    def single_prompt(self) -> str | list[int]:
+        """The one prompt of the request; a batch of several is refused."""
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise ValueError(f"send one prompt per request, got a batch of {len(prompt)}")
+            prompt = prompt[0]
+        return prompt
+
+
+class ChatMessage(BaseModel):
+    """One turn of a conversation."""
+
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str
+    name: str | None = None
+
+
+class ChatCompletionRequest(_GenerationRequest):
+    """POST /v1/chat/completions: messages rendered with the tokenizer's chat template."""
+
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+
+    def sampling_params(self, default_max_tokens: int) -> SamplingParams:
+        if self.max_tokens is None and self.max_completion_tokens is not None:
+            self.max_tokens = self.max_completion_tokens
+        return super().sampling_params(default_max_tokens)
+
+
+class Usage(BaseModel):
+    """Token counts of one request."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int) -> "Usage":
+        return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                   total_tokens=prompt_tokens + completion_tokens)
+
+
+class ResponseHeader(BaseModel):
+    """The fields every response and chunk of one request share."""
+
+    id: str
+    created: int
+    model: str
+
+    @classmethod
+    def new(cls, prefix: str, model: str) -> "ResponseHeader":
+        return cls(id=f"{prefix}-{uuid.uuid4().hex}", created=int(time.time()), model=model)
+
+    def body(self, object_name: str, choices: list[dict], usage: Usage | None) -> dict:
+        """A response or chunk object with these choices; `usage` may be None."""
+        return {**self.model_dump(), "object": object_name, "choices": choices,
+                "usage": usage.model_dump() if usage else None}
+
+
+def completion_choice(text: str, finish_reason: str | None, chunk: bool, first: bool) -> dict:
+    """One choice of /v1/completions: the same shape streamed or not."""
+    return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+
+def chat_choice(text: str, finish_reason: str | None, chunk: bool, first: bool) -> dict:
+    """One choice of /v1/chat/completions: a `delta` when streamed (with the role first), else a `message`."""
+    if not chunk:
+        return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                "finish_reason": finish_reason}
+    delta = {"role": "assistant", "content": text} if first else {"content": text}
+    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+
+def error_body(message: str, error_type: str, code: int, param: str | None = None) -> dict:
+    """OpenAI's error shape."""
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
