@@ -1,5 +1,7 @@
 """Fixtures: tiny random models saved with transformers, with a small word-level tokenizer."""
 
+import time
+
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -52,3 +54,14 @@ def llama_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-llama")
     save_tiny_model(path, "llama", tie=True)
     return str(path)
+
+
+def slow_down(online_engine, monkeypatch, seconds=0.005):
+    """Make each step take a while, as on a real model, so a test can act mid-generation."""
+    real_step = online_engine.llm_engine.step
+
+    def slow_step():
+        time.sleep(seconds)
+        return real_step()
+
+    monkeypatch.setattr(online_engine.llm_engine, "step", slow_step)

@@ -5,6 +5,7 @@ import threading
 import time
 
 import pytest
+from conftest import slow_down
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.engine.online_engine import OnlineEngine
@@ -36,19 +37,8 @@ def wait_until(condition, timeout=10.0):
         time.sleep(0.01)
 
 
-def slow_down(online, monkeypatch, seconds=0.005):
-    """Make each step take a while, as on a real model, so a test can act mid-generation."""
-    real_step = online.engine.step
-
-    def slow_step():
-        time.sleep(seconds)
-        return real_step()
-
-    monkeypatch.setattr(online.engine, "step", slow_step)
-
-
 def all_blocks_free(online):
-    block_manager = online.engine.scheduler.block_manager
+    block_manager = online.llm_engine.scheduler.block_manager
     return block_manager.num_free_blocks == len(block_manager.blocks)
 
 
@@ -78,7 +68,7 @@ def test_requests_from_many_threads_match_offline_generate(qwen3_dir, online):
 
 
 def test_eos_finishes_with_stop(online):
-    online.engine.scheduler.eos_token_ids = frozenset(range(512))
+    online.llm_engine.scheduler.eos_token_ids = frozenset(range(512))
     outputs = list(online.add_request([5, 6, 7], greedy(10, ignore_eos=False)))
     assert len(outputs) == 1 and outputs[0].finish_reason == "stop" and len(outputs[0].token_ids) == 1
 
@@ -121,7 +111,7 @@ def test_bad_request_raises_in_caller_and_others_go_on(online):
 
 
 def test_failed_step_ends_live_requests_with_error_and_loop_goes_on(online, monkeypatch):
-    real_step = online.engine.step
+    real_step = online.llm_engine.step
     calls = []
 
     def failing_once():
@@ -130,7 +120,7 @@ def test_failed_step_ends_live_requests_with_error_and_loop_goes_on(online, monk
             raise RuntimeError("simulated failure")
         return real_step()
 
-    monkeypatch.setattr(online.engine, "step", failing_once)
+    monkeypatch.setattr(online.llm_engine, "step", failing_once)
     victim = list(online.add_request([5, 6, 7], greedy(50)))
     assert victim[-1].finish_reason == "error"
     assert all_blocks_free(online)

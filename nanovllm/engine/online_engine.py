@@ -99,7 +99,7 @@ class OnlineEngine:
     """
 
     def __init__(self, engine: LLMEngine):
-        self.engine = engine
+        self.llm_engine = engine
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)
         self._new: list[_Request] = []
@@ -112,7 +112,7 @@ class OnlineEngine:
 
     def add_request(self, prompt: Prompt, sampling_params: SamplingParams) -> RequestStream:
         """Queue a request and return its output stream; ValueError if it cannot be served."""
-        seq = self.engine.make_sequence(prompt, sampling_params)
+        seq = self.llm_engine.make_sequence(prompt, sampling_params)
         stream = RequestStream(seq.seq_id, seq.num_prompt_tokens)
         with self._lock:
             if self._stopping:
@@ -143,10 +143,10 @@ class OnlineEngine:
 
     def _run(self) -> None:
         while self._take_commands():
-            if self.engine.is_finished():
+            if self.llm_engine.is_finished():
                 continue
             try:
-                self.engine.step()
+                self.llm_engine.step()
             except Exception:
                 logger.exception("engine step failed; ending every live request with an error")
                 self._end_all("error")
@@ -158,20 +158,20 @@ class OnlineEngine:
         """Admit new requests and apply aborts; wait while there is nothing to do.
         Returns False once the engine is shutting down."""
         with self._lock:
-            while not (self._new or self._aborted or self._stopping) and self.engine.is_finished():
+            while not (self._new or self._aborted or self._stopping) and self.llm_engine.is_finished():
                 self._wakeup.wait()
             new, self._new = self._new, []
             aborted, self._aborted = self._aborted, []
             for request in new:
                 self._requests[request.seq.seq_id] = request
-                self.engine.scheduler.add(request.seq)
+                self.llm_engine.scheduler.add(request.seq)
             for request_id in aborted:
                 self._end(request_id, "abort")
             self._stats = self._snapshot()
             return not self._stopping
 
     def _snapshot(self) -> EngineStats:
-        scheduler = self.engine.scheduler
+        scheduler = self.llm_engine.scheduler
         block_manager = scheduler.block_manager
         usage = 1.0 - block_manager.num_free_blocks / len(block_manager.blocks)
         return EngineStats(len(scheduler.running), len(scheduler.waiting), usage)
@@ -193,7 +193,7 @@ class OnlineEngine:
     def _output(self, request: _Request, finish_reason: str | None) -> RequestOutput:
         """The tokens and text `request` gained since its last output."""
         seq = request.seq
-        text = self.engine.tokenizer.decode(seq.completion_token_ids, skip_special_tokens=True)
+        text = self.llm_engine.tokenizer.decode(seq.completion_token_ids, skip_special_tokens=True)
         # Hold back a trailing partial multi-byte character until it completes.
         if finish_reason is None and text.endswith("\ufffd"):
             text = request.sent_text
@@ -205,7 +205,7 @@ class OnlineEngine:
                              seq.num_completion_tokens, finish_reason)
 
     def _finish_reason(self, seq: Sequence) -> str:
-        if not seq.ignore_eos and seq.last_token in self.engine.scheduler.eos_token_ids:
+        if not seq.ignore_eos and seq.last_token in self.llm_engine.scheduler.eos_token_ids:
             return "stop"
         return "length"
 
@@ -213,7 +213,7 @@ class OnlineEngine:
         request = self._requests.pop(request_id, None)
         if request is None:
             return
-        self.engine.scheduler.abort(request.seq)
+        self.llm_engine.scheduler.abort(request.seq)
         self._deliver([(request.stream, self._output(request, reason))])
 
     def _end_all(self, reason: str) -> None:

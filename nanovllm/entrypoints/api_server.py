@@ -1,6 +1,7 @@
 """An OpenAI-compatible HTTP server (FastAPI) on top of the online engine."""
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -69,8 +70,15 @@ class ServerSettings:
 
 
 def build_app(engine: OnlineEngine, settings: ServerSettings) -> FastAPI:
-    """The FastAPI application serving `engine` under `settings.model_name`."""
-    app = FastAPI(title="nanovllm")
+    """The FastAPI application serving `engine` under `settings.model_name`; it shuts the engine down
+    when the server stops."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        engine.shutdown()
+
+    app = FastAPI(title="nanovllm", lifespan=lifespan)
     server = _Server(engine, settings)
     app.state.server = server
     _add_error_handlers(app)
@@ -114,6 +122,16 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def api_error(request: Request, error: APIError) -> JSONResponse:
         return error.response()
 
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, error: Exception) -> JSONResponse:
+        logger.exception("unexpected error while handling %s", request.url.path)
+        return APIError(500, "internal server error").response()
+
+    @app.exception_handler(ValueError)
+    async def bad_value(request: Request, error: ValueError) -> JSONResponse:
+        # The engine and the request models raise ValueError for what the user must change.
+        return APIError(400, str(error)).response()
+
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, error: RequestValidationError) -> JSONResponse:
         return APIError(400, _describe_validation_errors(error)).response()
@@ -139,8 +157,9 @@ class _Server:
     def __init__(self, engine: OnlineEngine, settings: ServerSettings):
         self.engine = engine
         self.settings = settings
-        self.config = engine.engine.config
-        self.tokenizer = engine.engine.tokenizer
+        self.config = engine.llm_engine.config
+        self.tokenizer = engine.llm_engine.tokenizer
+        self.tokenize = engine.llm_engine.tokenize
         self.metrics = ServerMetrics(engine, settings.model_name)
 
     def models(self) -> dict:
@@ -151,12 +170,6 @@ class _Server:
     def check_model(self, name: str) -> None:
         if name != self.settings.model_name:
             raise APIError(400, f"unknown model {name!r}; this server serves {self.settings.model_name!r}")
-
-    def tokenize(self, prompt: str | list[int]) -> list[int]:
-        try:
-            return self.engine.engine.tokenize(prompt)
-        except ValueError as e:
-            raise APIError(400, str(e)) from None
 
     def render_chat(self, body: ChatCompletionRequest) -> list[int]:
         """The conversation in the tokenizer's chat template, as token ids, ready for the reply."""
@@ -177,17 +190,11 @@ class _Server:
     async def generate(self, body, prompt_ids: list[int], default_max_tokens: int, endpoint: _Endpoint,
                        request: Request) -> Response:
         """Queue the request, then stream its chunks or answer once it is done."""
-        try:
-            params = body.sampling_params(default_max_tokens)
-        except ValueError as e:
-            raise APIError(400, str(e)) from None
+        params = body.sampling_params(default_max_tokens)
         if self.engine.stats().num_waiting >= self.settings.max_waiting:
             raise APIError(503, f"the server is busy ({self.settings.max_waiting} requests already waiting); "
                                 f"retry later")
-        try:
-            stream = self.engine.add_request(prompt_ids, params)
-        except ValueError as e:
-            raise APIError(400, str(e)) from None
+        stream = self.engine.add_request(prompt_ids, params)
         header = ResponseHeader.new(endpoint.id_prefix, self.settings.model_name)
         timer = RequestTimer(self.metrics, stream.num_prompt_tokens)
         if body.stream:
@@ -206,6 +213,7 @@ class _Server:
         finally:
             if not finished:
                 self.engine.abort(stream.request_id)
+                timer.finish("abort")
 
     async def _complete(self, stream: RequestStream, timer: RequestTimer, header: ResponseHeader,
                         endpoint: _Endpoint) -> Response:
@@ -261,7 +269,4 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | 
     """Load `model`, then serve it until interrupted; `engine_kwargs` are Config fields."""
     settings = ServerSettings(served_model_name or model, api_key, max_waiting)
     engine = OnlineEngine(LLMEngine(model, **engine_kwargs))
-    try:
-        uvicorn.run(build_app(engine, settings), host=host, port=port, log_level="info")
-    finally:
-        engine.shutdown()
+    uvicorn.run(build_app(engine, settings), host=host, port=port, log_level="info")

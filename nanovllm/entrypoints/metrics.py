@@ -63,4 +63,8 @@ class RequestTimer:
                 self.metrics.itl.observe((now - self.last) / len(output.token_ids))
             self.last = now
         if output.finished:
-            self.metrics.finished.labels(self.metrics.model_name, output.finish_reason).inc()
+            self.finish(output.finish_reason)
+
+    def finish(self, reason: str) -> None:
+        """Count the request as finished for `reason`."""
+        self.metrics.finished.labels(self.metrics.model_name, reason).inc()
