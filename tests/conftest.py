@@ -5,7 +5,9 @@ import time
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+from nanovllm.default_model import default_model_dir
 
 VOCAB_SIZE = 512
 EOS_ID = 1
@@ -65,3 +67,20 @@ def slow_down(online_engine, monkeypatch, seconds=0.005):
         return real_step()
 
     monkeypatch.setattr(online_engine.llm_engine, "step", slow_step)
+
+
+@pytest.fixture(scope="session")
+def smollm_dir():
+    """The bundled SmolLM2-135M-Instruct folder (converted once)."""
+    return default_model_dir()
+
+
+@pytest.fixture(scope="session")
+def smollm_tokenizer(smollm_dir):
+    """A byte-level BPE tokenizer: multi-byte characters span several tokens."""
+    return AutoTokenizer.from_pretrained(smollm_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(qwen3_dir):
+    return AutoTokenizer.from_pretrained(qwen3_dir)

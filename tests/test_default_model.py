@@ -11,11 +11,6 @@ QUESTIONS = CHAT_QUESTIONS[:3]
 
 
 @pytest.fixture(scope="module")
-def smollm_dir():
-    return default_model_dir()
-
-
-@pytest.fixture(scope="module")
 def llm(smollm_dir):
     return LLM(smollm_dir, kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=512)
 
