@@ -6,6 +6,7 @@ import queue
 import threading
 from dataclasses import dataclass
 
+from nanovllm.engine.detokenizer import IncrementalDetokenizer
 from nanovllm.engine.llm_engine import LLMEngine, Prompt
 from nanovllm.engine.sequence import Sequence
 from nanovllm.sampling_params import SamplingParams
@@ -82,11 +83,11 @@ class RequestStream:
 class _Request:
     """Engine-thread state of one live request."""
 
-    def __init__(self, seq: Sequence, stream: RequestStream):
+    def __init__(self, seq: Sequence, stream: RequestStream, detokenizer: IncrementalDetokenizer):
         self.seq = seq
         self.stream = stream
+        self.detokenizer = detokenizer
         self.num_sent_tokens = 0
-        self.sent_text = ""
 
 
 class OnlineEngine:
@@ -117,7 +118,8 @@ class OnlineEngine:
         with self._lock:
             if self._stopping:
                 raise RuntimeError("the engine is shut down")
-            self._new.append(_Request(seq, stream))
+            self._new.append(_Request(seq, stream, IncrementalDetokenizer(self.llm_engine.tokenizer,
+                                                                          seq.num_prompt_tokens)))
             self._stats = EngineStats(self._stats.num_running, self._stats.num_waiting + 1,
                                       self._stats.kv_cache_usage)
             self._wakeup.notify()
@@ -193,14 +195,9 @@ class OnlineEngine:
     def _output(self, request: _Request, finish_reason: str | None) -> RequestOutput:
         """The tokens and text `request` gained since its last output."""
         seq = request.seq
-        text = self.llm_engine.tokenizer.decode(seq.completion_token_ids, skip_special_tokens=True)
-        # Hold back a trailing partial multi-byte character until it completes.
-        if finish_reason is None and text.endswith("\ufffd"):
-            text = request.sent_text
         new_tokens = seq.completion_token_ids[request.num_sent_tokens:]
-        new_text = text[len(request.sent_text):]
+        new_text = request.detokenizer.step(seq.token_ids, final=finish_reason is not None)
         request.num_sent_tokens = seq.num_completion_tokens
-        request.sent_text = text
         return RequestOutput(seq.seq_id, new_tokens, new_text, seq.num_prompt_tokens,
                              seq.num_completion_tokens, finish_reason)
 
