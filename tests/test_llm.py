@@ -3,7 +3,7 @@
 import random
 
 import pytest
-from hf_reference import hf_greedy
+from hf_reference import hf_generate, hf_greedy, hf_logprobs
 
 from nanovllm import LLM, SamplingParams
 
@@ -18,6 +18,19 @@ def random_prompts(lengths, seed=0):
 
 def token_ids(outputs):
     return [o["token_ids"] for o in outputs]
+
+
+def record_preemptions(llm) -> list:
+    """A list that fills with each sequence the scheduler preempts."""
+    preempted = []
+    original = llm.scheduler._preempt
+
+    def recording_preempt(seq):
+        preempted.append(seq)
+        original(seq)
+
+    llm.scheduler._preempt = recording_preempt
+    return preempted
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +48,13 @@ def test_batched_greedy_matches_transformers(arch_dir, prompts, request):
     assert all(len(o["token_ids"]) == GREEDY.max_tokens for o in outputs)
 
 
-def test_text_output_decodes_completion(qwen3_dir):
+def test_text_output_continues_the_prompt(qwen3_dir):
     llm = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=16, max_model_len=256)
     [out] = llm.generate(["w5 w6 w7"], GREEDY, use_tqdm=False)
-    assert out["text"] == llm.tokenizer.decode(out["token_ids"], skip_special_tokens=True)
-    assert out["text"].split()[0].startswith("w")
+    prompt = llm.tokenizer.encode("w5 w6 w7")
+    assert "w5 w6 w7" + out["text"] == llm.tokenizer.decode(prompt + out["token_ids"], skip_special_tokens=True)
+    assert out["text"].startswith(" w")
+    assert out["finish_reason"] == "length"
 
 
 def test_outputs_follow_prompt_order_with_per_prompt_params(qwen3_dir, prompts):
@@ -57,9 +72,10 @@ def test_eos_stops_generation(qwen3_dir, prompts):
     free_running = token_ids(llm.generate(prompts, GREEDY, use_tqdm=False))
     # declare the 3rd generated token of the first prompt to be an end token
     stop_token = free_running[0][2]
-    llm.scheduler.eos_token_ids = frozenset({stop_token})
+    llm.scheduler.stop_checker.eos_token_ids = frozenset({stop_token})
     [out] = llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=24), use_tqdm=False)
     assert out["token_ids"] == free_running[0][: free_running[0].index(stop_token) + 1]
+    assert out["finish_reason"] == "stop"
 
 
 def test_prefix_cache_hit_gives_identical_output(qwen3_dir):
@@ -93,17 +109,9 @@ def test_preemption_keeps_outputs_identical(qwen3_dir):
     expected = token_ids(roomy.generate(prompts, params, use_tqdm=False))
     # 8 blocks hold 128 tokens; together the requests need about twice that
     tight = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=8, max_model_len=256)
-    preemptions = 0
-    original = tight.scheduler._preempt
-
-    def counting_preempt(seq):
-        nonlocal preemptions
-        preemptions += 1
-        original(seq)
-
-    tight.scheduler._preempt = counting_preempt
+    preempted = record_preemptions(tight)
     assert token_ids(tight.generate(prompts, params, use_tqdm=False)) == expected
-    assert preemptions > 0
+    assert preempted
 
 
 def test_sampling_with_temperature_runs_and_is_seeded(qwen3_dir, prompts):
@@ -161,3 +169,85 @@ def test_generation_stops_at_max_model_len(small_llm):
 def test_mismatched_params_list_is_refused(small_llm):
     with pytest.raises(ValueError, match="2 prompts but 1 sampling params"):
         small_llm.generate([[5], [6]], [GREEDY], use_tqdm=False)
+
+
+@pytest.fixture(scope="module")
+def llm(qwen3_dir):
+    return LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
+
+
+def test_seeded_request_gives_the_same_output_whatever_the_batch(qwen3_dir, llm, prompts):
+    seeded = SamplingParams(temperature=1.0, top_p=0.9, seed=1234, max_tokens=20, ignore_eos=True)
+    [alone] = token_ids(llm.generate(prompts[:1], seeded, use_tqdm=False))
+    others = [SamplingParams(temperature=0.7, max_tokens=12, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=30, repetition_penalty=1.2, ignore_eos=True),
+              SamplingParams(temperature=1.0, top_k=5, seed=99, max_tokens=20, ignore_eos=True, logprobs=2)]
+    mixed = token_ids(llm.generate(prompts[1:4] + prompts[:1], others + [seeded], use_tqdm=False))
+    assert mixed[-1] == alone
+    # preempted and recomputed midway: the same draws again
+    tight = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=5, max_model_len=256)
+    preempted = record_preemptions(tight)
+    long = SamplingParams(temperature=0.7, max_tokens=40, ignore_eos=True)
+    crowded = token_ids(tight.generate(prompts[2:4] + prompts[:1], [long, long, seeded], use_tqdm=False))
+    assert crowded[-1] == alone and any(seq.params is seeded for seq in preempted)
+    reseeded = SamplingParams(temperature=1.0, top_p=0.9, seed=1235, max_tokens=20, ignore_eos=True)
+    assert token_ids(llm.generate(prompts[:1], reseeded, use_tqdm=False))[0] != alone
+
+
+def test_top_k_one_is_greedy(llm, prompts):
+    params = SamplingParams(temperature=1.5, top_k=1, max_tokens=16, ignore_eos=True)
+    assert token_ids(llm.generate(prompts, params, use_tqdm=False)) == token_ids(
+        llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False))
+
+
+def test_logprobs_equal_log_softmax_of_transformers_logits(qwen3_dir, llm, prompts):
+    params = [SamplingParams(temperature=0.9, seed=5, max_tokens=8, ignore_eos=True, logprobs=3),
+              SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=0),
+              SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)]
+    outputs = llm.generate(prompts[2:5], params, use_tqdm=False)
+    assert "logprobs" not in outputs[2]
+    for prompt, out, k in zip(prompts[2:4], outputs, (3, 0)):
+        reference = hf_logprobs(qwen3_dir, prompt, out["token_ids"])
+        assert len(out["logprobs"]) == len(out["token_ids"])
+        for step, (token_id, logprobs) in enumerate(zip(out["token_ids"], out["logprobs"])):
+            top = reference[step].topk(k).indices.tolist()
+            assert list(logprobs) == [token_id] + [t for t in top if t != token_id]
+            for t, value in logprobs.items():
+                assert value == pytest.approx(float(reference[step, t]), abs=1e-4)
+
+
+def test_repetition_penalty_matches_transformers(qwen3_dir, llm, prompts):
+    params = SamplingParams(temperature=0, repetition_penalty=1.5, max_tokens=16, ignore_eos=True)
+    expected = hf_generate(qwen3_dir, prompts, max_new_tokens=16, repetition_penalty=1.5)
+    assert token_ids(llm.generate(prompts, params, use_tqdm=False)) == expected
+
+
+def test_stop_token_and_min_tokens_match_transformers(qwen3_dir, llm, prompts):
+    free_running = token_ids(llm.generate(prompts[:1], GREEDY, use_tqdm=False))[0]
+    stop_token = free_running[1]
+    params = SamplingParams(temperature=0, stop_token_ids=[stop_token], min_tokens=4, max_tokens=24)
+    [out] = llm.generate(prompts[:1], params, use_tqdm=False)
+    expected = hf_generate(qwen3_dir, prompts[:1], eos_token_id=stop_token, max_new_tokens=24, min_new_tokens=4)[0]
+    assert out["token_ids"] == expected
+    assert stop_token not in out["token_ids"][:4]
+    assert out["finish_reason"] == ("stop" if out["token_ids"][-1] == stop_token else "length")
+
+
+def test_stop_string_cuts_text_and_reports_stop(llm, prompts):
+    [free] = llm.generate(prompts[:1], GREEDY, use_tqdm=False)
+    words = free["text"].split()
+    stop = f"{words[3]} {words[4]}"
+    [out] = llm.generate(prompts[:1], SamplingParams(temperature=0, stop=stop, max_tokens=24), use_tqdm=False)
+    assert out["text"] == free["text"][: free["text"].index(stop)]
+    assert out["token_ids"] == free["token_ids"][:5] and out["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("params, message", [
+    (SamplingParams(stop_token_ids=[512]), "stop_token_ids"),
+    (SamplingParams(logprobs=513), "logprobs"),
+    ({"temperature": 0}, "SamplingParams"),
+])
+def test_params_beyond_the_model_are_refused(llm, params, message):
+    with pytest.raises(ValueError, match=message):
+        llm.add_request([5, 6], params)
+    assert llm.is_finished()

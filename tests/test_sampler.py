@@ -1,49 +1,140 @@
-"""The Gumbel-max sampler: greedy rows take the argmax, sampled rows follow softmax(logits / T)."""
+"""The sampler: greedy rows, Gumbel-max frequencies (chi-square), truncation, seeds, bans, logprobs."""
 
+import pytest
 import torch
+from chi_square import chi_square_p_value
 
-from nanovllm.layers.sampler import Sampler
+from nanovllm.layers.sampler import Sampler, SamplingTensors
+from nanovllm.layers.truncation import apply_min_p, apply_top_k_top_p
+
+VOCAB = 12
+DRAWS = 40000
+# a p-value below this fails; with fixed seeds the tests are deterministic
+ALPHA = 1e-3
+
+
+def draws_of(logits: torch.Tensor, **settings) -> torch.Tensor:
+    """Sample DRAWS times from one row of logits, as DRAWS rows of a batch."""
+    # one-element settings apply to every row; longer ones are given per row
+    tensors = SamplingTensors(**{k: v.repeat(DRAWS) if v.numel() == 1 else v for k, v in settings.items()})
+    return Sampler()(logits.repeat(DRAWS, 1), tensors).token_ids
+
+
+@pytest.fixture
+def logits():
+    torch.manual_seed(0)
+    return torch.randn(VOCAB) * 1.5
 
 
 def test_zero_temperature_is_argmax():
     torch.manual_seed(0)
     logits = torch.randn(6, 50)
-    ids = Sampler()(logits, torch.zeros(6))
+    ids = Sampler()(logits, SamplingTensors(temperatures=torch.zeros(6))).token_ids
     assert torch.equal(ids, logits.argmax(-1))
+
+
+def test_no_tensors_means_all_greedy():
+    torch.manual_seed(0)
+    logits = torch.randn(5, 50, dtype=torch.bfloat16)
+    assert torch.equal(Sampler()(logits).token_ids, logits.float().argmax(-1))
 
 
 def test_mixed_batch_keeps_greedy_rows_greedy():
     torch.manual_seed(0)
     logits = torch.randn(4, 50)
-    temperatures = torch.tensor([0.0, 1.0, 0.0, 1.0])
+    tensors = SamplingTensors(temperatures=torch.tensor([0.0, 1.0, 0.0, 1.0]))
     for _ in range(20):
-        ids = Sampler()(logits, temperatures)
+        ids = Sampler()(logits, tensors).token_ids
         assert ids[0] == logits[0].argmax() and ids[2] == logits[2].argmax()
 
 
-def test_frequencies_follow_softmax_of_scaled_logits():
-    torch.manual_seed(0)
-    logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
-    draws = 40000
-    temperature = 0.7
-    ids = Sampler()(logits.repeat(draws, 1), torch.full((draws,), temperature))
-    freq = torch.bincount(ids, minlength=4).float() / draws
-    expected = torch.softmax(logits / temperature, dim=-1)
-    # 4 standard errors of a binomial proportion
-    tolerance = 4 * (expected * (1 - expected) / draws).sqrt()
-    assert ((freq - expected).abs() <= tolerance).all(), (freq, expected)
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
+def test_frequencies_follow_softmax_of_scaled_logits(logits, temperature):
+    torch.manual_seed(1)
+    ids = draws_of(logits, temperatures=torch.tensor([temperature]))
+    assert chi_square_p_value(ids, torch.softmax(logits / temperature, -1)) > ALPHA
 
 
-def test_high_temperature_flattens_the_distribution():
-    torch.manual_seed(0)
-    logits = torch.tensor([3.0, 0.0])
-    draws = 4000
-    cold = Sampler()(logits.repeat(draws, 1), torch.full((draws,), 0.5)).float().mean()
-    hot = Sampler()(logits.repeat(draws, 1), torch.full((draws,), 5.0)).float().mean()
-    assert cold < 0.01 and hot > 0.3
+def test_seeded_frequencies_follow_softmax(logits):
+    # one draw per seed: across seeds the hash noise must act as Exp(1) noise
+    ids = draws_of(logits, temperatures=torch.tensor([0.8]), positions=torch.tensor([5]),
+                   seeds=torch.arange(DRAWS) * 7919, seeded_rows=torch.arange(DRAWS))
+    assert chi_square_p_value(ids, torch.softmax(logits / 0.8, -1)) > ALPHA
 
 
-def test_no_temperatures_means_all_greedy():
-    torch.manual_seed(0)
-    logits = torch.randn(5, 50, dtype=torch.bfloat16)
-    assert torch.equal(Sampler()(logits), logits.float().argmax(-1))
+def test_same_seed_and_position_draw_the_same_token_anywhere_in_the_batch(logits):
+    batch = logits.repeat(6, 1)
+    temperatures = torch.ones(6)
+
+    def draw(rows, seeds, positions):
+        return Sampler()(batch, SamplingTensors(temperatures=temperatures, seeded_rows=torch.tensor(rows),
+                                                seeds=torch.tensor(seeds), positions=torch.tensor(positions))
+                         ).token_ids
+    for seed in range(20):
+        alone = draw([0], [seed], [3])[0]
+        assert draw([4, 1], [99, seed], [3, 3])[1] == alone
+    by_seed = [int(draw([0], [seed], [3])[0]) for seed in range(40)]
+    by_position = [int(draw([0], [7], [pos])[0]) for pos in range(40)]
+    assert len(set(by_seed)) > 3 and len(set(by_position)) > 3
+
+
+def renormalised(logits: torch.Tensor, kept: torch.Tensor, temperature: float) -> torch.Tensor:
+    return torch.softmax((logits / temperature).masked_fill(~kept, float("-inf")), -1)
+
+
+@pytest.mark.parametrize("setting, kept", [
+    ({"top_k": torch.tensor([4])}, lambda s: s >= s.topk(4).values[-1]),
+    ({"top_p": torch.tensor([0.6])}, None),
+    ({"min_p": torch.tensor([0.2])}, lambda s: s.softmax(-1) >= 0.2 * s.softmax(-1).max()),
+])
+def test_truncation_keeps_only_the_allowed_set_and_its_renormalised_distribution(logits, setting, kept):
+    temperature = 0.9
+    scaled = logits / temperature
+    if kept is None:
+        # top-p by its definition: the most likely tokens until their mass reaches p
+        order = scaled.argsort(descending=True)
+        mass_before = torch.softmax(scaled, -1)[order].cumsum(0) - torch.softmax(scaled, -1)[order]
+        allowed = torch.zeros(VOCAB, dtype=torch.bool)
+        allowed[order[mass_before < 0.6]] = True
+    else:
+        allowed = kept(scaled)
+    assert 1 < int(allowed.sum()) < VOCAB
+    torch.manual_seed(2)
+    ids = draws_of(logits, temperatures=torch.tensor([temperature]), **setting)
+    assert allowed[ids].all()
+    assert chi_square_p_value(ids, renormalised(logits, allowed, temperature)) > ALPHA
+
+
+def test_rows_keep_their_own_truncation_settings():
+    torch.manual_seed(3)
+    logits = torch.randn(3, 40)
+    top_k = torch.tensor([1, 40, 5])
+    top_p = torch.tensor([1.0, 0.3, 1.0])
+    min_p = torch.tensor([0.0, 0.0, 0.5])
+    filtered = apply_top_k_top_p(apply_min_p(logits, min_p), top_k, top_p)
+    expected = [apply_top_k_top_p(apply_min_p(logits[i:i + 1], min_p[i:i + 1]), top_k[i:i + 1], top_p[i:i + 1])
+                for i in range(3)]
+    assert torch.equal(filtered, torch.cat(expected))
+    assert int(filtered[0].isfinite().sum()) == 1
+
+
+def test_banned_tokens_are_never_drawn():
+    torch.manual_seed(4)
+    logits = torch.randn(2, 6)
+    banned = torch.tensor([[0, 0, 1], [int(logits[0].argmax()), 2, int(logits[1].argmax())]])
+    for temperatures in (torch.zeros(2), torch.ones(2)):
+        for _ in range(200):
+            ids = Sampler()(logits, SamplingTensors(temperatures=temperatures, banned=banned)).token_ids
+            assert ids[0] not in (banned[1, 0], 2) and ids[1] != banned[1, 2]
+
+
+def test_logprobs_come_from_the_raw_logits():
+    torch.manual_seed(5)
+    logits = torch.randn(3, 30)
+    tensors = SamplingTensors(temperatures=torch.tensor([0.0, 2.0, 0.5]), top_k=torch.tensor([30, 2, 30]),
+                              num_logprobs=4)
+    out = Sampler()(logits, tensors)
+    reference = torch.log_softmax(logits, -1)
+    assert torch.equal(out.logprob_token_ids[:, 0], out.token_ids)
+    assert torch.equal(out.logprob_token_ids[:, 1:], reference.topk(4).indices)
+    assert torch.allclose(out.logprobs, reference.gather(1, out.logprob_token_ids))

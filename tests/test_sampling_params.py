@@ -1,25 +1,67 @@
-"""SamplingParams validation."""
+"""SamplingParams: vLLM's defaults, normalised stop fields, and a clear error for every bad value."""
 
 import pytest
 
 from nanovllm import SamplingParams
 
 
-def test_defaults():
+def test_defaults_turn_everything_off():
     params = SamplingParams()
     assert (params.temperature, params.max_tokens, params.ignore_eos) == (1.0, 64, False)
+    assert (params.top_k, params.top_p, params.min_p, params.seed) == (-1, 1.0, 0.0, None)
+    assert (params.stop, params.stop_token_ids, params.min_tokens, params.logprobs) == ([], [], 0, None)
+    assert not params.has_penalties and not params.is_greedy
+
+
+def test_one_stop_string_becomes_a_list():
+    assert SamplingParams(stop="###").stop == ["###"]
+    assert SamplingParams(stop=("a", "b"), stop_token_ids=(3,)).stop_token_ids == [3]
 
 
 @pytest.mark.parametrize("kwargs, message", [
+    ({"n": 2}, "only n=1"),
+    ({"best_of": 3}, "best_of"),
     ({"temperature": -0.1}, "temperature"),
     ({"temperature": "hot"}, "temperature"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"top_k": -2}, "top_k"),
+    ({"top_k": 2.0}, "top_k"),
+    ({"min_p": -0.1}, "min_p"),
+    ({"min_p": 1.1}, "min_p"),
+    ({"seed": 1.5}, "seed"),
+    ({"seed": "7"}, "seed"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"frequency_penalty": -3}, "frequency_penalty"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"stop": ""}, "stop"),
+    ({"stop": ["ok", 3]}, "stop"),
+    ({"stop": 5}, "stop"),
+    ({"stop_token_ids": [-1]}, "stop_token_ids"),
+    ({"stop_token_ids": 5}, "stop_token_ids"),
+    ({"include_stop_str_in_output": 1}, "include_stop_str_in_output"),
+    ({"ignore_eos": "yes"}, "ignore_eos"),
+    ({"skip_special_tokens": None}, "skip_special_tokens"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"max_tokens": 2.5}, "max_tokens"),
+    ({"max_tokens": True}, "max_tokens"),
+    ({"min_tokens": -1}, "min_tokens"),
+    ({"min_tokens": 10, "max_tokens": 5}, "min_tokens"),
+    ({"logprobs": -1}, "logprobs"),
+    ({"logprobs": 2.0}, "logprobs"),
 ])
 def test_bad_values_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
 
 
-def test_zero_temperature_is_greedy_and_allowed():
-    assert SamplingParams(temperature=0).temperature == 0
+def test_off_values_and_edges_are_allowed():
+    params = SamplingParams(temperature=0, top_k=0, top_p=1, min_p=1, seed=-5, repetition_penalty=0.1,
+                            presence_penalty=-2, frequency_penalty=2, min_tokens=64, logprobs=0)
+    assert params.is_greedy and params.has_penalties
+
+
+def test_from_dict_names_unknown_keys():
+    assert SamplingParams.from_dict({"top_k": 5}).top_k == 5
+    with pytest.raises(ValueError, match="unknown sampling parameter.*top_q"):
+        SamplingParams.from_dict({"top_q": 0.5})

@@ -80,7 +80,8 @@ def test_prompt_list_is_copied():
 
 def test_sampling_params_are_recorded():
     seq = make_seq([1], temperature=0.5, max_tokens=7, ignore_eos=True)
-    assert (seq.temperature, seq.max_tokens, seq.ignore_eos) == (0.5, 7, True)
+    assert (seq.params.temperature, seq.params.max_tokens, seq.params.ignore_eos) == (0.5, 7, True)
+    assert (seq.output_text, seq.finish_reason, seq.logprobs) == ("", None, [])
 
 
 def test_seq_ids_are_unique_and_increasing():

@@ -8,6 +8,7 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from nanovllm.config import Config
+from nanovllm.engine.detokenizer import IncrementalDetokenizer
 from nanovllm.engine.model_runner import ModelRunner
 from nanovllm.engine.scheduler import Scheduler
 from nanovllm.engine.sequence import Sequence
@@ -67,6 +68,18 @@ class LLMEngine:
             raise ValueError("the prompt is empty; give at least one token")
         return token_ids
 
+    def check_params(self, sampling_params: SamplingParams) -> None:
+        """Refuse settings that name tokens outside this model's vocabulary."""
+        if not isinstance(sampling_params, SamplingParams):
+            raise ValueError(f"sampling params must be a SamplingParams, got {type(sampling_params).__name__}")
+        vocab_size = self.config.hf_config.vocab_size
+        bad = [t for t in sampling_params.stop_token_ids if t >= vocab_size]
+        if bad:
+            raise ValueError(f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+        if sampling_params.logprobs is not None and sampling_params.logprobs > vocab_size:
+            raise ValueError(f"logprobs={sampling_params.logprobs} asks for more alternatives than the "
+                             f"vocabulary's {vocab_size} tokens")
+
     def check_fits(self, token_ids: list[int], sampling_params: SamplingParams) -> None:
         """Refuse up front a request that could never finish within the model or the KV cache."""
         config = self.config
@@ -86,9 +99,11 @@ class LLMEngine:
 
     def make_sequence(self, prompt: Prompt, sampling_params: SamplingParams) -> Sequence:
         """A checked, not yet queued sequence; ValueError if the request cannot be served."""
+        self.check_params(sampling_params)
         token_ids = self.tokenize(prompt)
         self.check_fits(token_ids, sampling_params)
-        return Sequence(token_ids, sampling_params, self.config.kvcache_block_size)
+        detokenizer = IncrementalDetokenizer(self.tokenizer, len(token_ids), sampling_params.skip_special_tokens)
+        return Sequence(token_ids, sampling_params, self.config.kvcache_block_size, detokenizer)
 
     def add_request(self, prompt: Prompt, sampling_params: SamplingParams) -> Sequence:
         """Queue one request; a request that cannot be served raises ValueError and queues nothing."""
@@ -101,8 +116,8 @@ class LLMEngine:
         (positive for a prefill, minus the batch size for a decode)."""
         batch = self.scheduler.schedule()
         num_tokens = sum(seq.num_new_tokens for seq in batch.seqs) if batch.is_prefill else -len(batch.seqs)
-        token_ids = self.model_runner.run(batch)
-        self.scheduler.postprocess(batch.seqs, token_ids)
+        token_ids, logprobs = self.model_runner.run(batch)
+        self.scheduler.postprocess(batch.seqs, token_ids, logprobs)
         return [seq for seq in batch.seqs if seq.is_finished], num_tokens
 
     def is_finished(self) -> bool:
@@ -114,7 +129,10 @@ class LLMEngine:
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[dict]:
-        """Complete every prompt; returns `{"text", "token_ids"}` per prompt, in prompt order.
+        """Complete every prompt; returns one dict per prompt, in prompt order:
+        `text`, `token_ids`, `finish_reason` ("stop" or "length") and, when
+        the request asked for them, `logprobs` (a {token id: log-probability}
+        dict per completion token: the chosen token and the top alternatives).
 
         Every prompt is checked before any is queued, so one bad prompt raises
         ValueError (naming its index) without running or losing the others.
@@ -134,11 +152,15 @@ class LLMEngine:
         for seq in seqs:
             self.scheduler.add(seq)
         self._run_until_done(len(seqs), use_tqdm)
-        return [
-            {"text": self.tokenizer.decode(seq.completion_token_ids, skip_special_tokens=True),
-             "token_ids": seq.completion_token_ids}
-            for seq in seqs
-        ]
+        return [self.output(seq) for seq in seqs]
+
+    @staticmethod
+    def output(seq: Sequence) -> dict:
+        """What `generate` returns for one sequence."""
+        out = {"text": seq.output_text, "token_ids": seq.completion_token_ids, "finish_reason": seq.finish_reason}
+        if seq.params.logprobs is not None:
+            out["logprobs"] = seq.logprobs
+        return out
 
     def _run_until_done(self, total: int, use_tqdm: bool) -> None:
         with tqdm(total=total, desc="Generating", dynamic_ncols=True, disable=not use_tqdm) as bar:

@@ -3,6 +3,7 @@
 import torch
 
 from nanovllm.config import Config
+from nanovllm.engine.sampling_batch import logprob_dicts, sampling_tensors
 from nanovllm.engine.scheduler import ScheduledBatch
 from nanovllm.engine.sequence import Sequence
 from nanovllm.layers.attention import Attention
@@ -163,15 +164,15 @@ class ModelRunner:
         return self._to_device(input_ids, torch.int64), self._to_device(positions, torch.int64)
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> list[int] | None:
-        """One forward pass over the batch; rank 0 returns the sampled token ids."""
+    def run(self, batch: ScheduledBatch) -> tuple[list[int], list[dict[int, float] | None] | None] | None:
+        """One forward pass over the batch; rank 0 returns the sampled token ids and,
+        where asked for, their logprobs."""
         prepare = self.prepare_prefill if batch.is_prefill else self.prepare_decode
         input_ids, positions = prepare(batch.seqs)
         logits = self.model.compute_logits(self.model(input_ids, positions))
         reset_context()
         if self.rank != 0:
             return None
-        temperatures = [seq.temperature for seq in batch.seqs]
-        if not any(temperatures):
-            return self.sampler(logits).tolist()
-        return self.sampler(logits, self._to_device(temperatures, torch.float32)).tolist()
+        tensors = sampling_tensors(batch.seqs, logits.shape[-1], self.config.eos_token_ids, self._to_device)
+        output = self.sampler(logits, tensors)
+        return output.token_ids.tolist(), logprob_dicts(batch.seqs, output)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from nanovllm.config import Config
 from nanovllm.engine.block_manager import BlockManager
 from nanovllm.engine.sequence import Sequence, SequenceStatus
+from nanovllm.engine.stop_checker import StopChecker
 
 
 @dataclass
@@ -23,7 +24,7 @@ class Scheduler:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_model_len = config.max_model_len
-        self.eos_token_ids = frozenset(config.eos_token_ids)
+        self.stop_checker = StopChecker(frozenset(config.eos_token_ids), config.max_model_len)
         self.block_manager = BlockManager(config.num_kvcache_blocks, config.kvcache_block_size)
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
@@ -92,17 +93,16 @@ class Scheduler:
         self.block_manager.deallocate(seq)
         self.waiting.appendleft(seq)
 
-    def postprocess(self, seqs: list[Sequence], token_ids: list[int]) -> None:
-        """Record each sampled token; finish and free the sequences that are done."""
-        for seq, token_id in zip(seqs, token_ids):
+    def postprocess(self, seqs: list[Sequence], token_ids: list[int],
+                    logprobs: list[dict[int, float] | None] | None = None) -> None:
+        """Record each sampled token (and its logprobs); finish and free the sequences that are done."""
+        for i, (seq, token_id) in enumerate(zip(seqs, token_ids)):
             seq.num_computed_tokens = seq.num_tokens
             seq.append_token(token_id)
-            if self._is_done(seq, token_id):
+            if logprobs is not None and logprobs[i] is not None:
+                seq.logprobs.append(logprobs[i])
+            self.stop_checker.update(seq)
+            if seq.finish_reason is not None:
                 seq.status = SequenceStatus.FINISHED
                 self.block_manager.deallocate(seq)
                 self.running.remove(seq)
-
-    def _is_done(self, seq: Sequence, token_id: int) -> bool:
-        return ((not seq.ignore_eos and token_id in self.eos_token_ids)
-                or seq.num_completion_tokens >= seq.max_tokens
-                or seq.num_tokens >= self.max_model_len)

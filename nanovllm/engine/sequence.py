@@ -4,6 +4,7 @@ from copy import copy
 from enum import Enum, auto
 from itertools import count
 
+from nanovllm.engine.detokenizer import IncrementalDetokenizer
 from nanovllm.sampling_params import SamplingParams
 
 
@@ -23,11 +24,18 @@ class Sequence:
     tokens a step must compute are `token_ids[num_computed_tokens:]`.
     `num_cached_tokens` records how many prompt tokens the prefix cache supplied
     at the last allocation.
+
+    The output so far lives here too, for the caller to read after each step:
+    `output_text` (grown by the detokenizer, when the sequence has one),
+    `finish_reason` ("stop" or "length" once finished, else None) and, when
+    asked for, `logprobs` (one {token id: log-probability} dict per
+    completion token).
     """
 
     _ids = count()
 
-    def __init__(self, token_ids: list[int], sampling_params: SamplingParams, block_size: int):
+    def __init__(self, token_ids: list[int], sampling_params: SamplingParams, block_size: int,
+                 detokenizer: IncrementalDetokenizer | None = None):
         self.seq_id = next(Sequence._ids)
         self.block_size = block_size
         self.status = SequenceStatus.WAITING
@@ -38,9 +46,11 @@ class Sequence:
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
         self.block_table: list[int] = []
-        self.temperature = sampling_params.temperature
-        self.max_tokens = sampling_params.max_tokens
-        self.ignore_eos = sampling_params.ignore_eos
+        self.params = sampling_params
+        self.detokenizer = detokenizer
+        self.output_text = ""
+        self.finish_reason: str | None = None
+        self.logprobs: list[dict[int, float]] = []
 
     def __len__(self) -> int:
         return self.num_tokens
@@ -48,6 +58,15 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status == SequenceStatus.FINISHED
+
+    @property
+    def stream_text(self) -> str:
+        """The text that can be sent so far: all of it once finished; before that,
+        less the tail that may still turn out to be the start of a stop string."""
+        if self.is_finished or not self.params.stop:
+            return self.output_text
+        held = max(len(s) for s in self.params.stop) - 1
+        return self.output_text[: max(len(self.output_text) - held, 0)]
 
     @property
     def num_completion_tokens(self) -> int:

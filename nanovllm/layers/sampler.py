@@ -1,25 +1,84 @@
-"""Token sampling: temperature, softmax and Gumbel-max in one batched pass."""
+"""Token sampling in one batched pass: penalties, temperature, truncation, Gumbel-max, logprobs."""
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from nanovllm.layers.penalties import PenaltyTensors, apply_penalties
+from nanovllm.layers.seeded_noise import seeded_exponential
+from nanovllm.layers.truncation import apply_min_p, apply_top_k_top_p
+
+
+@dataclass
+class SamplingTensors:
+    """Per-row settings for one batch of logits; a None field is a feature no row uses."""
+
+    temperatures: torch.Tensor | None = None   # [num_seqs] float32; 0 = greedy; None = all greedy
+    min_p: torch.Tensor | None = None          # [num_seqs] float32; 0 = off
+    top_k: torch.Tensor | None = None          # [num_seqs] int64; vocab size = off
+    top_p: torch.Tensor | None = None          # [num_seqs] float32; 1 = off
+    seeded_rows: torch.Tensor | None = None    # [num_seeded] int64: rows whose noise comes from a seed
+    seeds: torch.Tensor | None = None          # [num_seeded] int64 in [0, 2^63)
+    positions: torch.Tensor | None = None      # [num_seeded] int64: position of the token being drawn
+    penalties: PenaltyTensors | None = None
+    banned: torch.Tensor | None = None         # [2, n] int64: (row, token id) pairs that may not be drawn
+    num_logprobs: int | None = None            # most alternatives any row asks for; None = no logprobs
+
+
+@dataclass
+class SamplerOutput:
+    """The chosen tokens and, when asked, log-probabilities from the raw logits."""
+
+    token_ids: torch.Tensor                       # [num_seqs]
+    logprob_token_ids: torch.Tensor | None = None  # [num_seqs, 1 + k]: the chosen token, then the top k
+    logprobs: torch.Tensor | None = None           # [num_seqs, 1 + k]
+
 
 class Sampler(nn.Module):
-    """Picks one token per row of logits; rows with temperature 0 take the argmax.
+    """Picks one token per row of logits.
 
-    Sampling divides the probabilities by Exp(1) noise and takes the argmax,
-    which draws from softmax(logits / T) without a multinomial.
+    Penalties and banned tokens change the logits first; greedy rows then take
+    the argmax. The others divide by their temperature, apply min-p, top-k and
+    top-p, and draw by Gumbel-max: divide the probabilities by Exp(1) noise and
+    take the argmax, which samples from the distribution without a multinomial.
+    Unseeded rows take noise from the device's generator (one kernel); seeded
+    rows from a hash of (seed, position, token), independent of the batch.
     """
 
-    def forward(self, logits: torch.Tensor, temperatures: torch.Tensor | None = None) -> torch.Tensor:
-        """Token ids [num_seqs] for logits [num_seqs, vocab]; no temperatures means all greedy."""
-        greedy = logits.argmax(dim=-1)
-        if temperatures is None:
-            return greedy
-        logits = logits.float()
-        is_greedy = temperatures == 0
-        scaled = logits / torch.where(is_greedy, 1.0, temperatures).unsqueeze(1)
+    def forward(self, logits: torch.Tensor, tensors: SamplingTensors | None = None) -> SamplerOutput:
+        """Tokens for logits [num_seqs, vocab]; no tensors means every row is plain greedy."""
+        if tensors is None:
+            return SamplerOutput(logits.argmax(dim=-1))
+        processed = logits.float()
+        if tensors.penalties is not None:
+            processed = apply_penalties(processed, tensors.penalties)
+        if tensors.banned is not None:
+            processed = processed.index_put((tensors.banned[0], tensors.banned[1]),
+                                            torch.tensor(float("-inf"), device=logits.device))
+        token_ids = processed.argmax(dim=-1)
+        if tensors.temperatures is not None:
+            token_ids = torch.where(tensors.temperatures == 0, token_ids, self._draw(processed, tensors))
+        if tensors.num_logprobs is None:
+            return SamplerOutput(token_ids)
+        return SamplerOutput(token_ids, *self._logprobs(logits, token_ids, tensors.num_logprobs))
+
+    @staticmethod
+    def _draw(logits: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
+        temperatures = tensors.temperatures
+        scaled = logits / torch.where(temperatures == 0, 1.0, temperatures).unsqueeze(1)
+        if tensors.min_p is not None:
+            scaled = apply_min_p(scaled, tensors.min_p)
+        if tensors.top_k is not None or tensors.top_p is not None:
+            scaled = apply_top_k_top_p(scaled, tensors.top_k, tensors.top_p)
         probs = torch.softmax(scaled, dim=-1)
         noise = torch.empty_like(probs).exponential_(1).clamp_min_(1e-10)
-        sampled = (probs / noise).argmax(dim=-1)
-        return torch.where(is_greedy, greedy, sampled)
+        if tensors.seeded_rows is not None:
+            noise[tensors.seeded_rows] = seeded_exponential(tensors.seeds, tensors.positions, probs.shape[1])
+        return (probs / noise).argmax(dim=-1)
+
+    @staticmethod
+    def _logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        ids = torch.cat([token_ids.unsqueeze(1), logprobs.topk(k, dim=-1).indices], dim=1)
+        return ids, logprobs.gather(1, ids)

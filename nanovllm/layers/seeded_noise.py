@@ -1,0 +1,33 @@
+"""Exp(1) noise that depends only on (seed, position, token id).
+
+A counter-based hash instead of a random generator: a seeded request draws the
+same noise at the same position whatever else is in the batch, after a
+preemption too, and a whole batch of seeded rows takes one set of tensor ops.
+"""
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+_GOLDEN = 0x9E3779B1
+
+
+def hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer mixer on int64 tensors holding values in [0, 2^32).
+
+    Both multipliers are below 2^31, so no product leaves the int64 range.
+    """
+    x = x ^ (x >> 16)
+    x = (x * 0x21F0AAAD) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * 0x735A2D97) & _MASK32
+    return x ^ (x >> 15)
+
+
+def seeded_exponential(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Exp(1) noise [rows, vocab] for seeds [rows] (int64, >= 0) drawing the token at positions [rows]."""
+    row_keys = hash32(hash32(hash32(positions & _MASK32) ^ (seeds >> 32)) ^ (seeds & _MASK32))
+    token_keys = hash32(torch.arange(vocab_size, device=seeds.device) * _GOLDEN & _MASK32)
+    bits = hash32(row_keys.unsqueeze(1) ^ token_keys.unsqueeze(0))
+    # the top 24 bits convert to float32 exactly: u lies in (0, 1), never 0 or 1
+    uniform = ((bits >> 8).float() + 0.5) * 2.0**-24
+    return -torch.log(uniform)

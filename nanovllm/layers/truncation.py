@@ -1,0 +1,33 @@
+"""Truncation sampling: min-p, top-k and top-p keep a head of the distribution, row by row."""
+
+import torch
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Drop tokens whose probability is below min_p times the row's top probability."""
+    # logits: [num_seqs, vocab]; min_p: [num_seqs], 0 = off
+    probs = torch.softmax(logits, dim=-1)
+    threshold = min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None,
+                      top_p: torch.Tensor | None) -> torch.Tensor:
+    """Keep the k most likely tokens, then the smallest set whose probability reaches p.
+
+    One sort serves both. top_k: [num_seqs] int64 (vocab size = off); top_p:
+    [num_seqs] float32 (1 = off); either may be None when no row uses it.
+    Tokens tied with the k-th are kept.
+    """
+    # ascending, so that top-p drops a prefix whose mass is at most 1 - p
+    sorted_logits, order = logits.sort(dim=-1)
+    vocab_size = logits.shape[-1]
+    if top_k is not None:
+        kth = sorted_logits.gather(1, (vocab_size - top_k).unsqueeze(1))
+        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
+    if top_p is not None:
+        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+        drop = cumulative <= 1 - top_p.unsqueeze(1)
+        drop[:, -1] = False  # the most likely token always stays
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)

@@ -1,0 +1,34 @@
+"""Hash noise: a function of (seed, position, token) only, distributed as Exp(1)."""
+
+import torch
+
+from nanovllm.layers.seeded_noise import hash32, seeded_exponential
+
+
+def test_hash_stays_in_32_bits_and_spreads_neighbours():
+    x = torch.arange(1 << 16)
+    h = hash32(x)
+    assert int(h.min()) >= 0 and int(h.max()) < 1 << 32
+    assert h.unique().numel() == x.numel()  # a bijection on 32 bits
+    # each output bit is set about half the time over consecutive inputs
+    bits = torch.stack([(h >> b) & 1 for b in range(32)]).float().mean(1)
+    assert ((bits - 0.5).abs() < 0.01).all()
+
+
+def test_noise_depends_only_on_seed_position_and_token():
+    seeds, positions = torch.tensor([1, 2, 1, 1]), torch.tensor([10, 10, 11, 10])
+    noise = seeded_exponential(seeds, positions, 64)
+    assert torch.equal(noise[0], noise[3])
+    assert torch.equal(noise[0], seeded_exponential(seeds[:1], positions[:1], 64)[0])
+    assert not torch.equal(noise[0], noise[1]) and not torch.equal(noise[0], noise[2])
+
+
+def test_noise_is_exponential_and_uncorrelated():
+    noise = seeded_exponential(torch.arange(200) * 31, torch.arange(200), 5000)
+    assert noise.min() > 0 and noise.isfinite().all()
+    for x in (0.1, 0.5, 1.0, 2.0, 4.0):
+        assert abs(float((noise < x).float().mean()) - (1 - torch.exp(torch.tensor(-x)))) < 0.003
+    centred = noise - 1
+    # neighbouring tokens, neighbouring rows
+    assert abs(float((centred[:, 1:] * centred[:, :-1]).mean())) < 0.01
+    assert abs(float((centred[1:] * centred[:-1]).mean())) < 0.01
