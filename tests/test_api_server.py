@@ -110,6 +110,18 @@ def test_completion_matches_offline_greedy_and_stream_matches_it(server, offline
     assert chunks[-1].usage.completion_tokens == response.usage.completion_tokens
 
 
+def test_stop_string_cuts_the_text_streamed_or_not(server, offline):
+    client = server.client()
+    full = greedy_text(offline, "w5 w6 w7", 12)["text"]
+    stop = " ".join(full.split()[3:5])
+    want = full[: full.index(stop)]
+    response = client.completions.create(model=MODEL, prompt="w5 w6 w7", max_tokens=12, temperature=0, stop=stop)
+    assert (response.choices[0].text, response.choices[0].finish_reason) == (want, "stop")
+    chunks = list(client.completions.create(model=MODEL, prompt="w5 w6 w7", max_tokens=12, temperature=0,
+                                            stop=[stop, "w999"], stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == want and chunks[-1].choices[0].finish_reason == "stop"
+
+
 def test_completion_takes_token_ids(server, offline):
     want = greedy_text(offline, [9, 8, 7, 6], 10)
     response = server.client().completions.create(model=MODEL, prompt=[9, 8, 7, 6], max_tokens=10, temperature=0)
@@ -202,7 +214,10 @@ def error_of(response: httpx.Response) -> dict:
     ({"model": MODEL, "prompt": "w5", "temperature": -1}, "temperature"),
     ({"model": MODEL, "prompt": "w5", "max_tokens": 0}, "max_tokens"),
     ({"model": MODEL, "prompt": "w5", "max_tokens": "many"}, "max_tokens"),
-    ({"model": MODEL, "prompt": "w5", "n": 2}, "n must be 1"),
+    ({"model": MODEL, "prompt": "w5", "n": 2}, "n=1"),
+    ({"model": MODEL, "prompt": "w5", "top_p": 0}, "top_p"),
+    ({"model": MODEL, "prompt": "w5", "stop": [""]}, "stop"),
+    ({"model": MODEL, "prompt": "w5", "stop_token_ids": [600]}, "outside the vocabulary"),
     ({"model": MODEL, "prompt": "w5", "best_of": 3}, "best_of"),
     ({"model": MODEL}, "prompt"),
 ])

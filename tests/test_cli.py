@@ -11,7 +11,10 @@ import httpx
 import openai
 import pytest
 
+from nanovllm import LLM, SamplingParams
 from nanovllm.cli import build_parser
+
+ENGINE_ARGS = dict(kvcache_block_size=16, num_kvcache_blocks=32, max_model_len=256)
 
 
 def test_serve_options_cover_config_fields():
@@ -38,9 +41,9 @@ def free_port() -> int:
 
 def test_serve_answers_completions_then_stops(qwen3_dir):
     port = free_port()
+    engine_flags = [f"--{name.replace('_', '-')}={value}" for name, value in ENGINE_ARGS.items()]
     command = nanovllm_command() + ["serve", qwen3_dir, "--port", str(port), "--served-model-name", "tiny",
-                                    "--kvcache-block-size", "16", "--num-kvcache-blocks", "32",
-                                    "--max-model-len", "256"]
+                                    *engine_flags]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -55,7 +58,9 @@ def test_serve_answers_completions_then_stops(qwen3_dir):
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
         response = client.completions.create(model="tiny", prompt="w5 w6", max_tokens=4, temperature=0,
                                              extra_body={"ignore_eos": True})
-        assert response.usage.completion_tokens == 4 and response.choices[0].text.startswith("w")
+        [want] = LLM(qwen3_dir, **ENGINE_ARGS).generate(["w5 w6"], SamplingParams(temperature=0.0, max_tokens=4,
+                                                                                   ignore_eos=True), use_tqdm=False)
+        assert response.choices[0].text == want["text"] and response.usage.completion_tokens == 4
     finally:
         process.terminate()
         # uvicorn shuts down gracefully, then re-raises the signal it caught

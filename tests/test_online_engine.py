@@ -67,10 +67,21 @@ def test_requests_from_many_threads_match_offline_generate(qwen3_dir, online):
     assert all_blocks_free(online) and online.stats().kv_cache_usage == 0.0
 
 
-def test_eos_finishes_with_stop(online):
-    online.llm_engine.scheduler.eos_token_ids = frozenset(range(512))
-    outputs = list(online.add_request([5, 6, 7], greedy(10, ignore_eos=False)))
+def test_stop_token_finishes_with_stop(online):
+    params = SamplingParams(temperature=0.0, max_tokens=10, stop_token_ids=list(range(512)))
+    outputs = list(online.add_request([5, 6, 7], params))
     assert len(outputs) == 1 and outputs[0].finish_reason == "stop" and len(outputs[0].token_ids) == 1
+    assert outputs[0].text == ""
+
+
+def test_stop_string_is_held_back_and_cut(qwen3_dir, online):
+    [full] = LLM(qwen3_dir, **ENGINE_ARGS).generate([[5, 6, 7]], greedy(12), use_tqdm=False)
+    words = full["text"].split()
+    stop = " ".join(words[4:6])
+    params = SamplingParams(temperature=0.0, max_tokens=12, stop=stop)
+    outputs = list(online.add_request([5, 6, 7], params))
+    assert outputs[-1].finish_reason == "stop"
+    assert "".join(o.text for o in outputs) == full["text"][: full["text"].index(stop)]
 
 
 def test_abort_running_request_frees_its_blocks(online, monkeypatch):

@@ -6,7 +6,6 @@ import queue
 import threading
 from dataclasses import dataclass
 
-from nanovllm.engine.detokenizer import IncrementalDetokenizer
 from nanovllm.engine.llm_engine import LLMEngine, Prompt
 from nanovllm.engine.sequence import Sequence
 from nanovllm.sampling_params import SamplingParams
@@ -18,7 +17,7 @@ logger = logging.getLogger(__name__)
 class RequestOutput:
     """What one step added to one request: new tokens and text, and whether it is done.
 
-    `finish_reason` is set on the last output: "stop" (end of sequence), "length"
+    `finish_reason` is set on the last output: "stop" (an end-of-sequence or stop token, or a stop string), "length"
     (max_tokens or max_model_len), "abort" (cancelled) or "error" (the step failed).
     """
 
@@ -83,11 +82,11 @@ class RequestStream:
 class _Request:
     """Engine-thread state of one live request."""
 
-    def __init__(self, seq: Sequence, stream: RequestStream, detokenizer: IncrementalDetokenizer):
+    def __init__(self, seq: Sequence, stream: RequestStream):
         self.seq = seq
         self.stream = stream
-        self.detokenizer = detokenizer
         self.num_sent_tokens = 0
+        self.num_sent_chars = 0
 
 
 class OnlineEngine:
@@ -118,8 +117,7 @@ class OnlineEngine:
         with self._lock:
             if self._stopping:
                 raise RuntimeError("the engine is shut down")
-            self._new.append(_Request(seq, stream, IncrementalDetokenizer(self.llm_engine.tokenizer,
-                                                                          seq.num_prompt_tokens)))
+            self._new.append(_Request(seq, stream))
             self._stats = EngineStats(self._stats.num_running, self._stats.num_waiting + 1,
                                       self._stats.kv_cache_usage)
             self._wakeup.notify()
@@ -184,8 +182,7 @@ class OnlineEngine:
             seq = request.seq
             if seq.num_completion_tokens == request.num_sent_tokens:
                 continue
-            finish_reason = self._finish_reason(seq) if seq.is_finished else None
-            deliveries.append((request.stream, self._output(request, finish_reason)))
+            deliveries.append((request.stream, self._output(request, seq.finish_reason)))
             if seq.is_finished:
                 del self._requests[request_id]
         with self._lock:
@@ -196,15 +193,13 @@ class OnlineEngine:
         """The tokens and text `request` gained since its last output."""
         seq = request.seq
         new_tokens = seq.completion_token_ids[request.num_sent_tokens:]
-        new_text = request.detokenizer.step(seq.token_ids, final=finish_reason is not None)
+        # stream_text holds back what a stop string may still cut off
+        text = seq.stream_text
+        new_text = text[request.num_sent_chars:]
         request.num_sent_tokens = seq.num_completion_tokens
+        request.num_sent_chars = len(text)
         return RequestOutput(seq.seq_id, new_tokens, new_text, seq.num_prompt_tokens,
                              seq.num_completion_tokens, finish_reason)
-
-    def _finish_reason(self, seq: Sequence) -> str:
-        if not seq.ignore_eos and seq.last_token in self.llm_engine.scheduler.eos_token_ids:
-            return "stop"
-        return "length"
 
     def _end(self, request_id: int, reason: str) -> None:
         request = self._requests.pop(request_id, None)

@@ -17,31 +17,47 @@ class StreamOptions(BaseModel):
 
 
 class _GenerationRequest(BaseModel):
-    """Fields both endpoints share. Unknown fields are refused, so a typo is not silently ignored."""
+    """Fields both endpoints share. Unknown fields are refused, so a typo is not silently ignored.
+
+    The sampling fields are OpenAI's plus vLLM's extensions (top_k, min_p,
+    repetition_penalty, min_tokens, stop_token_ids, include_stop_str_in_output,
+    ignore_eos, skip_special_tokens); SamplingParams checks their values.
+    """
 
     model_config = ConfigDict(extra="forbid")
     model: str
-    max_tokens: int | None = None
-    temperature: float = 1.0
-    stop: str | list[str] | None = None
-    n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    ignore_eos: bool = False
     user: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool | None = None
+    ignore_eos: bool | None = None
+    min_tokens: int | None = None
+    skip_special_tokens: bool | None = None
+    n: int | None = None
 
     def sampling_params(self, default_max_tokens: int) -> SamplingParams:
-        """The engine's SamplingParams; ValueError names a bad value."""
-        if self.n != 1:
-            raise ValueError(f"n must be 1 (one completion per request), got {self.n}")
-        if self.stop:
-            raise ValueError("stop is not supported yet")
-        max_tokens = default_max_tokens if self.max_tokens is None else self.max_tokens
-        return SamplingParams(temperature=self.temperature, max_tokens=max_tokens, ignore_eos=self.ignore_eos)
+        """The engine's SamplingParams from the fields the request set; ValueError names a bad value."""
+        values = self.model_dump(include=_SAMPLING_FIELDS, exclude_none=True)
+        values.setdefault("max_tokens", default_max_tokens)
+        return SamplingParams.from_dict(values)
 
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+
+_SAMPLING_FIELDS = set(_GenerationRequest.model_fields) - {"model", "stream", "stream_options", "user"}
 
 
 class CompletionRequest(_GenerationRequest):
@@ -75,9 +91,8 @@ class ChatCompletionRequest(_GenerationRequest):
     max_completion_tokens: int | None = None
 
     def sampling_params(self, default_max_tokens: int) -> SamplingParams:
-        if self.max_tokens is None and self.max_completion_tokens is not None:
-            self.max_tokens = self.max_completion_tokens
-        return super().sampling_params(default_max_tokens)
+        limit = self.max_completion_tokens if self.max_tokens is None else self.max_tokens
+        return super().sampling_params(default_max_tokens if limit is None else limit)
 
 
 class Usage(BaseModel):
