@@ -25,7 +25,9 @@ BLOCK = 16
 # 64 blocks of 16 tokens: room for the concurrency test, and a 600-token prompt fills more than half
 ENGINE_ARGS = dict(kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=1024)
 # The template's generation prompt is the word 'w3'.
-CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}{% if add_generation_prompt %}w3{% endif %}"
+CHAT_TEMPLATE = ("{% if messages[0]['role'] == 'assistant' %}{{ raise_exception('the assistant cannot speak first') }}"
+                 "{% endif %}{% for m in messages %}{{ m['content'] }} {% endfor %}"
+                 "{% if add_generation_prompt %}w3{% endif %}")
 
 
 class RunningServer:
@@ -130,7 +132,8 @@ def test_completion_takes_token_ids(server, offline):
 
 def test_chat_uses_template_and_stream_matches(server, offline):
     client = server.client()
-    messages = [{"role": "system", "content": "w20"}, {"role": "user", "content": "w5 w6"}]
+    messages = [{"role": "system", "content": "w20"},
+                {"role": "user", "content": [{"type": "text", "text": "w5 "}, {"type": "text", "text": "w6"}]}]
     # the template renders 'w20 w5 w6 w3'
     want = greedy_text(offline, [20, 5, 6, 3], 10)
     response = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0)
@@ -147,6 +150,8 @@ def test_chat_uses_template_and_stream_matches(server, offline):
 def test_32_concurrent_streams_each_match_offline_generate(server, offline):
     rng = random.Random(1)
     prompts = [[rng.randrange(2, 512) for _ in range(rng.randint(1, 30))] for _ in range(32)]
+    # half as text, so the server tokenizes while the engine thread detokenizes
+    prompts = [" ".join(f"w{t}" for t in p) if i % 2 else p for i, p in enumerate(prompts)]
     lengths = [rng.randint(4, 24) for _ in prompts]
     params = [SamplingParams(temperature=0.0, max_tokens=n) for n in lengths]
     want = [o["text"] for o in offline.generate(prompts, params, use_tqdm=False)]
@@ -236,6 +241,11 @@ def test_bad_chat_requests_get_400(server):
         client.chat.completions.create(model=MODEL, messages=[{"role": "robot", "content": "w5"}])
     with pytest.raises(openai.BadRequestError, match="unknown model"):
         client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "w5"}])
+    with pytest.raises(openai.BadRequestError, match="assistant cannot speak first"):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "assistant", "content": "w5"}])
+    with pytest.raises(openai.BadRequestError, match="image_url"):
+        client.chat.completions.create(model=MODEL, messages=[
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}])
 
 
 def test_malformed_json_gets_400(server):
@@ -300,3 +310,21 @@ def test_client_that_gives_up_on_a_plain_request_cancels_it(server, monkeypatch)
     wait_until(lambda: server.metric("nanovllm:request_success_total", finished_reason="abort") == aborted_before + 1)
     wait_until(lambda: server.online.stats().num_running == 0)
     assert server.online.stats().kv_cache_usage == 0.0
+
+
+def test_engine_failure_is_a_500_for_that_request_only(server, offline, monkeypatch):
+    real_step = server.online.llm_engine.step
+    calls = []
+
+    def fails_on_third_step():
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("simulated device failure")
+        return real_step()
+
+    monkeypatch.setattr(server.online.llm_engine, "step", fails_on_third_step)
+    response = httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, "prompt": "w5", "max_tokens": 8})
+    assert response.status_code == 500 and error_of(response)["type"] == "server_error"
+    chunks = list(server.client().completions.create(model=MODEL, prompt="w5 w6 w7", max_tokens=12, temperature=0,
+                                                     stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == greedy_text(offline, "w5 w6 w7", 12)["text"]

@@ -147,11 +147,10 @@ class OnlineEngine:
                 continue
             try:
                 self.llm_engine.step()
+                self._publish_outputs()
             except Exception:
                 logger.exception("engine step failed; ending every live request with an error")
                 self._end_all("error")
-                continue
-            self._publish_outputs()
         self._end_all("abort")
 
     def _take_commands(self) -> bool:
@@ -177,14 +176,12 @@ class OnlineEngine:
         return EngineStats(len(scheduler.running), len(scheduler.waiting), usage)
 
     def _publish_outputs(self) -> None:
-        deliveries = []
-        for request_id, request in list(self._requests.items()):
-            seq = request.seq
-            if seq.num_completion_tokens == request.num_sent_tokens:
-                continue
-            deliveries.append((request.stream, self._output(request, seq.finish_reason)))
-            if seq.is_finished:
-                del self._requests[request_id]
+        deliveries = [(request.stream, self._output(request, request.seq.finish_reason))
+                      for request in self._requests.values()
+                      if request.seq.num_completion_tokens > request.num_sent_tokens]
+        for stream, output in deliveries:
+            if output.finished:
+                del self._requests[stream.request_id]
         with self._lock:
             self._stats = self._snapshot()
         self._deliver(deliveries)

@@ -7,6 +7,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+import jinja2
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -65,8 +66,8 @@ class ServerSettings:
     max_waiting: int = 1024
 
     def __post_init__(self) -> None:
-        if self.max_waiting < 0:
-            raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
+        if self.max_waiting < 1:
+            raise ValueError(f"max_waiting must be >= 1 (requests allowed to wait), got {self.max_waiting}")
 
 
 def build_app(engine: OnlineEngine, settings: ServerSettings) -> FastAPI:
@@ -80,7 +81,6 @@ def build_app(engine: OnlineEngine, settings: ServerSettings) -> FastAPI:
 
     app = FastAPI(title="nanovllm", lifespan=lifespan)
     server = _Server(engine, settings)
-    app.state.server = server
     _add_error_handlers(app)
 
     @app.middleware("http")
@@ -175,10 +175,13 @@ class _Server:
         """The conversation in the tokenizer's chat template, as token ids, ready for the reply."""
         if not getattr(self.tokenizer, "chat_template", None):
             raise APIError(400, "this model's tokenizer has no chat template; use /v1/completions")
-        messages = [m.model_dump(exclude_none=True) for m in body.messages]
+        messages = [m.for_template() for m in body.messages]
         if not messages:
             raise APIError(400, "messages is empty; send at least one message")
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        try:
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except jinja2.TemplateError as e:
+            raise APIError(400, f"the model's chat template refused these messages: {e}") from None
         # The template already holds any special tokens the model expects.
         return self.tokenize(self.tokenizer.encode(text, add_special_tokens=False))
 

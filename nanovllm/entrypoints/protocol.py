@@ -75,13 +75,29 @@ class CompletionRequest(_GenerationRequest):
         return prompt
 
 
+class TextPart(BaseModel):
+    """A text part of a message's content (the only kind a text model takes)."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: str
+
+
 class ChatMessage(BaseModel):
-    """One turn of a conversation."""
+    """One turn of a conversation; content is a string or a list of text parts."""
 
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str
+    content: str | list[TextPart]
     name: str | None = None
+
+    def for_template(self) -> dict:
+        """The message as chat templates expect it: content as one string."""
+        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        message = {"role": self.role, "content": content}
+        if self.name is not None:
+            message["name"] = self.name
+        return message
 
 
 class ChatCompletionRequest(_GenerationRequest):
