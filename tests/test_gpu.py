@@ -10,6 +10,7 @@ from conftest import save_tiny_tokenizer
 from hf_reference import hf_greedy
 
 from nanovllm import LLM, SamplingParams
+from nanovllm.layers.seeded_noise import seeded_exponential
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -36,6 +37,26 @@ def test_bf16_on_gpu_mostly_matches_fp32(qwen3_dir):
     b = [o["token_ids"] for o in bf16.generate(prompts(), GREEDY, use_tqdm=False)]
     # bf16 rounding may flip late near-ties; the first tokens must agree
     assert sum(x[:4] == y[:4] for x, y in zip(a, b)) >= len(a) - 1
+
+
+def test_seeded_noise_on_gpu_equals_cpu():
+    seeds, positions = torch.arange(8) * 977, torch.arange(8) + 100
+    cpu = seeded_exponential(seeds, positions, 151936)
+    gpu = seeded_exponential(seeds.cuda(), positions.cuda(), 151936).cpu()
+    assert torch.allclose(cpu, gpu, rtol=1e-6)
+
+
+def test_every_sampling_feature_runs_on_gpu_and_seeds_reproduce(qwen3_dir):
+    llm = LLM(qwen3_dir, device="cuda", kvcache_block_size=16, max_model_len=512)
+    params = [SamplingParams(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, seed=3, repetition_penalty=1.1,
+                             frequency_penalty=0.2, presence_penalty=0.1, logprobs=2, min_tokens=4,
+                             stop_token_ids=[7], stop=["w9 w9"], max_tokens=24),
+              SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)]
+    first = llm.generate(prompts()[:2], params, use_tqdm=False)
+    again = llm.generate(prompts()[2:4] + prompts()[:1], params[1:] * 2 + params[:1], use_tqdm=False)
+    assert again[-1]["token_ids"] == first[0]["token_ids"]
+    assert len(first[0]["logprobs"]) == len(first[0]["token_ids"])
+    assert first[0]["finish_reason"] in ("stop", "length") and first[1]["finish_reason"] == "length"
 
 
 @pytest.fixture(scope="module")

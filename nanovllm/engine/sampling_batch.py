@@ -60,7 +60,8 @@ def sampling_tensors(seqs: list[Sequence], vocab_size: int, eos_token_ids: tuple
     if any(p.min_p > 0 for p in sampled):
         tensors.min_p = to_device([p.min_p for p in params], torch.float32)
     if any(p.top_k > 0 for p in sampled):
-        tensors.top_k = to_device([p.top_k if p.top_k > 0 else vocab_size for p in params], torch.int64)
+        tensors.top_k = to_device([min(p.top_k, vocab_size) if p.top_k > 0 else vocab_size for p in params],
+                                  torch.int64)
     if any(p.top_p < 1 for p in sampled):
         tensors.top_p = to_device([p.top_p for p in params], torch.float32)
     seeded = [(row, seq) for row, seq in enumerate(seqs)

@@ -5,6 +5,8 @@ same noise at the same position whatever else is in the batch, after a
 preemption too, and a whole batch of seeded rows takes one set of tensor ops.
 """
 
+from functools import lru_cache
+
 import torch
 
 _MASK32 = 0xFFFFFFFF
@@ -17,17 +19,22 @@ def hash32(x: torch.Tensor) -> torch.Tensor:
     Both multipliers are below 2^31, so no product leaves the int64 range.
     """
     x = x ^ (x >> 16)
-    x = (x * 0x21F0AAAD) & _MASK32
-    x = x ^ (x >> 15)
-    x = (x * 0x735A2D97) & _MASK32
-    return x ^ (x >> 15)
+    # in place from here: the work is over [rows, vocab] elements
+    x.mul_(0x21F0AAAD).bitwise_and_(_MASK32)
+    x.bitwise_xor_(x >> 15)
+    x.mul_(0x735A2D97).bitwise_and_(_MASK32)
+    return x.bitwise_xor_(x >> 15)
+
+
+@lru_cache(maxsize=4)
+def _token_keys(vocab_size: int, device: torch.device) -> torch.Tensor:
+    return hash32(torch.arange(vocab_size, device=device) * _GOLDEN & _MASK32)
 
 
 def seeded_exponential(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Exp(1) noise [rows, vocab] for seeds [rows] (int64, >= 0) drawing the token at positions [rows]."""
     row_keys = hash32(hash32(hash32(positions & _MASK32) ^ (seeds >> 32)) ^ (seeds & _MASK32))
-    token_keys = hash32(torch.arange(vocab_size, device=seeds.device) * _GOLDEN & _MASK32)
-    bits = hash32(row_keys.unsqueeze(1) ^ token_keys.unsqueeze(0))
+    bits = hash32(row_keys.unsqueeze(1) ^ _token_keys(vocab_size, seeds.device).unsqueeze(0))
     # the top 24 bits convert to float32 exactly: u lies in (0, 1), never 0 or 1
-    uniform = ((bits >> 8).float() + 0.5) * 2.0**-24
-    return -torch.log(uniform)
+    uniform = (bits >> 8).float().add_(0.5).mul_(2.0**-24)
+    return uniform.log_().neg_()
