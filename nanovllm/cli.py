@@ -21,7 +21,8 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
         if isinstance(default, bool):
             group.add_argument(flag, action="store_true", default=default)
         else:
-            group.add_argument(flag, type=type(default), default=default, metavar=f.name.upper())
+            group.add_argument(flag, type=type(default), default=default, metavar=f.name.upper(),
+                               help=f"default: {default}")
 
 
 def build_parser() -> argparse.ArgumentParser:
