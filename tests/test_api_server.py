@@ -12,7 +12,7 @@ import openai
 import pytest
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
-from conftest import save_tiny_model, slow_down
+from conftest import fail_step, save_tiny_model, slow_down
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.engine.online_engine import OnlineEngine
@@ -313,16 +313,7 @@ def test_client_that_gives_up_on_a_plain_request_cancels_it(server, monkeypatch)
 
 
 def test_engine_failure_is_a_500_for_that_request_only(server, offline, monkeypatch):
-    real_step = server.online.llm_engine.step
-    calls = []
-
-    def fails_on_third_step():
-        calls.append(1)
-        if len(calls) == 3:
-            raise RuntimeError("simulated device failure")
-        return real_step()
-
-    monkeypatch.setattr(server.online.llm_engine, "step", fails_on_third_step)
+    fail_step(server.online, monkeypatch, failing_call=3)
     response = httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, "prompt": "w5", "max_tokens": 8})
     assert response.status_code == 500 and error_of(response)["type"] == "server_error"
     chunks = list(server.client().completions.create(model=MODEL, prompt="w5 w6 w7", max_tokens=12, temperature=0,

@@ -5,7 +5,7 @@ import threading
 import time
 
 import pytest
-from conftest import slow_down
+from conftest import fail_step, slow_down
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.engine.online_engine import OnlineEngine
@@ -122,16 +122,7 @@ def test_bad_request_raises_in_caller_and_others_go_on(online):
 
 
 def test_failed_step_ends_live_requests_with_error_and_loop_goes_on(online, monkeypatch):
-    real_step = online.llm_engine.step
-    calls = []
-
-    def failing_once():
-        calls.append(1)
-        if len(calls) == 3:
-            raise RuntimeError("simulated failure")
-        return real_step()
-
-    monkeypatch.setattr(online.llm_engine, "step", failing_once)
+    fail_step(online, monkeypatch, failing_call=3)
     victim = list(online.add_request([5, 6, 7], greedy(50)))
     assert victim[-1].finish_reason == "error"
     assert all_blocks_free(online)
