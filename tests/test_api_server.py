@@ -248,6 +248,12 @@ def test_bad_chat_requests_get_400(server):
             {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}])
 
 
+def test_non_finite_numbers_get_400(server):
+    body = b'{"model": "tiny", "prompt": "w5", "temperature": NaN}'
+    response = httpx.post(f"{server.url}/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 400 and "temperature" in error_of(response)["message"]
+
+
 def test_malformed_json_gets_400(server):
     response = httpx.post(f"{server.url}/v1/completions", content=b'{"model": "tiny", "prompt": ',
                           headers={"content-type": "application/json"})

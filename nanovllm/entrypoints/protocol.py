@@ -24,7 +24,7 @@ class _GenerationRequest(BaseModel):
     ignore_eos, skip_special_tokens); SamplingParams checks their values.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     model: str
     stream: bool = False
     stream_options: StreamOptions | None = None
