@@ -278,6 +278,9 @@ def test_api_key_is_required_except_for_health(keyed_server):
     with pytest.raises(openai.AuthenticationError):
         keyed_server.client(api_key="wrong").completions.create(model=MODEL, prompt="w5", max_tokens=2)
     assert httpx.get(f"{keyed_server.url}/metrics").status_code == 401
+    # the key is checked before the body
+    response = httpx.post(f"{keyed_server.url}/v1/chat/completions", content=b"{")
+    assert response.status_code == 401 and error_of(response)["type"] == "authentication_error"
     assert httpx.get(f"{keyed_server.url}/health").status_code == 200
     client = keyed_server.client(api_key=KEY)
     assert [m.id for m in client.models.list()] == [MODEL]

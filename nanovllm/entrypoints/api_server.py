@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 
 import jinja2
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -83,32 +84,35 @@ def build_app(engine: OnlineEngine, settings: ServerSettings) -> FastAPI:
     server = _Server(engine, settings)
     _add_error_handlers(app)
 
-    @app.middleware("http")
-    async def require_api_key(request: Request, call_next):
-        if settings.api_key and request.url.path != "/health":
-            if request.headers.get("authorization") != f"Bearer {settings.api_key}":
-                return APIError(401, "missing or wrong API key; send 'Authorization: Bearer <key>'").response()
-        return await call_next(request)
+    async def require_api_key(request: Request) -> None:
+        if settings.api_key is None:
+            return
+        sent = request.headers.get("authorization", "")
+        if not hmac.compare_digest(sent.encode(), f"Bearer {settings.api_key}".encode()):
+            raise APIError(401, "missing or wrong API key; send 'Authorization: Bearer <key>'")
+
+    # every endpoint but /health
+    guarded = [Depends(require_api_key)]
 
     @app.get("/health")
     async def health() -> Response:
         return Response(status_code=200)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", dependencies=guarded)
     async def models() -> dict:
         return server.models()
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=guarded)
     async def metrics() -> Response:
         return Response(server.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", dependencies=guarded)
     async def completions(body: CompletionRequest, request: Request) -> Response:
         server.check_model(body.model)
         prompt_ids = server.tokenize(body.single_prompt())
         return await server.generate(body, prompt_ids, _DEFAULT_COMPLETION_TOKENS, _COMPLETIONS, request)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", dependencies=guarded)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         server.check_model(body.model)
         prompt_ids = server.render_chat(body)
