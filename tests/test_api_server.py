@@ -263,6 +263,8 @@ def test_malformed_json_gets_400(server):
 def test_unknown_route_is_404_in_openai_shape(server):
     response = httpx.get(f"{server.url}/v1/nothing")
     assert response.status_code == 404 and error_of(response)["code"] == 404
+    response = httpx.get(f"{server.url}/v1/completions")
+    assert response.status_code == 405 and error_of(response)["type"] == "invalid_request_error"
 
 
 @pytest.fixture(scope="module")

@@ -31,8 +31,7 @@ _DEFAULT_COMPLETION_TOKENS = 16
 class APIError(Exception):
     """An error answered in OpenAI's shape with its HTTP status."""
 
-    _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-              503: "service_unavailable_error"}
+    _TYPES = {401: "authentication_error", 404: "not_found_error", 503: "service_unavailable_error"}
 
     def __init__(self, status: int, message: str):
         super().__init__(message)
@@ -40,7 +39,8 @@ class APIError(Exception):
         self.message = message
 
     def response(self) -> JSONResponse:
-        error_type = self._TYPES.get(self.status, "server_error")
+        default = "invalid_request_error" if self.status < 500 else "server_error"
+        error_type = self._TYPES.get(self.status, default)
         return JSONResponse(error_body(self.message, error_type, self.status), status_code=self.status)
 
 
