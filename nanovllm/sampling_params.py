@@ -36,7 +36,8 @@ class SamplingParams:
 
     `logprobs=k` reports, for each completion token, its log-probability and
     those of the k most likely tokens (from the model's raw logits). Only one
-    completion per request: `n` and `best_of` must stay 1.
+    completion per request: `n` and `best_of` must stay 1; `prompt_logprobs`
+    is not supported and must stay None.
     `skip_special_tokens` leaves special tokens out of the text.
     """
 
@@ -57,6 +58,7 @@ class SamplingParams:
     max_tokens: int = 64
     min_tokens: int = 0
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
 
     @classmethod
@@ -92,6 +94,8 @@ class SamplingParams:
             raise ValueError(f"only n=1 is supported (one completion per request), got n={self.n!r}")
         if self.best_of not in (None, 1):
             raise ValueError(f"best_of is not supported; leave it unset or 1, got {self.best_of!r}")
+        if self.prompt_logprobs is not None:
+            raise ValueError("prompt_logprobs is not supported; leave it unset (logprobs=k covers the completion)")
 
     def _check_choice(self) -> None:
         if not _is_number(self.temperature) or self.temperature < 0:

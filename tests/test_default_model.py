@@ -48,3 +48,28 @@ def test_partial_folder_is_not_taken_for_a_model(monkeypatch, tmp_path):
     monkeypatch.setattr(default_model, "convert_gguf", lambda gguf, out: None)
     with pytest.raises(FileExistsError, match="not a complete model folder"):
         default_model_dir(cache_dir=str(tmp_path))
+
+
+def test_text_grows_step_by_step_as_a_stream_would_read_it(llm):
+    prompt = chat_prompt(llm.tokenizer, "Write the words café, naïve and 東京 and then a smiley emoji.")
+    params = SamplingParams(temperature=0.0, max_tokens=40, stop=["\n\n"])
+    seq = llm.add_request(prompt, params)
+    streamed = ""
+    while not llm.is_finished():
+        llm.step()
+        assert "\ufffd" not in seq.output_text
+        assert seq.stream_text.startswith(streamed)
+        streamed = seq.stream_text
+    assert streamed == seq.output_text
+    completion = seq.completion_token_ids
+    full = llm.tokenizer.decode(completion, skip_special_tokens=True)
+    assert full.startswith(seq.output_text) and seq.finish_reason in ("stop", "length")
+    assert seq.finish_reason == "length" or "\n\n" not in seq.output_text
+
+
+def test_stop_string_on_real_text(llm):
+    prompt = chat_prompt(llm.tokenizer, QUESTIONS[1])
+    [free] = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=48), use_tqdm=False)
+    stop = free["text"][10:14]
+    [out] = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=48, stop=[stop]), use_tqdm=False)
+    assert out["text"] == free["text"][: free["text"].index(stop)] and out["finish_reason"] == "stop"

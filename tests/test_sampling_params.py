@@ -21,6 +21,7 @@ def test_one_stop_string_becomes_a_list():
 @pytest.mark.parametrize("kwargs, message", [
     ({"n": 2}, "only n=1"),
     ({"best_of": 3}, "best_of"),
+    ({"prompt_logprobs": 1}, "prompt_logprobs is not supported"),
     ({"temperature": -0.1}, "temperature"),
     ({"temperature": "hot"}, "temperature"),
     ({"top_p": 0.0}, "top_p"),

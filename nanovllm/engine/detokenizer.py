@@ -29,16 +29,16 @@ class IncrementalDetokenizer:
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=self.skip_special_tokens)
 
-    def step(self, token_ids: list[int], end: int | None = None, final: bool = False) -> str:
+    def step(self, token_ids: list[int], end: int | None = None) -> str:
         """New text for tokens up to `end` (all by default) of the whole list, prompt included.
 
-        Returns "" while the text ends in an incomplete character, unless
-        `final` (the sequence is done) asks for everything held back.
+        Returns "" while the text ends in an incomplete character; a sequence
+        that finishes in the middle of one never shows it.
         """
         end = len(token_ids) if end is None else end
         prefix = self._decode(token_ids[self.prefix_offset : self.read_offset])
         delta = self._decode(token_ids[self.prefix_offset : end])[len(prefix) :]
-        if delta.endswith(_INCOMPLETE) and not final:
+        if delta.endswith(_INCOMPLETE):
             return ""
         self.prefix_offset, self.read_offset = self.read_offset, end
         return delta

@@ -23,7 +23,7 @@ class StopChecker:
             # a stop token's own text stays out unless asked for
             keep_last = reason != "stop" or params.include_stop_str_in_output
             end = seq.num_tokens if keep_last else seq.num_tokens - 1
-            delta = seq.detokenizer.step(seq.token_ids, end, final=reason is not None)
+            delta = seq.detokenizer.step(seq.token_ids, end)
             seq.output_text += delta
             if reason != "stop" and may_stop and delta and self._cut_at_stop_string(seq, len(delta)):
                 reason = "stop"
