@@ -1,6 +1,8 @@
 """Fixtures: tiny random models saved with transformers, with a small word-level tokenizer."""
 
+import itertools
 import os
+import time
 
 import torch
 
@@ -64,6 +66,32 @@ def llama_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-llama")
     save_tiny_model(path, "llama", tie=True)
     return str(path)
+
+
+def patch_step(online_engine, monkeypatch, before_step) -> None:
+    """Call `before_step(n)` before the engine's n-th step (from 1), to slow steps down or fail one."""
+    real_step = online_engine.llm_engine.step
+    calls = itertools.count(1)
+
+    def step():
+        before_step(next(calls))
+        return real_step()
+
+    monkeypatch.setattr(online_engine.llm_engine, "step", step)
+
+
+def slow_down(online_engine, monkeypatch, seconds=0.005) -> None:
+    """Make each step take a while, as on a real model, so a test can act mid-generation."""
+    patch_step(online_engine, monkeypatch, lambda n: time.sleep(seconds))
+
+
+def fail_step(online_engine, monkeypatch, failing_call: int) -> None:
+    """Make the engine's `failing_call`-th step raise, as a device failure would."""
+    def maybe_fail(n):
+        if n == failing_call:
+            raise RuntimeError("simulated failure")
+
+    patch_step(online_engine, monkeypatch, maybe_fail)
 
 
 @pytest.fixture(scope="session")

@@ -234,3 +234,23 @@ def test_schedule_never_returns_empty_batch_while_work_remains():
     assert sched.is_finished() and reprefills and cache_hits
     assert [s.num_completion_tokens for s in seqs] == [6, 7, 8, 9, 10]
     assert bm.num_free_blocks == 6 and not bm.used_block_ids
+
+
+def test_abort_running_sequence_frees_its_blocks():
+    sched = make_scheduler(num_blocks=8)
+    a, b = add_all(sched, make_seq([2, 3, 4, 5, 6]), make_seq([7, 8]))
+    step(sched)
+    sched.abort(a)
+    assert a.is_finished and a.block_table == []
+    assert list(sched.running) == [b] and sched.block_manager.num_free_blocks == 7
+    assert step(sched).seqs == [b]
+
+
+def test_abort_waiting_sequence_leaves_the_queue():
+    sched = make_scheduler(max_num_seqs=1)
+    a, b = add_all(sched, make_seq([2, 3]), make_seq([4, 5]))
+    step(sched)
+    sched.abort(b)
+    assert b.is_finished and not sched.waiting
+    sched.abort(a)
+    assert sched.is_finished() and sched.block_manager.num_free_blocks == 16

@@ -35,6 +35,15 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
+    def abort(self, seq: Sequence) -> None:
+        """Drop an unfinished `seq` from its queue and free its blocks."""
+        if seq.status == SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            self.block_manager.deallocate(seq)
+        elif seq.status == SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+
     def schedule(self) -> ScheduledBatch:
         """Pick this step's batch; never returns an empty one while work remains."""
         seqs = self._schedule_prefill()

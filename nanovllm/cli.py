@@ -1,0 +1,59 @@
+"""The `nanovllm` command: `nanovllm serve MODEL_DIR [options]`."""
+
+import argparse
+import sys
+from dataclasses import MISSING, fields
+
+from nanovllm.config import Config
+
+# Fields the engine fills in itself, not options a user sets.
+_DERIVED_FIELDS = {"model", "hf_config", "eos_token_ids"}
+
+
+def _engine_options(parser: argparse.ArgumentParser) -> None:
+    """One `--flag` per Config field, with the field's default and type."""
+    group = parser.add_argument_group("engine", "fields of nanovllm.config.Config")
+    for f in fields(Config):
+        if f.name in _DERIVED_FIELDS or not f.init:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default_factory() if f.default is MISSING else f.default
+        if isinstance(default, bool):
+            group.add_argument(flag, action="store_true", default=default)
+        else:
+            group.add_argument(flag, type=type(default), default=default, metavar=f.name.upper(),
+                               help=f"default: {default}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the `nanovllm` command."""
+    parser = argparse.ArgumentParser(prog="nanovllm", description="nanovllm: a small LLM inference engine")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    serve.add_argument("model", metavar="MODEL_DIR", help="a local Hugging Face model folder")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None,
+                       help="require 'Authorization: Bearer KEY' on every endpoint but /health")
+    serve.add_argument("--max-waiting", type=int, default=1024,
+                       help="answer 503 while this many requests are already waiting")
+    serve.add_argument("--served-model-name", default=None,
+                       help="the model name clients send (default: MODEL_DIR as given)")
+    _engine_options(serve)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the `nanovllm` console script."""
+    args = vars(build_parser().parse_args(argv))
+    args.pop("command")
+    from nanovllm.entrypoints.api_server import serve
+
+    try:
+        serve(**args)
+    except (ValueError, FileNotFoundError) as e:
+        sys.exit(f"nanovllm serve: {e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,332 @@
+"""The OpenAI-compatible server: a real uvicorn server on 127.0.0.1, driven by the `openai` client."""
+
+import asyncio
+import json
+import random
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
+from conftest import fail_step, save_tiny_model, slow_down
+
+from nanovllm import LLM, SamplingParams
+from nanovllm.engine.online_engine import OnlineEngine
+from nanovllm.entrypoints.api_server import ServerSettings, build_app
+
+MODEL = "tiny"
+KEY = "sesame"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+BLOCK = 16
+# 64 blocks of 16 tokens: room for the concurrency test, and a 600-token prompt fills more than half
+ENGINE_ARGS = dict(kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=1024)
+# The template's generation prompt is the word 'w3'.
+CHAT_TEMPLATE = ("{% if messages[0]['role'] == 'assistant' %}{{ raise_exception('the assistant cannot speak first') }}"
+                 "{% endif %}{% for m in messages %}{{ m['content'] }} {% endfor %}"
+                 "{% if add_generation_prompt %}w3{% endif %}")
+
+
+class RunningServer:
+    """A uvicorn server in a thread, serving an online engine; stopped by `close`."""
+
+    def __init__(self, model_dir: str, settings: ServerSettings):
+        self.online = OnlineEngine(LLM(model_dir, **ENGINE_ARGS))
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        config = uvicorn.Config(build_app(self.online, settings), host="127.0.0.1", port=port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        wait_until(lambda: self.server.started)
+
+    def client(self, api_key: str = "unused", **kwargs) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, **kwargs)
+
+    def metric(self, name: str, headers=None, **labels) -> float:
+        """The sum of the /metrics samples called `name` that carry `labels`."""
+        text = httpx.get(f"{self.url}/metrics", headers=headers).text
+        return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+                   if sample.name == name and labels.items() <= sample.labels.items())
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.online.shutdown()
+
+
+def wait_until(condition, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """The tiny Qwen3 model, with a chat template its word-level tokenizer can encode."""
+    path = tmp_path_factory.mktemp("tiny-qwen3-chat")
+    save_tiny_model(path, "qwen3")
+    config = path / "tokenizer_config.json"
+    tokenizer_config = json.loads(config.read_text())
+    tokenizer_config["chat_template"] = CHAT_TEMPLATE
+    config.write_text(json.dumps(tokenizer_config))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    running = RunningServer(model_dir, ServerSettings(MODEL))
+    yield running
+    running.close()
+
+
+@pytest.fixture(scope="module")
+def offline(model_dir):
+    return LLM(model_dir, **ENGINE_ARGS)
+
+
+def greedy_text(offline, prompt, max_tokens):
+    [out] = offline.generate([prompt], SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
+    return out
+
+
+def test_completion_matches_offline_greedy_and_stream_matches_it(server, offline):
+    client = server.client()
+    want = greedy_text(offline, "w5 w6 w7", 12)
+    response = client.completions.create(model=MODEL, prompt="w5 w6 w7", max_tokens=12, temperature=0)
+    [choice] = response.choices
+    assert choice.text == want["text"]
+    assert choice.finish_reason == ("length" if len(want["token_ids"]) == 12 else "stop")
+    assert (response.usage.prompt_tokens, response.usage.completion_tokens) == (3, len(want["token_ids"]))
+    chunks = list(client.completions.create(model=MODEL, prompt="w5 w6 w7", max_tokens=12, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == choice.text
+    assert len([c for c in chunks if c.choices]) > 1
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == choice.finish_reason
+    assert chunks[-1].usage.completion_tokens == response.usage.completion_tokens
+
+
+def test_stop_string_cuts_the_text_streamed_or_not(server, offline):
+    client = server.client()
+    full = greedy_text(offline, "w5 w6 w7", 12)["text"]
+    stop = " ".join(full.split()[3:5])
+    want = full[: full.index(stop)]
+    response = client.completions.create(model=MODEL, prompt="w5 w6 w7", max_tokens=12, temperature=0, stop=stop)
+    assert (response.choices[0].text, response.choices[0].finish_reason) == (want, "stop")
+    chunks = list(client.completions.create(model=MODEL, prompt="w5 w6 w7", max_tokens=12, temperature=0,
+                                            stop=[stop, "w999"], stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == want and chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_completion_takes_token_ids(server, offline):
+    want = greedy_text(offline, [9, 8, 7, 6], 10)
+    response = server.client().completions.create(model=MODEL, prompt=[9, 8, 7, 6], max_tokens=10, temperature=0)
+    assert response.choices[0].text == want["text"]
+
+
+def test_chat_uses_template_and_stream_matches(server, offline):
+    client = server.client()
+    messages = [{"role": "system", "content": "w20"},
+                {"role": "user", "content": [{"type": "text", "text": "w5 "}, {"type": "text", "text": "w6"}]}]
+    # the template renders 'w20 w5 w6 w3'
+    want = greedy_text(offline, [20, 5, 6, 3], 10)
+    response = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0)
+    message = response.choices[0].message
+    assert message.role == "assistant" and message.content == want["text"]
+    assert response.usage.prompt_tokens == 4
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0,
+                                                 stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == message.content
+    assert chunks[-1].choices[0].finish_reason == response.choices[0].finish_reason
+
+
+def test_32_concurrent_streams_each_match_offline_generate(server, offline):
+    rng = random.Random(1)
+    prompts = [[rng.randrange(2, 512) for _ in range(rng.randint(1, 30))] for _ in range(32)]
+    # half as text, so the server tokenizes while the engine thread detokenizes
+    prompts = [" ".join(f"w{t}" for t in p) if i % 2 else p for i, p in enumerate(prompts)]
+    lengths = [rng.randint(4, 24) for _ in prompts]
+    params = [SamplingParams(temperature=0.0, max_tokens=n) for n in lengths]
+    want = [o["text"] for o in offline.generate(prompts, params, use_tqdm=False)]
+
+    async def one(client, prompt, max_tokens):
+        stream = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens,
+                                                 temperature=0, stream=True)
+        return "".join([chunk.choices[0].text async for chunk in stream])
+
+    async def all_of_them():
+        async with openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0) as client:
+            return await asyncio.gather(*(one(client, p, n) for p, n in zip(prompts, lengths)))
+
+    assert asyncio.run(all_of_them()) == want
+
+
+def test_disconnect_mid_stream_cancels_and_frees_blocks(server, monkeypatch):
+    slow_down(server.online, monkeypatch)
+    aborted_before = server.metric("nanovllm:request_success_total", finished_reason="abort")
+    generated_before = server.metric("nanovllm:generation_tokens_total")
+    body = {"model": MODEL, "prompt": "w5 w6", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body) as response:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data:"))
+        assert server.online.stats().kv_cache_usage > 0
+    wait_until(lambda: server.online.stats().num_running == 0)
+    assert server.metric("nanovllm:request_success_total", finished_reason="abort") == aborted_before + 1
+    assert server.metric("nanovllm:generation_tokens_total") - generated_before < 1000
+    assert server.metric("nanovllm:kv_cache_usage_perc") == 0.0
+    block_manager = server.online.llm_engine.scheduler.block_manager
+    assert block_manager.num_free_blocks == len(block_manager.blocks)
+
+
+def test_metrics_count_tokens_and_latencies(server):
+    prompt_before = server.metric("nanovllm:prompt_tokens_total")
+    generated_before = server.metric("nanovllm:generation_tokens_total")
+    ttft_before = server.metric("nanovllm:time_to_first_token_seconds_count")
+    server.client().completions.create(model=MODEL, prompt="w5 w6 w7", max_tokens=6, temperature=0,
+                                       extra_body={"ignore_eos": True})
+    assert server.metric("nanovllm:prompt_tokens_total") == prompt_before + 3
+    assert server.metric("nanovllm:generation_tokens_total") == generated_before + 6
+    assert server.metric("nanovllm:time_to_first_token_seconds_count") == ttft_before + 1
+    assert server.metric("nanovllm:inter_token_latency_seconds_count") >= 5
+    for gauge in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
+        assert server.metric(f"nanovllm:{gauge}") == 0.0
+
+
+def test_models_and_health(server):
+    assert [m.id for m in server.client().models.list()] == [MODEL]
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def error_of(response: httpx.Response) -> dict:
+    body = response.json()
+    assert set(body["error"]) >= {"message", "type", "code"}
+    return body["error"]
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"model": "other", "prompt": "w5"}, "unknown model"),
+    ({"model": MODEL, "prompt": "w5 " * 1100}, "max_model_len"),
+    ({"model": MODEL, "prompt": ""}, "empty"),
+    ({"model": MODEL, "prompt": [70000]}, "outside the vocabulary"),
+    ({"model": MODEL, "prompt": ["w5", "w6"]}, "one prompt per request"),
+    ({"model": MODEL, "prompt": "w5", "temperature": -1}, "temperature"),
+    ({"model": MODEL, "prompt": "w5", "max_tokens": 0}, "max_tokens"),
+    ({"model": MODEL, "prompt": "w5", "max_tokens": "many"}, "max_tokens"),
+    ({"model": MODEL, "prompt": "w5", "n": 2}, "n=1"),
+    ({"model": MODEL, "prompt": "w5", "top_p": 0}, "top_p"),
+    ({"model": MODEL, "prompt": "w5", "stop": [""]}, "stop"),
+    ({"model": MODEL, "prompt": "w5", "stop_token_ids": [600]}, "outside the vocabulary"),
+    ({"model": MODEL, "prompt": "w5", "best_of": 3}, "best_of"),
+    ({"model": MODEL}, "prompt"),
+])
+def test_bad_completion_requests_get_400(server, body, message):
+    response = httpx.post(f"{server.url}/v1/completions", json=body)
+    assert response.status_code == 400
+    error = error_of(response)
+    assert error["type"] == "invalid_request_error" and message in error["message"]
+
+
+def test_bad_chat_requests_get_400(server):
+    client = server.client()
+    with pytest.raises(openai.BadRequestError, match="messages is empty"):
+        client.chat.completions.create(model=MODEL, messages=[])
+    with pytest.raises(openai.BadRequestError, match="role"):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "robot", "content": "w5"}])
+    with pytest.raises(openai.BadRequestError, match="unknown model"):
+        client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "w5"}])
+    with pytest.raises(openai.BadRequestError, match="assistant cannot speak first"):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "assistant", "content": "w5"}])
+    with pytest.raises(openai.BadRequestError, match="image_url"):
+        client.chat.completions.create(model=MODEL, messages=[
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}])
+
+
+def test_non_finite_numbers_get_400(server):
+    body = b'{"model": "tiny", "prompt": "w5", "temperature": NaN}'
+    response = httpx.post(f"{server.url}/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 400 and "temperature" in error_of(response)["message"]
+
+
+def test_malformed_json_gets_400(server):
+    response = httpx.post(f"{server.url}/v1/completions", content=b'{"model": "tiny", "prompt": ',
+                          headers={"content-type": "application/json"})
+    assert response.status_code == 400 and "not valid JSON" in error_of(response)["message"]
+
+
+def test_unknown_route_is_404_in_openai_shape(server):
+    response = httpx.get(f"{server.url}/v1/nothing")
+    assert response.status_code == 404 and error_of(response)["code"] == 404
+    response = httpx.get(f"{server.url}/v1/completions")
+    assert response.status_code == 405 and error_of(response)["type"] == "invalid_request_error"
+
+
+@pytest.fixture(scope="module")
+def keyed_server(model_dir):
+    running = RunningServer(model_dir, ServerSettings(MODEL, api_key=KEY, max_waiting=1))
+    yield running
+    running.close()
+
+
+def test_api_key_is_required_except_for_health(keyed_server):
+    with pytest.raises(openai.AuthenticationError):
+        keyed_server.client().models.list()
+    with pytest.raises(openai.AuthenticationError):
+        keyed_server.client(api_key="wrong").completions.create(model=MODEL, prompt="w5", max_tokens=2)
+    assert httpx.get(f"{keyed_server.url}/metrics").status_code == 401
+    # the key is checked before the body
+    response = httpx.post(f"{keyed_server.url}/v1/chat/completions", content=b"{")
+    assert response.status_code == 401 and error_of(response)["type"] == "authentication_error"
+    assert httpx.get(f"{keyed_server.url}/health").status_code == 200
+    client = keyed_server.client(api_key=KEY)
+    assert [m.id for m in client.models.list()] == [MODEL]
+    assert client.completions.create(model=MODEL, prompt="w5", max_tokens=2).usage.prompt_tokens == 1
+    assert keyed_server.metric("nanovllm:num_requests_running", AUTH) == 0.0
+
+
+def test_full_waiting_queue_gets_503_and_bad_requests_do_not_disturb_others(keyed_server, offline, monkeypatch):
+    """A 600-token request holds most of the 64 blocks, so a second one waits; the limit is 1 waiting."""
+    slow_down(keyed_server.online, monkeypatch, seconds=0.002)
+    client = keyed_server.client(api_key=KEY)
+    want = greedy_text(offline, "w5 w6 w7", 300)
+    body = {"model": MODEL, "prompt": [7] * 600, "max_tokens": 300, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{keyed_server.url}/v1/completions", json=body, headers=AUTH) as holder:
+        assert next(line for line in holder.iter_lines() if line.startswith("data:"))
+        waiter = client.completions.create(model=MODEL, prompt=[8] * 600, max_tokens=5, stream=True)
+        wait_until(lambda: keyed_server.online.stats().num_waiting == 1)
+        with pytest.raises(openai.APIStatusError) as refused:
+            client.completions.create(model=MODEL, prompt="w5", max_tokens=5)
+        assert refused.value.status_code == 503 and "busy" in refused.value.message
+        waiter.close()
+    wait_until(lambda: keyed_server.online.stats().num_running == keyed_server.online.stats().num_waiting == 0)
+    # after the queue drained, a long request runs to the end while bad ones are refused beside it
+    stream = client.completions.create(model=MODEL, prompt="w5 w6 w7", max_tokens=300, temperature=0, stream=True)
+    for bad in ({"model": MODEL, "prompt": "w5", "temperature": "hot"}, {"model": MODEL, "prompt": [-1]}):
+        assert httpx.post(f"{keyed_server.url}/v1/completions", json=bad, headers=AUTH).status_code == 400
+    assert "".join(c.choices[0].text for c in stream) == want["text"]
+
+
+def test_client_that_gives_up_on_a_plain_request_cancels_it(server, monkeypatch):
+    slow_down(server.online, monkeypatch)
+    aborted_before = server.metric("nanovllm:request_success_total", finished_reason="abort")
+    body = {"model": MODEL, "prompt": "w5 w6", "max_tokens": 1000, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/completions", json=body, timeout=0.3)
+    wait_until(lambda: server.metric("nanovllm:request_success_total", finished_reason="abort") == aborted_before + 1)
+    wait_until(lambda: server.online.stats().num_running == 0)
+    assert server.online.stats().kv_cache_usage == 0.0
+
+
+def test_engine_failure_is_a_500_for_that_request_only(server, offline, monkeypatch):
+    fail_step(server.online, monkeypatch, failing_call=3)
+    response = httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, "prompt": "w5", "max_tokens": 8})
+    assert response.status_code == 500 and error_of(response)["type"] == "server_error"
+    chunks = list(server.client().completions.create(model=MODEL, prompt="w5 w6 w7", max_tokens=12, temperature=0,
+                                                     stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == greedy_text(offline, "w5 w6 w7", 12)["text"]

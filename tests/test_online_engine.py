@@ -1,0 +1,139 @@
+"""The online engine: requests added while the loop runs, per-request streams, aborts, failures."""
+
+import random
+import threading
+import time
+
+import pytest
+from conftest import fail_step, slow_down
+
+from nanovllm import LLM, SamplingParams
+from nanovllm.engine.online_engine import OnlineEngine
+
+BLOCK = 16
+ENGINE_ARGS = dict(kvcache_block_size=BLOCK, num_kvcache_blocks=24, max_model_len=256)
+
+
+def greedy(max_tokens, ignore_eos=True):
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=ignore_eos)
+
+
+def random_prompts(count, seed=0):
+    rng = random.Random(seed)
+    return [[rng.randrange(2, 512) for _ in range(rng.randint(1, 40))] for _ in range(count)]
+
+
+@pytest.fixture
+def online(qwen3_dir):
+    engine = OnlineEngine(LLM(qwen3_dir, **ENGINE_ARGS))
+    yield engine
+    engine.shutdown()
+
+
+def wait_until(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def all_blocks_free(online):
+    block_manager = online.llm_engine.scheduler.block_manager
+    return block_manager.num_free_blocks == len(block_manager.blocks)
+
+
+def test_requests_from_many_threads_match_offline_generate(qwen3_dir, online):
+    prompts = random_prompts(12)
+    # 24 blocks cannot hold all of them at once: preemption happens on the way
+    params = [greedy(8 + 3 * i) for i in range(len(prompts))]
+    expected = LLM(qwen3_dir, **ENGINE_ARGS).generate(prompts, params, use_tqdm=False)
+    results = [None] * len(prompts)
+
+    def client(i):
+        time.sleep(0.005 * i)  # arrive while earlier requests are running
+        outputs = list(online.add_request(prompts[i], params[i]))
+        results[i] = outputs
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for outputs, want in zip(results, expected):
+        assert [t for o in outputs for t in o.token_ids] == want["token_ids"]
+        assert "".join(o.text for o in outputs) == want["text"]
+        assert [o.finish_reason for o in outputs] == [None] * (len(outputs) - 1) + ["length"]
+        assert outputs[-1].num_completion_tokens == len(want["token_ids"])
+    assert all_blocks_free(online) and online.stats().kv_cache_usage == 0.0
+
+
+def test_stop_token_finishes_with_stop(online):
+    params = SamplingParams(temperature=0.0, max_tokens=10, stop_token_ids=list(range(512)))
+    outputs = list(online.add_request([5, 6, 7], params))
+    assert len(outputs) == 1 and outputs[0].finish_reason == "stop" and len(outputs[0].token_ids) == 1
+    assert outputs[0].text == ""
+
+
+def test_stop_string_is_held_back_and_cut(qwen3_dir, online):
+    [full] = LLM(qwen3_dir, **ENGINE_ARGS).generate([[5, 6, 7]], greedy(12), use_tqdm=False)
+    words = full["text"].split()
+    stop = " ".join(words[4:6])
+    params = SamplingParams(temperature=0.0, max_tokens=12, stop=stop)
+    outputs = list(online.add_request([5, 6, 7], params))
+    assert outputs[-1].finish_reason == "stop"
+    assert "".join(o.text for o in outputs) == full["text"][: full["text"].index(stop)]
+
+
+def test_abort_running_request_frees_its_blocks(online, monkeypatch):
+    slow_down(online, monkeypatch)
+    stream = online.add_request([5, 6, 7], greedy(240))
+    outputs = iter(stream)
+    first = next(outputs)
+    assert first.token_ids and not first.finished
+    assert online.stats().kv_cache_usage > 0
+    online.abort(stream.request_id)
+    rest = list(outputs)
+    assert rest[-1].finish_reason == "abort"
+    assert sum(len(o.token_ids) for o in [first, *rest]) < 240
+    wait_until(lambda: online.stats().num_running == 0)
+    assert all_blocks_free(online) and online.stats().kv_cache_usage == 0.0
+
+
+def test_abort_waiting_request(online, monkeypatch):
+    slow_down(online, monkeypatch)
+    # each needs 13 of the 24 blocks, so the second waits for the first
+    running = online.add_request([5] * 200, greedy(8))
+    waiting = online.add_request([7] * 200, greedy(8))
+    wait_until(lambda: online.stats().num_running == 1)
+    assert online.stats().num_waiting == 1
+    online.abort(waiting.request_id)
+    [output] = list(waiting)
+    assert output.finish_reason == "abort" and output.token_ids == []
+    assert list(running)[-1].finish_reason == "length"
+
+
+def test_bad_request_raises_in_caller_and_others_go_on(online):
+    good = online.add_request([5, 6, 7], greedy(30))
+    with pytest.raises(ValueError, match="max_model_len"):
+        online.add_request([5] * 300, greedy(4))
+    with pytest.raises(ValueError, match="empty"):
+        online.add_request([], greedy(4))
+    assert sum(len(o.token_ids) for o in good) == 30
+
+
+def test_failed_step_ends_live_requests_with_error_and_loop_goes_on(online, monkeypatch):
+    fail_step(online, monkeypatch, failing_call=3)
+    victim = list(online.add_request([5, 6, 7], greedy(50)))
+    assert victim[-1].finish_reason == "error"
+    assert all_blocks_free(online)
+    after = list(online.add_request([5, 6, 7], greedy(5)))
+    assert after[-1].finish_reason == "length" and sum(len(o.token_ids) for o in after) == 5
+
+
+def test_shutdown_aborts_unfinished_requests(qwen3_dir):
+    online = OnlineEngine(LLM(qwen3_dir, **ENGINE_ARGS))
+    stream = online.add_request([5, 6, 7], greedy(240))
+    online.shutdown()
+    assert list(stream)[-1].finish_reason == "abort"
+    with pytest.raises(RuntimeError, match="shut down"):
+        online.add_request([5], greedy(1))
