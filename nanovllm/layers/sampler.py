@@ -5,7 +5,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from nanovllm.layers.fusion import fused_on_cuda
 from nanovllm.layers.penalties import PenaltyTensors, apply_penalties
 from nanovllm.layers.seeded_noise import seeded_exponential
 from nanovllm.layers.truncation import apply_min_p, apply_top_k_top_p
@@ -93,15 +92,16 @@ class Sampler(nn.Module):
         return ids, logprobs.gather(1, ids)
 
 
-@fused_on_cuda
 def _sample_with_temperatures(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
-    """The common case in one fused pass over the logits: argmax for temperature 0, else Gumbel-max.
-
-    argmax(p / E) with E ~ Exp(1) equals argmax(logits / T - log E), so no softmax is needed.
-    """
+    """The common case, argmax for temperature 0 and Gumbel-max otherwise, without a softmax:
+    argmax(p / E) with E ~ Exp(1) equals argmax(logits / T - log E). On CUDA one Triton pass."""
     # logits: [num_seqs, vocab]; temperatures: [num_seqs]
+    if logits.is_cuda:
+        from nanovllm.kernels.triton_sampling import gumbel_max_sample
+        seed = int(torch.randint(0, 2**31 - 1, ()))  # from the CPU generator: no device sync
+        return gumbel_max_sample(logits, temperatures, seed)
     is_greedy = temperatures == 0
     scaled = logits.float() / torch.where(is_greedy, 1.0, temperatures).unsqueeze(1)
-    exponential = -torch.log(torch.rand_like(scaled))
-    sampled = (scaled - torch.log(exponential.clamp_min(1e-10))).argmax(dim=-1)
+    exponential = torch.empty_like(scaled).exponential_(1).clamp_min_(1e-10)
+    sampled = (scaled - torch.log(exponential)).argmax(dim=-1)
     return torch.where(is_greedy, logits.argmax(dim=-1), sampled)

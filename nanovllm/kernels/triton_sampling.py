@@ -1,0 +1,47 @@
+"""Triton kernel: temperature sampling by Gumbel-max, reading each logit once.
+
+argmax(softmax(x / T) / E) with E ~ Exp(1) equals argmax(x / T + G) with
+G = -log(-log(U)) Gumbel noise, so no softmax pass is needed. Rows with T = 0
+take the plain argmax. Layout: logits [rows, vocab] (any float dtype, last
+dim contiguous), temperatures [rows] fp32. Grid (rows, chunks): a program
+scores BLOCK (4096, or the vocabulary if smaller) logits of one row and keeps its best (score, index); a tiny
+torch reduction then picks each row's best chunk (ties go to the lower index,
+like torch.argmax).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+_BLOCK = 4096
+
+
+@triton.jit
+def _gumbel_max_chunk_kernel(logits_ptr, temperatures_ptr, best_score_ptr, best_index_ptr, vocab, stride_row,
+                             seed, NUM_CHUNKS: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    offsets = chunk * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < vocab
+    x = tl.load(logits_ptr + row.to(tl.int64) * stride_row + offsets, mask=mask, other=0.0).to(tl.float32)
+    temperature = tl.load(temperatures_ptr + row)
+    u = tl.rand(seed, row * vocab + offsets)
+    gumbel = -tl.log(-tl.log(u))
+    score = tl.where(temperature > 0, x / tl.where(temperature > 0, temperature, 1.0) + gumbel, x)
+    score = tl.where(mask, score, float("-inf"))
+    best = tl.argmax(score, 0)
+    tl.store(best_score_ptr + row * NUM_CHUNKS + chunk, tl.max(score, 0))
+    tl.store(best_index_ptr + row * NUM_CHUNKS + chunk, chunk * BLOCK + best)
+
+
+def gumbel_max_sample(logits: torch.Tensor, temperatures: torch.Tensor, seed: int) -> torch.Tensor:
+    """One token id per row: argmax where the temperature is 0, else a draw from softmax(logits / T)."""
+    rows, vocab = logits.shape
+    assert logits.stride(1) == 1
+    block = min(_BLOCK, triton.next_power_of_2(vocab))
+    num_chunks = triton.cdiv(vocab, block)
+    best_score = torch.empty(rows, num_chunks, dtype=torch.float32, device=logits.device)
+    best_index = torch.empty(rows, num_chunks, dtype=torch.int64, device=logits.device)
+    _gumbel_max_chunk_kernel[(rows, num_chunks)](logits, temperatures, best_score, best_index, vocab,
+                                                 logits.stride(0), seed, NUM_CHUNKS=num_chunks, BLOCK=block)
+    return best_index.gather(1, best_score.argmax(dim=1, keepdim=True)).squeeze(1)
