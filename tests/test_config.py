@@ -34,7 +34,8 @@ def test_unknown_keyword_is_named(qwen3_dir):
     ({"load_format": "pt"}, "load_format"),
     ({"device": "tpu"}, "device"),
     ({"max_num_batched_tokens": 100, "max_model_len": 200}, "max_num_batched_tokens"),
-    ({"tensor_parallel_size": 2}, "tensor_parallel_size"),
+    ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
+    ({"master_port": 70000}, "master_port"),
 ])
 def test_bad_values_are_refused(qwen3_dir, kwargs, message):
     with pytest.raises(ValueError, match=message):

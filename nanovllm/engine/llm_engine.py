@@ -11,6 +11,7 @@ from nanovllm.config import Config
 from nanovllm.engine.model_runner import ModelRunner
 from nanovllm.engine.scheduler import Scheduler
 from nanovllm.engine.sequence import Sequence
+from nanovllm.engine.worker import TensorParallelRunner
 from nanovllm.sampling_params import SamplingParams
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -31,9 +32,9 @@ def _as_ids(value) -> set[int]:
     return {value} if isinstance(value, int) else set(value)
 
 
-def eos_token_ids(model: str, hf_config, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
+def eos_token_ids(model: str, hf_config, tokenizer: PreTrainedTokenizerBase | None) -> tuple[int, ...]:
     """Every id that ends a completion: the tokenizer's, the config's and the generation config's."""
-    ids = _as_ids(tokenizer.eos_token_id) | _as_ids(getattr(hf_config, "eos_token_id", None))
+    ids = _as_ids(tokenizer.eos_token_id if tokenizer is not None else None) | _as_ids(getattr(hf_config, "eos_token_id", None))
     path = os.path.join(model, "generation_config.json")
     if os.path.isfile(path):
         with open(path) as f:
@@ -42,18 +43,30 @@ def eos_token_ids(model: str, hf_config, tokenizer: PreTrainedTokenizerBase) -> 
 
 
 class LLMEngine:
-    """Owns the tokenizer, the scheduler and the model runner, and drives them step by step."""
+    """Owns the tokenizer, the scheduler and the model runner, and drives them step by step.
+
+    With `tensor_parallel_size > 1` the runner also owns worker processes;
+    `close()`, deleting the engine or leaving the interpreter stops them.
+    """
 
     def __init__(self, model: str, **kwargs):
         self.config = Config.from_kwargs(model, **kwargs)
-        self.tokenizer = load_tokenizer(model)
+        self.tokenizer = None if self.config.skip_tokenizer_init else load_tokenizer(model)
         self.config.eos_token_ids = eos_token_ids(model, self.config.hf_config, self.tokenizer)
-        self.model_runner = ModelRunner(self.config)
+        runner_class = TensorParallelRunner if self.config.tensor_parallel_size > 1 else ModelRunner
+        self.model_runner = runner_class(self.config)
         self.scheduler = Scheduler(self.config)
+
+    def close(self) -> None:
+        """Stop tensor-parallel workers now rather than when the engine is collected."""
+        if isinstance(self.model_runner, TensorParallelRunner):
+            self.model_runner.close()
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         """Token ids of a prompt given as text or as ids, checked against the vocabulary."""
         if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("skip_tokenizer_init=True loads no tokenizer; give prompts as lists of token ids")
             token_ids = self.tokenizer.encode(prompt)
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
             token_ids = list(prompt)
@@ -134,11 +147,12 @@ class LLMEngine:
         for seq in seqs:
             self.scheduler.add(seq)
         self._run_until_done(len(seqs), use_tqdm)
-        return [
-            {"text": self.tokenizer.decode(seq.completion_token_ids, skip_special_tokens=True),
-             "token_ids": seq.completion_token_ids}
-            for seq in seqs
-        ]
+        return [{"text": self.detokenize(seq.completion_token_ids), "token_ids": seq.completion_token_ids}
+                for seq in seqs]
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        """The text of `token_ids`; empty without a tokenizer."""
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
 
     def _run_until_done(self, total: int, use_tqdm: bool) -> None:
         with tqdm(total=total, desc="Generating", dynamic_ncols=True, disable=not use_tqdm) as bar:
