@@ -1,12 +1,9 @@
 """The engine on a CUDA GPU with the PyTorch attention path (skipped without CUDA)."""
 
-import json
-import os
 import random
 
 import pytest
 import torch
-from conftest import save_tiny_tokenizer
 from hf_reference import hf_greedy
 
 from nanovllm import LLM, SamplingParams
@@ -36,22 +33,6 @@ def test_bf16_on_gpu_mostly_matches_fp32(qwen3_dir):
     b = [o["token_ids"] for o in bf16.generate(prompts(), GREEDY, use_tqdm=False)]
     # bf16 rounding may flip late near-ties; the first tokens must agree
     assert sum(x[:4] == y[:4] for x, y in zip(a, b)) >= len(a) - 1
-
-
-@pytest.fixture(scope="module")
-def qwen3_06b_shape_dir(tmp_path_factory):
-    """config.json of the Qwen3-0.6B shape with a stand-in tokenizer, for dummy weights."""
-    path = tmp_path_factory.mktemp("qwen3-0.6b-shape")
-    config = {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024,
-        "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
-        "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960,
-        "rms_norm_eps": 1e-6, "rope_theta": 1000000, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
-        "hidden_act": "silu", "attention_bias": False, "eos_token_id": 1,
-    }
-    (path / "config.json").write_text(json.dumps(config))
-    save_tiny_tokenizer(path)
-    return str(path)
 
 
 def test_kv_cache_is_sized_from_gpu_memory_utilization(qwen3_06b_shape_dir):

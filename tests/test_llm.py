@@ -1,6 +1,8 @@
 """End-to-end generation: parity with transformers, prefix caching, preemption, bad requests."""
 
+import os
 import random
+import shutil
 
 import pytest
 from hf_reference import hf_greedy
@@ -161,3 +163,18 @@ def test_generation_stops_at_max_model_len(small_llm):
 def test_mismatched_params_list_is_refused(small_llm):
     with pytest.raises(ValueError, match="2 prompts but 1 sampling params"):
         small_llm.generate([[5], [6]], [GREEDY], use_tqdm=False)
+
+
+def test_without_tokenizer_prompts_are_token_ids_and_text_is_empty(qwen3_dir, prompts, tmp_path):
+    model_dir = tmp_path / "m"
+    model_dir.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(os.path.join(qwen3_dir, name), model_dir)
+    llm = LLM(str(model_dir), skip_tokenizer_init=True, kvcache_block_size=BLOCK, num_kvcache_blocks=64,
+              max_model_len=256)
+    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert token_ids(outputs) == hf_greedy(qwen3_dir, prompts, GREEDY.max_tokens)
+    assert [o["text"] for o in outputs] == [""] * len(prompts)
+    assert llm.config.eos_token_ids == (1,)  # from config.json alone
+    with pytest.raises(ValueError, match="skip_tokenizer_init=True.*lists of token ids"):
+        llm.generate(["w5 w6"], GREEDY, use_tqdm=False)

@@ -4,10 +4,14 @@ Layout of the segment:
 
     [8 bytes: command length][command: pickled (method name, args)] ... [one error slot per worker]
 
-Rank 0 writes a command and sets every worker's `ready` event; each worker
-reads it, runs it and sets its `done` event. Rank 0 writes the next command only
-after every worker is done, so one buffer is enough. A worker that fails writes
-its error into its own slot before it exits. Tensors never travel here.
+Rank 0 writes a command and signals every worker's `ready` event; each worker
+reads it, runs it and signals its `done` event. Rank 0 writes the next command
+only after every worker is done, so one buffer is enough. A worker that fails
+writes its error into its own slot before it exits. Tensors never travel here.
+
+The events are bare semaphores (one post per command): unlike
+`multiprocessing.Event`, which guards its flag with a lock, they cannot be left
+locked by a worker killed at the wrong moment.
 """
 
 import pickle
@@ -30,8 +34,8 @@ class CommandChannel:
         self.num_workers = num_workers
         self.capacity = capacity
         self.shm = SharedMemory(create=True, size=_LENGTH.size + capacity + num_workers * _ERROR_SLOT)
-        self.ready = [context.Event() for _ in range(num_workers)]
-        self.done = [context.Event() for _ in range(num_workers)]
+        self.ready = [context.Semaphore(0) for _ in range(num_workers)]
+        self.done = [context.Semaphore(0) for _ in range(num_workers)]
 
     @property
     def name(self) -> str:
@@ -47,26 +51,22 @@ class CommandChannel:
         buf = self.shm.buf
         _LENGTH.pack_into(buf, 0, len(data))
         buf[_LENGTH.size:_LENGTH.size + len(data)] = data
-        for event in self.ready:
-            event.set()
+        for ready in self.ready:
+            ready.release()
 
     def receive(self, worker: int) -> tuple[str, tuple]:
         """Worker: block until rank 0 posts a command; returns (method name, args)."""
-        self.ready[worker].wait()
-        self.ready[worker].clear()
+        self.ready[worker].acquire()
         (length,) = _LENGTH.unpack_from(self.shm.buf, 0)
         return pickle.loads(self.shm.buf[_LENGTH.size:_LENGTH.size + length])
 
     def mark_done(self, worker: int) -> None:
         """Worker: the command ran."""
-        self.done[worker].set()
+        self.done[worker].release()
 
     def wait_done(self, worker: int, timeout: float) -> bool:
         """Rank 0: whether `worker` finished the command within `timeout` seconds."""
-        if not self.done[worker].wait(timeout):
-            return False
-        self.done[worker].clear()
-        return True
+        return self.done[worker].acquire(timeout=timeout)
 
     def _error_slot(self, worker: int) -> int:
         return _LENGTH.size + self.capacity + worker * _ERROR_SLOT
