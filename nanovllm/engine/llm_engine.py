@@ -59,8 +59,7 @@ class LLMEngine:
 
     def close(self) -> None:
         """Stop tensor-parallel workers now rather than when the engine is collected."""
-        if isinstance(self.model_runner, TensorParallelRunner):
-            self.model_runner.close()
+        self.model_runner.close()
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         """Token ids of a prompt given as text or as ids, checked against the vocabulary."""

@@ -10,6 +10,7 @@ instead of a hang. Workers exit when rank 0's process dies.
 
 import multiprocessing as mp
 import os
+import signal
 import threading
 import traceback
 import weakref
@@ -49,6 +50,8 @@ def _watch_parent() -> None:
 def run_worker(config: Config, rank: int, host: str, port: int, channel: CommandChannel) -> None:
     """Entry point of rank `rank` >= 1: build the runner, then run rank 0's commands until "exit"."""
     _watch_parent()
+    # Ctrl-C reaches the whole process group; rank 0 alone handles it and stops the workers
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     worker = rank - 1
     try:
         store = rendezvous_store(host, port, is_master=False)
@@ -145,11 +148,6 @@ class TensorParallelRunner:
     def processes(self) -> list[mp.Process]:
         return self._workers.processes
 
-    @property
-    def model(self):
-        """Rank 0's share of the model."""
-        return self.runner.model
-
     def run(self, batch: ScheduledBatch) -> list[int]:
         """One step on every rank; rank 0's sampled token ids."""
         return self.call("run", batch)
@@ -158,9 +156,13 @@ class TensorParallelRunner:
         """Run `method(*args)` on every rank; returns rank 0's result."""
         if not self._finalizer.alive:
             raise RuntimeError("this engine's tensor-parallel workers were shut down; create a new LLM")
-        self._check_workers_alive()
+        return self._guarded(lambda: self._post_and_run(method, args))
+
+    def _post_and_run(self, method: str, args: tuple):
+        if not all(p.is_alive() for p in self.processes):
+            raise RuntimeError("a tensor-parallel worker has exited")
         self.channel.send(method, *args)
-        return self._guarded(lambda: getattr(self.runner, method)(*args))
+        return getattr(self.runner, method)(*args)
 
     def close(self) -> None:
         """Stop the workers and free the shared memory (idempotent)."""
@@ -186,13 +188,6 @@ class TensorParallelRunner:
             while not self.channel.wait_done(i, _POLL_S):
                 if not process.is_alive():
                     raise RuntimeError(self._describe_exit(i))
-
-    def _check_workers_alive(self) -> None:
-        if any(not p.is_alive() for p in self.processes):
-            failure = self._worker_failure()
-            self._workers.healthy = False
-            self._finalizer()
-            raise RuntimeError(failure)
 
     def _worker_failure(self) -> str:
         """What went wrong with the first worker that ended, or '' if all still run."""
