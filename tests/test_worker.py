@@ -3,6 +3,7 @@ there are two (those tests are marked `gpu`)."""
 
 import json
 import os
+import pickle
 import random
 import signal
 import socket
@@ -18,6 +19,10 @@ from safetensors.torch import load_file, save_file
 from test_loader import copy_model
 
 from nanovllm import LLM, SamplingParams
+from nanovllm.config import Config
+from nanovllm.engine.scheduler import ScheduledBatch
+from nanovllm.engine.sequence import Sequence
+from nanovllm.engine.worker import channel_capacity
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 ENGINE = dict(device="cpu", kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=256)
@@ -55,6 +60,16 @@ def process_gone(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
     except FileNotFoundError:
         return True
+
+
+def test_channel_holds_the_largest_batch(qwen3_dir):
+    # every sequence at full length is sent whole, e.g. a prefill behind a cached prefix
+    config = Config(qwen3_dir, max_num_seqs=8, max_model_len=256, kvcache_block_size=16)
+    seqs = [Sequence([2**31 - 1] * 256, GREEDY, 16) for _ in range(8)]
+    for seq in seqs:
+        seq.block_table = [2**31 - 1] * 16
+    command = pickle.dumps(("run", (ScheduledBatch(seqs, is_prefill=True),)), protocol=pickle.HIGHEST_PROTOCOL)
+    assert len(command) <= channel_capacity(config)
 
 
 @pytest.fixture(scope="class")

@@ -29,11 +29,12 @@ _POLL_S = 0.2       # how often a waiting rank 0 checks that the workers live
 _EXIT_WAIT_S = 10   # how long a worker may take to leave on "exit" before it is terminated
 
 
-def _channel_capacity(config: Config) -> int:
-    """Bytes that hold the largest batch's pickled sequences, with room to spare."""
+def channel_capacity(config: Config) -> int:
+    """Bytes that hold the largest possible batch: every sequence at full length sent whole (a
+    prefill with cached prefixes). Pickled token and block ids take at most 5 bytes each; pages
+    of the segment cost memory only once written."""
     blocks_per_seq = (config.max_model_len + config.kvcache_block_size - 1) // config.kvcache_block_size
-    items = config.max_num_batched_tokens + config.max_model_len + config.max_num_seqs * (blocks_per_seq + 16)
-    return max(1 << 20, 16 * items)
+    return config.max_num_seqs * (6 * (config.max_model_len + blocks_per_seq) + 128) + (1 << 16)
 
 
 def _watch_parent() -> None:
@@ -128,7 +129,7 @@ class TensorParallelRunner:
         store = rendezvous_store(host, port, is_master=True)
         self.port = store.port
         context = mp.get_context("spawn")
-        self._workers = _Workers(CommandChannel(size - 1, _channel_capacity(config), context))
+        self._workers = _Workers(CommandChannel(size - 1, channel_capacity(config), context))
         self._finalizer = weakref.finalize(self, _shut_down, self._workers)
         for rank in range(1, size):
             process = context.Process(target=run_worker, args=(config, rank, host, self.port, self.channel),
