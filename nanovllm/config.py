@@ -95,7 +95,8 @@ class Config:
         require(0.0 < self.gpu_memory_utilization <= 1.0,
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         require(self.tensor_parallel_size >= 1, f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
-        require(0 <= self.master_port < 65536, f"master_port must be in [0, 65535] (0 = pick one), got {self.master_port}")
+        require(0 <= self.master_port < 65536,
+                f"master_port must be in [0, 65535] (0 = pick a free one), got {self.master_port}")
         bs = self.kvcache_block_size
         require(bs >= 16 and bs & (bs - 1) == 0, f"kvcache_block_size must be a power of two >= 16, got {bs}")
         require(self.num_kvcache_blocks == -1 or self.num_kvcache_blocks >= 1,

@@ -34,7 +34,9 @@ def _as_ids(value) -> set[int]:
 
 def eos_token_ids(model: str, hf_config, tokenizer: PreTrainedTokenizerBase | None) -> tuple[int, ...]:
     """Every id that ends a completion: the tokenizer's, the config's and the generation config's."""
-    ids = _as_ids(tokenizer.eos_token_id if tokenizer is not None else None) | _as_ids(getattr(hf_config, "eos_token_id", None))
+    ids = _as_ids(getattr(hf_config, "eos_token_id", None))
+    if tokenizer is not None:
+        ids |= _as_ids(tokenizer.eos_token_id)
     path = os.path.join(model, "generation_config.json")
     if os.path.isfile(path):
         with open(path) as f:

@@ -14,6 +14,7 @@ import signal
 import threading
 import traceback
 import weakref
+from contextlib import suppress
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
@@ -107,7 +108,8 @@ def _abort_group_when_a_worker_dies(workers: _Workers) -> None:
     # (gloo notices the closed connection by itself.)
     wait([p.sentinel for p in workers.processes])
     if not workers.closing.is_set() and dist.is_initialized():
-        dist.distributed_c10d._abort_process_group()
+        with suppress(RuntimeError, ValueError):  # PyTorch's own watchdog may have aborted it first
+            dist.distributed_c10d._abort_process_group()
 
 
 class TensorParallelRunner:

@@ -78,6 +78,10 @@ def rendezvous_store(host: str, port: int, is_master: bool) -> dist.TCPStore:
 def init_process_group(store: dist.Store, rank: int, size: int, device: torch.device) -> None:
     """Join the `size`-rank group: NCCL for CUDA tensors, gloo for CPU ones."""
     backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "nccl":
+        # On a peer's failure abort the communicators but leave this process alive (PyTorch's
+        # default ends it), so that rank 0 can report the failure to its caller.
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
     dist.init_process_group(backend, store=store, rank=rank, world_size=size,
                             device_id=device if device.type == "cuda" else None)
 
