@@ -95,6 +95,11 @@ class TestTwoRanks:
         torch.manual_seed(3)
         assert token_ids(tp_qwen3.generate(random_prompts(1), params, use_tqdm=False)) == expected
 
+    def test_a_second_split_engine_in_the_same_process_is_refused(self, qwen3_dir, tp_qwen3):
+        with pytest.raises(RuntimeError, match="another engine with tensor_parallel_size > 1 is running"):
+            LLM(qwen3_dir, tensor_parallel_size=2, **ENGINE)
+        assert len(tp_qwen3.generate([[5]], GREEDY, use_tqdm=False)[0]["token_ids"]) == GREEDY.max_tokens
+
     def test_two_all_reduces_per_layer_and_one_gather(self, tp_qwen3, monkeypatch):
         calls = {"all_reduce": 0, "gather": 0}
         for name in calls:
