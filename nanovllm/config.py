@@ -7,6 +7,8 @@ from dataclasses import dataclass, field, fields
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
+from nanovllm.utils.parallel import check_divisible
+
 _LOAD_FORMATS = ("auto", "dummy")
 _ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
 _DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -25,8 +27,11 @@ class Config:
     `gpu_memory_utilization` on CUDA, from `cpu_kvcache_gb` on CPU.
     `attention_backend="auto"` picks the Triton kernels on CUDA and PyTorch on
     the CPU; "flash_attn" uses the flash-attn package if it is installed.
-    `skip_tokenizer_init` runs without a tokenizer: prompts must be token ids
-    and outputs carry no text.
+    `tensor_parallel_size=N` splits the model over N ranks (one GPU each on
+    CUDA, N processes on CPU) that meet at $MASTER_ADDR (default 127.0.0.1) on
+    `master_port` ($MASTER_PORT when 0 and set, else a free port).
+    `skip_tokenizer_init=True` loads no tokenizer: prompts must be token ids
+    and outputs have empty text.
     """
 
     model: str
@@ -45,6 +50,7 @@ class Config:
     attention_backend: str = "auto"
     skip_tokenizer_init: bool = False
     seed: int = 0
+    master_port: int = 0
     hf_config: PretrainedConfig = field(init=False, repr=False)
     eos_token_ids: tuple[int, ...] = field(init=False, default=())
 
@@ -64,6 +70,7 @@ class Config:
         self.attention_backend = self._resolve_attention_backend()
         self._check_model_folder()
         self.hf_config = AutoConfig.from_pretrained(self.model)
+        check_divisible(self.hf_config, self.tensor_parallel_size)
         self.max_model_len = min(self.max_model_len, self.hf_config.max_position_embeddings)
         if self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
@@ -93,8 +100,9 @@ class Config:
         require(self.max_model_len >= 1, f"max_model_len must be >= 1, got {self.max_model_len}")
         require(0.0 < self.gpu_memory_utilization <= 1.0,
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        require(self.tensor_parallel_size == 1,
-                f"tensor_parallel_size={self.tensor_parallel_size} is not supported yet; use 1")
+        require(self.tensor_parallel_size >= 1, f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        require(0 <= self.master_port < 65536,
+                f"master_port must be in [0, 65535] (0 = pick a free one), got {self.master_port}")
         bs = self.kvcache_block_size
         require(bs >= 16 and bs & (bs - 1) == 0, f"kvcache_block_size must be a power of two >= 16, got {bs}")
         require(self.num_kvcache_blocks == -1 or self.num_kvcache_blocks >= 1,
@@ -103,6 +111,11 @@ class Config:
         require(self.device in ("cpu", "cuda"), f"device must be 'cpu' or 'cuda', got {self.device!r}")
         require(self.device == "cpu" or torch.cuda.is_available(),
                 "device='cuda' was asked for but no CUDA GPU is visible; use device='cpu'")
+        num_gpus = torch.cuda.device_count() if self.device == "cuda" else 0
+        require(self.device == "cpu" or num_gpus >= self.tensor_parallel_size,
+                f"tensor_parallel_size={self.tensor_parallel_size} needs one GPU per rank but {num_gpus} "
+                f"{'is' if num_gpus == 1 else 'are'} visible; lower tensor_parallel_size or make more GPUs "
+                f"visible (CUDA_VISIBLE_DEVICES)")
         require(self.dtype in _DTYPES, f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
         require(self.load_format in _LOAD_FORMATS,
                 f"load_format must be one of {', '.join(_LOAD_FORMATS)}, got {self.load_format!r}")

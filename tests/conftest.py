@@ -1,6 +1,8 @@
-"""Fixtures: tiny random models saved with transformers, with a small word-level tokenizer."""
+"""Fixtures: tiny random models saved with transformers, with a small word-level tokenizer,
+and a folder with the Qwen3-0.6B shape for dummy weights."""
 
 import itertools
+import json
 import os
 import time
 
@@ -109,3 +111,19 @@ def smollm_tokenizer(smollm_dir):
 @pytest.fixture(scope="session")
 def tiny_tokenizer(qwen3_dir):
     return AutoTokenizer.from_pretrained(qwen3_dir)
+
+
+@pytest.fixture(scope="session")
+def qwen3_06b_shape_dir(tmp_path_factory):
+    """config.json of the Qwen3-0.6B shape with a stand-in tokenizer, for dummy weights."""
+    path = tmp_path_factory.mktemp("qwen3-0.6b-shape")
+    config = {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024,
+        "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
+        "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+        "hidden_act": "silu", "attention_bias": False, "eos_token_id": 1,
+    }
+    (path / "config.json").write_text(json.dumps(config))
+    save_tiny_tokenizer(path)
+    return str(path)

@@ -34,9 +34,10 @@ def test_unknown_keyword_is_named(qwen3_dir):
     ({"load_format": "pt"}, "load_format"),
     ({"device": "tpu"}, "device"),
     ({"max_num_batched_tokens": 100, "max_model_len": 200}, "max_num_batched_tokens"),
-    ({"tensor_parallel_size": 2}, "tensor_parallel_size"),
     ({"attention_backend": "xformers"}, "attention_backend must be one of"),
     ({"attention_backend": "flash_attn"}, "flash_attn"),
+    ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
+    ({"master_port": 70000}, "master_port"),
 ])
 def test_bad_values_are_refused(qwen3_dir, kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -76,3 +77,30 @@ def test_triton_on_cpu_needs_the_interpreter(qwen3_dir, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         Config(qwen3_dir, device="cpu", attention_backend="triton")
+
+
+@pytest.mark.parametrize("size, message", [
+    (3, r"attention heads \(num_attention_heads\) = 4"),
+    (4, r"KV heads \(num_key_value_heads\) = 2"),
+])
+def test_heads_that_do_not_split_are_refused(qwen3_dir, size, message):
+    with pytest.raises(ValueError, match=f"tensor_parallel_size={size} must divide the model's {message}"):
+        Config(qwen3_dir, tensor_parallel_size=size)
+
+
+def test_vocabulary_that_does_not_split_is_refused(qwen3_dir, tmp_path):
+    with open(os.path.join(qwen3_dir, "config.json")) as f:
+        raw = json.load(f)
+    raw["vocab_size"] = 513
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=r"vocabulary \(vocab_size\) = 513"):
+        Config(str(tmp_path), tensor_parallel_size=2)
+
+
+def test_fewer_gpus_than_ranks_is_refused(qwen3_dir, monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match="tensor_parallel_size=2 needs one GPU per rank but 1 is visible"):
+        Config(qwen3_dir, device="cuda", tensor_parallel_size=2)
+    assert Config(qwen3_dir, device="cuda", tensor_parallel_size=1).tensor_parallel_size == 1

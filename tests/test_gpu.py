@@ -1,12 +1,9 @@
 """The engine on a CUDA GPU: both attention backends, CUDA graphs, KV sizing (skipped without CUDA)."""
 
-import json
-import os
 import random
 
 import pytest
 import torch
-from conftest import save_tiny_tokenizer
 from hf_reference import hf_greedy
 
 from nanovllm import LLM, SamplingParams
@@ -99,22 +96,6 @@ def test_every_sampling_feature_runs_on_gpu_and_seeds_reproduce(qwen3_dir):
     assert again[-1]["token_ids"] == first[0]["token_ids"]
     assert len(first[0]["logprobs"]) == len(first[0]["token_ids"])
     assert first[0]["finish_reason"] in ("stop", "length") and first[1]["finish_reason"] == "length"
-
-
-@pytest.fixture(scope="module")
-def qwen3_06b_shape_dir(tmp_path_factory):
-    """config.json of the Qwen3-0.6B shape with a stand-in tokenizer, for dummy weights."""
-    path = tmp_path_factory.mktemp("qwen3-0.6b-shape")
-    config = {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024,
-        "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
-        "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960,
-        "rms_norm_eps": 1e-6, "rope_theta": 1000000, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
-        "hidden_act": "silu", "attention_bias": False, "eos_token_id": 1,
-    }
-    (path / "config.json").write_text(json.dumps(config))
-    save_tiny_tokenizer(path)
-    return str(path)
 
 
 def test_kv_cache_is_sized_from_gpu_memory_utilization(qwen3_06b_shape_dir):

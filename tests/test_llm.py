@@ -1,6 +1,8 @@
 """End-to-end generation: parity with transformers, prefix caching, preemption, bad requests."""
 
+import os
 import random
+import shutil
 
 import pytest
 from hf_reference import hf_generate, hf_greedy, hf_logprobs
@@ -62,18 +64,6 @@ def test_triton_backend_matches_transformers(qwen3_dir, prompts):
         llm.step()
     assert [s.completion_token_ids for s in seqs] == hf_greedy(qwen3_dir, batch, 8)
     assert seqs[-1].num_cached_tokens == 2 * BLOCK
-
-
-def test_without_tokenizer_prompts_are_token_ids(qwen3_dir, prompts):
-    llm = LLM(qwen3_dir, skip_tokenizer_init=True, kvcache_block_size=BLOCK, num_kvcache_blocks=64,
-              max_model_len=256)
-    assert llm.tokenizer is None
-    [out] = llm.generate(prompts[:1], GREEDY, use_tqdm=False)
-    assert out["text"] == "" and out["token_ids"] == hf_greedy(qwen3_dir, prompts[:1], GREEDY.max_tokens)[0]
-    with pytest.raises(ValueError, match="token ids, not text"):
-        llm.generate(["w5 w6"], GREEDY, use_tqdm=False)
-    with pytest.raises(ValueError, match="stop strings need a tokenizer"):
-        llm.generate(prompts[:1], SamplingParams(stop=["w5"]), use_tqdm=False)
 
 
 def test_text_output_continues_the_prompt(qwen3_dir):
@@ -279,3 +269,20 @@ def test_params_beyond_the_model_are_refused(llm, params, message):
     with pytest.raises(ValueError, match=message):
         llm.add_request([5, 6], params)
     assert llm.is_finished()
+
+
+def test_without_tokenizer_prompts_are_token_ids_and_text_is_empty(qwen3_dir, prompts, tmp_path):
+    model_dir = tmp_path / "m"
+    model_dir.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(os.path.join(qwen3_dir, name), model_dir)
+    llm = LLM(str(model_dir), skip_tokenizer_init=True, kvcache_block_size=BLOCK, num_kvcache_blocks=64,
+              max_model_len=256)
+    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert token_ids(outputs) == hf_greedy(qwen3_dir, prompts, GREEDY.max_tokens)
+    assert [o["text"] for o in outputs] == [""] * len(prompts)
+    assert llm.config.eos_token_ids == (1,)  # from config.json alone
+    with pytest.raises(ValueError, match="skip_tokenizer_init=True.*lists of token ids"):
+        llm.generate(["w5 w6"], GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match="stop strings need a tokenizer"):
+        llm.generate(prompts[:1], SamplingParams(stop=["w5"]), use_tqdm=False)

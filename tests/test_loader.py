@@ -6,12 +6,15 @@ import shutil
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from nanovllm import LLM
 from nanovllm.config import Config
 from nanovllm.models import model_class
-from nanovllm.utils.loader import load_model
+from nanovllm.utils import loader
+from nanovllm.utils.loader import load_dummy_weights, load_model
+from nanovllm.utils.parallel import tensor_parallel
 
 
 def copy_model(src, dst):
@@ -19,9 +22,31 @@ def copy_model(src, dst):
     return str(dst)
 
 
-def build(model_dir):
+def build(model_dir, rank=0, size=1):
     config = Config(model_dir)
-    return model_class(config.hf_config)(config.hf_config)
+    with tensor_parallel(rank, size):
+        return model_class(config.hf_config)(config.hf_config)
+
+
+def rows(tensor, rank, size, dim=0):
+    """Rank `rank`'s equal share of `tensor` along `dim`."""
+    return tensor.chunk(size, dim)[rank]
+
+
+def shard_of(whole, rank, size):
+    """What rank `rank` of `size` should hold of each parameter of the unsplit model `whole`."""
+    layer, embed = whole.model.layers[0], whole.model.embed_tokens.weight
+    q, k, v = layer.self_attn.qkv_proj.weight.split([64, 32, 32])
+    gate, up = layer.mlp.gate_up_proj.weight.chunk(2)
+    return {
+        "model.layers.0.self_attn.qkv_proj.weight": torch.cat([rows(t, rank, size) for t in (q, k, v)]),
+        "model.layers.0.self_attn.o_proj.weight": rows(layer.self_attn.o_proj.weight, rank, size, dim=1),
+        "model.layers.0.mlp.gate_up_proj.weight": torch.cat([rows(gate, rank, size), rows(up, rank, size)]),
+        "model.layers.0.mlp.down_proj.weight": rows(layer.mlp.down_proj.weight, rank, size, dim=1),
+        "model.layers.0.input_layernorm.weight": layer.input_layernorm.weight,
+        "model.embed_tokens.weight": rows(embed, rank, size),
+        "lm_head.weight": rows(whole.lm_head.weight, rank, size),
+    }
 
 
 def test_fused_weights_are_the_checkpoint_tensors_stacked(qwen3_dir):
@@ -114,3 +139,67 @@ def test_dummy_format_needs_no_weights(qwen3_dir, tmp_path):
     assert 0 < weight.abs().max() <= 1e-3
     [out] = llm.generate([[5, 6, 7]], use_tqdm=False)
     assert len(out["token_ids"]) >= 1
+
+
+class CountingSafeOpen:
+    """safe_open that counts the elements read through slices and refuses whole-tensor reads."""
+
+    read = 0
+
+    def __init__(self, *args, **kwargs):
+        self.file = safe_open(*args, **kwargs)
+
+    def __enter__(self):
+        self.opened = self.file.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.file.__exit__(*exc)
+
+    def keys(self):
+        return self.opened.keys()
+
+    def get_tensor(self, name):
+        raise AssertionError(f"{name} was read whole")
+
+    def get_slice(self, name):
+        piece = self.opened.get_slice(name)
+
+        class Counted:
+            def __getitem__(_, index):
+                tensor = piece[index]
+                CountingSafeOpen.read += tensor.numel()
+                return tensor
+
+        return Counted()
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_each_rank_loads_and_reads_only_its_slices(qwen3_dir, rank, monkeypatch):
+    whole = build(qwen3_dir)
+    load_model(whole, qwen3_dir)
+    monkeypatch.setattr(CountingSafeOpen, "read", 0)
+    monkeypatch.setattr(loader, "safe_open", CountingSafeOpen)
+    part = build(qwen3_dir, rank, 2)
+    load_model(part, qwen3_dir)
+    params = dict(part.named_parameters())
+    for name, expected in shard_of(whole, rank, 2).items():
+        assert torch.equal(params[name], expected), name
+    # only the norms are read by both ranks
+    assert CountingSafeOpen.read == sum(p.numel() for p in part.parameters())
+    assert CountingSafeOpen.read < 0.55 * sum(p.numel() for p in whole.parameters())
+
+
+def test_dummy_weights_are_cut_from_the_same_full_tensors(qwen3_dir):
+    hf_config = Config(qwen3_dir).hf_config
+    whole = build(qwen3_dir)
+    load_dummy_weights(whole, hf_config, seed=5)
+    for rank in (0, 1):
+        part = build(qwen3_dir, rank, 2)
+        load_dummy_weights(part, hf_config, seed=5)
+        params = dict(part.named_parameters())
+        for name, expected in shard_of(whole, rank, 2).items():
+            assert torch.equal(params[name], expected), name
+    other_seed = build(qwen3_dir)
+    load_dummy_weights(other_seed, hf_config, seed=6)
+    assert not torch.equal(other_seed.lm_head.weight, whole.lm_head.weight)

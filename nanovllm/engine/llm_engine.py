@@ -12,6 +12,7 @@ from nanovllm.engine.detokenizer import IncrementalDetokenizer
 from nanovllm.engine.model_runner import ModelRunner
 from nanovllm.engine.scheduler import Scheduler
 from nanovllm.engine.sequence import Sequence
+from nanovllm.engine.worker import TensorParallelRunner
 from nanovllm.sampling_params import SamplingParams
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -34,7 +35,9 @@ def _as_ids(value) -> set[int]:
 
 def eos_token_ids(model: str, hf_config, tokenizer: PreTrainedTokenizerBase | None) -> tuple[int, ...]:
     """Every id that ends a completion: the tokenizer's, the config's and the generation config's."""
-    ids = _as_ids(tokenizer.eos_token_id if tokenizer else None) | _as_ids(getattr(hf_config, "eos_token_id", None))
+    ids = _as_ids(getattr(hf_config, "eos_token_id", None))
+    if tokenizer is not None:
+        ids |= _as_ids(tokenizer.eos_token_id)
     path = os.path.join(model, "generation_config.json")
     if os.path.isfile(path):
         with open(path) as f:
@@ -43,14 +46,23 @@ def eos_token_ids(model: str, hf_config, tokenizer: PreTrainedTokenizerBase | No
 
 
 class LLMEngine:
-    """Owns the tokenizer, the scheduler and the model runner, and drives them step by step."""
+    """Owns the tokenizer, the scheduler and the model runner, and drives them step by step.
+
+    With `tensor_parallel_size > 1` the runner also owns worker processes;
+    `close()`, deleting the engine or leaving the interpreter stops them.
+    """
 
     def __init__(self, model: str, **kwargs):
         self.config = Config.from_kwargs(model, **kwargs)
         self.tokenizer = None if self.config.skip_tokenizer_init else load_tokenizer(model)
         self.config.eos_token_ids = eos_token_ids(model, self.config.hf_config, self.tokenizer)
-        self.model_runner = ModelRunner(self.config)
+        runner_class = TensorParallelRunner if self.config.tensor_parallel_size > 1 else ModelRunner
+        self.model_runner = runner_class(self.config)
         self.scheduler = Scheduler(self.config)
+
+    def close(self) -> None:
+        """Stop tensor-parallel workers now rather than when the engine is collected."""
+        self.model_runner.close()
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         """Token ids of a prompt given as text or as ids, checked against the vocabulary."""

@@ -13,21 +13,33 @@ from nanovllm.layers.sampler import Sampler, SamplingTensors
 from nanovllm.models import model_class
 from nanovllm.sampling_params import SamplingParams
 from nanovllm.utils.context import Context, reset_context, set_context
-from nanovllm.utils.loader import init_dummy_weights, load_model
-from nanovllm.utils.parallel import tp_rank
+from nanovllm.utils.loader import load_dummy_weights, load_model
+from nanovllm.utils.parallel import (all_ranks_min, destroy_process_group, init_process_group, share_cpu_cores,
+                                     tensor_parallel)
 
 _GIB = 1 << 30
 
 
 class ModelRunner:
-    """Owns the model, its KV cache and the sampler on one device."""
+    """Owns the model, its KV cache and the sampler on one device.
 
-    def __init__(self, config: Config):
+    With `tensor_parallel_size > 1` this is rank `rank`: it joins the group at
+    `store` (rank 0 serves it) and holds its share of the model and the cache.
+    """
+
+    def __init__(self, config: Config, rank: int = 0, store=None):
         self.config = config
         self.block_size = config.kvcache_block_size
-        self.device = torch.device(config.device)
+        self.rank = rank
+        self.world_size = config.tensor_parallel_size
+        self.device = torch.device("cuda", rank) if config.device == "cuda" else torch.device("cpu")
         self.dtype = config.torch_dtype
-        self.rank = tp_rank()
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        if self.world_size > 1:
+            init_process_group(store, rank, self.world_size, self.device)
+            if self.device.type == "cpu":
+                share_cpu_cores(self.world_size)
         torch.manual_seed(config.seed)
         self.model = self._build_model()
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
@@ -50,12 +62,12 @@ class ModelRunner:
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
         try:
-            with self.device:
+            with self.device, tensor_parallel(self.rank, self.world_size):
                 model = model_class(hf_config)(hf_config)
         finally:
             torch.set_default_dtype(default_dtype)
         if self.config.load_format == "dummy":
-            init_dummy_weights(model)
+            load_dummy_weights(model, hf_config, self.config.seed)
         else:
             load_model(model, self.config.model)
         return model.eval().requires_grad_(False)
@@ -107,6 +119,9 @@ class ModelRunner:
             blocks_per_seq = (config.max_model_len + self.block_size - 1) // self.block_size
             config.num_kvcache_blocks = min(self._num_blocks_that_fit(block_bytes),
                                             config.max_num_seqs * blocks_per_seq)
+            if self.world_size > 1:
+                # every rank must hold the blocks rank 0's scheduler hands out
+                config.num_kvcache_blocks = all_ranks_min(config.num_kvcache_blocks, self.device)
             if config.num_kvcache_blocks < 1:
                 raise ValueError(
                     f"cpu_kvcache_gb={config.cpu_kvcache_gb} holds no KV block of "
@@ -191,10 +206,16 @@ class ModelRunner:
             hidden_states = self.model(input_ids, positions)
         else:
             hidden_states = self.graphs.replay(input_ids.size(0))
-        logits = self.model.compute_logits(hidden_states)[:len(batch.seqs)]  # drops graph padding rows
+        logits = self.model.compute_logits(hidden_states)
         reset_context()
         if self.rank != 0:
             return None
+        logits = logits[:len(batch.seqs)]  # drops graph padding rows
         tensors = sampling_tensors(batch.seqs, logits.shape[-1], self.config.eos_token_ids, self._to_device)
         output = self.sampler(logits, tensors)
         return output.token_ids.tolist(), logprob_dicts(batch.seqs, output)
+
+    def close(self) -> None:
+        """Leave the tensor-parallel group (a no-op with one rank)."""
+        if self.world_size > 1:
+            destroy_process_group()

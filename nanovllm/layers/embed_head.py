@@ -7,6 +7,7 @@ from torch import nn
 
 from nanovllm.layers.linear import divide
 from nanovllm.utils.context import get_context
+from nanovllm.utils.loader import shard
 from nanovllm.utils.parallel import tp_rank, tp_size
 
 
@@ -21,8 +22,8 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.empty(self.rows_per_rank, hidden_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        param.data.copy_(loaded.narrow(0, self.vocab_start, self.rows_per_rank))
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id=None) -> None:
+        param.data.copy_(shard(loaded, 0, self.vocab_start, self.rows_per_rank))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         # input_ids: [tokens] -> [tokens, hidden]

@@ -3,8 +3,8 @@
 Column-parallel layers split their output features, row-parallel layers split
 their input features and all-reduce the partial sums. A parameter's
 `weight_loader(param, loaded, shard_id=None)` copies this rank's slice of a
-checkpoint tensor into it; fused layers (qkv, gate/up) take one checkpoint
-tensor per `shard_id`.
+checkpoint tensor into it, reading only that slice; fused layers (qkv, gate/up)
+take one checkpoint tensor per `shard_id`.
 """
 
 import torch
@@ -12,6 +12,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from nanovllm.utils.loader import shard
 from nanovllm.utils.parallel import tp_rank, tp_size
 
 
@@ -41,11 +42,13 @@ class LinearBase(nn.Module):
             self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False)
             self.bias.weight_loader = self.weight_loader
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        if self.tp_dim is not None and self.tp_dim < loaded.dim():
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id=None) -> None:
+        # a row-parallel layer's bias has no dimension 1: every rank reads all of it
+        if self.tp_dim is not None and self.tp_dim < param.dim():
             size = param.size(self.tp_dim)
-            loaded = loaded.narrow(self.tp_dim, self.tp_rank * size, size)
-        param.data.copy_(loaded)
+            param.data.copy_(shard(loaded, self.tp_dim, self.tp_rank * size, size))
+        else:
+            param.data.copy_(loaded[:])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
@@ -76,13 +79,12 @@ class FusedColumnParallelLinear(ColumnParallelLinear):
         super().__init__(input_size, sum(shard_sizes.values()), bias)
         self.shard_sizes = shard_sizes
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id=None) -> None:
         offset = 0
         for sid, full_size in self.shard_sizes.items():
             size = full_size // self.tp_size
             if sid == shard_id:
-                target = param.data.narrow(0, offset, size)
-                target.copy_(loaded.narrow(0, self.tp_rank * size, size))
+                param.data.narrow(0, offset, size).copy_(shard(loaded, 0, self.tp_rank * size, size))
                 return
             offset += size
         raise KeyError(f"unknown shard {shard_id!r}; expected one of {list(self.shard_sizes)}")

@@ -1,19 +1,39 @@
-"""Loads a Hugging Face safetensors checkpoint into a model, parameter by parameter."""
+"""Loads a Hugging Face safetensors checkpoint into a model, each rank reading only its slices.
+
+A parameter's loader gets the checkpoint tensor as something it can slice: a
+safetensors slice (only the indexed part is read from disk), a `RandomTensor`
+for dummy weights, or a plain tensor.
+"""
 
 import glob
 import os
+import zlib
 
 import torch
 from safetensors import safe_open
 from torch import nn
 
+from nanovllm.utils.parallel import tensor_parallel
+
 # Checkpoint tensors that hold nothing the engine needs.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
+def shard(loaded, dim: int, start: int, size: int) -> torch.Tensor:
+    """`size` entries of `loaded` from `start` along `dim`, reading nothing else."""
+    return loaded[(slice(None),) * dim + (slice(start, start + size),)]
+
+
+def default_weight_loader(param: nn.Parameter, loaded) -> None:
     """Copy a whole, unsharded tensor."""
-    param.data.copy_(loaded)
+    param.data.copy_(loaded[:])
+
+
+def _load_into(param: nn.Parameter, loaded, shard_id) -> None:
+    if shard_id is None:
+        getattr(param, "weight_loader", default_weight_loader)(param, loaded)
+    else:
+        param.weight_loader(param, loaded, shard_id)
 
 
 def _target(model: nn.Module, name: str) -> tuple[str, object]:
@@ -44,12 +64,7 @@ def load_model(model: nn.Module, path: str) -> None:
                 param_name, shard_id = _target(model, name)
                 if param_name not in params:
                     raise ValueError(f"checkpoint tensor {name!r} in {os.path.basename(file)} matches no model parameter")
-                param = params[param_name]
-                tensor = f.get_tensor(name)
-                if shard_id is None:
-                    getattr(param, "weight_loader", default_weight_loader)(param, tensor)
-                else:
-                    param.weight_loader(param, tensor, shard_id)
+                _load_into(params[param_name], f.get_slice(name), shard_id)
                 loaded.add(f"{param_name}:{shard_id}")
     _check_complete(model, params, loaded, path)
 
@@ -68,8 +83,35 @@ def _check_complete(model: nn.Module, params: dict, loaded: set[str], path: str)
         raise ValueError(f"checkpoint in {path!r} is missing weights: {shown}")
 
 
-def init_dummy_weights(model: nn.Module, low: float = -1e-3, high: float = 1e-3) -> None:
-    """Fill every parameter with small random values (for benchmarks without a checkpoint)."""
-    with torch.no_grad():
-        for param in model.parameters():
-            param.uniform_(low, high)
+class RandomTensor:
+    """Stands in for a checkpoint tensor: uniform values drawn from `seed`, whichever slice is read."""
+
+    def __init__(self, shape: tuple[int, ...], seed: int, dtype: torch.dtype, device: torch.device,
+                 low: float, high: float):
+        self.shape, self.seed, self.dtype, self.device = shape, seed, dtype, device
+        self.low, self.high = low, high
+
+    def __getitem__(self, index) -> torch.Tensor:
+        generator = torch.Generator(self.device).manual_seed(self.seed)
+        full = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        return full.uniform_(self.low, self.high, generator=generator)[index]
+
+
+def load_dummy_weights(model: nn.Module, hf_config, seed: int = 0, low: float = -1e-3, high: float = 1e-3) -> None:
+    """Fill every parameter with small random values (for benchmarks without a checkpoint).
+
+    Every rank cuts its slices from the same full tensors, so a model split over
+    N ranks computes what the unsplit one does.
+    """
+    with torch.device("meta"), tensor_parallel(0, 1):
+        whole = type(model)(hf_config)
+    modules = dict(whole.named_modules())
+    whole_shapes = {name: p.shape for name, p in whole.named_parameters()}
+    for name, param in model.named_parameters():
+        shape = whole_shapes[name]
+        module = modules[name.rpartition(".")[0]]
+        # a fused parameter is filled from one full tensor per checkpoint part
+        for shard_id, rows in getattr(module, "shard_sizes", {None: shape[0]}).items():
+            tensor_seed = seed + zlib.crc32(f"{name}:{shard_id}".encode())
+            _load_into(param, RandomTensor((rows, *shape[1:]), tensor_seed, param.dtype, param.device, low, high),
+                       shard_id)

@@ -1,11 +1,104 @@
-"""This process's place in the tensor-parallel group (rank 0 of 1 without one)."""
+"""Tensor-parallel state: the split layers are built for, the rendezvous, and the process group.
 
+Layers read `tp_rank()`/`tp_size()` once, while they are built inside
+`tensor_parallel(rank, size)`; outside it they see rank 0 of 1. Keeping the
+split out of the global process group lets a one-rank engine live beside a
+tensor-parallel one in the same process.
+"""
+
+import os
+from contextlib import contextmanager
+from datetime import timedelta
+
+import torch
 import torch.distributed as dist
+
+_rank, _size = 0, 1
+
+# How long rank 0 waits for the workers to reach the rendezvous; their start-up
+# is a Python import, not model loading, so a minute is generous.
+RENDEZVOUS_TIMEOUT = timedelta(seconds=60)
+
+
+@contextmanager
+def tensor_parallel(rank: int, size: int):
+    """Layers built inside this block hold rank `rank`'s share of a `size`-way split."""
+    global _rank, _size
+    saved = _rank, _size
+    _rank, _size = rank, size
+    try:
+        yield
+    finally:
+        _rank, _size = saved
 
 
 def tp_rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
+    return _rank
 
 
 def tp_size() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
+    return _size
+
+
+def check_divisible(hf_config, size: int) -> None:
+    """ValueError naming every model dimension that `size` ranks cannot split evenly."""
+    dims = {
+        "attention heads (num_attention_heads)": hf_config.num_attention_heads,
+        "KV heads (num_key_value_heads)": getattr(hf_config, "num_key_value_heads", hf_config.num_attention_heads),
+        "vocabulary (vocab_size)": hf_config.vocab_size,
+        "MLP width (intermediate_size)": hf_config.intermediate_size,
+    }
+    uneven = [f"{name} = {value}" for name, value in dims.items() if value % size]
+    if uneven:
+        raise ValueError(
+            f"tensor_parallel_size={size} must divide the model's {', '.join(uneven)}; pick a size that does"
+        )
+
+
+def rendezvous_address(master_port: int) -> tuple[str, int]:
+    """Where ranks meet: $MASTER_ADDR (default 127.0.0.1) and `master_port`, else $MASTER_PORT,
+    else 0 (rank 0 takes a free port, so engines on one host never collide)."""
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = master_port or int(os.environ.get("MASTER_PORT", "0"))
+    return host, port
+
+
+def rendezvous_store(host: str, port: int, is_master: bool) -> dist.TCPStore:
+    """The key-value store ranks meet at; rank 0 serves it, the workers connect."""
+    try:
+        return dist.TCPStore(host, port, is_master=is_master, wait_for_workers=False, timeout=RENDEZVOUS_TIMEOUT)
+    except (RuntimeError, OSError) as e:
+        role = "serve" if is_master else "reach"
+        raise RuntimeError(
+            f"could not {role} the tensor-parallel rendezvous at {host}:{port} ({e}); "
+            f"choose another master_port (or MASTER_PORT), or 0 for a free one"
+        ) from e
+
+
+def init_process_group(store: dist.Store, rank: int, size: int, device: torch.device) -> None:
+    """Join the `size`-rank group: NCCL for CUDA tensors, gloo for CPU ones."""
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "nccl":
+        # On a peer's failure abort the communicators but leave this process alive (PyTorch's
+        # default ends it), so that rank 0 can report the failure to its caller.
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size,
+                            device_id=device if device.type == "cuda" else None)
+
+
+def share_cpu_cores(size: int) -> None:
+    """Give this rank its share of the CPU cores: `size` ranks each running on every core slow
+    each other down several-fold."""
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // size))
+
+
+def destroy_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_ranks_min(value: int, device: torch.device) -> int:
+    """The smallest `value` over the ranks of the group."""
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())

@@ -1,0 +1,208 @@
+"""Tensor parallelism across processes: rank 0 in the caller, ranks 1..N-1 as spawned workers.
+
+Rank 0 posts each call (method name and arguments) on a `CommandChannel`, runs
+the same method on its own `ModelRunner`, then waits for every worker to
+finish; the ranks meet in the collectives inside the model. A worker that
+fails leaves its error in the channel and exits, which also breaks rank 0 out
+of any collective it waits in, so the caller gets the worker's message
+instead of a hang. Workers exit when rank 0's process dies.
+"""
+
+import multiprocessing as mp
+import os
+import signal
+import threading
+import traceback
+import weakref
+from contextlib import suppress
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+
+import torch.distributed as dist
+
+from nanovllm.config import Config
+from nanovllm.engine.model_runner import ModelRunner
+from nanovllm.engine.scheduler import ScheduledBatch
+from nanovllm.utils.command_channel import CommandChannel
+from nanovllm.utils.parallel import destroy_process_group, rendezvous_address, rendezvous_store
+
+_POLL_S = 0.2       # how often a waiting rank 0 checks that the workers live
+_EXIT_WAIT_S = 10   # how long a worker may take to leave on "exit" before it is terminated
+
+
+def channel_capacity(config: Config) -> int:
+    """Bytes that hold the largest possible batch: every sequence at full length sent whole (a
+    prefill with cached prefixes). Pickled token and block ids take at most 5 bytes each; pages
+    of the segment cost memory only once written."""
+    blocks_per_seq = (config.max_model_len + config.kvcache_block_size - 1) // config.kvcache_block_size
+    return config.max_num_seqs * (6 * (config.max_model_len + blocks_per_seq) + 128) + (1 << 16)
+
+
+def _watch_parent() -> None:
+    """Exit this worker as soon as the process that spawned it is gone, whatever it is doing."""
+    parent = mp.parent_process()
+
+    def exit_when_orphaned() -> None:
+        parent.join()
+        os._exit(1)
+
+    threading.Thread(target=exit_when_orphaned, daemon=True).start()
+
+
+def run_worker(config: Config, rank: int, host: str, port: int, channel: CommandChannel) -> None:
+    """Entry point of rank `rank` >= 1: build the runner, then run rank 0's commands until "exit"."""
+    _watch_parent()
+    # Ctrl-C reaches the whole process group; rank 0 alone handles it and stops the workers
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    worker = rank - 1
+    try:
+        store = rendezvous_store(host, port, is_master=False)
+        channel.mark_done(worker)  # reached the rendezvous
+        runner = ModelRunner(config, rank, store)
+        channel.mark_done(worker)  # built
+        while True:
+            method, args = channel.receive(worker)
+            if method == "exit":
+                break
+            getattr(runner, method)(*args)
+            channel.mark_done(worker)
+        runner.close()
+    except BaseException as e:
+        channel.write_error(worker, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}")
+        channel.close()
+        os._exit(1)
+    channel.close()
+
+
+@dataclass
+class _Workers:
+    """What shutting down needs, apart from the runner object so that a finalizer can hold it."""
+
+    channel: CommandChannel
+    processes: list = field(default_factory=list)
+    healthy: bool = True
+    closing: threading.Event = field(default_factory=threading.Event)
+
+
+def _shut_down(workers: _Workers) -> None:
+    """Stop the workers (politely when they are idle and well), leave the group, free the segment."""
+    workers.closing.set()
+    if workers.healthy and all(p.is_alive() for p in workers.processes):
+        workers.channel.send("exit")
+        destroy_process_group()  # the workers leave the group at the same time
+        for p in workers.processes:
+            p.join(_EXIT_WAIT_S)
+    for p in workers.processes:
+        if p.is_alive():
+            p.terminate()
+            p.join(1)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    destroy_process_group()
+    workers.channel.close(unlink=True)
+
+
+def _abort_group_when_a_worker_dies(workers: _Workers) -> None:
+    # NCCL waits for a dead peer forever; aborting the group releases rank 0.
+    # (gloo notices the closed connection by itself.)
+    wait([p.sentinel for p in workers.processes])
+    if not workers.closing.is_set() and dist.is_initialized():
+        with suppress(RuntimeError, ValueError):  # PyTorch's own watchdog may have aborted it first
+            dist.distributed_c10d._abort_process_group()
+
+
+class TensorParallelRunner:
+    """Rank 0's model runner together with N-1 worker processes that mirror every call.
+
+    Offers what `ModelRunner` offers to the engine (`run`); `close()` (also
+    called when the object is collected or the interpreter exits) stops the
+    workers and removes the shared-memory segment.
+    """
+
+    def __init__(self, config: Config):
+        if dist.is_initialized():
+            raise RuntimeError(
+                "another engine with tensor_parallel_size > 1 is running in this process; close it "
+                "(llm.close() or del llm) first"
+            )
+        size = config.tensor_parallel_size
+        host, port = rendezvous_address(config.master_port)
+        store = rendezvous_store(host, port, is_master=True)
+        self.port = store.port
+        context = mp.get_context("spawn")
+        self._workers = _Workers(CommandChannel(size - 1, channel_capacity(config), context))
+        self._finalizer = weakref.finalize(self, _shut_down, self._workers)
+        for rank in range(1, size):
+            process = context.Process(target=run_worker, args=(config, rank, host, self.port, self.channel),
+                                      name=f"nanovllm-tp{rank}", daemon=True)
+            process.start()
+            self._workers.processes.append(process)
+        if config.device == "cuda":
+            threading.Thread(target=_abort_group_when_a_worker_dies, args=(self._workers,), daemon=True).start()
+        self._guarded(lambda: None)  # every worker reached the rendezvous
+        self.runner = self._guarded(lambda: ModelRunner(config, 0, store))
+
+    @property
+    def channel(self) -> CommandChannel:
+        return self._workers.channel
+
+    @property
+    def processes(self) -> list[mp.Process]:
+        return self._workers.processes
+
+    def run(self, batch: ScheduledBatch) -> list[int]:
+        """One step on every rank; rank 0's sampled token ids."""
+        return self.call("run", batch)
+
+    def call(self, method: str, *args):
+        """Run `method(*args)` on every rank; returns rank 0's result."""
+        if not self._finalizer.alive:
+            raise RuntimeError("this engine's tensor-parallel workers were shut down; create a new LLM")
+        return self._guarded(lambda: self._post_and_run(method, args))
+
+    def _post_and_run(self, method: str, args: tuple):
+        if not all(p.is_alive() for p in self.processes):
+            raise RuntimeError("a tensor-parallel worker has exited")
+        self.channel.send(method, *args)
+        return getattr(self.runner, method)(*args)
+
+    def close(self) -> None:
+        """Stop the workers and free the shared memory (idempotent)."""
+        self._finalizer()
+
+    def _guarded(self, rank0_work):
+        """Do rank 0's part, then wait for the workers; on any failure shut everything down
+        and raise, naming the worker that failed when one did."""
+        try:
+            result = rank0_work()
+            self._wait_for_workers()
+            return result
+        except BaseException as e:
+            failure = self._worker_failure()
+            self._workers.healthy = False
+            self._finalizer()
+            if failure:
+                raise RuntimeError(failure) from e
+            raise
+
+    def _wait_for_workers(self) -> None:
+        for i, process in enumerate(self.processes):
+            while not self.channel.wait_done(i, _POLL_S):
+                if not process.is_alive():
+                    raise RuntimeError(self._describe_exit(i))
+
+    def _worker_failure(self) -> str:
+        """What went wrong with the first worker that ended, or '' if all still run."""
+        for i, process in enumerate(self.processes):
+            process.join(_POLL_S)  # a worker that broke rank 0's collective is exiting now
+            if not process.is_alive():
+                return self._describe_exit(i)
+        return ""
+
+    def _describe_exit(self, i: int) -> str:
+        process = self.processes[i]
+        message = self.channel.read_error(i)
+        if message:
+            return f"tensor-parallel worker {i + 1} failed: {message}"
+        return f"tensor-parallel worker {i + 1} (pid {process.pid}) exited unexpectedly with code {process.exitcode}"

@@ -1,0 +1,229 @@
+"""Tensor parallelism with N=2: over CPU processes (gloo) everywhere, and over two GPUs (NCCL) where
+there are two (those tests are marked `gpu`)."""
+
+import json
+import os
+import pickle
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from multiprocessing.shared_memory import SharedMemory
+
+import pytest
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+from test_loader import copy_model
+
+from nanovllm import LLM, SamplingParams
+from nanovllm.config import Config
+from nanovllm.engine.scheduler import ScheduledBatch
+from nanovllm.engine.sequence import Sequence
+from nanovllm.engine.worker import channel_capacity
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+ENGINE = dict(device="cpu", kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=256)
+needs_two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, needs_two_gpus])]
+
+
+def random_prompts(seed=0):
+    rng = random.Random(seed)
+    return [[rng.randrange(2, 512) for _ in range(n)] for n in (1, 5, 16, 17, 40)]
+
+
+def token_ids(outputs):
+    return [o["token_ids"] for o in outputs]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def segment_exists(name: str) -> bool:
+    try:
+        SharedMemory(name=name).close()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def process_gone(pid: int) -> bool:
+    """True once `pid` has exited (a zombie waiting for its new parent counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_channel_holds_the_largest_batch(qwen3_dir):
+    # every sequence at full length is sent whole, e.g. a prefill behind a cached prefix
+    config = Config(qwen3_dir, max_num_seqs=8, max_model_len=256, kvcache_block_size=16)
+    seqs = [Sequence([2**31 - 1] * 256, GREEDY, 16) for _ in range(8)]
+    for seq in seqs:
+        seq.block_table = [2**31 - 1] * 16
+    command = pickle.dumps(("run", (ScheduledBatch(seqs, is_prefill=True),)), protocol=pickle.HIGHEST_PROTOCOL)
+    assert len(command) <= channel_capacity(config)
+
+
+@pytest.fixture(scope="class")
+def tp_qwen3(qwen3_dir):
+    llm = LLM(qwen3_dir, tensor_parallel_size=2, **ENGINE)
+    yield llm
+    llm.close()
+
+
+class TestTwoRanks:
+    """One N=2 engine shared by tests that only generate."""
+
+    def test_greedy_matches_one_rank(self, qwen3_dir, tp_qwen3):
+        expected = token_ids(LLM(qwen3_dir, **ENGINE).generate(random_prompts(), GREEDY, use_tqdm=False))
+        assert token_ids(tp_qwen3.generate(random_prompts(), GREEDY, use_tqdm=False)) == expected
+
+    def test_seeded_sampling_matches_one_rank(self, qwen3_dir, tp_qwen3):
+        # rank 0 draws the sampling noise from this process's generator
+        params = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)
+        one = LLM(qwen3_dir, **ENGINE)
+        torch.manual_seed(3)
+        expected = token_ids(one.generate(random_prompts(1), params, use_tqdm=False))
+        torch.manual_seed(3)
+        assert token_ids(tp_qwen3.generate(random_prompts(1), params, use_tqdm=False)) == expected
+
+    def test_a_second_split_engine_in_the_same_process_is_refused(self, qwen3_dir, tp_qwen3):
+        with pytest.raises(RuntimeError, match="another engine with tensor_parallel_size > 1 is running"):
+            LLM(qwen3_dir, tensor_parallel_size=2, **ENGINE)
+        assert len(tp_qwen3.generate([[5]], GREEDY, use_tqdm=False)[0]["token_ids"]) == GREEDY.max_tokens
+
+    def test_two_all_reduces_per_layer_and_one_gather(self, tp_qwen3, monkeypatch):
+        calls = {"all_reduce": 0, "gather": 0}
+        for name in calls:
+            original = getattr(dist, name)
+
+            def counting(*args, _name=name, _original=original, **kwargs):
+                calls[_name] += 1
+                return _original(*args, **kwargs)
+
+            monkeypatch.setattr(dist, name, counting)
+        steps = 3  # one prefill, two decodes
+        tp_qwen3.generate([[5, 6, 7], [8]], SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True),
+                          use_tqdm=False)
+        layers = tp_qwen3.config.hf_config.num_hidden_layers
+        # per step: the embedding's, then attention's and the MLP's in every layer
+        assert calls == {"all_reduce": steps * (2 * layers + 1), "gather": steps}
+
+
+def test_llama_with_explicit_port_matches_one_rank(llama_dir):
+    port = free_port()
+    expected = token_ids(LLM(llama_dir, **ENGINE).generate(random_prompts(2), GREEDY, use_tqdm=False))
+    llm = LLM(llama_dir, tensor_parallel_size=2, master_port=port, **ENGINE)
+    try:
+        assert llm.model_runner.port == port
+        assert token_ids(llm.generate(random_prompts(2), GREEDY, use_tqdm=False)) == expected
+    finally:
+        llm.close()
+
+
+def test_deleting_the_engine_stops_workers_and_frees_shared_memory(qwen3_dir):
+    llm = LLM(qwen3_dir, tensor_parallel_size=2, **ENGINE)
+    llm.generate([[5, 6]], GREEDY, use_tqdm=False)
+    processes, segment = llm.model_runner.processes, llm.model_runner.channel.name
+    assert all(p.is_alive() for p in processes) and segment_exists(segment)
+    del llm
+    assert [p.exitcode for p in processes] == [0]
+    assert not segment_exists(segment)
+    assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_killed_worker_is_an_error_within_seconds(qwen3_dir, device):
+    llm = LLM(qwen3_dir, tensor_parallel_size=2, **{**ENGINE, "device": device})
+    worker = llm.model_runner.processes[0]
+    segment = llm.model_runner.channel.name
+    original, steps = llm.scheduler.postprocess, []
+
+    def kill_after_three_steps(*args):
+        original(*args)
+        steps.append(1)
+        if len(steps) == 3:
+            os.kill(worker.pid, signal.SIGKILL)
+
+    llm.scheduler.postprocess = kill_after_three_steps
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"worker 1 \(pid \d+\) exited unexpectedly with code -9"):
+        llm.generate(random_prompts(), SamplingParams(temperature=0, max_tokens=200, ignore_eos=True),
+                     use_tqdm=False)
+    assert time.monotonic() - start < 10
+    assert not segment_exists(segment)
+    with pytest.raises(RuntimeError, match="shut down"):
+        llm.generate([[5]], GREEDY, use_tqdm=False)
+
+
+def test_worker_error_is_reported_with_its_message(qwen3_dir, tmp_path):
+    # rows 0..255 of the embedding (rank 0's half) exist, rank 1's half is cut short
+    model_dir = copy_model(qwen3_dir, tmp_path / "m")
+    path = os.path.join(model_dir, "model.safetensors")
+    tensors = load_file(path)
+    tensors["model.embed_tokens.weight"] = tensors["model.embed_tokens.weight"][:300].clone()
+    save_file(tensors, path)
+    with pytest.raises(RuntimeError, match=r"worker 1 failed: RuntimeError: .*size of tensor"):
+        LLM(model_dir, tensor_parallel_size=2, **ENGINE)
+    assert not dist.is_initialized()
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+def test_two_gpus_match_one_on_a_dummy_qwen3_06b_in_fp32(qwen3_06b_shape_dir):
+    rng = random.Random(0)
+    prompts = [[rng.randrange(10000) for _ in range(n)] for n in (1, 17, 100, 300, 700)]
+    engine = dict(device="cuda", load_format="dummy", dtype="float32", skip_tokenizer_init=True,
+                  max_model_len=1024, gpu_memory_utilization=0.5)
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    one = LLM(qwen3_06b_shape_dir, **engine)
+    expected = token_ids(one.generate(prompts, params, use_tqdm=False))
+    del one
+    torch.cuda.empty_cache()
+    two = LLM(qwen3_06b_shape_dir, tensor_parallel_size=2, **engine)
+    try:
+        assert token_ids(two.generate(prompts, params, use_tqdm=False)) == expected
+    finally:
+        two.close()
+
+
+_ORPHANED_ENGINE = """
+import json, sys, time
+from nanovllm import LLM
+if __name__ == "__main__":
+    llm = LLM(sys.argv[1], tensor_parallel_size=2, kvcache_block_size=16, num_kvcache_blocks=8, max_model_len=64)
+    runner = llm.model_runner
+    print(json.dumps({"pids": [p.pid for p in runner.processes], "segment": runner.channel.name,
+                      "port": runner.port}), flush=True)
+    time.sleep(600)
+"""
+
+
+def test_two_engines_side_by_side_and_workers_exit_with_their_killed_caller(qwen3_dir, tmp_path):
+    script = tmp_path / "engine.py"
+    script.write_text(_ORPHANED_ENGINE)
+    caller = subprocess.Popen([sys.executable, str(script), qwen3_dir], stdout=subprocess.PIPE, text=True)
+    try:
+        other = json.loads(caller.stdout.readline())
+        # a second engine on the same host meets at its own port and segment
+        llm = LLM(qwen3_dir, tensor_parallel_size=2, **ENGINE)
+        assert (llm.model_runner.port, llm.model_runner.channel.name) != (other["port"], other["segment"])
+        assert len(llm.generate([[5, 6]], GREEDY, use_tqdm=False)[0]["token_ids"]) == GREEDY.max_tokens
+        llm.close()
+    finally:
+        caller.kill()
+        caller.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not (all(map(process_gone, other["pids"]))
+                                               and not segment_exists(other["segment"])):
+        time.sleep(0.1)
+    assert all(map(process_gone, other["pids"]))
+    assert not segment_exists(other["segment"])
