@@ -21,6 +21,8 @@ import triton.language as tl
 
 _LOG2E = 1.4426950408889634
 _BLOCK_N = 64   # context tokens per tile
+_NUM_WARPS = 4
+_NUM_STAGES = 2
 _MAX_SPLITS = 32
 
 
@@ -106,8 +108,14 @@ def default_num_splits(num_seqs: int, num_kv_heads: int, device: torch.device) -
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                     context_lens: torch.Tensor, scale: float, num_splits: int | None = None) -> torch.Tensor:
-    """Attention of one query per sequence over its `context_lens[i]` cached tokens -> [seqs, heads, head_dim]."""
+                     context_lens: torch.Tensor, scale: float, num_splits: int | None = None,
+                     block_n: int = _BLOCK_N, num_warps: int = _NUM_WARPS, num_stages: int = _NUM_STAGES,
+                     ) -> torch.Tensor:
+    """Attention of one query per sequence over its `context_lens[i]` cached tokens -> [seqs, heads, head_dim].
+
+    `block_n`, `num_warps` and `num_stages` are the split kernel's tile and launch
+    settings (benchmarks/decode_attention.py sweeps them).
+    """
     num_seqs, num_heads, head_dim = q.shape
     page, num_kv_heads = k_cache.size(1), k_cache.size(2)
     assert q.stride(2) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
@@ -126,8 +134,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),
         scale * _LOG2E,
         PAGE=page, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        BLOCK_D=block_d, BLOCK_N=_BLOCK_N, NUM_SPLITS=num_splits, PRECISION=precision,
-        num_warps=4, num_stages=2,
+        BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits, PRECISION=precision,
+        num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits == 1:
         return partial.squeeze(2)

@@ -1,0 +1,95 @@
+"""GPU decode-attention kernel: achieved HBM bandwidth per tile setting, beside the torch backend and the HBM peak.
+
+Shapes are those of the throughput workload (Qwen3-0.6B: 16 heads, 8 KV heads,
+head_dim 128, bf16, KV blocks of 256): all 256 sequences right after their
+prefill, the same 512 steps later, one sequence of the latency figure, one
+long context and a medium batch. Each kernel setting is timed with the L2
+cache flushed; bandwidth counts the K and V bytes the batch must read.
+
+    python benchmarks/decode_attention.py
+"""
+
+import itertools
+import random
+
+import torch
+import triton.testing
+
+from nanovllm.kernels.torch_attention import TorchAttentionBackend
+from nanovllm.kernels.triton_decode_attention import decode_attention, default_num_splits
+from nanovllm.utils.context import Context
+
+from throughput import hbm_bandwidth, workload
+
+HEADS, KV_HEADS, HEAD_DIM, PAGE = 16, 8, 128, 256
+DTYPE = torch.bfloat16
+
+
+def cases() -> dict[str, list[int]]:
+    """Context lengths per case."""
+    after_prefill = [len(p) + 1 for p in workload()[0]]
+    return {
+        "256 seqs, after prefill": after_prefill,
+        "256 seqs, 512 steps later": [n + 512 for n in after_prefill],
+        "64 seqs x 4096": [4096] * 64,
+        "1 seq x 1152": [1152],
+        "1 seq x 16384": [16384],
+    }
+
+
+def paged_inputs(context_lens: list[int]) -> tuple:
+    """A query per sequence and a cache whose blocks are handed out in random order."""
+    blocks_per_seq = [(n + PAGE - 1) // PAGE for n in context_lens]
+    num_blocks = sum(blocks_per_seq)
+    order = torch.randperm(num_blocks).tolist()
+    width = max(blocks_per_seq)
+    tables, used = [], 0
+    for n in blocks_per_seq:
+        tables.append(order[used:used + n] + [-1] * (width - n))
+        used += n
+    q = torch.randn(len(context_lens), HEADS, HEAD_DIM, dtype=DTYPE, device="cuda")
+    k_cache = torch.randn(num_blocks, PAGE, KV_HEADS, HEAD_DIM, dtype=DTYPE, device="cuda")
+    v_cache = torch.randn_like(k_cache)
+    block_tables = torch.tensor(tables, dtype=torch.int32, device="cuda")
+    lens = torch.tensor(context_lens, dtype=torch.int32, device="cuda")
+    return q, k_cache, v_cache, block_tables, lens
+
+
+def main() -> None:
+    random.seed(0)
+    torch.manual_seed(0)
+    bandwidth, source = hbm_bandwidth()
+    print(f"machine: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"HBM {bandwidth / 1e12:.2f} TB/s ({source})")
+    scale = HEAD_DIM ** -0.5
+    settings = list(itertools.product([32, 64, 128], [2, 4, 8], [1, 2, 3, 4]))
+    totals = {s: 0.0 for s in settings}
+    for name, context_lens in cases().items():
+        q, k_cache, v_cache, block_tables, lens = paged_inputs(context_lens)
+        kv_bytes = 2 * sum(context_lens) * KV_HEADS * HEAD_DIM * k_cache.element_size()
+        context = Context(is_prefill=False, max_seqlen_k=max(context_lens), context_lens=lens,
+                          block_tables=block_tables)
+        torch_ms = triton.testing.do_bench(
+            lambda: TorchAttentionBackend().decode(q, k_cache, v_cache, context, scale))
+        splits = default_num_splits(len(context_lens), KV_HEADS, q.device)
+        print(f"\n{name}: {kv_bytes / 1e6:.0f} MB of KV, {splits} splits; torch backend {torch_ms * 1e3:.0f} us; "
+              f"HBM limit {kv_bytes / bandwidth * 1e6:.0f} us")
+        results = []
+        for setting in settings:
+            block_n, warps, stages = setting
+            ms = triton.testing.do_bench(lambda: decode_attention(
+                q, k_cache, v_cache, block_tables, lens, scale,
+                block_n=block_n, num_warps=warps, num_stages=stages))
+            totals[setting] += ms
+            results.append((ms, setting))
+        for ms, (block_n, warps, stages) in sorted(results)[:5]:
+            print(f"  block_n={block_n:3d} warps={warps} stages={stages}: {ms * 1e3:7.1f} us, "
+                  f"{kv_bytes / ms / 1e9:6.0f} GB/s = {kv_bytes / ms / 1e-3 / bandwidth:.0%} of HBM")
+        default = next(ms for ms, s in results if s == (64, 4, 2))
+        print(f"  current default (64, 4, 2): {default * 1e3:.1f} us")
+    best = min(totals, key=totals.get)
+    print(f"\nbest over all cases (sum of times): block_n, warps, stages = {best}")
+
+
+if __name__ == "__main__":
+    main()
