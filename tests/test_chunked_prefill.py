@@ -56,6 +56,17 @@ def test_chunk_boundaries_inside_and_at_block_edges(qwen3_dir, budget):
     assert sum(samples.count(False) for _, samples, _ in batches) >= 130 // budget
 
 
+def test_triton_kernels_on_chunks_and_mixed_steps_equal_unchunked_run(qwen3_dir):
+    # on the CPU the kernels run in Triton's interpreter (conftest sets TRITON_INTERPRET=1)
+    pytest.importorskip("triton")
+    prompts = random_prompts([6, 45], seed=17)
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    llm = LLM(qwen3_dir, attention_backend="triton", max_num_batched_tokens=16, num_kvcache_blocks=16, **ENGINE)
+    batches = record_batches(llm)
+    assert token_ids(llm.generate(prompts, params, use_tqdm=False)) == unchunked(qwen3_dir, prompts, params)
+    assert ([1, 15], [True, False], True) in batches
+
+
 def test_mixed_steps_equal_separate_runs(qwen3_dir):
     short = random_prompts([5, 17, 30], seed=13)
     [long] = random_prompts([150], seed=14)
