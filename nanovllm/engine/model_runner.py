@@ -79,7 +79,7 @@ class ModelRunner:
         # decode batch, set the activation peak the KV-cache sizing must leave room for.
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-        # (with chunked prefill no step holds more than max_num_batched_tokens tokens)
+        # no step holds more than max_num_batched_tokens tokens: a longer prompt is chunked
         max_len = min(self.config.max_model_len, self.config.max_num_batched_tokens)
         num_seqs = max(1, min(self.config.max_num_batched_tokens // max_len, self.config.max_num_seqs))
         sampled_one_token = SamplingParams(temperature=1.0, max_tokens=1)
