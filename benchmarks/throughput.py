@@ -10,8 +10,8 @@ sequence's whole KV cache once, at the GPU's HBM bandwidth (prefill counted as
 free), so it is an upper bound no engine can pass. Also measured: one
 sequence's decode latency (128-token prompt, 1024 new tokens).
 
-    python benchmarks/throughput.py [--peer hf] [--enforce-eager] [--profile] [--model-shape 0.6b|8b]
-                                    [--tensor-parallel-size N]
+    python benchmarks/throughput.py [--peer hf] [--enforce-eager] [--no-chunked-prefill] [--profile]
+                                    [--model-shape 0.6b|8b] [--tensor-parallel-size N]
 """
 
 import argparse
@@ -102,9 +102,10 @@ def model_bytes(shape: str) -> tuple[int, int]:
 
 
 def run_nanovllm(model_dir: str, prompts, max_tokens, args) -> tuple[LLM, float, float]:
-    """The engine, the workload's seconds, and the part of them spent in prefill steps."""
+    """The engine, the workload's seconds, and the part of them spent in steps that carry prompt
+    tokens (prefills, or with chunked prefill the mixed steps of decodes and prompt chunks)."""
     llm = LLM(model_dir, load_format="dummy", skip_tokenizer_init=True, enforce_eager=args.enforce_eager,
-              tensor_parallel_size=args.tensor_parallel_size)
+              tensor_parallel_size=args.tensor_parallel_size, enable_chunked_prefill=not args.no_chunked_prefill)
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8), use_tqdm=False)
     params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m) for m in max_tokens]
     torch.cuda.synchronize()
@@ -153,7 +154,8 @@ def profile_steps(llm: LLM, num_seqs: int) -> None:
         llm.add_request(p, params)
 
     def prefill():
-        while llm.scheduler.waiting:
+        # until every prompt is in the cache (with chunked prefill, partly prefilled ones run already)
+        while llm.scheduler.waiting or any(not seq.num_completion_tokens for seq in llm.scheduler.running):
             llm.step()
 
     def decode():
@@ -197,6 +199,8 @@ def main() -> None:
     parser.add_argument("--model-shape", choices=sorted(SHAPES), default="0.6b")
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    parser.add_argument("--no-chunked-prefill", action="store_true",
+                        help="whole-prompt prefill steps (enable_chunked_prefill=False)")
     parser.add_argument("--profile", action="store_true", help="print per-kernel GPU time of decode steps")
     args = parser.parse_args()
 
@@ -215,9 +219,10 @@ def main() -> None:
 
     llm, elapsed, prefill = run_nanovllm(model_dir, prompts, max_tokens, args)
     tps = total_out / elapsed
-    print(f"nanovllm: {tps:,.0f} output tok/s ({elapsed:.2f} s, of which prefill {prefill:.2f} s); "
+    print(f"nanovllm: {tps:,.0f} output tok/s ({elapsed:.2f} s, of which steps with prompt tokens {prefill:.2f} s); "
           f"roofline {roofline:,.0f} tok/s; reached {tps / roofline:.0%}  [graphs "
-          f"{'off' if args.enforce_eager else 'on'}, {llm.config.num_kvcache_blocks} KV blocks of "
+          f"{'off' if args.enforce_eager else 'on'}, chunked prefill "
+          f"{'on' if llm.config.enable_chunked_prefill else 'off'}, {llm.config.num_kvcache_blocks} KV blocks of "
           f"{llm.config.kvcache_block_size}]")
     step = single_sequence_latency(llm)
     floor = weight_bytes / bandwidth

@@ -19,7 +19,8 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
         flag = "--" + f.name.replace("_", "-")
         default = f.default_factory() if f.default is MISSING else f.default
         if isinstance(default, bool):
-            group.add_argument(flag, action="store_true", default=default)
+            # --flag and --no-flag, so that a field on by default can be turned off
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
         else:
             group.add_argument(flag, type=type(default), default=default, metavar=f.name.upper(),
                                help=f"default: {default}")

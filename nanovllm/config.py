@@ -32,12 +32,17 @@ class Config:
     `master_port` ($MASTER_PORT when 0 and set, else a free port).
     `skip_tokenizer_init=True` loads no tokenizer: prompts must be token ids
     and outputs have empty text.
+    `enable_chunked_prefill=True` splits prompts into chunks that fit
+    `max_num_batched_tokens` and runs them in the same steps as the running
+    sequences' decodes, so `max_model_len` may exceed the token budget; when
+    False a prompt is prefilled whole, in a step of its own.
     """
 
     model: str
     max_num_batched_tokens: int = 16384
     max_num_seqs: int = 512
     max_model_len: int = 4096
+    enable_chunked_prefill: bool = True
     gpu_memory_utilization: float = 0.9
     tensor_parallel_size: int = 1
     enforce_eager: bool = False
@@ -72,11 +77,11 @@ class Config:
         self.hf_config = AutoConfig.from_pretrained(self.model)
         check_divisible(self.hf_config, self.tensor_parallel_size)
         self.max_model_len = min(self.max_model_len, self.hf_config.max_position_embeddings)
-        if self.max_num_batched_tokens < self.max_model_len:
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
                 f"max_model_len ({self.max_model_len}), or a long prompt could never be scheduled; "
-                f"raise max_num_batched_tokens or lower max_model_len"
+                f"raise max_num_batched_tokens, lower max_model_len or set enable_chunked_prefill=True"
             )
 
     @property

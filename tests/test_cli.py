@@ -22,6 +22,8 @@ def test_serve_options_cover_config_fields():
                                       "--api-key", "k", "--gpu-memory-utilization", "0.5"])
     assert (args.model, args.port, args.max_num_seqs, args.enforce_eager) == ("/m", 9000, 8, True)
     assert (args.api_key, args.gpu_memory_utilization, args.tensor_parallel_size) == ("k", 0.5, 1)
+    assert args.enable_chunked_prefill
+    assert not build_parser().parse_args(["serve", "/m", "--no-enable-chunked-prefill"]).enable_chunked_prefill
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "/m", "--max-num-seqs", "many"])
 

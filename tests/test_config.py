@@ -33,7 +33,8 @@ def test_unknown_keyword_is_named(qwen3_dir):
     ({"dtype": "float8"}, "dtype"),
     ({"load_format": "pt"}, "load_format"),
     ({"device": "tpu"}, "device"),
-    ({"max_num_batched_tokens": 100, "max_model_len": 200}, "max_num_batched_tokens"),
+    ({"max_num_batched_tokens": 100, "max_model_len": 200, "enable_chunked_prefill": False},
+     "max_num_batched_tokens .* must be at least max_model_len"),
     ({"attention_backend": "xformers"}, "attention_backend must be one of"),
     ({"attention_backend": "flash_attn"}, "flash_attn"),
     ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
@@ -42,6 +43,11 @@ def test_unknown_keyword_is_named(qwen3_dir):
 def test_bad_values_are_refused(qwen3_dir, kwargs, message):
     with pytest.raises(ValueError, match=message):
         Config.from_kwargs(qwen3_dir, **kwargs)
+
+
+def test_chunked_prefill_is_on_by_default_and_lets_prompts_exceed_the_token_budget(qwen3_dir):
+    config = Config(qwen3_dir, max_num_batched_tokens=100, max_model_len=800)
+    assert config.enable_chunked_prefill and (config.max_num_batched_tokens, config.max_model_len) == (100, 800)
 
 
 def test_small_power_of_two_blocks_are_accepted(qwen3_dir):

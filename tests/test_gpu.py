@@ -5,6 +5,7 @@ import random
 import pytest
 import torch
 from hf_reference import hf_greedy
+from test_chunked_prefill import record_batches
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.layers.seeded_noise import seeded_exponential
@@ -56,6 +57,38 @@ def test_triton_prefix_cache_hit_equals_cold_run(qwen3_dir):
     cold = LLM(qwen3_dir, attention_backend="torch", kvcache_block_size=16, max_model_len=512)
     assert [s.completion_token_ids for s in seqs] == token_ids(
         cold.generate([shared + [4, 5], shared + [6]], GREEDY, use_tqdm=False))
+
+
+def test_triton_chunked_prefill_in_fp32_equals_whole_prompts(qwen3_dir):
+    batch = [prompts(seed=6)[-1] + prompts(seed=7)[-1][:100]] + prompts(seed=8)  # 357 tokens, then the usual
+    kwargs = dict(attention_backend="triton", kvcache_block_size=16, max_model_len=512)
+    whole = LLM(qwen3_dir, enable_chunked_prefill=False, **kwargs)
+    chunked = LLM(qwen3_dir, max_num_batched_tokens=64, **kwargs)
+    batches = record_batches(chunked)
+    assert token_ids(chunked.generate(batch, GREEDY, use_tqdm=False)) == \
+        token_ids(whole.generate(batch, GREEDY, use_tqdm=False))
+    assert sum(samples.count(False) for _, samples, _ in batches) >= 357 // 64
+
+
+def test_triton_mixed_steps_equal_separate_runs_and_decodes_still_replay_graphs(qwen3_dir):
+    short, long = prompts(seed=9)[:5], prompts(seed=10)[-1] * 2  # 514 tokens
+    kwargs = dict(attention_backend="triton", kvcache_block_size=16, max_model_len=1024)
+    alone = LLM(qwen3_dir, enable_chunked_prefill=False, **kwargs)
+    expected = [alone.generate([p], GREEDY, use_tqdm=False)[0]["token_ids"] for p in short + [long]]
+    llm = LLM(qwen3_dir, max_num_batched_tokens=128, **kwargs)
+    batches = record_batches(llm)
+    replays = []
+    original_replay = llm.model_runner.graphs.replay
+    llm.model_runner.graphs.replay = lambda size: replays.append(size) or original_replay(size)
+    seqs = [llm.add_request(p, GREEDY) for p in short]
+    for _ in range(3):
+        llm.step()
+    seqs.append(llm.add_request(long, GREEDY))
+    while not llm.is_finished():
+        llm.step()
+    assert [s.completion_token_ids for s in seqs] == expected
+    assert any(is_prefill and counts[:5] == [1] * 5 and not samples[-1] for counts, samples, is_prefill in batches)
+    assert len(replays) == sum(not is_prefill for _, _, is_prefill in batches) > 0
 
 
 def test_bf16_triton_mostly_equals_torch_path(qwen3_dir, capsys):

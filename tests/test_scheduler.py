@@ -1,6 +1,9 @@
-"""Scheduler: prefill-first batching, token and block budgets, decode with preemption, and postprocessing."""
+"""Scheduler: prefill-first batching (chunked prefill off) and chunked, mixed steps (on); token and
+block budgets, decode with preemption, and postprocessing."""
 
 from types import SimpleNamespace
+
+import pytest
 
 from nanovllm.engine.scheduler import Scheduler
 from nanovllm.engine.sequence import Sequence, SequenceStatus
@@ -10,10 +13,10 @@ BS = 4
 EOS = 1
 
 
-def make_scheduler(num_blocks=16, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64):
+def make_scheduler(num_blocks=16, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64, chunked=False):
     config = SimpleNamespace(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                              max_model_len=max_model_len, eos_token_ids=(EOS,),
-                             num_kvcache_blocks=num_blocks, kvcache_block_size=BS)
+                             num_kvcache_blocks=num_blocks, kvcache_block_size=BS, enable_chunked_prefill=chunked)
     return Scheduler(config)
 
 
@@ -31,7 +34,7 @@ def add_all(sched, *seqs):
 def step(sched, token=50):
     """One engine step with a fixed sampled token; returns the batch."""
     batch = sched.schedule()
-    sched.postprocess(batch.seqs, [token] * len(batch.seqs))
+    sched.postprocess(batch, [token] * len(batch.sampled_seqs))
     return batch
 
 
@@ -44,7 +47,7 @@ def test_prefill_runs_before_waiting_decodes():
     sched.add(b)
     batch = sched.schedule()
     assert batch.is_prefill and batch.seqs == [b]
-    sched.postprocess(batch.seqs, [50])
+    sched.postprocess(batch, [50])
     batch = sched.schedule()
     assert not batch.is_prefill and batch.seqs == [a, b]
 
@@ -56,7 +59,7 @@ def test_prefill_admits_in_order_within_max_num_seqs():
     assert batch.is_prefill and batch.seqs == [a, b]
     assert list(sched.waiting) == [c] and list(sched.running) == [a, b]
     assert a.status == b.status == SequenceStatus.RUNNING and c.status == SequenceStatus.WAITING
-    sched.postprocess(batch.seqs, [50, 50])
+    sched.postprocess(batch, [50, 50])
     batch = sched.schedule()
     assert batch.is_prefill and batch.seqs == [c]
 
@@ -156,7 +159,7 @@ def test_postprocess_appends_token_and_marks_it_computed():
     sched = make_scheduler()
     a = make_seq([2, 3, 4, 5, 6, 7])
     sched.add(a)
-    sched.postprocess(sched.schedule().seqs, [42])
+    sched.postprocess(sched.schedule(), [42])
     assert a.token_ids[-1] == 42 and a.completion_token_ids == [42]
     assert a.num_tokens == 7 and a.num_computed_tokens == 6
     assert a.status == SequenceStatus.RUNNING and list(sched.running) == [a]
@@ -167,7 +170,7 @@ def test_postprocess_finishes_on_eos_and_frees_blocks():
     a, b = add_all(sched, make_seq([2, 3, 4, 5, 6]), make_seq([7, 8]))
     batch = sched.schedule()
     assert sched.block_manager.num_free_blocks == 5
-    sched.postprocess(batch.seqs, [EOS, 42])
+    sched.postprocess(batch, [EOS, 42])
     assert a.is_finished and a.completion_token_ids == [EOS]
     assert a.block_table == []
     assert list(sched.running) == [b] and not b.is_finished
@@ -178,7 +181,7 @@ def test_postprocess_ignores_eos_when_asked():
     sched = make_scheduler()
     a = make_seq([2, 3], ignore_eos=True)
     sched.add(a)
-    sched.postprocess(sched.schedule().seqs, [EOS])
+    sched.postprocess(sched.schedule(), [EOS])
     assert not a.is_finished and list(sched.running) == [a]
 
 
@@ -204,34 +207,41 @@ def test_postprocess_finishes_at_max_model_len():
     assert not sched.running
 
 
-def test_schedule_never_returns_empty_batch_while_work_remains():
-    sched = make_scheduler(num_blocks=6, max_num_seqs=3, max_num_batched_tokens=16, max_model_len=32)
+@pytest.mark.parametrize("chunked, budget", [(False, 16), (True, 5)])
+def test_schedule_never_returns_empty_batch_while_work_remains(chunked, budget):
+    sched = make_scheduler(num_blocks=6, max_num_seqs=3, max_num_batched_tokens=budget, max_model_len=32,
+                           chunked=chunked)
     shared = [2, 3, 4, 5]
     prompts = [shared + [6, 7], shared + [8], [9, 10, 11], shared + [6, 7], [12] * 7]
     seqs = [make_seq(p, max_tokens=6 + i) for i, p in enumerate(prompts)]
     add_all(sched, *seqs)
     bm = sched.block_manager
-    reprefills = cache_hits = 0
+    reprefills = cache_hits = partial_chunks = 0
     for n in range(500):
         if sched.is_finished():
             break
         batch = sched.schedule()
-        assert batch.seqs
+        assert batch.seqs and sum(batch.num_scheduled_tokens) <= budget
         if batch.is_prefill:
-            reprefills += sum(1 for s in batch.seqs if s.num_completion_tokens)
+            reprefills += sum(1 for s in batch.seqs if s.num_completion_tokens and s.num_new_tokens > 1)
             cache_hits += sum(1 for s in batch.seqs if s.num_cached_tokens)
-        for seq in batch.seqs:
+        partial_chunks += batch.samples.count(False)
+        for seq, k in zip(batch.seqs, batch.num_scheduled_tokens):
             assert len(seq.block_table) == seq.num_blocks
-            last_written = bm.blocks[seq.block_table[(seq.num_tokens - 1) // BS]]
-            assert last_written.ref_count == 1
+            end = seq.num_computed_tokens + k
+            if end % BS:  # a block left partly filled is never shared
+                assert bm.blocks[seq.block_table[end // BS]].ref_count == 1
+            # only blocks whose K/V is computed by the end of this step may be found by the prefix cache
+            assert all(bm.blocks[b].hash == -1 for b in seq.block_table[end // BS:])
         refs = [0] * len(bm.blocks)
         for seq in sched.running:
             for b in seq.block_table:
                 refs[b] += 1
         assert refs == [b.ref_count for b in bm.blocks]
         assert set(bm.free_block_ids) | bm.used_block_ids == set(range(6))
-        sched.postprocess(batch.seqs, [(n * 7 + s.seq_id) % 40 + 2 for s in batch.seqs])
+        sched.postprocess(batch, [(n * 7 + s.seq_id) % 40 + 2 for s in batch.sampled_seqs])
     assert sched.is_finished() and reprefills and cache_hits
+    assert bool(partial_chunks) == chunked
     assert [s.num_completion_tokens for s in seqs] == [6, 7, 8, 9, 10]
     assert bm.num_free_blocks == 6 and not bm.used_block_ids
 
@@ -254,3 +264,105 @@ def test_abort_waiting_sequence_leaves_the_queue():
     assert b.is_finished and not sched.waiting
     sched.abort(a)
     assert sched.is_finished() and sched.block_manager.num_free_blocks == 16
+
+
+# ---- chunked prefill: mixed steps of decodes and prompt chunks ----
+
+
+def chunked_scheduler(**kw):
+    kw.setdefault("max_num_batched_tokens", 8)
+    return make_scheduler(chunked=True, **kw)
+
+
+def test_long_prompt_is_split_into_budget_sized_chunks_and_samples_once():
+    sched = chunked_scheduler()
+    a = make_seq(range(2, 22))  # 20 tokens, budget 8
+    sched.add(a)
+    for chunk, computed in ((8, 0), (8, 8), (4, 16)):
+        batch = sched.schedule()
+        assert batch.is_prefill and batch.seqs == [a] and batch.num_scheduled_tokens == [chunk]
+        assert a.num_computed_tokens == computed and len(a.block_table) == 5
+        assert batch.sampled_seqs == ([a] if chunk == 4 else [])
+        sched.postprocess(batch, [50] * len(batch.sampled_seqs))
+        assert a.num_completion_tokens == (1 if chunk == 4 else 0) and list(sched.running) == [a]
+    assert a.num_computed_tokens == 20 and a.completion_token_ids == [50]
+    batch = sched.schedule()
+    assert not batch.is_prefill and batch.num_scheduled_tokens == [1]
+
+
+def test_decodes_go_first_and_the_prompt_takes_the_rest_of_the_budget():
+    sched = chunked_scheduler()
+    a, b = add_all(sched, make_seq([2, 3]), make_seq([4, 5, 6]))
+    first = step(sched)
+    assert first.seqs == [a, b] and first.num_scheduled_tokens == [2, 3]
+    c = make_seq(range(10, 30))
+    sched.add(c)
+    batch = step(sched)
+    assert batch.is_prefill and batch.seqs == [a, b, c] and batch.num_scheduled_tokens == [1, 1, 6]
+    assert a.num_completion_tokens == b.num_completion_tokens == 2 and c.num_completion_tokens == 0
+    assert c.num_computed_tokens == 6
+    batch = step(sched)
+    assert batch.seqs == [a, b, c] and batch.num_scheduled_tokens == [1, 1, 6]
+    assert c.num_computed_tokens == 12
+
+
+def test_decode_only_step_takes_the_decode_path():
+    sched = chunked_scheduler()
+    a, b = add_all(sched, make_seq([2, 3]), make_seq([4, 5]))
+    step(sched)
+    batch = sched.schedule()
+    assert not batch.is_prefill and batch.num_scheduled_tokens == [1, 1] and batch.samples == [True, True]
+
+
+def test_partly_prefilled_prompt_keeps_its_place_before_later_requests():
+    sched = chunked_scheduler()
+    a = make_seq(range(2, 14))  # 12 tokens
+    sched.add(a)
+    step(sched)
+    b = make_seq([40, 41, 42])
+    sched.add(b)
+    batch = step(sched)
+    assert batch.seqs == [a, b] and batch.num_scheduled_tokens == [4, 3]
+    assert batch.samples == [True, True] and list(sched.running) == [a, b]
+
+
+def test_budget_caps_decodes_too():
+    sched = chunked_scheduler(max_num_batched_tokens=2)
+    a, b, c = add_all(sched, make_seq([2]), make_seq([3]), make_seq([4]))
+    assert step(sched).seqs == [a, b]
+    batch = sched.schedule()
+    assert batch.seqs == [a, b] and batch.num_scheduled_tokens == [1, 1]
+    assert list(sched.running) == [a, b] and list(sched.waiting) == [c]
+
+
+def test_prefix_cache_offers_only_blocks_already_computed():
+    sched = chunked_scheduler()
+    prompt = list(range(2, 22))
+    a = make_seq(prompt)
+    sched.add(a)
+    step(sched)  # tokens 0..7 computed: blocks 0 and 1 full
+    assert [sched.block_manager.blocks[b].hash != -1 for b in a.block_table] == [True, True, False, False, False]
+    b = make_seq(prompt)
+    assert sched.block_manager.cached_prefix(b) == a.block_table[:2]
+
+
+def test_preemption_in_the_middle_of_a_chunked_prefill_resumes_from_the_prefix_cache():
+    sched = chunked_scheduler(num_blocks=6)
+    a = make_seq([2, 3, 4])
+    sched.add(a)
+    step(sched)
+    c = make_seq(range(10, 30))  # 20 tokens: 5 blocks, the rest of the pool
+    sched.add(c)
+    batch = step(sched)
+    assert batch.seqs == [a, c] and batch.num_scheduled_tokens == [1, 7]
+    assert sched.block_manager.num_free_blocks == 0 and c.num_computed_tokens == 7
+    # a's next token opens a new block; only c can give it one
+    batch = sched.schedule()
+    assert batch.seqs == [a] and batch.num_scheduled_tokens == [1]
+    assert list(sched.waiting) == [c] and c.status == SequenceStatus.WAITING
+    assert c.block_table == [] and c.num_computed_tokens == 0 and c.num_completion_tokens == 0
+    sched.postprocess(batch, [50])
+    sched.abort(a)
+    batch = sched.schedule()
+    # its first block was full of computed tokens and comes back from the cache
+    assert batch.seqs == [c] and c.num_cached_tokens == 4 and batch.num_scheduled_tokens == [8]

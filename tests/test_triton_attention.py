@@ -69,6 +69,15 @@ def test_prefill_interpreted(cached):
 
 
 @interpreter
+def test_prefill_of_a_mixed_batch_interpreted():
+    # a chunked-prefill step: decodes (one query over a cached prefix) beside prompt chunks whose
+    # prefix ends mid-block or on a block edge, and a fresh one-token prompt
+    case = paged_case([17, 40, 33, 1, 50], [16, 21, 32, 0, 32], block_size=16, **TINY)
+    assert case.prefill_context().seqlens_q == [1, 19, 1, 1, 18]
+    check_prefill(case)
+
+
+@interpreter
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_decode_interpreted(num_splits):
     check_decode(decode_case([1, 17, 70], block_size=16, heads=8, kv_heads=2, head_dim=16), num_splits)
@@ -108,7 +117,8 @@ def test_decode_on_gpu(dtype, block_size, group, num_splits, head_dim):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("block_size", [16, 256])
 @pytest.mark.parametrize("group", [1, 2, 4, 8])
-@pytest.mark.parametrize("cached", [[0] * 6, [0, 16, 256, 240, 512, 17]])
+# the last: a chunked-prefill step mixing decodes (one query each) with prompt chunks
+@pytest.mark.parametrize("cached", [[0] * 6, [0, 16, 256, 240, 512, 17], [0, 39, 299, 200, 1099, 512]])
 def test_prefill_on_gpu(dtype, block_size, group, cached):
     case = paged_case([1, 40, 300, 257, 1100, 700], cached, block_size=block_size, heads=2 * group, kv_heads=2,
                       head_dim=128, dtype=dtype, device="cuda")

@@ -79,8 +79,14 @@ class BlockManager:
         shared_in_use = sum(1 for b in hits if self.blocks[b].ref_count > 0)
         return self.num_free_blocks >= seq.num_blocks - shared_in_use
 
-    def allocate(self, seq: Sequence, hits: list[int]) -> None:
-        """Give `seq` a block table: `hits` shared, the rest fresh; register full blocks."""
+    def allocate(self, seq: Sequence, hits: list[int], num_computed: int | None = None) -> None:
+        """Give `seq` a block table for all its tokens: `hits` shared, the rest fresh.
+
+        `num_computed` is how many tokens will have K/V once this step ran (all
+        of them unless the prompt is chunked); the full blocks among them are
+        registered in the prefix cache, and no others, so that a later request
+        never shares a block whose K/V is not computed yet.
+        """
         assert not seq.block_table
         for block_id in hits:
             block = self.blocks[block_id]
@@ -90,7 +96,7 @@ class BlockManager:
             block.ref_count += 1
             seq.block_table.append(block_id)
         seq.num_cached_tokens = seq.num_computed_tokens = len(hits) * self.block_size
-        self._grow_block_table(seq)
+        self._grow_block_table(seq, num_computed)
 
     def deallocate(self, seq: Sequence) -> None:
         """Drop `seq`'s references, last block first; freed blocks keep their hash."""
@@ -107,18 +113,19 @@ class BlockManager:
         """Whether the free list covers the blocks `seq` needs for its new tokens."""
         return self.num_free_blocks >= seq.num_blocks - len(seq.block_table)
 
-    def may_append(self, seq: Sequence) -> None:
-        """Take the blocks `seq`'s new tokens need and register blocks they fill."""
-        self._grow_block_table(seq)
+    def may_append(self, seq: Sequence, num_computed: int | None = None) -> None:
+        """Take the blocks `seq`'s new tokens need and register the blocks that
+        are full once its first `num_computed` tokens (default all) have K/V."""
+        self._grow_block_table(seq, num_computed)
 
-    def _grow_block_table(self, seq: Sequence) -> None:
+    def _grow_block_table(self, seq: Sequence, num_computed: int | None) -> None:
         while len(seq.block_table) < seq.num_blocks:
             seq.block_table.append(self._take_free_block())
-        self._register_full_blocks(seq)
+        self._register_full_blocks(seq, seq.num_tokens if num_computed is None else num_computed)
 
-    def _register_full_blocks(self, seq: Sequence) -> None:
+    def _register_full_blocks(self, seq: Sequence, num_computed: int) -> None:
         # Walk back to the last block that already has a hash, then chain forward.
-        num_full = seq.num_tokens // self.block_size
+        num_full = num_computed // self.block_size
         first = num_full
         while first > 0 and self.blocks[seq.block_table[first - 1]].hash == -1:
             first -= 1

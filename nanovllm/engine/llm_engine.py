@@ -130,11 +130,11 @@ class LLMEngine:
 
     def step(self) -> tuple[list[Sequence], int]:
         """Run one step; returns the sequences it finished and its token count
-        (positive for a prefill, minus the batch size for a decode)."""
+        (positive for a prefill or mixed step, minus the batch size for a decode)."""
         batch = self.scheduler.schedule()
-        num_tokens = sum(seq.num_new_tokens for seq in batch.seqs) if batch.is_prefill else -len(batch.seqs)
+        num_tokens = sum(batch.num_scheduled_tokens) if batch.is_prefill else -len(batch.seqs)
         token_ids, logprobs = self.model_runner.run(batch)
-        self.scheduler.postprocess(batch.seqs, token_ids, logprobs)
+        self.scheduler.postprocess(batch, token_ids, logprobs)
         return [seq for seq in batch.seqs if seq.is_finished], num_tokens
 
     def is_finished(self) -> bool:

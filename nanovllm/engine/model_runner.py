@@ -1,5 +1,7 @@
 """Runs the model for one rank: builds it, sizes the KV cache, prepares each step's inputs, samples."""
 
+from itertools import accumulate
+
 import torch
 
 from nanovllm.config import Config
@@ -77,7 +79,8 @@ class ModelRunner:
         # decode batch, set the activation peak the KV-cache sizing must leave room for.
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-        max_len = self.config.max_model_len
+        # no step holds more than max_num_batched_tokens tokens: a longer prompt is chunked
+        max_len = min(self.config.max_model_len, self.config.max_num_batched_tokens)
         num_seqs = max(1, min(self.config.max_num_batched_tokens // max_len, self.config.max_num_seqs))
         sampled_one_token = SamplingParams(temperature=1.0, max_tokens=1)
         seqs = [Sequence([0] * max_len, sampled_one_token, self.block_size) for _ in range(num_seqs)]
@@ -148,23 +151,21 @@ class ModelRunner:
         rows = [seq.block_table + [-1] * (width - len(seq.block_table)) for seq in seqs]
         return self._to_device(rows, torch.int32)
 
-    def prepare_prefill(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Inputs of each sequence's uncomputed tokens, packed, and the prefill context."""
+    def prepare_prefill(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs of each sequence's scheduled tokens, packed, and the prefill context."""
         input_ids, positions, slots = [], [], []
         seqlens_q, seqlens_k = [], []
-        for seq in seqs:
-            start, end = seq.num_computed_tokens, seq.num_tokens
-            input_ids += seq.new_token_ids
+        for seq, n in zip(batch.seqs, batch.num_scheduled_tokens):
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            input_ids += seq.chunk_token_ids(n)
             positions += range(start, end)
             slots += self._slots(seq, start, end)
-            seqlens_q.append(end - start)
+            seqlens_q.append(n)
             seqlens_k.append(end)
-        cu_q = [0]
-        cu_k = [0]
-        for q_len, k_len in zip(seqlens_q, seqlens_k):
-            cu_q.append(cu_q[-1] + q_len)
-            cu_k.append(cu_k[-1] + k_len)
-        has_prefix = any(seq.num_computed_tokens for seq in seqs)
+        cu_q = list(accumulate(seqlens_q, initial=0))
+        cu_k = list(accumulate(seqlens_k, initial=0))
+        logits_indices = [cu_q[i + 1] - 1 for i, samples in enumerate(batch.samples) if samples]
+        has_prefix = any(seq.num_computed_tokens for seq in batch.seqs)
         set_context(Context(
             is_prefill=True,
             slot_mapping=self._to_device(slots, torch.int64),
@@ -174,7 +175,8 @@ class ModelRunner:
             max_seqlen_k=max(seqlens_k),
             seqlens_q=seqlens_q,
             seqlens_k=seqlens_k,
-            block_tables=self._block_tables(seqs) if has_prefix else None,
+            block_tables=self._block_tables(batch.seqs) if has_prefix else None,
+            logits_indices=self._to_device(logits_indices, torch.int64),
         ))
         return self._to_device(input_ids, torch.int64), self._to_device(positions, torch.int64)
 
@@ -198,22 +200,28 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[list[int], list[dict[int, float] | None] | None] | None:
-        """One forward pass over the batch; rank 0 returns the sampled token ids and,
-        where asked for, their logprobs."""
-        prepare = self.prepare_prefill if batch.is_prefill else self.prepare_decode
-        input_ids, positions = prepare(batch.seqs)
+        """One forward pass over the batch; rank 0 returns the token ids sampled for
+        `batch.sampled_seqs` and, where asked for, their logprobs."""
+        if batch.is_prefill:
+            input_ids, positions = self.prepare_prefill(batch)
+        else:
+            input_ids, positions = self.prepare_decode(batch.seqs)
         if batch.is_prefill or self.graphs is None or not self.graphs.padded_size(len(batch.seqs)):
             hidden_states = self.model(input_ids, positions)
         else:
             hidden_states = self.graphs.replay(input_ids.size(0))
-        logits = self.model.compute_logits(hidden_states)
+        sampled = batch.sampled_seqs
+        # A step of prompt chunks that all stop short of their end scores nothing.
+        logits = self.model.compute_logits(hidden_states) if sampled else None
         reset_context()
         if self.rank != 0:
             return None
-        logits = logits[:len(batch.seqs)]  # drops graph padding rows
-        tensors = sampling_tensors(batch.seqs, logits.shape[-1], self.config.eos_token_ids, self._to_device)
+        if not sampled:
+            return [], None
+        logits = logits[:len(sampled)]  # drops graph padding rows
+        tensors = sampling_tensors(sampled, logits.shape[-1], self.config.eos_token_ids, self._to_device)
         output = self.sampler(logits, tensors)
-        return output.token_ids.tolist(), logprob_dicts(batch.seqs, output)
+        return output.token_ids.tolist(), logprob_dicts(sampled, output)
 
     def close(self) -> None:
         """Leave the tensor-parallel group (a no-op with one rank)."""

@@ -20,8 +20,10 @@ class Sequence:
     """A prompt and its completion, with the blocks that hold their K/V.
 
     Progress is two counts: `num_tokens` (prompt + completion so far) and
-    `num_computed_tokens` (how many of them already have K/V in the cache). The
-    tokens a step must compute are `token_ids[num_computed_tokens:]`.
+    `num_computed_tokens` (how many of them already have K/V in the cache). A
+    step computes `token_ids[num_computed_tokens:]`, or only its first chunk
+    when a long prompt is split over several steps; the sequence samples its
+    next token on the step that reaches `num_tokens`.
     `num_cached_tokens` records how many prompt tokens the prefix cache supplied
     at the last allocation.
 
@@ -93,9 +95,13 @@ class Sequence:
     @property
     def new_token_ids(self) -> list[int]:
         """The tokens themselves; on a worker that got the compact state, too."""
+        return self.chunk_token_ids(self.num_new_tokens)
+
+    def chunk_token_ids(self, n: int) -> list[int]:
+        """The next `n` tokens to compute (a prompt chunk when fewer than `num_new_tokens`)."""
         if self.num_new_tokens == 1:
             return [self.last_token]
-        return self.token_ids[self.num_computed_tokens :]
+        return self.token_ids[self.num_computed_tokens : self.num_computed_tokens + n]
 
     def block(self, i: int) -> list[int]:
         """Token ids of logical block `i`."""

@@ -151,8 +151,8 @@ class TensorParallelRunner:
     def processes(self) -> list[mp.Process]:
         return self._workers.processes
 
-    def run(self, batch: ScheduledBatch) -> list[int]:
-        """One step on every rank; rank 0's sampled token ids."""
+    def run(self, batch: ScheduledBatch) -> tuple[list[int], list[dict[int, float] | None] | None]:
+        """One step on every rank; rank 0's sampled token ids and logprobs."""
         return self.call("run", batch)
 
     def call(self, method: str, *args):

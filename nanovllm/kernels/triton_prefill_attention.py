@@ -13,6 +13,12 @@ Grid: (cdiv(max_seqlen_q, BLOCK_M), seqs, heads). A program owns BLOCK_M query
 rows of one head of one sequence: it first sweeps the prefix tiles (no mask),
 then the new-token tiles up to its last row (causal mask), with an online
 softmax in fp32.
+
+A chunked-prefill step runs its decodes here too, as queries of length 1 over
+their cached prefix: their programs past the first row tile return at once,
+and the first computes a BLOCK_M-row tile for its one real row. That wasted
+arithmetic rides on a read of the prefix that bounds the time anyway;
+decode-only steps still go through the dedicated decode kernel.
 """
 
 import torch

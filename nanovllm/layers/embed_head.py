@@ -37,16 +37,16 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    """Hidden states to logits; in prefill only each sequence's last token is scored.
+    """Hidden states to logits; in prefill only the last token of each sequence that samples is scored.
 
     Rank 0 gathers the full vocabulary's logits; other ranks return None.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | None:
-        # x: [tokens, hidden] -> logits: [num_seqs, vocab]
+        # x: [tokens, hidden] -> logits: [sampled seqs, vocab]
         context = get_context()
         if context.is_prefill:
-            x = x[context.cu_seqlens_q[1:] - 1]
+            x = x[context.logits_indices]
         if x.device.type == "cpu":
             # MKL runs this [vocab, hidden] @ [hidden, seqs] orientation up to 3x
             # faster than x @ weight.T when there are few rows; same products,

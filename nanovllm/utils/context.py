@@ -9,10 +9,13 @@ import torch
 class Context:
     """What the attention layers need to know about the current step.
 
-    Prefill packs every sequence's new tokens one after another:
-    `cu_seqlens_q`/`cu_seqlens_k` are the cumulative query and key lengths
-    (the key length counts the cached prefix too). `block_tables` is set when
-    some sequence reads a cached prefix. Decode has one query per sequence,
+    Prefill packs every sequence's new tokens (a whole prompt, a prompt chunk
+    or a single decode token) one after another: `cu_seqlens_q`/`cu_seqlens_k`
+    are the cumulative query and key lengths (the key length counts the cached
+    prefix too). `block_tables` is set when some sequence reads a cached
+    prefix. `logits_indices` are the packed rows whose logits are computed: the
+    last token of each sequence that samples this step (a chunk that stops
+    short of its prompt's end samples nothing). Decode has one query per sequence,
     reading `context_lens[i]` keys through `block_tables[i]`; `max_seqlen_k`
     is the largest of them.
     """
@@ -27,6 +30,7 @@ class Context:
     seqlens_k: list[int] | None = None
     context_lens: torch.Tensor | None = None      # [num_seqs]
     block_tables: torch.Tensor | None = None      # [num_seqs, max_blocks]; -1 pads
+    logits_indices: torch.Tensor | None = None    # [sampled seqs], prefill only
 
 
 _CONTEXT = Context()

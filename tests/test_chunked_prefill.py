@@ -1,0 +1,113 @@
+"""Chunked prefill end to end on the CPU: long prompts split over steps, mixed steps of decodes and
+prompt chunks, and preemption mid-prompt all give the greedy output of unchunked runs."""
+
+import pytest
+from test_llm import random_prompts, token_ids
+
+from nanovllm import LLM, SamplingParams
+
+BLOCK = 16
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+ENGINE = dict(kvcache_block_size=BLOCK, max_model_len=512)
+
+
+def record_batches(llm) -> list:
+    """A list that fills with (num_scheduled_tokens, samples, is_prefill) of every step the engine runs."""
+    batches = []
+    original = llm.model_runner.run
+
+    def recording_run(batch):
+        batches.append((list(batch.num_scheduled_tokens), list(batch.samples), batch.is_prefill))
+        return original(batch)
+
+    llm.model_runner.run = recording_run
+    return batches
+
+
+def unchunked(model_dir, prompts, params=GREEDY) -> list[list[int]]:
+    """Greedy outputs with whole-prompt prefills in a budget that holds any prompt."""
+    llm = LLM(model_dir, enable_chunked_prefill=False, max_num_batched_tokens=512, num_kvcache_blocks=128, **ENGINE)
+    return token_ids(llm.generate(prompts, params, use_tqdm=False))
+
+
+def run_to_completion(llm) -> None:
+    while not llm.is_finished():
+        llm.step()
+
+
+def test_prompt_three_times_the_budget_equals_unchunked_run(qwen3_dir):
+    [prompt] = random_prompts([200], seed=11)
+    llm = LLM(qwen3_dir, max_num_batched_tokens=64, num_kvcache_blocks=64, **ENGINE)
+    batches = record_batches(llm)
+    assert token_ids(llm.generate([prompt], GREEDY, use_tqdm=False)) == unchunked(qwen3_dir, [prompt])
+    # 64 + 64 + 64 + 8 tokens; only the last chunk samples
+    assert batches[:4] == [([64], [False], True)] * 3 + [([8], [True], True)]
+    assert all(counts == [1] and not is_prefill for counts, _, is_prefill in batches[4:])
+
+
+@pytest.mark.parametrize("budget", [40, 48, 17])
+def test_chunk_boundaries_inside_and_at_block_edges(qwen3_dir, budget):
+    # 40 ends chunks mid-block, 48 on block edges, 17 one token past an edge
+    prompts = random_prompts([130, 96], seed=12)
+    llm = LLM(qwen3_dir, max_num_batched_tokens=budget, num_kvcache_blocks=64, **ENGINE)
+    batches = record_batches(llm)
+    assert token_ids(llm.generate(prompts, GREEDY, use_tqdm=False)) == unchunked(qwen3_dir, prompts)
+    assert all(sum(counts) <= budget for counts, _, _ in batches)
+    assert sum(samples.count(False) for _, samples, _ in batches) >= 130 // budget
+
+
+def test_triton_kernels_on_chunks_and_mixed_steps_equal_unchunked_run(qwen3_dir):
+    # on the CPU the kernels run in Triton's interpreter (conftest sets TRITON_INTERPRET=1)
+    pytest.importorskip("triton")
+    prompts = random_prompts([6, 45], seed=17)
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    llm = LLM(qwen3_dir, attention_backend="triton", max_num_batched_tokens=16, num_kvcache_blocks=16, **ENGINE)
+    batches = record_batches(llm)
+    assert token_ids(llm.generate(prompts, params, use_tqdm=False)) == unchunked(qwen3_dir, prompts, params)
+    assert ([1, 15], [True, False], True) in batches
+
+
+def test_mixed_steps_equal_separate_runs(qwen3_dir):
+    short = random_prompts([5, 17, 30], seed=13)
+    [long] = random_prompts([150], seed=14)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    llm = LLM(qwen3_dir, max_num_batched_tokens=32, num_kvcache_blocks=64, **ENGINE)
+    batches = record_batches(llm)
+    seqs = [llm.add_request(p, params) for p in short]
+    for _ in range(4):  # the short prompts are prefilled and decoding
+        llm.step()
+    assert all(s.num_completion_tokens for s in seqs)
+    seqs.append(llm.add_request(long, params))
+    run_to_completion(llm)
+    alone = [unchunked(qwen3_dir, [p], params)[0] for p in short + [long]]
+    assert [s.completion_token_ids for s in seqs] == alone
+    # decodes first, then a chunk of the long prompt that does not sample yet
+    mixed = [(counts, samples) for counts, samples, is_prefill in batches
+             if is_prefill and counts[:3] == [1, 1, 1] and samples[-1] is False]
+    assert mixed and all(counts[3] == 29 for counts, _ in mixed)
+
+
+def test_preemption_in_the_middle_of_a_chunked_prefill(qwen3_dir):
+    decoding = random_prompts([14, 14, 14, 14], seed=15)
+    [long] = random_prompts([150], seed=16)
+    # the decodes cross into their second block while the long prompt holds the rest of the pool
+    params = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)] * 4 + [GREEDY]
+    llm = LLM(qwen3_dir, max_num_batched_tokens=32, num_kvcache_blocks=16, **ENGINE)
+    preempted = []
+    original = llm.scheduler._preempt
+
+    def recording_preempt(seq):
+        preempted.append((seq, seq.num_completion_tokens, seq.num_computed_tokens))
+        original(seq)
+
+    llm.scheduler._preempt = recording_preempt
+    seqs = [llm.add_request(p, sp) for p, sp in zip(decoding, params)]
+    llm.step()
+    seqs.append(llm.add_request(long, params[-1]))
+    run_to_completion(llm)
+    [(seq, completion, computed)] = preempted
+    assert seq is seqs[-1] and completion == 0 and 0 < computed < len(long)
+    # re-admitted, it resumed from the full blocks it had computed, which the prefix cache kept
+    assert seq.num_cached_tokens == computed // BLOCK * BLOCK > 0
+    expected = [unchunked(qwen3_dir, [p], sp)[0] for p, sp in zip(decoding + [long], params)]
+    assert [s.completion_token_ids for s in seqs] == expected
