@@ -41,7 +41,9 @@ def _softmax_step(q, k, v, mask, m, l, acc, scale_log2, PRECISION: tl.constexpr)
     return m_new, l, acc
 
 
-@triton.jit
+# The block-table width follows the batch's longest sequence; specialising on it
+# would recompile the kernel for widths of 1 or multiples of 16 in the middle of a run.
+@triton.jit(do_not_specialize=["stride_bt"])
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_q_ptr, cu_k_ptr, o_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,

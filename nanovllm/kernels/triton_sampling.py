@@ -16,7 +16,9 @@ import triton.language as tl
 _BLOCK = 4096
 
 
-@triton.jit
+# A fresh seed every step: specialising on its value (== 1, divisible by 16) would
+# recompile the kernel mid-run the first time such a seed comes up.
+@triton.jit(do_not_specialize=["seed"])
 def _gumbel_max_chunk_kernel(logits_ptr, temperatures_ptr, best_score_ptr, best_index_ptr, vocab, stride_row,
                              seed, NUM_CHUNKS: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
