@@ -78,6 +78,7 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: l
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     result = RequestResult(prompt_tokens=len(prompt))
     start = last = time.perf_counter()
+    finish_reason = None
     try:
         async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
             if response.status_code != 200:
@@ -89,6 +90,8 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: l
                 chunk = json.loads(line[6:])
                 if chunk.get("usage"):
                     result.output_tokens = chunk["usage"]["completion_tokens"]
+                if chunk.get("choices"):
+                    finish_reason = chunk["choices"][0].get("finish_reason") or finish_reason
                 if chunk.get("choices") and chunk["choices"][0]["text"]:
                     now = time.perf_counter()
                     if result.ttft == 0.0:
@@ -97,7 +100,10 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: l
                         result.itls.append(now - last)
                     last = now
         result.latency = time.perf_counter() - start
-        result.ok = result.output_tokens > 0
+        # EOS is ignored, so a healthy request ends by length with every token it asked for
+        result.ok = finish_reason == "length" and result.output_tokens == max_tokens
+        if not result.ok:
+            result.error = f"finished with {finish_reason!r} after {result.output_tokens}/{max_tokens} tokens"
     except httpx.HTTPError as e:
         result.error = repr(e)
     return result
