@@ -34,14 +34,7 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
-
-QWEN3_0_6B = {
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024,
-    "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
-    "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960,
-    "rms_norm_eps": 1e-6, "rope_theta": 1000000, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
-    "hidden_act": "silu", "attention_bias": False, "eos_token_id": 151645,
-}
+from throughput import model_config
 
 
 def write_dummy_model(path: str) -> None:
@@ -49,10 +42,11 @@ def write_dummy_model(path: str) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
+    config = model_config("0.6b")
     with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(QWEN3_0_6B, f)
-    eos = QWEN3_0_6B["eos_token_id"]
-    vocab = {f"w{i}": i for i in range(QWEN3_0_6B["vocab_size"])}
+        json.dump(config, f)
+    eos = config["eos_token_id"]
+    vocab = {f"w{i}": i for i in range(config["vocab_size"])}
     vocab["<eos>"] = vocab.pop(f"w{eos}")
     core = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()

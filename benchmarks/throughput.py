@@ -36,15 +36,19 @@ HBM_BANDWIDTH = {"H100 80GB HBM3": 3.35e12, "H100 PCIe": 2.0e12, "H100 NVL": 3.9
                  "A100-SXM4-80GB": 2.039e12, "A100 80GB PCIe": 1.935e12, "A100-SXM4-40GB": 1.555e12}
 
 
+def model_config(shape: str) -> dict:
+    """config.json of a Qwen3 model of this shape."""
+    return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936,
+            "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
+            "torch_dtype": "bfloat16", "hidden_act": "silu", "attention_bias": False,
+            "bos_token_id": 151643, "eos_token_id": 151645, **SHAPES[shape]}
+
+
 def write_model_dir(shape: str) -> str:
     """A folder holding only config.json: weights are dummy and prompts are token ids."""
-    config = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936,
-              "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
-              "torch_dtype": "bfloat16", "hidden_act": "silu", "attention_bias": False,
-              "bos_token_id": 151643, "eos_token_id": 151645, **SHAPES[shape]}
     path = tempfile.mkdtemp(prefix=f"qwen3-{shape}-shape-")
     with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(config, f)
+        json.dump(model_config(shape), f)
     return path
 
 

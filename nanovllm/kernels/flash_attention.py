@@ -7,18 +7,13 @@ head_dim], block size a multiple of 256); the store is our Triton kernel.
 import torch
 from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
 
-from nanovllm.kernels.triton_store_kvcache import store_kvcache
+from nanovllm.kernels.triton_attention import TritonAttentionBackend
 from nanovllm.utils.context import Context
 
 
-class FlashAttentionBackend:
-    """Prefill through flash_attn_varlen_func, decode through flash_attn_with_kvcache."""
-
-    supports_cuda_graphs = True
-
-    def store_kvcache(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                      v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        store_kvcache(k, v, k_cache, v_cache, slot_mapping)
+class FlashAttentionBackend(TritonAttentionBackend):
+    """Prefill through flash_attn_varlen_func, decode through flash_attn_with_kvcache;
+    the store is the Triton backend's."""
 
     def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, context: Context, scale: float) -> torch.Tensor:
