@@ -36,3 +36,14 @@ def test_different_seeds_draw_differently_and_same_seed_repeats():
     temperatures = torch.ones(64, device=DEVICE)
     a, b = gumbel_max_sample(logits, temperatures, 5), gumbel_max_sample(logits, temperatures, 6)
     assert torch.equal(a, gumbel_max_sample(logits, temperatures, 5)) and not torch.equal(a, b)
+
+
+def test_rows_of_nan_logits_still_give_token_ids_inside_the_vocabulary():
+    # 9000 = two full chunks and a partial one whose tail is masked: a NaN row
+    # must not pick a masked position past the vocabulary
+    logits = torch.full((2, 9000), float("nan"), device=DEVICE)
+    logits[1, :8900] = 0.0
+    for temperatures in (torch.zeros(2, device=DEVICE), torch.ones(2, device=DEVICE)):
+        ids = gumbel_max_sample(logits, temperatures, seed=7)
+        assert ((ids >= 0) & (ids < 9000)).all(), ids
+        assert ids[1] >= 8900  # NaN counts as the largest value, as in torch.argmax

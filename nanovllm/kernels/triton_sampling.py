@@ -30,6 +30,9 @@ def _gumbel_max_chunk_kernel(logits_ptr, temperatures_ptr, best_score_ptr, best_
     u = tl.rand(seed, row * vocab + offsets)
     gumbel = -tl.log(-tl.log(u))
     score = tl.where(temperature > 0, x / tl.where(temperature > 0, temperature, 1.0) + gumbel, x)
+    # NaN ranks highest, as in torch.argmax; left as NaN, the reduction could
+    # settle on a masked lane past the vocabulary
+    score = tl.where(score != score, float("inf"), score)
     score = tl.where(mask, score, float("-inf"))
     best = tl.argmax(score, 0)
     tl.store(best_score_ptr + row * NUM_CHUNKS + chunk, tl.max(score, 0))
