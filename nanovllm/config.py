@@ -85,6 +85,11 @@ class Config:
             )
 
     @property
+    def max_blocks_per_seq(self) -> int:
+        """KV blocks a sequence at `max_model_len` tokens holds."""
+        return (self.max_model_len + self.kvcache_block_size - 1) // self.kvcache_block_size
+
+    @property
     def torch_dtype(self) -> torch.dtype:
         """The dtype weights and activations use: the checkpoint's unless `dtype` overrides it."""
         chosen = _DTYPES[self.dtype]

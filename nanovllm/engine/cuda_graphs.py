@@ -52,6 +52,10 @@ class DecodeGraphs:
         """The captured size a batch of `num_seqs` replays, or None when it is too large for any graph."""
         return next((s for s in self.sizes if s >= num_seqs), None)
 
+    def captured(self, size: int) -> bool:
+        """Whether a graph of exactly `size` rows exists."""
+        return size in self.graphs
+
     def replay(self, size: int) -> torch.Tensor:
         """Hidden states [size, hidden] of the decode step whose inputs are in the buffers' views of `size`."""
         self.graphs[size].replay()

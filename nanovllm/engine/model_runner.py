@@ -52,8 +52,8 @@ class ModelRunner:
         if self.device.type == "cuda":
             self._warm_up()
         self._allocate_kv_cache()
-        max_blocks = (config.max_model_len + self.block_size - 1) // self.block_size
-        self.decode_buffers = DecodeBuffers(config.max_num_seqs, max_blocks, self.block_size, self.device)
+        self.decode_buffers = DecodeBuffers(config.max_num_seqs, config.max_blocks_per_seq, self.block_size,
+                                            self.device)
         self.graphs = None
         if self.device.type == "cuda" and not config.enforce_eager and backend.supports_cuda_graphs:
             self.graphs = DecodeGraphs(self.model, self.decode_buffers, config.max_num_seqs,
@@ -119,9 +119,8 @@ class ModelRunner:
         block_bytes = self._kv_block_bytes()
         if config.num_kvcache_blocks == -1:
             # never more than every sequence at full length could use
-            blocks_per_seq = (config.max_model_len + self.block_size - 1) // self.block_size
             config.num_kvcache_blocks = min(self._num_blocks_that_fit(block_bytes),
-                                            config.max_num_seqs * blocks_per_seq)
+                                            config.max_num_seqs * config.max_blocks_per_seq)
             if self.world_size > 1:
                 # every rank must hold the blocks rank 0's scheduler hands out
                 config.num_kvcache_blocks = all_ranks_min(config.num_kvcache_blocks, self.device)
@@ -198,18 +197,21 @@ class ModelRunner:
         ))
         return input_ids, positions
 
+    def _decode_forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # hidden states of every row, graph padding included: a replay when this size was captured
+        size = input_ids.size(0)
+        if self.graphs is not None and self.graphs.captured(size):
+            return self.graphs.replay(size)
+        return self.model(input_ids, positions)
+
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[list[int], list[dict[int, float] | None] | None] | None:
         """One forward pass over the batch; rank 0 returns the token ids sampled for
         `batch.sampled_seqs` and, where asked for, their logprobs."""
         if batch.is_prefill:
-            input_ids, positions = self.prepare_prefill(batch)
+            hidden_states = self.model(*self.prepare_prefill(batch))
         else:
-            input_ids, positions = self.prepare_decode(batch.seqs)
-        if batch.is_prefill or self.graphs is None or not self.graphs.padded_size(len(batch.seqs)):
-            hidden_states = self.model(input_ids, positions)
-        else:
-            hidden_states = self.graphs.replay(input_ids.size(0))
+            hidden_states = self._decode_forward(*self.prepare_decode(batch.seqs))[:len(batch.seqs)]
         sampled = batch.sampled_seqs
         # A step of prompt chunks that all stop short of their end scores nothing.
         logits = self.model.compute_logits(hidden_states) if sampled else None
@@ -218,7 +220,6 @@ class ModelRunner:
             return None
         if not sampled:
             return [], None
-        logits = logits[:len(sampled)]  # drops graph padding rows
         tensors = sampling_tensors(sampled, logits.shape[-1], self.config.eos_token_ids, self._to_device)
         output = self.sampler(logits, tensors)
         return output.token_ids.tolist(), logprob_dicts(sampled, output)

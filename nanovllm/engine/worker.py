@@ -34,8 +34,7 @@ def channel_capacity(config: Config) -> int:
     """Bytes that hold the largest possible batch: every sequence at full length sent whole (a
     prefill with cached prefixes). Pickled token and block ids take at most 5 bytes each; pages
     of the segment cost memory only once written."""
-    blocks_per_seq = (config.max_model_len + config.kvcache_block_size - 1) // config.kvcache_block_size
-    return config.max_num_seqs * (6 * (config.max_model_len + blocks_per_seq) + 128) + (1 << 16)
+    return config.max_num_seqs * (6 * (config.max_model_len + config.max_blocks_per_seq) + 128) + (1 << 16)
 
 
 def _watch_parent() -> None:

@@ -13,6 +13,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x32.to(x.dtype)
 
 
+_rms_norm = fused_on_cuda(rms_norm)
+
+
 @fused_on_cuda
 def _add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,5 +39,3 @@ class RMSNorm(nn.Module):
             return _rms_norm(x, self.weight, self.eps)
         return _add_rms_norm(x, residual, self.weight, self.eps)
 
-
-_rms_norm = fused_on_cuda(rms_norm)
