@@ -46,6 +46,24 @@ def test_cuda_graphs_equal_eager_with_padded_batches(qwen3_dir):
             token_ids(eager.generate(batch[:n], GREEDY, use_tqdm=False))
 
 
+def test_cuda_graphs_pad_a_batch_that_grows_at_once(qwen3_dir):
+    # One sequence decodes alone (graph of 1), then 19 join at once: the graph of 20
+    # pads rows where the steps of 1 left a slot, a length and a -1-padded block table.
+    batch = (prompts(seed=11) * 3)[:20]
+
+    def run(llm):
+        seqs = [llm.add_request(batch[0], GREEDY)]
+        for _ in range(4):
+            llm.step()
+        seqs += [llm.add_request(p, GREEDY) for p in batch[1:]]
+        while not llm.is_finished():
+            llm.step()
+        return [s.completion_token_ids for s in seqs]
+
+    kwargs = dict(kvcache_block_size=16, max_model_len=512, max_num_seqs=20)
+    assert run(LLM(qwen3_dir, **kwargs)) == run(LLM(qwen3_dir, enforce_eager=True, **kwargs))
+
+
 def test_triton_prefix_cache_hit_equals_cold_run(qwen3_dir):
     shared = prompts(seed=5)[-1]  # 257 tokens: 16 full blocks of 16
     llm = LLM(qwen3_dir, kvcache_block_size=16, max_model_len=512)

@@ -13,7 +13,8 @@ class DecodeBuffers:
     input_ids[size] | positions[size] | slot_mapping[size] | context_lens[size] | block_tables[size, width],
     so the device views of a given size always sit at the same addresses: a CUDA
     graph captured on them replays on the next step's copy. Rows past the real
-    sequences are padding: slot -1 (store nothing), context length 0 (read nothing).
+    sequences are padding: token 0 at position 0 (valid indices for the embedding
+    and the rotary table), slot -1 (store nothing), context length 0 (read nothing).
     """
 
     def __init__(self, max_rows: int, width: int, block_size: int, device: torch.device):
@@ -39,9 +40,12 @@ class DecodeBuffers:
         ids[:n] = [seq.last_token for seq in seqs]
         last_blocks = np.array([seq.block_table[(seq.num_tokens - 1) // bs] for seq in seqs], dtype=np.int64)
         slots[:n] = last_blocks * bs + positions[:n] % bs
+        # this region held other fields for other sizes: a stale slot or -1 is no token id or position
+        ids[n:] = 0
+        positions[n:] = 0
         slots[n:] = -1
         lens[n:] = 0
-        tables.fill(-1)  # the pad the Context promises; this region held other fields for other sizes
+        tables.fill(-1)  # the pad the Context promises
         for row, seq in zip(tables, seqs):
             row[:len(seq.block_table)] = seq.block_table
         used = size * (4 + self.width)
