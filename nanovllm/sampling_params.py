@@ -1,5 +1,6 @@
 """Per-request sampling settings, named and meant as in vLLM."""
 
+import math
 from dataclasses import dataclass, fields
 
 
@@ -8,7 +9,8 @@ def _is_int(value) -> bool:
 
 
 def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite int or float: NaN and infinity pass no range check a user means."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass
