@@ -52,3 +52,10 @@ def test_end_leaves_later_tokens_out(tiny_tokenizer):
 def test_special_tokens_are_skipped(tiny_tokenizer):
     token_ids = tiny_tokenizer.encode("w5 w6") + [tiny_tokenizer.eos_token_id]
     assert stream(tiny_tokenizer, token_ids[:1], token_ids[1:]) == [" w6", ""]
+
+
+def test_a_skipped_special_token_mid_completion_keeps_the_next_word_apart(tiny_tokenizer):
+    token_ids = tiny_tokenizer.encode("w5 w6") + [tiny_tokenizer.eos_token_id] + tiny_tokenizer.encode("w7 w8")
+    deltas = stream(tiny_tokenizer, token_ids[:1], token_ids[1:])
+    assert deltas == [" w6", "", " w7", " w8"]
+    assert "".join(deltas) == tiny_tokenizer.decode(token_ids, skip_special_tokens=True)[len("w5"):]

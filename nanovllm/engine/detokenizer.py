@@ -40,5 +40,9 @@ class IncrementalDetokenizer:
         delta = self._decode(token_ids[self.prefix_offset : end])[len(prefix) :]
         if delta.endswith(_INCOMPLETE):
             return ""
-        self.prefix_offset, self.read_offset = self.read_offset, end
+        if delta:
+            self.prefix_offset = self.read_offset
+        # else only skipped special tokens came: the window keeps the text before them,
+        # which the next token's leading space is decoded against
+        self.read_offset = end
         return delta
