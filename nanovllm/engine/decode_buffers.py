@@ -1,5 +1,7 @@
 """Decode-step inputs packed in one buffer, so a step costs one host-to-device copy."""
 
+from itertools import chain
+
 import numpy as np
 import torch
 
@@ -23,31 +25,39 @@ class DecodeBuffers:
         capacity = max_rows * (4 + width)
         self.host = torch.zeros(capacity, dtype=torch.int64, pin_memory=device.type == "cuda")
         self.device = torch.zeros(capacity, dtype=torch.int64, device=device)
+        self._host_array = self.host.numpy()  # the same memory; numpy slices cost far less than tensor views
+        self._device_views: dict[int, tuple[torch.Tensor, ...]] = {}
 
-    def views(self, size: int, buffer: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-        """(input_ids, positions, slot_mapping, context_lens, block_tables) for `size` rows of `buffer`."""
-        buffer = self.device if buffer is None else buffer
-        flat = buffer[: size * 4].view(4, size)
-        tables = buffer[size * 4: size * (4 + self.width)].view(size, self.width)
+    def _split(self, buffer, size: int) -> tuple:
+        flat = buffer[: size * 4].reshape(4, size)
+        tables = buffer[size * 4: size * (4 + self.width)].reshape(size, self.width)
         return flat[0], flat[1], flat[2], flat[3], tables
+
+    def views(self, size: int) -> tuple[torch.Tensor, ...]:
+        """Device (input_ids, positions, slot_mapping, context_lens, block_tables) of `size` rows."""
+        if size not in self._device_views:
+            self._device_views[size] = self._split(self.device, size)
+        return self._device_views[size]
 
     def load(self, seqs: list[Sequence], size: int) -> tuple[torch.Tensor, ...]:
         """Write the inputs of `seqs`, padded to `size` rows, and copy them to the device; returns device views."""
         n, bs = len(seqs), self.block_size
-        ids, positions, slots, lens, tables = (v.numpy() for v in self.views(size, self.host))
+        ids, positions, slots, lens, tables = self._split(self._host_array, size)
+        ids[:n] = [seq.last_token for seq in seqs]
         lens[:n] = [seq.num_tokens for seq in seqs]
         positions[:n] = lens[:n] - 1
-        ids[:n] = [seq.last_token for seq in seqs]
-        last_blocks = np.array([seq.block_table[(seq.num_tokens - 1) // bs] for seq in seqs], dtype=np.int64)
-        slots[:n] = last_blocks * bs + positions[:n] % bs
         # this region held other fields for other sizes: a stale slot or -1 is no token id or position
         ids[n:] = 0
         positions[n:] = 0
-        slots[n:] = -1
         lens[n:] = 0
         tables.fill(-1)  # the pad the Context promises
-        for row, seq in zip(tables, seqs):
-            row[:len(seq.block_table)] = seq.block_table
+        # every block table in one pass: row i takes widths[i] entries of the concatenation
+        widths = np.fromiter((len(seq.block_table) for seq in seqs), np.int64, n)
+        in_table = np.arange(self.width) < widths[:, None]
+        tables[:n][in_table] = np.fromiter(chain.from_iterable(seq.block_table for seq in seqs), np.int64,
+                                           int(widths.sum()))
+        slots[:n] = tables[np.arange(n), positions[:n] // bs] * bs + positions[:n] % bs
+        slots[n:] = -1
         used = size * (4 + self.width)
         self.device[:used].copy_(self.host[:used], non_blocking=True)
         return self.views(size)
