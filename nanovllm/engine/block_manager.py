@@ -96,7 +96,7 @@ class BlockManager:
             block.ref_count += 1
             seq.block_table.append(block_id)
         seq.num_cached_tokens = seq.num_computed_tokens = len(hits) * self.block_size
-        self._grow_block_table(seq, num_computed)
+        self.may_append(seq, num_computed)
 
     def deallocate(self, seq: Sequence) -> None:
         """Drop `seq`'s references, last block first; freed blocks keep their hash."""
@@ -111,21 +111,21 @@ class BlockManager:
 
     def can_append(self, seq: Sequence) -> bool:
         """Whether the free list covers the blocks `seq` needs for its new tokens."""
-        return self.num_free_blocks >= seq.num_blocks - len(seq.block_table)
+        return seq.num_blocks - len(seq.block_table) <= len(self.free_block_ids)
 
     def may_append(self, seq: Sequence, num_computed: int | None = None) -> None:
         """Take the blocks `seq`'s new tokens need and register the blocks that
         are full once its first `num_computed` tokens (default all) have K/V."""
-        self._grow_block_table(seq, num_computed)
+        table = seq.block_table
+        for _ in range(seq.num_blocks - len(table)):
+            table.append(self._take_free_block())
+        num_full = (seq.num_tokens if num_computed is None else num_computed) // self.block_size
+        # Most decode steps fill no block; then the last full one already has its hash.
+        if num_full and self.blocks[table[num_full - 1]].hash == -1:
+            self._register_full_blocks(seq, num_full)
 
-    def _grow_block_table(self, seq: Sequence, num_computed: int | None) -> None:
-        while len(seq.block_table) < seq.num_blocks:
-            seq.block_table.append(self._take_free_block())
-        self._register_full_blocks(seq, seq.num_tokens if num_computed is None else num_computed)
-
-    def _register_full_blocks(self, seq: Sequence, num_computed: int) -> None:
+    def _register_full_blocks(self, seq: Sequence, num_full: int) -> None:
         # Walk back to the last block that already has a hash, then chain forward.
-        num_full = num_computed // self.block_size
         first = num_full
         while first > 0 and self.blocks[seq.block_table[first - 1]].hash == -1:
             first -= 1

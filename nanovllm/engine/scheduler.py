@@ -6,6 +6,7 @@ chunks, oldest request first. Without it a step is either a batch of whole
 prompts (preferred) or a batch of decodes.
 """
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -31,6 +32,7 @@ class ScheduledBatch:
     is_prefill: bool
     num_scheduled_tokens: list[int] | None = None
     samples: list[bool] = field(init=False)
+    sampled_seqs: list[Sequence] = field(init=False)  # the sequences that sample this step, in batch order
 
     def __post_init__(self) -> None:
         if self.num_scheduled_tokens is None:
@@ -38,11 +40,7 @@ class ScheduledBatch:
         # per sequence: whether this step reaches its last token, so that it samples the next
         self.samples = [seq.num_computed_tokens + n == seq.num_tokens
                         for seq, n in zip(self.seqs, self.num_scheduled_tokens)]
-
-    @property
-    def sampled_seqs(self) -> list[Sequence]:
-        """The sequences that sample this step, in batch order."""
-        return [seq for seq, samples in zip(self.seqs, self.samples) if samples]
+        self.sampled_seqs = [seq for seq, samples in zip(self.seqs, self.samples) if samples]
 
 
 class Scheduler:
@@ -128,22 +126,23 @@ class Scheduler:
         """Running sequences in order, each with its decode token or its next prompt chunk,
         within `budget` tokens (None: no limit); preempts from the tail when blocks run out."""
         scheduled, counts = [], []
-        used = 0
-        while self.running and len(scheduled) < self.max_num_seqs and (budget is None or used < budget):
-            seq = self.running.popleft()
-            while not self.block_manager.can_append(seq):
-                if self.running:
-                    self._preempt(self.running.pop())
+        left = math.inf if budget is None else budget
+        block_manager, running = self.block_manager, self.running
+        while running and len(scheduled) < self.max_num_seqs and left > 0:
+            seq = running.popleft()
+            while not block_manager.can_append(seq):
+                if running:
+                    self._preempt(running.pop())
                 else:
                     self._preempt(seq)
                     break
             else:
-                n = seq.num_new_tokens if budget is None else min(seq.num_new_tokens, budget - used)
-                self.block_manager.may_append(seq, seq.num_computed_tokens + n)
+                n = min(seq.num_new_tokens, left)
+                block_manager.may_append(seq, seq.num_computed_tokens + n)
                 scheduled.append(seq)
                 counts.append(n)
-                used += n
-        self.running.extendleft(reversed(scheduled))
+                left -= n
+        running.extendleft(reversed(scheduled))
         return scheduled, counts
 
     def _preempt(self, seq: Sequence) -> None:

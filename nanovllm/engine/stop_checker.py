@@ -1,6 +1,7 @@
 """After each new token: grow the sequence's text and decide whether it is done, and why."""
 
 from nanovllm.engine.sequence import Sequence
+from nanovllm.sampling_params import SamplingParams
 
 
 class StopChecker:
@@ -13,11 +14,12 @@ class StopChecker:
     def update(self, seq: Sequence) -> None:
         """Extend `seq.output_text` by its last token and set `seq.finish_reason` if it is done."""
         params = seq.params
-        may_stop = seq.num_completion_tokens >= params.min_tokens
+        num_completion_tokens = seq.num_completion_tokens
+        may_stop = num_completion_tokens >= params.min_tokens
         reason = None
-        if may_stop and self._is_stop_token(seq):
+        if may_stop and self._is_stop_token(seq.last_token, params):
             reason = "stop"
-        elif seq.num_completion_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+        elif num_completion_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             reason = "length"
         if seq.detokenizer is not None:
             # a stop token's own text stays out unless asked for
@@ -29,10 +31,8 @@ class StopChecker:
                 reason = "stop"
         seq.finish_reason = reason
 
-    def _is_stop_token(self, seq: Sequence) -> bool:
-        token_id = seq.last_token
-        return (token_id in seq.params.stop_token_ids
-                or (not seq.params.ignore_eos and token_id in self.eos_token_ids))
+    def _is_stop_token(self, token_id: int, params: SamplingParams) -> bool:
+        return token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.eos_token_ids)
 
     @staticmethod
     def _cut_at_stop_string(seq: Sequence, num_new_chars: int) -> bool:
