@@ -109,6 +109,30 @@ def test_triton_mixed_steps_equal_separate_runs_and_decodes_still_replay_graphs(
     assert len(replays) == sum(not is_prefill for _, _, is_prefill in batches) > 0
 
 
+def triton_variants() -> dict[str, int]:
+    """How many compiled variants each of our Triton kernels holds."""
+    from nanovllm.kernels import triton_decode_attention, triton_prefill_attention, triton_sampling, triton_store_kvcache
+    kernels = [triton_prefill_attention._prefill_kernel, triton_decode_attention._decode_split_kernel,
+               triton_decode_attention._merge_splits_kernel, triton_store_kvcache._store_kvcache_kernel,
+               triton_sampling._gumbel_max_chunk_kernel]
+    return {k.fn.__name__: sum(len(caches[0]) for caches in k.device_caches.values()) for k in kernels}
+
+
+def test_no_triton_kernel_compiles_after_start_up(qwen3_dir):
+    # A compile in the middle of serving stalls every running request; start-up
+    # must have built every variant that prefix hits, mixed steps and sampling use.
+    llm = LLM(qwen3_dir, dtype="bfloat16", kvcache_block_size=16, max_model_len=512, max_num_batched_tokens=64)
+    compiled = triton_variants()
+    batches = record_batches(llm)
+    shared = prompts(seed=12)[-1]  # 257 tokens
+    llm.generate([shared + [5]], GREEDY, use_tqdm=False)
+    sampled = SamplingParams(temperature=0.6, max_tokens=16, ignore_eos=True)
+    llm.generate([shared + [6, 7]] + prompts(seed=13), [sampled, GREEDY] * 4, use_tqdm=False)
+    assert llm.model_runner.graphs is not None and any(not is_prefill for _, _, is_prefill in batches)
+    assert any(is_prefill and 1 in counts for counts, _, is_prefill in batches)  # a mixed step ran
+    assert triton_variants() == compiled
+
+
 def test_bf16_triton_mostly_equals_torch_path(qwen3_dir, capsys):
     batch = [p for seed in (0, 1, 2) for p in prompts(seed)][:16]
     kwargs = dict(device="cuda", dtype="bfloat16", kvcache_block_size=16, max_model_len=512)

@@ -52,6 +52,8 @@ class ModelRunner:
         if self.device.type == "cuda":
             self._warm_up()
         self._allocate_kv_cache()
+        if self.device.type == "cuda":
+            self._warm_up_cached_prefix()
         self.decode_buffers = DecodeBuffers(config.max_num_seqs, config.max_blocks_per_seq, self.block_size,
                                             self.device)
         self.graphs = None
@@ -90,6 +92,15 @@ class ModelRunner:
         self.sampler(logits, SamplingTensors(temperatures=torch.ones(self.config.max_num_seqs, device=self.device)))
         del logits
         torch.cuda.empty_cache()
+
+    def _warm_up_cached_prefix(self) -> None:
+        # The prefill kernel has a second variant for queries over a cached prefix
+        # (prefix-cache hits, and every mixed step of decodes and prompt chunks);
+        # compile it now rather than in the middle of the first request that needs it.
+        seq = Sequence([0, 0], SamplingParams(temperature=1.0, max_tokens=1), self.block_size)
+        seq.block_table = [0]
+        seq.num_computed_tokens = 1
+        self.run(ScheduledBatch([seq], is_prefill=True))
 
     def _kv_block_bytes(self) -> int:
         hf = self.config.hf_config
