@@ -19,7 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-_LOG2E = 1.4426950408889634
+from nanovllm.kernels.triton_attention_tiles import LOG2E, online_softmax_step, paged_kv_tile
+
 _BLOCK_N = 64   # context tokens per tile
 _NUM_WARPS = 4
 _NUM_STAGES = 2
@@ -57,19 +58,10 @@ def _decode_split_kernel(
     for tile in range(start, end, BLOCK_N):
         pos = tile + tl.arange(0, BLOCK_N)
         pos_mask = pos < end
-        block = tl.load(block_tables_ptr + seq * stride_bt + pos // PAGE, mask=pos_mask, other=0)
-        rows = block.to(tl.int64) * stride_kb + (pos % PAGE) * stride_kt + kv_head * stride_kh
-        kv_mask = pos_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [GROUP_PAD, BLOCK_N]
-        s = tl.where(pos_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m - m_new)
-        l = l * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m = m_new
+        # k, v: [BLOCK_N, BLOCK_D]
+        k, v = paged_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bt, pos, pos_mask,
+                             kv_head * stride_kh, d, d_mask, stride_kb, stride_kt, PAGE)
+        m, l, acc = online_softmax_step(q, k, v, pos_mask[None, :], m, l, acc, scale_log2, PRECISION)
 
     has_keys = l > 0
     out = acc / tl.where(has_keys, l, 1.0)[:, None]
@@ -132,7 +124,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         q, k_cache, v_cache, block_tables, context_lens, partial, lse,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),
-        scale * _LOG2E,
+        scale * LOG2E,
         PAGE=page, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits, PRECISION=precision,
         num_warps=num_warps, num_stages=num_stages,

@@ -25,20 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-_LOG2E = 1.4426950408889634
-
-
-@triton.jit
-def _softmax_step(q, k, v, mask, m, l, acc, scale_log2, PRECISION: tl.constexpr):
-    # one online-softmax update of rows q: [M, D] with keys k, values v: [N, D]
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
-    s = tl.where(mask, s, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, 1))
-    p = tl.exp2(s - m_new[:, None])
-    alpha = tl.exp2(m - m_new)
-    l = l * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-    return m_new, l, acc
+from nanovllm.kernels.triton_attention_tiles import LOG2E, online_softmax_step, paged_kv_tile
 
 
 # The block-table width follows the batch's longest sequence; specialising on it
@@ -75,12 +62,9 @@ def _prefill_kernel(
         for tile in range(0, prefix_len, BLOCK_N):
             pos = tile + tl.arange(0, BLOCK_N)
             pos_mask = pos < prefix_len
-            block = tl.load(block_tables_ptr + seq * stride_bt + pos // PAGE, mask=pos_mask, other=0)
-            slots = block.to(tl.int64) * stride_cb + (pos % PAGE) * stride_ct + kv_head * stride_ch
-            kv_mask = pos_mask[:, None] & d_mask[None, :]
-            k = tl.load(k_cache_ptr + slots[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(v_cache_ptr + slots[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            m, l, acc = _softmax_step(q, k, v, pos_mask[None, :], m, l, acc, scale_log2, PRECISION)
+            k, v = paged_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bt, pos, pos_mask,
+                                 kv_head * stride_ch, d, d_mask, stride_cb, stride_ct, PAGE)
+            m, l, acc = online_softmax_step(q, k, v, pos_mask[None, :], m, l, acc, scale_log2, PRECISION)
 
     last = tl.minimum(q_len, (m_block + 1) * BLOCK_M)
     for tile in range(0, last, BLOCK_N):
@@ -91,7 +75,7 @@ def _prefill_kernel(
         k = tl.load(k_ptr + kv_rows[:, None] * stride_kt + kv_head * stride_kh + d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_ptr + kv_rows[:, None] * stride_vt + kv_head * stride_vh + d[None, :], mask=kv_mask, other=0.0)
         causal = (cols[None, :] <= rows[:, None]) & col_mask[None, :]
-        m, l, acc = _softmax_step(q, k, v, causal, m, l, acc, scale_log2, PRECISION)
+        m, l, acc = online_softmax_step(q, k, v, causal, m, l, acc, scale_log2, PRECISION)
 
     out = acc / l[:, None]
     tl.store(o_ptr + (q_start + rows)[:, None].to(tl.int64) * stride_ot + head * stride_oh + d[None, :],
@@ -120,7 +104,7 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache
         q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cu_seqlens_k, o,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0), o.stride(0), o.stride(1),
-        scale * _LOG2E,
+        scale * LOG2E,
         PAGE=k_cache.size(1) if has_prefix else 16, GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=block_m, BLOCK_N=block_n,
         HAS_PREFIX=has_prefix, PRECISION="ieee" if fp32 else "tf32",

@@ -38,4 +38,3 @@ class RMSNorm(nn.Module):
         if residual is None:
             return _rms_norm(x, self.weight, self.eps)
         return _add_rms_norm(x, residual, self.weight, self.eps)
-
