@@ -84,7 +84,7 @@ def main() -> None:
             results.append((ms, setting))
         for ms, (block_n, warps, stages) in sorted(results)[:5]:
             print(f"  block_n={block_n:3d} warps={warps} stages={stages}: {ms * 1e3:7.1f} us, "
-                  f"{kv_bytes / ms / 1e9:6.0f} GB/s = {kv_bytes / ms / 1e-3 / bandwidth:.0%} of HBM")
+                  f"{kv_bytes / ms / 1e6:6.0f} GB/s = {kv_bytes / ms / 1e-3 / bandwidth:.0%} of HBM")
         default = next(ms for ms, s in results if s == (64, 4, 2))
         print(f"  current default (64, 4, 2): {default * 1e3:.1f} us")
     best = min(totals, key=totals.get)
