@@ -7,7 +7,7 @@ from dataclasses import MISSING, fields
 from nanovllm.config import Config
 
 # Fields the engine fills in itself, not options a user sets.
-_DERIVED_FIELDS = {"model", "hf_config", "eos_token_ids"}
+_DERIVED_FIELDS = {"model", "hf_config"}
 
 
 def _engine_options(parser: argparse.ArgumentParser) -> None:

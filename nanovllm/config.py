@@ -57,7 +57,6 @@ class Config:
     seed: int = 0
     master_port: int = 0
     hf_config: PretrainedConfig = field(init=False, repr=False)
-    eos_token_ids: tuple[int, ...] = field(init=False, default=())
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs) -> "Config":

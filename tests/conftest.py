@@ -72,14 +72,14 @@ def llama_dir(tmp_path_factory):
 
 def patch_step(online_engine, monkeypatch, before_step) -> None:
     """Call `before_step(n)` before the engine's n-th step (from 1), to slow steps down or fail one."""
-    real_step = online_engine.llm_engine.step
+    real_step = online_engine.engine_core.step
     calls = itertools.count(1)
 
     def step():
         before_step(next(calls))
         return real_step()
 
-    monkeypatch.setattr(online_engine.llm_engine, "step", step)
+    monkeypatch.setattr(online_engine.engine_core, "step", step)
 
 
 def slow_down(online_engine, monkeypatch, seconds=0.005) -> None:

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import fail_step, save_tiny_model, slow_down
 
 from nanovllm import LLM, SamplingParams
-from nanovllm.engine.online_engine import OnlineEngine
+from nanovllm.frontend.online_engine import OnlineEngine
 from nanovllm.entrypoints.api_server import ServerSettings, build_app
 
 MODEL = "tiny"
@@ -34,7 +34,7 @@ class RunningServer:
     """A uvicorn server in a thread, serving an online engine; stopped by `close`."""
 
     def __init__(self, model_dir: str, settings: ServerSettings):
-        self.online = OnlineEngine(LLM(model_dir, **ENGINE_ARGS))
+        self.online = OnlineEngine(model_dir, **ENGINE_ARGS)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -181,7 +181,7 @@ def test_disconnect_mid_stream_cancels_and_frees_blocks(server, monkeypatch):
     assert server.metric("nanovllm:request_success_total", finished_reason="abort") == aborted_before + 1
     assert server.metric("nanovllm:generation_tokens_total") - generated_before < 1000
     assert server.metric("nanovllm:kv_cache_usage_perc") == 0.0
-    block_manager = server.online.llm_engine.scheduler.block_manager
+    block_manager = server.online.engine_core.scheduler.block_manager
     assert block_manager.num_free_blocks == len(block_manager.blocks)
 
 

@@ -1,40 +1,43 @@
-"""BlockManager: paged KV blocks, hash-chained prefix cache, free FIFO with revival, decode-time appends."""
+"""BlockManager: paged KV blocks, hash-chained prefix cache of confirmed tokens, free FIFO with revival,
+decode-time appends."""
 
 import pytest
 
 import nanovllm.engine.block_manager as bm_module
 from nanovllm.engine.block_manager import BlockManager, chain_hash
-from nanovllm.engine.sequence import Sequence
+from nanovllm.engine.request import Request
 from nanovllm.sampling_params import SamplingParams
 
 BS = 4
 
 
-def make_seq(token_ids):
-    return Sequence(list(token_ids), SamplingParams(), BS)
+def make_req(token_ids):
+    return Request("r", list(token_ids), SamplingParams(), BS)
 
 
-def admit(bm, seq):
-    hits = bm.cached_prefix(seq)
-    assert bm.can_allocate(seq, hits)
-    bm.allocate(seq, hits)
+def admit(bm, req):
+    hits = bm.cached_prefix(req)
+    assert bm.can_allocate(req, hits)
+    bm.allocate(req, hits)
     return hits
 
 
-def decode_step(bm, seq, token):
-    seq.num_computed_tokens = seq.num_tokens
-    seq.append_token(token)
-    ok = bm.can_append(seq)
+def decode_step(bm, req, token):
+    """Compute `req`'s last token and append `token` after it, known at once (no step in flight)."""
+    req.num_computed_tokens = req.num_tokens
+    req.add_placeholder()
+    req.confirm(token)
+    ok = bm.can_append(req)
     if ok:
-        bm.may_append(seq)
+        bm.may_append(req)
     return ok
 
 
-def assert_writes_go_to_private_blocks(bm, seq):
-    """Every block receiving K/V this step (positions num_computed..num_tokens-1) is owned by `seq` alone."""
-    first, last = seq.num_computed_tokens // BS, (seq.num_tokens - 1) // BS
+def assert_writes_go_to_private_blocks(bm, req):
+    """Every block receiving K/V this step (positions num_computed..num_tokens-1) is owned by `req` alone."""
+    first, last = req.num_computed_tokens // BS, (req.num_tokens - 1) // BS
     for i in range(first, last + 1):
-        assert bm.blocks[seq.block_table[i]].ref_count == 1
+        assert bm.blocks[req.block_table[i]].ref_count == 1
 
 
 P0, P1, P2 = [1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]
@@ -50,9 +53,9 @@ def test_chain_hash_depends_on_every_earlier_block():
 
 def test_full_blocks_are_registered_with_chained_hashes():
     bm = BlockManager(8, BS)
-    seq = make_seq(P0 + P1 + [42])
-    admit(bm, seq)
-    b0, b1, b2 = (bm.blocks[i] for i in seq.block_table)
+    req = make_req(P0 + P1 + [42])
+    admit(bm, req)
+    b0, b1, b2 = (bm.blocks[i] for i in req.block_table)
     assert b0.hash == chain_hash(P0) and b0.token_ids == P0
     assert b1.hash == chain_hash(P1, chain_hash(P0)) and b1.token_ids == P1
     assert b2.hash == -1
@@ -62,9 +65,9 @@ def test_full_blocks_are_registered_with_chained_hashes():
 
 def test_same_block_after_different_prefix_is_a_miss():
     bm = BlockManager(8, BS)
-    a = make_seq(P0 + P1 + [42])
+    a = make_req(P0 + P1 + [42])
     admit(bm, a)
-    b = make_seq(P2 + P1 + [42])
+    b = make_req(P2 + P1 + [42])
     assert admit(bm, b) == []
     assert b.num_cached_tokens == 0
     assert not set(a.block_table) & set(b.block_table)
@@ -72,9 +75,9 @@ def test_same_block_after_different_prefix_is_a_miss():
 
 def test_prefix_hit_shares_blocks_and_counts_cached_tokens():
     bm = BlockManager(8, BS)
-    a = make_seq(P0 + P1 + [42, 43])
+    a = make_req(P0 + P1 + [42, 43])
     admit(bm, a)
-    b = make_seq(P0 + P1 + [50, 51, 52])
+    b = make_req(P0 + P1 + [50, 51, 52])
     hits = admit(bm, b)
     assert hits == a.block_table[:2]
     assert b.block_table[:2] == a.block_table[:2] and b.block_table[2] != a.block_table[2]
@@ -85,22 +88,22 @@ def test_prefix_hit_shares_blocks_and_counts_cached_tokens():
 
 def test_partial_prefix_hit_stops_at_first_differing_block():
     bm = BlockManager(8, BS)
-    admit(bm, make_seq(P0 + P1 + P2 + [42]))
-    b = make_seq(P0 + [9, 9, 9, 9] + P2 + [42])
+    admit(bm, make_req(P0 + P1 + P2 + [42]))
+    b = make_req(P0 + [9, 9, 9, 9] + P2 + [42])
     assert len(admit(bm, b)) == 1
     assert b.num_cached_tokens == 4
 
 
 def test_blocks_after_first_miss_are_misses_even_if_registered():
     bm = BlockManager(8, BS)
-    a = make_seq(P0 + P1 + [42])
+    a = make_req(P0 + P1 + [42])
     admit(bm, a)
     # Lose the mapping of the first block only (as if it had been evicted);
     # the second block stays registered with matching hash and tokens.
     del bm.hash_to_block_id[chain_hash(P0)]
     h1 = chain_hash(P1, chain_hash(P0))
     assert bm.blocks[bm.hash_to_block_id[h1]].token_ids == P1
-    b = make_seq(P0 + P1 + [42])
+    b = make_req(P0 + P1 + [42])
     assert bm.cached_prefix(b) == []
     admit(bm, b)
     assert b.num_cached_tokens == 0
@@ -110,10 +113,10 @@ def test_blocks_after_first_miss_are_misses_even_if_registered():
 def test_hash_collision_with_different_tokens_is_a_miss(monkeypatch):
     monkeypatch.setattr(bm_module, "chain_hash", lambda token_ids, prefix_hash=-1: 1234)
     bm = BlockManager(8, BS)
-    a = make_seq(P0 + [42])
+    a = make_req(P0 + [42])
     admit(bm, a)
     assert bm.hash_to_block_id[1234] == a.block_table[0]
-    b = make_seq(P1 + [42])
+    b = make_req(P1 + [42])
     assert bm.cached_prefix(b) == []
     admit(bm, b)
     assert b.num_cached_tokens == 0
@@ -123,17 +126,17 @@ def test_hash_collision_with_different_tokens_is_a_miss(monkeypatch):
 
 def test_tampered_block_tokens_are_a_miss():
     bm = BlockManager(8, BS)
-    a = make_seq(P0 + [42])
+    a = make_req(P0 + [42])
     admit(bm, a)
     bm.blocks[a.block_table[0]].token_ids = [0, 0, 0, 0]
-    assert bm.cached_prefix(make_seq(P0 + [42])) == []
+    assert bm.cached_prefix(make_req(P0 + [42])) == []
 
 
 def test_prompt_of_exact_full_blocks_leaves_last_block_uncached():
     bm = BlockManager(8, BS)
-    a = make_seq(P0 + P1 + P2)
+    a = make_req(P0 + P1 + P2)
     admit(bm, a)
-    b = make_seq(P0 + P1 + P2)
+    b = make_req(P0 + P1 + P2)
     assert admit(bm, b) == a.block_table[:2]
     assert b.num_cached_tokens == 8 and b.num_new_tokens == 4
     assert b.block_table[2] != a.block_table[2]
@@ -142,29 +145,29 @@ def test_prompt_of_exact_full_blocks_leaves_last_block_uncached():
 
 def test_single_full_block_prompt_gets_no_hit():
     bm = BlockManager(4, BS)
-    admit(bm, make_seq(P0))
-    b = make_seq(P0)
+    admit(bm, make_req(P0))
+    b = make_req(P0)
     assert admit(bm, b) == [] and b.num_computed_tokens == 0
 
 
 def test_deallocate_frees_in_reverse_order_to_fifo_tail_keeping_hashes():
     bm = BlockManager(6, BS)
-    seq = make_seq(P0 + P1 + [42])
-    admit(bm, seq)
-    assert seq.block_table == [0, 1, 2]
+    req = make_req(P0 + P1 + [42])
+    admit(bm, req)
+    assert req.block_table == [0, 1, 2]
     hashes = [bm.blocks[i].hash for i in range(3)]
-    bm.deallocate(seq)
+    bm.deallocate(req)
     assert list(bm.free_block_ids) == [3, 4, 5, 2, 1, 0]
     assert bm.used_block_ids == set()
     assert [bm.blocks[i].ref_count for i in range(3)] == [0, 0, 0]
     assert [bm.blocks[i].hash for i in range(3)] == hashes
     assert bm.hash_to_block_id[hashes[1]] == 1
-    assert seq.block_table == [] and seq.num_computed_tokens == 0
+    assert req.block_table == [] and req.num_computed_tokens == 0
 
 
 def test_deallocate_of_one_sharer_keeps_shared_blocks_in_use():
     bm = BlockManager(8, BS)
-    a, b = make_seq(P0 + P1 + [42]), make_seq(P0 + P1 + [43])
+    a, b = make_req(P0 + P1 + [42]), make_req(P0 + P1 + [43])
     admit(bm, a)
     admit(bm, b)
     shared, a_tail = a.block_table[:2], a.block_table[2]
@@ -179,11 +182,11 @@ def test_deallocate_of_one_sharer_keeps_shared_blocks_in_use():
 
 def test_freed_block_is_revived_by_identical_prefix():
     bm = BlockManager(6, BS)
-    a = make_seq(P0 + P1 + [42])
+    a = make_req(P0 + P1 + [42])
     admit(bm, a)
     old = list(a.block_table)
     bm.deallocate(a)
-    b = make_seq(P0 + P1 + [77, 78])
+    b = make_req(P0 + P1 + [77, 78])
     assert admit(bm, b) == old[:2]
     assert b.block_table[:2] == old[:2]
     assert b.num_cached_tokens == 8
@@ -195,41 +198,41 @@ def test_freed_block_is_revived_by_identical_prefix():
 
 def test_freed_block_reused_for_new_content_loses_old_hash():
     bm = BlockManager(3, BS)
-    a = make_seq(P0 + [42])
+    a = make_req(P0 + [42])
     admit(bm, a)
     bm.deallocate(a)
     assert list(bm.free_block_ids) == [2, 1, 0]
-    c = make_seq(P2 + P1 + [7, 7, 7, 7])
+    c = make_req(P2 + P1 + [7, 7, 7, 7])
     admit(bm, c)
     assert sorted(c.block_table) == [0, 1, 2]
     assert chain_hash(P0) not in bm.hash_to_block_id
     assert bm.blocks[0].token_ids != P0
     bm.deallocate(c)
-    d = make_seq(P0 + [42])
+    d = make_req(P0 + [42])
     assert admit(bm, d) == [] and d.num_cached_tokens == 0
 
 
 def test_can_allocate_does_not_charge_for_in_use_hits():
     bm = BlockManager(5, BS)
-    admit(bm, make_seq(P0 + P1 + [42]))
-    b = make_seq(P0 + P1 + P2)
-    admit(bm, make_seq([100]))
+    admit(bm, make_req(P0 + P1 + [42]))
+    b = make_req(P0 + P1 + P2)
+    admit(bm, make_req([100]))
     assert bm.num_free_blocks == 1
     hits = bm.cached_prefix(b)
     assert len(hits) == 2 and bm.can_allocate(b, hits)
-    admit(bm, make_seq([101]))
+    admit(bm, make_req([101]))
     assert bm.num_free_blocks == 0 and not bm.can_allocate(b, hits)
 
 
 def pool_with_two_freed_cached_blocks():
     """A 5-block pool with P0 and P1 cached in freed blocks and two blocks held by others; b wants P0 P1 P2."""
     bm = BlockManager(5, BS)
-    a = make_seq(P0 + P1 + [42])
+    a = make_req(P0 + P1 + [42])
     admit(bm, a)
     bm.deallocate(a)
-    admit(bm, make_seq([100]))
-    admit(bm, make_seq([101]))
-    return bm, make_seq(P0 + P1 + P2)
+    admit(bm, make_req([100]))
+    admit(bm, make_req([101]))
+    return bm, make_req(P0 + P1 + P2)
 
 
 def test_can_allocate_charges_for_revived_free_hits():
@@ -237,7 +240,7 @@ def test_can_allocate_charges_for_revived_free_hits():
     hits = bm.cached_prefix(b)
     assert len(hits) == 2 and bm.num_free_blocks == 3
     assert bm.can_allocate(b, hits)
-    admit(bm, make_seq([102]))
+    admit(bm, make_req([102]))
     hits = bm.cached_prefix(b)
     assert len(hits) == 2 and bm.num_free_blocks == 2
     assert not bm.can_allocate(b, hits)
@@ -253,64 +256,83 @@ def test_allocate_takes_exactly_the_blocks_can_allocate_counted():
 
 def test_can_append_needs_a_block_only_after_crossing_a_boundary():
     bm = BlockManager(1, BS)
-    seq = make_seq([1, 2, 3])
-    admit(bm, seq)
+    req = make_req([1, 2, 3])
+    admit(bm, req)
     assert bm.num_free_blocks == 0
-    assert decode_step(bm, seq, 4)
-    assert seq.block_table == [0]
-    seq.num_computed_tokens = seq.num_tokens
-    seq.append_token(5)
-    assert seq.num_tokens == 5 and not bm.can_append(seq)
+    assert decode_step(bm, req, 4)
+    assert req.block_table == [0]
+    req.num_computed_tokens = req.num_tokens
+    req.add_placeholder()
+    assert req.num_tokens == 5 and not bm.can_append(req)
 
 
 def test_may_append_takes_a_block_at_the_boundary_only():
     bm = BlockManager(3, BS)
-    seq = make_seq(P0)
-    admit(bm, seq)
-    assert decode_step(bm, seq, 50)
-    assert len(seq.block_table) == 2 and bm.num_free_blocks == 1
-    new_block = bm.blocks[seq.block_table[1]]
+    req = make_req(P0)
+    admit(bm, req)
+    assert decode_step(bm, req, 50)
+    assert len(req.block_table) == 2 and bm.num_free_blocks == 1
+    new_block = bm.blocks[req.block_table[1]]
     assert new_block.ref_count == 1 and new_block.hash == -1
     for t in (51, 52):
-        assert decode_step(bm, seq, t)
-        assert len(seq.block_table) == 2 and bm.num_free_blocks == 1
+        assert decode_step(bm, req, t)
+        assert len(req.block_table) == 2 and bm.num_free_blocks == 1
 
 
 def test_block_filled_during_decode_is_registered_with_chained_hash():
     bm = BlockManager(4, BS)
-    seq = make_seq(P0 + [50])
-    admit(bm, seq)
+    req = make_req(P0 + [50])
+    admit(bm, req)
     for t in (51, 52, 53):
-        assert decode_step(bm, seq, t)
-    filled = bm.blocks[seq.block_table[1]]
+        assert decode_step(bm, req, t)
+    filled = bm.blocks[req.block_table[1]]
     expected = chain_hash([50, 51, 52, 53], chain_hash(P0))
     assert filled.hash == expected and filled.token_ids == [50, 51, 52, 53]
     assert bm.hash_to_block_id[expected] == filled.block_id
-    follower = make_seq(P0 + [50, 51, 52, 53, 9])
-    assert bm.cached_prefix(follower) == seq.block_table[:2]
+    follower = make_req(P0 + [50, 51, 52, 53, 9])
+    assert bm.cached_prefix(follower) == req.block_table[:2]
 
 
 def test_block_filled_during_decode_after_unhashed_prompt_chains_whole_prefix():
     bm = BlockManager(4, BS)
-    seq = make_seq([1, 2])
-    admit(bm, seq)
+    req = make_req([1, 2])
+    admit(bm, req)
     for t in (3, 4, 5, 6, 7, 8):
-        assert decode_step(bm, seq, t)
-    assert bm.blocks[seq.block_table[0]].hash == chain_hash([1, 2, 3, 4])
-    assert bm.blocks[seq.block_table[1]].hash == chain_hash([5, 6, 7, 8], chain_hash([1, 2, 3, 4]))
+        assert decode_step(bm, req, t)
+    assert bm.blocks[req.block_table[0]].hash == chain_hash([1, 2, 3, 4])
+    assert bm.blocks[req.block_table[1]].hash == chain_hash([5, 6, 7, 8], chain_hash([1, 2, 3, 4]))
+
+
+def test_may_append_registers_only_blocks_full_of_confirmed_tokens():
+    bm = BlockManager(4, BS)
+    req = make_req(P0 + [5, 6, 7])
+    admit(bm, req)
+    req.add_placeholder()
+    bm.may_append(req, 8)
+    block = bm.blocks[req.block_table[1]]
+    assert block.hash == -1
+    req.add_placeholder()
+    bm.may_append(req, 9)
+    assert len(req.block_table) == 3 and block.hash == -1
+    req.confirm(8)
+    bm.may_append(req, 9)
+    expected = chain_hash([5, 6, 7, 8], chain_hash(P0))
+    assert block.hash == expected and block.token_ids == [5, 6, 7, 8]
+    assert bm.hash_to_block_id[expected] == block.block_id
+    assert bm.blocks[req.block_table[2]].hash == -1
 
 
 @pytest.mark.parametrize("prompt_len", [3, 4, 5, 8, 9, 12])
 def test_never_writes_into_a_shared_block(prompt_len):
     bm = BlockManager(16, BS)
     prompt = list(range(1, prompt_len + 1))
-    a, b = make_seq(prompt), make_seq(prompt)
-    for seq in (a, b):
-        admit(bm, seq)
-        assert_writes_go_to_private_blocks(bm, seq)
+    a, b = make_req(prompt), make_req(prompt)
+    for req in (a, b):
+        admit(bm, req)
+        assert_writes_go_to_private_blocks(bm, req)
     for step in range(6):
-        for seq in (a, b):
-            assert decode_step(bm, seq, 100 + step)
-            assert_writes_go_to_private_blocks(bm, seq)
-            if seq.num_tokens % BS:
-                assert bm.blocks[seq.block_table[-1]].ref_count == 1
+        for req in (a, b):
+            assert decode_step(bm, req, 100 + step)
+            assert_writes_go_to_private_blocks(bm, req)
+            if req.num_tokens % BS:
+                assert bm.blocks[req.block_table[-1]].ref_count == 1

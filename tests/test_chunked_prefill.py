@@ -14,13 +14,14 @@ ENGINE = dict(kvcache_block_size=BLOCK, max_model_len=512)
 def record_batches(llm) -> list:
     """A list that fills with (num_scheduled_tokens, samples, is_prefill) of every step the engine runs."""
     batches = []
-    original = llm.model_runner.run
+    runner = llm.engine_core.model_runner
+    original = runner.execute
 
-    def recording_run(batch):
-        batches.append((list(batch.num_scheduled_tokens), list(batch.samples), batch.is_prefill))
-        return original(batch)
+    def recording_execute(out):
+        batches.append((out.num_scheduled_tokens, list(out.samples), not out.is_decode))
+        return original(out)
 
-    llm.model_runner.run = recording_run
+    runner.execute = recording_execute
     return batches
 
 
@@ -31,7 +32,7 @@ def unchunked(model_dir, prompts, params=GREEDY) -> list[list[int]]:
 
 
 def run_to_completion(llm) -> None:
-    while not llm.is_finished():
+    while llm.has_unfinished_requests():
         llm.step()
 
 
@@ -76,11 +77,11 @@ def test_mixed_steps_equal_separate_runs(qwen3_dir):
     seqs = [llm.add_request(p, params) for p in short]
     for _ in range(4):  # the short prompts are prefilled and decoding
         llm.step()
-    assert all(s.num_completion_tokens for s in seqs)
+    assert all(s.token_ids for s in seqs)
     seqs.append(llm.add_request(long, params))
     run_to_completion(llm)
     alone = [unchunked(qwen3_dir, [p], params)[0] for p in short + [long]]
-    assert [s.completion_token_ids for s in seqs] == alone
+    assert [s.token_ids for s in seqs] == alone
     # decodes first, then a chunk of the long prompt that does not sample yet
     mixed = [(counts, samples) for counts, samples, is_prefill in batches
              if is_prefill and counts[:3] == [1, 1, 1] and samples[-1] is False]
@@ -94,20 +95,21 @@ def test_preemption_in_the_middle_of_a_chunked_prefill(qwen3_dir):
     params = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)] * 4 + [GREEDY]
     llm = LLM(qwen3_dir, max_num_batched_tokens=32, num_kvcache_blocks=16, **ENGINE)
     preempted = []
-    original = llm.scheduler._preempt
+    scheduler = llm.engine_core.scheduler
+    original = scheduler._preempt
 
-    def recording_preempt(seq):
-        preempted.append((seq, seq.num_completion_tokens, seq.num_computed_tokens))
-        original(seq)
+    def recording_preempt(req):
+        preempted.append((req, req.num_output_tokens, req.num_computed_tokens))
+        original(req)
 
-    llm.scheduler._preempt = recording_preempt
+    scheduler._preempt = recording_preempt
     seqs = [llm.add_request(p, sp) for p, sp in zip(decoding, params)]
     llm.step()
     seqs.append(llm.add_request(long, params[-1]))
     run_to_completion(llm)
-    [(seq, completion, computed)] = preempted
-    assert seq is seqs[-1] and completion == 0 and 0 < computed < len(long)
+    [(req, completion, computed)] = preempted
+    assert req.request_id == seqs[-1].request_id and completion == 0 and 0 < computed < len(long)
     # re-admitted, it resumed from the full blocks it had computed, which the prefix cache kept
-    assert seq.num_cached_tokens == computed // BLOCK * BLOCK > 0
+    assert req.num_cached_tokens == seqs[-1].num_cached_tokens == computed // BLOCK * BLOCK > 0
     expected = [unchunked(qwen3_dir, [p], sp)[0] for p, sp in zip(decoding + [long], params)]
-    assert [s.completion_token_ids for s in seqs] == expected
+    assert [s.token_ids for s in seqs] == expected

@@ -19,7 +19,7 @@ def test_converted_folder_is_a_llama_checkpoint_with_chat_eos(smollm_dir, llm):
     assert llm.config.hf_config.architectures == ["LlamaForCausalLM"]
     assert llm.config.hf_config.num_hidden_layers == 30
     assert llm.tokenizer.eos_token == "<|im_end|>"
-    assert llm.tokenizer.convert_tokens_to_ids("<|im_end|>") in llm.config.eos_token_ids
+    assert llm.tokenizer.convert_tokens_to_ids("<|im_end|>") in llm.eos_token_ids
     assert default_model_dir() == smollm_dir  # the second call reuses the folder
 
 
@@ -34,7 +34,7 @@ def test_capital_of_france_is_paris(llm):
     [out] = llm.generate([chat_prompt(llm.tokenizer, QUESTIONS[0])], SamplingParams(temperature=0.0, max_tokens=32),
                          use_tqdm=False)
     assert "Paris" in out["text"]
-    assert out["token_ids"][-1] in llm.config.eos_token_ids  # stopped on its own, before max_tokens
+    assert out["token_ids"][-1] in llm.eos_token_ids  # stopped on its own, before max_tokens
 
 
 def test_missing_package_says_how_to_install(monkeypatch, tmp_path):
@@ -53,18 +53,17 @@ def test_partial_folder_is_not_taken_for_a_model(monkeypatch, tmp_path):
 def test_text_grows_step_by_step_as_a_stream_would_read_it(llm):
     prompt = chat_prompt(llm.tokenizer, "Write the words café, naïve and 東京 and then a smiley emoji.")
     params = SamplingParams(temperature=0.0, max_tokens=40, stop=["\n\n"])
-    seq = llm.add_request(prompt, params)
+    state = llm.add_request(prompt, params)
     streamed = ""
-    while not llm.is_finished():
+    while llm.has_unfinished_requests():
         llm.step()
-        assert "\ufffd" not in seq.output_text
-        assert seq.stream_text.startswith(streamed)
-        streamed = seq.stream_text
-    assert streamed == seq.output_text
-    completion = seq.completion_token_ids
-    full = llm.tokenizer.decode(completion, skip_special_tokens=True)
-    assert full.startswith(seq.output_text) and seq.finish_reason in ("stop", "length")
-    assert seq.finish_reason == "length" or "\n\n" not in seq.output_text
+        assert "\ufffd" not in state.text
+        assert state.stream_text.startswith(streamed)
+        streamed = state.stream_text
+    assert streamed == state.text
+    full = llm.tokenizer.decode(state.token_ids, skip_special_tokens=True)
+    assert full.startswith(state.text) and state.finish_reason in ("stop", "length")
+    assert state.finish_reason == "length" or "\n\n" not in state.text
 
 
 def test_stop_string_on_real_text(llm):

@@ -1,5 +1,6 @@
 """The engine on a CUDA GPU: both attention backends, CUDA graphs, KV sizing (skipped without CUDA)."""
 
+import gc
 import random
 
 import pytest
@@ -39,26 +40,27 @@ def test_cuda_graphs_equal_eager_with_padded_batches(qwen3_dir):
     for n in (7, 19):
         batch = prompts(seed=n) * 3
         graphed = LLM(qwen3_dir, kvcache_block_size=16, max_model_len=512, max_num_seqs=20)
-        assert graphed.model_runner.graphs.sizes == [1, 2, 4, 8, 16, 20]
+        assert graphed.engine_core.model_runner.graphs.sizes == [1, 2, 4, 8, 16, 20]
         eager = LLM(qwen3_dir, kvcache_block_size=16, max_model_len=512, max_num_seqs=20, enforce_eager=True)
-        assert eager.model_runner.graphs is None
+        assert eager.engine_core.model_runner.graphs is None
         assert token_ids(graphed.generate(batch[:n], GREEDY, use_tqdm=False)) == \
             token_ids(eager.generate(batch[:n], GREEDY, use_tqdm=False))
 
 
 def test_cuda_graphs_pad_a_batch_that_grows_at_once(qwen3_dir):
     # One sequence decodes alone (graph of 1), then 19 join at once: the graph of 20
-    # pads rows where the steps of 1 left a slot, a length and a -1-padded block table.
+    # pads rows where the steps of 1 left a slot, a length and a -1-padded block table,
+    # in whichever of the two host buffers the step lands.
     batch = (prompts(seed=11) * 3)[:20]
 
     def run(llm):
-        seqs = [llm.add_request(batch[0], GREEDY)]
+        states = [llm.add_request(batch[0], GREEDY)]
         for _ in range(4):
             llm.step()
-        seqs += [llm.add_request(p, GREEDY) for p in batch[1:]]
-        while not llm.is_finished():
+        states += [llm.add_request(p, GREEDY) for p in batch[1:]]
+        while llm.has_unfinished_requests():
             llm.step()
-        return [s.completion_token_ids for s in seqs]
+        return [s.token_ids for s in states]
 
     kwargs = dict(kvcache_block_size=16, max_model_len=512, max_num_seqs=20)
     assert run(LLM(qwen3_dir, **kwargs)) == run(LLM(qwen3_dir, enforce_eager=True, **kwargs))
@@ -68,12 +70,12 @@ def test_triton_prefix_cache_hit_equals_cold_run(qwen3_dir):
     shared = prompts(seed=5)[-1]  # 257 tokens: 16 full blocks of 16
     llm = LLM(qwen3_dir, kvcache_block_size=16, max_model_len=512)
     llm.generate([shared + [3]], GREEDY, use_tqdm=False)
-    seqs = [llm.add_request(shared + tail, GREEDY) for tail in ([4, 5], [6])]
-    while not llm.is_finished():
+    states = [llm.add_request(shared + tail, GREEDY) for tail in ([4, 5], [6])]
+    while llm.has_unfinished_requests():
         llm.step()
-    assert [s.num_cached_tokens for s in seqs] == [256, 256]
+    assert [s.num_cached_tokens for s in states] == [256, 256]
     cold = LLM(qwen3_dir, attention_backend="torch", kvcache_block_size=16, max_model_len=512)
-    assert [s.completion_token_ids for s in seqs] == token_ids(
+    assert [s.token_ids for s in states] == token_ids(
         cold.generate([shared + [4, 5], shared + [6]], GREEDY, use_tqdm=False))
 
 
@@ -96,17 +98,64 @@ def test_triton_mixed_steps_equal_separate_runs_and_decodes_still_replay_graphs(
     llm = LLM(qwen3_dir, max_num_batched_tokens=128, **kwargs)
     batches = record_batches(llm)
     replays = []
-    original_replay = llm.model_runner.graphs.replay
-    llm.model_runner.graphs.replay = lambda size: replays.append(size) or original_replay(size)
-    seqs = [llm.add_request(p, GREEDY) for p in short]
+    graphs = llm.engine_core.model_runner.graphs
+    original_replay = graphs.replay
+    graphs.replay = lambda size: replays.append(size) or original_replay(size)
+    states = [llm.add_request(p, GREEDY) for p in short]
     for _ in range(3):
         llm.step()
-    seqs.append(llm.add_request(long, GREEDY))
-    while not llm.is_finished():
+    states.append(llm.add_request(long, GREEDY))
+    while llm.has_unfinished_requests():
         llm.step()
-    assert [s.completion_token_ids for s in seqs] == expected
+    assert [s.token_ids for s in states] == expected
     assert any(is_prefill and counts[:5] == [1] * 5 and not samples[-1] for counts, samples, is_prefill in batches)
     assert len(replays) == sum(not is_prefill for _, _, is_prefill in batches) > 0
+
+
+def record_src_rows(llm) -> list:
+    """A list that fills with the rows each step takes from the previous step's samples on the device."""
+    runner = llm.engine_core.model_runner
+    original, recorded = runner._src_rows, []
+    runner._src_rows = lambda out: recorded.append(original(out)) or recorded[-1]
+    return recorded
+
+
+def test_device_side_input_ids_in_graphs_equal_eager_and_transformers(qwen3_dir):
+    # Every decode step after the first reads its input ids from the previous step's
+    # samples on the device, inside the graph when one is replayed.
+    batch = prompts(seed=14)
+    graphed = LLM(qwen3_dir, kvcache_block_size=16, max_model_len=512)
+    src_rows = record_src_rows(graphed)
+    eager = LLM(qwen3_dir, kvcache_block_size=16, max_model_len=512, enforce_eager=True)
+    expected = hf_greedy(qwen3_dir, batch, GREEDY.max_tokens)
+    assert token_ids(graphed.generate(batch, GREEDY, use_tqdm=False)) == expected
+    assert token_ids(eager.generate(batch, GREEDY, use_tqdm=False)) == expected
+    from_device = [rows for rows in src_rows if rows and all(r >= 0 for r in rows)]
+    assert len(from_device) >= GREEDY.max_tokens - 2
+
+
+def test_stop_tokens_mid_batch_leak_no_token_on_gpu(qwen3_dir):
+    # Requests that stop at different steps while the next step is already launched:
+    # each ends exactly at its stop token, and the others go on as if alone.
+    llm = LLM(qwen3_dir, kvcache_block_size=16, max_model_len=512)
+    batch = prompts(seed=15)
+    free = token_ids(llm.generate(batch, GREEDY, use_tqdm=False))
+    stops = [f[i] for f, i in zip(free, [3, 7, 11, 31, 15, 1, 20])]
+    params = [SamplingParams(temperature=0.0, max_tokens=32, stop_token_ids=[s]) for s in stops]
+    outputs = llm.generate(batch, params, use_tqdm=False)
+    assert token_ids(outputs) == [f[: f.index(s) + 1] for f, s in zip(free, stops)]
+    assert all(out["finish_reason"] == "stop" for out in outputs)
+    assert llm.engine_core.scheduler.block_manager.num_free_blocks == llm.client.info.num_kvcache_blocks
+
+
+def test_sampled_ids_come_back_through_pinned_memory(qwen3_dir):
+    llm = LLM(qwen3_dir, kvcache_block_size=16, max_model_len=512)
+    runner = llm.engine_core.model_runner
+    pendings = []
+    original = runner.execute
+    runner.execute = lambda out: pendings.append(original(out)) or pendings[-1]
+    llm.generate(prompts()[:2], SamplingParams(temperature=0.0, max_tokens=4, logprobs=2), use_tqdm=False)
+    assert pendings and all(p._token_ids.is_pinned() and p._logprobs.is_pinned() for p in pendings if p)
 
 
 def triton_variants() -> dict[str, int]:
@@ -128,7 +177,7 @@ def test_no_triton_kernel_compiles_after_start_up(qwen3_dir):
     llm.generate([shared + [5]], GREEDY, use_tqdm=False)
     sampled = SamplingParams(temperature=0.6, max_tokens=16, ignore_eos=True)
     llm.generate([shared + [6, 7]] + prompts(seed=13), [sampled, GREEDY] * 4, use_tqdm=False)
-    assert llm.model_runner.graphs is not None and any(not is_prefill for _, _, is_prefill in batches)
+    assert llm.engine_core.model_runner.graphs is not None and any(not is_prefill for _, _, is_prefill in batches)
     assert any(is_prefill and 1 in counts for counts, _, is_prefill in batches)  # a mixed step ran
     assert triton_variants() == compiled
 
@@ -173,16 +222,21 @@ def test_every_sampling_feature_runs_on_gpu_and_seeds_reproduce(qwen3_dir):
     assert first[0]["finish_reason"] in ("stop", "length") and first[1]["finish_reason"] == "length"
 
 
-def test_kv_cache_is_sized_from_gpu_memory_utilization(qwen3_06b_shape_dir):
-    llm = LLM(qwen3_06b_shape_dir, load_format="dummy", gpu_memory_utilization=0.5)
-    free, total = torch.cuda.mem_get_info()
-    assert llm.config.num_kvcache_blocks > 10
-    assert (total - free) <= 0.5 * total + (1 << 30)
-    outputs = llm.generate([[5] * 300, [6] * 1000], SamplingParams(temperature=0.6, max_tokens=20, ignore_eos=True),
-                           use_tqdm=False)
-    assert [len(o["token_ids"]) for o in outputs] == [20, 20]
-    del llm
-    torch.cuda.empty_cache()
+def test_kv_cache_is_sized_from_gpu_memory_utilization_and_freed_with_the_engine(qwen3_06b_shape_dir):
+    gc.disable()  # dropping the engine must free its memory without the cycle collector
+    try:
+        llm = LLM(qwen3_06b_shape_dir, load_format="dummy", gpu_memory_utilization=0.5)
+        free, total = torch.cuda.mem_get_info()
+        assert llm.client.info.num_kvcache_blocks > 10 and llm.config.num_kvcache_blocks == -1
+        assert (total - free) <= 0.5 * total + (1 << 30)
+        outputs = llm.generate([[5] * 300, [6] * 1000],
+                               SamplingParams(temperature=0.6, max_tokens=20, ignore_eos=True), use_tqdm=False)
+        assert [len(o["token_ids"]) for o in outputs] == [20, 20]
+        del llm, outputs
+        torch.cuda.empty_cache()
+        assert torch.cuda.mem_get_info()[0] > free + 0.3 * total
+    finally:
+        gc.enable()
 
 
 def test_too_little_gpu_memory_is_a_clear_error(qwen3_06b_shape_dir):

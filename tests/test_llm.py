@@ -1,8 +1,10 @@
 """End-to-end generation: parity with transformers, prefix caching, preemption, bad requests."""
 
+import gc
 import os
 import random
 import shutil
+import weakref
 
 import pytest
 from hf_reference import hf_generate, hf_greedy, hf_logprobs
@@ -25,13 +27,13 @@ def token_ids(outputs):
 def record_preemptions(llm) -> list:
     """A list that fills with each sequence the scheduler preempts."""
     preempted = []
-    original = llm.scheduler._preempt
+    original = llm.engine_core.scheduler._preempt
 
     def recording_preempt(seq):
         preempted.append(seq)
         original(seq)
 
-    llm.scheduler._preempt = recording_preempt
+    llm.engine_core.scheduler._preempt = recording_preempt
     return preempted
 
 
@@ -60,9 +62,9 @@ def test_triton_backend_matches_transformers(qwen3_dir, prompts):
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     llm.generate(batch[-2:-1], params, use_tqdm=False)
     seqs = [llm.add_request(p, params) for p in batch]
-    while not llm.is_finished():
+    while llm.has_unfinished_requests():
         llm.step()
-    assert [s.completion_token_ids for s in seqs] == hf_greedy(qwen3_dir, batch, 8)
+    assert [s.token_ids for s in seqs] == hf_greedy(qwen3_dir, batch, 8)
     assert seqs[-1].num_cached_tokens == 2 * BLOCK
 
 
@@ -90,7 +92,7 @@ def test_eos_stops_generation(qwen3_dir, prompts):
     free_running = token_ids(llm.generate(prompts, GREEDY, use_tqdm=False))
     # declare the 3rd generated token of the first prompt to be an end token
     stop_token = free_running[0][2]
-    llm.scheduler.stop_checker.eos_token_ids = frozenset({stop_token})
+    llm.engine_core.scheduler.stop_checker.eos_token_ids = frozenset({stop_token})
     [out] = llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=24), use_tqdm=False)
     assert out["token_ids"] == free_running[0][: free_running[0].index(stop_token) + 1]
     assert out["finish_reason"] == "stop"
@@ -102,11 +104,11 @@ def test_prefix_cache_hit_gives_identical_output(qwen3_dir):
     llm = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
     llm.generate([first], GREEDY, use_tqdm=False)
     seq = llm.add_request(second, GREEDY)
-    while not llm.is_finished():
+    while llm.has_unfinished_requests():
         llm.step()
     assert seq.num_cached_tokens == 5 * BLOCK
     cold = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
-    assert seq.completion_token_ids == cold.generate([second], GREEDY, use_tqdm=False)[0]["token_ids"]
+    assert seq.token_ids == cold.generate([second], GREEDY, use_tqdm=False)[0]["token_ids"]
 
 
 def test_prefix_shared_within_one_batch(qwen3_dir):
@@ -114,10 +116,10 @@ def test_prefix_shared_within_one_batch(qwen3_dir):
     batch = [shared + [5], shared + [6, 7], shared + [8]]
     llm = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
     seqs = [llm.add_request(p, GREEDY) for p in batch]
-    while not llm.is_finished():
+    while llm.has_unfinished_requests():
         llm.step()
     assert [s.num_cached_tokens for s in seqs] == [0, 3 * BLOCK, 3 * BLOCK]
-    assert [s.completion_token_ids for s in seqs] == hf_greedy(qwen3_dir, batch, GREEDY.max_tokens)
+    assert [s.token_ids for s in seqs] == hf_greedy(qwen3_dir, batch, GREEDY.max_tokens)
 
 
 def test_preemption_keeps_outputs_identical(qwen3_dir):
@@ -156,7 +158,7 @@ def small_llm(qwen3_dir):
 def test_bad_prompt_is_refused_with_clear_error(small_llm, prompt, message):
     with pytest.raises(ValueError, match=message):
         small_llm.add_request(prompt, GREEDY)
-    assert small_llm.is_finished()
+    assert not small_llm.has_unfinished_requests()
 
 
 def test_request_larger_than_kv_pool_is_refused_and_others_finish(qwen3_dir):
@@ -165,15 +167,15 @@ def test_request_larger_than_kv_pool_is_refused_and_others_finish(qwen3_dir):
     good = llm.add_request([5, 6, 7], GREEDY)
     with pytest.raises(ValueError, match="needs 5 KV-cache blocks"):
         llm.add_request(list(range(2, 32)), SamplingParams(temperature=0, max_tokens=40))
-    while not llm.is_finished():
+    while llm.has_unfinished_requests():
         llm.step()
-    assert len(good.completion_token_ids) == GREEDY.max_tokens
+    assert len(good.token_ids) == GREEDY.max_tokens
 
 
 def test_generate_names_the_bad_prompt_and_engine_stays_usable(small_llm):
     with pytest.raises(ValueError, match="prompt 1: .*max_model_len"):
         small_llm.generate([[5, 6], list(range(2, 150))], GREEDY, use_tqdm=False)
-    assert small_llm.is_finished()
+    assert not small_llm.has_unfinished_requests()
     outputs = small_llm.generate([[5, 6], [7]], GREEDY, use_tqdm=False)
     assert [len(o["token_ids"]) for o in outputs] == [GREEDY.max_tokens] * 2
 
@@ -268,7 +270,7 @@ def test_stop_string_cuts_text_and_reports_stop(llm, prompts):
 def test_params_beyond_the_model_are_refused(llm, params, message):
     with pytest.raises(ValueError, match=message):
         llm.add_request([5, 6], params)
-    assert llm.is_finished()
+    assert not llm.has_unfinished_requests()
 
 
 def test_without_tokenizer_prompts_are_token_ids_and_text_is_empty(qwen3_dir, prompts, tmp_path):
@@ -281,8 +283,20 @@ def test_without_tokenizer_prompts_are_token_ids_and_text_is_empty(qwen3_dir, pr
     outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert token_ids(outputs) == hf_greedy(qwen3_dir, prompts, GREEDY.max_tokens)
     assert [o["text"] for o in outputs] == [""] * len(prompts)
-    assert llm.config.eos_token_ids == (1,)  # from config.json alone
+    assert llm.eos_token_ids == (1,)  # from config.json alone
     with pytest.raises(ValueError, match="skip_tokenizer_init=True.*lists of token ids"):
         llm.generate(["w5 w6"], GREEDY, use_tqdm=False)
     with pytest.raises(ValueError, match="stop strings need a tokenizer"):
         llm.generate(prompts[:1], SamplingParams(stop=["w5"]), use_tqdm=False)
+
+
+def test_dropping_the_engine_frees_it_without_the_cycle_collector(qwen3_dir):
+    gc.disable()
+    try:
+        llm = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=16, max_model_len=256)
+        llm.generate([[5, 6]], GREEDY, use_tqdm=False)
+        runner = weakref.ref(llm.engine_core.model_runner)
+        del llm
+        assert runner() is None
+    finally:
+        gc.enable()

@@ -4,7 +4,8 @@ from types import SimpleNamespace
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from nanovllm.engine.online_engine import EngineStats, RequestOutput
+from nanovllm.engine.messages import EngineStats
+from nanovllm.frontend.output_processor import RequestOutput
 from nanovllm.entrypoints.metrics import RequestTimer, ServerMetrics
 
 

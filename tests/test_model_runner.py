@@ -15,6 +15,6 @@ def test_cached_prefix_warm_up_step_leaves_generation_unchanged(qwen3_dir, backe
     kwargs = dict(attention_backend=backend, kvcache_block_size=16, num_kvcache_blocks=16, max_model_len=128)
     expected = [o["token_ids"] for o in LLM(qwen3_dir, **kwargs).generate(PROMPTS, GREEDY, use_tqdm=False)]
     warmed = LLM(qwen3_dir, **kwargs)
-    warmed.model_runner._warm_up_cached_prefix()
-    assert warmed.scheduler.block_manager.num_free_blocks == 16
+    warmed.engine_core.model_runner._warm_up_cached_prefix()
+    assert warmed.engine_core.scheduler.block_manager.num_free_blocks == 16
     assert [o["token_ids"] for o in warmed.generate(PROMPTS, GREEDY, use_tqdm=False)] == expected

@@ -8,7 +8,7 @@ import pytest
 from conftest import fail_step, slow_down
 
 from nanovllm import LLM, SamplingParams
-from nanovllm.engine.online_engine import OnlineEngine
+from nanovllm.frontend.online_engine import OnlineEngine
 
 BLOCK = 16
 ENGINE_ARGS = dict(kvcache_block_size=BLOCK, num_kvcache_blocks=24, max_model_len=256)
@@ -25,7 +25,7 @@ def random_prompts(count, seed=0):
 
 @pytest.fixture
 def online(qwen3_dir):
-    engine = OnlineEngine(LLM(qwen3_dir, **ENGINE_ARGS))
+    engine = OnlineEngine(qwen3_dir, **ENGINE_ARGS)
     yield engine
     engine.shutdown()
 
@@ -38,7 +38,7 @@ def wait_until(condition, timeout=10.0):
 
 
 def all_blocks_free(online):
-    block_manager = online.llm_engine.scheduler.block_manager
+    block_manager = online.engine_core.scheduler.block_manager
     return block_manager.num_free_blocks == len(block_manager.blocks)
 
 
@@ -131,7 +131,7 @@ def test_failed_step_ends_live_requests_with_error_and_loop_goes_on(online, monk
 
 
 def test_shutdown_aborts_unfinished_requests(qwen3_dir):
-    online = OnlineEngine(LLM(qwen3_dir, **ENGINE_ARGS))
+    online = OnlineEngine(qwen3_dir, **ENGINE_ARGS)
     stream = online.add_request([5, 6, 7], greedy(240))
     online.shutdown()
     assert list(stream)[-1].finish_reason == "abort"

@@ -1,28 +1,40 @@
-"""Sequences to sampler tensors: the greedy fast path, unused features left out, bans, seeds, logprobs."""
+"""A step's sampling rows to sampler tensors: the greedy fast path, unused features left out, bans,
+seeds, penalties; and the logprob dicts a step's PendingOutput hands back."""
 
 import torch
 
 from nanovllm import SamplingParams
-from nanovllm.engine.sampling_batch import logprob_dicts, sampling_tensors
-from nanovllm.engine.sequence import Sequence
+from nanovllm.engine.runner_output import PendingOutput
+from nanovllm.engine.sampling_batch import sampling_tensors
+from nanovllm.engine.scheduler_output import SchedulerOutput
 from nanovllm.layers.sampler import SamplerOutput
 
 VOCAB = 50
 EOS = (1,)
+PROMPT = [3, 4, 5]
 
 
-def seqs_for(*params: SamplingParams, completion=(7, 8)) -> list[Sequence]:
-    seqs = []
-    for p in params:
-        seq = Sequence([3, 4, 5], p, 16)
-        for token_id in completion:
-            seq.append_token(token_id)
-        seqs.append(seq)
-    return seqs
+def step_for(*params: SamplingParams, completion=(7, 8)) -> SchedulerOutput:
+    """A step in which every request (PROMPT, then `completion`) samples: a prefill of the whole prompt,
+    or the decode of its newest completion token."""
+    n = len(params)
+    token_ids = PROMPT + list(completion)
+    chunk = token_ids[-1:] if completion else token_ids
+    req_ids = [f"r{i}" for i in range(n)]
+    with_penalties = any(p.has_penalties for p in params)
+    return SchedulerOutput(
+        req_ids=req_ids, token_ids=[chunk] * n, num_computed_tokens=[len(token_ids) - len(chunk)] * n,
+        block_tables=[[0]] * n, samples=[True] * n, sampled_req_ids=req_ids, sampling_params=list(params),
+        num_output_tokens=[len(completion)] * n,
+        penalty_token_ids=[(PROMPT, list(completion))] * n if with_penalties else None)
+
+
+def to_cpu(values: list, dtype: torch.dtype) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype)
 
 
 def tensors_for(*params: SamplingParams, **kwargs):
-    return sampling_tensors(seqs_for(*params, **kwargs), VOCAB, EOS, lambda v, dtype: torch.tensor(v, dtype=dtype))
+    return sampling_tensors(step_for(*params, **kwargs), VOCAB, EOS, to_cpu)
 
 
 def test_plain_greedy_batch_takes_the_fast_path():
@@ -46,28 +58,48 @@ def test_seeded_rows_carry_the_new_tokens_position():
     t = tensors_for(SamplingParams(), SamplingParams(seed=-3), SamplingParams(seed=9, temperature=0))
     assert t.seeded_rows.tolist() == [1]
     assert t.seeds.tolist() == [(-3) % (1 << 63)]
-    assert t.positions.tolist() == [5]  # three prompt tokens and two completion tokens before it
+    assert t.positions.tolist() == [len(PROMPT) + 2]  # three prompt tokens and two completion tokens before it
+
+
+def test_a_seeded_rows_position_skips_requests_that_do_not_sample():
+    # a prompt chunk that stops short of the prompt's end runs first and samples nothing
+    params = SamplingParams(seed=4)
+    out = SchedulerOutput(
+        req_ids=["chunk", "decode"], token_ids=[[10, 11], [8]], num_computed_tokens=[0, 6], block_tables=[[0], [1]],
+        samples=[False, True], sampled_req_ids=["decode"], sampling_params=[params], num_output_tokens=[3])
+    t = sampling_tensors(out, VOCAB, EOS, to_cpu)
+    assert t.seeded_rows.tolist() == [0]
+    assert t.positions.tolist() == [7]  # the decode computes position 6 and draws the token at 7
 
 
 def test_min_tokens_bans_stop_tokens_until_reached():
+    # two completion tokens so far: the rows with min_tokens=3 still ban their stop tokens
     t = tensors_for(SamplingParams(temperature=0, min_tokens=3, stop_token_ids=[9]),
                     SamplingParams(temperature=0, min_tokens=3, ignore_eos=True),
                     SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[9]))
-    assert t.banned.T.tolist() == [[0, 1], [0, 9]]
+    assert t.banned.T.tolist() == [[0, EOS[0]], [0, 9]]
 
 
 def test_penalties_pad_token_lists_with_the_vocabulary_size():
     t = tensors_for(SamplingParams(temperature=0, repetition_penalty=1.2), SamplingParams(), completion=())
     assert torch.equal(t.penalties.repetition, torch.tensor([1.2, 1.0]))
     assert t.penalties.output_ids.tolist() == [[VOCAB], [VOCAB]]
-    assert t.penalties.prompt_ids.tolist() == [[3, 4, 5], [3, 4, 5]]
+    assert t.penalties.prompt_ids.tolist() == [PROMPT, PROMPT]
+
+
+def test_num_logprobs_is_the_most_any_row_asks_for():
+    assert tensors_for(SamplingParams(logprobs=2), SamplingParams(logprobs=0)).num_logprobs == 2
 
 
 def test_logprob_dicts_keep_each_rows_own_count():
-    seqs = seqs_for(SamplingParams(logprobs=2), SamplingParams(), SamplingParams(logprobs=0))
-    assert tensors_for(SamplingParams(logprobs=2), SamplingParams(logprobs=0)).num_logprobs == 2
     ids = torch.tensor([[4, 4, 6], [1, 2, 3], [9, 8, 7]])
     # the chosen token 4 is also the top alternative: one entry
     values = torch.tensor([[-0.5, -0.5, -2.0], [-1.0, -2.0, -3.0], [-6.0, -7.0, -8.0]])
-    out = logprob_dicts(seqs, SamplerOutput(ids[:, 0], ids, values))
-    assert out == [{4: -0.5, 6: -2.0}, None, {9: -6.0}]
+    result = PendingOutput(SamplerOutput(ids[:, 0], ids, values), [2, None, 0]).result()
+    assert result.sampled_token_ids == [4, 1, 9]
+    assert result.logprobs == [{4: -0.5, 6: -2.0}, None, {9: -6.0}]
+
+
+def test_a_step_without_logprobs_gives_none():
+    result = PendingOutput(SamplerOutput(torch.tensor([4, 1])), [None, None]).result()
+    assert (result.sampled_token_ids, result.logprobs) == ([4, 1], None)

@@ -1,12 +1,17 @@
 """Scheduler: prefill-first batching (chunked prefill off) and chunked, mixed steps (on); token and
-block budgets, decode with preemption, and postprocessing."""
+block budgets, decode with preemption, updates with the sampled tokens, and the overlapped loop's
+rules for tokens still in flight (step n+1 scheduled before step n is read back)."""
 
 from types import SimpleNamespace
 
 import pytest
 
+from nanovllm.engine.block_manager import chain_hash
+from nanovllm.engine.messages import EngineCoreOutput
+from nanovllm.engine.request import Request, RequestStatus
+from nanovllm.engine.runner_output import ModelRunnerOutput
 from nanovllm.engine.scheduler import Scheduler
-from nanovllm.engine.sequence import Sequence, SequenceStatus
+from nanovllm.engine.scheduler_output import PLACEHOLDER
 from nanovllm.sampling_params import SamplingParams
 
 BS = 4
@@ -15,255 +20,274 @@ EOS = 1
 
 def make_scheduler(num_blocks=16, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64, chunked=False):
     config = SimpleNamespace(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                             max_model_len=max_model_len, eos_token_ids=(EOS,),
-                             num_kvcache_blocks=num_blocks, kvcache_block_size=BS, enable_chunked_prefill=chunked)
-    return Scheduler(config)
+                             max_model_len=max_model_len, enable_chunked_prefill=chunked, kvcache_block_size=BS)
+    return Scheduler(config, num_blocks, (EOS,))
 
 
-def make_seq(token_ids, **params):
+def make_req(request_id, token_ids, **params):
     params.setdefault("max_tokens", 100)
-    return Sequence(list(token_ids), SamplingParams(**params), BS)
+    return Request(request_id, list(token_ids), SamplingParams(**params), BS)
 
 
-def add_all(sched, *seqs):
-    for seq in seqs:
-        sched.add(seq)
-    return seqs
+def add_all(sched, *reqs):
+    for req in reqs:
+        sched.add_request(req)
+    return reqs
 
 
 def step(sched, token=50):
-    """One engine step with a fixed sampled token; returns the batch."""
-    batch = sched.schedule()
-    sched.postprocess(batch, [token] * len(batch.sampled_seqs))
-    return batch
+    """One step read back at once (no overlap), every sampling request drawing `token`; returns the step."""
+    out = sched.schedule()
+    sched.update(out, ModelRunnerOutput([token] * len(out.sampled_req_ids)))
+    return out
+
+
+def read_back(sched, out, *tokens):
+    """Update with the tokens a launched step sampled, one per sampling request; returns the outputs."""
+    return sched.update(out, ModelRunnerOutput(list(tokens)))
 
 
 def test_prefill_runs_before_waiting_decodes():
     sched = make_scheduler()
-    a = make_seq([10, 11, 12])
-    sched.add(a)
-    assert step(sched).seqs == [a]
-    b = make_seq([20, 21])
-    sched.add(b)
-    batch = sched.schedule()
-    assert batch.is_prefill and batch.seqs == [b]
-    sched.postprocess(batch, [50])
-    batch = sched.schedule()
-    assert not batch.is_prefill and batch.seqs == [a, b]
+    sched.add_request(make_req("a", [10, 11, 12]))
+    assert step(sched).req_ids == ["a"]
+    sched.add_request(make_req("b", [20, 21]))
+    out = step(sched)
+    assert out.req_ids == ["b"] and out.token_ids == [[20, 21]]
+    out = sched.schedule()
+    assert out.is_decode and out.req_ids == ["a", "b"] and out.token_ids == [[50], [50]]
 
 
 def test_prefill_admits_in_order_within_max_num_seqs():
     sched = make_scheduler(max_num_seqs=2)
-    a, b, c = add_all(sched, make_seq([2, 3]), make_seq([4, 5]), make_seq([6, 7]))
-    batch = sched.schedule()
-    assert batch.is_prefill and batch.seqs == [a, b]
+    a, b, c = add_all(sched, make_req("a", [2, 3]), make_req("b", [4, 5]), make_req("c", [6, 7]))
+    assert step(sched).req_ids == ["a", "b"]
     assert list(sched.waiting) == [c] and list(sched.running) == [a, b]
-    assert a.status == b.status == SequenceStatus.RUNNING and c.status == SequenceStatus.WAITING
-    sched.postprocess(batch, [50, 50])
-    batch = sched.schedule()
-    assert batch.is_prefill and batch.seqs == [c]
+    assert a.status == b.status == RequestStatus.RUNNING and c.status == RequestStatus.WAITING
+    out = sched.schedule()
+    assert out.req_ids == ["c"] and out.token_ids == [[6, 7]]
 
 
-def test_token_budget_counts_only_uncached_tokens():
+@pytest.mark.parametrize("budget, admitted", [(12, ["a", "b"]), (11, ["a"])])
+def test_token_budget_counts_only_uncached_tokens(budget, admitted):
     prefix = list(range(2, 10))
-    for budget, expected in ((12, 2), (11, 1)):
-        sched = make_scheduler(max_num_batched_tokens=budget)
-        a, b = add_all(sched, make_seq(prefix + [20, 21]), make_seq(prefix + [30, 31]))
-        batch = sched.schedule()
-        assert batch.seqs == [a, b][:expected]
+    sched = make_scheduler(max_num_batched_tokens=budget)
+    add_all(sched, make_req("a", prefix + [20, 21]), make_req("b", prefix + [30, 31]))
+    assert sched.schedule().req_ids == admitted
 
 
-def test_token_budget_admits_cached_follower_with_its_uncached_count():
+def test_cached_follower_computes_only_its_uncached_tokens():
     prefix = list(range(2, 10))
     sched = make_scheduler(max_num_batched_tokens=12)
-    a, b = add_all(sched, make_seq(prefix + [20, 21]), make_seq(prefix + [30, 31]))
-    assert sched.schedule().seqs == [a, b]
-    assert b.num_cached_tokens == 8 and b.num_computed_tokens == 8
+    _, b = add_all(sched, make_req("a", prefix + [20, 21]), make_req("b", prefix + [30, 31]))
+    out = sched.schedule()
+    assert out.req_ids == ["a", "b"] and out.num_scheduled_tokens == [10, 2]
+    assert out.num_computed_tokens == [0, 8] and out.token_ids[1] == [30, 31]
+    assert b.num_cached_tokens == 8 and b.num_computed_tokens == 10
 
 
 def test_token_budget_stops_admission_without_skipping():
     sched = make_scheduler(max_num_batched_tokens=10)
-    a, b, c = add_all(sched, make_seq(range(2, 10)), make_seq(range(20, 28)), make_seq([30]))
-    assert sched.schedule().seqs == [a]
+    _, b, c = add_all(sched, make_req("a", range(2, 10)), make_req("b", range(20, 28)), make_req("c", [30]))
+    assert sched.schedule().req_ids == ["a"]
     assert list(sched.waiting) == [b, c]
 
 
 def test_admission_stops_when_blocks_run_out():
     sched = make_scheduler(num_blocks=3)
-    a, b, c = add_all(sched, make_seq(range(2, 10)), make_seq(range(20, 28)), make_seq([30]))
-    batch = sched.schedule()
-    assert batch.seqs == [a]
+    _, b, c = add_all(sched, make_req("a", range(2, 10)), make_req("b", range(20, 28)), make_req("c", [30]))
+    assert sched.schedule().req_ids == ["a"]
     assert list(sched.waiting) == [b, c]
     assert b.block_table == [] and sched.block_manager.num_free_blocks == 1
 
 
-def test_decode_takes_running_sequences_in_order():
+def test_decode_takes_running_requests_in_order():
     sched = make_scheduler()
-    a, b, c = add_all(sched, make_seq([2]), make_seq([3]), make_seq([4]))
+    reqs = add_all(sched, make_req("a", [2]), make_req("b", [3]), make_req("c", [4]))
     step(sched)
-    batch = sched.schedule()
-    assert not batch.is_prefill and batch.seqs == [a, b, c]
-    assert list(sched.running) == [a, b, c]
+    out = sched.schedule()
+    assert out.is_decode and out.req_ids == ["a", "b", "c"]
+    assert list(sched.running) == list(reqs)
 
 
 def test_decode_respects_max_num_seqs_and_keeps_running_order():
     sched = make_scheduler(max_num_seqs=2)
-    a, b, c = add_all(sched, make_seq([2]), make_seq([3]), make_seq([4]))
+    reqs = add_all(sched, make_req("a", [2]), make_req("b", [3]), make_req("c", [4]))
     step(sched)
     step(sched)
-    batch = sched.schedule()
-    assert not batch.is_prefill and batch.seqs == [a, b]
-    assert list(sched.running) == [a, b, c]
+    out = sched.schedule()
+    assert out.is_decode and out.req_ids == ["a", "b"]
+    assert list(sched.running) == list(reqs)
 
 
 def test_decode_preempts_from_tail_when_a_block_is_missing():
     sched = make_scheduler(num_blocks=4)
-    a, b, c, d = add_all(sched, make_seq([2, 3, 4, 5]), make_seq([6, 7]), make_seq([8, 9]), make_seq([10, 11]))
+    a, b, c, d = add_all(sched, make_req("a", [2, 3, 4, 5]), make_req("b", [6, 7]), make_req("c", [8, 9]),
+                         make_req("d", [10, 11]))
     step(sched)
-    e = make_seq(range(20, 28))
-    sched.add(e)
-    batch = sched.schedule()
-    assert not batch.is_prefill and batch.seqs == [a, b, c]
-    assert list(sched.running) == [a, b, c]
-    assert list(sched.waiting) == [d, e]
-    assert d.status == SequenceStatus.WAITING
+    e = make_req("e", range(20, 28))
+    sched.add_request(e)
+    out = sched.schedule()
+    assert out.is_decode and out.req_ids == ["a", "b", "c"]
+    assert list(sched.running) == [a, b, c] and list(sched.waiting) == [d, e]
+    assert d.status == RequestStatus.WAITING
     assert d.block_table == [] and d.num_computed_tokens == 0
-    assert d.token_ids == [10, 11, 50]
-    assert len(a.block_table) == 2
-    assert sched.block_manager.num_free_blocks == 0
+    assert d.token_ids == [10, 11, 50] and d.num_placeholders == 0
+    assert len(a.block_table) == 2 and sched.block_manager.num_free_blocks == 0
 
 
 def test_decode_preempts_itself_when_nothing_else_is_left():
     sched = make_scheduler(num_blocks=3)
-    a, b = add_all(sched, make_seq([2, 3, 4, 5]), make_seq([6, 7, 8, 9]))
+    a, b = add_all(sched, make_req("a", [2, 3, 4, 5]), make_req("b", [6, 7, 8, 9]))
     step(sched)
-    batch = sched.schedule()
-    assert batch.seqs == [a]
+    assert sched.schedule().req_ids == ["a"]
     assert list(sched.running) == [a] and list(sched.waiting) == [b]
-    assert b.status == SequenceStatus.WAITING and b.block_table == [] and b.num_computed_tokens == 0
+    assert b.status == RequestStatus.WAITING and b.block_table == [] and b.num_computed_tokens == 0
     assert sched.block_manager.num_free_blocks == 1
 
 
-def test_preempted_sequence_is_prefilled_again_with_its_completion():
+def test_preempted_request_is_prefilled_again_with_its_completion():
     sched = make_scheduler(num_blocks=3)
-    a, b = add_all(sched, make_seq([2, 3, 4, 5], max_tokens=2), make_seq([6, 7, 8, 9]))
+    a, b = add_all(sched, make_req("a", [2, 3, 4, 5], max_tokens=2), make_req("b", [6, 7, 8, 9, 10]))
     step(sched)
-    assert step(sched).seqs == [a] and a.is_finished
-    batch = sched.schedule()
-    assert batch.is_prefill and batch.seqs == [b]
-    assert b.num_tokens == 5 and b.num_cached_tokens == 4
-    assert len(b.block_table) == 2
+    assert step(sched, token=60).req_ids == ["a"] and a.is_finished
+    out = sched.schedule()
+    assert out.req_ids == ["b"] and out.token_ids == [[10, 50]] and out.num_computed_tokens == [4]
+    assert b.num_cached_tokens == 4 and len(b.block_table) == 2
 
 
-def test_postprocess_appends_token_and_marks_it_computed():
+def test_update_confirms_the_sampled_token():
     sched = make_scheduler()
-    a = make_seq([2, 3, 4, 5, 6, 7])
-    sched.add(a)
-    sched.postprocess(sched.schedule(), [42])
-    assert a.token_ids[-1] == 42 and a.completion_token_ids == [42]
+    a = make_req("a", [2, 3, 4, 5, 6, 7])
+    sched.add_request(a)
+    out = sched.schedule()
+    assert a.num_tokens == 7 and a.num_placeholders == 1 and a.token_ids == [2, 3, 4, 5, 6, 7]
+    assert read_back(sched, out, 42) == [EngineCoreOutput("a", [42])]
+    assert a.token_ids[-1] == 42 and a.num_placeholders == 0
     assert a.num_tokens == 7 and a.num_computed_tokens == 6
-    assert a.status == SequenceStatus.RUNNING and list(sched.running) == [a]
+    assert a.status == RequestStatus.RUNNING and list(sched.running) == [a]
 
 
-def test_postprocess_finishes_on_eos_and_frees_blocks():
+def test_update_reports_logprobs_and_cached_tokens_per_request():
+    sched = make_scheduler()
+    add_all(sched, make_req("a", [2, 3, 4, 5, 6]), make_req("b", [2, 3, 4, 5, 7]), make_req("c", [8]))
+    result = ModelRunnerOutput([50, 60, 70], [{50: -0.5, 9: -1.5}, None, {70: -0.25}])
+    assert sched.update(sched.schedule(), result) == [EngineCoreOutput("a", [50], [{50: -0.5, 9: -1.5}], None, 0),
+                                                      EngineCoreOutput("b", [60], None, None, 4),
+                                                      EngineCoreOutput("c", [70], [{70: -0.25}], None, 0)]
+
+
+def test_update_finishes_on_eos_and_frees_blocks():
     sched = make_scheduler(num_blocks=8)
-    a, b = add_all(sched, make_seq([2, 3, 4, 5, 6]), make_seq([7, 8]))
-    batch = sched.schedule()
+    a, b = add_all(sched, make_req("a", [2, 3, 4, 5, 6]), make_req("b", [7, 8]))
+    out = sched.schedule()
     assert sched.block_manager.num_free_blocks == 5
-    sched.postprocess(batch, [EOS, 42])
-    assert a.is_finished and a.completion_token_ids == [EOS]
-    assert a.block_table == []
+    outputs = read_back(sched, out, EOS, 42)
+    assert [o.finish_reason for o in outputs] == ["stop", None]
+    assert a.is_finished and a.finish_reason == "stop" and a.token_ids[5:] == [EOS]
+    assert a.block_table == [] and "a" not in sched.requests
     assert list(sched.running) == [b] and not b.is_finished
     assert sched.block_manager.num_free_blocks == 7
 
 
-def test_postprocess_ignores_eos_when_asked():
+def test_update_ignores_eos_when_asked():
     sched = make_scheduler()
-    a = make_seq([2, 3], ignore_eos=True)
-    sched.add(a)
-    sched.postprocess(sched.schedule(), [EOS])
+    a = make_req("a", [2, 3], ignore_eos=True)
+    sched.add_request(a)
+    assert read_back(sched, sched.schedule(), EOS) == [EngineCoreOutput("a", [EOS])]
     assert not a.is_finished and list(sched.running) == [a]
 
 
-def test_postprocess_finishes_at_max_tokens():
+def test_update_finishes_at_max_tokens():
     sched = make_scheduler()
-    a = make_seq([2, 3], max_tokens=2)
-    sched.add(a)
+    a = make_req("a", [2, 3], max_tokens=2)
+    sched.add_request(a)
     step(sched)
     assert not a.is_finished
     step(sched)
-    assert a.is_finished and a.completion_token_ids == [50, 50]
-    assert sched.is_finished() and sched.block_manager.num_free_blocks == 16
+    assert a.finish_reason == "length" and a.token_ids[2:] == [50, 50]
+    assert not sched.has_requests() and sched.block_manager.num_free_blocks == 16
 
 
-def test_postprocess_finishes_at_max_model_len():
+def test_update_finishes_at_max_model_len():
     sched = make_scheduler(max_model_len=7)
-    a = make_seq([2, 3, 4, 5, 6])
-    sched.add(a)
+    a = make_req("a", [2, 3, 4, 5, 6])
+    sched.add_request(a)
     step(sched)
     assert not a.is_finished
     step(sched)
-    assert a.is_finished and a.num_tokens == 7
+    assert a.finish_reason == "length" and a.num_tokens == 7
     assert not sched.running
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("chunked, budget", [(False, 16), (True, 5)])
-def test_schedule_never_returns_empty_batch_while_work_remains(chunked, budget):
+def test_mixed_load_keeps_blocks_consistent_and_finishes_every_request(chunked, budget, overlap):
     sched = make_scheduler(num_blocks=6, max_num_seqs=3, max_num_batched_tokens=budget, max_model_len=32,
                            chunked=chunked)
     shared = [2, 3, 4, 5]
     prompts = [shared + [6, 7], shared + [8], [9, 10, 11], shared + [6, 7], [12] * 7]
-    seqs = [make_seq(p, max_tokens=6 + i) for i, p in enumerate(prompts)]
-    add_all(sched, *seqs)
+    reqs = add_all(sched, *(make_req(str(i), p, max_tokens=6 + i) for i, p in enumerate(prompts)))
     bm = sched.block_manager
-    reprefills = cache_hits = partial_chunks = 0
+    reprefills = cache_hits = partial_chunks = num_sampled = 0
+    in_flight = None
     for n in range(500):
-        if sched.is_finished():
+        if not sched.has_requests():
             break
-        batch = sched.schedule()
-        assert batch.seqs and sum(batch.num_scheduled_tokens) <= budget
-        if batch.is_prefill:
-            reprefills += sum(1 for s in batch.seqs if s.num_completion_tokens and s.num_new_tokens > 1)
-            cache_hits += sum(1 for s in batch.seqs if s.num_cached_tokens)
-        partial_chunks += batch.samples.count(False)
-        for seq, k in zip(batch.seqs, batch.num_scheduled_tokens):
-            assert len(seq.block_table) == seq.num_blocks
-            end = seq.num_computed_tokens + k
-            if end % BS:  # a block left partly filled is never shared
-                assert bm.blocks[seq.block_table[end // BS]].ref_count == 1
-            # only blocks whose K/V is computed by the end of this step may be found by the prefix cache
-            assert all(bm.blocks[b].hash == -1 for b in seq.block_table[end // BS:])
+        out = sched.schedule()
+        assert out.req_ids or (in_flight and in_flight.req_ids), "no step scheduled and none in flight"
+        assert sum(out.num_scheduled_tokens) <= budget
+        partial_chunks += out.samples.count(False)
+        num_sampled += len(out.sampled_req_ids)
+        for req_id, ids, start, sampled in zip(out.req_ids, out.token_ids, out.num_computed_tokens, out.samples):
+            req = sched.requests[req_id]
+            end = start + len(ids)
+            assert ids == req.token_ids[start:end] or (overlap and ids == [PLACEHOLDER])
+            reprefills += len(ids) > 1 and end > req.num_prompt_tokens
+            cache_hits += start > 0 and start == req.num_cached_tokens
+            assert len(req.block_table) == (req.num_tokens - sampled + BS - 1) // BS
+            if end % BS:
+                assert bm.blocks[req.block_table[end // BS]].ref_count == 1
+            assert all(bm.blocks[b].hash != -1 for b in req.block_table[:min(end, len(req.token_ids)) // BS])
+            assert all(bm.blocks[b].hash == -1 for b in req.block_table[end // BS:])
+            for i, b in enumerate(req.block_table):
+                if bm.blocks[b].hash != -1:
+                    assert bm.blocks[b].token_ids == req.token_ids[i * BS:(i + 1) * BS] and len(req.block(i)) == BS
         refs = [0] * len(bm.blocks)
-        for seq in sched.running:
-            for b in seq.block_table:
+        for req in sched.running:
+            for b in req.block_table:
                 refs[b] += 1
         assert refs == [b.ref_count for b in bm.blocks]
-        assert set(bm.free_block_ids) | bm.used_block_ids == set(range(6))
-        sched.postprocess(batch, [(n * 7 + s.seq_id) % 40 + 2 for s in batch.sampled_seqs])
-    assert sched.is_finished() and reprefills and cache_hits
+        assert sorted([*bm.free_block_ids, *bm.used_block_ids]) == list(range(6))
+        to_read, in_flight = (in_flight, out) if overlap else (out, None)
+        if to_read is not None:
+            read_back(sched, to_read, *((n * 7 + int(r)) % 40 + 2 for r in to_read.sampled_req_ids))
+    assert not sched.has_requests() and reprefills and cache_hits
     assert bool(partial_chunks) == chunked
-    assert [s.num_completion_tokens for s in seqs] == [6, 7, 8, 9, 10]
+    assert [len(r.token_ids) - r.num_prompt_tokens for r in reqs] == [6, 7, 8, 9, 10]
+    assert all(r.finish_reason == "length" for r in reqs)
+    assert num_sampled == 6 + 7 + 8 + 9 + 10
     assert bm.num_free_blocks == 6 and not bm.used_block_ids
 
 
-def test_abort_running_sequence_frees_its_blocks():
+def test_abort_running_request_frees_its_blocks():
     sched = make_scheduler(num_blocks=8)
-    a, b = add_all(sched, make_seq([2, 3, 4, 5, 6]), make_seq([7, 8]))
+    a, b = add_all(sched, make_req("a", [2, 3, 4, 5, 6]), make_req("b", [7, 8]))
     step(sched)
-    sched.abort(a)
-    assert a.is_finished and a.block_table == []
+    sched.abort(["a"])
+    assert a.finish_reason == "abort" and a.block_table == [] and "a" not in sched.requests
     assert list(sched.running) == [b] and sched.block_manager.num_free_blocks == 7
-    assert step(sched).seqs == [b]
+    assert step(sched).req_ids == ["b"]
 
 
-def test_abort_waiting_sequence_leaves_the_queue():
+def test_abort_waiting_request_leaves_the_queue():
     sched = make_scheduler(max_num_seqs=1)
-    a, b = add_all(sched, make_seq([2, 3]), make_seq([4, 5]))
+    a, b = add_all(sched, make_req("a", [2, 3]), make_req("b", [4, 5]))
     step(sched)
-    sched.abort(b)
-    assert b.is_finished and not sched.waiting
-    sched.abort(a)
-    assert sched.is_finished() and sched.block_manager.num_free_blocks == 16
+    sched.abort(["b", "unknown"])
+    assert b.finish_reason == "abort" and not sched.waiting and list(sched.running) == [a]
+    sched.abort(["a"])
+    assert not sched.has_requests() and sched.block_manager.num_free_blocks == 16
 
 
 # ---- chunked prefill: mixed steps of decodes and prompt chunks ----
@@ -276,93 +300,221 @@ def chunked_scheduler(**kw):
 
 def test_long_prompt_is_split_into_budget_sized_chunks_and_samples_once():
     sched = chunked_scheduler()
-    a = make_seq(range(2, 22))  # 20 tokens, budget 8
-    sched.add(a)
+    a = make_req("a", range(2, 22))
+    sched.add_request(a)
     for chunk, computed in ((8, 0), (8, 8), (4, 16)):
-        batch = sched.schedule()
-        assert batch.is_prefill and batch.seqs == [a] and batch.num_scheduled_tokens == [chunk]
-        assert a.num_computed_tokens == computed and len(a.block_table) == 5
-        assert batch.sampled_seqs == ([a] if chunk == 4 else [])
-        sched.postprocess(batch, [50] * len(batch.sampled_seqs))
-        assert a.num_completion_tokens == (1 if chunk == 4 else 0) and list(sched.running) == [a]
-    assert a.num_computed_tokens == 20 and a.completion_token_ids == [50]
-    batch = sched.schedule()
-    assert not batch.is_prefill and batch.num_scheduled_tokens == [1]
+        out = step(sched)
+        assert out.req_ids == ["a"] and out.num_computed_tokens == [computed]
+        assert out.token_ids == [list(range(2 + computed, 2 + computed + chunk))]
+        assert a.num_computed_tokens == computed + chunk and len(a.block_table) == 5
+        assert out.sampled_req_ids == (["a"] if chunk == 4 else [])
+        assert a.num_output_tokens == (1 if chunk == 4 else 0) and list(sched.running) == [a]
+    assert a.num_computed_tokens == 20 and a.token_ids[20:] == [50]
+    out = sched.schedule()
+    assert out.is_decode and out.token_ids == [[50]]
 
 
 def test_decodes_go_first_and_the_prompt_takes_the_rest_of_the_budget():
     sched = chunked_scheduler()
-    a, b = add_all(sched, make_seq([2, 3]), make_seq([4, 5, 6]))
+    a, b = add_all(sched, make_req("a", [2, 3]), make_req("b", [4, 5, 6]))
     first = step(sched)
-    assert first.seqs == [a, b] and first.num_scheduled_tokens == [2, 3]
-    c = make_seq(range(10, 30))
-    sched.add(c)
-    batch = step(sched)
-    assert batch.is_prefill and batch.seqs == [a, b, c] and batch.num_scheduled_tokens == [1, 1, 6]
-    assert a.num_completion_tokens == b.num_completion_tokens == 2 and c.num_completion_tokens == 0
+    assert first.req_ids == ["a", "b"] and first.num_scheduled_tokens == [2, 3]
+    c = make_req("c", range(10, 30))
+    sched.add_request(c)
+    out = step(sched)
+    assert out.req_ids == ["a", "b", "c"] and out.num_scheduled_tokens == [1, 1, 6]
+    assert out.samples == [True, True, False]
+    assert a.num_output_tokens == b.num_output_tokens == 2 and c.num_output_tokens == 0
     assert c.num_computed_tokens == 6
-    batch = step(sched)
-    assert batch.seqs == [a, b, c] and batch.num_scheduled_tokens == [1, 1, 6]
+    out = step(sched)
+    assert out.req_ids == ["a", "b", "c"] and out.num_scheduled_tokens == [1, 1, 6]
     assert c.num_computed_tokens == 12
 
 
 def test_decode_only_step_takes_the_decode_path():
     sched = chunked_scheduler()
-    a, b = add_all(sched, make_seq([2, 3]), make_seq([4, 5]))
-    step(sched)
-    batch = sched.schedule()
-    assert not batch.is_prefill and batch.num_scheduled_tokens == [1, 1] and batch.samples == [True, True]
+    add_all(sched, make_req("a", [2, 3]), make_req("b", [4, 5]))
+    assert not step(sched).is_decode
+    out = sched.schedule()
+    assert out.is_decode and out.num_scheduled_tokens == [1, 1] and out.samples == [True, True]
 
 
 def test_partly_prefilled_prompt_keeps_its_place_before_later_requests():
     sched = chunked_scheduler()
-    a = make_seq(range(2, 14))  # 12 tokens
-    sched.add(a)
+    a = make_req("a", range(2, 14))
+    sched.add_request(a)
     step(sched)
-    b = make_seq([40, 41, 42])
-    sched.add(b)
-    batch = step(sched)
-    assert batch.seqs == [a, b] and batch.num_scheduled_tokens == [4, 3]
-    assert batch.samples == [True, True] and list(sched.running) == [a, b]
+    b = make_req("b", [40, 41, 42])
+    sched.add_request(b)
+    out = step(sched)
+    assert out.req_ids == ["a", "b"] and out.num_scheduled_tokens == [4, 3]
+    assert out.samples == [True, True] and list(sched.running) == [a, b]
 
 
 def test_budget_caps_decodes_too():
     sched = chunked_scheduler(max_num_batched_tokens=2)
-    a, b, c = add_all(sched, make_seq([2]), make_seq([3]), make_seq([4]))
-    assert step(sched).seqs == [a, b]
-    batch = sched.schedule()
-    assert batch.seqs == [a, b] and batch.num_scheduled_tokens == [1, 1]
+    a, b, c = add_all(sched, make_req("a", [2]), make_req("b", [3]), make_req("c", [4]))
+    assert step(sched).req_ids == ["a", "b"]
+    out = sched.schedule()
+    assert out.req_ids == ["a", "b"] and out.num_scheduled_tokens == [1, 1]
     assert list(sched.running) == [a, b] and list(sched.waiting) == [c]
 
 
 def test_prefix_cache_offers_only_blocks_already_computed():
     sched = chunked_scheduler()
     prompt = list(range(2, 22))
-    a = make_seq(prompt)
-    sched.add(a)
-    step(sched)  # tokens 0..7 computed: blocks 0 and 1 full
+    a = make_req("a", prompt)
+    sched.add_request(a)
+    step(sched)
     assert [sched.block_manager.blocks[b].hash != -1 for b in a.block_table] == [True, True, False, False, False]
-    b = make_seq(prompt)
-    assert sched.block_manager.cached_prefix(b) == a.block_table[:2]
+    assert sched.block_manager.cached_prefix(make_req("b", prompt)) == a.block_table[:2]
 
 
 def test_preemption_in_the_middle_of_a_chunked_prefill_resumes_from_the_prefix_cache():
     sched = chunked_scheduler(num_blocks=6)
-    a = make_seq([2, 3, 4])
-    sched.add(a)
+    a = make_req("a", [2, 3, 4])
+    sched.add_request(a)
     step(sched)
-    c = make_seq(range(10, 30))  # 20 tokens: 5 blocks, the rest of the pool
-    sched.add(c)
-    batch = step(sched)
-    assert batch.seqs == [a, c] and batch.num_scheduled_tokens == [1, 7]
+    c = make_req("c", range(10, 30))
+    sched.add_request(c)
+    out = step(sched)
+    assert out.req_ids == ["a", "c"] and out.num_scheduled_tokens == [1, 7]
     assert sched.block_manager.num_free_blocks == 0 and c.num_computed_tokens == 7
-    # a's next token opens a new block; only c can give it one
-    batch = sched.schedule()
-    assert batch.seqs == [a] and batch.num_scheduled_tokens == [1]
-    assert list(sched.waiting) == [c] and c.status == SequenceStatus.WAITING
-    assert c.block_table == [] and c.num_computed_tokens == 0 and c.num_completion_tokens == 0
-    sched.postprocess(batch, [50])
-    sched.abort(a)
-    batch = sched.schedule()
-    # its first block was full of computed tokens and comes back from the cache
-    assert batch.seqs == [c] and c.num_cached_tokens == 4 and batch.num_scheduled_tokens == [8]
+    out = sched.schedule()
+    assert out.req_ids == ["a"] and out.num_scheduled_tokens == [1]
+    assert list(sched.waiting) == [c] and c.status == RequestStatus.WAITING
+    assert c.block_table == [] and c.num_computed_tokens == 0 and c.num_output_tokens == 0
+    read_back(sched, out, 50)
+    sched.abort(["a"])
+    out = sched.schedule()
+    assert out.req_ids == ["c"] and c.num_cached_tokens == 4
+    assert out.num_computed_tokens == [4] and out.num_scheduled_tokens == [8]
+
+
+# ---- the overlapped loop: step n+1 is scheduled before step n is read back ----
+
+
+def test_next_step_decodes_a_placeholder_and_allocates_its_block():
+    sched = make_scheduler()
+    a = make_req("a", [2, 3, 4, 5])
+    sched.add_request(a)
+    first = sched.schedule()
+    assert len(a.block_table) == 1
+    second = sched.schedule()
+    assert second.token_ids == [[PLACEHOLDER]] and second.num_computed_tokens == [4]
+    assert second.num_output_tokens == [1] and second.samples == [True]
+    assert a.num_tokens == 6 and a.num_placeholders == 2 and a.token_ids == [2, 3, 4, 5]
+    assert len(a.block_table) == 2 and sched.block_manager.num_free_blocks == 14
+    read_back(sched, first, 50)
+    read_back(sched, second, 51)
+    assert a.token_ids == [2, 3, 4, 5, 50, 51] and a.num_placeholders == 0 and a.num_tokens == 6
+
+
+def test_block_is_hashed_only_once_its_last_token_is_confirmed():
+    sched = make_scheduler()
+    a = make_req("a", [2, 3, 4])
+    sched.add_request(a)
+    bm = sched.block_manager
+    follower = make_req("f", [2, 3, 4, 50, 9])
+    first = sched.schedule()
+    sched.schedule()
+    block = bm.blocks[a.block_table[0]]
+    assert a.num_computed_tokens == 4 and block.hash == -1
+    read_back(sched, first, 50)
+    assert block.hash == -1 and bm.cached_prefix(follower) == []
+    sched.schedule()
+    assert block.hash == chain_hash([2, 3, 4, 50]) and bm.cached_prefix(follower) == [a.block_table[0]]
+
+
+def test_token_sampled_after_a_stop_is_dropped():
+    sched = make_scheduler(num_blocks=8)
+    a, b = add_all(sched, make_req("a", [2, 3, 4, 5, 6]), make_req("b", [7, 8]))
+    bm = sched.block_manager
+    first = sched.schedule()
+    second = sched.schedule()
+    assert second.req_ids == ["a", "b"]
+    assert [o.finish_reason for o in read_back(sched, first, EOS, 42)] == ["stop", None]
+    assert a.block_table == [] and bm.num_free_blocks == 7
+    assert sched.schedule().req_ids == ["b"]
+    assert read_back(sched, second, 60, 61) == [EngineCoreOutput("b", [61])]
+    assert a.token_ids == [2, 3, 4, 5, 6, EOS] and b.token_ids == [7, 8, 42, 61]
+    assert sorted(bm.free_block_ids) == sorted(set(range(8)) - set(b.block_table))
+    assert bm.used_block_ids == set(b.block_table)
+
+
+@pytest.mark.parametrize("max_tokens, max_model_len", [(2, 64), (100, 4)])
+def test_request_with_its_last_token_in_flight_is_not_scheduled(max_tokens, max_model_len):
+    sched = make_scheduler(max_model_len=max_model_len)
+    a, b = add_all(sched, make_req("a", [2, 3], max_tokens=max_tokens), make_req("b", [4]))
+    first = sched.schedule()
+    second = sched.schedule()
+    assert second.req_ids == ["a", "b"]
+    read_back(sched, first, 50, 60)
+    assert sched.schedule().req_ids == ["b"] and list(sched.running) == [a, b]
+    outputs = read_back(sched, second, 51, 61)
+    assert [(o.request_id, o.finish_reason) for o in outputs] == [("a", "length"), ("b", None)]
+    assert a.token_ids == [2, 3, 50, 51] and list(sched.running) == [b]
+
+
+def test_step_is_empty_while_the_only_request_waits_for_its_last_token():
+    sched = make_scheduler()
+    sched.add_request(make_req("a", [2, 3], max_tokens=1))
+    first = sched.schedule()
+    assert sched.schedule().is_empty and sched.has_requests()
+    assert read_back(sched, first, 50) == [EngineCoreOutput("a", [50], finish_reason="length")]
+    assert not sched.has_requests() and sched.block_manager.num_free_blocks == 16
+
+
+def test_preempted_request_is_readmitted_only_once_its_token_is_confirmed():
+    # b's second block holds the same tokens as a's, so once a registers it b's re-admission
+    # would find both its full blocks in use and fit in the block that its preemption freed.
+    sched = make_scheduler(num_blocks=4, chunked=True)
+    a, b = add_all(sched, make_req("a", [2, 3, 4, 5, 6, 7, 8]), make_req("b", [2, 3, 4, 5, 6, 7, 8, 50]))
+    bm = sched.block_manager
+    first = sched.schedule()
+    second = sched.schedule()
+    read_back(sched, first, 50, 60)
+    assert sched.schedule().req_ids == ["a"]
+    assert list(sched.waiting) == [b] and b.block_table == [] and b.num_placeholders == 1
+    hits = bm.cached_prefix(b)
+    assert hits == a.block_table[:2] and bm.can_allocate(b, hits)
+    read_back(sched, second, 51, 61)
+    out = sched.schedule()
+    assert out.req_ids == ["a", "b"] and out.token_ids == [[PLACEHOLDER], [60, 61]]
+    assert out.num_computed_tokens == [9, 8] and b.num_cached_tokens == 8
+
+
+def test_token_of_an_aborted_request_is_dropped():
+    sched = make_scheduler(num_blocks=8)
+    a, _ = add_all(sched, make_req("a", [2, 3, 4, 5, 6]), make_req("b", [7, 8]))
+    first = sched.schedule()
+    sched.abort(["a"])
+    assert a.finish_reason == "abort" and sched.block_manager.num_free_blocks == 7
+    assert sched.schedule().req_ids == ["b"]
+    assert read_back(sched, first, 50, 60) == [EngineCoreOutput("b", [60])]
+    assert a.token_ids == [2, 3, 4, 5, 6]
+
+
+def test_needs_confirmed_tokens_only_for_penalties_with_a_token_in_flight():
+    sched = make_scheduler()
+    sched.add_request(make_req("a", [2, 3]))
+    first = sched.schedule()
+    assert not sched.needs_confirmed_tokens()
+    sched.add_request(make_req("p", [4, 5], repetition_penalty=1.2))
+    assert not sched.needs_confirmed_tokens()
+    read_back(sched, first, 50)
+    second = sched.schedule()
+    assert second.req_ids == ["p"] and sched.needs_confirmed_tokens()
+    read_back(sched, second, 60)
+    assert not sched.needs_confirmed_tokens()
+
+
+def test_penalty_steps_carry_every_sampling_request_prompt_and_completion():
+    sched = make_scheduler()
+    add_all(sched, make_req("a", [2, 3]), make_req("p", [4, 5], repetition_penalty=1.2))
+    first = step(sched)
+    assert first.penalty_token_ids == [([2, 3], []), ([4, 5], [])]
+    read_back(sched, sched.schedule(), 51, 61)
+    assert step(sched).penalty_token_ids == [([2, 3], [50, 51]), ([4, 5], [50, 61])]
+    sched.abort(["p"])
+    assert step(sched).penalty_token_ids is None

@@ -1,89 +1,91 @@
-"""Stopping rules: stop strings across tokens, stop tokens, min_tokens, max_tokens and finish_reason."""
+"""Token-level stopping rules: max_tokens, max_model_len, end-of-sequence and stop tokens, min_tokens,
+and whether a request with tokens in flight needs another step."""
 
 from nanovllm import SamplingParams
-from nanovllm.engine.detokenizer import IncrementalDetokenizer
-from nanovllm.engine.sequence import Sequence, SequenceStatus
+from nanovllm.engine.request import Request
 from nanovllm.engine.stop_checker import StopChecker
 
 EOS = 1
+BLOCK_SIZE = 16
 
 
-def run(tokenizer, prompt: str, completion: list[int], max_model_len=1000, **params) -> Sequence:
-    """Feed `completion` token by token until the checker finishes the sequence."""
-    prompt_ids = tokenizer.encode(prompt)
-    params = SamplingParams(temperature=0, **params)
-    seq = Sequence(prompt_ids, params, 16, IncrementalDetokenizer(tokenizer, len(prompt_ids)))
-    checker = StopChecker(frozenset({EOS}), max_model_len)
+def make_request(prompt, **params) -> Request:
+    return Request("r", list(prompt), SamplingParams(temperature=0, **params), BLOCK_SIZE)
+
+
+def run(completion, prompt=(5,), max_model_len=1000, **params) -> tuple[str | None, list[int]]:
+    """Sample and confirm `completion` token by token, as the scheduler does, until the checker ends
+    the request; returns its finish reason and the completion tokens it got."""
+    req = make_request(prompt, **params)
+    checker = StopChecker((EOS,), max_model_len)
+    reason = None
     for token_id in completion:
-        seq.append_token(token_id)
-        checker.update(seq)
-        if seq.finish_reason:
+        req.add_placeholder()
+        req.confirm(token_id)
+        reason = checker.finish_reason(req)
+        if reason is not None:
             break
-    return seq
+    return reason, req.token_ids[req.num_prompt_tokens:]
 
 
-def ids(tokenizer, text: str) -> list[int]:
-    return tokenizer.encode(text)
+def test_runs_to_max_tokens_with_reason_length():
+    assert run([6, 7, 8, 9], max_tokens=3) == ("length", [6, 7, 8])
 
 
-def test_runs_to_max_tokens_with_reason_length(tiny_tokenizer):
-    seq = run(tiny_tokenizer, "w5", ids(tiny_tokenizer, "w6 w7 w8 w9"), max_tokens=3)
-    assert (seq.output_text, seq.finish_reason, seq.num_completion_tokens) == (" w6 w7 w8", "length", 3)
+def test_max_model_len_ends_with_reason_length():
+    # two prompt tokens and a limit of four leave room for two completion tokens
+    assert run([7, 8, 9], prompt=(5, 6), max_model_len=4) == ("length", [7, 8])
 
 
-def test_max_model_len_ends_with_reason_length(tiny_tokenizer):
-    seq = run(tiny_tokenizer, "w5 w6", ids(tiny_tokenizer, "w7 w8 w9"), max_model_len=4)
-    assert (seq.output_text, seq.finish_reason) == (" w7 w8", "length")
+def test_eos_stops_with_reason_stop():
+    assert run([6, EOS, 7]) == ("stop", [6, EOS])
 
 
-def test_eos_stops_and_its_text_is_left_out(tiny_tokenizer):
-    seq = run(tiny_tokenizer, "w5", ids(tiny_tokenizer, "w6") + [EOS, 7])
-    assert (seq.output_text, seq.finish_reason, seq.completion_token_ids) == (" w6", "stop", [6, EOS])
+def test_ignore_eos_runs_past_it():
+    assert run([6, EOS, 7], ignore_eos=True, max_tokens=3) == ("length", [6, EOS, 7])
 
 
-def test_ignore_eos_runs_past_it(tiny_tokenizer):
-    seq = run(tiny_tokenizer, "w5", [6, EOS, 7], ignore_eos=True, max_tokens=3)
-    assert seq.finish_reason == "length" and seq.completion_token_ids == [6, EOS, 7]
+def test_stop_token_ids_stop_with_reason_stop():
+    assert run([6, 9, 7, 8], stop_token_ids=[7]) == ("stop", [6, 9, 7])
 
 
-def test_stop_token_ids_stop_and_include_stop_str_keeps_their_text(tiny_tokenizer):
-    seq = run(tiny_tokenizer, "w5", [6, 9, 7, 8], stop_token_ids=[7])
-    assert (seq.output_text, seq.finish_reason, seq.completion_token_ids) == (" w6 w9", "stop", [6, 9, 7])
-    seq = run(tiny_tokenizer, "w5", [6, 9, 7, 8], stop_token_ids=[7], include_stop_str_in_output=True)
-    assert seq.output_text == " w6 w9 w7"
+def test_a_stop_token_that_is_also_the_last_allowed_token_reports_stop():
+    assert run([6, 9, 7], stop_token_ids=[7], max_tokens=3) == ("stop", [6, 9, 7])
 
 
-def test_stop_string_spanning_tokens_cuts_the_text_before_it(tiny_tokenizer):
-    completion = ids(tiny_tokenizer, "w6 w7 w8 w9 w10")
-    seq = run(tiny_tokenizer, "w5", completion, stop=["w8 w9", "w100"])
-    assert (seq.output_text, seq.finish_reason) == (" w6 w7 ", "stop")
-    assert seq.completion_token_ids == completion[:4]  # the tokens that completed the stop string stay
-    seq = run(tiny_tokenizer, "w5", completion, stop="w8 w9", include_stop_str_in_output=True)
-    assert seq.output_text == " w6 w7 w8 w9"
+def test_min_tokens_defers_every_kind_of_stop_token():
+    completion = [EOS, 7, 9, 10, 11]
+    assert run(completion, min_tokens=3, stop_token_ids=[7], max_tokens=5) == ("length", completion)
+    # from the min_tokens-th token on, a stop token stops again
+    assert run([9, 10, EOS, 11], min_tokens=3) == ("stop", [9, 10, EOS])
+    assert run([9, 10, 7, 11], min_tokens=3, stop_token_ids=[7]) == ("stop", [9, 10, 7])
 
 
-def test_earliest_stop_string_wins(tiny_tokenizer):
-    seq = run(tiny_tokenizer, "w5", ids(tiny_tokenizer, "w6 w7 w8"), stop=["w7 w8", "6 w7"])
-    assert seq.output_text == " w"
+def test_has_all_tokens_counts_tokens_still_in_flight():
+    checker = StopChecker((EOS,), max_model_len=1000)
+    req = make_request([5, 6, 7], max_tokens=2)
+    req.add_placeholder()
+    assert not checker.has_all_tokens(req)
+    req.add_placeholder()
+    # both allowed tokens are being sampled: no step needs to run the request again
+    assert checker.has_all_tokens(req)
 
 
-def test_stop_string_inside_a_token_of_byte_level_text(smollm_tokenizer):
-    completion = ids(smollm_tokenizer, " Hello world, again and again.")
-    seq = run(smollm_tokenizer, "Say:", completion, stop="lo wor")
-    assert (seq.output_text, seq.finish_reason) == (" Hel", "stop")
-    assert seq.num_completion_tokens < len(completion)
+def test_has_all_tokens_counts_a_token_in_flight_against_max_model_len():
+    checker = StopChecker((EOS,), max_model_len=4)
+    req = make_request([5, 6, 7])
+    assert not checker.has_all_tokens(req)
+    req.add_placeholder()
+    assert checker.has_all_tokens(req)
 
 
-def test_min_tokens_defers_every_kind_of_stop(tiny_tokenizer):
-    seq = run(tiny_tokenizer, "w5", [EOS, 7, 9, 10, 11], min_tokens=3, stop_token_ids=[7], stop="w7", max_tokens=5)
-    assert seq.finish_reason == "length"
-    seq = run(tiny_tokenizer, "w5", [8, 9, 8, 10], min_tokens=3, stop="w8")
-    assert (seq.output_text, seq.finish_reason) == (" w8 w9 ", "stop")
-
-
-def test_stream_text_holds_back_a_possible_stop_string_start(tiny_tokenizer):
-    seq = run(tiny_tokenizer, "w5", [6, 7], stop="w7 w9", max_tokens=8)
-    assert seq.finish_reason is None
-    assert seq.output_text == " w6 w7" and seq.stream_text == " w"
-    seq.status = SequenceStatus.FINISHED
-    assert seq.stream_text == seq.output_text
+def test_finish_reason_counts_only_confirmed_tokens():
+    checker = StopChecker((EOS,), max_model_len=1000)
+    req = make_request([5], max_tokens=2)
+    req.add_placeholder()
+    req.add_placeholder()
+    req.confirm(6)
+    # the second token is still in flight: the request is not done before it is read back
+    assert checker.finish_reason(req) is None
+    req.confirm(7)
+    assert checker.finish_reason(req) == "length"

@@ -20,8 +20,7 @@ from test_loader import copy_model
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.config import Config
-from nanovllm.engine.scheduler import ScheduledBatch
-from nanovllm.engine.sequence import Sequence
+from nanovllm.engine.scheduler_output import SchedulerOutput
 from nanovllm.engine.worker import channel_capacity
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
@@ -62,13 +61,13 @@ def process_gone(pid: int) -> bool:
         return True
 
 
-def test_channel_holds_the_largest_batch(qwen3_dir):
+def test_channel_holds_the_largest_step(qwen3_dir):
     # every sequence at full length is sent whole, e.g. a prefill behind a cached prefix
     config = Config(qwen3_dir, max_num_seqs=8, max_model_len=256, kvcache_block_size=16)
-    seqs = [Sequence([2**31 - 1] * 256, GREEDY, 16) for _ in range(8)]
-    for seq in seqs:
-        seq.block_table = [2**31 - 1] * 16
-    command = pickle.dumps(("run", (ScheduledBatch(seqs, is_prefill=True),)), protocol=pickle.HIGHEST_PROTOCOL)
+    req_ids = [f"request-{2**63}-{i}" for i in range(8)]
+    step = SchedulerOutput(req_ids, [[2**31 - 1] * 256] * 8, [2**31 - 1] * 8, [[2**31 - 1] * 16] * 8, [True] * 8,
+                           req_ids, [GREEDY] * 8, [2**31 - 1] * 8)
+    command = pickle.dumps(("execute", (step.without_sampling(),)), protocol=pickle.HIGHEST_PROTOCOL)
     assert len(command) <= channel_capacity(config)
 
 
@@ -123,7 +122,7 @@ def test_llama_with_explicit_port_matches_one_rank(llama_dir):
     expected = token_ids(LLM(llama_dir, **ENGINE).generate(random_prompts(2), GREEDY, use_tqdm=False))
     llm = LLM(llama_dir, tensor_parallel_size=2, master_port=port, **ENGINE)
     try:
-        assert llm.model_runner.port == port
+        assert llm.engine_core.model_runner.port == port
         assert token_ids(llm.generate(random_prompts(2), GREEDY, use_tqdm=False)) == expected
     finally:
         llm.close()
@@ -132,7 +131,9 @@ def test_llama_with_explicit_port_matches_one_rank(llama_dir):
 def test_deleting_the_engine_stops_workers_and_frees_shared_memory(qwen3_dir):
     llm = LLM(qwen3_dir, tensor_parallel_size=2, **ENGINE)
     llm.generate([[5, 6]], GREEDY, use_tqdm=False)
-    processes, segment = llm.model_runner.processes, llm.model_runner.channel.name
+    runner = llm.engine_core.model_runner
+    processes, segment = runner.processes, runner.channel.name
+    del runner
     assert all(p.is_alive() for p in processes) and segment_exists(segment)
     del llm
     assert [p.exitcode for p in processes] == [0]
@@ -143,17 +144,19 @@ def test_deleting_the_engine_stops_workers_and_frees_shared_memory(qwen3_dir):
 @pytest.mark.parametrize("device", DEVICES)
 def test_killed_worker_is_an_error_within_seconds(qwen3_dir, device):
     llm = LLM(qwen3_dir, tensor_parallel_size=2, **{**ENGINE, "device": device})
-    worker = llm.model_runner.processes[0]
-    segment = llm.model_runner.channel.name
-    original, steps = llm.scheduler.postprocess, []
+    worker = llm.engine_core.model_runner.processes[0]
+    segment = llm.engine_core.model_runner.channel.name
+    scheduler = llm.engine_core.scheduler
+    original, steps = scheduler.update, []
 
     def kill_after_three_steps(*args):
-        original(*args)
+        outputs = original(*args)
         steps.append(1)
         if len(steps) == 3:
             os.kill(worker.pid, signal.SIGKILL)
+        return outputs
 
-    llm.scheduler.postprocess = kill_after_three_steps
+    scheduler.update = kill_after_three_steps
     start = time.monotonic()
     with pytest.raises(RuntimeError, match=r"worker 1 \(pid \d+\) exited unexpectedly with code -9"):
         llm.generate(random_prompts(), SamplingParams(temperature=0, max_tokens=200, ignore_eos=True),
@@ -200,7 +203,7 @@ import json, sys, time
 from nanovllm import LLM
 if __name__ == "__main__":
     llm = LLM(sys.argv[1], tensor_parallel_size=2, kvcache_block_size=16, num_kvcache_blocks=8, max_model_len=64)
-    runner = llm.model_runner
+    runner = llm.engine_core.model_runner
     print(json.dumps({"pids": [p.pid for p in runner.processes], "segment": runner.channel.name,
                       "port": runner.port}), flush=True)
     time.sleep(600)
@@ -215,7 +218,8 @@ def test_two_engines_side_by_side_and_workers_exit_with_their_killed_caller(qwen
         other = json.loads(caller.stdout.readline())
         # a second engine on the same host meets at its own port and segment
         llm = LLM(qwen3_dir, tensor_parallel_size=2, **ENGINE)
-        assert (llm.model_runner.port, llm.model_runner.channel.name) != (other["port"], other["segment"])
+        runner = llm.engine_core.model_runner
+        assert (runner.port, runner.channel.name) != (other["port"], other["segment"])
         assert len(llm.generate([[5, 6]], GREEDY, use_tqdm=False)[0]["token_ids"]) == GREEDY.max_tokens
         llm.close()
     finally:

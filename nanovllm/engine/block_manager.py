@@ -5,7 +5,7 @@ from collections import deque
 
 import xxhash
 
-from nanovllm.engine.sequence import Sequence
+from nanovllm.engine.request import Request
 
 
 class Block:
@@ -55,18 +55,18 @@ class BlockManager:
     def num_free_blocks(self) -> int:
         return len(self.free_block_ids)
 
-    def cached_prefix(self, seq: Sequence) -> list[int]:
-        """Block ids that already hold the leading full blocks of `seq`.
+    def cached_prefix(self, req: Request) -> list[int]:
+        """Block ids that already hold the leading full blocks of `req`.
 
         At least one token is always left to compute, so that the step has a
         last position to sample from and never writes into a shared block.
         """
         hits = []
         prefix_hash = -1
-        for i in range(seq.num_blocks):
-            if (i + 1) * self.block_size >= seq.num_tokens:
+        for i in range(req.num_blocks):
+            if (i + 1) * self.block_size >= req.num_tokens:
                 break
-            tokens = seq.block(i)
+            tokens = req.block(i)
             prefix_hash = chain_hash(tokens, prefix_hash)
             block_id = self.hash_to_block_id.get(prefix_hash, -1)
             if block_id == -1 or self.blocks[block_id].token_ids != tokens:
@@ -74,66 +74,71 @@ class BlockManager:
             hits.append(block_id)
         return hits
 
-    def can_allocate(self, seq: Sequence, hits: list[int]) -> bool:
-        """Whether the free list covers `seq`'s blocks, given its prefix-cache hits."""
+    def can_allocate(self, req: Request, hits: list[int]) -> bool:
+        """Whether the free list covers `req`'s blocks, given its prefix-cache hits."""
         shared_in_use = sum(1 for b in hits if self.blocks[b].ref_count > 0)
-        return self.num_free_blocks >= seq.num_blocks - shared_in_use
+        return self.num_free_blocks >= req.num_blocks - shared_in_use
 
-    def allocate(self, seq: Sequence, hits: list[int], num_computed: int | None = None) -> None:
-        """Give `seq` a block table for all its tokens: `hits` shared, the rest fresh.
+    def allocate(self, req: Request, hits: list[int], num_computed: int | None = None) -> None:
+        """Give `req` a block table for all its tokens: `hits` shared, the rest fresh.
 
         `num_computed` is how many tokens will have K/V once this step ran (all
         of them unless the prompt is chunked); the full blocks among them are
         registered in the prefix cache, and no others, so that a later request
         never shares a block whose K/V is not computed yet.
         """
-        assert not seq.block_table
+        assert not req.block_table
         for block_id in hits:
             block = self.blocks[block_id]
             if block.ref_count == 0:
                 self.free_block_ids.remove(block_id)
                 self.used_block_ids.add(block_id)
             block.ref_count += 1
-            seq.block_table.append(block_id)
-        seq.num_cached_tokens = seq.num_computed_tokens = len(hits) * self.block_size
-        self.may_append(seq, num_computed)
+            req.block_table.append(block_id)
+        req.num_cached_tokens = req.num_computed_tokens = len(hits) * self.block_size
+        self.may_append(req, num_computed)
 
-    def deallocate(self, seq: Sequence) -> None:
-        """Drop `seq`'s references, last block first; freed blocks keep their hash."""
-        for block_id in reversed(seq.block_table):
+    def deallocate(self, req: Request) -> None:
+        """Drop `req`'s references, last block first; freed blocks keep their hash."""
+        for block_id in reversed(req.block_table):
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
                 self.used_block_ids.remove(block_id)
                 self.free_block_ids.append(block_id)
-        seq.block_table.clear()
-        seq.num_computed_tokens = 0
+        req.block_table.clear()
+        req.num_computed_tokens = 0
 
-    def can_append(self, seq: Sequence) -> bool:
-        """Whether the free list covers the blocks `seq` needs for its new tokens."""
-        return seq.num_blocks - len(seq.block_table) <= len(self.free_block_ids)
+    def can_append(self, req: Request) -> bool:
+        """Whether the free list covers the blocks `req` needs for its new tokens."""
+        return req.num_blocks - len(req.block_table) <= len(self.free_block_ids)
 
-    def may_append(self, seq: Sequence, num_computed: int | None = None) -> None:
-        """Take the blocks `seq`'s new tokens need and register the blocks that
-        are full once its first `num_computed` tokens (default all) have K/V."""
-        table = seq.block_table
-        for _ in range(seq.num_blocks - len(table)):
+    def may_append(self, req: Request, num_computed: int | None = None) -> None:
+        """Take the blocks `req`'s new tokens need and register the blocks that
+        are full once its first `num_computed` tokens (default all) have K/V.
+
+        Only confirmed tokens count: a block holding a placeholder is registered
+        by a later step, once its value is known.
+        """
+        table = req.block_table
+        for _ in range(req.num_blocks - len(table)):
             table.append(self._take_free_block())
-        num_full = (seq.num_tokens if num_computed is None else num_computed) // self.block_size
+        num_known = len(req.token_ids) if num_computed is None else min(num_computed, len(req.token_ids))
+        num_full = num_known // self.block_size
         # Most decode steps fill no block; then the last full one already has its hash.
         if num_full and self.blocks[table[num_full - 1]].hash == -1:
-            self._register_full_blocks(seq, num_full)
+            self._register_full_blocks(req, num_full)
 
-    def _register_full_blocks(self, seq: Sequence, num_full: int) -> None:
+    def _register_full_blocks(self, req: Request, num_full: int) -> None:
         # Walk back to the last block that already has a hash, then chain forward.
         first = num_full
-        while first > 0 and self.blocks[seq.block_table[first - 1]].hash == -1:
+        while first > 0 and self.blocks[req.block_table[first - 1]].hash == -1:
             first -= 1
-        prefix_hash = self.blocks[seq.block_table[first - 1]].hash if first > 0 else -1
+        prefix_hash = self.blocks[req.block_table[first - 1]].hash if first > 0 else -1
         for i in range(first, num_full):
-            tokens = seq.block(i)
+            tokens = req.block(i)
             prefix_hash = chain_hash(tokens, prefix_hash)
-            block = self.blocks[seq.block_table[i]]
+            block = self.blocks[req.block_table[i]]
             block.set_content(prefix_hash, tokens)
             self.hash_to_block_id[prefix_hash] = block.block_id
 

@@ -1,10 +1,15 @@
 """CUDA graphs of the decode forward pass, one per batch size, replayed with padded slots."""
 
+from collections.abc import Callable
+
 import torch
-from torch import nn
 
 from nanovllm.engine.decode_buffers import DecodeBuffers
-from nanovllm.utils.context import Context, reset_context, set_context
+from nanovllm.utils.context import Context, forward_context
+
+# (input_ids, src_rows, positions) -> hidden states: the runner's forward, which takes
+# placeholder rows' tokens from the previous step's samples on the device
+DecodeForward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -15,15 +20,16 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    """Graphs of the model's decode forward, each reading the decode buffers' views of its size.
+    """Graphs of the runner's decode forward, each reading the decode buffers' views of its size.
 
     A batch of n sequences is padded to the smallest captured size >= n (the
-    buffers mark the padding rows), and that graph is replayed.
+    buffers mark the padding rows), and that graph is replayed. The token ids
+    a step takes from the previous step's samples are gathered inside the graph.
     """
 
-    def __init__(self, model: nn.Module, buffers: DecodeBuffers, max_num_seqs: int, hidden_size: int,
+    def __init__(self, forward: DecodeForward, buffers: DecodeBuffers, max_num_seqs: int, hidden_size: int,
                  dtype: torch.dtype):
-        self.model = model
+        self.forward = forward
         self.buffers = buffers
         self.sizes = capture_sizes(max_num_seqs)
         self.outputs = torch.zeros(self.sizes[-1], hidden_size, dtype=dtype, device=buffers.device.device)
@@ -34,19 +40,20 @@ class DecodeGraphs:
     def _capture_all(self) -> None:
         pool = None
         for size in reversed(self.sizes):  # largest first, so smaller graphs fit in its pool
-            input_ids, positions, slot_mapping, context_lens, block_tables = self.buffers.views(size)
+            input_ids, src_rows, positions, slot_mapping, context_lens, block_tables = self.buffers.views(size)
+            src_rows.fill_(-1)
             slot_mapping.fill_(-1)
             context_lens.zero_()
-            set_context(Context(is_prefill=False, slot_mapping=slot_mapping, context_lens=context_lens,
-                                block_tables=block_tables))
-            self.outputs[:size] = self.model(input_ids, positions)  # compiles the kernels first
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool):
-                self.outputs[:size] = self.model(input_ids, positions)
+            context = Context(is_prefill=False, slot_mapping=slot_mapping, context_lens=context_lens,
+                              block_tables=block_tables)
+            with forward_context(context):
+                self.outputs[:size] = self.forward(input_ids, src_rows, positions)  # compiles the kernels first
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool):
+                    self.outputs[:size] = self.forward(input_ids, src_rows, positions)
             pool = graph.pool() if pool is None else pool
             self.graphs[size] = graph
             torch.cuda.synchronize()
-        reset_context()
 
     def padded_size(self, num_seqs: int) -> int | None:
         """The captured size a batch of `num_seqs` replays, or None when it is too large for any graph."""

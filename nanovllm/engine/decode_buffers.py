@@ -5,59 +5,78 @@ from itertools import chain
 import numpy as np
 import torch
 
-from nanovllm.engine.sequence import Sequence
+_FIELDS = 5  # input_ids, src_rows, positions, slot_mapping, context_lens
 
 
 class DecodeBuffers:
-    """A pinned host buffer and its device twin holding one decode step's inputs.
+    """Two pinned host buffers, used in turn, and one device buffer holding a decode step's inputs.
 
     For a step padded to `size` rows the int64 layout is
-    input_ids[size] | positions[size] | slot_mapping[size] | context_lens[size] | block_tables[size, width],
+    input_ids[size] | src_rows[size] | positions[size] | slot_mapping[size] | context_lens[size]
+    | block_tables[size, width],
     so the device views of a given size always sit at the same addresses: a CUDA
-    graph captured on them replays on the next step's copy. Rows past the real
-    sequences are padding: token 0 at position 0 (valid indices for the embedding
-    and the rotary table), slot -1 (store nothing), context length 0 (read nothing).
+    graph captured on them replays on the next step's copy. `src_rows[i] >= 0`
+    means row i's token is the previous step's sampled id of that row, still on
+    the device (the input id there is a placeholder). Rows past the real
+    sequences are padding: token 0 at position 0 (valid indices for the
+    embedding and the rotary table), slot -1 (store nothing), context length 0
+    (read nothing).
+
+    The host buffers alternate so that writing step n+1's inputs never touches
+    the memory whose copy to the device step n may still have queued.
     """
 
     def __init__(self, max_rows: int, width: int, block_size: int, device: torch.device):
         self.width = width
         self.block_size = block_size
-        capacity = max_rows * (4 + width)
-        self.host = torch.zeros(capacity, dtype=torch.int64, pin_memory=device.type == "cuda")
+        capacity = max_rows * (_FIELDS + width)
+        pin = device.type == "cuda"
+        self.hosts = [torch.zeros(capacity, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
         self.device = torch.zeros(capacity, dtype=torch.int64, device=device)
-        self._host_array = self.host.numpy()  # the same memory; numpy slices cost far less than tensor views
+        # the same memory as numpy arrays: their slices cost far less than tensor views
+        self._host_arrays = [host.numpy() for host in self.hosts]
+        self._turn = 0
         self._device_views: dict[int, tuple[torch.Tensor, ...]] = {}
 
     def _split(self, buffer, size: int) -> tuple:
-        flat = buffer[: size * 4].reshape(4, size)
-        tables = buffer[size * 4: size * (4 + self.width)].reshape(size, self.width)
-        return flat[0], flat[1], flat[2], flat[3], tables
+        flat = buffer[: size * _FIELDS].reshape(_FIELDS, size)
+        tables = buffer[size * _FIELDS: size * (_FIELDS + self.width)].reshape(size, self.width)
+        return (*flat, tables)
 
     def views(self, size: int) -> tuple[torch.Tensor, ...]:
-        """Device (input_ids, positions, slot_mapping, context_lens, block_tables) of `size` rows."""
+        """Device (input_ids, src_rows, positions, slot_mapping, context_lens, block_tables) of `size` rows."""
         if size not in self._device_views:
             self._device_views[size] = self._split(self.device, size)
         return self._device_views[size]
 
-    def load(self, seqs: list[Sequence], size: int) -> tuple[torch.Tensor, ...]:
-        """Write the inputs of `seqs`, padded to `size` rows, and copy them to the device; returns device views."""
-        n, bs = len(seqs), self.block_size
-        ids, positions, slots, lens, tables = self._split(self._host_array, size)
-        ids[:n] = [seq.last_token for seq in seqs]
-        lens[:n] = [seq.num_tokens for seq in seqs]
-        positions[:n] = lens[:n] - 1
+    def load(self, input_ids: list[int], src_rows: list[int], positions: list[int], block_tables: list[list[int]],
+             size: int) -> tuple[torch.Tensor, ...]:
+        """Write one step's rows, padded to `size`, and queue their copy to the device; returns device views.
+
+        Per row: its input token (any value where `src_rows` >= 0), the row of the
+        previous step's samples that holds it (-1: none), its position (the
+        context length less one) and its block table.
+        """
+        host = self._host_arrays[self._turn]
+        n, bs = len(input_ids), self.block_size
+        ids, src, pos, slots, lens, tables = self._split(host, size)
+        ids[:n] = input_ids
+        src[:n] = src_rows
+        pos[:n] = positions
+        lens[:n] = pos[:n] + 1
         # this region held other fields for other sizes: a stale slot or -1 is no token id or position
         ids[n:] = 0
-        positions[n:] = 0
+        src[n:] = -1
+        pos[n:] = 0
         lens[n:] = 0
         tables.fill(-1)  # the pad the Context promises
         # every block table in one pass: row i takes widths[i] entries of the concatenation
-        widths = np.fromiter((len(seq.block_table) for seq in seqs), np.int64, n)
+        widths = np.fromiter((len(table) for table in block_tables), np.int64, n)
         in_table = np.arange(self.width) < widths[:, None]
-        tables[:n][in_table] = np.fromiter(chain.from_iterable(seq.block_table for seq in seqs), np.int64,
-                                           int(widths.sum()))
-        slots[:n] = tables[np.arange(n), positions[:n] // bs] * bs + positions[:n] % bs
+        tables[:n][in_table] = np.fromiter(chain.from_iterable(block_tables), np.int64, int(widths.sum()))
+        slots[:n] = tables[np.arange(n), pos[:n] // bs] * bs + pos[:n] % bs
         slots[n:] = -1
-        used = size * (4 + self.width)
-        self.device[:used].copy_(self.host[:used], non_blocking=True)
+        used = size * (_FIELDS + self.width)
+        self.device[:used].copy_(self.hosts[self._turn][:used], non_blocking=True)
+        self._turn ^= 1
         return self.views(size)

@@ -1,20 +1,21 @@
-"""Runs the model for one rank: builds it, sizes the KV cache, prepares each step's inputs, samples."""
+"""Runs the model for one rank: builds it, sizes the KV cache, launches each step and its sampling."""
 
-from itertools import accumulate
+from itertools import accumulate, chain
 
 import torch
+import torch.distributed as dist
 
 from nanovllm.config import Config
 from nanovllm.engine.cuda_graphs import DecodeGraphs
 from nanovllm.engine.decode_buffers import DecodeBuffers
-from nanovllm.engine.sampling_batch import logprob_dicts, sampling_tensors
-from nanovllm.engine.scheduler import ScheduledBatch
-from nanovllm.engine.sequence import Sequence
+from nanovllm.engine.runner_output import PendingOutput
+from nanovllm.engine.sampling_batch import sampling_tensors
+from nanovllm.engine.scheduler_output import PLACEHOLDER, SchedulerOutput
 from nanovllm.layers.attention import Attention, make_attention_backend
 from nanovllm.layers.sampler import Sampler, SamplingTensors
 from nanovllm.models import model_class
 from nanovllm.sampling_params import SamplingParams
-from nanovllm.utils.context import Context, reset_context, set_context
+from nanovllm.utils.context import Context, forward_context
 from nanovllm.utils.loader import load_dummy_weights, load_model
 from nanovllm.utils.parallel import (all_ranks_min, destroy_process_group, init_process_group, share_cpu_cores,
                                      tensor_parallel)
@@ -25,12 +26,18 @@ _GIB = 1 << 30
 class ModelRunner:
     """Owns the model, its KV cache and the sampler on one device.
 
-    With `tensor_parallel_size > 1` this is rank `rank`: it joins the group at
-    `store` (rank 0 serves it) and holds its share of the model and the cache.
+    `execute` launches a step and returns without waiting for the device: the
+    sampled ids stay on the device (`last_sampled`), where the next step's
+    placeholder tokens are gathered from, and travel to the host behind the step
+    (`PendingOutput`). With `tensor_parallel_size > 1` this is rank `rank`: it
+    joins the group at `store` (rank 0 serves it) and holds its share of the
+    model and the cache; rank 0 samples and broadcasts the ids to the others.
+    `num_kvcache_blocks` is the capacity the cache was given.
     """
 
-    def __init__(self, config: Config, rank: int = 0, store=None):
+    def __init__(self, config: Config, eos_token_ids: tuple[int, ...] = (), rank: int = 0, store=None):
         self.config = config
+        self.eos_token_ids = eos_token_ids
         self.block_size = config.kvcache_block_size
         self.rank = rank
         self.world_size = config.tensor_parallel_size
@@ -49,16 +56,20 @@ class ModelRunner:
         for layer in self.attention_layers:
             layer.backend = backend
         self.sampler = Sampler()
+        # [max_num_seqs]: the ids the latest step sampled, in its sampling-row order
+        self.last_sampled = torch.zeros(config.max_num_seqs, dtype=torch.int64, device=self.device)
+        self._forward = DeviceInputForward(self.model, self.last_sampled)
+        self._last_sampled_rows: dict[str, int] = {}  # request id -> its row in last_sampled
+        self.graphs = None
         if self.device.type == "cuda":
             self._warm_up()
-        self._allocate_kv_cache()
+        self.num_kvcache_blocks = self._allocate_kv_cache()
         if self.device.type == "cuda":
             self._warm_up_cached_prefix()
         self.decode_buffers = DecodeBuffers(config.max_num_seqs, config.max_blocks_per_seq, self.block_size,
                                             self.device)
-        self.graphs = None
         if self.device.type == "cuda" and not config.enforce_eager and backend.supports_cuda_graphs:
-            self.graphs = DecodeGraphs(self.model, self.decode_buffers, config.max_num_seqs,
+            self.graphs = DecodeGraphs(self._forward, self.decode_buffers, config.max_num_seqs,
                                        config.hf_config.hidden_size, self.dtype)
 
     def _build_model(self) -> torch.nn.Module:
@@ -76,6 +87,12 @@ class ModelRunner:
             load_model(model, self.config.model)
         return model.eval().requires_grad_(False)
 
+    def _run_start_up_step(self, out: SchedulerOutput) -> None:
+        pending = self.execute(out)
+        if pending is not None:
+            pending.result()
+        self._last_sampled_rows = {}
+
     def _warm_up(self) -> None:
         # The largest prefill the config allows, and sampling for the largest
         # decode batch, set the activation peak the KV-cache sizing must leave room for.
@@ -84,9 +101,7 @@ class ModelRunner:
         # no step holds more than max_num_batched_tokens tokens: a longer prompt is chunked
         max_len = min(self.config.max_model_len, self.config.max_num_batched_tokens)
         num_seqs = max(1, min(self.config.max_num_batched_tokens // max_len, self.config.max_num_seqs))
-        sampled_one_token = SamplingParams(temperature=1.0, max_tokens=1)
-        seqs = [Sequence([0] * max_len, sampled_one_token, self.block_size) for _ in range(num_seqs)]
-        self.run(ScheduledBatch(seqs, is_prefill=True))
+        self._run_start_up_step(start_up_step([[0] * max_len] * num_seqs, [0] * num_seqs, [[]] * num_seqs))
         logits = torch.zeros(self.config.max_num_seqs, self.config.hf_config.vocab_size, dtype=self.dtype,
                              device=self.device)
         self.sampler(logits, SamplingTensors(temperatures=torch.ones(self.config.max_num_seqs, device=self.device)))
@@ -97,10 +112,7 @@ class ModelRunner:
         # The prefill kernel has a second variant for queries over a cached prefix
         # (prefix-cache hits, and every mixed step of decodes and prompt chunks);
         # compile it now rather than in the middle of the first request that needs it.
-        seq = Sequence([0, 0], SamplingParams(temperature=1.0, max_tokens=1), self.block_size)
-        seq.block_table = [0]
-        seq.num_computed_tokens = 1
-        self.run(ScheduledBatch([seq], is_prefill=True))
+        self._run_start_up_step(start_up_step([[0, 0]], [1], [[0]]))
 
     def _kv_block_bytes(self) -> int:
         hf = self.config.hf_config
@@ -125,58 +137,64 @@ class ModelRunner:
             )
         return int(budget) // block_bytes
 
-    def _allocate_kv_cache(self) -> None:
+    def _kv_capacity(self, block_bytes: int) -> int:
+        """Blocks the cache gets: the configured number, or what memory holds (never more than every
+        sequence at full length could use)."""
         config = self.config
-        block_bytes = self._kv_block_bytes()
-        if config.num_kvcache_blocks == -1:
-            # never more than every sequence at full length could use
-            config.num_kvcache_blocks = min(self._num_blocks_that_fit(block_bytes),
-                                            config.max_num_seqs * config.max_blocks_per_seq)
-            if self.world_size > 1:
-                # every rank must hold the blocks rank 0's scheduler hands out
-                config.num_kvcache_blocks = all_ranks_min(config.num_kvcache_blocks, self.device)
-            if config.num_kvcache_blocks < 1:
-                raise ValueError(
-                    f"cpu_kvcache_gb={config.cpu_kvcache_gb} holds no KV block of "
-                    f"{block_bytes / _GIB:.3f} GiB; raise it or lower kvcache_block_size"
-                )
+        if config.num_kvcache_blocks != -1:
+            return config.num_kvcache_blocks
+        num_blocks = min(self._num_blocks_that_fit(block_bytes), config.max_num_seqs * config.max_blocks_per_seq)
+        if self.world_size > 1:
+            # every rank must hold the blocks rank 0's scheduler hands out
+            num_blocks = all_ranks_min(num_blocks, self.device)
+        if num_blocks < 1:
+            raise ValueError(
+                f"cpu_kvcache_gb={config.cpu_kvcache_gb} holds no KV block of "
+                f"{block_bytes / _GIB:.3f} GiB; raise it or lower kvcache_block_size"
+            )
+        return num_blocks
+
+    def _allocate_kv_cache(self) -> int:
+        num_blocks = self._kv_capacity(self._kv_block_bytes())
         layers = self.attention_layers
         # kv_cache: [2, layers, blocks, block_size, kv_heads, head_dim]
-        self.kv_cache = torch.zeros(2, len(layers), config.num_kvcache_blocks, self.block_size,
-                                    layers[0].num_kv_heads, layers[0].head_dim, dtype=self.dtype, device=self.device)
+        self.kv_cache = torch.zeros(2, len(layers), num_blocks, self.block_size, layers[0].num_kv_heads,
+                                    layers[0].head_dim, dtype=self.dtype, device=self.device)
         for i, layer in enumerate(layers):
             layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
+        return num_blocks
 
     def _to_device(self, values: list, dtype: torch.dtype) -> torch.Tensor:
+        # pinned memory comes from PyTorch's caching host allocator, which keeps a
+        # block from reuse until the copy queued from it has run
         pin = self.device.type == "cuda"
         return torch.tensor(values, dtype=dtype, pin_memory=pin).to(self.device, non_blocking=True)
 
-    def _slots(self, seq: Sequence, start: int, end: int) -> list[int]:
-        """Flat cache slots of positions start..end-1 of `seq`."""
-        bs, table = self.block_size, seq.block_table
+    def _slots(self, table: list[int], start: int, end: int) -> list[int]:
+        """Flat cache slots of positions start..end-1 of a sequence with block table `table`."""
+        bs = self.block_size
         return [table[p // bs] * bs + p % bs for p in range(start, end)] if table else [-1] * (end - start)
 
-    def _block_tables(self, seqs: list[Sequence]) -> torch.Tensor:
-        width = max(len(seq.block_table) for seq in seqs)
-        rows = [seq.block_table + [-1] * (width - len(seq.block_table)) for seq in seqs]
-        return self._to_device(rows, torch.int32)
+    def _src_rows(self, out: SchedulerOutput) -> list[int]:
+        """Per request: the row of the previous step's samples that holds its last input token,
+        or -1 when the host knows that token."""
+        rows = self._last_sampled_rows
+        return [rows[req_id] if ids[-1] == PLACEHOLDER else -1 for req_id, ids in zip(out.req_ids, out.token_ids)]
 
-    def prepare_prefill(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Inputs of each sequence's scheduled tokens, packed, and the prefill context."""
-        input_ids, positions, slots = [], [], []
-        seqlens_q, seqlens_k = [], []
-        for seq, n in zip(batch.seqs, batch.num_scheduled_tokens):
-            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
-            input_ids += seq.chunk_token_ids(n)
+    def _run_varlen(self, out: SchedulerOutput) -> torch.Tensor:
+        """Prompt chunks and any decodes beside them, packed; hidden states of the rows that sample."""
+        seqlens_q = out.num_scheduled_tokens
+        seqlens_k = [start + n for start, n in zip(out.num_computed_tokens, seqlens_q)]
+        positions, slots, src_rows = [], [], []
+        for table, start, end, src in zip(out.block_tables, out.num_computed_tokens, seqlens_k, self._src_rows(out)):
             positions += range(start, end)
-            slots += self._slots(seq, start, end)
-            seqlens_q.append(n)
-            seqlens_k.append(end)
+            slots += self._slots(table, start, end)
+            src_rows += [-1] * (end - start - 1) + [src]
         cu_q = list(accumulate(seqlens_q, initial=0))
         cu_k = list(accumulate(seqlens_k, initial=0))
-        logits_indices = [cu_q[i + 1] - 1 for i, samples in enumerate(batch.samples) if samples]
-        has_prefix = any(seq.num_computed_tokens for seq in batch.seqs)
-        set_context(Context(
+        has_prefix = any(out.num_computed_tokens)
+        width = max(len(table) for table in out.block_tables)
+        context = Context(
             is_prefill=True,
             slot_mapping=self._to_device(slots, torch.int64),
             cu_seqlens_q=self._to_device(cu_q, torch.int32),
@@ -185,57 +203,78 @@ class ModelRunner:
             max_seqlen_k=max(seqlens_k),
             seqlens_q=seqlens_q,
             seqlens_k=seqlens_k,
-            block_tables=self._block_tables(batch.seqs) if has_prefix else None,
-            logits_indices=self._to_device(logits_indices, torch.int64),
-        ))
-        return self._to_device(input_ids, torch.int64), self._to_device(positions, torch.int64)
+            block_tables=self._to_device([t + [-1] * (width - len(t)) for t in out.block_tables], torch.int32)
+            if has_prefix else None,
+        )
+        input_ids = self._to_device(list(chain.from_iterable(out.token_ids)), torch.int64)
+        with forward_context(context):
+            hidden_states = self._forward(input_ids, self._to_device(src_rows, torch.int64),
+                                          self._to_device(positions, torch.int64))
+        sampling_rows = [cu_q[i + 1] - 1 for i, samples in enumerate(out.samples) if samples]
+        return hidden_states[self._to_device(sampling_rows, torch.int64)]
 
     def decode_size(self, num_seqs: int) -> int:
         """Rows a decode step of `num_seqs` runs: a captured graph's size, or exactly `num_seqs` when eager."""
         size = self.graphs.padded_size(num_seqs) if self.graphs is not None else None
         return size or num_seqs
 
-    def prepare_decode(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each sequence's last token, its position and slot, and the decode context, padded to `decode_size`."""
-        input_ids, positions, slot_mapping, context_lens, block_tables = self.decode_buffers.load(
-            seqs, self.decode_size(len(seqs)))
-        set_context(Context(
-            is_prefill=False,
-            slot_mapping=slot_mapping,
-            max_seqlen_k=max(seq.num_tokens for seq in seqs),
-            context_lens=context_lens,
-            block_tables=block_tables,
-        ))
-        return input_ids, positions
-
-    def _decode_forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        # hidden states of every row, graph padding included: a replay when this size was captured
-        size = input_ids.size(0)
+    def _run_decode(self, out: SchedulerOutput) -> torch.Tensor:
+        """One token per request, padded to a captured graph's size and replayed (or run eagerly)."""
+        n = len(out.req_ids)
+        size = self.decode_size(n)
+        input_ids, src_rows, positions, slots, context_lens, block_tables = self.decode_buffers.load(
+            [ids[0] for ids in out.token_ids], self._src_rows(out), out.num_computed_tokens, out.block_tables, size)
         if self.graphs is not None and self.graphs.captured(size):
-            return self.graphs.replay(size)
-        return self.model(input_ids, positions)
+            return self.graphs.replay(size)[:n]
+        context = Context(is_prefill=False, slot_mapping=slots, max_seqlen_k=max(out.num_computed_tokens) + 1,
+                          context_lens=context_lens, block_tables=block_tables)
+        with forward_context(context):
+            return self._forward(input_ids, src_rows, positions)[:n]
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> tuple[list[int], list[dict[int, float] | None] | None] | None:
-        """One forward pass over the batch; rank 0 returns the token ids sampled for
-        `batch.sampled_seqs` and, where asked for, their logprobs."""
-        if batch.is_prefill:
-            hidden_states = self.model(*self.prepare_prefill(batch))
-        else:
-            hidden_states = self._decode_forward(*self.prepare_decode(batch.seqs))[:len(batch.seqs)]
-        sampled = batch.sampled_seqs
-        # A step of prompt chunks that all stop short of their end scores nothing.
-        logits = self.model.compute_logits(hidden_states) if sampled else None
-        reset_context()
-        if self.rank != 0:
-            return None
-        if not sampled:
-            return [], None
-        tensors = sampling_tensors(sampled, logits.shape[-1], self.config.eos_token_ids, self._to_device)
-        output = self.sampler(logits, tensors)
-        return output.token_ids.tolist(), logprob_dicts(sampled, output)
+    def execute(self, out: SchedulerOutput) -> PendingOutput | None:
+        """Launch one step without waiting for the device. Rank 0 returns the handle of the ids sampled
+        for `out.sampled_req_ids`; other ranks, and a step where no request samples, return None."""
+        hidden_states = self._run_decode(out) if out.is_decode else self._run_varlen(out)
+        num_sampled = len(out.sampled_req_ids)
+        pending = None
+        if num_sampled:
+            logits = self.model.compute_logits(hidden_states)  # every rank joins the gather to rank 0
+            if self.rank == 0:
+                tensors = sampling_tensors(out, logits.shape[-1], self.eos_token_ids, self._to_device)
+                sampled = self.sampler(logits, tensors)
+                self.last_sampled[:num_sampled].copy_(sampled.token_ids)
+                pending = PendingOutput(sampled, [p.logprobs for p in out.sampling_params])
+            if self.world_size > 1:
+                dist.broadcast(self.last_sampled[:num_sampled], src=0)
+        self._last_sampled_rows = {req_id: row for row, req_id in enumerate(out.sampled_req_ids)}
+        return pending
 
     def close(self) -> None:
         """Leave the tensor-parallel group (a no-op with one rank)."""
         if self.world_size > 1:
             destroy_process_group()
+
+
+class DeviceInputForward:
+    """The model over a step's tokens, each placeholder's id taken from the previous step's samples
+    on the device (inside the decode graphs too). Holds no reference to the runner, so that graphs
+    capturing it form no cycle that would keep an engine's memory alive after it is dropped."""
+
+    def __init__(self, model: torch.nn.Module, last_sampled: torch.Tensor):
+        self.model = model
+        self.last_sampled = last_sampled
+
+    def __call__(self, input_ids: torch.Tensor, src_rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # input_ids, src_rows, positions: [tokens] -> hidden states [tokens, hidden]
+        input_ids = torch.where(src_rows < 0, input_ids, self.last_sampled[src_rows])
+        return self.model(input_ids, positions)
+
+
+def start_up_step(token_ids: list[list[int]], num_computed_tokens: list[int],
+                  block_tables: list[list[int]]) -> SchedulerOutput:
+    """A step of made-up requests that each compute `token_ids[i]` and sample (start-up compiles and sizing)."""
+    n = len(token_ids)
+    req_ids = [f"start-up-{i}" for i in range(n)]
+    return SchedulerOutput(req_ids, token_ids, num_computed_tokens, block_tables, [True] * n, req_ids,
+                           [SamplingParams(temperature=1.0, max_tokens=1)] * n, [0] * n)

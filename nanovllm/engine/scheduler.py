@@ -1,171 +1,202 @@
-"""Chooses which sequences run each step and how many of their tokens, preempting when blocks run out.
+"""Chooses which requests run each step and how many of their tokens, preempting when blocks run out.
 
-With chunked prefill (the default) a step first gives each running sequence
+With chunked prefill (the default) a step first gives each running request
 its decode token, then fills what is left of the token budget with prompt
 chunks, oldest request first. Without it a step is either a batch of whole
 prompts (preferred) or a batch of decodes.
+
+Scheduling runs one step ahead of the host's knowledge: a request that
+samples in a launched step counts that token as a placeholder, so the next
+step can be scheduled (and its blocks allocated) before the token's value is
+read back. `update` then confirms the values, applies the stopping rules and
+frees finished requests.
 """
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
 
 from nanovllm.config import Config
 from nanovllm.engine.block_manager import BlockManager
-from nanovllm.engine.sequence import Sequence, SequenceStatus
+from nanovllm.engine.messages import EngineCoreOutput, EngineStats
+from nanovllm.engine.request import Request, RequestStatus
+from nanovllm.engine.runner_output import ModelRunnerOutput
+from nanovllm.engine.scheduler_output import SchedulerOutput
 from nanovllm.engine.stop_checker import StopChecker
-
-
-@dataclass
-class ScheduledBatch:
-    """What the scheduler decided for one step.
-
-    `seqs[i]` computes its next `num_scheduled_tokens[i]` tokens (default: all
-    it has left); it samples a token only when they reach its end, which
-    `samples[i]` records at construction. `is_prefill`
-    picks the variable-length path, which runs prompt chunks with any decodes
-    of the step as queries of length 1; False means every sequence decodes one
-    token, the path CUDA graphs replay.
-    """
-
-    seqs: list[Sequence]
-    is_prefill: bool
-    num_scheduled_tokens: list[int] | None = None
-    samples: list[bool] = field(init=False)
-    sampled_seqs: list[Sequence] = field(init=False)  # the sequences that sample this step, in batch order
-
-    def __post_init__(self) -> None:
-        if self.num_scheduled_tokens is None:
-            self.num_scheduled_tokens = [seq.num_new_tokens for seq in self.seqs]
-        # per sequence: whether this step reaches its last token, so that it samples the next
-        self.samples = [seq.num_computed_tokens + n == seq.num_tokens
-                        for seq, n in zip(self.seqs, self.num_scheduled_tokens)]
-        self.sampled_seqs = [seq for seq, samples in zip(self.seqs, self.samples) if samples]
 
 
 class Scheduler:
     """Keeps the waiting and running queues and the block manager in step.
 
-    A running sequence holds blocks for all its tokens. With chunked prefill it
+    A running request holds blocks for all its tokens. With chunked prefill it
     may still have prompt tokens to compute: it keeps its place in the running
     queue and gets the next chunk from the budget the decodes ahead of it leave.
     """
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, num_kvcache_blocks: int, eos_token_ids: tuple[int, ...]):
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
-        self.max_model_len = config.max_model_len
         self.chunked_prefill = config.enable_chunked_prefill
-        self.stop_checker = StopChecker(frozenset(config.eos_token_ids), config.max_model_len)
-        self.block_manager = BlockManager(config.num_kvcache_blocks, config.kvcache_block_size)
-        self.waiting: deque[Sequence] = deque()
-        self.running: deque[Sequence] = deque()
+        self.stop_checker = StopChecker(eos_token_ids, config.max_model_len)
+        self.block_manager = BlockManager(num_kvcache_blocks, config.kvcache_block_size)
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: deque[Request] = deque()
 
-    def is_finished(self) -> bool:
-        return not self.waiting and not self.running
+    def has_requests(self) -> bool:
+        return bool(self.requests)
 
-    def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+    def add_request(self, req: Request) -> None:
+        assert req.request_id not in self.requests, f"request id {req.request_id!r} is already live"
+        self.requests[req.request_id] = req
+        self.waiting.append(req)
 
-    def abort(self, seq: Sequence) -> None:
-        """Drop an unfinished `seq` from its queue and free its blocks."""
-        if seq.status == SequenceStatus.RUNNING:
-            self.running.remove(seq)
-            self.block_manager.deallocate(seq)
-        elif seq.status == SequenceStatus.WAITING:
-            self.waiting.remove(seq)
-        seq.status = SequenceStatus.FINISHED
+    def abort(self, request_ids: list[str]) -> None:
+        """Drop live requests (unknown ids are ignored); a token of theirs still in flight is dropped."""
+        for request_id in request_ids:
+            req = self.requests.get(request_id)
+            if req is not None:
+                self._finish(req, "abort")
 
-    def schedule(self) -> ScheduledBatch:
-        """Pick this step's batch; never returns an empty one while work remains."""
-        batch = self._schedule_mixed() if self.chunked_prefill else self._schedule_prefill_first()
-        assert batch.seqs, "sequences are waiting or running but none could be scheduled"
-        return batch
+    def needs_confirmed_tokens(self) -> bool:
+        """Whether the next step's inputs need the values of tokens still in flight: penalties
+        read each request's completion on the host."""
+        return any(req.num_placeholders and req.params.has_penalties for req in self.running)
 
-    def _schedule_prefill_first(self) -> ScheduledBatch:
-        seqs, counts = self._admit(self.max_num_batched_tokens, num_running=0)
-        if seqs:
-            return ScheduledBatch(seqs, True, counts)
-        seqs, counts = self._schedule_running(budget=None)
-        return ScheduledBatch(seqs, False, counts)
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(len(self.running), len(self.waiting), 1.0 - bm.num_free_blocks / len(bm.blocks))
 
-    def _schedule_mixed(self) -> ScheduledBatch:
-        # Decodes first, so that a long prompt only ever takes what they leave of the budget.
-        seqs, counts = self._schedule_running(self.max_num_batched_tokens)
-        new_seqs, new_counts = self._admit(self.max_num_batched_tokens - sum(counts), num_running=len(seqs))
-        seqs, counts = seqs + new_seqs, counts + new_counts
-        # A step where every sequence computes exactly its last token is a decode step.
-        return ScheduledBatch(seqs, any(seq.num_new_tokens > 1 for seq in seqs), counts)
+    def schedule(self) -> SchedulerOutput:
+        """Pick the next step. It is empty only when every live request waits for a token in flight."""
+        if self.chunked_prefill:
+            # Decodes first, so that a long prompt only ever takes what they leave of the budget.
+            reqs, counts = self._schedule_running(self.max_num_batched_tokens)
+            new_reqs, new_counts = self._admit(self.max_num_batched_tokens - sum(counts), num_running=len(reqs))
+            reqs, counts = reqs + new_reqs, counts + new_counts
+        else:
+            reqs, counts = self._admit(self.max_num_batched_tokens, num_running=0)
+            if not reqs:
+                reqs, counts = self._schedule_running(budget=None)
+        return self._advance(reqs, counts)
 
-    def _admit(self, budget: int, num_running: int) -> tuple[list[Sequence], list[int]]:
-        """Move waiting sequences to running, in order, while seats, tokens and blocks last.
+    def _admit(self, budget: int, num_running: int) -> tuple[list[Request], list[int]]:
+        """Move waiting requests to running, in order, while seats, tokens and blocks last.
 
         Each gets blocks for all its tokens; with chunked prefill the last one
         admitted may compute only the first part of its prompt this step.
         """
         scheduled, counts = [], []
         while self.waiting and num_running + len(scheduled) < self.max_num_seqs and budget > 0:
-            seq = self.waiting[0]
-            hits = self.block_manager.cached_prefix(seq)
+            req = self.waiting[0]
+            if req.num_placeholders:
+                break  # preempted with a token in flight: its recompute waits until that token is known
+            hits = self.block_manager.cached_prefix(req)
             num_cached = len(hits) * self.block_manager.block_size
-            n = seq.num_tokens - num_cached
+            n = req.num_tokens - num_cached
             if self.chunked_prefill:
                 n = min(n, budget)
-            if n > budget or not self.block_manager.can_allocate(seq, hits):
+            if n > budget or not self.block_manager.can_allocate(req, hits):
                 break
-            self.block_manager.allocate(seq, hits, num_cached + n)
+            self.block_manager.allocate(req, hits, num_cached + n)
             budget -= n
-            seq.status = SequenceStatus.RUNNING
+            req.status = RequestStatus.RUNNING
             self.waiting.popleft()
-            self.running.append(seq)
-            scheduled.append(seq)
+            self.running.append(req)
+            scheduled.append(req)
             counts.append(n)
         return scheduled, counts
 
-    def _schedule_running(self, budget: int | None) -> tuple[list[Sequence], list[int]]:
-        """Running sequences in order, each with its decode token or its next prompt chunk,
-        within `budget` tokens (None: no limit); preempts from the tail when blocks run out."""
-        scheduled, counts = [], []
+    def _schedule_running(self, budget: int | None) -> tuple[list[Request], list[int]]:
+        """Running requests in order, each with its decode token or its next prompt chunk,
+        within `budget` tokens (None: no limit); preempts from the tail when blocks run out.
+        A request whose last token is in flight has nothing to compute and keeps its place."""
+        scheduled, counts, kept = [], [], []
         left = math.inf if budget is None else budget
         block_manager, running = self.block_manager, self.running
         while running and len(scheduled) < self.max_num_seqs and left > 0:
-            seq = running.popleft()
-            while not block_manager.can_append(seq):
+            req = running.popleft()
+            if self.stop_checker.has_all_tokens(req):
+                kept.append(req)
+                continue
+            while not block_manager.can_append(req):
                 if running:
                     self._preempt(running.pop())
                 else:
-                    self._preempt(seq)
+                    self._preempt(req)
                     break
             else:
-                n = min(seq.num_new_tokens, left)
-                block_manager.may_append(seq, seq.num_computed_tokens + n)
-                scheduled.append(seq)
+                n = min(req.num_new_tokens, left)
+                block_manager.may_append(req, req.num_computed_tokens + n)
+                scheduled.append(req)
                 counts.append(n)
+                kept.append(req)
                 left -= n
-        running.extendleft(reversed(scheduled))
+        running.extendleft(reversed(kept))
         return scheduled, counts
 
-    def _preempt(self, seq: Sequence) -> None:
+    def _preempt(self, req: Request) -> None:
         # Recompute later: the completion so far becomes part of the next prefill,
         # which starts again from what the prefix cache still holds.
-        seq.status = SequenceStatus.WAITING
-        self.block_manager.deallocate(seq)
-        self.waiting.appendleft(seq)
+        req.status = RequestStatus.WAITING
+        self.block_manager.deallocate(req)
+        self.waiting.appendleft(req)
 
-    def postprocess(self, batch: ScheduledBatch, token_ids: list[int],
-                    logprobs: list[dict[int, float] | None] | None = None) -> None:
-        """Advance each sequence by its scheduled tokens; record the tokens (and logprobs)
-        sampled for `batch.sampled_seqs`; finish and free the sequences that are done."""
-        sampled = batch.sampled_seqs
-        assert len(token_ids) == len(sampled)
-        for seq, n in zip(batch.seqs, batch.num_scheduled_tokens):
-            seq.num_computed_tokens += n
-        for i, (seq, token_id) in enumerate(zip(sampled, token_ids)):
-            seq.append_token(token_id)
-            if logprobs is not None and logprobs[i] is not None:
-                seq.logprobs.append(logprobs[i])
-            self.stop_checker.update(seq)
-            if seq.finish_reason is not None:
-                seq.status = SequenceStatus.FINISHED
-                self.block_manager.deallocate(seq)
-                self.running.remove(seq)
+    def _advance(self, reqs: list[Request], counts: list[int]) -> SchedulerOutput:
+        """The step's lists; each request's chunk counts as computed, and one that samples gains a placeholder."""
+        out = SchedulerOutput()
+        with_penalties = any(req.params.has_penalties for req in reqs)
+        if with_penalties:
+            out.penalty_token_ids = []
+        for req, n in zip(reqs, counts):
+            out.req_ids.append(req.request_id)
+            out.token_ids.append(req.chunk_token_ids(n))
+            out.num_computed_tokens.append(req.num_computed_tokens)
+            out.block_tables.append(req.block_table)
+            req.num_computed_tokens += n
+            samples = req.num_computed_tokens == req.num_tokens
+            out.samples.append(samples)
+            if samples:
+                out.sampled_req_ids.append(req.request_id)
+                out.sampling_params.append(req.params)
+                out.num_output_tokens.append(req.num_output_tokens)
+                if with_penalties:
+                    out.penalty_token_ids.append((req.token_ids[: req.num_prompt_tokens],
+                                                  req.token_ids[req.num_prompt_tokens :]))
+                req.add_placeholder()
+        return out
+
+    def update(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        """Confirm the tokens a finished step sampled; finish and free the requests that are done.
+
+        A request that finished or was aborted after this step was scheduled is
+        gone: its token is dropped.
+        """
+        outputs = []
+        logprobs = result.logprobs
+        for i, (request_id, token_id) in enumerate(zip(out.sampled_req_ids, result.sampled_token_ids)):
+            req = self.requests.get(request_id)
+            if req is None:
+                continue
+            req.confirm(token_id)
+            reason = self.stop_checker.finish_reason(req)
+            if reason is not None:
+                self._finish(req, reason)
+            new_logprobs = None if logprobs is None or logprobs[i] is None else [logprobs[i]]
+            outputs.append(EngineCoreOutput(request_id, [token_id], new_logprobs, reason, req.num_cached_tokens))
+        return outputs
+
+    def _finish(self, req: Request, reason: str) -> None:
+        if req.status == RequestStatus.RUNNING:
+            self.running.remove(req)
+            self.block_manager.deallocate(req)
+        elif req.status == RequestStatus.WAITING:
+            self.waiting.remove(req)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+        del self.requests[req.request_id]
+
+    def abort_all(self) -> list[str]:
+        """Drop every live request; returns their ids."""
+        request_ids = list(self.requests)
+        self.abort(request_ids)
+        return request_ids

@@ -22,7 +22,8 @@ import torch.distributed as dist
 
 from nanovllm.config import Config
 from nanovllm.engine.model_runner import ModelRunner
-from nanovllm.engine.scheduler import ScheduledBatch
+from nanovllm.engine.runner_output import PendingOutput
+from nanovllm.engine.scheduler_output import SchedulerOutput
 from nanovllm.utils.command_channel import CommandChannel
 from nanovllm.utils.parallel import destroy_process_group, rendezvous_address, rendezvous_store
 
@@ -31,10 +32,10 @@ _EXIT_WAIT_S = 10   # how long a worker may take to leave on "exit" before it is
 
 
 def channel_capacity(config: Config) -> int:
-    """Bytes that hold the largest possible batch: every sequence at full length sent whole (a
-    prefill with cached prefixes). Pickled token and block ids take at most 5 bytes each; pages
-    of the segment cost memory only once written."""
-    return config.max_num_seqs * (6 * (config.max_model_len + config.max_blocks_per_seq) + 128) + (1 << 16)
+    """Bytes that hold the largest possible step: every sequence at full length sent whole (a
+    prefill with cached prefixes), with its id. Pickled token and block ids take at most 5 bytes
+    each; pages of the segment cost memory only once written."""
+    return config.max_num_seqs * (6 * (config.max_model_len + config.max_blocks_per_seq) + 256) + (1 << 16)
 
 
 def _watch_parent() -> None:
@@ -57,7 +58,7 @@ def run_worker(config: Config, rank: int, host: str, port: int, channel: Command
     try:
         store = rendezvous_store(host, port, is_master=False)
         channel.mark_done(worker)  # reached the rendezvous
-        runner = ModelRunner(config, rank, store)
+        runner = ModelRunner(config, rank=rank, store=store)
         channel.mark_done(worker)  # built
         while True:
             method, args = channel.receive(worker)
@@ -114,12 +115,13 @@ def _abort_group_when_a_worker_dies(workers: _Workers) -> None:
 class TensorParallelRunner:
     """Rank 0's model runner together with N-1 worker processes that mirror every call.
 
-    Offers what `ModelRunner` offers to the engine (`run`); `close()` (also
-    called when the object is collected or the interpreter exits) stops the
-    workers and removes the shared-memory segment.
+    Offers what `ModelRunner` offers to the engine core (`execute`,
+    `num_kvcache_blocks`); `close()` (also called when the object is collected
+    or the interpreter exits) stops the workers and removes the shared-memory
+    segment.
     """
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, eos_token_ids: tuple[int, ...] = ()):
         if dist.is_initialized():
             raise RuntimeError(
                 "another engine with tensor_parallel_size > 1 is running in this process; close it "
@@ -140,7 +142,8 @@ class TensorParallelRunner:
         if config.device == "cuda":
             threading.Thread(target=_abort_group_when_a_worker_dies, args=(self._workers,), daemon=True).start()
         self._guarded(lambda: None)  # every worker reached the rendezvous
-        self.runner = self._guarded(lambda: ModelRunner(config, 0, store))
+        self.runner = self._guarded(lambda: ModelRunner(config, eos_token_ids, 0, store))
+        self.num_kvcache_blocks = self.runner.num_kvcache_blocks
 
     @property
     def channel(self) -> CommandChannel:
@@ -150,32 +153,31 @@ class TensorParallelRunner:
     def processes(self) -> list[mp.Process]:
         return self._workers.processes
 
-    def run(self, batch: ScheduledBatch) -> tuple[list[int], list[dict[int, float] | None] | None]:
-        """One step on every rank; rank 0's sampled token ids and logprobs."""
-        return self.call("run", batch)
-
-    def call(self, method: str, *args):
-        """Run `method(*args)` on every rank; returns rank 0's result."""
+    def execute(self, out: SchedulerOutput) -> PendingOutput | None:
+        """Launch one step on every rank; rank 0's handle of the sampled ids. Only rank 0 samples,
+        so the workers get the step without the sampling settings."""
         if not self._finalizer.alive:
             raise RuntimeError("this engine's tensor-parallel workers were shut down; create a new LLM")
-        return self._guarded(lambda: self._post_and_run(method, args))
+        pending = self._guarded(lambda: self._post_and_execute(out))
+        return None if pending is None else _GuardedOutput(self, pending)
 
-    def _post_and_run(self, method: str, args: tuple):
+    def _post_and_execute(self, out: SchedulerOutput) -> PendingOutput | None:
         if not all(p.is_alive() for p in self.processes):
             raise RuntimeError("a tensor-parallel worker has exited")
-        self.channel.send(method, *args)
-        return getattr(self.runner, method)(*args)
+        self.channel.send("execute", out.without_sampling())
+        return self.runner.execute(out)
 
     def close(self) -> None:
         """Stop the workers and free the shared memory (idempotent)."""
         self._finalizer()
 
-    def _guarded(self, rank0_work):
-        """Do rank 0's part, then wait for the workers; on any failure shut everything down
-        and raise, naming the worker that failed when one did."""
+    def _guarded(self, rank0_work, wait_for_workers: bool = True):
+        """Do rank 0's part, then (by default) wait for the workers; on any failure shut everything
+        down and raise, naming the worker that failed when one did."""
         try:
             result = rank0_work()
-            self._wait_for_workers()
+            if wait_for_workers:
+                self._wait_for_workers()
             return result
         except BaseException as e:
             failure = self._worker_failure()
@@ -205,3 +207,14 @@ class TensorParallelRunner:
         if message:
             return f"tensor-parallel worker {i + 1} failed: {message}"
         return f"tensor-parallel worker {i + 1} (pid {process.pid}) exited unexpectedly with code {process.exitcode}"
+
+
+class _GuardedOutput:
+    """Rank 0's pending output, read so that a worker's failure during the step names that worker."""
+
+    def __init__(self, runner: TensorParallelRunner, pending: PendingOutput):
+        self._runner = runner
+        self._pending = pending
+
+    def result(self):
+        return self._runner._guarded(self._pending.result, wait_for_workers=False)

@@ -16,8 +16,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
-from nanovllm.engine.llm_engine import LLMEngine
-from nanovllm.engine.online_engine import OnlineEngine, RequestStream
+from nanovllm.frontend.online_engine import OnlineEngine, RequestStream
 from nanovllm.entrypoints.metrics import RequestTimer, ServerMetrics
 from nanovllm.entrypoints.protocol import (ChatCompletionRequest, CompletionRequest, ResponseHeader, Usage,
                                            chat_choice, completion_choice, error_body)
@@ -161,14 +160,14 @@ class _Server:
     def __init__(self, engine: OnlineEngine, settings: ServerSettings):
         self.engine = engine
         self.settings = settings
-        self.config = engine.llm_engine.config
-        self.tokenizer = engine.llm_engine.tokenizer
-        self.tokenize = engine.llm_engine.tokenize
+        self.info = engine.client.info
+        self.tokenizer = engine.tokenizer
+        self.tokenize = engine.input_processor.tokenize
         self.metrics = ServerMetrics(engine, settings.model_name)
 
     def models(self) -> dict:
         card = {"id": self.settings.model_name, "object": "model", "created": 0, "owned_by": "nanovllm",
-                "max_model_len": self.config.max_model_len}
+                "max_model_len": self.info.max_model_len}
         return {"object": "list", "data": [card]}
 
     def check_model(self, name: str) -> None:
@@ -191,7 +190,7 @@ class _Server:
 
     def room_after(self, prompt_ids: list[int]) -> int:
         """The default length of a chat reply: whatever the context and the KV cache leave."""
-        limit = min(self.config.max_model_len, self.config.num_kvcache_blocks * self.config.kvcache_block_size)
+        limit = min(self.info.max_model_len, self.info.num_kvcache_blocks * self.info.block_size)
         return max(1, limit - len(prompt_ids))
 
     async def generate(self, body, prompt_ids: list[int], default_max_tokens: int, endpoint: _Endpoint,
@@ -275,5 +274,5 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | 
           max_waiting: int = 1024, served_model_name: str | None = None, **engine_kwargs) -> None:
     """Load `model`, then serve it until interrupted; `engine_kwargs` are Config fields."""
     settings = ServerSettings(served_model_name or model, api_key, max_waiting)
-    engine = OnlineEngine(LLMEngine(model, **engine_kwargs))
+    engine = OnlineEngine(model, **engine_kwargs)
     uvicorn.run(build_app(engine, settings), host=host, port=port, log_level="info")

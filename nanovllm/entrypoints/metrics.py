@@ -4,7 +4,8 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from nanovllm.engine.online_engine import OnlineEngine, RequestOutput
+from nanovllm.frontend.online_engine import OnlineEngine
+from nanovllm.frontend.output_processor import RequestOutput
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                     2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)

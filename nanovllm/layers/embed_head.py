@@ -6,7 +6,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from nanovllm.layers.linear import divide
-from nanovllm.utils.context import get_context
 from nanovllm.utils.loader import shard
 from nanovllm.utils.parallel import tp_rank, tp_size
 
@@ -37,16 +36,13 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    """Hidden states to logits; in prefill only the last token of each sequence that samples is scored.
+    """Hidden states to logits. The runner passes only the rows that sample.
 
     Rank 0 gathers the full vocabulary's logits; other ranks return None.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | None:
-        # x: [tokens, hidden] -> logits: [sampled seqs, vocab]
-        context = get_context()
-        if context.is_prefill:
-            x = x[context.logits_indices]
+        # x: [sampling rows, hidden] -> logits: [sampling rows, vocab]
         if x.device.type == "cpu":
             # MKL runs this [vocab, hidden] @ [hidden, seqs] orientation up to 3x
             # faster than x @ weight.T when there are few rows; same products,

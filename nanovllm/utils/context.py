@@ -1,5 +1,8 @@
-"""Per-step attention metadata, set by the model runner and read by attention layers."""
+"""Per-step attention metadata: set by the model runner for one forward pass, read by attention layers."""
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -13,11 +16,8 @@ class Context:
     or a single decode token) one after another: `cu_seqlens_q`/`cu_seqlens_k`
     are the cumulative query and key lengths (the key length counts the cached
     prefix too). `block_tables` is set when some sequence reads a cached
-    prefix. `logits_indices` are the packed rows whose logits are computed: the
-    last token of each sequence that samples this step (a chunk that stops
-    short of its prompt's end samples nothing). Decode has one query per sequence,
-    reading `context_lens[i]` keys through `block_tables[i]`; `max_seqlen_k`
-    is the largest of them.
+    prefix. Decode has one query per sequence, reading `context_lens[i]` keys
+    through `block_tables[i]`; `max_seqlen_k` is the largest of them.
     """
 
     is_prefill: bool = False
@@ -30,20 +30,27 @@ class Context:
     seqlens_k: list[int] | None = None
     context_lens: torch.Tensor | None = None      # [num_seqs]
     block_tables: torch.Tensor | None = None      # [num_seqs, max_blocks]; -1 pads
-    logits_indices: torch.Tensor | None = None    # [sampled seqs], prefill only
 
 
-_CONTEXT = Context()
+# per thread: engines in different threads of one process (an online engine beside
+# an offline one) run their forward passes independently
+_LOCAL = threading.local()
+
+
+@contextmanager
+def forward_context(context: Context) -> Iterator[None]:
+    """Make `context` the current step's for the duration of one forward pass; forwards do not nest."""
+    if getattr(_LOCAL, "context", None) is not None:
+        raise RuntimeError("a forward context is already set: one forward pass may not run inside another")
+    _LOCAL.context = context
+    try:
+        yield
+    finally:
+        _LOCAL.context = None
 
 
 def get_context() -> Context:
-    return _CONTEXT
-
-
-def set_context(context: Context) -> None:
-    global _CONTEXT
-    _CONTEXT = context
-
-
-def reset_context() -> None:
-    set_context(Context())
+    """The context of the forward pass running in this thread."""
+    context = getattr(_LOCAL, "context", None)
+    assert context is not None, "attention ran outside a forward pass of the model runner"
+    return context

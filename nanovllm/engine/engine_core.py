@@ -1,0 +1,86 @@
+"""The engine core: token ids in, token ids out, one overlapped step at a time."""
+
+from dataclasses import dataclass
+
+from nanovllm.config import Config
+from nanovllm.engine.messages import EngineCoreInfo, EngineCoreOutput, EngineCoreRequest, EngineStats
+from nanovllm.engine.model_runner import ModelRunner
+from nanovllm.engine.request import Request
+from nanovllm.engine.runner_output import ModelRunnerOutput, PendingOutput
+from nanovllm.engine.scheduler import Scheduler
+from nanovllm.engine.scheduler_output import SchedulerOutput
+from nanovllm.engine.worker import TensorParallelRunner
+
+
+@dataclass
+class _InFlight:
+    """A launched step whose sampled ids the host has not read yet."""
+
+    scheduled: SchedulerOutput
+    pending: PendingOutput | None
+
+
+class EngineCore:
+    """Owns the scheduler and the model runner and drives them so that the device never waits for the host.
+
+    Each `step()` schedules and launches step n+1 before it reads back step n's
+    sampled ids: the device runs n+1 while the host confirms n's tokens, applies
+    the stopping rules, and (back in the caller) turns them into text. Requests
+    come in as token ids; outputs go out as new token ids per request.
+    """
+
+    def __init__(self, config: Config, eos_token_ids: tuple[int, ...]):
+        runner_class = TensorParallelRunner if config.tensor_parallel_size > 1 else ModelRunner
+        self.model_runner = runner_class(config, eos_token_ids)
+        self.scheduler = Scheduler(config, self.model_runner.num_kvcache_blocks, eos_token_ids)
+        self.info = EngineCoreInfo(self.model_runner.num_kvcache_blocks, config.kvcache_block_size,
+                                   config.max_model_len, config.hf_config.vocab_size)
+        self._block_size = config.kvcache_block_size
+        self._in_flight: _InFlight | None = None
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """Queue a request the front end has checked."""
+        self.scheduler.add_request(Request(request.request_id, request.prompt_token_ids, request.sampling_params,
+                                           self._block_size))
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Drop requests; what a step in flight samples for them is discarded."""
+        self.scheduler.abort(request_ids)
+
+    def has_work(self) -> bool:
+        """Whether a step remains to run or to read back."""
+        return self.scheduler.has_requests() or self._in_flight is not None
+
+    def stats(self) -> EngineStats:
+        return self.scheduler.stats()
+
+    def step(self) -> list[EngineCoreOutput]:
+        """Schedule and launch the next step, then read back the one before it and return its outputs."""
+        outputs = []
+        if self._in_flight is not None and self.scheduler.needs_confirmed_tokens():
+            # Synchronous fallback: penalties need every token of the completion on the
+            # host to build the next step, so the step in flight is read back first.
+            outputs = self._finish(self._in_flight)
+            self._in_flight = None
+        scheduled = self.scheduler.schedule()
+        launched = None if scheduled.is_empty else _InFlight(scheduled, self.model_runner.execute(scheduled))
+        if self._in_flight is not None:
+            outputs = self._finish(self._in_flight)
+        assert launched is not None or self._in_flight is not None or not self.scheduler.has_requests(), \
+            "requests are live but no step could be scheduled"
+        self._in_flight = launched
+        return outputs
+
+    def _finish(self, step: _InFlight) -> list[EngineCoreOutput]:
+        """Wait for a launched step's samples and fold them into the requests."""
+        result = step.pending.result() if step.pending is not None else ModelRunnerOutput([])
+        return self.scheduler.update(step.scheduled, result)
+
+    def reset(self) -> list[str]:
+        """After a failed step: drop the step in flight and every live request; returns their ids."""
+        self._in_flight = None
+        return self.scheduler.abort_all()
+
+    def shutdown(self) -> None:
+        """Stop tensor-parallel workers now rather than when the core is collected."""
+        self.model_runner.close()

@@ -1,0 +1,86 @@
+"""One request inside the engine core: its token ids, its place in the KV cache and its progress."""
+
+from enum import Enum, auto
+
+from nanovllm.engine.scheduler_output import PLACEHOLDER
+from nanovllm.sampling_params import SamplingParams
+
+
+class RequestStatus(Enum):
+    """Where a request is in its life."""
+
+    WAITING = auto()
+    RUNNING = auto()
+    FINISHED = auto()
+
+
+class Request:
+    """A prompt and its completion as token ids, with the blocks that hold their K/V.
+
+    Progress is counts, not phases. `num_tokens` counts every token the request
+    has: `token_ids` (the confirmed ones, prompt then completion) plus
+    `num_placeholders`, tokens that a launched step samples but whose values the
+    host has not read back yet (at most the one of the step in flight, and for a
+    moment also the one of the step just scheduled). `num_computed_tokens`
+    counts the tokens whose K/V is in the cache or being written by a launched
+    step; a step computes positions `num_computed_tokens` onwards, or a first
+    chunk of them, and samples when it reaches `num_tokens`.
+    `num_cached_tokens` is how many prompt tokens the prefix cache supplied at
+    the last admission.
+    """
+
+    __slots__ = ("request_id", "params", "block_size", "status", "token_ids", "num_prompt_tokens", "num_tokens",
+                 "num_placeholders", "num_computed_tokens", "num_cached_tokens", "block_table", "finish_reason")
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, block_size: int):
+        self.request_id = request_id
+        self.params = params
+        self.block_size = block_size
+        self.status = RequestStatus.WAITING
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.num_tokens = len(prompt_token_ids)
+        self.num_placeholders = 0
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0
+        self.block_table: list[int] = []
+        self.finish_reason: str | None = None
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Completion tokens, placeholders included."""
+        return self.num_tokens - self.num_prompt_tokens
+
+    @property
+    def num_new_tokens(self) -> int:
+        """Tokens whose K/V is not computed yet."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks that hold every token, placeholders included."""
+        return (self.num_tokens + self.block_size - 1) // self.block_size
+
+    def block(self, i: int) -> list[int]:
+        """Confirmed token ids of logical block `i`."""
+        return self.token_ids[i * self.block_size : (i + 1) * self.block_size]
+
+    def chunk_token_ids(self, n: int) -> list[int]:
+        """The next `n` tokens to compute; a position whose token is still on the device is PLACEHOLDER."""
+        start = self.num_computed_tokens
+        ids = self.token_ids[start : start + n]
+        return ids if len(ids) == n else ids + [PLACEHOLDER] * (n - len(ids))
+
+    def add_placeholder(self) -> None:
+        """A launched step samples this request's next token."""
+        self.num_placeholders += 1
+        self.num_tokens += 1
+
+    def confirm(self, token_id: int) -> None:
+        """The oldest placeholder's value, read back from its step."""
+        self.token_ids.append(token_id)
+        self.num_placeholders -= 1

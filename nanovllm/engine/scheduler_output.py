@@ -1,0 +1,55 @@
+"""What the scheduler hands the model runner for one step: plain lists, in batch order."""
+
+from dataclasses import dataclass, field
+
+from nanovllm.sampling_params import SamplingParams
+
+# A token that the previous step sampled and that is still on the device only:
+# the runner takes it from that step's sampled ids without a trip through the host.
+PLACEHOLDER = -1
+
+
+@dataclass
+class SchedulerOutput:
+    """One step: which requests run, which of their tokens, and which of them sample.
+
+    Per scheduled request, in batch order: `token_ids` are the tokens whose
+    K/V this step computes (a decode's single token, or a prompt chunk), starting
+    at position `num_computed_tokens`; `block_tables` hold its KV blocks;
+    `samples` says whether the chunk reaches the request's last token, so that
+    the step samples its next one. The per-sampler fields list only the requests
+    that sample, in batch order: their settings and how many completion tokens
+    came before the one drawn now (placeholders included). `penalty_token_ids`
+    holds each sampling request's (prompt, completion) ids when some of them
+    have penalties; such steps are scheduled only once every token is confirmed.
+
+    The lists are built for this step and read during `execute` only.
+    """
+
+    req_ids: list[str] = field(default_factory=list)
+    token_ids: list[list[int]] = field(default_factory=list)
+    num_computed_tokens: list[int] = field(default_factory=list)
+    block_tables: list[list[int]] = field(default_factory=list)
+    samples: list[bool] = field(default_factory=list)
+    sampled_req_ids: list[str] = field(default_factory=list)
+    sampling_params: list[SamplingParams] = field(default_factory=list)
+    num_output_tokens: list[int] = field(default_factory=list)
+    penalty_token_ids: list[tuple[list[int], list[int]]] | None = None
+
+    @property
+    def num_scheduled_tokens(self) -> list[int]:
+        return [len(ids) for ids in self.token_ids]
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.req_ids
+
+    @property
+    def is_decode(self) -> bool:
+        """Every request computes exactly one token and samples: the path CUDA graphs replay."""
+        return len(self.sampled_req_ids) == len(self.req_ids) and all(len(ids) == 1 for ids in self.token_ids)
+
+    def without_sampling(self) -> "SchedulerOutput":
+        """The same step less what only the sampling rank reads (settings and penalty tokens)."""
+        return SchedulerOutput(self.req_ids, self.token_ids, self.num_computed_tokens, self.block_tables,
+                               self.samples, self.sampled_req_ids)

@@ -1,0 +1,130 @@
+"""The online engine: requests arrive at any time while the engine core runs in a background thread."""
+
+import asyncio
+import queue
+import threading
+
+from nanovllm.engine.engine_client import BackgroundClient
+from nanovllm.engine.messages import EngineStats
+from nanovllm.frontend.engine_frontend import EngineFrontend
+from nanovllm.frontend.input_processor import Prompt
+from nanovllm.frontend.output_processor import RequestOutput, RequestState
+from nanovllm.sampling_params import SamplingParams
+
+
+class RequestStream:
+    """The outputs of one request, in order, the last one finished.
+
+    Iterate it with `for` from a plain thread, or with `async for` when it was
+    added from inside an event loop (outputs then arrive through that loop).
+    """
+
+    def __init__(self, request_id: str, num_prompt_tokens: int):
+        self.request_id = request_id
+        self.num_prompt_tokens = num_prompt_tokens
+        try:
+            self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self.loop = None
+        self._outputs = queue.SimpleQueue() if self.loop is None else asyncio.Queue()
+
+    def put(self, output: RequestOutput) -> None:
+        """Deliver an output; for an async stream, call it on the stream's loop."""
+        self._outputs.put_nowait(output)
+
+    def __iter__(self):
+        assert self.loop is None, "a stream added inside an event loop is read with `async for`"
+        while True:
+            output = self._outputs.get()
+            yield output
+            if output.finished:
+                return
+
+    async def __aiter__(self):
+        assert self.loop is not None, "a stream added outside an event loop is read with `for`"
+        while True:
+            output = await self._outputs.get()
+            yield output
+            if output.finished:
+                return
+
+
+class OnlineEngine(EngineFrontend):
+    """Serves requests as they come: the engine core's busy loop runs in a background thread, and an
+    output thread turns each step's token ids into text on every request's stream.
+
+    `add_request` checks and queues a request from any thread and returns its
+    stream; `abort` cancels one, freeing its KV blocks before the next step.
+    Requests are checked in the caller's thread, so a bad one raises ValueError
+    there and never reaches the core. Takes the model folder and the `Config`
+    fields as `LLM` does.
+    """
+
+    def __init__(self, model: str, **kwargs):
+        super().__init__(model, BackgroundClient, **kwargs)
+        self._lock = threading.Lock()  # the output processor and the streams
+        self._streams: dict[str, RequestStream] = {}
+        self._stopping = False
+        self._thread = threading.Thread(target=self._handle_outputs, name="nanovllm-outputs", daemon=True)
+        self._thread.start()
+
+    def add_request(self, prompt: Prompt, sampling_params: SamplingParams) -> RequestStream:
+        """Queue a request and return its output stream; ValueError if it cannot be served."""
+        request = self._check(prompt, sampling_params)
+        stream = RequestStream(request.request_id, len(request.prompt_token_ids))
+        with self._lock:
+            if self._stopping:
+                raise RuntimeError("the engine is shut down")
+            self._streams[request.request_id] = stream
+            self._submit(request)
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request (no-op if it already finished); its stream ends with "abort"."""
+        with self._lock:
+            state = self._abort(request_id)
+            if state is not None:
+                self._deliver([state])
+
+    def stats(self) -> EngineStats:
+        """Requests running and waiting in the core and the KV-cache fraction in use."""
+        return self.client.stats()
+
+    def shutdown(self) -> None:
+        """Stop the core and the output thread; every unfinished request ends with "abort"."""
+        with self._lock:
+            self._stopping = True
+        self.client.shutdown()
+        self._thread.join()
+        with self._lock:
+            ended = [self.output_processor.finish(request_id, "abort") for request_id in list(self._streams)]
+            self._deliver([state for state in ended if state is not None])
+
+    def _handle_outputs(self) -> None:
+        while (outputs := self.client.get_outputs()) is not None:
+            with self._lock:
+                processed = self.output_processor.process(outputs)
+                if processed.to_abort:
+                    self.client.abort(processed.to_abort)
+                self._deliver(processed.updated)
+
+    def _deliver(self, states: list[RequestState]) -> None:
+        # One wake-up per event loop per step, not one per request.
+        by_loop: dict = {}
+        for state in states:
+            output = state.delta()
+            stream = self._streams.pop(state.request_id) if output.finished else self._streams[state.request_id]
+            if stream.loop is None:
+                stream.put(output)
+            else:
+                by_loop.setdefault(stream.loop, []).append((stream, output))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:
+                pass  # the loop has closed; nobody is reading these streams any more
+
+
+def _put_all(items: list[tuple[RequestStream, RequestOutput]]) -> None:
+    for stream, output in items:
+        stream.put(output)

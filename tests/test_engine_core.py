@@ -1,0 +1,116 @@
+"""The overlapped step loop on the CPU: step n+1 launches before step n is read back, and nothing
+a user sees changes: stop tokens, stop strings, preemption, prefix hits and aborts give the outputs
+of the plain loop that reads every step back before scheduling the next."""
+
+import pytest
+from hf_reference import hf_greedy
+from test_llm import random_prompts, record_preemptions, token_ids
+
+from nanovllm import LLM, SamplingParams
+
+BLOCK = 16
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+
+def engine(model_dir, **kwargs) -> LLM:
+    return LLM(model_dir, kvcache_block_size=BLOCK, max_model_len=256, **{"num_kvcache_blocks": 64, **kwargs})
+
+
+def plain_loop(llm: LLM, monkeypatch) -> LLM:
+    """Make every step synchronous, as for penalties: the in-flight step is read back first."""
+    monkeypatch.setattr(llm.engine_core.scheduler, "needs_confirmed_tokens", lambda: True)
+    return llm
+
+
+def record_order(llm: LLM) -> list[tuple[str, int]]:
+    """A list that fills with ("launch", n) and ("read", n) as the core launches and reads back steps."""
+    runner, events = llm.engine_core.model_runner, []
+    original = runner.execute
+
+    def execute(out):
+        n = sum(kind == "launch" for kind, _ in events)
+        events.append(("launch", n))
+        pending = original(out)
+        if pending is not None:
+            result = pending.result
+            pending.result = lambda: events.append(("read", n)) or result()
+        return pending
+
+    runner.execute = execute
+    return events
+
+
+def test_next_step_launches_before_the_previous_is_read_back(qwen3_dir):
+    llm = engine(qwen3_dir)
+    events = record_order(llm)
+    llm.generate(random_prompts([5, 9]), SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
+                 use_tqdm=False)
+    launches = [n for kind, n in events if kind == "launch"]
+    assert len(launches) == 6  # the prompt step samples the first token, five decodes the rest
+    for n in launches[:-1]:
+        assert events.index(("launch", n + 1)) < events.index(("read", n))
+
+
+def test_penalties_fall_back_to_reading_each_step_first(qwen3_dir):
+    llm = engine(qwen3_dir)
+    events = record_order(llm)
+    params = SamplingParams(temperature=0.0, max_tokens=6, repetition_penalty=1.3, ignore_eos=True)
+    llm.generate(random_prompts([5]), params, use_tqdm=False)
+    for n in range(5):
+        assert events.index(("read", n)) < events.index(("launch", n + 1))
+
+
+def test_stop_tokens_mid_batch_leak_no_token_and_free_every_block(qwen3_dir):
+    llm = engine(qwen3_dir)
+    prompts = random_prompts([5, 17, 3, 30], seed=21)
+    free = token_ids(llm.generate(prompts, GREEDY, use_tqdm=False))
+    stops = [f[i] for f, i in zip(free, [2, 9, 0, 23])]
+    outputs = llm.generate(prompts, [SamplingParams(temperature=0.0, max_tokens=24, stop_token_ids=[s])
+                                     for s in stops], use_tqdm=False)
+    assert token_ids(outputs) == [f[: f.index(s) + 1] for f, s in zip(free, stops)]
+    assert [o["finish_reason"] for o in outputs] == ["stop"] * 4
+    assert llm.engine_core.scheduler.block_manager.num_free_blocks == 64
+
+
+def test_stop_strings_cut_as_in_the_plain_loop(qwen3_dir, monkeypatch):
+    prompts = random_prompts([4, 11, 6], seed=22)
+    free = engine(qwen3_dir).generate(prompts, GREEDY, use_tqdm=False)
+    params = [SamplingParams(temperature=0.0, max_tokens=24, stop=" ".join(o["text"].split()[k:k + 2]))
+              for o, k in zip(free, [1, 4, 7])]
+    overlapped = engine(qwen3_dir).generate(prompts, params, use_tqdm=False)
+    plain = plain_loop(engine(qwen3_dir), monkeypatch).generate(prompts, params, use_tqdm=False)
+    assert overlapped == plain
+    for out, f, p in zip(overlapped, free, params):
+        assert out["text"] == f["text"][: f["text"].index(p.stop[0])] and out["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+def test_preemption_and_prefix_hits_give_the_plain_loops_outputs(qwen3_dir, monkeypatch, chunked):
+    shared = random_prompts([3 * BLOCK], seed=23)[0]
+    prompts = [shared + p for p in random_prompts([2, 9, 20, 5, 13, 1], seed=24)]
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    kwargs = dict(num_kvcache_blocks=14, enable_chunked_prefill=chunked, max_num_batched_tokens=256)
+    overlapped = engine(qwen3_dir, **kwargs)
+    preempted = record_preemptions(overlapped)
+    plain = plain_loop(engine(qwen3_dir, **kwargs), monkeypatch)
+    states = [overlapped.add_request(p, params) for p in prompts]
+    while overlapped.has_unfinished_requests():
+        overlapped.step()
+    assert preempted and any(s.num_cached_tokens for s in states)
+    assert [s.token_ids for s in states] == token_ids(plain.generate(prompts, params, use_tqdm=False))
+    assert [s.token_ids for s in states] == hf_greedy(qwen3_dir, prompts, params.max_tokens)
+
+
+def test_abort_with_a_step_in_flight_drops_its_token_and_frees_its_blocks(qwen3_dir):
+    llm = engine(qwen3_dir)
+    kept, aborted = [llm.add_request(p, GREEDY) for p in random_prompts([6, 8], seed=25)]
+    for _ in range(4):
+        llm.step()
+    assert llm.engine_core._in_flight is not None
+    seen = len(aborted.token_ids)
+    llm.abort(aborted.request_id)
+    while llm.has_unfinished_requests():
+        llm.step()
+    assert len(aborted.token_ids) == seen and aborted.finish_reason == "abort"
+    assert kept.token_ids == hf_greedy(qwen3_dir, random_prompts([6], seed=25), GREEDY.max_tokens)[0]
+    assert llm.engine_core.scheduler.block_manager.num_free_blocks == 64
