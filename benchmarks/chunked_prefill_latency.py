@@ -22,11 +22,11 @@ budget) and off and prints both output rates, which should agree within noise;
 import argparse
 import random
 import time
-from argparse import Namespace
+from types import SimpleNamespace
 
 import numpy as np
 import torch
-from throughput import run_nanovllm, workload, write_model_dir
+from throughput import make_llm, run_workload, workload, write_model_dir
 
 from nanovllm import LLM, SamplingParams
 
@@ -50,7 +50,7 @@ def warm_up(llm: LLM) -> None:
     config = llm.config
     long = min(config.max_num_batched_tokens + 100, config.max_model_len - 8)  # two chunks when chunking
     llm.add_request(random_prompt(long), SamplingParams(ignore_eos=True, max_tokens=2))
-    while not llm.is_finished():
+    while llm.has_unfinished_requests():
         llm.step()
 
 
@@ -60,7 +60,7 @@ def measure(llm: LLM, long_prompt: int) -> tuple[list[float], float]:
     # enough tokens that the decodes outlast the window
     params = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=1024)
     decoding = [llm.add_request(random_prompt(SHORT_PROMPT), params) for _ in range(NUM_DECODING)]
-    while not all(seq.num_completion_tokens for seq in decoding):
+    while not all(state.token_ids for state in decoding):
         llm.step()
     for _ in range(STEADY_STEPS):
         llm.step()
@@ -68,17 +68,17 @@ def measure(llm: LLM, long_prompt: int) -> tuple[list[float], float]:
     long = llm.add_request(random_prompt(long_prompt), SamplingParams(temperature=0.6, ignore_eos=True,
                                                                         max_tokens=STEADY_STEPS + 1))
     latencies = []
-    counts = [seq.num_completion_tokens for seq in decoding]
+    counts = [len(state.token_ids) for state in decoding]
     first_token_at = None
-    while not long.is_finished:
+    while not long.finished:
         llm.step()
-        now = time.perf_counter()  # the step returned host token ids: its GPU work is done
-        new_counts = [seq.num_completion_tokens for seq in decoding]
+        now = time.perf_counter()  # the step returned the tokens of the one before it: a user sees them now
+        new_counts = [len(state.token_ids) for state in decoding]
         if new_counts != counts:
             assert all(new == old + 1 for new, old in zip(new_counts, counts)), "every decode gets its token"
             latencies += [now - last_token_at] * NUM_DECODING
             last_token_at, counts = now, new_counts
-        if first_token_at is None and long.num_completion_tokens:
+        if first_token_at is None and long.token_ids:
             first_token_at = now
     return latencies, first_token_at - arrival
 
@@ -101,8 +101,9 @@ def run(model_dir: str, chunked: bool, budget: int, long_prompt: int) -> dict:
 def throughput(model_dir: str, chunked: bool) -> float:
     """Output tok/s of benchmarks/throughput.py's workload."""
     prompts, max_tokens = workload()
-    args = Namespace(enforce_eager=False, tensor_parallel_size=1, no_chunked_prefill=not chunked)
-    llm, elapsed, _ = run_nanovllm(model_dir, prompts, max_tokens, args)
+    args = SimpleNamespace(enforce_eager=False, tensor_parallel_size=1, no_chunked_prefill=not chunked)
+    llm = make_llm(model_dir, args, skip_tokenizer_init=True)
+    elapsed, _ = run_workload(llm, prompts, max_tokens)
     del llm
     torch.cuda.empty_cache()
     return sum(max_tokens) / elapsed

