@@ -4,7 +4,8 @@ Shapes are those of the throughput workload (Qwen3-0.6B: 16 heads, 8 KV heads,
 head_dim 128, bf16, KV blocks of 256): all 256 sequences right after their
 prefill, the same 512 steps later, one sequence of the latency figure, one
 long context and a medium batch. Each kernel setting is timed with the L2
-cache flushed; bandwidth counts the K and V bytes the batch must read.
+cache flushed; bandwidth counts the K and V bytes the batch must read. The
+default tile is also timed at 1 to 32 context splits.
 
     python benchmarks/decode_attention.py
 """
@@ -87,6 +88,10 @@ def main() -> None:
                   f"{kv_bytes / ms / 1e6:6.0f} GB/s = {kv_bytes / ms / 1e-3 / bandwidth:.0%} of HBM")
         default = next(ms for ms, s in results if s == (64, 4, 2))
         print(f"  current default (64, 4, 2): {default * 1e3:.1f} us")
+        by_splits = {n: triton.testing.do_bench(lambda: decode_attention(
+            q, k_cache, v_cache, block_tables, lens, scale, num_splits=n)) for n in (1, 2, 4, 8, 16, 32)}
+        print("  default tile by context splits: " + ", ".join(f"{n}: {ms * 1e3:.1f} us"
+                                                             for n, ms in by_splits.items()))
     best = min(totals, key=totals.get)
     print(f"\nbest over all cases (sum of times): block_n, warps, stages = {best}")
 

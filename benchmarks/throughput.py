@@ -23,6 +23,7 @@ tokens, prefill excluded).
 """
 
 import argparse
+import gc
 import importlib.util
 import json
 import os
@@ -196,14 +197,18 @@ class StepRecorder:
         busy = sum(r.gpu_ms for r in records)
         return busy / records[0].start.elapsed_time(records[-1].end)
 
-    def summary(self, num_requests: int) -> str:
+    def summary(self, num_requests: int, elapsed: float) -> str:
+        """Per-step figures of a run that took `elapsed` seconds; GPU seconds are event spans, so they
+        include any wait of the device for the host inside a step."""
         torch.cuda.synchronize()
         decodes = [r for r in self.records if r.is_decode]
         full = [r for r in decodes if r.num_rows == num_requests]
         others = [r for r in self.records if not r.is_decode]
-        lines = [f"  {len(decodes)} decode steps: GPU busy {self.busy_fraction(decodes):.1%} of their wall time, "
-                 f"GPU {sum(r.gpu_ms for r in decodes) / 1e3:.2f} s; {len(others)} steps with prompt tokens: GPU "
-                 f"{sum(r.gpu_ms for r in others) / 1e3:.2f} s"]
+        span = self.records[0].start.elapsed_time(self.records[-1].end) / 1e3
+        lines = [f"  steps span {span:.2f} s of the {elapsed:.2f} s; {len(others)} steps with prompt tokens: "
+                 f"{sum(r.gpu_ms for r in others) / 1e3:.2f} s, host {sum(r.host_seconds for r in others):.2f} s; "
+                 f"{len(decodes)} decode steps: {sum(r.gpu_ms for r in decodes) / 1e3:.2f} s, GPU busy "
+                 f"{self.busy_fraction(decodes):.1%} of their wall time"]
         if full:
             lines.append(f"  {len(full)} decode steps of all {num_requests} sequences: host "
                          f"{statistics.median(r.host_seconds for r in full) * 1e3:.2f} ms/step (median), GPU "
@@ -248,7 +253,7 @@ def single_sequence_latency(llm: LLM) -> tuple[float, str]:
     recorder = StepRecorder(llm)
     all_tokens = seconds(1024)
     recorder.detach()
-    return (all_tokens - first_token) / 1023, recorder.summary(1)
+    return (all_tokens - first_token) / 1023, recorder.summary(1, all_tokens)
 
 
 def print_profile(label: str, steps) -> None:
@@ -351,7 +356,7 @@ def main() -> None:
         rates[label] = total_out / elapsed
         print(f"nanovllm ({label}): {rates[label]:,.0f} output tok/s ({elapsed:.2f} s); roofline {roofline:,.0f} "
               f"tok/s; reached {rates[label] / roofline:.0%}  [{describe(llm)}]")
-        print(recorder.summary(len(prompts)))
+        print(recorder.summary(len(prompts), elapsed))
         if skip_tokenizer_init == variants[0]:
             step, steps = single_sequence_latency(llm)
             print(f"single sequence decode: {step * 1e3:.3f} ms/token ({1 / step:,.0f} tok/s); "
@@ -362,6 +367,7 @@ def main() -> None:
                 profile_steps(llm, 256)
         llm.close()
         del llm, recorder
+        gc.collect()  # the recorders' wrappers around pending outputs form cycles that hold the engine
         torch.cuda.empty_cache()
     if len(rates) == 2:
         print(f"with / without tokenizer: {rates['Qwen3 tokenizer'] / rates['no tokenizer']:.3f}")
