@@ -1,6 +1,7 @@
 """Engine configuration: one validated dataclass built from `LLM(model, **kwargs)`."""
 
 import importlib.util
+import math
 import os
 from dataclasses import dataclass, field, fields
 
@@ -12,10 +13,22 @@ from nanovllm.utils.parallel import check_divisible
 _LOAD_FORMATS = ("auto", "dummy")
 _ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
 _DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "True or False", str: "a string"}
+_DEFAULT_MAX_MODEL_LEN = 4096
+_SEED_MIN, _SEED_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _has_type(value, expected: type) -> bool:
+    """Whether `value` fits a field annotated `expected`: bools only fit bool, and ints also fit float."""
+    if isinstance(value, bool):
+        return expected is bool
+    if expected is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, expected)
 
 
 @dataclass
@@ -23,8 +36,11 @@ class Config:
     """Everything the engine needs to know, checked once at construction.
 
     `model` is a local Hugging Face folder (config.json, *.safetensors, tokenizer
-    files). `num_kvcache_blocks=-1` means "size the KV cache from memory": from
-    `gpu_memory_utilization` on CUDA, from `cpu_kvcache_gb` on CPU.
+    files), as a string or a path object. `max_model_len=-1` (the default)
+    means the model's `max_position_embeddings`, at most 4096; a value above
+    the model's is refused. `num_kvcache_blocks=-1` means "size the KV cache
+    from memory": from `gpu_memory_utilization` on CUDA, from `cpu_kvcache_gb`
+    on CPU (which must leave 10% of the available memory free).
     `attention_backend="auto"` picks the Triton kernels on CUDA and PyTorch on
     the CPU; "flash_attn" uses the flash-attn package if it is installed.
     `tensor_parallel_size=N` splits the model over N ranks (one GPU each on
@@ -41,7 +57,7 @@ class Config:
     model: str
     max_num_batched_tokens: int = 16384
     max_num_seqs: int = 512
-    max_model_len: int = 4096
+    max_model_len: int = -1
     enable_chunked_prefill: bool = True
     gpu_memory_utilization: float = 0.9
     tensor_parallel_size: int = 1
@@ -70,12 +86,15 @@ class Config:
         return cls(model=model, **kwargs)
 
     def __post_init__(self) -> None:
+        if isinstance(self.model, os.PathLike):
+            self.model = os.fspath(self.model)
+        self._check_types()
         self._check_ranges()
         self.attention_backend = self._resolve_attention_backend()
         self._check_model_folder()
         self.hf_config = AutoConfig.from_pretrained(self.model)
         check_divisible(self.hf_config, self.tensor_parallel_size)
-        self.max_model_len = min(self.max_model_len, self.hf_config.max_position_embeddings)
+        self.max_model_len = self._resolve_max_model_len()
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
@@ -99,6 +118,14 @@ class Config:
             checkpoint_dtype = getattr(torch, checkpoint_dtype)
         return checkpoint_dtype
 
+    def _check_types(self) -> None:
+        for f in fields(self):
+            if not f.init:
+                continue
+            value = getattr(self, f.name)
+            if not _has_type(value, f.type):
+                raise ValueError(f"{f.name} must be {_TYPE_NAMES[f.type]}, got {value!r} ({type(value).__name__})")
+
     def _check_ranges(self) -> None:
         def require(ok: bool, message: str) -> None:
             if not ok:
@@ -106,7 +133,9 @@ class Config:
 
         require(self.max_num_batched_tokens >= 1, f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         require(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        require(self.max_model_len >= 1, f"max_model_len must be >= 1, got {self.max_model_len}")
+        require(self.max_model_len == -1 or self.max_model_len >= 1,
+                f"max_model_len must be >= 1, or -1 for the model's limit (at most {_DEFAULT_MAX_MODEL_LEN}), "
+                f"got {self.max_model_len}")
         require(0.0 < self.gpu_memory_utilization <= 1.0,
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         require(self.tensor_parallel_size >= 1, f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
@@ -116,7 +145,10 @@ class Config:
         require(bs >= 16 and bs & (bs - 1) == 0, f"kvcache_block_size must be a power of two >= 16, got {bs}")
         require(self.num_kvcache_blocks == -1 or self.num_kvcache_blocks >= 1,
                 f"num_kvcache_blocks must be -1 (size from memory) or >= 1, got {self.num_kvcache_blocks}")
-        require(self.cpu_kvcache_gb > 0, f"cpu_kvcache_gb must be > 0, got {self.cpu_kvcache_gb}")
+        require(self.cpu_kvcache_gb > 0 and math.isfinite(self.cpu_kvcache_gb),
+                f"cpu_kvcache_gb must be a finite number > 0, got {self.cpu_kvcache_gb}")
+        require(_SEED_MIN <= self.seed <= _SEED_MAX,
+                f"seed must be in [-2**63, 2**63 - 1] (a signed 64-bit integer), got {self.seed}")
         require(self.device in ("cpu", "cuda"), f"device must be 'cpu' or 'cuda', got {self.device!r}")
         require(self.device == "cpu" or torch.cuda.is_available(),
                 "device='cuda' was asked for but no CUDA GPU is visible; use device='cpu'")
@@ -128,6 +160,18 @@ class Config:
         require(self.dtype in _DTYPES, f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
         require(self.load_format in _LOAD_FORMATS,
                 f"load_format must be one of {', '.join(_LOAD_FORMATS)}, got {self.load_format!r}")
+
+    def _resolve_max_model_len(self) -> int:
+        limit = self.hf_config.max_position_embeddings
+        if self.max_model_len == -1:
+            return min(_DEFAULT_MAX_MODEL_LEN, limit)
+        if self.max_model_len > limit:
+            raise ValueError(
+                f"max_model_len={self.max_model_len} exceeds the model's limit of {limit} tokens "
+                f"(max_position_embeddings in config.json); max_model_len must not exceed {limit}: "
+                f"lower it, or leave it out (-1) for {min(_DEFAULT_MAX_MODEL_LEN, limit)}"
+            )
+        return self.max_model_len
 
     def _resolve_attention_backend(self) -> str:
         name = self.attention_backend

@@ -2,11 +2,17 @@
 
 import json
 import os
+from dataclasses import fields
+from pathlib import Path
 
 import pytest
 
 from nanovllm import LLM
+from nanovllm.cli import build_parser
 from nanovllm.config import Config
+from nanovllm.engine import model_runner
+
+GIB = 1 << 30
 
 
 def test_defaults_follow_the_design(qwen3_dir):
@@ -15,7 +21,7 @@ def test_defaults_follow_the_design(qwen3_dir):
             config.tensor_parallel_size, config.kvcache_block_size, config.num_kvcache_blocks) == (
         16384, 512, 0.9, 1, 256, -1)
     assert config.device == "cpu"
-    # max_model_len is capped by the model's max_position_embeddings (1024 here)
+    # max_model_len defaults to the model's max_position_embeddings (1024 here), at most 4096
     assert config.max_model_len == 1024
 
 
@@ -39,10 +45,88 @@ def test_unknown_keyword_is_named(qwen3_dir):
     ({"attention_backend": "flash_attn"}, "flash_attn"),
     ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
     ({"master_port": 70000}, "master_port"),
+    ({"master_port": -1}, r"master_port must be in \[0, 65535\]"),
+    ({"max_num_batched_tokens": 0}, "max_num_batched_tokens must be >= 1, got 0"),
+    ({"max_model_len": 0}, r"max_model_len must be >= 1, or -1 for the model's limit \(at most 4096\), got 0"),
+    ({"max_model_len": -2}, r"max_model_len must be >= 1, or -1 .*got -2"),
+    ({"gpu_memory_utilization": 0}, r"gpu_memory_utilization must be in \(0, 1\], got 0"),
+    ({"num_kvcache_blocks": -2}, r"num_kvcache_blocks must be -1 \(size from memory\) or >= 1, got -2"),
+    ({"cpu_kvcache_gb": 0}, "cpu_kvcache_gb must be a finite number > 0, got 0"),
+    ({"cpu_kvcache_gb": float("inf")}, "cpu_kvcache_gb must be a finite number > 0, got inf"),
+    ({"cpu_kvcache_gb": float("nan")}, "cpu_kvcache_gb must be a finite number > 0, got nan"),
+    ({"seed": 1 << 63}, r"seed must be in \[-2\*\*63, 2\*\*63 - 1\]"),
+    ({"seed": -(1 << 63) - 1}, r"seed must be in \[-2\*\*63, 2\*\*63 - 1\]"),
 ])
 def test_bad_values_are_refused(qwen3_dir, kwargs, message):
     with pytest.raises(ValueError, match=message):
         Config.from_kwargs(qwen3_dir, **kwargs)
+
+
+def test_any_64_bit_seed_is_accepted(qwen3_dir):
+    assert [Config(qwen3_dir, seed=s).seed for s in (-(1 << 63), -1, (1 << 63) - 1)] == [-(1 << 63), -1, (1 << 63) - 1]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"max_model_len": "2048"}, r"^max_model_len must be an integer, got '2048' \(str\)$"),
+    ({"max_num_seqs": True}, r"^max_num_seqs must be an integer, got True \(bool\)$"),
+    ({"tensor_parallel_size": 2.0}, r"^tensor_parallel_size must be an integer, got 2.0 \(float\)$"),
+    ({"seed": None}, r"^seed must be an integer, got None \(NoneType\)$"),
+    ({"gpu_memory_utilization": "0.9"}, r"^gpu_memory_utilization must be a number, got '0.9' \(str\)$"),
+    ({"cpu_kvcache_gb": False}, r"^cpu_kvcache_gb must be a number, got False \(bool\)$"),
+    ({"enforce_eager": "yes"}, r"^enforce_eager must be True or False, got 'yes' \(str\)$"),
+    ({"enable_chunked_prefill": 1}, r"^enable_chunked_prefill must be True or False, got 1 \(int\)$"),
+    ({"device": 3}, r"^device must be a string, got 3 \(int\)$"),
+])
+def test_wrongly_typed_values_are_refused(qwen3_dir, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Config.from_kwargs(qwen3_dir, **kwargs)
+
+
+@pytest.mark.parametrize("name", [f.name for f in fields(Config) if f.init and f.name != "model"])
+def test_every_field_refuses_a_value_of_the_wrong_type(qwen3_dir, name):
+    with pytest.raises(ValueError, match=rf"^{name} must be (an integer|a number|True or False|a string), "
+                                         rf"got \[\] \(list\)$"):
+        Config.from_kwargs(qwen3_dir, **{name: []})
+
+
+def test_types_are_checked_before_anything_else(tmp_path):
+    with pytest.raises(ValueError, match="max_num_seqs must be an integer, got '0'"):
+        Config.from_kwargs(str(tmp_path / "nowhere"), max_num_seqs="0", kvcache_block_size=3)
+    with pytest.raises(ValueError, match=r"^model must be a string, got 3 \(int\)$"):
+        Config.from_kwargs(3)
+
+
+def test_ints_are_numbers_and_paths_are_model_folders(qwen3_dir):
+    config = Config.from_kwargs(Path(qwen3_dir), gpu_memory_utilization=1, cpu_kvcache_gb=3)
+    assert (config.model, config.gpu_memory_utilization, config.cpu_kvcache_gb) == (qwen3_dir, 1, 3)
+
+
+@pytest.mark.parametrize("max_model_len", [1025, 4096, 100000])
+def test_max_model_len_above_the_model_limit_is_refused(qwen3_dir, max_model_len):
+    with pytest.raises(ValueError, match=rf"max_model_len={max_model_len} exceeds the model's limit of 1024 tokens "
+                                         rf"\(max_position_embeddings in config.json\); max_model_len must not "
+                                         rf"exceed 1024: lower it, or leave it out \(-1\) for 1024"):
+        Config.from_kwargs(qwen3_dir, max_model_len=max_model_len)
+
+
+def test_max_model_len_up_to_the_model_limit_is_kept(qwen3_dir):
+    assert [Config.from_kwargs(qwen3_dir, max_model_len=n).max_model_len for n in (1, 1024, -1)] == [1, 1024, 1024]
+
+
+def test_max_model_len_left_out_is_at_most_4096(qwen3_dir, tmp_path):
+    with open(os.path.join(qwen3_dir, "config.json")) as f:
+        raw = json.load(f)
+    raw["max_position_embeddings"] = 32768
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert Config.from_kwargs(str(tmp_path)).max_model_len == 4096
+    assert Config.from_kwargs(str(tmp_path), max_model_len=32768).max_model_len == 32768
+
+
+def test_serve_defaults_make_a_valid_config(qwen3_dir):
+    # `nanovllm serve` passes every field, its default included
+    args = vars(build_parser().parse_args(["serve", qwen3_dir]))
+    engine_args = {f.name: args[f.name] for f in fields(Config) if f.init and f.name != "model"}
+    assert Config.from_kwargs(qwen3_dir, **engine_args).max_model_len == 1024
 
 
 def test_chunked_prefill_is_on_by_default_and_lets_prompts_exceed_the_token_budget(qwen3_dir):
@@ -110,3 +194,26 @@ def test_fewer_gpus_than_ranks_is_refused(qwen3_dir, monkeypatch):
     with pytest.raises(ValueError, match="tensor_parallel_size=2 needs one GPU per rank but 1 is visible"):
         Config(qwen3_dir, device="cuda", tensor_parallel_size=2)
     assert Config(qwen3_dir, device="cuda", tensor_parallel_size=1).tensor_parallel_size == 1
+
+
+def test_cpu_kv_cache_larger_than_the_available_memory_is_refused(qwen3_dir, monkeypatch):
+    # 8192 sequences of 4 blocks could use 4 GiB, so all 3 GiB asked for would be allocated
+    monkeypatch.setattr(model_runner, "available_memory_bytes", lambda: 2 * GIB)
+    with pytest.raises(ValueError, match=r"a 3 GiB KV cache \(cpu_kvcache_gb=3\) does not fit in memory: "
+                                         r"2 GiB is available and the cache may take at most 90% of it \(1.8 GiB\), "
+                                         r"leaving the rest for activations; lower cpu_kvcache_gb "
+                                         r"\(or set num_kvcache_blocks\)"):
+        LLM(qwen3_dir, cpu_kvcache_gb=3, max_num_seqs=8192)
+
+
+def test_cpu_kv_cache_is_checked_at_the_size_sequences_can_use(qwen3_dir, monkeypatch):
+    # 4 sequences of 256 tokens use 64 blocks of 16 tokens, far less than the 100 GiB asked for
+    monkeypatch.setattr(model_runner, "available_memory_bytes", lambda: GIB)
+    llm = LLM(qwen3_dir, cpu_kvcache_gb=100, max_num_seqs=4, max_model_len=256, kvcache_block_size=16)
+    assert llm.engine_core.model_runner.num_kvcache_blocks == 64
+
+
+def test_available_memory_is_read_with_or_without_proc(monkeypatch):
+    assert model_runner.available_memory_bytes() > 0
+    monkeypatch.setattr(model_runner.os.path, "exists", lambda path: False)
+    assert model_runner.available_memory_bytes() > 0
