@@ -1,14 +1,18 @@
 """The public entry point for offline generation."""
 
-from time import perf_counter
+from collections.abc import Sequence
 
 from tqdm.auto import tqdm
 
 from nanovllm.engine.engine_client import InprocClient
+from nanovllm.frontend.chat import render_chat
 from nanovllm.frontend.engine_frontend import EngineFrontend
-from nanovllm.frontend.input_processor import Prompt
-from nanovllm.frontend.output_processor import RequestState
+from nanovllm.frontend.input_processor import ProcessedPrompt, Prompt, is_single_prompt
+from nanovllm.frontend.output_processor import ParentRequest
+from nanovllm.outputs import RequestOutput
 from nanovllm.sampling_params import SamplingParams
+
+Conversation = list[dict]
 
 
 class LLM(EngineFrontend):
@@ -26,10 +30,10 @@ class LLM(EngineFrontend):
         """Stop tensor-parallel workers now rather than when the engine is collected."""
         self.client.shutdown()
 
-    def add_request(self, prompt: Prompt, sampling_params: SamplingParams) -> RequestState:
-        """Queue one request; returns its state, which each `step()` advances. A request that
-        cannot be served raises ValueError and queues nothing."""
-        return self._submit(self._check(prompt, sampling_params))
+    def add_request(self, prompt: Prompt, sampling_params: SamplingParams) -> str:
+        """Queue one request and return its id; each `step()` advances it. A request that cannot be
+        served raises ValueError and queues nothing."""
+        return self._submit(*self._check(prompt, sampling_params)).request_id
 
     def abort(self, request_id: str) -> None:
         """Cancel a request (no-op if it already finished): it ends with "abort" and its KV blocks are
@@ -39,9 +43,12 @@ class LLM(EngineFrontend):
     def has_unfinished_requests(self) -> bool:
         return self.output_processor.has_unfinished_requests()
 
-    def step(self) -> list[RequestState]:
-        """Launch the next step and fold in the outputs of the one before it; returns the requests
-        those outputs changed."""
+    def step(self) -> list[RequestOutput]:
+        """Launch the next step and fold in the outputs of the one before it; returns, for each request
+        those outputs changed, everything it has so far."""
+        return [parent.output() for parent in self._advance()]
+
+    def _advance(self) -> list[ParentRequest]:
         processed = self.output_processor.process(self.client.get_outputs())
         if processed.to_abort:
             self.client.abort(processed.to_abort)
@@ -49,49 +56,60 @@ class LLM(EngineFrontend):
 
     def generate(
         self,
-        prompts: list[Prompt],
-        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
-    ) -> list[dict]:
-        """Complete every prompt; returns one dict per prompt, in prompt order:
-        `text`, `token_ids`, `finish_reason` ("stop" or "length") and, when
-        the request asked for them, `logprobs` (a {token id: log-probability}
-        dict per completion token: the chosen token and the top alternatives).
+    ) -> list[RequestOutput]:
+        """Complete one prompt or a list of them: text, token ids, or {"prompt": text} /
+        {"prompt_token_ids": ids} dicts. Returns one RequestOutput per prompt, in prompt order.
 
-        Every prompt is checked before any is queued, so one bad prompt raises
-        ValueError (naming its index) without running or losing the others.
+        `sampling_params` is one SamplingParams for all prompts or one per
+        prompt (default: SamplingParams()). Every prompt is checked before any
+        is queued, so one bad prompt raises ValueError (naming its index)
+        without running or losing the others.
         """
+        batch = [prompts] if is_single_prompt(prompts) else list(prompts)
+        return self._run(batch, sampling_params, use_tqdm)
+
+    def chat(
+        self,
+        messages: Conversation | Sequence[Conversation],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict | None = None,
+    ) -> list[RequestOutput]:
+        """Reply to one conversation (a list of {"role", "content"} messages) or a list of them, each
+        rendered with the tokenizer's chat template (or `chat_template`); one RequestOutput each."""
+        conversations = [messages] if not messages or isinstance(messages[0], dict) else list(messages)
+        prompts = []
+        for conversation in conversations:
+            text = render_chat(self.tokenizer, conversation, add_generation_prompt, continue_final_message,
+                               chat_template, chat_template_kwargs)
+            # the rendered template already holds the special tokens the model expects
+            prompts.append(ProcessedPrompt(text, self.input_processor.tokenize(text, add_special_tokens=False)))
+        return self._run(prompts, sampling_params, use_tqdm)
+
+    def _run(self, prompts: list, sampling_params, use_tqdm: bool) -> list[RequestOutput]:
         if sampling_params is None:
             sampling_params = SamplingParams()
-        if not isinstance(sampling_params, list):
+        if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(sampling_params)} sampling params")
-        requests = []
+        checked = []
         for i, (prompt, params) in enumerate(zip(prompts, sampling_params)):
             try:
-                requests.append(self._check(prompt, params))
+                checked.append(self._check(prompt, params))
             except ValueError as e:
                 raise ValueError(f"prompt {i}: {e}") from None
-        states = [self._submit(request) for request in requests]
-        self._run_until_done(len(states), use_tqdm)
-        return [self.output(state) for state in states]
-
-    @staticmethod
-    def output(state: RequestState) -> dict:
-        """What `generate` returns for one request."""
-        out = {"text": state.text, "token_ids": state.token_ids, "finish_reason": state.finish_reason}
-        if state.params.logprobs is not None:
-            out["logprobs"] = state.logprobs
-        return out
+        parents = [self._submit(prompt, params) for prompt, params in checked]
+        self._run_until_done(len(parents), use_tqdm)
+        return [parent.output() for parent in parents]
 
     def _run_until_done(self, total: int, use_tqdm: bool) -> None:
         with tqdm(total=total, desc="Generating", dynamic_ncols=True, disable=not use_tqdm) as bar:
-            start, num_tokens = perf_counter(), 0
             while self.has_unfinished_requests():
-                updated = self.step()
-                num_tokens += len(updated)
-                finished = sum(state.finished for state in updated)
-                if finished:
-                    bar.set_postfix_str(f"{num_tokens / (perf_counter() - start):,.0f} output tok/s")
-                    bar.update(finished)
+                bar.update(sum(parent.finished for parent in self._advance()))

@@ -1,7 +1,7 @@
 """Per-request sampling settings, named and meant as in vLLM."""
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 
 
 def _is_int(value) -> bool:
@@ -13,34 +13,41 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-@dataclass
+@dataclass(init=False)
 class SamplingParams:
-    """How to pick each new token and when to stop.
+    """How to pick each new token, how many completions to make, and when to stop.
 
     Choosing: `temperature=0` is greedy (argmax); otherwise tokens are drawn
     from softmax(logits / temperature), restricted by `min_p` (drop tokens less
     likely than min_p times the top one; 0 = off), then `top_k` (the k most
     likely; -1 or 0 = off) and `top_p` (the smallest set whose probability
     reaches top_p; 1 = off). `seed` makes one request's draws reproducible
-    whatever else runs beside it. Before all that, `repetition_penalty` (1 =
-    off) divides positive logits and multiplies negative ones of every token in
-    the prompt or the completion; `frequency_penalty` subtracts itself once per
-    earlier occurrence in the completion and `presence_penalty` once if the
-    token occurred at all (0 = off).
+    whatever else runs beside it. Before all that, `logit_bias` ({token id:
+    bias}, each bias in [-100, 100]) is added to the logits, `repetition_penalty`
+    (1 = off) divides positive logits and multiplies negative ones of every
+    token in the prompt or the completion; `frequency_penalty` subtracts itself
+    once per earlier occurrence in the completion and `presence_penalty` once
+    if the token occurred at all (0 = off).
 
-    Stopping: at `max_tokens` (finish_reason "length"), or "stop" on an
-    end-of-sequence token (unless `ignore_eos`), on any of `stop_token_ids`, or
-    when the text contains one of the `stop` strings (a string or a list; kept
-    as a list); the text is then cut
-    before the stop string, or after it with `include_stop_str_in_output`
-    (which also keeps a stop token's text). Nothing stops a completion shorter
-    than `min_tokens`.
+    Completions: `n` of them share the prompt (its KV blocks are computed once);
+    with `best_of` > n, that many are made and the n with the highest
+    cumulative log-probability are returned. With a seed, completion i draws
+    from seed + i, so the same request gives the same n completions.
+
+    Stopping: at `max_tokens` (None: as many as the context holds; finish_reason
+    "length"), or "stop" on an end-of-sequence token (unless `ignore_eos`), on
+    any of `stop_token_ids`, or when the text contains one of the `stop`
+    strings (a string or a list; kept as a list); the text is then cut before
+    the stop string, or after it with `include_stop_str_in_output` (which also
+    keeps a stop token's text). Nothing stops a completion shorter than
+    `min_tokens`.
 
     `logprobs=k` reports, for each completion token, its log-probability and
-    those of the k most likely tokens (from the model's raw logits). Only one
-    completion per request: `n` and `best_of` must stay 1; `prompt_logprobs`
-    is not supported and must stay None.
+    rank and those of the k most likely tokens (from the model's raw logits);
+    `prompt_logprobs=k` does the same for every prompt token after the first.
     `skip_special_tokens` leaves special tokens out of the text.
+
+    Takes keywords only; an unknown one is a ValueError that names it.
     """
 
     n: int = 1
@@ -53,34 +60,43 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
-    max_tokens: int = 64
+    max_tokens: int | None = 16
     min_tokens: int = 0
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
 
-    @classmethod
-    def from_dict(cls, values: dict) -> "SamplingParams":
-        """Build from a mapping (e.g. request fields), naming any key that is not a field."""
-        known = {f.name for f in fields(cls) if f.init}
-        unknown = sorted(set(values) - known)
+    def __init__(self, **kwargs):
+        known = {f.name: f.default for f in fields(self)}
+        unknown = sorted(set(kwargs) - set(known))
         if unknown:
             raise ValueError(f"unknown sampling parameter(s) {', '.join(unknown)}; "
                              f"valid ones are: {', '.join(sorted(known))}")
+        for name, default in known.items():
+            assert default is not MISSING
+            setattr(self, name, kwargs.get(name, default))
+        self._check()
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "SamplingParams":
+        """Build from a mapping (e.g. request fields), naming any key that is not a field."""
         return cls(**values)
 
-    def __post_init__(self) -> None:
-        self._check_single_completion()
+    def _check(self) -> None:
+        self._check_completions()
         self._check_choice()
         self._check_penalties()
         self._check_stopping()
-        if self.logprobs is not None and not (_is_int(self.logprobs) and self.logprobs >= 0):
-            raise ValueError(f"logprobs must be None or an integer >= 0 (how many top alternatives), "
-                             f"got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not (_is_int(value) and value >= 0):
+                raise ValueError(f"{name} must be None or an integer >= 0 (how many top alternatives), "
+                                 f"got {value!r}")
 
     @property
     def is_greedy(self) -> bool:
@@ -91,13 +107,19 @@ class SamplingParams:
         return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
                 or self.presence_penalty != 0.0)
 
-    def _check_single_completion(self) -> None:
-        if self.n != 1:
-            raise ValueError(f"only n=1 is supported (one completion per request), got n={self.n!r}")
-        if self.best_of not in (None, 1):
-            raise ValueError(f"best_of is not supported; leave it unset or 1, got {self.best_of!r}")
-        if self.prompt_logprobs is not None:
-            raise ValueError("prompt_logprobs is not supported; leave it unset (logprobs=k covers the completion)")
+    @property
+    def num_completions(self) -> int:
+        """How many completions are made: best_of when set, else n."""
+        return self.best_of or self.n
+
+    def _check_completions(self) -> None:
+        if not _is_int(self.n) or self.n < 1:
+            raise ValueError(f"n must be an integer >= 1 (completions to return), got {self.n!r}")
+        if self.best_of is not None and (not _is_int(self.best_of) or self.best_of < self.n):
+            raise ValueError(f"best_of must be None or an integer >= n={self.n} (completions to make), "
+                             f"got {self.best_of!r}")
+        if self.best_of is not None and self.best_of > 1 and self.temperature == 0:
+            raise ValueError("best_of > 1 needs sampling (temperature > 0): greedy completions are all the same")
 
     def _check_choice(self) -> None:
         if not _is_number(self.temperature) or self.temperature < 0:
@@ -119,11 +141,17 @@ class SamplingParams:
         if not _is_number(self.repetition_penalty) or self.repetition_penalty <= 0:
             raise ValueError(f"repetition_penalty must be a number > 0 (1 turns it off), "
                              f"got {self.repetition_penalty!r}")
+        bias = self.logit_bias
+        if bias is not None and not (isinstance(bias, dict) and all(
+                _is_int(t) and t >= 0 and _is_number(b) and -100 <= b <= 100 for t, b in bias.items())):
+            raise ValueError(f"logit_bias must map token ids (integers >= 0) to biases in [-100, 100], got {bias!r}")
 
     def _check_stopping(self) -> None:
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+            raise ValueError(f"max_tokens must be an integer >= 1, or None for as many as the context holds, "
+                             f"got {self.max_tokens!r}")
+        upper = math.inf if self.max_tokens is None else self.max_tokens
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= upper:
             raise ValueError(f"min_tokens must be an integer from 0 to max_tokens={self.max_tokens}, "
                              f"got {self.min_tokens!r}")
         stop = [self.stop] if isinstance(self.stop, str) else self.stop or []

@@ -63,6 +63,25 @@ def qwen3_dir(tmp_path_factory):
     return str(path)
 
 
+# The template's generation prompt is the word 'w3'.
+CHAT_TEMPLATE = ("{% if messages[0]['role'] == 'assistant' %}{{ raise_exception('the assistant cannot speak first') }}"
+                 "{% endif %}{% for m in messages %}{{ m['content'] }} {% endfor %}"
+                 "{% if add_generation_prompt %}w3{% endif %}{% if shout %} w4{% endif %}")
+
+
+@pytest.fixture(scope="session")
+def chat_model_dir(tmp_path_factory):
+    """The tiny Qwen3 model, with a chat template its word-level tokenizer can encode: messages joined by
+    spaces, then 'w3' as the generation prompt (and ' w4' when the template variable `shout` is set)."""
+    path = tmp_path_factory.mktemp("tiny-qwen3-chat")
+    save_tiny_model(path, "qwen3")
+    config = path / "tokenizer_config.json"
+    tokenizer_config = json.loads(config.read_text())
+    tokenizer_config["chat_template"] = CHAT_TEMPLATE
+    config.write_text(json.dumps(tokenizer_config))
+    return str(path)
+
+
 @pytest.fixture(scope="session")
 def llama_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-llama")
@@ -127,3 +146,19 @@ def qwen3_06b_shape_dir(tmp_path_factory):
     (path / "config.json").write_text(json.dumps(config))
     save_tiny_tokenizer(path)
     return str(path)
+
+
+def run_steps(llm, outputs: dict, steps: int | None = None) -> dict:
+    """Step `llm` (`steps` times, or until no request is left), keeping each request's latest
+    RequestOutput in `outputs` by request id; returns `outputs`."""
+    done = 0
+    while llm.has_unfinished_requests() and (steps is None or done < steps):
+        for output in llm.step():
+            outputs[output.request_id] = output
+        done += 1
+    return outputs
+
+
+def completions_of(outputs: dict, request_ids: list[str]) -> list:
+    """The first completion of each request, in the order of `request_ids`."""
+    return [outputs[request_id].outputs[0] for request_id in request_ids]

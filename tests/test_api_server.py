@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import logging
 import random
 import socket
 import threading
@@ -12,7 +13,7 @@ import openai
 import pytest
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
-from conftest import fail_step, save_tiny_model, slow_down
+from conftest import fail_step, slow_down
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.frontend.online_engine import OnlineEngine
@@ -24,12 +25,6 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 BLOCK = 16
 # 64 blocks of 16 tokens: room for the concurrency test, and a 600-token prompt fills more than half
 ENGINE_ARGS = dict(kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=1024)
-# The template's generation prompt is the word 'w3'.
-CHAT_TEMPLATE = ("{% if messages[0]['role'] == 'assistant' %}{{ raise_exception('the assistant cannot speak first') }}"
-                 "{% endif %}{% for m in messages %}{{ m['content'] }} {% endfor %}"
-                 "{% if add_generation_prompt %}w3{% endif %}")
-
-
 class RunningServer:
     """A uvicorn server in a thread, serving an online engine; stopped by `close`."""
 
@@ -68,15 +63,8 @@ def wait_until(condition, timeout=20.0):
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """The tiny Qwen3 model, with a chat template its word-level tokenizer can encode."""
-    path = tmp_path_factory.mktemp("tiny-qwen3-chat")
-    save_tiny_model(path, "qwen3")
-    config = path / "tokenizer_config.json"
-    tokenizer_config = json.loads(config.read_text())
-    tokenizer_config["chat_template"] = CHAT_TEMPLATE
-    config.write_text(json.dumps(tokenizer_config))
-    return str(path)
+def model_dir(chat_model_dir):
+    return chat_model_dir
 
 
 @pytest.fixture(scope="module")
@@ -101,9 +89,9 @@ def test_completion_matches_offline_greedy_and_stream_matches_it(server, offline
     want = greedy_text(offline, "w5 w6 w7", 12)
     response = client.completions.create(model=MODEL, prompt="w5 w6 w7", max_tokens=12, temperature=0)
     [choice] = response.choices
-    assert choice.text == want["text"]
-    assert choice.finish_reason == ("length" if len(want["token_ids"]) == 12 else "stop")
-    assert (response.usage.prompt_tokens, response.usage.completion_tokens) == (3, len(want["token_ids"]))
+    assert choice.text == want.outputs[0].text
+    assert choice.finish_reason == ("length" if len(want.outputs[0].token_ids) == 12 else "stop")
+    assert (response.usage.prompt_tokens, response.usage.completion_tokens) == (3, len(want.outputs[0].token_ids))
     chunks = list(client.completions.create(model=MODEL, prompt="w5 w6 w7", max_tokens=12, temperature=0,
                                             stream=True, stream_options={"include_usage": True}))
     assert "".join(c.choices[0].text for c in chunks if c.choices) == choice.text
@@ -114,7 +102,7 @@ def test_completion_matches_offline_greedy_and_stream_matches_it(server, offline
 
 def test_stop_string_cuts_the_text_streamed_or_not(server, offline):
     client = server.client()
-    full = greedy_text(offline, "w5 w6 w7", 12)["text"]
+    full = greedy_text(offline, "w5 w6 w7", 12).outputs[0].text
     stop = " ".join(full.split()[3:5])
     want = full[: full.index(stop)]
     response = client.completions.create(model=MODEL, prompt="w5 w6 w7", max_tokens=12, temperature=0, stop=stop)
@@ -127,7 +115,7 @@ def test_stop_string_cuts_the_text_streamed_or_not(server, offline):
 def test_completion_takes_token_ids(server, offline):
     want = greedy_text(offline, [9, 8, 7, 6], 10)
     response = server.client().completions.create(model=MODEL, prompt=[9, 8, 7, 6], max_tokens=10, temperature=0)
-    assert response.choices[0].text == want["text"]
+    assert response.choices[0].text == want.outputs[0].text
 
 
 def test_chat_uses_template_and_stream_matches(server, offline):
@@ -138,7 +126,7 @@ def test_chat_uses_template_and_stream_matches(server, offline):
     want = greedy_text(offline, [20, 5, 6, 3], 10)
     response = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0)
     message = response.choices[0].message
-    assert message.role == "assistant" and message.content == want["text"]
+    assert message.role == "assistant" and message.content == want.outputs[0].text
     assert response.usage.prompt_tokens == 4
     chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0,
                                                  stream=True))
@@ -154,7 +142,7 @@ def test_32_concurrent_streams_each_match_offline_generate(server, offline):
     prompts = [" ".join(f"w{t}" for t in p) if i % 2 else p for i, p in enumerate(prompts)]
     lengths = [rng.randint(4, 24) for _ in prompts]
     params = [SamplingParams(temperature=0.0, max_tokens=n) for n in lengths]
-    want = [o["text"] for o in offline.generate(prompts, params, use_tqdm=False)]
+    want = [o.outputs[0].text for o in offline.generate(prompts, params, use_tqdm=False)]
 
     async def one(client, prompt, max_tokens):
         stream = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens,
@@ -215,19 +203,27 @@ def error_of(response: httpx.Response) -> dict:
     ({"model": MODEL, "prompt": "w5 " * 1100}, "max_model_len"),
     ({"model": MODEL, "prompt": ""}, "empty"),
     ({"model": MODEL, "prompt": [70000]}, "outside the vocabulary"),
-    ({"model": MODEL, "prompt": ["w5", "w6"]}, "one prompt per request"),
+    ({"model": MODEL, "prompt": ["w5", "w6 \ud800"]}, "lone surrogate"),
     ({"model": MODEL, "prompt": "w5", "temperature": -1}, "temperature"),
     ({"model": MODEL, "prompt": "w5", "max_tokens": 0}, "max_tokens"),
     ({"model": MODEL, "prompt": "w5", "max_tokens": "many"}, "max_tokens"),
-    ({"model": MODEL, "prompt": "w5", "n": 2}, "n=1"),
+    ({"model": MODEL, "prompt": "w5 w6", "max_tokens": 1_000_000_000}, "maximum context length is 1024"),
+    ({"model": MODEL, "prompt": "w5", "n": 129}, "limit of 128"),
+    ({"model": MODEL, "prompt": "w5", "n": 0}, "n must be"),
+    ({"model": MODEL, "prompt": "w5", "n": 3, "best_of": 2}, "best_of"),
+    ({"model": MODEL, "prompt": "w5", "n": 2, "best_of": 3, "stream": True}, "streaming"),
+    ({"model": MODEL, "prompt": "w5", "logprobs": 21}, "at most 20"),
+    ({"model": MODEL, "prompt": "w5", "logit_bias": {"600": 1}}, "outside the vocabulary"),
+    ({"model": MODEL, "prompt": "w5", "logit_bias": {"5": 1000}}, "logit_bias"),
     ({"model": MODEL, "prompt": "w5", "top_p": 0}, "top_p"),
     ({"model": MODEL, "prompt": "w5", "stop": [""]}, "stop"),
     ({"model": MODEL, "prompt": "w5", "stop_token_ids": [600]}, "outside the vocabulary"),
-    ({"model": MODEL, "prompt": "w5", "best_of": 3}, "best_of"),
     ({"model": MODEL}, "prompt"),
 ])
 def test_bad_completion_requests_get_400(server, body, message):
-    response = httpx.post(f"{server.url}/v1/completions", json=body)
+    # json.dumps escapes a lone surrogate as the JSON text \ud800, which httpx's own encoder refuses to send
+    response = httpx.post(f"{server.url}/v1/completions", content=json.dumps(body),
+                          headers={"content-type": "application/json"})
     assert response.status_code == 400
     error = error_of(response)
     assert error["type"] == "invalid_request_error" and message in error["message"]
@@ -235,7 +231,7 @@ def test_bad_completion_requests_get_400(server, body, message):
 
 def test_bad_chat_requests_get_400(server):
     client = server.client()
-    with pytest.raises(openai.BadRequestError, match="messages is empty"):
+    with pytest.raises(openai.BadRequestError, match="conversation is empty"):
         client.chat.completions.create(model=MODEL, messages=[])
     with pytest.raises(openai.BadRequestError, match="role"):
         client.chat.completions.create(model=MODEL, messages=[{"role": "robot", "content": "w5"}])
@@ -309,7 +305,7 @@ def test_full_waiting_queue_gets_503_and_bad_requests_do_not_disturb_others(keye
     stream = client.completions.create(model=MODEL, prompt="w5 w6 w7", max_tokens=300, temperature=0, stream=True)
     for bad in ({"model": MODEL, "prompt": "w5", "temperature": "hot"}, {"model": MODEL, "prompt": [-1]}):
         assert httpx.post(f"{keyed_server.url}/v1/completions", json=bad, headers=AUTH).status_code == 400
-    assert "".join(c.choices[0].text for c in stream) == want["text"]
+    assert "".join(c.choices[0].text for c in stream) == want.outputs[0].text
 
 
 def test_client_that_gives_up_on_a_plain_request_cancels_it(server, monkeypatch):
@@ -329,4 +325,160 @@ def test_engine_failure_is_a_500_for_that_request_only(server, offline, monkeypa
     assert response.status_code == 500 and error_of(response)["type"] == "server_error"
     chunks = list(server.client().completions.create(model=MODEL, prompt="w5 w6 w7", max_tokens=12, temperature=0,
                                                      stream=True))
-    assert "".join(c.choices[0].text for c in chunks) == greedy_text(offline, "w5 w6 w7", 12)["text"]
+    assert "".join(c.choices[0].text for c in chunks) == greedy_text(offline, "w5 w6 w7", 12).outputs[0].text
+
+
+def test_batched_prompts_and_n_choices_are_indexed_as_openai_does(server, offline):
+    client = server.client()
+    response = client.completions.create(model=MODEL, prompt=["w5 w6", "w7"], n=2, max_tokens=4, temperature=0,
+                                         extra_body={"ignore_eos": True})
+    assert [c.index for c in response.choices] == [0, 1, 2, 3]
+    first, second = (greedy_text(offline, p, 4).outputs[0].text for p in ("w5 w6", "w7"))
+    assert [c.text for c in response.choices] == [first, first, second, second]
+    assert (response.usage.prompt_tokens, response.usage.completion_tokens) == (3, 16)
+
+
+def test_seeded_n_completions_repeat_and_streams_carry_every_choice(server):
+    client = server.client()
+    body = dict(model=MODEL, prompt="w5 w6 w7", n=3, seed=5, temperature=1.0, max_tokens=6,
+                extra_body={"ignore_eos": True})
+    first, again = (client.completions.create(**body) for _ in range(2))
+    assert [c.text for c in first.choices] == [c.text for c in again.choices]
+    assert len({c.text for c in first.choices}) > 1
+    chunks = list(client.completions.create(**body, stream=True))
+    streamed = {i: "".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i)
+                for i in range(3)}
+    assert streamed == {c.index: c.text for c in first.choices}
+    messages = [{"role": "user", "content": "w5"}]
+    chat = client.chat.completions.create(model=MODEL, messages=messages, n=2, seed=5, temperature=1.0, max_tokens=5)
+    chat_chunks = list(client.chat.completions.create(model=MODEL, messages=messages, n=2, seed=5, temperature=1.0,
+                                                      max_tokens=5, stream=True))
+    for choice in chat.choices:
+        mine = [c.choices[0] for c in chat_chunks if c.choices[0].index == choice.index]
+        assert mine[0].delta.role == "assistant"
+        assert "".join(c.delta.content or "" for c in mine) == choice.message.content
+
+
+def test_best_of_returns_the_most_likely_completions(server, offline):
+    response = server.client().completions.create(model=MODEL, prompt="w5 w6", n=2, best_of=4, seed=1,
+                                                  temperature=1.0, max_tokens=5, extra_body={"ignore_eos": True})
+    params = SamplingParams(temperature=1.0, n=2, best_of=4, seed=1, max_tokens=5, ignore_eos=True)
+    want = offline.generate("w5 w6", params, use_tqdm=False)[0].outputs
+    assert [(c.index, c.text) for c in response.choices] == [(c.index, c.text) for c in want]
+
+
+def test_completion_logprobs_in_the_legacy_shape_match_offline(server, offline):
+    response = server.client().completions.create(model=MODEL, prompt="w5 w6 w7", max_tokens=4, temperature=0,
+                                                  logprobs=2, extra_body={"ignore_eos": True})
+    choice = response.choices[0]
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2)
+    [completion] = offline.generate("w5 w6 w7", params, use_tqdm=False)[0].outputs
+    logprobs = choice.logprobs
+    assert logprobs.tokens == [f"w{t}" for t in completion.token_ids]
+    assert logprobs.token_logprobs == pytest.approx([p[t].logprob for t, p in zip(completion.token_ids,
+                                                                                   completion.logprobs)])
+    assert [len(top) for top in logprobs.top_logprobs] == [len(p) for p in completion.logprobs]
+    assert logprobs.text_offset == [sum(len(t) for t in logprobs.tokens[:i]) for i in range(4)]
+
+
+def test_echo_puts_the_prompt_and_its_logprobs_first(server, offline):
+    response = server.client().completions.create(model=MODEL, prompt="w5 w6 w7", max_tokens=3, temperature=0,
+                                                  echo=True, logprobs=1, extra_body={"ignore_eos": True})
+    choice = response.choices[0]
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, prompt_logprobs=1)
+    out = offline.generate("w5 w6 w7", params, use_tqdm=False)[0]
+    assert choice.text == "w5 w6 w7" + out.outputs[0].text
+    assert choice.logprobs.token_logprobs[0] is None and choice.logprobs.top_logprobs[0] is None
+    assert choice.logprobs.token_logprobs[1:3] == pytest.approx([p[t].logprob for t, p in
+                                                                  zip([6, 7], out.prompt_logprobs[1:])])
+    assert len(choice.logprobs.tokens) == 6 and choice.logprobs.text_offset[3] == len("w5 w6 w7")
+
+
+def test_chat_logprobs_with_top_alternatives_streamed_or_not(server):
+    client = server.client()
+    messages = [{"role": "user", "content": "w5 w6"}]
+    response = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0,
+                                              logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+    content = response.choices[0].logprobs.content
+    assert len(content) == 4 and all(len(entry.top_logprobs) == 2 for entry in content)
+    assert all(entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob for entry in content)
+    assert [entry.token for entry in content] == response.choices[0].message.content.split()
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0,
+                                                 logprobs=True, top_logprobs=2, stream=True,
+                                                 extra_body={"ignore_eos": True}))
+    streamed = [entry for c in chunks if c.choices[0].logprobs for entry in c.choices[0].logprobs.content]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content])
+    with pytest.raises(openai.BadRequestError, match="top_logprobs needs logprobs"):
+        client.chat.completions.create(model=MODEL, messages=messages, top_logprobs=2)
+
+
+def test_fields_the_openai_client_sends_as_null_or_false_are_accepted(server):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "w5"}], "max_tokens": 2,
+            "logit_bias": None, "logprobs": False, "top_logprobs": None, "n": None}
+    assert httpx.post(f"{server.url}/v1/chat/completions", json=body).status_code == 200
+
+
+def test_logit_bias_forces_a_token(server):
+    response = server.client().completions.create(model=MODEL, prompt="w5", max_tokens=3, temperature=0,
+                                                  logit_bias={"42": 100})
+    assert response.choices[0].text == " w42 w42 w42"
+
+
+def test_max_tokens_left_out_fills_the_context(server):
+    response = server.client().completions.create(model=MODEL, prompt=[7] * 1000, temperature=0,
+                                                  extra_body={"ignore_eos": True})
+    assert response.usage.completion_tokens == 24 and response.choices[0].finish_reason == "length"
+
+
+def test_chat_template_options_reach_the_template(server):
+    def prompt_tokens(**extra):
+        return server.client().chat.completions.create(model=MODEL, messages=messages, max_tokens=1,
+                                                       extra_body=extra).usage.prompt_tokens
+
+    messages = [{"role": "user", "content": "w5 w6"}]
+    assert prompt_tokens() == 3
+    assert prompt_tokens(add_generation_prompt=False) == 2
+    assert prompt_tokens(chat_template_kwargs={"shout": True}) == 4
+    messages.append({"role": "assistant", "content": "w9"})
+    assert prompt_tokens(add_generation_prompt=False, continue_final_message=True) == 3
+
+
+def test_unknown_fields_are_ignored_with_a_warning(server, caplog):
+    with caplog.at_level(logging.WARNING, logger="nanovllm.entrypoints.generation"):
+        response = httpx.post(f"{server.url}/v1/completions",
+                              json={"model": MODEL, "prompt": "w5", "max_tokens": 2, "frobnicate": 1, "suffix": "x"})
+    assert response.status_code == 200
+    assert "ignoring unknown field(s) frobnicate, suffix" in caplog.text
+
+
+def test_surrogate_in_a_chat_message_is_a_400(server):
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "w5 \ud800"}]})
+    response = httpx.post(f"{server.url}/v1/chat/completions", content=body,
+                          headers={"content-type": "application/json"})
+    assert response.status_code == 400 and "lone surrogate" in error_of(response)["message"]
+
+
+def test_tokenize_detokenize_version_and_model_retrieval(server):
+    tokens = httpx.post(f"{server.url}/tokenize", json={"model": MODEL, "prompt": "w5 w6"}).json()
+    assert tokens == {"count": 2, "max_model_len": 1024, "tokens": [5, 6]}
+    chat = httpx.post(f"{server.url}/tokenize", json={"messages": [{"role": "user", "content": "w5"}]}).json()
+    assert chat["tokens"] == [5, 3]
+    assert httpx.post(f"{server.url}/detokenize", json={"tokens": [5, 6]}).json() == {"prompt": "w5 w6"}
+    assert httpx.post(f"{server.url}/detokenize", json={"tokens": [600]}).status_code == 400
+    assert httpx.post(f"{server.url}/tokenize", json={}).status_code == 400
+    assert httpx.get(f"{server.url}/version").json()["version"]
+    assert server.client().models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        server.client().models.retrieve("gpt-4")
+
+
+def test_metrics_report_latency_prefix_cache_and_preemptions(server):
+    e2e_before = server.metric("nanovllm:e2e_request_latency_seconds_count")
+    hits_before = server.metric("nanovllm:prefix_cache_hits_total")
+    prompt = [9] * (2 * BLOCK + 1)
+    for _ in range(2):
+        server.client().completions.create(model=MODEL, prompt=prompt, max_tokens=1)
+    assert server.metric("nanovllm:e2e_request_latency_seconds_count") == e2e_before + 2
+    assert server.metric("nanovllm:prefix_cache_hits_total") >= hits_before + 2 * BLOCK
+    assert server.metric("nanovllm:prefix_cache_queries_total") >= server.metric("nanovllm:prefix_cache_hits_total")
+    assert server.metric("nanovllm:num_preemptions_total") >= 0.0

@@ -2,6 +2,7 @@
 prompt chunks, and preemption mid-prompt all give the greedy output of unchunked runs."""
 
 import pytest
+from conftest import completions_of, run_steps
 from test_llm import random_prompts, token_ids
 
 from nanovllm import LLM, SamplingParams
@@ -29,11 +30,6 @@ def unchunked(model_dir, prompts, params=GREEDY) -> list[list[int]]:
     """Greedy outputs with whole-prompt prefills in a budget that holds any prompt."""
     llm = LLM(model_dir, enable_chunked_prefill=False, max_num_batched_tokens=512, num_kvcache_blocks=128, **ENGINE)
     return token_ids(llm.generate(prompts, params, use_tqdm=False))
-
-
-def run_to_completion(llm) -> None:
-    while llm.has_unfinished_requests():
-        llm.step()
 
 
 def test_prompt_three_times_the_budget_equals_unchunked_run(qwen3_dir):
@@ -74,14 +70,13 @@ def test_mixed_steps_equal_separate_runs(qwen3_dir):
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     llm = LLM(qwen3_dir, max_num_batched_tokens=32, num_kvcache_blocks=64, **ENGINE)
     batches = record_batches(llm)
-    seqs = [llm.add_request(p, params) for p in short]
-    for _ in range(4):  # the short prompts are prefilled and decoding
-        llm.step()
-    assert all(s.token_ids for s in seqs)
-    seqs.append(llm.add_request(long, params))
-    run_to_completion(llm)
+    ids = [llm.add_request(p, params) for p in short]
+    outputs = run_steps(llm, {}, steps=4)  # the short prompts are prefilled and decoding
+    assert all(c.token_ids for c in completions_of(outputs, ids))
+    ids.append(llm.add_request(long, params))
+    run_steps(llm, outputs)
     alone = [unchunked(qwen3_dir, [p], params)[0] for p in short + [long]]
-    assert [s.token_ids for s in seqs] == alone
+    assert [c.token_ids for c in completions_of(outputs, ids)] == alone
     # decodes first, then a chunk of the long prompt that does not sample yet
     mixed = [(counts, samples) for counts, samples, is_prefill in batches
              if is_prefill and counts[:3] == [1, 1, 1] and samples[-1] is False]
@@ -103,13 +98,13 @@ def test_preemption_in_the_middle_of_a_chunked_prefill(qwen3_dir):
         original(req)
 
     scheduler._preempt = recording_preempt
-    seqs = [llm.add_request(p, sp) for p, sp in zip(decoding, params)]
-    llm.step()
-    seqs.append(llm.add_request(long, params[-1]))
-    run_to_completion(llm)
+    ids = [llm.add_request(p, sp) for p, sp in zip(decoding, params)]
+    outputs = run_steps(llm, {}, steps=1)
+    ids.append(llm.add_request(long, params[-1]))
+    run_steps(llm, outputs)
     [(req, completion, computed)] = preempted
-    assert req.request_id == seqs[-1].request_id and completion == 0 and 0 < computed < len(long)
+    assert req.request_id == ids[-1] and completion == 0 and 0 < computed < len(long)
     # re-admitted, it resumed from the full blocks it had computed, which the prefix cache kept
-    assert req.num_cached_tokens == seqs[-1].num_cached_tokens == computed // BLOCK * BLOCK > 0
+    assert req.num_cached_tokens == outputs[ids[-1]].num_cached_tokens == computed // BLOCK * BLOCK > 0
     expected = [unchunked(qwen3_dir, [p], sp)[0] for p, sp in zip(decoding + [long], params)]
-    assert [s.token_ids for s in seqs] == expected
+    assert [c.token_ids for c in completions_of(outputs, ids)] == expected

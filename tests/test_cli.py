@@ -62,7 +62,7 @@ def test_serve_answers_completions_then_stops(qwen3_dir):
                                              extra_body={"ignore_eos": True})
         [want] = LLM(qwen3_dir, **ENGINE_ARGS).generate(["w5 w6"], SamplingParams(temperature=0.0, max_tokens=4,
                                                                                    ignore_eos=True), use_tqdm=False)
-        assert response.choices[0].text == want["text"] and response.usage.completion_tokens == 4
+        assert response.choices[0].text == want.outputs[0].text and response.usage.completion_tokens == 4
     finally:
         process.terminate()
         # uvicorn shuts down gracefully, then re-raises the signal it caught

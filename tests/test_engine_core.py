@@ -3,6 +3,7 @@ a user sees changes: stop tokens, stop strings, preemption, prefix hits and abor
 of the plain loop that reads every step back before scheduling the next."""
 
 import pytest
+from conftest import run_steps
 from hf_reference import hf_greedy
 from test_llm import random_prompts, record_preemptions, token_ids
 
@@ -68,20 +69,22 @@ def test_stop_tokens_mid_batch_leak_no_token_and_free_every_block(qwen3_dir):
     outputs = llm.generate(prompts, [SamplingParams(temperature=0.0, max_tokens=24, stop_token_ids=[s])
                                      for s in stops], use_tqdm=False)
     assert token_ids(outputs) == [f[: f.index(s) + 1] for f, s in zip(free, stops)]
-    assert [o["finish_reason"] for o in outputs] == ["stop"] * 4
+    assert [o.outputs[0].finish_reason for o in outputs] == ["stop"] * 4
     assert llm.engine_core.scheduler.block_manager.num_free_blocks == 64
 
 
 def test_stop_strings_cut_as_in_the_plain_loop(qwen3_dir, monkeypatch):
     prompts = random_prompts([4, 11, 6], seed=22)
     free = engine(qwen3_dir).generate(prompts, GREEDY, use_tqdm=False)
-    params = [SamplingParams(temperature=0.0, max_tokens=24, stop=" ".join(o["text"].split()[k:k + 2]))
+    params = [SamplingParams(temperature=0.0, max_tokens=24, stop=" ".join(o.outputs[0].text.split()[k:k + 2]))
               for o, k in zip(free, [1, 4, 7])]
     overlapped = engine(qwen3_dir).generate(prompts, params, use_tqdm=False)
     plain = plain_loop(engine(qwen3_dir), monkeypatch).generate(prompts, params, use_tqdm=False)
     assert overlapped == plain
     for out, f, p in zip(overlapped, free, params):
-        assert out["text"] == f["text"][: f["text"].index(p.stop[0])] and out["finish_reason"] == "stop"
+        free_text = f.outputs[0].text
+        assert out.outputs[0].text == free_text[: free_text.index(p.stop[0])]
+        assert out.outputs[0].finish_reason == "stop"
 
 
 @pytest.mark.parametrize("chunked", [True, False])
@@ -93,24 +96,21 @@ def test_preemption_and_prefix_hits_give_the_plain_loops_outputs(qwen3_dir, monk
     overlapped = engine(qwen3_dir, **kwargs)
     preempted = record_preemptions(overlapped)
     plain = plain_loop(engine(qwen3_dir, **kwargs), monkeypatch)
-    states = [overlapped.add_request(p, params) for p in prompts]
-    while overlapped.has_unfinished_requests():
-        overlapped.step()
-    assert preempted and any(s.num_cached_tokens for s in states)
-    assert [s.token_ids for s in states] == token_ids(plain.generate(prompts, params, use_tqdm=False))
-    assert [s.token_ids for s in states] == hf_greedy(qwen3_dir, prompts, params.max_tokens)
+    outputs = overlapped.generate(prompts, params, use_tqdm=False)
+    assert preempted and any(o.num_cached_tokens for o in outputs)
+    assert token_ids(outputs) == token_ids(plain.generate(prompts, params, use_tqdm=False))
+    assert token_ids(outputs) == hf_greedy(qwen3_dir, prompts, params.max_tokens)
 
 
 def test_abort_with_a_step_in_flight_drops_its_token_and_frees_its_blocks(qwen3_dir):
     llm = engine(qwen3_dir)
     kept, aborted = [llm.add_request(p, GREEDY) for p in random_prompts([6, 8], seed=25)]
-    for _ in range(4):
-        llm.step()
+    outputs = run_steps(llm, {}, steps=4)
     assert llm.engine_core._in_flight is not None
-    seen = len(aborted.token_ids)
-    llm.abort(aborted.request_id)
-    while llm.has_unfinished_requests():
-        llm.step()
-    assert len(aborted.token_ids) == seen and aborted.finish_reason == "abort"
-    assert kept.token_ids == hf_greedy(qwen3_dir, random_prompts([6], seed=25), GREEDY.max_tokens)[0]
+    seen = len(outputs[aborted].outputs[0].token_ids)
+    llm.abort(aborted)
+    run_steps(llm, outputs)
+    assert len(outputs[aborted].outputs[0].token_ids) == seen
+    assert outputs[kept].outputs[0].token_ids == hf_greedy(qwen3_dir, random_prompts([6], seed=25),
+                                                           GREEDY.max_tokens)[0]
     assert llm.engine_core.scheduler.block_manager.num_free_blocks == 64

@@ -22,7 +22,7 @@ def prompts(seed=0):
 
 
 def token_ids(outputs):
-    return [o["token_ids"] for o in outputs]
+    return [o.outputs[0].token_ids for o in outputs]
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
@@ -94,7 +94,7 @@ def test_triton_mixed_steps_equal_separate_runs_and_decodes_still_replay_graphs(
     short, long = prompts(seed=9)[:5], prompts(seed=10)[-1] * 2  # 514 tokens
     kwargs = dict(attention_backend="triton", kvcache_block_size=16, max_model_len=1024)
     alone = LLM(qwen3_dir, enable_chunked_prefill=False, **kwargs)
-    expected = [alone.generate([p], GREEDY, use_tqdm=False)[0]["token_ids"] for p in short + [long]]
+    expected = [alone.generate([p], GREEDY, use_tqdm=False)[0].outputs[0].token_ids for p in short + [long]]
     llm = LLM(qwen3_dir, max_num_batched_tokens=128, **kwargs)
     batches = record_batches(llm)
     replays = []
@@ -144,7 +144,7 @@ def test_stop_tokens_mid_batch_leak_no_token_on_gpu(qwen3_dir):
     params = [SamplingParams(temperature=0.0, max_tokens=32, stop_token_ids=[s]) for s in stops]
     outputs = llm.generate(batch, params, use_tqdm=False)
     assert token_ids(outputs) == [f[: f.index(s) + 1] for f, s in zip(free, stops)]
-    assert all(out["finish_reason"] == "stop" for out in outputs)
+    assert all(out.outputs[0].finish_reason == "stop" for out in outputs)
     assert llm.engine_core.scheduler.block_manager.num_free_blocks == llm.client.info.num_kvcache_blocks
 
 
@@ -196,8 +196,8 @@ def test_bf16_triton_mostly_equals_torch_path(qwen3_dir, capsys):
 def test_bf16_on_gpu_mostly_matches_fp32(qwen3_dir):
     fp32 = LLM(qwen3_dir, device="cuda", kvcache_block_size=16, max_model_len=512)
     bf16 = LLM(qwen3_dir, device="cuda", dtype="bfloat16", kvcache_block_size=16, max_model_len=512)
-    a = [o["token_ids"] for o in fp32.generate(prompts(), GREEDY, use_tqdm=False)]
-    b = [o["token_ids"] for o in bf16.generate(prompts(), GREEDY, use_tqdm=False)]
+    a = [o.outputs[0].token_ids for o in fp32.generate(prompts(), GREEDY, use_tqdm=False)]
+    b = [o.outputs[0].token_ids for o in bf16.generate(prompts(), GREEDY, use_tqdm=False)]
     # bf16 rounding may flip late near-ties; the first tokens must agree
     assert sum(x[:4] == y[:4] for x, y in zip(a, b)) >= len(a) - 1
 
@@ -217,9 +217,9 @@ def test_every_sampling_feature_runs_on_gpu_and_seeds_reproduce(qwen3_dir):
               SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)]
     first = llm.generate(prompts()[:2], params, use_tqdm=False)
     again = llm.generate(prompts()[2:4] + prompts()[:1], params[1:] * 2 + params[:1], use_tqdm=False)
-    assert again[-1]["token_ids"] == first[0]["token_ids"]
-    assert len(first[0]["logprobs"]) == len(first[0]["token_ids"])
-    assert first[0]["finish_reason"] in ("stop", "length") and first[1]["finish_reason"] == "length"
+    assert again[-1].outputs[0].token_ids == first[0].outputs[0].token_ids
+    assert len(first[0].outputs[0].logprobs) == len(first[0].outputs[0].token_ids)
+    assert first[0].outputs[0].finish_reason in ("stop", "length") and first[1].outputs[0].finish_reason == "length"
 
 
 def test_kv_cache_is_sized_from_gpu_memory_utilization_and_freed_with_the_engine(qwen3_06b_shape_dir):
@@ -231,7 +231,7 @@ def test_kv_cache_is_sized_from_gpu_memory_utilization_and_freed_with_the_engine
         assert (total - free) <= 0.5 * total + (1 << 30)
         outputs = llm.generate([[5] * 300, [6] * 1000],
                                SamplingParams(temperature=0.6, max_tokens=20, ignore_eos=True), use_tqdm=False)
-        assert [len(o["token_ids"]) for o in outputs] == [20, 20]
+        assert [len(o.outputs[0].token_ids) for o in outputs] == [20, 20]
         del llm, outputs
         torch.cuda.empty_cache()
         assert torch.cuda.mem_get_info()[0] > free + 0.3 * total

@@ -7,6 +7,7 @@ import shutil
 import weakref
 
 import pytest
+from conftest import completions_of, run_steps
 from hf_reference import hf_generate, hf_greedy, hf_logprobs
 
 from nanovllm import LLM, SamplingParams
@@ -21,7 +22,11 @@ def random_prompts(lengths, seed=0):
 
 
 def token_ids(outputs):
-    return [o["token_ids"] for o in outputs]
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+def logprob_values(position) -> dict[int, float]:
+    return {token_id: lp.logprob for token_id, lp in position.items()}
 
 
 def record_preemptions(llm) -> list:
@@ -49,7 +54,7 @@ def test_batched_greedy_matches_transformers(arch_dir, prompts, request):
     llm = LLM(model_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
     outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert token_ids(outputs) == hf_greedy(model_dir, prompts, GREEDY.max_tokens)
-    assert all(len(o["token_ids"]) == GREEDY.max_tokens for o in outputs)
+    assert all(len(o.outputs[0].token_ids) == GREEDY.max_tokens for o in outputs)
 
 
 def test_triton_backend_matches_transformers(qwen3_dir, prompts):
@@ -61,20 +66,20 @@ def test_triton_backend_matches_transformers(qwen3_dir, prompts):
               max_model_len=256)
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     llm.generate(batch[-2:-1], params, use_tqdm=False)
-    seqs = [llm.add_request(p, params) for p in batch]
-    while llm.has_unfinished_requests():
-        llm.step()
-    assert [s.token_ids for s in seqs] == hf_greedy(qwen3_dir, batch, 8)
-    assert seqs[-1].num_cached_tokens == 2 * BLOCK
+    ids = [llm.add_request(p, params) for p in batch]
+    outputs = run_steps(llm, {})
+    assert [c.token_ids for c in completions_of(outputs, ids)] == hf_greedy(qwen3_dir, batch, 8)
+    assert outputs[ids[-1]].num_cached_tokens == 2 * BLOCK
 
 
 def test_text_output_continues_the_prompt(qwen3_dir):
     llm = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=16, max_model_len=256)
     [out] = llm.generate(["w5 w6 w7"], GREEDY, use_tqdm=False)
     prompt = llm.tokenizer.encode("w5 w6 w7")
-    assert "w5 w6 w7" + out["text"] == llm.tokenizer.decode(prompt + out["token_ids"], skip_special_tokens=True)
-    assert out["text"].startswith(" w")
-    assert out["finish_reason"] == "length"
+    completion = out.outputs[0]
+    assert "w5 w6 w7" + completion.text == llm.tokenizer.decode(prompt + completion.token_ids, skip_special_tokens=True)
+    assert out.outputs[0].text.startswith(" w")
+    assert out.outputs[0].finish_reason == "length"
 
 
 def test_outputs_follow_prompt_order_with_per_prompt_params(qwen3_dir, prompts):
@@ -82,9 +87,9 @@ def test_outputs_follow_prompt_order_with_per_prompt_params(qwen3_dir, prompts):
     lengths = [3, 9, 1, 14, 6, 2, 11]
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
     outputs = llm.generate(prompts, params, use_tqdm=False)
-    assert [len(o["token_ids"]) for o in outputs] == lengths
+    assert [len(o.outputs[0].token_ids) for o in outputs] == lengths
     full = token_ids(llm.generate(prompts, GREEDY, use_tqdm=False))
-    assert [o["token_ids"] for o in outputs] == [f[:n] for f, n in zip(full, lengths)]
+    assert [o.outputs[0].token_ids for o in outputs] == [f[:n] for f, n in zip(full, lengths)]
 
 
 def test_eos_stops_generation(qwen3_dir, prompts):
@@ -94,8 +99,8 @@ def test_eos_stops_generation(qwen3_dir, prompts):
     stop_token = free_running[0][2]
     llm.engine_core.scheduler.stop_checker.eos_token_ids = frozenset({stop_token})
     [out] = llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=24), use_tqdm=False)
-    assert out["token_ids"] == free_running[0][: free_running[0].index(stop_token) + 1]
-    assert out["finish_reason"] == "stop"
+    assert out.outputs[0].token_ids == free_running[0][: free_running[0].index(stop_token) + 1]
+    assert out.outputs[0].finish_reason == "stop"
 
 
 def test_prefix_cache_hit_gives_identical_output(qwen3_dir):
@@ -103,23 +108,19 @@ def test_prefix_cache_hit_gives_identical_output(qwen3_dir):
     first, second = shared + [7, 8, 9], shared + [10, 11]
     llm = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
     llm.generate([first], GREEDY, use_tqdm=False)
-    seq = llm.add_request(second, GREEDY)
-    while llm.has_unfinished_requests():
-        llm.step()
-    assert seq.num_cached_tokens == 5 * BLOCK
+    [out] = llm.generate([second], GREEDY, use_tqdm=False)
+    assert out.num_cached_tokens == 5 * BLOCK
     cold = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
-    assert seq.token_ids == cold.generate([second], GREEDY, use_tqdm=False)[0]["token_ids"]
+    assert out.outputs[0].token_ids == cold.generate([second], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
 
 
 def test_prefix_shared_within_one_batch(qwen3_dir):
     shared = random_prompts([3 * BLOCK], seed=2)[0]
     batch = [shared + [5], shared + [6, 7], shared + [8]]
     llm = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
-    seqs = [llm.add_request(p, GREEDY) for p in batch]
-    while llm.has_unfinished_requests():
-        llm.step()
-    assert [s.num_cached_tokens for s in seqs] == [0, 3 * BLOCK, 3 * BLOCK]
-    assert [s.token_ids for s in seqs] == hf_greedy(qwen3_dir, batch, GREEDY.max_tokens)
+    outputs = llm.generate(batch, GREEDY, use_tqdm=False)
+    assert [o.num_cached_tokens for o in outputs] == [0, 3 * BLOCK, 3 * BLOCK]
+    assert token_ids(outputs) == hf_greedy(qwen3_dir, batch, GREEDY.max_tokens)
 
 
 def test_preemption_keeps_outputs_identical(qwen3_dir):
@@ -153,7 +154,10 @@ def small_llm(qwen3_dir):
     ([5, 512], "outside the vocabulary"),
     ([-1], "outside the vocabulary"),
     (list(range(2, 103)), "max_model_len"),
-    (42, "string or a list of token ids"),
+    (42, "text, a list of token ids, or a dict"),
+    ({"prompt": [5, 6]}, "exactly one key"),
+    ({"prompt_token_ids": [5], "prompt": "w5"}, "exactly one key"),
+    ("w5 \ud800 w6", "lone surrogate"),
 ])
 def test_bad_prompt_is_refused_with_clear_error(small_llm, prompt, message):
     with pytest.raises(ValueError, match=message):
@@ -167,9 +171,8 @@ def test_request_larger_than_kv_pool_is_refused_and_others_finish(qwen3_dir):
     good = llm.add_request([5, 6, 7], GREEDY)
     with pytest.raises(ValueError, match="needs 5 KV-cache blocks"):
         llm.add_request(list(range(2, 32)), SamplingParams(temperature=0, max_tokens=40))
-    while llm.has_unfinished_requests():
-        llm.step()
-    assert len(good.token_ids) == GREEDY.max_tokens
+    outputs = run_steps(llm, {})
+    assert len(outputs[good].outputs[0].token_ids) == GREEDY.max_tokens
 
 
 def test_generate_names_the_bad_prompt_and_engine_stays_usable(small_llm):
@@ -177,13 +180,13 @@ def test_generate_names_the_bad_prompt_and_engine_stays_usable(small_llm):
         small_llm.generate([[5, 6], list(range(2, 150))], GREEDY, use_tqdm=False)
     assert not small_llm.has_unfinished_requests()
     outputs = small_llm.generate([[5, 6], [7]], GREEDY, use_tqdm=False)
-    assert [len(o["token_ids"]) for o in outputs] == [GREEDY.max_tokens] * 2
+    assert [len(o.outputs[0].token_ids) for o in outputs] == [GREEDY.max_tokens] * 2
 
 
 def test_generation_stops_at_max_model_len(small_llm):
     [out] = small_llm.generate([list(range(2, 92))], SamplingParams(temperature=0, max_tokens=50, ignore_eos=True),
                                use_tqdm=False)
-    assert len(out["token_ids"]) == 100 - 90
+    assert len(out.outputs[0].token_ids) == 100 - 90
 
 
 def test_mismatched_params_list_is_refused(small_llm):
@@ -225,15 +228,21 @@ def test_logprobs_equal_log_softmax_of_transformers_logits(qwen3_dir, llm, promp
               SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=0),
               SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)]
     outputs = llm.generate(prompts[2:5], params, use_tqdm=False)
-    assert "logprobs" not in outputs[2]
+    assert outputs[2].outputs[0].logprobs is None and outputs[2].outputs[0].cumulative_logprob is None
     for prompt, out, k in zip(prompts[2:4], outputs, (3, 0)):
-        reference = hf_logprobs(qwen3_dir, prompt, out["token_ids"])
-        assert len(out["logprobs"]) == len(out["token_ids"])
-        for step, (token_id, logprobs) in enumerate(zip(out["token_ids"], out["logprobs"])):
+        completion = out.outputs[0]
+        reference = hf_logprobs(qwen3_dir, prompt, completion.token_ids)
+        assert len(completion.logprobs) == len(completion.token_ids)
+        for step, (token_id, logprobs) in enumerate(zip(completion.token_ids, completion.logprobs)):
             top = reference[step].topk(k).indices.tolist()
             assert list(logprobs) == [token_id] + [t for t in top if t != token_id]
-            for t, value in logprobs.items():
+            for t, value in logprob_values(logprobs).items():
                 assert value == pytest.approx(float(reference[step, t]), abs=1e-4)
+            assert logprobs[token_id].rank == int((reference[step] > reference[step, token_id]).sum()) + 1
+            assert [logprobs[t].rank for t in top if t != token_id] == [i + 1 for i, t in enumerate(top)
+                                                                          if t != token_id]
+        assert completion.cumulative_logprob == pytest.approx(
+            sum(float(reference[i, t]) for i, t in enumerate(completion.token_ids)), abs=1e-3)
 
 
 def test_repetition_penalty_matches_transformers(qwen3_dir, llm, prompts):
@@ -248,18 +257,18 @@ def test_stop_token_and_min_tokens_match_transformers(qwen3_dir, llm, prompts):
     params = SamplingParams(temperature=0, stop_token_ids=[stop_token], min_tokens=4, max_tokens=24)
     [out] = llm.generate(prompts[:1], params, use_tqdm=False)
     expected = hf_generate(qwen3_dir, prompts[:1], eos_token_id=stop_token, max_new_tokens=24, min_new_tokens=4)[0]
-    assert out["token_ids"] == expected
-    assert stop_token not in out["token_ids"][:4]
-    assert out["finish_reason"] == ("stop" if out["token_ids"][-1] == stop_token else "length")
+    assert out.outputs[0].token_ids == expected
+    assert stop_token not in out.outputs[0].token_ids[:4]
+    assert out.outputs[0].finish_reason == ("stop" if out.outputs[0].token_ids[-1] == stop_token else "length")
 
 
 def test_stop_string_cuts_text_and_reports_stop(llm, prompts):
     [free] = llm.generate(prompts[:1], GREEDY, use_tqdm=False)
-    words = free["text"].split()
+    words = free.outputs[0].text.split()
     stop = f"{words[3]} {words[4]}"
     [out] = llm.generate(prompts[:1], SamplingParams(temperature=0, stop=stop, max_tokens=24), use_tqdm=False)
-    assert out["text"] == free["text"][: free["text"].index(stop)]
-    assert out["token_ids"] == free["token_ids"][:5] and out["finish_reason"] == "stop"
+    assert out.outputs[0].text == free.outputs[0].text[: free.outputs[0].text.index(stop)]
+    assert out.outputs[0].token_ids == free.outputs[0].token_ids[:5] and out.outputs[0].finish_reason == "stop"
 
 
 @pytest.mark.parametrize("params, message", [
@@ -282,7 +291,7 @@ def test_without_tokenizer_prompts_are_token_ids_and_text_is_empty(qwen3_dir, pr
               max_model_len=256)
     outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert token_ids(outputs) == hf_greedy(qwen3_dir, prompts, GREEDY.max_tokens)
-    assert [o["text"] for o in outputs] == [""] * len(prompts)
+    assert [o.outputs[0].text for o in outputs] == [""] * len(prompts)
     assert llm.eos_token_ids == (1,)  # from config.json alone
     with pytest.raises(ValueError, match="skip_tokenizer_init=True.*lists of token ids"):
         llm.generate(["w5 w6"], GREEDY, use_tqdm=False)

@@ -138,7 +138,7 @@ def test_dummy_format_needs_no_weights(qwen3_dir, tmp_path):
     weight = llm.engine_core.model_runner.model.model.layers[0].mlp.down_proj.weight
     assert 0 < weight.abs().max() <= 1e-3
     [out] = llm.generate([[5, 6, 7]], use_tqdm=False)
-    assert len(out["token_ids"]) >= 1
+    assert len(out.outputs[0].token_ids) >= 1
 
 
 class CountingSafeOpen:

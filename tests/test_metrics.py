@@ -5,8 +5,8 @@ from types import SimpleNamespace
 from prometheus_client.parser import text_string_to_metric_families
 
 from nanovllm.engine.messages import EngineStats
-from nanovllm.frontend.output_processor import RequestOutput
 from nanovllm.entrypoints.metrics import RequestTimer, ServerMetrics
+from nanovllm.outputs import CompletionOutput, RequestOutput
 
 
 def samples(metrics: ServerMetrics) -> dict:
@@ -16,16 +16,20 @@ def samples(metrics: ServerMetrics) -> dict:
 
 
 def output(tokens, reason=None):
-    return RequestOutput(request_id=0, token_ids=tokens, text="", num_prompt_tokens=4,
-                         num_completion_tokens=0, finish_reason=reason)
+    completion = CompletionOutput(0, "", tokens, None, None, reason)
+    return RequestOutput("0", None, [1, 2, 3, 4], None, [completion], finished=reason is not None)
 
 
-def test_render_reads_engine_load_now():
-    engine = SimpleNamespace(stats=lambda: EngineStats(num_running=3, num_waiting=2, kv_cache_usage=0.25))
-    got = samples(ServerMetrics(engine, "m"))
+def test_render_reads_engine_load_and_counters_now():
+    stats = EngineStats(num_running=3, num_waiting=2, kv_cache_usage=0.25, prefix_cache_queries=40,
+                        prefix_cache_hits=32, num_preemptions=5)
+    got = samples(ServerMetrics(SimpleNamespace(stats=lambda: stats), "m"))
     assert got[("nanovllm:num_requests_running", None)] == 3
     assert got[("nanovllm:num_requests_waiting", None)] == 2
     assert got[("nanovllm:kv_cache_usage_perc", None)] == 0.25
+    assert got[("nanovllm:prefix_cache_queries_total", None)] == 40
+    assert got[("nanovllm:prefix_cache_hits_total", None)] == 32
+    assert got[("nanovllm:num_preemptions_total", None)] == 5
 
 
 def test_request_timer_counts_tokens_latencies_and_reasons():
@@ -42,6 +46,7 @@ def test_request_timer_counts_tokens_latencies_and_reasons():
     assert got[("nanovllm:inter_token_latency_seconds_count", None)] == 2
     assert got[("nanovllm:request_success_total", "length")] == 1
     assert got[("nanovllm:request_success_total", "abort")] == 1
+    assert got[("nanovllm:e2e_request_latency_seconds_count", None)] == 2
 
 
 def test_two_servers_in_one_process_keep_apart():

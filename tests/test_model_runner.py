@@ -15,11 +15,11 @@ def test_cached_prefix_warm_up_step_leaves_generation_unchanged(qwen3_dir, backe
     # On CUDA this step runs at start-up, before any request; it writes one K/V
     # slot of block 0, which the first sequence to get that block overwrites.
     kwargs = dict(attention_backend=backend, kvcache_block_size=16, num_kvcache_blocks=16, max_model_len=128)
-    expected = [o["token_ids"] for o in LLM(qwen3_dir, **kwargs).generate(PROMPTS, GREEDY, use_tqdm=False)]
+    expected = [o.outputs[0].token_ids for o in LLM(qwen3_dir, **kwargs).generate(PROMPTS, GREEDY, use_tqdm=False)]
     warmed = LLM(qwen3_dir, **kwargs)
     warmed.engine_core.model_runner._warm_up_cached_prefix()
     assert warmed.engine_core.scheduler.block_manager.num_free_blocks == 16
-    assert [o["token_ids"] for o in warmed.generate(PROMPTS, GREEDY, use_tqdm=False)] == expected
+    assert [o.outputs[0].token_ids for o in warmed.generate(PROMPTS, GREEDY, use_tqdm=False)] == expected
 
 
 def test_start_up_step_without_blocks_stores_nothing_and_samples_every_request(qwen3_dir):

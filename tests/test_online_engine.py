@@ -60,28 +60,29 @@ def test_requests_from_many_threads_match_offline_generate(qwen3_dir, online):
     for t in threads:
         t.join()
     for outputs, want in zip(results, expected):
-        assert [t for o in outputs for t in o.token_ids] == want["token_ids"]
-        assert "".join(o.text for o in outputs) == want["text"]
-        assert [o.finish_reason for o in outputs] == [None] * (len(outputs) - 1) + ["length"]
-        assert outputs[-1].num_completion_tokens == len(want["token_ids"])
+        assert [t for o in outputs for t in o.outputs[0].token_ids] == want.outputs[0].token_ids
+        assert "".join(o.outputs[0].text for o in outputs) == want.outputs[0].text
+        assert [o.outputs[0].finish_reason for o in outputs] == [None] * (len(outputs) - 1) + ["length"]
+        assert [o.finished for o in outputs] == [False] * (len(outputs) - 1) + [True]
     assert all_blocks_free(online) and online.stats().kv_cache_usage == 0.0
 
 
 def test_stop_token_finishes_with_stop(online):
     params = SamplingParams(temperature=0.0, max_tokens=10, stop_token_ids=list(range(512)))
     outputs = list(online.add_request([5, 6, 7], params))
-    assert len(outputs) == 1 and outputs[0].finish_reason == "stop" and len(outputs[0].token_ids) == 1
-    assert outputs[0].text == ""
+    [completion] = [o.outputs[0] for o in outputs]
+    assert completion.finish_reason == "stop" and len(completion.token_ids) == 1 and completion.text == ""
 
 
 def test_stop_string_is_held_back_and_cut(qwen3_dir, online):
     [full] = LLM(qwen3_dir, **ENGINE_ARGS).generate([[5, 6, 7]], greedy(12), use_tqdm=False)
-    words = full["text"].split()
+    words = full.outputs[0].text.split()
     stop = " ".join(words[4:6])
     params = SamplingParams(temperature=0.0, max_tokens=12, stop=stop)
     outputs = list(online.add_request([5, 6, 7], params))
-    assert outputs[-1].finish_reason == "stop"
-    assert "".join(o.text for o in outputs) == full["text"][: full["text"].index(stop)]
+    assert outputs[-1].outputs[0].finish_reason == "stop"
+    text = full.outputs[0].text
+    assert "".join(o.outputs[0].text for o in outputs) == text[: text.index(stop)]
 
 
 def test_abort_running_request_frees_its_blocks(online, monkeypatch):
@@ -89,12 +90,12 @@ def test_abort_running_request_frees_its_blocks(online, monkeypatch):
     stream = online.add_request([5, 6, 7], greedy(240))
     outputs = iter(stream)
     first = next(outputs)
-    assert first.token_ids and not first.finished
+    assert first.outputs[0].token_ids and not first.finished
     assert online.stats().kv_cache_usage > 0
     online.abort(stream.request_id)
     rest = list(outputs)
-    assert rest[-1].finish_reason == "abort"
-    assert sum(len(o.token_ids) for o in [first, *rest]) < 240
+    assert rest[-1].outputs[0].finish_reason == "abort"
+    assert sum(len(o.outputs[0].token_ids) for o in [first, *rest]) < 240
     wait_until(lambda: online.stats().num_running == 0)
     assert all_blocks_free(online) and online.stats().kv_cache_usage == 0.0
 
@@ -108,8 +109,8 @@ def test_abort_waiting_request(online, monkeypatch):
     assert online.stats().num_waiting == 1
     online.abort(waiting.request_id)
     [output] = list(waiting)
-    assert output.finish_reason == "abort" and output.token_ids == []
-    assert list(running)[-1].finish_reason == "length"
+    assert output.outputs[0].finish_reason == "abort" and output.outputs[0].token_ids == []
+    assert list(running)[-1].outputs[0].finish_reason == "length"
 
 
 def test_bad_request_raises_in_caller_and_others_go_on(online):
@@ -118,22 +119,22 @@ def test_bad_request_raises_in_caller_and_others_go_on(online):
         online.add_request([5] * 300, greedy(4))
     with pytest.raises(ValueError, match="empty"):
         online.add_request([], greedy(4))
-    assert sum(len(o.token_ids) for o in good) == 30
+    assert sum(len(o.outputs[0].token_ids) for o in good) == 30
 
 
 def test_failed_step_ends_live_requests_with_error_and_loop_goes_on(online, monkeypatch):
     fail_step(online, monkeypatch, failing_call=3)
     victim = list(online.add_request([5, 6, 7], greedy(50)))
-    assert victim[-1].finish_reason == "error"
+    assert victim[-1].outputs[0].finish_reason == "error"
     assert all_blocks_free(online)
     after = list(online.add_request([5, 6, 7], greedy(5)))
-    assert after[-1].finish_reason == "length" and sum(len(o.token_ids) for o in after) == 5
+    assert after[-1].outputs[0].finish_reason == "length" and sum(len(o.outputs[0].token_ids) for o in after) == 5
 
 
 def test_shutdown_aborts_unfinished_requests(qwen3_dir):
     online = OnlineEngine(qwen3_dir, **ENGINE_ARGS)
     stream = online.add_request([5, 6, 7], greedy(240))
     online.shutdown()
-    assert list(stream)[-1].finish_reason == "abort"
+    assert list(stream)[-1].outputs[0].finish_reason == "abort"
     with pytest.raises(RuntimeError, match="shut down"):
         online.add_request([5], greedy(1))

@@ -1,13 +1,14 @@
 """A step's sampling rows to sampler tensors: the greedy fast path, unused features left out, bans,
-seeds, penalties; and the logprob dicts a step's PendingOutput hands back."""
+seeds, penalties, logit biases; and the logprob entries a step's PendingOutput hands back."""
 
 import torch
 
 from nanovllm import SamplingParams
-from nanovllm.engine.runner_output import PendingOutput
+from nanovllm.engine.messages import TokenLogprobs
+from nanovllm.engine.runner_output import PendingOutput, PromptScores
 from nanovllm.engine.sampling_batch import sampling_tensors
-from nanovllm.engine.scheduler_output import SchedulerOutput
-from nanovllm.layers.sampler import SamplerOutput
+from nanovllm.engine.scheduler_output import PromptScoring, SchedulerOutput
+from nanovllm.layers.sampler import Sampler, SamplerOutput
 
 VOCAB = 50
 EOS = (1,)
@@ -91,13 +92,43 @@ def test_num_logprobs_is_the_most_any_row_asks_for():
     assert tensors_for(SamplingParams(logprobs=2), SamplingParams(logprobs=0)).num_logprobs == 2
 
 
-def test_logprob_dicts_keep_each_rows_own_count():
-    ids = torch.tensor([[4, 4, 6], [1, 2, 3], [9, 8, 7]])
-    # the chosen token 4 is also the top alternative: one entry
-    values = torch.tensor([[-0.5, -0.5, -2.0], [-1.0, -2.0, -3.0], [-6.0, -7.0, -8.0]])
-    result = PendingOutput(SamplerOutput(ids[:, 0], ids, values), [2, None, 0]).result()
+def test_logit_bias_alone_leaves_the_fast_path_with_row_token_pairs_and_their_biases():
+    t = tensors_for(SamplingParams(temperature=0), SamplingParams(temperature=0, logit_bias={7: 5.0, 3: -100}),
+                    SamplingParams(temperature=0, logit_bias={2: 0.5}))
+    assert t.temperatures is None  # every row is still greedy
+    assert t.bias_index.tolist() == [[1, 1, 2], [7, 3, 2]]
+    assert t.bias_values.tolist() == [5.0, -100.0, 0.5]
+    # on flat logits the argmax is the first token unless a bias lifts another one
+    assert Sampler()(torch.zeros(3, VOCAB), t).token_ids.tolist() == [0, 7, 2]
+
+
+def test_logit_bias_keeps_a_sampled_batch_off_the_temperature_only_path():
+    t = tensors_for(SamplingParams(temperature=0.5, logit_bias={4: 1.0}), SamplingParams(temperature=0.5))
+    assert t.temperatures.tolist() == [0.5, 0.5] and not t.temperature_only
+    assert (t.bias_index.tolist(), t.bias_values.tolist()) == ([[0], [4]], [1.0])
+
+
+def test_logprob_entries_keep_each_rows_own_count_and_the_chosen_tokens_rank():
+    # per row: the chosen token, then the top 2; rows ask for 2, nothing and 0 alternatives
+    ids = torch.tensor([[4, 4, 6], [1, 1, 3], [9, 8, 7]])
+    values = torch.tensor([[-0.5, -0.5, -2.0], [-1.0, -1.0, -3.0], [-6.0, -1.0, -2.0]])
+    ranks = torch.tensor([1, 1, 3])  # row 2 drew its third most likely token
+    result = PendingOutput(SamplerOutput(ids[:, 0], ids, values, ranks), [2, None, 0]).result()
     assert result.sampled_token_ids == [4, 1, 9]
-    assert result.logprobs == [{4: -0.5, 6: -2.0}, None, {9: -6.0}]
+    # the chosen token stays first even where it is also an alternative: the front end merges them
+    assert result.logprobs == [TokenLogprobs([4, 4, 6], [-0.5, -0.5, -2.0], 1), None, TokenLogprobs([9], [-6.0], 3)]
+
+
+def test_prompt_scores_are_split_per_request_in_job_order_and_cut_to_each_jobs_count():
+    # a step that samples nothing: "a" scores two positions with 1 alternative, "b" one with none
+    jobs = [PromptScoring("a", 0, 0, 1, [5, 6]), PromptScoring("b", 1, 2, 0, [7])]
+    scores = PromptScores(jobs, torch.tensor([[5, 3], [6, 6], [7, 2]]),
+                          torch.tensor([[-2.0, -0.5], [-0.25, -0.25], [-4.0, -0.125]]), torch.tensor([2, 1, 9]))
+    result = PendingOutput(None, [], scores).result()
+    assert (result.sampled_token_ids, result.logprobs) == ([], None)
+    assert result.prompt_logprobs == {
+        "a": [TokenLogprobs([5, 3], [-2.0, -0.5], 2), TokenLogprobs([6, 6], [-0.25, -0.25], 1)],
+        "b": [TokenLogprobs([7], [-4.0], 9)]}
 
 
 def test_a_step_without_logprobs_gives_none():

@@ -7,7 +7,9 @@ from nanovllm import SamplingParams
 
 def test_defaults_turn_everything_off():
     params = SamplingParams()
-    assert (params.temperature, params.max_tokens, params.ignore_eos) == (1.0, 64, False)
+    assert (params.temperature, params.max_tokens, params.ignore_eos, params.n, params.best_of) == (1.0, 16, False,
+                                                                                                    1, None)
+    assert (params.logit_bias, params.prompt_logprobs) == (None, None)
     assert (params.top_k, params.top_p, params.min_p, params.seed) == (-1, 1.0, 0.0, None)
     assert (params.stop, params.stop_token_ids, params.min_tokens, params.logprobs) == ([], [], 0, None)
     assert not params.has_penalties and not params.is_greedy
@@ -19,9 +21,15 @@ def test_one_stop_string_becomes_a_list():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"n": 2}, "only n=1"),
-    ({"best_of": 3}, "best_of"),
-    ({"prompt_logprobs": 1}, "prompt_logprobs is not supported"),
+    ({"n": 0}, "n must be"),
+    ({"n": 2.0}, "n must be"),
+    ({"n": 3, "best_of": 2}, "best_of"),
+    ({"best_of": 2, "temperature": 0}, "best_of > 1 needs sampling"),
+    ({"prompt_logprobs": -1}, "prompt_logprobs"),
+    ({"logit_bias": {5: 101}}, "logit_bias"),
+    ({"logit_bias": {-1: 1.0}}, "logit_bias"),
+    ({"logit_bias": [1, 2]}, "logit_bias"),
+    ({"max_tokens": None, "min_tokens": -1}, "min_tokens"),
     ({"temperature": -0.1}, "temperature"),
     ({"temperature": "hot"}, "temperature"),
     ({"temperature": float("nan")}, "temperature"),
@@ -61,8 +69,16 @@ def test_bad_values_are_refused(kwargs, message):
 
 def test_off_values_and_edges_are_allowed():
     params = SamplingParams(temperature=0, top_k=0, top_p=1, min_p=1, seed=-5, repetition_penalty=0.1,
-                            presence_penalty=-2, frequency_penalty=2, min_tokens=64, logprobs=0)
-    assert params.is_greedy and params.has_penalties
+                            presence_penalty=-2, frequency_penalty=2, min_tokens=64, max_tokens=64, logprobs=0,
+                            prompt_logprobs=0, n=4, logit_bias={3: -100, 4: 100.0})
+    assert params.is_greedy and params.has_penalties and params.num_completions == 4
+    assert SamplingParams(max_tokens=None, min_tokens=10_000).max_tokens is None
+    assert SamplingParams(n=2, best_of=5).num_completions == 5
+
+
+def test_an_unknown_keyword_is_a_value_error_that_names_it():
+    with pytest.raises(ValueError, match="unknown sampling parameter.*foo"):
+        SamplingParams(foo=1, temperature=0.5)
 
 
 def test_from_dict_names_unknown_keys():

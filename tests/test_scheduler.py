@@ -7,11 +7,11 @@ from types import SimpleNamespace
 import pytest
 
 from nanovllm.engine.block_manager import chain_hash
-from nanovllm.engine.messages import EngineCoreOutput
+from nanovllm.engine.messages import EngineCoreOutput, EngineStats, TokenLogprobs
 from nanovllm.engine.request import Request, RequestStatus
 from nanovllm.engine.runner_output import ModelRunnerOutput
 from nanovllm.engine.scheduler import Scheduler
-from nanovllm.engine.scheduler_output import PLACEHOLDER
+from nanovllm.engine.scheduler_output import PLACEHOLDER, PromptScoring
 from nanovllm.sampling_params import SamplingParams
 
 BS = 4
@@ -171,10 +171,14 @@ def test_update_confirms_the_sampled_token():
 def test_update_reports_logprobs_and_cached_tokens_per_request():
     sched = make_scheduler()
     add_all(sched, make_req("a", [2, 3, 4, 5, 6]), make_req("b", [2, 3, 4, 5, 7]), make_req("c", [8]))
-    result = ModelRunnerOutput([50, 60, 70], [{50: -0.5, 9: -1.5}, None, {70: -0.25}])
-    assert sched.update(sched.schedule(), result) == [EngineCoreOutput("a", [50], [{50: -0.5, 9: -1.5}], None, 0),
-                                                      EngineCoreOutput("b", [60], None, None, 4),
-                                                      EngineCoreOutput("c", [70], [{70: -0.25}], None, 0)]
+    # a drew its second most likely token; b asked for no logprobs; c for no alternatives
+    a_logprobs, c_logprobs = TokenLogprobs([50, 9], [-1.5, -0.5], 2), TokenLogprobs([70], [-0.25], 1)
+    result = ModelRunnerOutput([50, 60, 70], [a_logprobs, None, c_logprobs])
+    # b found the block [2, 3, 4, 5] that a registered when it was admitted just before
+    assert sched.update(sched.schedule(), result) == [
+        EngineCoreOutput("a", [50], [a_logprobs], num_cached_tokens=0),
+        EngineCoreOutput("b", [60], None, num_cached_tokens=4),
+        EngineCoreOutput("c", [70], [c_logprobs], num_cached_tokens=0)]
 
 
 def test_update_finishes_on_eos_and_frees_blocks():
@@ -518,3 +522,119 @@ def test_penalty_steps_carry_every_sampling_request_prompt_and_completion():
     assert step(sched).penalty_token_ids == [([2, 3], [50, 51]), ([4, 5], [50, 61])]
     sched.abort(["p"])
     assert step(sched).penalty_token_ids is None
+
+
+# ---- stop reasons, prompt logprobs and counters ----
+
+
+def test_stop_reason_is_the_stop_token_id_and_none_for_eos():
+    sched = make_scheduler()
+    add_all(sched, make_req("a", [2, 3], stop_token_ids=[9]), make_req("b", [4, 5], stop_token_ids=[9]),
+            make_req("c", [6, 7], stop_token_ids=[9], min_tokens=2))
+    outputs = read_back(sched, sched.schedule(), 9, EOS, 9)
+    # c's stop token comes before its min_tokens: it goes on, with no reason
+    assert [(o.request_id, o.finish_reason, o.stop_reason) for o in outputs] == [
+        ("a", "stop", 9), ("b", "stop", None), ("c", None, None)]
+
+
+def test_a_request_with_prompt_logprobs_gets_no_prefix_cache_hit():
+    sched = make_scheduler()
+    prompt = list(range(2, 11))  # two full blocks and one token
+    sched.add_request(make_req("a", prompt))
+    step(sched)
+    scored, plain = add_all(sched, make_req("scored", prompt, prompt_logprobs=0), make_req("plain", prompt))
+    assert sched.block_manager.cached_prefix(scored) != []  # its prefix is there to take
+    out = sched.schedule()
+    # every prompt position's logits are needed: "scored" computes all 9 tokens, "plain" only the last
+    assert out.req_ids == ["scored", "plain"] and out.num_computed_tokens == [0, 8]
+    assert (scored.num_cached_tokens, plain.num_cached_tokens) == (0, 8)
+
+
+def test_prompt_chunks_score_the_positions_before_each_next_prompt_token_once():
+    sched = chunked_scheduler(max_num_batched_tokens=5)
+    sched.add_request(make_req("d", [2]))
+    step(sched)
+    prompt = list(range(10, 20))
+    sched.add_request(make_req("a", prompt, prompt_logprobs=2))
+    # d's decode goes first each step; a's prompt comes in chunks of 4, 4 and 2 at batch index 1. The last
+    # prompt position samples the first completion token, so it is not scored.
+    scorings = [step(sched).prompt_scoring for _ in range(3)]
+    assert scorings == [[PromptScoring("a", 1, 0, 2, prompt[1:5])], [PromptScoring("a", 1, 0, 2, prompt[5:9])],
+                        [PromptScoring("a", 1, 0, 2, prompt[9:])]]
+    assert step(sched).prompt_scoring == []  # decodes score nothing
+
+
+def test_a_recompute_after_preemption_scores_no_prompt_position_twice():
+    # as in the chunked-prefill preemption above: c is preempted after a first chunk of 7 tokens
+    sched = chunked_scheduler(num_blocks=6)
+    a = make_req("a", [2, 3, 4])
+    sched.add_request(a)
+    step(sched)
+    prompt = list(range(10, 30))
+    c = make_req("c", prompt, prompt_logprobs=1)
+    sched.add_request(c)
+    out = step(sched)
+    assert out.num_scheduled_tokens == [1, 7] and out.prompt_scoring == [PromptScoring("c", 1, 0, 1, prompt[1:8])]
+    out = sched.schedule()
+    assert out.req_ids == ["a"] and list(sched.waiting) == [c] and out.prompt_scoring == []
+    read_back(sched, out, 50)
+    sched.abort(["a"])
+    # the recompute starts again at position 0, nothing coming from the cache, but scores from position 7 on
+    out = step(sched)
+    assert out.num_computed_tokens == [0] and out.num_scheduled_tokens == [8]
+    assert out.prompt_scoring == [PromptScoring("c", 0, 7, 1, [prompt[8]])]
+    targets = [prompt[8]]
+    while not out.samples[0]:
+        out = step(sched)
+        targets += [t for scoring in out.prompt_scoring for t in scoring.target_ids]
+    assert prompt[1:8] + targets == prompt[1:]
+
+
+def test_update_reports_the_prompt_logprobs_of_a_chunk_that_samples_nothing_without_a_token():
+    sched = chunked_scheduler(max_num_batched_tokens=4)
+    sched.add_request(make_req("d", [2]))
+    step(sched)
+    sched.add_request(make_req("a", [10, 11, 12, 13, 14], prompt_logprobs=0))
+    # d decodes; a's first chunk [10, 11, 12] scores the positions before 11, 12 and 13 and samples nothing
+    out = sched.schedule()
+    assert out.sampled_req_ids == ["d"]
+    first = [TokenLogprobs([11], [-1.0], 2), TokenLogprobs([12], [-0.5], 1), TokenLogprobs([13], [-2.0], 5)]
+    assert sched.update(out, ModelRunnerOutput([60], None, {"a": first})) == [
+        EngineCoreOutput("d", [60]), EngineCoreOutput("a", [], new_prompt_logprobs=first)]
+    # a's last chunk [13, 14] scores the position before 14 and samples: both come in one output
+    out = sched.schedule()
+    assert out.sampled_req_ids == ["d", "a"]
+    last = [TokenLogprobs([14], [-0.25], 1)]
+    assert sched.update(out, ModelRunnerOutput([61, 70], None, {"a": last})) == [
+        EngineCoreOutput("d", [61]), EngineCoreOutput("a", [70], new_prompt_logprobs=last)]
+
+
+def test_stats_count_prefix_cache_queries_and_hits_and_preemptions():
+    sched = make_scheduler(num_blocks=4)
+    _, b = add_all(sched, make_req("a", [2, 3, 4, 5, 6]), make_req("b", [2, 3, 4, 5, 7]))
+    step(sched)
+    # both prompts were looked up, 5 tokens each; b found a's first block
+    assert sched.stats() == EngineStats(num_running=2, num_waiting=0, kv_cache_usage=0.75, prefix_cache_queries=10,
+                                        prefix_cache_hits=4, num_preemptions=0)
+    # three decodes bring each to 9 tokens; the fourth needs a third block each, and one is left
+    for _ in range(3):
+        step(sched)
+    assert step(sched).req_ids == ["a"] and list(sched.waiting) == [b]
+    assert sched.stats() == EngineStats(num_running=1, num_waiting=1, kv_cache_usage=0.75, prefix_cache_queries=10,
+                                        prefix_cache_hits=4, num_preemptions=1)
+    # b's recompute looks up its 9 tokens and finds both its full blocks still cached
+    sched.abort(["a"])
+    out = sched.schedule()
+    assert out.req_ids == ["b"] and out.num_computed_tokens == [8]
+    stats = sched.stats()
+    assert (stats.prefix_cache_queries, stats.prefix_cache_hits, stats.num_preemptions) == (19, 12, 1)
+
+
+def test_a_request_that_skips_the_prefix_cache_is_no_query():
+    sched = make_scheduler()
+    prompt = list(range(2, 11))
+    sched.add_request(make_req("a", prompt))
+    step(sched)
+    sched.add_request(make_req("s", prompt, prompt_logprobs=0))
+    sched.schedule()
+    assert (sched.stats().prefix_cache_queries, sched.stats().prefix_cache_hits) == (9, 0)

@@ -35,7 +35,7 @@ def random_prompts(seed=0):
 
 
 def token_ids(outputs):
-    return [o["token_ids"] for o in outputs]
+    return [o.outputs[0].token_ids for o in outputs]
 
 
 def free_port() -> int:
@@ -97,7 +97,7 @@ class TestTwoRanks:
     def test_a_second_split_engine_in_the_same_process_is_refused(self, qwen3_dir, tp_qwen3):
         with pytest.raises(RuntimeError, match="another engine with tensor_parallel_size > 1 is running"):
             LLM(qwen3_dir, tensor_parallel_size=2, **ENGINE)
-        assert len(tp_qwen3.generate([[5]], GREEDY, use_tqdm=False)[0]["token_ids"]) == GREEDY.max_tokens
+        assert len(tp_qwen3.generate([[5]], GREEDY, use_tqdm=False)[0].outputs[0].token_ids) == GREEDY.max_tokens
 
     def test_two_all_reduces_per_layer_and_one_gather(self, tp_qwen3, monkeypatch):
         calls = {"all_reduce": 0, "gather": 0}
@@ -220,7 +220,7 @@ def test_two_engines_side_by_side_and_workers_exit_with_their_killed_caller(qwen
         llm = LLM(qwen3_dir, tensor_parallel_size=2, **ENGINE)
         runner = llm.engine_core.model_runner
         assert (runner.port, runner.channel.name) != (other["port"], other["segment"])
-        assert len(llm.generate([[5, 6]], GREEDY, use_tqdm=False)[0]["token_ids"]) == GREEDY.max_tokens
+        assert len(llm.generate([[5, 6]], GREEDY, use_tqdm=False)[0].outputs[0].token_ids) == GREEDY.max_tokens
         llm.close()
     finally:
         caller.kill()

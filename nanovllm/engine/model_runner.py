@@ -1,5 +1,6 @@
 """Runs the model for one rank: builds it, sizes the KV cache, launches each step and its sampling."""
 
+import os
 from itertools import accumulate, chain
 
 import torch
@@ -8,11 +9,11 @@ import torch.distributed as dist
 from nanovllm.config import Config
 from nanovllm.engine.cuda_graphs import DecodeGraphs
 from nanovllm.engine.decode_buffers import DecodeBuffers
-from nanovllm.engine.runner_output import PendingOutput
+from nanovllm.engine.runner_output import PendingOutput, PromptScores
 from nanovllm.engine.sampling_batch import sampling_tensors
 from nanovllm.engine.scheduler_output import PLACEHOLDER, SchedulerOutput
 from nanovllm.layers.attention import Attention, make_attention_backend
-from nanovllm.layers.sampler import Sampler, SamplingTensors
+from nanovllm.layers.sampler import Sampler, SamplingTensors, token_logprobs
 from nanovllm.models import model_class
 from nanovllm.sampling_params import SamplingParams
 from nanovllm.utils.context import Context, forward_context
@@ -21,6 +22,20 @@ from nanovllm.utils.parallel import (all_ranks_min, destroy_process_group, init_
                                      tensor_parallel)
 
 _GIB = 1 << 30
+_PROMPT_SCORING_ROWS = 256  # prompt positions whose full-vocabulary logits are held at once
+_CPU_KV_CACHE_SHARE = 0.9  # of the available memory; the rest is headroom for activations
+
+
+def available_memory_bytes() -> int:
+    """Memory a new allocation can take without swapping: MemAvailable from /proc/meminfo, else the free
+    physical pages os.sysconf reports (all physical pages where it cannot tell which are free)."""
+    if os.path.exists("/proc/meminfo"):
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    pages = "SC_AVPHYS_PAGES" if "SC_AVPHYS_PAGES" in os.sysconf_names else "SC_PHYS_PAGES"
+    return os.sysconf(pages) * os.sysconf("SC_PAGE_SIZE")
 
 
 class ModelRunner:
@@ -120,9 +135,24 @@ class ModelRunner:
         itemsize = torch.empty((), dtype=self.dtype).element_size()
         return 2 * hf.num_hidden_layers * self.block_size * attn.num_kv_heads * attn.head_dim * itemsize
 
+    def _cpu_blocks_that_fit(self, block_bytes: int) -> int:
+        config = self.config
+        num_blocks = int(config.cpu_kvcache_gb * _GIB) // block_bytes
+        cache_bytes = min(num_blocks, config.max_num_seqs * config.max_blocks_per_seq) * block_bytes
+        available = available_memory_bytes()
+        allowed = _CPU_KV_CACHE_SHARE * available
+        if cache_bytes > allowed:
+            raise ValueError(
+                f"a {cache_bytes / _GIB:.3g} GiB KV cache (cpu_kvcache_gb={config.cpu_kvcache_gb}) does not fit in "
+                f"memory: {available / _GIB:.3g} GiB is available and the cache may take at most "
+                f"{_CPU_KV_CACHE_SHARE:.0%} of it ({allowed / _GIB:.3g} GiB), leaving the rest for activations; "
+                f"lower cpu_kvcache_gb (or set num_kvcache_blocks)"
+            )
+        return num_blocks
+
     def _num_blocks_that_fit(self, block_bytes: int) -> int:
         if self.device.type == "cpu":
-            return int(self.config.cpu_kvcache_gb * _GIB) // block_bytes
+            return self._cpu_blocks_that_fit(block_bytes)
         free, total = torch.cuda.mem_get_info(self.device)
         stats = torch.cuda.memory_stats(self.device)
         used_elsewhere = total - free
@@ -181,8 +211,9 @@ class ModelRunner:
         rows = self._last_sampled_rows
         return [rows[req_id] if ids[-1] == PLACEHOLDER else -1 for req_id, ids in zip(out.req_ids, out.token_ids)]
 
-    def _run_varlen(self, out: SchedulerOutput) -> torch.Tensor:
-        """Prompt chunks and any decodes beside them, packed; hidden states of the rows that sample."""
+    def _run_varlen(self, out: SchedulerOutput) -> tuple[torch.Tensor, list[int]]:
+        """Prompt chunks and any decodes beside them, packed: hidden states of every token, and where
+        each request's tokens start (cumulative query lengths)."""
         seqlens_q = out.num_scheduled_tokens
         seqlens_k = [start + n for start, n in zip(out.num_computed_tokens, seqlens_q)]
         positions, slots, src_rows = [], [], []
@@ -210,8 +241,26 @@ class ModelRunner:
         with forward_context(context):
             hidden_states = self._forward(input_ids, self._to_device(src_rows, torch.int64),
                                           self._to_device(positions, torch.int64))
-        sampling_rows = [cu_q[i + 1] - 1 for i, samples in enumerate(out.samples) if samples]
-        return hidden_states[self._to_device(sampling_rows, torch.int64)]
+        return hidden_states, cu_q
+
+    def _score_prompts(self, out: SchedulerOutput, hidden_states: torch.Tensor,
+                       cu_q: list[int]) -> PromptScores | None:
+        """Log-probabilities of the prompt tokens that follow the positions `out.prompt_scoring` asks for,
+        scored from this step's hidden states a slice of rows at a time (full-vocabulary logits of a
+        whole chunk would not fit); None on ranks other than 0."""
+        jobs = out.prompt_scoring
+        rows = self._to_device([cu_q[job.index] + job.offset + j for job in jobs for j in range(len(job.target_ids))],
+                               torch.int64)
+        targets = self._to_device([t for job in jobs for t in job.target_ids], torch.int64)
+        k = max(job.num_logprobs for job in jobs)
+        parts = []
+        for start in range(0, rows.numel(), _PROMPT_SCORING_ROWS):
+            logits = self.model.compute_logits(hidden_states[rows[start: start + _PROMPT_SCORING_ROWS]])
+            if self.rank == 0:
+                parts.append(token_logprobs(logits, targets[start: start + _PROMPT_SCORING_ROWS], k))
+        if self.rank != 0:
+            return None
+        return PromptScores(jobs, *(torch.cat(tensors) for tensors in zip(*parts)))
 
     def decode_size(self, num_seqs: int) -> int:
         """Rows a decode step of `num_seqs` runs: a captured graph's size, or exactly `num_seqs` when eager."""
@@ -234,21 +283,31 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> PendingOutput | None:
         """Launch one step without waiting for the device. Rank 0 returns the handle of the ids sampled
-        for `out.sampled_req_ids`; other ranks, and a step where no request samples, return None."""
-        hidden_states = self._run_decode(out) if out.is_decode else self._run_varlen(out)
+        for `out.sampled_req_ids` and of the prompt logprobs asked for; other ranks, and a step that
+        samples and scores nothing, return None."""
+        prompt_scores = None
+        if out.is_decode:
+            hidden_states = self._run_decode(out)
+        else:
+            hidden_states, cu_q = self._run_varlen(out)
+            if out.prompt_scoring:
+                prompt_scores = self._score_prompts(out, hidden_states, cu_q)
+            sampling_rows = [cu_q[i + 1] - 1 for i, samples in enumerate(out.samples) if samples]
+            hidden_states = hidden_states[self._to_device(sampling_rows, torch.int64)]
         num_sampled = len(out.sampled_req_ids)
-        pending = None
+        sampled = None
         if num_sampled:
             logits = self.model.compute_logits(hidden_states)  # every rank joins the gather to rank 0
             if self.rank == 0:
                 tensors = sampling_tensors(out, logits.shape[-1], self.eos_token_ids, self._to_device)
                 sampled = self.sampler(logits, tensors)
                 self.last_sampled[:num_sampled].copy_(sampled.token_ids)
-                pending = PendingOutput(sampled, [p.logprobs for p in out.sampling_params])
             if self.world_size > 1:
                 dist.broadcast(self.last_sampled[:num_sampled], src=0)
         self._last_sampled_rows = {req_id: row for row, req_id in enumerate(out.sampled_req_ids)}
-        return pending
+        if self.rank != 0 or (sampled is None and prompt_scores is None):
+            return None
+        return PendingOutput(sampled, [p.logprobs for p in out.sampling_params], prompt_scores)
 
     def close(self) -> None:
         """Leave the tensor-parallel group (a no-op with one rank)."""

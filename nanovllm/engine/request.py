@@ -26,11 +26,13 @@ class Request:
     step; a step computes positions `num_computed_tokens` onwards, or a first
     chunk of them, and samples when it reaches `num_tokens`.
     `num_cached_tokens` is how many prompt tokens the prefix cache supplied at
-    the last admission.
+    the last admission. `num_prompt_scored` counts the prompt positions whose
+    next-token log-probabilities were computed (for prompt logprobs).
     """
 
     __slots__ = ("request_id", "params", "block_size", "status", "token_ids", "num_prompt_tokens", "num_tokens",
-                 "num_placeholders", "num_computed_tokens", "num_cached_tokens", "block_table", "finish_reason")
+                 "num_placeholders", "num_computed_tokens", "num_cached_tokens", "num_prompt_scored", "block_table",
+                 "finish_reason")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, block_size: int):
         self.request_id = request_id
@@ -43,6 +45,7 @@ class Request:
         self.num_placeholders = 0
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
+        self.num_prompt_scored = 0
         self.block_table: list[int] = []
         self.finish_reason: str | None = None
 

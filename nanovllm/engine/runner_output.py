@@ -1,18 +1,39 @@
 """What the model runner gives back for one step, and the handle that waits for it."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from nanovllm.engine.messages import TokenLogprobs
+from nanovllm.engine.scheduler_output import PromptScoring
 from nanovllm.layers.sampler import SamplerOutput
 
 
 @dataclass
 class ModelRunnerOutput:
-    """Per request that sampled, in batch order: its new token id and, where asked for, its logprobs."""
+    """Per request that sampled, in batch order: its new token id and, where asked for, its logprobs;
+    per request that scored prompt positions, their logprobs in position order."""
 
     sampled_token_ids: list[int]
-    logprobs: list[dict[int, float] | None] | None = None
+    logprobs: list[TokenLogprobs | None] | None = None
+    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+
+
+@dataclass
+class PromptScores:
+    """The scored prompt positions of one step, all jobs' rows one after another, on the device."""
+
+    jobs: list[PromptScoring]
+    token_ids: torch.Tensor   # [rows, 1 + k]: the actual next token, then the top k
+    logprobs: torch.Tensor    # [rows, 1 + k]
+    ranks: torch.Tensor       # [rows]
+
+
+def _entries(ids: list[list[int]], values: list[list[float]], ranks: list[int],
+             counts: list[int | None]) -> list[TokenLogprobs | None]:
+    """One TokenLogprobs per row, cut to the row's own number of alternatives (None: no entry)."""
+    return [None if k is None else TokenLogprobs(row_ids[: 1 + k], row_values[: 1 + k], rank)
+            for k, row_ids, row_values, rank in zip(counts, ids, values, ranks)]
 
 
 class PendingOutput:
@@ -20,31 +41,47 @@ class PendingOutput:
 
     The copies to (pinned) host memory are queued behind the step on its stream
     and an event marks their end, so `result()` waits for this step alone and
-    never for work launched after it.
+    never for work launched after it. Tensors are fresh outputs of this step:
+    nothing launched later writes them.
     """
 
-    def __init__(self, output: SamplerOutput, logprob_counts: list[int | None]):
-        # the sampler's fresh tensors: nothing launched later writes them
-        self._token_ids = output.token_ids.to("cpu", non_blocking=True)
-        self._logprob_ids = self._logprobs = None
-        if output.logprobs is not None:
-            self._logprob_ids = output.logprob_token_ids.to("cpu", non_blocking=True)
-            self._logprobs = output.logprobs.to("cpu", non_blocking=True)
+    def __init__(self, sampled: SamplerOutput | None, logprob_counts: list[int | None],
+                 prompt_scores: PromptScores | None = None):
+        host = lambda t: None if t is None else t.to("cpu", non_blocking=True)
+        self._token_ids = host(sampled.token_ids) if sampled is not None else None
+        self._logprobs = None
+        if sampled is not None and sampled.logprobs is not None:
+            self._logprobs = (host(sampled.logprob_token_ids), host(sampled.logprobs), host(sampled.ranks))
         self._logprob_counts = logprob_counts
+        self._prompt = None
+        if prompt_scores is not None:
+            self._prompt = (prompt_scores.jobs, host(prompt_scores.token_ids), host(prompt_scores.logprobs),
+                            host(prompt_scores.ranks))
         self._event = None
-        if output.token_ids.is_cuda:
+        if (sampled.token_ids if sampled is not None else prompt_scores.token_ids).is_cuda:
             self._event = torch.cuda.Event()
             self._event.record()
 
     def result(self) -> ModelRunnerOutput:
-        """Wait for the copies, then the token ids and logprob dicts as Python values."""
+        """Wait for the copies, then the token ids and logprobs as Python values."""
         if self._event is not None:
             self._event.synchronize()
-        return ModelRunnerOutput(self._token_ids.tolist(), self._logprob_dicts())
+        token_ids = [] if self._token_ids is None else self._token_ids.tolist()
+        logprobs = None
+        if self._logprobs is not None:
+            ids, values, ranks = (t.tolist() for t in self._logprobs)
+            logprobs = _entries(ids, values, ranks, self._logprob_counts)
+        return ModelRunnerOutput(token_ids, logprobs, self._prompt_logprobs())
 
-    def _logprob_dicts(self) -> list[dict[int, float] | None] | None:
-        if self._logprobs is None:
-            return None
-        ids, values = self._logprob_ids.tolist(), self._logprobs.tolist()
-        return [None if k is None else dict(zip(row_ids[: 1 + k], row_values[: 1 + k]))
-                for k, row_ids, row_values in zip(self._logprob_counts, ids, values)]
+    def _prompt_logprobs(self) -> dict[str, list[TokenLogprobs]]:
+        if self._prompt is None:
+            return {}
+        jobs, ids, values, ranks = self._prompt
+        ids, values, ranks = ids.tolist(), values.tolist(), ranks.tolist()
+        scores, row = {}, 0
+        for job in jobs:
+            n = len(job.target_ids)
+            scores[job.request_id] = _entries(ids[row: row + n], values[row: row + n], ranks[row: row + n],
+                                              [job.num_logprobs] * n)
+            row += n
+        return scores

@@ -49,16 +49,21 @@ def sampling_tensors(out: SchedulerOutput, vocab_size: int, eos_token_ids: tuple
     """The step's sampling settings as tensors; None when every row is plain greedy (the fast path)."""
     params = out.sampling_params
     banned = _banned_tokens(out, eos_token_ids)
+    biases = [(row, token_id, bias) for row, p in enumerate(params) if p.logit_bias
+              for token_id, bias in p.logit_bias.items()]
     sampled = [p for p in params if not p.is_greedy]
     wants_logprobs = [p.logprobs for p in params if p.logprobs is not None]
     has_penalties = out.penalty_token_ids is not None
-    if not (sampled or banned or wants_logprobs or has_penalties):
+    if not (sampled or banned or biases or wants_logprobs or has_penalties):
         return None
     tensors = SamplingTensors(
         penalties=_penalty_tensors(out, vocab_size, to_device) if has_penalties else None,
         banned=to_device(banned, torch.int64).T if banned else None,
         num_logprobs=max(wants_logprobs) if wants_logprobs else None,
     )
+    if biases:
+        tensors.bias_index = to_device([(row, token_id) for row, token_id, _ in biases], torch.int64).T
+        tensors.bias_values = to_device([bias for _, _, bias in biases], torch.float32)
     if not sampled:
         return tensors
     tensors.temperatures = to_device([p.temperature for p in params], torch.float32)

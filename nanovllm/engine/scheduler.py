@@ -20,7 +20,7 @@ from nanovllm.engine.block_manager import BlockManager
 from nanovllm.engine.messages import EngineCoreOutput, EngineStats
 from nanovllm.engine.request import Request, RequestStatus
 from nanovllm.engine.runner_output import ModelRunnerOutput
-from nanovllm.engine.scheduler_output import SchedulerOutput
+from nanovllm.engine.scheduler_output import PromptScoring, SchedulerOutput
 from nanovllm.engine.stop_checker import StopChecker
 
 
@@ -41,6 +41,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: deque[Request] = deque()
+        self.prefix_cache_queries = self.prefix_cache_hits = self.num_preemptions = 0
 
     def has_requests(self) -> bool:
         return bool(self.requests)
@@ -64,7 +65,8 @@ class Scheduler:
 
     def stats(self) -> EngineStats:
         bm = self.block_manager
-        return EngineStats(len(self.running), len(self.waiting), 1.0 - bm.num_free_blocks / len(bm.blocks))
+        return EngineStats(len(self.running), len(self.waiting), 1.0 - bm.num_free_blocks / len(bm.blocks),
+                           self.prefix_cache_queries, self.prefix_cache_hits, self.num_preemptions)
 
     def schedule(self) -> SchedulerOutput:
         """Pick the next step. It is empty only when every live request waits for a token in flight."""
@@ -90,7 +92,8 @@ class Scheduler:
             req = self.waiting[0]
             if req.num_placeholders:
                 break  # preempted with a token in flight: its recompute waits until that token is known
-            hits = self.block_manager.cached_prefix(req)
+            # prompt logprobs need the logits of every prompt position: nothing comes from the cache
+            hits = [] if req.params.prompt_logprobs is not None else self.block_manager.cached_prefix(req)
             num_cached = len(hits) * self.block_manager.block_size
             n = req.num_tokens - num_cached
             if self.chunked_prefill:
@@ -98,6 +101,9 @@ class Scheduler:
             if n > budget or not self.block_manager.can_allocate(req, hits):
                 break
             self.block_manager.allocate(req, hits, num_cached + n)
+            if req.params.prompt_logprobs is None:
+                self.prefix_cache_queries += req.num_tokens
+                self.prefix_cache_hits += num_cached
             budget -= n
             req.status = RequestStatus.RUNNING
             self.waiting.popleft()
@@ -140,6 +146,7 @@ class Scheduler:
         req.status = RequestStatus.WAITING
         self.block_manager.deallocate(req)
         self.waiting.appendleft(req)
+        self.num_preemptions += 1
 
     def _advance(self, reqs: list[Request], counts: list[int]) -> SchedulerOutput:
         """The step's lists; each request's chunk counts as computed, and one that samples gains a placeholder."""
@@ -152,6 +159,8 @@ class Scheduler:
             out.token_ids.append(req.chunk_token_ids(n))
             out.num_computed_tokens.append(req.num_computed_tokens)
             out.block_tables.append(req.block_table)
+            if req.params.prompt_logprobs is not None:
+                self._score_prompt(req, n, len(out.req_ids) - 1, out)
             req.num_computed_tokens += n
             samples = req.num_computed_tokens == req.num_tokens
             out.samples.append(samples)
@@ -165,6 +174,17 @@ class Scheduler:
                 req.add_placeholder()
         return out
 
+    @staticmethod
+    def _score_prompt(req: Request, n: int, index: int, out: SchedulerOutput) -> None:
+        """Ask for the log-probabilities of the prompt tokens that follow this chunk's positions, those
+        not scored before (a recompute after preemption scores nothing twice)."""
+        start = req.num_computed_tokens
+        first, end = max(start, req.num_prompt_scored), min(start + n, req.num_prompt_tokens - 1)
+        if end > first:
+            out.prompt_scoring.append(PromptScoring(req.request_id, index, first - start, req.params.prompt_logprobs,
+                                                    req.token_ids[first + 1 : end + 1]))
+            req.num_prompt_scored = end
+
     def update(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
         """Confirm the tokens a finished step sampled; finish and free the requests that are done.
 
@@ -173,6 +193,7 @@ class Scheduler:
         """
         outputs = []
         logprobs = result.logprobs
+        prompt_logprobs = dict(result.prompt_logprobs)
         for i, (request_id, token_id) in enumerate(zip(out.sampled_req_ids, result.sampled_token_ids)):
             req = self.requests.get(request_id)
             if req is None:
@@ -181,8 +202,13 @@ class Scheduler:
             reason = self.stop_checker.finish_reason(req)
             if reason is not None:
                 self._finish(req, reason)
+            stop_reason = token_id if reason == "stop" and token_id in req.params.stop_token_ids else None
             new_logprobs = None if logprobs is None or logprobs[i] is None else [logprobs[i]]
-            outputs.append(EngineCoreOutput(request_id, [token_id], new_logprobs, reason, req.num_cached_tokens))
+            outputs.append(EngineCoreOutput(request_id, [token_id], new_logprobs, reason, stop_reason,
+                                            req.num_cached_tokens, prompt_logprobs.pop(request_id, None)))
+        # prompt chunks that scored positions without reaching the prompt's end
+        outputs += [EngineCoreOutput(request_id, [], new_prompt_logprobs=scores)
+                    for request_id, scores in prompt_logprobs.items() if request_id in self.requests]
         return outputs
 
     def _finish(self, req: Request, reason: str) -> None:

@@ -10,6 +10,19 @@ PLACEHOLDER = -1
 
 
 @dataclass
+class PromptScoring:
+    """Prompt positions of one scheduled request whose next-token log-probabilities are asked for: the
+    chunk's positions `offset` onwards, one per entry of `target_ids` (the prompt token that follows
+    each), with the top `num_logprobs` alternatives."""
+
+    request_id: str
+    index: int          # the request's place in the batch
+    offset: int
+    num_logprobs: int
+    target_ids: list[int]
+
+
+@dataclass
 class SchedulerOutput:
     """One step: which requests run, which of their tokens, and which of them sample.
 
@@ -22,6 +35,7 @@ class SchedulerOutput:
     came before the one drawn now (placeholders included). `penalty_token_ids`
     holds each sampling request's (prompt, completion) ids when some of them
     have penalties; such steps are scheduled only once every token is confirmed.
+    `prompt_scoring` lists the prompt positions to score for prompt logprobs.
 
     The lists are built for this step and read during `execute` only.
     """
@@ -35,6 +49,7 @@ class SchedulerOutput:
     sampling_params: list[SamplingParams] = field(default_factory=list)
     num_output_tokens: list[int] = field(default_factory=list)
     penalty_token_ids: list[tuple[list[int], list[int]]] | None = None
+    prompt_scoring: list[PromptScoring] = field(default_factory=list)
 
     @property
     def num_scheduled_tokens(self) -> list[int]:
@@ -52,4 +67,4 @@ class SchedulerOutput:
     def without_sampling(self) -> "SchedulerOutput":
         """The same step less what only the sampling rank reads (settings and penalty tokens)."""
         return SchedulerOutput(self.req_ids, self.token_ids, self.num_computed_tokens, self.block_tables,
-                               self.samples, self.sampled_req_ids)
+                               self.samples, self.sampled_req_ids, prompt_scoring=self.prompt_scoring)

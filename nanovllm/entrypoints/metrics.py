@@ -1,14 +1,40 @@
-"""Prometheus metrics of the server: load, KV-cache use, token counts and latencies."""
+"""Prometheus metrics of the server: load, KV-cache use, prefix cache, preemptions, tokens and latencies.
+
+Names and types follow vLLM's (`vllm:` becomes `nanovllm:`), so a vLLM Grafana
+dashboard works once its prefix is changed.
+"""
 
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 
 from nanovllm.frontend.online_engine import OnlineEngine
-from nanovllm.frontend.output_processor import RequestOutput
+from nanovllm.outputs import RequestOutput
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                     2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+class _EngineCounters:
+    """Counters the engine core keeps since start-up, read at each scrape."""
+
+    def __init__(self, engine: OnlineEngine, model_name: str):
+        self.engine = engine
+        self.model_name = model_name
+
+    def collect(self):
+        stats = self.engine.stats()
+        for name, doc, value in (
+                ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", stats.prefix_cache_queries),
+                ("prefix_cache_hits", "Prompt tokens the prefix cache held.", stats.prefix_cache_hits),
+                ("num_preemptions", "Requests preempted (their KV blocks freed, to be recomputed).",
+                 stats.num_preemptions)):
+            family = CounterMetricFamily(f"nanovllm:{name}", doc, labels=["model_name"])
+            family.add_metric([self.model_name], value)
+            yield family
 
 
 class ServerMetrics:
@@ -31,9 +57,12 @@ class ServerMetrics:
                          buckets=_LATENCY_BUCKETS)
         self.itl = make(Histogram, "inter_token_latency_seconds", "Time between successive tokens of a request.",
                         buckets=_LATENCY_BUCKETS)
+        self.e2e = make(Histogram, "e2e_request_latency_seconds", "Time from arrival to the last token.",
+                        buckets=_REQUEST_BUCKETS)
         self.model_name = model_name
         self.finished = Counter("nanovllm:request_success", "Finished requests by finish reason.",
                                 labelnames=["model_name", "finished_reason"], registry=self.registry)
+        self.registry.register(_EngineCounters(engine, model_name))
 
     def render(self) -> bytes:
         """The text exposition format, with the engine's load read now."""
@@ -54,18 +83,21 @@ class RequestTimer:
         metrics.prompt_tokens.inc(num_prompt_tokens)
 
     def observe(self, output: RequestOutput) -> None:
-        """Record an output: its tokens, TTFT or inter-token latency, and how it finished."""
+        """Record an output: its tokens, TTFT or inter-token latency, and how the request finished."""
         now = time.perf_counter()
-        if output.token_ids:
-            self.metrics.generation_tokens.inc(len(output.token_ids))
+        num_tokens = sum(len(c.token_ids) for c in output.outputs)
+        if num_tokens:
+            self.metrics.generation_tokens.inc(num_tokens)
             if self.last is None:
                 self.metrics.ttft.observe(now - self.start)
             else:
-                self.metrics.itl.observe((now - self.last) / len(output.token_ids))
+                self.metrics.itl.observe(now - self.last)
             self.last = now
         if output.finished:
-            self.finish(output.finish_reason)
+            reasons = [c.finish_reason for c in output.outputs if c.finish_reason]
+            self.finish(reasons[0] if reasons else "stop")
 
     def finish(self, reason: str) -> None:
-        """Count the request as finished for `reason`."""
+        """Count the request as finished for `reason`, with its end-to-end latency."""
+        self.metrics.e2e.observe(time.perf_counter() - self.start)
         self.metrics.finished.labels(self.metrics.model_name, reason).inc()

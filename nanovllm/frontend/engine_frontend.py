@@ -1,15 +1,30 @@
 """What every front end holds: the config, the tokenizer, an engine client and the two processors."""
 
+from dataclasses import replace
 from itertools import count
+
+from transformers import PreTrainedTokenizerBase
 
 from nanovllm.config import Config
 from nanovllm.engine.engine_client import EngineClient
 from nanovllm.engine.engine_core import EngineCore
 from nanovllm.engine.messages import EngineCoreRequest
-from nanovllm.frontend.input_processor import InputProcessor, Prompt
-from nanovllm.frontend.output_processor import OutputProcessor, RequestState
+from nanovllm.frontend.input_processor import InputProcessor, ProcessedPrompt, Prompt
+from nanovllm.frontend.output_processor import OutputProcessor, ParentRequest, RequestState
 from nanovllm.frontend.tokenizer import eos_token_ids, load_tokenizer
 from nanovllm.sampling_params import SamplingParams
+
+
+def completion_params(params: SamplingParams, index: int) -> SamplingParams:
+    """The settings of completion `index` of a request: one completion each, seed + index when seeded,
+    logprobs computed when a best_of ranking needs them, prompt logprobs by the first only."""
+    if params.num_completions == 1:
+        return params
+    ranks = params.num_completions > params.n
+    return replace(params, n=1, best_of=None,
+                   seed=None if params.seed is None else params.seed + index,
+                   logprobs=0 if ranks and params.logprobs is None else params.logprobs,
+                   prompt_logprobs=params.prompt_logprobs if index == 0 else None)
 
 
 class EngineFrontend:
@@ -31,20 +46,32 @@ class EngineFrontend:
         self.output_processor = OutputProcessor()
         self._request_ids = count()
 
-    def _check(self, prompt: Prompt, params: SamplingParams) -> EngineCoreRequest:
-        """A checked request with a fresh id; ValueError if it cannot be served."""
-        return self.input_processor.process(str(next(self._request_ids)), prompt, params)
+    def get_tokenizer(self) -> PreTrainedTokenizerBase | None:
+        """The model folder's tokenizer (None with skip_tokenizer_init)."""
+        return self.tokenizer
 
-    def _abort(self, request_id: str) -> RequestState | None:
-        """End a live request with "abort" and drop it in the core; None if it already ended."""
-        state = self.output_processor.finish(request_id, "abort")
-        if state is not None:
-            self.client.abort([request_id])
-        return state
+    def _check(self, prompt: Prompt | ProcessedPrompt,
+               params: SamplingParams) -> tuple[ProcessedPrompt, SamplingParams]:
+        """The checked prompt and settings; ValueError if the request cannot be served."""
+        return self.input_processor.process(prompt, params)
 
-    def _submit(self, request: EngineCoreRequest) -> RequestState:
-        """Hand a checked request to the core; returns its front-end state."""
-        state = RequestState(request.request_id, request.prompt_token_ids, request.sampling_params, self.tokenizer)
-        self.output_processor.add_request(state)
-        self.client.add_request(request)
-        return state
+    def _submit(self, prompt: ProcessedPrompt, params: SamplingParams) -> ParentRequest:
+        """Hand a checked request to the core, one core request per completion; returns its state."""
+        request_id = str(next(self._request_ids))
+        completions = []
+        for index in range(params.num_completions):
+            core_id = request_id if params.num_completions == 1 else f"{index}_{request_id}"
+            completions.append(RequestState(core_id, index, prompt.token_ids, completion_params(params, index),
+                                            self.tokenizer, show_logprobs=params.logprobs is not None))
+        parent = ParentRequest(request_id, prompt.text, prompt.token_ids, params, completions)
+        self.output_processor.add_request(parent)
+        for completion in completions:
+            self.client.add_request(EngineCoreRequest(completion.request_id, prompt.token_ids, completion.params))
+        return parent
+
+    def _abort(self, request_id: str) -> ParentRequest | None:
+        """End a live request with "abort" and drop its completions in the core; None if it already ended."""
+        parent, dropped = self.output_processor.finish(request_id, "abort")
+        if dropped:
+            self.client.abort(dropped)
+        return parent

@@ -7,13 +7,15 @@ import threading
 from nanovllm.engine.engine_client import BackgroundClient
 from nanovllm.engine.messages import EngineStats
 from nanovllm.frontend.engine_frontend import EngineFrontend
-from nanovllm.frontend.input_processor import Prompt
-from nanovllm.frontend.output_processor import RequestOutput, RequestState
+from nanovllm.frontend.input_processor import ProcessedPrompt, Prompt
+from nanovllm.frontend.output_processor import ParentRequest
+from nanovllm.outputs import RequestOutput
 from nanovllm.sampling_params import SamplingParams
 
 
 class RequestStream:
-    """The outputs of one request, in order, the last one finished.
+    """The outputs of one request, in order, the last one finished: RequestOutputs whose completions
+    hold only what is new since the previous output (only the completions that changed).
 
     Iterate it with `for` from a plain thread, or with `async for` when it was
     added from inside an event loop (outputs then arrive through that loop).
@@ -68,15 +70,15 @@ class OnlineEngine(EngineFrontend):
         self._thread = threading.Thread(target=self._handle_outputs, name="nanovllm-outputs", daemon=True)
         self._thread.start()
 
-    def add_request(self, prompt: Prompt, sampling_params: SamplingParams) -> RequestStream:
+    def add_request(self, prompt: Prompt | ProcessedPrompt, sampling_params: SamplingParams) -> RequestStream:
         """Queue a request and return its output stream; ValueError if it cannot be served."""
-        request = self._check(prompt, sampling_params)
-        stream = RequestStream(request.request_id, len(request.prompt_token_ids))
+        prompt, params = self._check(prompt, sampling_params)
         with self._lock:
             if self._stopping:
                 raise RuntimeError("the engine is shut down")
-            self._streams[request.request_id] = stream
-            self._submit(request)
+            parent = self._submit(prompt, params)
+            stream = RequestStream(parent.request_id, len(prompt.token_ids))
+            self._streams[parent.request_id] = stream
         return stream
 
     def abort(self, request_id: str) -> None:
@@ -97,8 +99,8 @@ class OnlineEngine(EngineFrontend):
         self.client.shutdown()
         self._thread.join()
         with self._lock:
-            ended = [self.output_processor.finish(request_id, "abort") for request_id in list(self._streams)]
-            self._deliver([state for state in ended if state is not None])
+            ended = [self.output_processor.finish(request_id, "abort")[0] for request_id in list(self._streams)]
+            self._deliver([parent for parent in ended if parent is not None])
 
     def _handle_outputs(self) -> None:
         while (outputs := self.client.get_outputs()) is not None:
@@ -108,12 +110,14 @@ class OnlineEngine(EngineFrontend):
                     self.client.abort(processed.to_abort)
                 self._deliver(processed.updated)
 
-    def _deliver(self, states: list[RequestState]) -> None:
+    def _deliver(self, parents: list[ParentRequest]) -> None:
         # One wake-up per event loop per step, not one per request.
         by_loop: dict = {}
-        for state in states:
-            output = state.delta()
-            stream = self._streams.pop(state.request_id) if output.finished else self._streams[state.request_id]
+        for parent in parents:
+            output = parent.delta()
+            if output is None:
+                continue
+            stream = self._streams.pop(parent.request_id) if output.finished else self._streams[parent.request_id]
             if stream.loop is None:
                 stream.put(output)
             else:

@@ -1,56 +1,45 @@
-"""The front end's side of each request: text, stop strings and what a stream may show so far."""
+"""The front end's side of each request: text, stop strings, logprobs and what a stream may show so far."""
 
 from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from nanovllm.engine.messages import EngineCoreOutput
+from nanovllm.engine.messages import EngineCoreOutput, TokenLogprobs
 from nanovllm.frontend.detokenizer import IncrementalDetokenizer
+from nanovllm.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from nanovllm.sampling_params import SamplingParams
 
 
-@dataclass
-class RequestOutput:
-    """What a request gained since its previous output: new tokens and text, and whether it is done.
-
-    `finish_reason` is set on the last output: "stop" (an end-of-sequence or stop token, or a stop string), "length"
-    (max_tokens or max_model_len), "abort" (cancelled) or "error" (the step failed).
-    """
-
-    request_id: str
-    token_ids: list[int]
-    text: str
-    num_prompt_tokens: int
-    num_completion_tokens: int
-    finish_reason: str | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
 class RequestState:
-    """One request as the front end sees it: the completion so far as token ids and text.
+    """One completion as the front end sees it: its tokens, text and logprobs so far.
 
     `text` is cut at a stop string once one appears; `stream_text` is what may
-    be shown before the request ends, less a tail that may still turn out to
-    be the start of a stop string.
+    be shown before the completion ends, less a tail that may still turn out
+    to be the start of a stop string. `params` are the completion's own (the
+    core request's); `show_logprobs` says whether the user asked for logprobs
+    (a best_of ranking computes them without showing them).
     """
 
-    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 tokenizer: PreTrainedTokenizerBase | None):
+    def __init__(self, request_id: str, index: int, prompt_token_ids: list[int], params: SamplingParams,
+                 tokenizer: PreTrainedTokenizerBase | None, show_logprobs: bool):
         self.request_id = request_id
-        self.num_prompt_tokens = len(prompt_token_ids)
+        self.index = index
         self.params = params
+        self.tokenizer = tokenizer
         self.detokenizer = None if tokenizer is None else IncrementalDetokenizer(
             tokenizer, prompt_token_ids, params.skip_special_tokens)
         self.token_ids: list[int] = []
-        self.logprobs: list[dict[int, float]] = []
         self.text = ""
+        self.cumulative_logprob: float | None = None if params.logprobs is None else 0.0
+        self.logprobs: list[PositionLogprobs] | None = [] if show_logprobs else None
+        self.prompt_logprobs: list[PositionLogprobs | None] | None = (
+            None if params.prompt_logprobs is None else [None])
         self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
         self.num_cached_tokens = 0
         self._num_sent_tokens = 0
         self._num_sent_chars = 0
+        self._end_sent = False
         # characters a stream holds back: the longest stop string, less one
         self._held = max(map(len, params.stop), default=1) - 1
 
@@ -65,13 +54,12 @@ class RequestState:
         return self.text[: max(len(self.text) - self._held, 0)]
 
     def update(self, output: EngineCoreOutput) -> bool:
-        """Take one step's output from the core; True if a stop string finished the request
+        """Take one step's output from the core; True if a stop string finished the completion
         (which the core does not know about)."""
         self.token_ids += output.new_token_ids
-        if output.new_logprobs:
-            self.logprobs += output.new_logprobs
+        self._add_logprobs(output)
         self.num_cached_tokens = output.num_cached_tokens
-        reason = output.finish_reason
+        reason, self.stop_reason = output.finish_reason, output.stop_reason
         stopped_by_string = False
         if self.detokenizer is not None and output.new_token_ids:
             params = self.params
@@ -80,14 +68,33 @@ class RequestState:
                 new_ids = new_ids[:-1]  # the core stopped on this token: its text stays out
             delta = self.detokenizer.step(new_ids)
             self.text += delta
-            if (reason != "stop" and params.stop and delta and len(self.token_ids) >= params.min_tokens
-                    and self._cut_at_stop_string(len(delta))):
-                reason, stopped_by_string = "stop", True
+            if reason != "stop" and params.stop and delta and len(self.token_ids) >= params.min_tokens:
+                stop = self._cut_at_stop_string(len(delta))
+                if stop is not None:
+                    reason, self.stop_reason, stopped_by_string = "stop", stop, True
         self.finish_reason = reason
         return stopped_by_string
 
-    def _cut_at_stop_string(self, num_new_chars: int) -> bool:
-        """Cut the text at the earliest stop string that the new characters complete; True if one did."""
+    def _add_logprobs(self, output: EngineCoreOutput) -> None:
+        for entry in output.new_logprobs or ():
+            self.cumulative_logprob += entry.logprobs[0]
+            if self.logprobs is not None:
+                self.logprobs.append(self._position(entry))
+        if output.new_prompt_logprobs:
+            self.prompt_logprobs += [self._position(entry) for entry in output.new_prompt_logprobs]
+
+    def _position(self, entry: TokenLogprobs) -> PositionLogprobs:
+        """{token id: Logprob}: the chosen token first with its own rank, then the top alternatives
+        (ranks 1, 2, ...) that are not the chosen one."""
+        decode = (lambda t: None) if self.tokenizer is None else (lambda t: self.tokenizer.decode([t]))
+        chosen, alternatives = entry.token_ids[0], entry.token_ids[1:]
+        position = {chosen: Logprob(entry.logprobs[0], entry.rank, decode(chosen))}
+        for rank, (token_id, logprob) in enumerate(zip(alternatives, entry.logprobs[1:]), start=1):
+            position.setdefault(token_id, Logprob(logprob, rank, decode(token_id)))
+        return position
+
+    def _cut_at_stop_string(self, num_new_chars: int) -> str | None:
+        """Cut the text at the earliest stop string that the new characters complete; returns it, or None."""
         text = self.text
         found = []
         for stop in self.params.stop:
@@ -97,27 +104,86 @@ class RequestState:
             if index >= 0:
                 found.append((index, stop))
         if not found:
-            return False
+            return None
         index, stop = min(found)
         self.text = text[: index + len(stop) if self.params.include_stop_str_in_output else index]
-        return True
+        return stop
 
-    def delta(self) -> RequestOutput:
-        """The tokens and the showable text gained since the previous delta."""
-        text = self.stream_text
-        output = RequestOutput(self.request_id, self.token_ids[self._num_sent_tokens:],
-                               text[self._num_sent_chars:], self.num_prompt_tokens, len(self.token_ids),
-                               self.finish_reason)
-        self._num_sent_tokens = len(self.token_ids)
-        self._num_sent_chars = len(text)
+    def completion(self, index: int | None = None) -> CompletionOutput:
+        """Everything so far (numbered `index`, by default the completion's own)."""
+        return CompletionOutput(self.index if index is None else index, self.text, list(self.token_ids),
+                                self.cumulative_logprob, self.logprobs, self.finish_reason, self.stop_reason)
+
+    def delta(self) -> CompletionOutput:
+        """The tokens, showable text and logprobs gained since the previous delta."""
+        text, first = self.stream_text, self._num_sent_tokens
+        logprobs = None if self.logprobs is None else self.logprobs[first:]
+        output = CompletionOutput(self.index, text[self._num_sent_chars:], self.token_ids[first:],
+                                  self.cumulative_logprob, logprobs, self.finish_reason, self.stop_reason)
+        self._num_sent_tokens, self._num_sent_chars = len(self.token_ids), len(text)
+        self._end_sent = self.finished
         return output
+
+    @property
+    def has_news(self) -> bool:
+        """Whether a delta would carry something: new tokens, or the end not yet shown."""
+        return len(self.token_ids) > self._num_sent_tokens or (self.finished and not self._end_sent)
+
+
+class ParentRequest:
+    """A user's request: one prompt and its n (or best_of) completions, each a core request of its own."""
+
+    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
+                 completions: list[RequestState]):
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = prompt_token_ids
+        self.params = params
+        self.completions = completions
+        self._prompt_logprobs_sent = False
+
+    @property
+    def finished(self) -> bool:
+        return all(c.finished for c in self.completions)
+
+    @property
+    def ranks_completions(self) -> bool:
+        """best_of > n: only the n best completions are shown, once all have ended."""
+        return self.params.num_completions > self.params.n
+
+    def _best(self) -> list[CompletionOutput]:
+        ranked = sorted(self.completions, key=lambda c: -(c.cumulative_logprob or 0.0))
+        return [c.completion(index) for index, c in enumerate(ranked[: self.params.n])]
+
+    def output(self) -> RequestOutput:
+        """Everything so far."""
+        outputs = self._best() if self.ranks_completions else [c.completion() for c in self.completions]
+        return self._request_output(outputs, self.completions[0].prompt_logprobs)
+
+    def delta(self) -> RequestOutput | None:
+        """What is new since the previous delta, None if nothing is (a best_of ranking shows nothing
+        before its end, then everything)."""
+        if self.ranks_completions:
+            return self.output() if self.finished else None
+        changed = [c.delta() for c in self.completions if c.has_news]
+        if not changed:
+            return None
+        prompt_logprobs = None
+        if not self._prompt_logprobs_sent and any(c.token_ids for c in changed):
+            prompt_logprobs, self._prompt_logprobs_sent = self.completions[0].prompt_logprobs, True
+        return self._request_output(changed, prompt_logprobs)
+
+    def _request_output(self, outputs: list[CompletionOutput], prompt_logprobs) -> RequestOutput:
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, prompt_logprobs, outputs,
+                             self.finished, self.completions[0].num_cached_tokens)
 
 
 @dataclass
 class ProcessedOutputs:
-    """The requests one step's outputs changed, and those a stop string ended, which the core must drop."""
+    """The user requests one step's outputs changed (in first-touched order), and the core requests a
+    stop string ended, which the core must drop."""
 
-    updated: list[RequestState]
+    updated: list[ParentRequest]
     to_abort: list[str]
 
 
@@ -125,31 +191,50 @@ class OutputProcessor:
     """Keeps the state of every live request and folds the core's outputs into it."""
 
     def __init__(self):
-        self.requests: dict[str, RequestState] = {}
+        self.parents: dict[str, ParentRequest] = {}
+        self._completions: dict[str, RequestState] = {}  # core request id -> its completion
+        self._parent_of: dict[str, ParentRequest] = {}
 
-    def add_request(self, state: RequestState) -> None:
-        self.requests[state.request_id] = state
+    def add_request(self, parent: ParentRequest) -> None:
+        self.parents[parent.request_id] = parent
+        for completion in parent.completions:
+            self._completions[completion.request_id] = completion
+            self._parent_of[completion.request_id] = parent
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests)
+        return bool(self.parents)
 
-    def finish(self, request_id: str, reason: str) -> RequestState | None:
-        """End a live request from the front end ("abort", "error"); None if it already ended."""
-        state = self.requests.pop(request_id, None)
-        if state is not None:
-            state.finish_reason = reason
-        return state
+    def finish(self, request_id: str, reason: str) -> tuple[ParentRequest | None, list[str]]:
+        """End a live user request from the front end ("abort", "error"): its unfinished completions
+        end with `reason`. Returns it (None if it already ended) and the core requests to drop."""
+        parent = self.parents.pop(request_id, None)
+        if parent is None:
+            return None, []
+        dropped = [c.request_id for c in parent.completions if not c.finished]
+        for completion in parent.completions:
+            if not completion.finished:
+                completion.finish_reason = reason
+            self._forget(completion.request_id)
+        return parent, dropped
 
     def process(self, outputs: list[EngineCoreOutput]) -> ProcessedOutputs:
         """Fold in one step's outputs; outputs of requests that already ended are dropped."""
-        updated, to_abort = [], []
+        updated: dict[str, ParentRequest] = {}
+        to_abort = []
         for output in outputs:
-            state = self.requests.get(output.request_id)
-            if state is None:
+            completion = self._completions.get(output.request_id)
+            if completion is None:
                 continue
-            if state.update(output):
+            if completion.update(output):
                 to_abort.append(output.request_id)
-            if state.finished:
-                del self.requests[output.request_id]
-            updated.append(state)
-        return ProcessedOutputs(updated, to_abort)
+            parent = self._parent_of[output.request_id]
+            if completion.finished:
+                self._forget(output.request_id)
+            if parent.finished:
+                self.parents.pop(parent.request_id, None)
+            updated[parent.request_id] = parent
+        return ProcessedOutputs(list(updated.values()), to_abort)
+
+    def _forget(self, core_request_id: str) -> None:
+        self._completions.pop(core_request_id, None)
+        self._parent_of.pop(core_request_id, None)

@@ -22,13 +22,17 @@ class SamplingTensors:
     seeds: torch.Tensor | None = None          # [num_seeded] int64 in [0, 2^63)
     positions: torch.Tensor | None = None      # [num_seeded] int64: position of the token being drawn
     penalties: PenaltyTensors | None = None
+    bias_index: torch.Tensor | None = None     # [2, n] int64: (row, token id) pairs that get a logit bias
+    bias_values: torch.Tensor | None = None    # [n] float32: their biases
     banned: torch.Tensor | None = None         # [2, n] int64: (row, token id) pairs that may not be drawn
     num_logprobs: int | None = None            # most alternatives any row asks for; None = no logprobs
 
     @property
     def temperature_only(self) -> bool:
-        """Rows only greedy or plain temperature sampling: no truncation, seeds, penalties, bans or logprobs."""
-        others = (self.min_p, self.top_k, self.top_p, self.seeded_rows, self.penalties, self.banned, self.num_logprobs)
+        """Rows only greedy or plain temperature sampling: no truncation, seeds, biases, penalties, bans or
+        logprobs."""
+        others = (self.min_p, self.top_k, self.top_p, self.seeded_rows, self.penalties, self.bias_index, self.banned,
+                  self.num_logprobs)
         return self.temperatures is not None and all(x is None for x in others)
 
 
@@ -39,12 +43,13 @@ class SamplerOutput:
     token_ids: torch.Tensor                       # [num_seqs]
     logprob_token_ids: torch.Tensor | None = None  # [num_seqs, 1 + k]: the chosen token, then the top k
     logprobs: torch.Tensor | None = None           # [num_seqs, 1 + k]
+    ranks: torch.Tensor | None = None              # [num_seqs]: the chosen token's rank, 1 = most likely
 
 
 class Sampler(nn.Module):
     """Picks one token per row of logits.
 
-    Penalties and banned tokens change the logits first; greedy rows then take
+    Logit biases, penalties and banned tokens change the logits first; greedy rows then take
     the argmax. The others divide by their temperature, apply min-p, top-k and
     top-p, and draw by Gumbel-max: divide the probabilities by Exp(1) noise and
     take the argmax, which samples from the distribution without a multinomial.
@@ -59,6 +64,9 @@ class Sampler(nn.Module):
         if tensors.temperature_only:
             return SamplerOutput(_sample_with_temperatures(logits, tensors.temperatures))
         processed = logits.float()
+        if tensors.bias_index is not None:
+            processed = processed.index_put((tensors.bias_index[0], tensors.bias_index[1]), tensors.bias_values,
+                                            accumulate=True)
         if tensors.penalties is not None:
             processed = apply_penalties(processed, tensors.penalties)
         if tensors.banned is not None:
@@ -86,10 +94,18 @@ class Sampler(nn.Module):
         return (probs / noise).argmax(dim=-1)
 
     @staticmethod
-    def _logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        ids = torch.cat([token_ids.unsqueeze(1), logprobs.topk(k, dim=-1).indices], dim=1)
-        return ids, logprobs.gather(1, ids)
+    def _logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
+        return token_logprobs(logits, token_ids, k)
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
+    """From raw logits [rows, vocab]: ids [rows, 1 + k] (`token_ids`, then the top k), their
+    log-probabilities [rows, 1 + k], and the rank of `token_ids` [rows] (1 = the most likely)."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    ids = torch.cat([token_ids.unsqueeze(1), logprobs.topk(k, dim=-1).indices], dim=1)
+    values = logprobs.gather(1, ids)
+    ranks = (logprobs > values[:, :1]).sum(dim=1) + 1
+    return ids, values, ranks
 
 
 def _sample_with_temperatures(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:

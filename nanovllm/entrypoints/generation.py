@@ -1,0 +1,331 @@
+"""Serving /v1/completions and /v1/chat/completions: requests in, OpenAI responses or SSE streams out."""
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from nanovllm.entrypoints.metrics import RequestTimer, ServerMetrics
+from nanovllm.entrypoints.protocol import (ChatCompletionRequest, CompletionRequest, ResponseHeader, Usage,
+                                           chat_logprobs, completion_logprobs, error_body)
+from nanovllm.frontend.chat import render_chat
+from nanovllm.frontend.input_processor import ProcessedPrompt
+from nanovllm.frontend.online_engine import OnlineEngine, RequestStream
+from nanovllm.outputs import CompletionOutput, RequestOutput
+from nanovllm.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+_ENGINE_FAILED = "the engine failed while running this request"
+
+
+class APIError(Exception):
+    """An error answered in OpenAI's shape with its HTTP status."""
+
+    _TYPES = {401: "authentication_error", 404: "not_found_error", 503: "service_unavailable_error"}
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+    def response(self) -> JSONResponse:
+        default = "invalid_request_error" if self.status < 500 else "server_error"
+        error_type = self._TYPES.get(self.status, default)
+        return JSONResponse(error_body(self.message, error_type, self.status), status_code=self.status)
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """How the server answers: the model's public name, the API key, the waiting-queue limit, and the
+    most completions (`n`, `best_of`) and logprob alternatives a request may ask for."""
+
+    model_name: str
+    api_key: str | None = None
+    max_waiting: int = 1024
+    max_n: int = 128
+    max_logprobs: int = 20
+
+    def __post_init__(self) -> None:
+        for name in ("max_waiting", "max_n", "max_logprobs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class _Job:
+    """One prompt of a request, its settings and, once queued, its stream."""
+
+    prompt: ProcessedPrompt
+    params: SamplingParams
+    stream: RequestStream | None = None
+
+
+@dataclass
+class _Choice:
+    """A completion as far as the response has it (whole, or a chunk's part of it when streamed);
+    `started` says whether an earlier chunk of it went out."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    started: bool = False
+
+    def add(self, delta: CompletionOutput) -> None:
+        self.text += delta.text
+        self.token_ids += delta.token_ids
+        self.logprobs += delta.logprobs or []
+        self.finish_reason, self.stop_reason = delta.finish_reason, delta.stop_reason
+
+    def take(self) -> "_Choice":
+        """What came since the last take (text held back meanwhile rides on the next chunk)."""
+        part = _Choice(self.text, self.token_ids, self.logprobs, self.finish_reason, self.stop_reason, self.started)
+        self.text, self.token_ids, self.logprobs, self.started = "", [], [], True
+        return part
+
+
+class GenerationHandler:
+    """The request handling behind the two generation routes."""
+
+    def __init__(self, engine: OnlineEngine, settings: ServerSettings, metrics: ServerMetrics):
+        self.engine = engine
+        self.settings = settings
+        self.metrics = metrics
+        self.info = engine.client.info
+        self.tokenizer = engine.tokenizer
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.settings.model_name:
+            raise APIError(400, f"unknown model {name!r}; this server serves {self.settings.model_name!r}")
+
+    def _check_request(self, body, n: int, best_of: int | None, logprobs: int | None, route: str) -> None:
+        self.check_model(body.model)
+        if body.unknown_fields:
+            logger.warning("%s: ignoring unknown field(s) %s", route, ", ".join(body.unknown_fields))
+        limit = self.settings.max_n
+        for name, value in (("n", n), ("best_of", best_of)):
+            if value is not None and value > limit:
+                raise APIError(400, f"{name}={value} is above this server's limit of {limit} completions")
+        if logprobs is not None and logprobs > self.settings.max_logprobs:
+            raise APIError(400, f"{logprobs} logprob alternatives asked for; this server gives at most "
+                                f"{self.settings.max_logprobs}")
+
+    def _check_context(self, prompt: ProcessedPrompt, limit: int | None) -> None:
+        room = self.info.max_model_len
+        if limit is not None and len(prompt.token_ids) + limit > room:
+            raise APIError(400, f"this model's maximum context length is {room} tokens, but {len(prompt.token_ids)} "
+                                f"prompt tokens and {limit} completion tokens were asked for; lower max_tokens "
+                                f"or shorten the prompt")
+
+    async def completions(self, body: CompletionRequest, request: Request) -> Response:
+        logprobs = body.logprobs
+        self._check_request(body, body.n or 1, body.best_of, logprobs, "/v1/completions")
+        if body.stream and body.best_of is not None and body.best_of != (body.n or 1):
+            raise APIError(400, "best_of must equal n (or be unset) when streaming: the best completions are "
+                                "only known at the end")
+        params = body.sampling_params(logprobs, logprobs if body.echo and logprobs is not None else None,
+                                      body.best_of)
+        jobs = [_Job(self.engine.input_processor.parse(prompt), params) for prompt in body.prompts()]
+        return await self._generate(jobs, body, request, _Completions(self, body))
+
+    async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
+        top = body.top_logprobs
+        if top is not None and not body.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true")
+        self._check_request(body, body.n or 1, None, top, "/v1/chat/completions")
+        text = render_chat(self.tokenizer, body.conversation(), body.add_generation_prompt,
+                           body.continue_final_message, chat_template_kwargs=body.chat_template_kwargs)
+        # the rendered template already holds the special tokens the model expects
+        prompt = ProcessedPrompt(text, self.engine.input_processor.tokenize(text, add_special_tokens=False))
+        params = body.sampling_params((top or 0) if body.logprobs else None)
+        return await self._generate([_Job(prompt, params)], body, request, _Chat(self, body))
+
+    async def _generate(self, jobs: list[_Job], body, request: Request, shape: "_Shape") -> Response:
+        for job in jobs:
+            self._check_context(job.prompt, body.completion_limit)
+            self.engine.input_processor.process(job.prompt, job.params)  # every prompt checked before any runs
+        if self.engine.stats().num_waiting >= self.settings.max_waiting:
+            raise APIError(503, f"the server is busy ({self.settings.max_waiting} requests already waiting); "
+                                f"retry later")
+        for job in jobs:
+            job.stream = self.engine.add_request(job.prompt, job.params)
+        if body.stream:
+            return StreamingResponse(self._events(jobs, shape, body.include_usage), media_type="text/event-stream")
+        return await _cancel_on_disconnect(request, self._complete(jobs, shape))
+
+    async def _outputs(self, job: _Job) -> AsyncIterator[RequestOutput]:
+        """The job's outputs; its request is cancelled if the reader stops before the end."""
+        timer = RequestTimer(self.metrics, len(job.prompt.token_ids))
+        finished = False
+        try:
+            async for output in job.stream:
+                timer.observe(output)
+                finished = output.finished
+                yield output
+        finally:
+            if not finished:
+                self.engine.abort(job.stream.request_id)
+                timer.finish("abort")
+
+    async def _merged(self, jobs: list[_Job]) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(job index, output) from every job's stream as they come."""
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(index: int, job: _Job) -> None:
+            async for output in self._outputs(job):
+                await queue.put((index, output))
+            await queue.put((index, None))
+
+        tasks = [asyncio.ensure_future(pump(i, job)) for i, job in enumerate(jobs)]
+        try:
+            remaining = len(jobs)
+            while remaining:
+                index, output = await queue.get()
+                if output is None:
+                    remaining -= 1
+                else:
+                    yield index, output
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def _complete(self, jobs: list[_Job], shape: "_Shape") -> Response:
+        choices: dict[tuple[int, int], _Choice] = {}
+        prompt_logprobs: dict[int, list] = {}
+        async for index, output in self._merged(jobs):
+            if output.prompt_logprobs is not None:
+                prompt_logprobs[index] = output.prompt_logprobs
+            for delta in output.outputs:
+                choices.setdefault((index, delta.index), _Choice()).add(delta)
+        if any(choice.finish_reason == "error" for choice in choices.values()):
+            return APIError(500, _ENGINE_FAILED).response()
+        bodies = [shape.choice(jobs[i], i, k, choice, prompt_logprobs.get(i), final=True)
+                  for (i, k), choice in sorted(choices.items())]
+        usage = Usage.of(sum(len(job.prompt.token_ids) for job in jobs),
+                         sum(len(choice.token_ids) for choice in choices.values()))
+        return JSONResponse(shape.header.body(shape.object_name, bodies, usage))
+
+    async def _events(self, jobs: list[_Job], shape: "_Shape", include_usage: bool) -> AsyncIterator[str]:
+        pending: dict[tuple[int, int], _Choice] = {}
+        prompt_logprobs: dict[int, list] = {}
+        num_completion_tokens = 0
+        async for index, output in self._merged(jobs):
+            if output.prompt_logprobs is not None:
+                prompt_logprobs[index] = output.prompt_logprobs
+            for delta in output.outputs:
+                if delta.finish_reason == "error":
+                    yield _sse(error_body(_ENGINE_FAILED, "server_error", 500))
+                    return
+                choice = pending.setdefault((index, delta.index), _Choice())
+                choice.add(delta)
+                num_completion_tokens += len(delta.token_ids)
+                if delta.text or delta.finished():
+                    body = shape.choice(jobs[index], index, delta.index, choice.take(), prompt_logprobs.get(index),
+                                        final=False)
+                    yield _sse(shape.header.body(shape.chunk_object_name, [body], None))
+        if include_usage:
+            usage = Usage.of(sum(len(job.prompt.token_ids) for job in jobs), num_completion_tokens)
+            yield _sse(shape.header.body(shape.chunk_object_name, [], usage))
+        yield "data: [DONE]\n\n"
+
+
+class _Shape:
+    """How one endpoint lays out its choices."""
+
+    object_name: str
+    chunk_object_name: str
+
+    def choice(self, job: _Job, prompt_index: int, index: int, choice: _Choice, prompt_logprobs,
+               final: bool) -> dict:
+        raise NotImplementedError
+
+
+class _Completions(_Shape):
+    """/v1/completions: choice `index` of prompt p is numbered p * n + index; `echo` puts the prompt
+    first; `logprobs` in the legacy shape, offsets into the choice's text."""
+
+    object_name = chunk_object_name = "text_completion"
+
+    def __init__(self, handler: GenerationHandler, body: CompletionRequest):
+        self.handler = handler
+        self.body = body
+        self.n = body.n or 1
+        self.header = ResponseHeader.new("cmpl", handler.settings.model_name)
+        self._sent_chars: dict[tuple[int, int], int] = {}
+
+    def _decode(self, token_id: int) -> str:
+        tokenizer = self.handler.tokenizer
+        return "" if tokenizer is None else tokenizer.decode([token_id])
+
+    def _prompt_text(self, job: _Job) -> str:
+        if job.prompt.text is not None:
+            return job.prompt.text
+        tokenizer = self.handler.tokenizer
+        return "" if tokenizer is None else tokenizer.decode(job.prompt.token_ids)
+
+    def choice(self, job: _Job, prompt_index: int, index: int, choice: _Choice, prompt_logprobs,
+               final: bool) -> dict:
+        key = (prompt_index, index)
+        echo = self.body.echo and not choice.started
+        prompt_text = self._prompt_text(job) if echo else ""
+        text = prompt_text + choice.text
+        logprobs = None
+        if self.body.logprobs is not None:
+            offset = self._sent_chars.get(key, 0)
+            logprobs = completion_logprobs(choice.token_ids, choice.logprobs, offset + len(prompt_text), self._decode)
+            if echo and prompt_logprobs is not None:
+                echoed = completion_logprobs(job.prompt.token_ids, prompt_logprobs, offset, self._decode)
+                logprobs = {name: echoed[name] + values for name, values in logprobs.items()}
+        self._sent_chars[key] = self._sent_chars.get(key, 0) + len(text)
+        return {"index": prompt_index * self.n + index, "text": text, "logprobs": logprobs,
+                "finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason}
+
+
+class _Chat(_Shape):
+    """/v1/chat/completions: a `message` when whole, a `delta` (the role first) when streamed."""
+
+    object_name = "chat.completion"
+    chunk_object_name = "chat.completion.chunk"
+
+    def __init__(self, handler: GenerationHandler, body: ChatCompletionRequest):
+        self.body = body
+        self.header = ResponseHeader.new("chatcmpl", handler.settings.model_name)
+
+    def choice(self, job: _Job, prompt_index: int, index: int, choice: _Choice, prompt_logprobs,
+               final: bool) -> dict:
+        logprobs = None
+        if self.body.logprobs:
+            logprobs = chat_logprobs(choice.token_ids, choice.logprobs, self.body.top_logprobs or 0)
+        body = {"index": index, "logprobs": logprobs, "finish_reason": choice.finish_reason,
+                "stop_reason": choice.stop_reason}
+        if final:
+            return {**body, "message": {"role": "assistant", "content": choice.text}}
+        delta = {"content": choice.text} if choice.started else {"role": "assistant", "content": choice.text}
+        return {**body, "delta": delta}
+
+
+def _sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+async def _cancel_on_disconnect(request: Request, work) -> Response:
+    """Await `work`, cancelling it (and so its requests) if the client goes away first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    return Response(status_code=499)
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

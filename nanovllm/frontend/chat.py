@@ -1,0 +1,33 @@
+"""Conversations rendered with a chat template, for LLM.chat and the chat endpoint."""
+
+import jinja2
+from transformers import PreTrainedTokenizerBase
+
+from nanovllm.frontend.input_processor import check_unicode
+
+
+def render_chat(tokenizer: PreTrainedTokenizerBase | None, messages: list[dict], add_generation_prompt: bool = True,
+                continue_final_message: bool = False, chat_template: str | None = None,
+                chat_template_kwargs: dict | None = None) -> str:
+    """The conversation as text in `chat_template` (default: the tokenizer's), ready for the reply:
+    with the template's generation prompt, or continuing the last (assistant) message."""
+    if tokenizer is None:
+        raise ValueError("chat needs a tokenizer, but skip_tokenizer_init=True; render the prompt yourself")
+    template = chat_template or getattr(tokenizer, "chat_template", None)
+    if not template:
+        raise ValueError("this model's tokenizer has no chat template; pass one (chat_template) or use "
+                         "plain prompts")
+    if not messages:
+        raise ValueError("the conversation is empty; send at least one message")
+    if add_generation_prompt and continue_final_message:
+        raise ValueError("add_generation_prompt and continue_final_message cannot both be true: the reply "
+                         "either starts a new assistant turn or continues the last message")
+    try:
+        text = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
+                                             add_generation_prompt=add_generation_prompt,
+                                             continue_final_message=continue_final_message,
+                                             **(chat_template_kwargs or {}))
+    except (jinja2.TemplateError, ValueError, TypeError) as e:
+        raise ValueError(f"the chat template refused these messages: {e}") from None
+    check_unicode(text, "the rendered conversation")
+    return text

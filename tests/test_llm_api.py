@@ -1,0 +1,172 @@
+"""The offline API in vLLM's shapes: prompt forms, RequestOutput/CompletionOutput, chat, n and best_of
+over a shared prompt, prompt logprobs against transformers, logit bias, max_tokens=None, stop reasons."""
+
+import pytest
+from hf_reference import hf_greedy, hf_logprobs
+from test_llm import random_prompts
+
+from nanovllm import LLM, CompletionOutput, RequestOutput, SamplingParams
+
+BLOCK = 16
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm(qwen3_dir):
+    return LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
+
+
+@pytest.fixture(scope="module")
+def chat_llm(chat_model_dir):
+    return LLM(chat_model_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
+
+
+def test_one_text_prompt_is_one_request(llm):
+    [out] = llm.generate("w5 w6 w7", GREEDY, use_tqdm=False)
+    assert isinstance(out, RequestOutput) and out.finished and out.prompt == "w5 w6 w7"
+    assert out.prompt_token_ids == [5, 6, 7]
+    [completion] = out.outputs
+    assert isinstance(completion, CompletionOutput) and completion.index == 0 and completion.finished()
+    assert completion.token_ids == hf_greedy(llm.config.model, [[5, 6, 7]], 8)[0]
+    assert completion.text.startswith(" w") and completion.finish_reason == "length"
+
+
+@pytest.mark.parametrize("prompt", [[5, 6, 7], {"prompt_token_ids": [5, 6, 7]}, {"prompt": "w5 w6 w7"}])
+def test_token_ids_and_prompt_dicts_are_one_prompt_each(llm, prompt):
+    [out] = llm.generate(prompt, GREEDY, use_tqdm=False)
+    assert out.prompt_token_ids == [5, 6, 7]
+    assert out.prompt == ("w5 w6 w7" if isinstance(prompt, dict) and "prompt" in prompt else None)
+    assert out.outputs[0].token_ids == llm.generate("w5 w6 w7", GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+
+
+def test_a_list_mixes_prompt_forms_and_keeps_order(llm):
+    outputs = llm.generate(["w5 w6", [7, 8], {"prompt_token_ids": [9]}], GREEDY, use_tqdm=False)
+    assert [o.prompt_token_ids for o in outputs] == [[5, 6], [7, 8], [9]]
+    assert len({o.request_id for o in outputs}) == 3
+
+
+def test_default_sampling_params_make_sixteen_tokens(llm):
+    [out] = llm.generate([5, 6], SamplingParams(temperature=0, ignore_eos=True), use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == 16
+
+
+def test_get_tokenizer_is_the_folders(llm):
+    assert llm.get_tokenizer().encode("w5 w6") == [5, 6]
+
+
+def test_chat_renders_the_template_for_one_conversation_or_several(chat_llm):
+    conversation = [{"role": "system", "content": "w20"}, {"role": "user", "content": "w5 w6"}]
+    [out] = chat_llm.chat(conversation, GREEDY, use_tqdm=False)
+    assert out.prompt == "w20 w5 w6 w3" and out.prompt_token_ids == [20, 5, 6, 3]
+    assert out.outputs[0].token_ids == chat_llm.generate([20, 5, 6, 3], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    outputs = chat_llm.chat([conversation, [{"role": "user", "content": "w9"}]], GREEDY, use_tqdm=False)
+    assert [o.prompt_token_ids for o in outputs] == [[20, 5, 6, 3], [9, 3]]
+
+
+def test_chat_template_options(chat_llm):
+    user = [{"role": "user", "content": "w9"}]
+    assert chat_llm.chat(user, GREEDY, add_generation_prompt=False, use_tqdm=False)[0].prompt_token_ids == [9]
+    assert chat_llm.chat(user, GREEDY, chat_template_kwargs={"shout": True},
+                         use_tqdm=False)[0].prompt_token_ids == [9, 3, 4]
+    continued = user + [{"role": "assistant", "content": "w11"}]
+    assert chat_llm.chat(continued, GREEDY, add_generation_prompt=False, continue_final_message=True,
+                         use_tqdm=False)[0].prompt_token_ids == [9, 11]
+    with pytest.raises(ValueError, match="cannot both be true"):
+        chat_llm.chat(continued, GREEDY, continue_final_message=True, use_tqdm=False)
+    with pytest.raises(ValueError, match="assistant cannot speak first"):
+        chat_llm.chat([{"role": "assistant", "content": "w5"}], GREEDY, use_tqdm=False)
+    assert not chat_llm.has_unfinished_requests()
+
+
+def test_n_completions_share_the_prompt_and_repeat_with_a_seed(llm):
+    prompt = random_prompts([3 * BLOCK + 5], seed=30)[0]
+    params = SamplingParams(temperature=1.0, n=4, seed=7, max_tokens=12, ignore_eos=True)
+    before = llm.engine_core.stats()
+    [out] = llm.generate([prompt], params, use_tqdm=False)
+    after = llm.engine_core.stats()
+    assert [c.index for c in out.outputs] == [0, 1, 2, 3]
+    assert len({tuple(c.token_ids) for c in out.outputs}) > 1
+    # the first completion computes the prompt; the other three read its three full blocks from the cache
+    assert after.prefix_cache_hits - before.prefix_cache_hits == 3 * 3 * BLOCK
+    again = llm.generate([prompt], params, use_tqdm=False)[0]
+    assert [c.token_ids for c in again.outputs] == [c.token_ids for c in out.outputs]
+    # completion i draws from seed + i
+    single = SamplingParams(temperature=1.0, seed=9, max_tokens=12, ignore_eos=True)
+    assert llm.generate([prompt], single, use_tqdm=False)[0].outputs[0].token_ids == out.outputs[2].token_ids
+
+
+def test_greedy_n_completions_are_all_the_greedy_one(llm):
+    [out] = llm.generate([5, 6, 7], SamplingParams(temperature=0, n=3, max_tokens=6, ignore_eos=True),
+                         use_tqdm=False)
+    assert [c.token_ids for c in out.outputs] == hf_greedy(llm.config.model, [[5, 6, 7]], 6) * 3
+
+
+def test_best_of_returns_the_n_most_likely_completions(llm):
+    params = SamplingParams(temperature=1.0, n=2, best_of=5, seed=3, max_tokens=6, ignore_eos=True)
+    [out] = llm.generate([5, 6, 7], params, use_tqdm=False)
+    assert [c.index for c in out.outputs] == [0, 1] and out.outputs[0].logprobs is None
+    every = llm.generate([5, 6, 7], SamplingParams(temperature=1.0, n=5, seed=3, max_tokens=6, ignore_eos=True,
+                                                   logprobs=0), use_tqdm=False)[0].outputs
+    ranked = sorted(every, key=lambda c: -c.cumulative_logprob)[:2]
+    assert [c.token_ids for c in out.outputs] == [c.token_ids for c in ranked]
+    assert [c.cumulative_logprob for c in out.outputs] == pytest.approx([c.cumulative_logprob for c in ranked])
+
+
+@pytest.mark.parametrize("budget", [256, 7])  # whole, and chunks that split the prompt
+def test_prompt_logprobs_equal_transformers(qwen3_dir, budget):
+    prompt = random_prompts([20], seed=31)[0]
+    llm = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256,
+              max_num_batched_tokens=budget)
+    llm.generate([prompt], GREEDY, use_tqdm=False)  # its blocks are in the prefix cache now
+    [out] = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True, prompt_logprobs=3),
+                         use_tqdm=False)
+    assert out.num_cached_tokens == 0  # every prompt position's logits are computed again
+    reference = hf_logprobs(qwen3_dir, prompt[:1], prompt[1:])  # [19, vocab]: the logits of positions 0..18
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
+    for i, position in enumerate(out.prompt_logprobs[1:]):
+        actual = prompt[i + 1]
+        top = reference[i].topk(3).indices.tolist()
+        assert list(position) == [actual] + [t for t in top if t != actual]
+        assert position[actual].logprob == pytest.approx(float(reference[i, actual]), abs=1e-4)
+        assert position[actual].rank == int((reference[i] > reference[i, actual]).sum()) + 1
+        assert position[actual].decoded_token == f"w{actual}"
+
+
+def test_logit_bias_forces_or_forbids_a_token(llm):
+    free = llm.generate([5, 6, 7], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    forced = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logit_bias={42: 100.0})
+    assert llm.generate([5, 6, 7], forced, use_tqdm=False)[0].outputs[0].token_ids == [42] * 4
+    banned = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logit_bias={free[0]: -100.0})
+    assert llm.generate([5, 6, 7], banned, use_tqdm=False)[0].outputs[0].token_ids[0] != free[0]
+    with pytest.raises(ValueError, match="logit_bias names token ids \\[512\\]"):
+        llm.generate([5], SamplingParams(logit_bias={512: 1.0}), use_tqdm=False)
+
+
+def test_max_tokens_none_runs_to_the_end_of_the_context(qwen3_dir):
+    llm = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=40)
+    [out] = llm.generate([5] * 30, SamplingParams(temperature=0, max_tokens=None, ignore_eos=True), use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == 10 and out.outputs[0].finish_reason == "length"
+    with pytest.raises(ValueError, match="leaves no room"):
+        llm.generate([5] * 40, SamplingParams(max_tokens=None), use_tqdm=False)
+
+
+def test_stop_reason_names_the_stop_token_or_string(llm):
+    free = llm.generate([5, 6, 7], GREEDY, use_tqdm=False)[0].outputs[0]
+    by_token = SamplingParams(temperature=0, max_tokens=8, stop_token_ids=[free.token_ids[2]])
+    completion = llm.generate([5, 6, 7], by_token, use_tqdm=False)[0].outputs[0]
+    assert (completion.finish_reason, completion.stop_reason) == ("stop", free.token_ids[2])
+    stop = free.text.split()[3]
+    by_string = SamplingParams(temperature=0, max_tokens=8, stop=["w999", stop])
+    completion = llm.generate([5, 6, 7], by_string, use_tqdm=False)[0].outputs[0]
+    assert (completion.finish_reason, completion.stop_reason) == ("stop", stop)
+    assert llm.generate([5, 6, 7], GREEDY, use_tqdm=False)[0].outputs[0].stop_reason is None
+
+
+def test_abort_ends_every_completion_of_a_request(llm):
+    request_id = llm.add_request([5, 6], SamplingParams(temperature=1.0, n=3, max_tokens=50, ignore_eos=True))
+    llm.step()
+    llm.step()
+    llm.abort(request_id)
+    assert not llm.has_unfinished_requests()
+    assert llm.engine_core.scheduler.block_manager.num_free_blocks == 64
+    assert llm.engine_core.stats().num_running == 0
