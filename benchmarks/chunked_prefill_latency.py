@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from throughput import make_llm, run_workload, workload, write_model_dir
 
-from nanovllm import LLM, SamplingParams
+from nanovllm import LLM, RequestOutput, SamplingParams
 
 NUM_DECODING = 64
 SHORT_PROMPT = 128
@@ -60,26 +60,36 @@ def measure(llm: LLM, long_prompt: int) -> tuple[list[float], float]:
     # enough tokens that the decodes outlast the window
     params = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=1024)
     decoding = [llm.add_request(random_prompt(SHORT_PROMPT), params) for _ in range(NUM_DECODING)]
-    while not all(state.token_ids for state in decoding):
-        llm.step()
+    counts = dict.fromkeys(decoding, 0)  # tokens each decoding request has
+
+    def step() -> dict[str, RequestOutput]:
+        """One step; the outputs of the requests it advanced, by request id."""
+        return {out.request_id: out for out in llm.step()}
+
+    def tokens(outputs: dict[str, RequestOutput]) -> dict[str, int]:
+        return {r: len(out.outputs[0].token_ids) for r, out in outputs.items() if r in counts}
+
+    while not all(counts.values()):
+        counts.update(tokens(step()))
     for _ in range(STEADY_STEPS):
-        llm.step()
+        counts.update(tokens(step()))
     arrival = last_token_at = time.perf_counter()
     long = llm.add_request(random_prompt(long_prompt), SamplingParams(temperature=0.6, ignore_eos=True,
                                                                         max_tokens=STEADY_STEPS + 1))
     latencies = []
-    counts = [len(state.token_ids) for state in decoding]
-    first_token_at = None
-    while not long.finished:
-        llm.step()
+    first_token_at = long_finished = None
+    while not long_finished:
+        advanced = step()
         now = time.perf_counter()  # the step returned the tokens of the one before it: a user sees them now
-        new_counts = [len(state.token_ids) for state in decoding]
-        if new_counts != counts:
-            assert all(new == old + 1 for new, old in zip(new_counts, counts)), "every decode gets its token"
+        grown = tokens(advanced)
+        if grown:
+            assert all(grown.get(r) == n + 1 for r, n in counts.items()), "every decode gets its token"
             latencies += [now - last_token_at] * NUM_DECODING
-            last_token_at, counts = now, new_counts
-        if first_token_at is None and long.token_ids:
-            first_token_at = now
+            last_token_at = now
+            counts.update(grown)
+        if long in advanced:
+            first_token_at = first_token_at or now
+            long_finished = advanced[long].finished
     return latencies, first_token_at - arrival
 
 

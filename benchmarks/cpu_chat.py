@@ -64,7 +64,7 @@ def nanovllm_decode_tps(model_dir: str, prompt_ids: list[list[int]], max_tokens:
         prefill_time, _ = timed(first_token)
         total_time, outputs = timed(params)
         best = max(best, len(prompt_ids) * (max_tokens - 1) / (total_time - prefill_time))
-    return best, [o["token_ids"] for o in outputs]
+    return best, [o.outputs[0].token_ids for o in outputs]
 
 
 def transformers_decode_tps(model_dir: str, prompt_ids: list[list[int]], max_tokens: int,

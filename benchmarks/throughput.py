@@ -134,8 +134,8 @@ def add_qwen3_tokenizer(model_dir: str) -> None:
 
 @dataclass
 class StepRecord:
-    """One launched step: its rows, whether it was a pure decode, its CUDA events and the host time
-    of the `LLM.step` call that launched it."""
+    """One launched step: its rows, whether it was a pure decode, its CUDA events, and the host time
+    from its launch to the next one's, less the waits for the device."""
 
     num_rows: int
     is_decode: bool
@@ -150,16 +150,21 @@ class StepRecord:
 
 class StepRecorder:
     """Times every step of an engine: CUDA events around what each launch queues, and the host time
-    of each `LLM.step` (its wall time less the time it waited for the device)."""
+    between one launch and the next (the whole loop: front end, scheduling, inputs) less the time
+    the host waited for the device meanwhile."""
 
     def __init__(self, llm: LLM):
         self.records: list[StepRecord] = []
         self._waited = 0.0
-        self._llm = llm
-        runner = llm.engine_core.model_runner
-        execute, step = runner.execute, llm.step
+        self._last_launch = None
+        self._runner = llm.engine_core.model_runner
+        execute = self._runner.execute
 
         def timed_execute(out):
+            now = time.perf_counter()
+            if self.records:
+                self.records[-1].host_seconds = now - self._last_launch - self._waited
+            self._last_launch, self._waited = now, 0.0
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             pending = execute(out)
@@ -170,19 +175,11 @@ class StepRecorder:
                 pending.result = lambda: self._timed_wait(result)
             return pending
 
-        def timed_step():
-            begin, self._waited = time.perf_counter(), 0.0
-            launched = len(self.records)
-            updated = step()
-            if len(self.records) > launched:
-                self.records[-1].host_seconds = time.perf_counter() - begin - self._waited
-            return updated
-
-        runner.execute, llm.step = timed_execute, timed_step
+        self._runner.execute = timed_execute
 
     def detach(self) -> None:
-        """Stop timing: the engine's own methods again."""
-        del self._llm.engine_core.model_runner.execute, self._llm.step
+        """Stop timing: the runner's own method again."""
+        del self._runner.execute
 
     def _timed_wait(self, result):
         begin = time.perf_counter()
@@ -234,7 +231,7 @@ def run_workload(llm: LLM, prompts, max_tokens) -> tuple[float, StepRecorder]:
     outputs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
     recorder.detach()
-    assert sum(len(o["token_ids"]) for o in outputs) == sum(max_tokens)
+    assert sum(len(o.outputs[0].token_ids) for o in outputs) == sum(max_tokens)
     return elapsed, recorder
 
 
@@ -270,11 +267,11 @@ def profile_steps(llm: LLM, num_seqs: int) -> None:
     """Profiles the prefill of `num_seqs` workload prompts, then 32 of their decode steps."""
     prompts, _ = workload()
     params = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=64)
-    states = [llm.add_request(p, params) for p in prompts[:num_seqs]]
+    waiting = {llm.add_request(p, params) for p in prompts[:num_seqs]}
 
     def prefill():
-        while not all(state.token_ids for state in states):
-            llm.step()
+        while waiting:
+            waiting.difference_update(out.request_id for out in llm.step() if out.outputs[0].token_ids)
 
     def decode():
         for _ in range(32):

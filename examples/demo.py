@@ -17,7 +17,7 @@ def main() -> None:
     prompts = [chat_prompt(llm.tokenizer, q) for q in CHAT_QUESTIONS]
     outputs = llm.generate(prompts, SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens))
     for question, output in zip(CHAT_QUESTIONS, outputs):
-        print(f"\n>>> {question}\n{output['text'].strip()}")
+        print(f"\n>>> {question}\n{output.outputs[0].text.strip()}")
 
 
 if __name__ == "__main__":
