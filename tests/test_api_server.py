@@ -208,6 +208,7 @@ def error_of(response: httpx.Response) -> dict:
     ({"model": MODEL, "prompt": "w5", "max_tokens": 0}, "max_tokens"),
     ({"model": MODEL, "prompt": "w5", "max_tokens": "many"}, "max_tokens"),
     ({"model": MODEL, "prompt": "w5 w6", "max_tokens": 1_000_000_000}, "maximum context length is 1024"),
+    ({"model": MODEL, "prompt": "w5 w6", "max_tokens": 1e9}, "maximum context length is 1024"),
     ({"model": MODEL, "prompt": "w5", "n": 129}, "limit of 128"),
     ({"model": MODEL, "prompt": "w5", "n": 0}, "n must be"),
     ({"model": MODEL, "prompt": "w5", "n": 3, "best_of": 2}, "best_of"),
@@ -424,10 +425,12 @@ def test_logit_bias_forces_a_token(server):
     assert response.choices[0].text == " w42 w42 w42"
 
 
-def test_max_tokens_left_out_fills_the_context(server):
+def test_max_tokens_left_out_or_null_fills_the_context(server):
     response = server.client().completions.create(model=MODEL, prompt=[7] * 1000, temperature=0,
                                                   extra_body={"ignore_eos": True})
     assert response.usage.completion_tokens == 24 and response.choices[0].finish_reason == "length"
+    body = {"model": MODEL, "prompt": [7] * 1010, "max_tokens": None, "ignore_eos": True}
+    assert httpx.post(f"{server.url}/v1/completions", json=body).json()["usage"]["completion_tokens"] == 14
 
 
 def test_chat_template_options_reach_the_template(server):
