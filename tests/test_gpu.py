@@ -5,6 +5,7 @@ import random
 
 import pytest
 import torch
+from conftest import completions_of, run_steps
 from hf_reference import hf_greedy
 from test_chunked_prefill import record_batches
 
@@ -54,13 +55,10 @@ def test_cuda_graphs_pad_a_batch_that_grows_at_once(qwen3_dir):
     batch = (prompts(seed=11) * 3)[:20]
 
     def run(llm):
-        states = [llm.add_request(batch[0], GREEDY)]
-        for _ in range(4):
-            llm.step()
-        states += [llm.add_request(p, GREEDY) for p in batch[1:]]
-        while llm.has_unfinished_requests():
-            llm.step()
-        return [s.token_ids for s in states]
+        ids = [llm.add_request(batch[0], GREEDY)]
+        outputs = run_steps(llm, {}, steps=4)
+        ids += [llm.add_request(p, GREEDY) for p in batch[1:]]
+        return [c.token_ids for c in completions_of(run_steps(llm, outputs), ids)]
 
     kwargs = dict(kvcache_block_size=16, max_model_len=512, max_num_seqs=20)
     assert run(LLM(qwen3_dir, **kwargs)) == run(LLM(qwen3_dir, enforce_eager=True, **kwargs))
@@ -70,12 +68,10 @@ def test_triton_prefix_cache_hit_equals_cold_run(qwen3_dir):
     shared = prompts(seed=5)[-1]  # 257 tokens: 16 full blocks of 16
     llm = LLM(qwen3_dir, kvcache_block_size=16, max_model_len=512)
     llm.generate([shared + [3]], GREEDY, use_tqdm=False)
-    states = [llm.add_request(shared + tail, GREEDY) for tail in ([4, 5], [6])]
-    while llm.has_unfinished_requests():
-        llm.step()
-    assert [s.num_cached_tokens for s in states] == [256, 256]
+    outputs = llm.generate([shared + [4, 5], shared + [6]], GREEDY, use_tqdm=False)
+    assert [o.num_cached_tokens for o in outputs] == [256, 256]
     cold = LLM(qwen3_dir, attention_backend="torch", kvcache_block_size=16, max_model_len=512)
-    assert [s.token_ids for s in states] == token_ids(
+    assert token_ids(outputs) == token_ids(
         cold.generate([shared + [4, 5], shared + [6]], GREEDY, use_tqdm=False))
 
 
@@ -101,13 +97,10 @@ def test_triton_mixed_steps_equal_separate_runs_and_decodes_still_replay_graphs(
     graphs = llm.engine_core.model_runner.graphs
     original_replay = graphs.replay
     graphs.replay = lambda size: replays.append(size) or original_replay(size)
-    states = [llm.add_request(p, GREEDY) for p in short]
-    for _ in range(3):
-        llm.step()
-    states.append(llm.add_request(long, GREEDY))
-    while llm.has_unfinished_requests():
-        llm.step()
-    assert [s.token_ids for s in states] == expected
+    ids = [llm.add_request(p, GREEDY) for p in short]
+    outputs = run_steps(llm, {}, steps=3)
+    ids.append(llm.add_request(long, GREEDY))
+    assert [c.token_ids for c in completions_of(run_steps(llm, outputs), ids)] == expected
     assert any(is_prefill and counts[:5] == [1] * 5 and not samples[-1] for counts, samples, is_prefill in batches)
     assert len(replays) == sum(not is_prefill for _, _, is_prefill in batches) > 0
 
@@ -155,7 +148,8 @@ def test_sampled_ids_come_back_through_pinned_memory(qwen3_dir):
     original = runner.execute
     runner.execute = lambda out: pendings.append(original(out)) or pendings[-1]
     llm.generate(prompts()[:2], SamplingParams(temperature=0.0, max_tokens=4, logprobs=2), use_tqdm=False)
-    assert pendings and all(p._token_ids.is_pinned() and p._logprobs.is_pinned() for p in pendings if p)
+    assert pendings and all(p._token_ids.is_pinned() and all(t.is_pinned() for t in p._logprobs)
+                            for p in pendings if p)
 
 
 def triton_variants() -> dict[str, int]:
