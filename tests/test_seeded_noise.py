@@ -2,7 +2,7 @@
 
 import torch
 
-from nanovllm.layers.seeded_noise import hash32, seeded_exponential
+from nanovllm.layers.seeded_noise import hash32, open_uniform, seeded_exponential
 
 
 def test_hash_stays_in_32_bits_and_spreads_neighbours():
@@ -32,3 +32,10 @@ def test_noise_is_exponential_and_uncorrelated():
     # neighbouring tokens, neighbouring rows
     assert abs(float((centred[:, 1:] * centred[:, :-1]).mean())) < 0.01
     assert abs(float((centred[1:] * centred[:-1]).mean())) < 0.01
+
+
+def test_uniforms_stay_inside_the_open_interval_at_the_extreme_hashes():
+    # the largest hash once rounded to 1.0, whose noise -log(1) = 0 made p / 0 win every draw
+    u = open_uniform(torch.tensor([0, 1, (1 << 32) - 2, (1 << 32) - 1]))
+    assert (u > 0).all() and (u < 1).all()
+    assert (-u.log() > 0).all()

@@ -31,10 +31,14 @@ def _token_keys(vocab_size: int, device: torch.device) -> torch.Tensor:
     return hash32(torch.arange(vocab_size, device=device) * _GOLDEN & _MASK32)
 
 
+def open_uniform(bits: torch.Tensor) -> torch.Tensor:
+    """float32 uniforms in (0, 1) from 32-bit hashes: the top 23 bits plus a half, scaled. With 24 bits
+    the largest value would round to 1.0, giving Exp(1) noise 0, which a draw divides by."""
+    return (bits >> 9).float().add_(0.5).mul_(2.0**-23)
+
+
 def seeded_exponential(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Exp(1) noise [rows, vocab] for seeds [rows] (int64, >= 0) drawing the token at positions [rows]."""
     row_keys = hash32(hash32(hash32(positions & _MASK32) ^ (seeds >> 32)) ^ (seeds & _MASK32))
     bits = hash32(row_keys.unsqueeze(1) ^ _token_keys(vocab_size, seeds.device).unsqueeze(0))
-    # the top 24 bits convert to float32 exactly: u lies in (0, 1), never 0 or 1
-    uniform = (bits >> 8).float().add_(0.5).mul_(2.0**-24)
-    return uniform.log_().neg_()
+    return open_uniform(bits).log_().neg_()
