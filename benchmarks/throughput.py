@@ -160,14 +160,14 @@ class StepRecorder:
         self._runner = llm.engine_core.model_runner
         execute = self._runner.execute
 
-        def timed_execute(out):
+        def timed_execute(out, *grammar):
             now = time.perf_counter()
             if self.records:
                 self.records[-1].host_seconds = now - self._last_launch - self._waited
             self._last_launch, self._waited = now, 0.0
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            pending = execute(out)
+            pending = execute(out, *grammar)
             end.record()
             self.records.append(StepRecord(len(out.req_ids), out.is_decode, start, end))
             if pending is not None:

@@ -1,5 +1,6 @@
 """Per-request sampling settings, named and meant as in vLLM."""
 
+import json
 import math
 from dataclasses import MISSING, dataclass, fields
 
@@ -11,6 +12,42 @@ def _is_int(value) -> bool:
 def _is_number(value) -> bool:
     """A finite int or float: NaN and infinity pass no range check a user means."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass
+class StructuredOutputsParams:
+    """Constrains a completion to a language; exactly one field is set.
+
+    `json`: a JSON schema (a dict, or its text); `json_object`: any JSON
+    object; `regex`: a regular expression; `choice`: one of these strings;
+    `grammar`: an EBNF grammar (GBNF style, `root ::= ...`).
+    """
+
+    json: dict | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    def __post_init__(self) -> None:
+        given = [f.name for f in fields(self) if getattr(self, f.name) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError(f"structured_outputs takes exactly one of json, json_object, regex, choice or grammar, "
+                             f"got {', '.join(given) or 'none'}")
+        if isinstance(self.json, str):
+            try:
+                self.json = json.loads(self.json)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"structured_outputs.json is not valid JSON: {e}") from None
+        if self.json is not None and not isinstance(self.json, dict):
+            raise ValueError(f"structured_outputs.json must be a JSON schema object, got {type(self.json).__name__}")
+        if self.choice is not None and not (isinstance(self.choice, (list, tuple)) and self.choice
+                                            and all(isinstance(c, str) and c for c in self.choice)):
+            raise ValueError(f"structured_outputs.choice must be a list of non-empty strings, got {self.choice!r}")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, str) and value):
+                raise ValueError(f"structured_outputs.{name} must be a non-empty string, got {value!r}")
 
 
 @dataclass(init=False)
@@ -46,6 +83,9 @@ class SamplingParams:
     rank and those of the k most likely tokens (from the model's raw logits);
     `prompt_logprobs=k` does the same for every prompt token after the first.
     `skip_special_tokens` leaves special tokens out of the text.
+    `structured_outputs` (a StructuredOutputsParams) keeps every completion
+    inside a JSON schema, regex, choice or grammar; one that cannot finish
+    within max_tokens ends with "length".
 
     Takes keywords only; an unknown one is a ValueError that names it.
     """
@@ -70,6 +110,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __init__(self, **kwargs):
         known = {f.name: f.default for f in fields(self)}
@@ -92,6 +133,9 @@ class SamplingParams:
         self._check_choice()
         self._check_penalties()
         self._check_stopping()
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise ValueError(f"structured_outputs must be a StructuredOutputsParams, "
+                             f"got {type(self.structured_outputs).__name__}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and not (_is_int(value) and value >= 0):

@@ -18,9 +18,9 @@ def record_batches(llm) -> list:
     runner = llm.engine_core.model_runner
     original = runner.execute
 
-    def recording_execute(out):
+    def recording_execute(out, *grammar):
         batches.append((out.num_scheduled_tokens, list(out.samples), not out.is_decode))
-        return original(out)
+        return original(out, *grammar)
 
     runner.execute = recording_execute
     return batches

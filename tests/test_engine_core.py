@@ -28,10 +28,10 @@ def record_order(llm: LLM) -> list[tuple[str, int]]:
     runner, events = llm.engine_core.model_runner, []
     original = runner.execute
 
-    def execute(out):
+    def execute(out, *grammar):
         n = sum(kind == "launch" for kind, _ in events)
         events.append(("launch", n))
-        pending = original(out)
+        pending = original(out, *grammar)
         if pending is not None:
             result = pending.result
             pending.result = lambda: events.append(("read", n)) or result()

@@ -146,7 +146,7 @@ def test_sampled_ids_come_back_through_pinned_memory(qwen3_dir):
     runner = llm.engine_core.model_runner
     pendings = []
     original = runner.execute
-    runner.execute = lambda out: pendings.append(original(out)) or pendings[-1]
+    runner.execute = lambda out, *grammar: pendings.append(original(out, *grammar)) or pendings[-1]
     llm.generate(prompts()[:2], SamplingParams(temperature=0.0, max_tokens=4, logprobs=2), use_tqdm=False)
     assert pendings and all(p._token_ids.is_pinned() and all(t.is_pinned() for t in p._logprobs)
                             for p in pendings if p)

@@ -9,6 +9,7 @@ from nanovllm.engine.request import Request
 from nanovllm.engine.runner_output import ModelRunnerOutput, PendingOutput
 from nanovllm.engine.scheduler import Scheduler
 from nanovllm.engine.scheduler_output import SchedulerOutput
+from nanovllm.engine.structured_output import StructuredOutputs
 from nanovllm.engine.worker import TensorParallelRunner
 
 
@@ -27,12 +28,15 @@ class EngineCore:
     sampled ids: the device runs n+1 while the host confirms n's tokens, applies
     the stopping rules, and (back in the caller) turns them into text. Requests
     come in as token ids; outputs go out as new token ids per request.
+    `vocabulary` describes the tokens for grammar-constrained requests (None:
+    structured outputs are refused).
     """
 
-    def __init__(self, config: Config, eos_token_ids: tuple[int, ...]):
+    def __init__(self, config: Config, eos_token_ids: tuple[int, ...], vocabulary=None):
         runner_class = TensorParallelRunner if config.tensor_parallel_size > 1 else ModelRunner
         self.model_runner = runner_class(config, eos_token_ids)
-        self.scheduler = Scheduler(config, self.model_runner.num_kvcache_blocks, eos_token_ids)
+        self.structured = StructuredOutputs(vocabulary)
+        self.scheduler = Scheduler(config, self.model_runner.num_kvcache_blocks, eos_token_ids, self.structured)
         self.info = EngineCoreInfo(self.model_runner.num_kvcache_blocks, config.kvcache_block_size,
                                    config.max_model_len, config.hf_config.vocab_size)
         self._block_size = config.kvcache_block_size
@@ -58,12 +62,15 @@ class EngineCore:
         """Schedule and launch the next step, then read back the one before it and return its outputs."""
         outputs = []
         if self._in_flight is not None and self.scheduler.needs_confirmed_tokens():
-            # Synchronous fallback: penalties need every token of the completion on the
-            # host to build the next step, so the step in flight is read back first.
+            # Synchronous fallback: penalties and grammars need the tokens of the step in
+            # flight on the host to build the next step, so that step is read back first.
             outputs = self._finish(self._in_flight)
             self._in_flight = None
         scheduled = self.scheduler.schedule()
-        launched = None if scheduled.is_empty else _InFlight(scheduled, self.model_runner.execute(scheduled))
+        launched = None
+        if not scheduled.is_empty:
+            masks = self.structured.bitmasks(scheduled.sampled_req_ids)
+            launched = _InFlight(scheduled, self.model_runner.execute(scheduled, masks))
         if self._in_flight is not None:
             outputs = self._finish(self._in_flight)
         assert launched is not None or self._in_flight is not None or not self.scheduler.has_requests(), \

@@ -12,6 +12,7 @@ from nanovllm.engine.decode_buffers import DecodeBuffers
 from nanovllm.engine.runner_output import PendingOutput, PromptScores
 from nanovllm.engine.sampling_batch import sampling_tensors
 from nanovllm.engine.scheduler_output import PLACEHOLDER, SchedulerOutput
+from nanovllm.engine.structured_output import GrammarBitmasks
 from nanovllm.layers.attention import Attention, make_attention_backend
 from nanovllm.layers.sampler import Sampler, SamplingTensors, token_logprobs
 from nanovllm.models import model_class
@@ -281,10 +282,11 @@ class ModelRunner:
             return self._forward(input_ids, src_rows, positions)[:n]
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> PendingOutput | None:
+    def execute(self, out: SchedulerOutput, grammar: GrammarBitmasks | None = None) -> PendingOutput | None:
         """Launch one step without waiting for the device. Rank 0 returns the handle of the ids sampled
         for `out.sampled_req_ids` and of the prompt logprobs asked for; other ranks, and a step that
-        samples and scores nothing, return None."""
+        samples and scores nothing, return None. `grammar` holds the constrained rows, whose masks are
+        filled while the device runs the forward pass."""
         prompt_scores = None
         if out.is_decode:
             hidden_states = self._run_decode(out)
@@ -300,6 +302,10 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden_states)  # every rank joins the gather to rank 0
             if self.rank == 0:
                 tensors = sampling_tensors(out, logits.shape[-1], self.eos_token_ids, self._to_device)
+                if grammar is not None:
+                    tensors = tensors or SamplingTensors()
+                    tensors.bitmask = grammar.fill().to(self.device, non_blocking=True)
+                    tensors.bitmask_rows = grammar.rows
                 sampled = self.sampler(logits, tensors)
                 self.last_sampled[:num_sampled].copy_(sampled.token_ids)
             if self.world_size > 1:

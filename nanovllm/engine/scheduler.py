@@ -22,6 +22,7 @@ from nanovllm.engine.request import Request, RequestStatus
 from nanovllm.engine.runner_output import ModelRunnerOutput
 from nanovllm.engine.scheduler_output import PromptScoring, SchedulerOutput
 from nanovllm.engine.stop_checker import StopChecker
+from nanovllm.engine.structured_output import StructuredOutputs
 
 
 class Scheduler:
@@ -32,12 +33,14 @@ class Scheduler:
     queue and gets the next chunk from the budget the decodes ahead of it leave.
     """
 
-    def __init__(self, config: Config, num_kvcache_blocks: int, eos_token_ids: tuple[int, ...]):
+    def __init__(self, config: Config, num_kvcache_blocks: int, eos_token_ids: tuple[int, ...],
+                 structured: StructuredOutputs | None = None):
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.chunked_prefill = config.enable_chunked_prefill
         self.stop_checker = StopChecker(eos_token_ids, config.max_model_len)
         self.block_manager = BlockManager(num_kvcache_blocks, config.kvcache_block_size)
+        self.structured = structured or StructuredOutputs(None)
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: deque[Request] = deque()
@@ -47,7 +50,11 @@ class Scheduler:
         return bool(self.requests)
 
     def add_request(self, req: Request) -> None:
+        """Queue a request; one with structured outputs gets its grammar matcher (ValueError for a spec
+        the grammar library refuses)."""
         assert req.request_id not in self.requests, f"request id {req.request_id!r} is already live"
+        if req.params.structured_outputs is not None:
+            self.structured.add(req.request_id, req.params.structured_outputs)
         self.requests[req.request_id] = req
         self.waiting.append(req)
 
@@ -59,9 +66,10 @@ class Scheduler:
                 self._finish(req, "abort")
 
     def needs_confirmed_tokens(self) -> bool:
-        """Whether the next step's inputs need the values of tokens still in flight: penalties
-        read each request's completion on the host."""
-        return any(req.num_placeholders and req.params.has_penalties for req in self.running)
+        """Whether the next step's inputs need the values of tokens still in flight: penalties read each
+        request's completion on the host, and a grammar needs the last token to give the next mask."""
+        return any(req.num_placeholders and (req.params.has_penalties or req.params.structured_outputs is not None)
+                   for req in self.running)
 
     def stats(self) -> EngineStats:
         bm = self.block_manager
@@ -199,7 +207,7 @@ class Scheduler:
             if req is None:
                 continue
             req.confirm(token_id)
-            reason = self.stop_checker.finish_reason(req)
+            reason = self._grammar_finish_reason(req, token_id) or self.stop_checker.finish_reason(req)
             if reason is not None:
                 self._finish(req, reason)
             stop_reason = token_id if reason == "stop" and token_id in req.params.stop_token_ids else None
@@ -211,6 +219,15 @@ class Scheduler:
                     for request_id, scores in prompt_logprobs.items() if request_id in self.requests]
         return outputs
 
+    def _grammar_finish_reason(self, req: Request, token_id: int) -> str | None:
+        """Advance a constrained request's grammar: "stop" once it is complete, "length" if it refused the
+        token (only when no token it allows could be drawn, e.g. under a min_tokens ban), else None."""
+        if not self.structured.has(req.request_id):
+            return None
+        if not self.structured.accept(req.request_id, token_id):
+            return "length"
+        return "stop" if self.structured.is_terminated(req.request_id) else None
+
     def _finish(self, req: Request, reason: str) -> None:
         if req.status == RequestStatus.RUNNING:
             self.running.remove(req)
@@ -219,6 +236,7 @@ class Scheduler:
             self.waiting.remove(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
+        self.structured.remove(req.request_id)
         del self.requests[req.request_id]
 
     def abort_all(self) -> list[str]:

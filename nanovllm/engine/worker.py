@@ -24,6 +24,7 @@ from nanovllm.config import Config
 from nanovllm.engine.model_runner import ModelRunner
 from nanovllm.engine.runner_output import PendingOutput
 from nanovllm.engine.scheduler_output import SchedulerOutput
+from nanovllm.engine.structured_output import GrammarBitmasks
 from nanovllm.utils.command_channel import CommandChannel
 from nanovllm.utils.parallel import destroy_process_group, rendezvous_address, rendezvous_store
 
@@ -153,19 +154,19 @@ class TensorParallelRunner:
     def processes(self) -> list[mp.Process]:
         return self._workers.processes
 
-    def execute(self, out: SchedulerOutput) -> PendingOutput | None:
+    def execute(self, out: SchedulerOutput, grammar: GrammarBitmasks | None = None) -> PendingOutput | None:
         """Launch one step on every rank; rank 0's handle of the sampled ids. Only rank 0 samples,
-        so the workers get the step without the sampling settings."""
+        so the workers get the step without the sampling settings and grammar masks."""
         if not self._finalizer.alive:
             raise RuntimeError("this engine's tensor-parallel workers were shut down; create a new LLM")
-        pending = self._guarded(lambda: self._post_and_execute(out))
+        pending = self._guarded(lambda: self._post_and_execute(out, grammar))
         return None if pending is None else _GuardedOutput(self, pending)
 
-    def _post_and_execute(self, out: SchedulerOutput) -> PendingOutput | None:
+    def _post_and_execute(self, out: SchedulerOutput, grammar: GrammarBitmasks | None) -> PendingOutput | None:
         if not all(p.is_alive() for p in self.processes):
             raise RuntimeError("a tensor-parallel worker has exited")
         self.channel.send("execute", out.without_sampling())
-        return self.runner.execute(out)
+        return self.runner.execute(out, grammar)
 
     def close(self) -> None:
         """Stop the workers and free the shared memory (idempotent)."""

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from nanovllm.entrypoints.metrics import RequestTimer, ServerMetrics
 from nanovllm.entrypoints.protocol import (ChatCompletionRequest, CompletionRequest, ResponseHeader, Usage,
                                            chat_logprobs, completion_logprobs, error_body)
+from nanovllm.entrypoints.tool_calls import TOOL_CALL_START, parse_tool_calls, tool_choice_constraint
 from nanovllm.frontend.chat import render_chat
 from nanovllm.frontend.input_processor import ProcessedPrompt
 from nanovllm.frontend.online_engine import OnlineEngine, RequestStream
@@ -139,12 +140,19 @@ class GenerationHandler:
         if top is not None and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true")
         self._check_request(body, body.n or 1, None, top, "/v1/chat/completions")
+        tool_choice = body.effective_tool_choice()
+        tools = body.tool_list() if tool_choice != "none" else None
         text = render_chat(self.tokenizer, body.conversation(), body.add_generation_prompt,
-                           body.continue_final_message, chat_template_kwargs=body.chat_template_kwargs)
+                           body.continue_final_message, chat_template_kwargs=body.chat_template_kwargs, tools=tools)
         # the rendered template already holds the special tokens the model expects
         prompt = ProcessedPrompt(text, self.engine.input_processor.tokenize(text, add_special_tokens=False))
-        params = body.sampling_params((top or 0) if body.logprobs else None)
-        return await self._generate([_Job(prompt, params)], body, request, _Chat(self, body))
+        constraint = tool_choice_constraint(tools, tool_choice) if tools else None
+        if constraint is not None and body.structured_spec() is not None:
+            raise APIError(400, f"tool_choice {tool_choice!r} already constrains the reply; drop response_format "
+                                f"and the guided fields")
+        params = body.sampling_params((top or 0) if body.logprobs else None, structured_outputs=constraint)
+        shape = _Chat(self, body, tool_choice if tools else None)
+        return await self._generate([_Job(prompt, params)], body, request, shape)
 
     async def _generate(self, jobs: list[_Job], body, request: Request, shape: "_Shape") -> Response:
         for job in jobs:
@@ -288,14 +296,23 @@ class _Completions(_Shape):
 
 
 class _Chat(_Shape):
-    """/v1/chat/completions: a `message` when whole, a `delta` (the role first) when streamed."""
+    """/v1/chat/completions: a `message` when whole, a `delta` (the role first) when streamed.
+
+    With tools (`tool_choice` not "none") the reply's calls become `tool_calls`
+    (finish_reason "tool_calls"). Streamed, a forced call's JSON is held back
+    and "auto" text only up to a call's start; the calls come in the last
+    chunk of the choice, once they parse.
+    """
 
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
 
-    def __init__(self, handler: GenerationHandler, body: ChatCompletionRequest):
+    def __init__(self, handler: GenerationHandler, body: ChatCompletionRequest, tool_choice: str | dict | None):
         self.body = body
+        self.tool_choice = tool_choice
         self.header = ResponseHeader.new("chatcmpl", handler.settings.model_name)
+        self._text: dict[int, str] = {}    # per choice: the text so far, when tools are on
+        self._shown: dict[int, int] = {}   # per choice: how much of it went out as content
 
     def choice(self, job: _Job, prompt_index: int, index: int, choice: _Choice, prompt_logprobs,
                final: bool) -> dict:
@@ -304,10 +321,39 @@ class _Chat(_Shape):
             logprobs = chat_logprobs(choice.token_ids, choice.logprobs, self.body.top_logprobs or 0)
         body = {"index": index, "logprobs": logprobs, "finish_reason": choice.finish_reason,
                 "stop_reason": choice.stop_reason}
+        message = {"content": choice.text} if self.tool_choice is None else self._tool_message(index, choice, final)
+        if message.get("tool_calls") and choice.finish_reason == "stop":
+            body["finish_reason"] = "tool_calls"
         if final:
-            return {**body, "message": {"role": "assistant", "content": choice.text}}
-        delta = {"content": choice.text} if choice.started else {"role": "assistant", "content": choice.text}
-        return {**body, "delta": delta}
+            return {**body, "message": {"role": "assistant", **message}}
+        return {**body, "delta": message if choice.started else {"role": "assistant", **message}}
+
+    def _tool_message(self, index: int, choice: _Choice, final: bool) -> dict:
+        """Content (and, once the choice ends, tool calls) of a reply that may call tools; streamed
+        calls carry their index."""
+        text = self._text[index] = self._text.get(index, "") + choice.text
+        if choice.finish_reason is None:
+            return {"content": self._showable(index, text)}
+        content, calls = parse_tool_calls(text, self.tool_choice)
+        shown = self._shown.get(index, 0)
+        if not calls:
+            return {"content": text[shown:]}
+        rest = (content or "")[shown:] if content and content.startswith(text[:shown]) else None
+        return {"content": rest or None,
+                "tool_calls": [call.as_openai(None if final else i) for i, call in enumerate(calls)]}
+
+    def _showable(self, index: int, text: str) -> str:
+        """New content that is surely no tool call: none for a forced call, and for "auto" the text
+        before a call's start tag (less a tail that may be the tag's beginning)."""
+        if self.tool_choice != "auto":
+            return ""
+        end = text.find(TOOL_CALL_START)
+        if end < 0:
+            end = next((len(text) - k for k in range(len(TOOL_CALL_START) - 1, 0, -1)
+                        if text.endswith(TOOL_CALL_START[:k])), len(text))
+        shown = self._shown.get(index, 0)
+        self._shown[index] = max(shown, end)
+        return text[shown:end]
 
 
 def _sse(payload: dict) -> str:

@@ -1,5 +1,6 @@
 """OpenAI request bodies and response pieces, for /v1/completions, /v1/chat/completions and /tokenize."""
 
+import json
 import time
 import uuid
 from typing import Literal
@@ -7,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from nanovllm.outputs import PositionLogprobs
-from nanovllm.sampling_params import SamplingParams
+from nanovllm.sampling_params import SamplingParams, StructuredOutputsParams
 
 
 class StreamOptions(BaseModel):
@@ -17,6 +18,24 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    """`response_format.json_schema`: the schema the reply must follow (always strictly)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str = "response"
+    description: str | None = None
+    json_schema: dict = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """`response_format`: plain text, any JSON object, or JSON following a schema."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class _GenerationRequest(BaseModel):
     """Fields both endpoints share.
 
@@ -24,7 +43,10 @@ class _GenerationRequest(BaseModel):
     repetition_penalty, min_tokens, stop_token_ids, include_stop_str_in_output,
     ignore_eos, skip_special_tokens); SamplingParams checks their values. A
     field this server does not know is ignored (the server logs it), as vLLM
-    does; a known field with a bad value is refused.
+    does; a known field with a bad value is refused. The reply may be
+    constrained by one of `response_format`, vLLM's `structured_outputs`
+    ({"json" | "regex" | "choice" | "grammar" | "json_object": ...}) or its
+    older `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`.
     """
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
@@ -49,6 +71,36 @@ class _GenerationRequest(BaseModel):
     min_tokens: int | None = None
     skip_special_tokens: bool | None = None
     n: int | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict | None = None
+    guided_json: dict | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+
+    def structured_spec(self) -> StructuredOutputsParams | None:
+        """The constraint the request asks for, if any; ValueError if it asks for more than one."""
+        specs = {}
+        fmt = self.response_format
+        if fmt is not None and fmt.type == "json_object":
+            specs["response_format"] = StructuredOutputsParams(json_object=True)
+        elif fmt is not None and fmt.type == "json_schema":
+            if fmt.json_schema is None:
+                raise ValueError("response_format of type json_schema needs a json_schema with a schema")
+            specs["response_format"] = StructuredOutputsParams(json=fmt.json_schema.json_schema)
+        if self.structured_outputs is not None:
+            unknown = sorted(set(self.structured_outputs) - _STRUCTURED_KEYS)
+            if unknown:
+                raise ValueError(f"structured_outputs takes {', '.join(sorted(_STRUCTURED_KEYS))}; "
+                                 f"unknown: {', '.join(unknown)}")
+            specs["structured_outputs"] = StructuredOutputsParams(**self.structured_outputs)
+        for name in ("json", "regex", "choice", "grammar"):
+            value = getattr(self, f"guided_{name}")
+            if value is not None:
+                specs[f"guided_{name}"] = StructuredOutputsParams(**{name: value})
+        if len(specs) > 1:
+            raise ValueError(f"send one constraint on the output, got {', '.join(specs)}")
+        return next(iter(specs.values()), None)
 
     @property
     def unknown_fields(self) -> list[str]:
@@ -63,18 +115,22 @@ class _GenerationRequest(BaseModel):
         """The most tokens each completion may have, None for as many as the context holds."""
         return self.max_tokens
 
-    def sampling_params(self, logprobs: int | None, prompt_logprobs: int | None = None,
-                        best_of: int | None = None) -> SamplingParams:
-        """The engine's SamplingParams from the fields the request set; ValueError names a bad value."""
+    def sampling_params(self, logprobs: int | None, prompt_logprobs: int | None = None, best_of: int | None = None,
+                        structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
+        """The engine's SamplingParams from the fields the request set; ValueError names a bad value.
+        `structured_outputs` replaces what the request's own fields ask for."""
         values = self.model_dump(include=_SAMPLING_FIELDS, exclude_none=True)
         values["max_tokens"] = self.completion_limit
         if self.logit_bias is not None:
             values["logit_bias"] = _token_biases(self.logit_bias)
-        return SamplingParams(**values, logprobs=logprobs, prompt_logprobs=prompt_logprobs, best_of=best_of)
+        return SamplingParams(**values, logprobs=logprobs, prompt_logprobs=prompt_logprobs, best_of=best_of,
+                              structured_outputs=structured_outputs or self.structured_spec())
 
 
+_STRUCTURED_KEYS = {"json", "regex", "choice", "grammar", "json_object"}
 _SAMPLING_FIELDS = (set(_GenerationRequest.model_fields)
-                    - {"model", "stream", "stream_options", "user", "max_tokens", "logit_bias"})
+                    - {"model", "stream", "stream_options", "user", "max_tokens", "logit_bias", "response_format",
+                       "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar"})
 
 
 def _token_biases(logit_bias: dict[str, float]) -> dict[int, float]:
@@ -114,21 +170,91 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    """A function and its arguments as JSON text."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    arguments: str
+
+
+class ToolCallMessage(BaseModel):
+    """A call an assistant message made, sent back in the conversation."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
-    """One turn of a conversation; content is a string or a list of text parts."""
+    """One turn of a conversation: content as a string or text parts; an assistant turn may carry the tool
+    calls it made (then content may be null), a tool turn the id of the call it answers."""
 
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[TextPart]
+    content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallMessage] | None = None
+    tool_call_id: str | None = None
 
     def for_template(self) -> dict:
-        """The message as chat templates expect it: content as one string."""
-        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-        message = {"role": self.role, "content": content}
-        if self.name is not None:
-            message["name"] = self.name
+        """The message as chat templates expect it: content as one string, tool call arguments as objects."""
+        if self.content is None and not self.tool_calls:
+            raise ValueError(f"a {self.role} message needs content (only an assistant's tool calls may stand alone)")
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        content = self.content if isinstance(self.content, str | None) else "".join(p.text for p in self.content)
+        message = {"role": self.role, "content": content or ""}
+        for name in ("name", "tool_call_id"):
+            if getattr(self, name) is not None:
+                message[name] = getattr(self, name)
+        if self.tool_calls:
+            message["tool_calls"] = [{"id": call.id, "type": "function", "function": {
+                "name": call.function.name, "arguments": _arguments(call.function.arguments)}}
+                for call in self.tool_calls]
         return message
+
+
+def _arguments(text: str):
+    """Arguments as the object templates render (the JSON text when it is not JSON)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+class FunctionDefinition(BaseModel):
+    """A function the model may call: its name, what it does, its parameters' JSON schema."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(BaseModel):
+    """`tools[i]`: a function."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    """The function a named tool_choice calls."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    """`tool_choice` naming the function the reply must call."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"] = "function"
+    function: NamedFunction
 
 
 class ChatCompletionRequest(_GenerationRequest):
@@ -142,6 +268,8 @@ class ChatCompletionRequest(_GenerationRequest):
     """
 
     messages: list[ChatMessage]
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = None
@@ -155,6 +283,18 @@ class ChatCompletionRequest(_GenerationRequest):
 
     def conversation(self) -> list[dict]:
         return [m.for_template() for m in self.messages]
+
+    def tool_list(self) -> list[dict] | None:
+        """The tools as chat templates and the constraint take them (None without tools)."""
+        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
+
+    def effective_tool_choice(self) -> str | dict:
+        """The tool choice in force: as sent, else "auto" when tools are given and "none" without."""
+        if self.tool_choice is None:
+            return "auto" if self.tools else "none"
+        if self.tool_choice != "none" and not self.tools:
+            raise ValueError("tool_choice needs tools; send the functions the model may call in tools")
+        return self.tool_choice if isinstance(self.tool_choice, str) else self.tool_choice.model_dump()
 
 
 class TokenizeRequest(BaseModel):

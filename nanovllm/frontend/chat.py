@@ -8,9 +8,10 @@ from nanovllm.frontend.input_processor import check_unicode
 
 def render_chat(tokenizer: PreTrainedTokenizerBase | None, messages: list[dict], add_generation_prompt: bool = True,
                 continue_final_message: bool = False, chat_template: str | None = None,
-                chat_template_kwargs: dict | None = None) -> str:
+                chat_template_kwargs: dict | None = None, tools: list[dict] | None = None) -> str:
     """The conversation as text in `chat_template` (default: the tokenizer's), ready for the reply:
-    with the template's generation prompt, or continuing the last (assistant) message."""
+    with the template's generation prompt, or continuing the last (assistant) message; `tools` are the
+    functions the template describes to the model."""
     if tokenizer is None:
         raise ValueError("chat needs a tokenizer, but skip_tokenizer_init=True; render the prompt yourself")
     template = chat_template or getattr(tokenizer, "chat_template", None)
@@ -23,7 +24,7 @@ def render_chat(tokenizer: PreTrainedTokenizerBase | None, messages: list[dict],
         raise ValueError("add_generation_prompt and continue_final_message cannot both be true: the reply "
                          "either starts a new assistant turn or continues the last message")
     try:
-        text = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
+        text = tokenizer.apply_chat_template(messages, tools=tools, chat_template=template, tokenize=False,
                                              add_generation_prompt=add_generation_prompt,
                                              continue_final_message=continue_final_message,
                                              **(chat_template_kwargs or {}))

@@ -9,6 +9,7 @@ from nanovllm.config import Config
 from nanovllm.engine.engine_client import EngineClient
 from nanovllm.engine.engine_core import EngineCore
 from nanovllm.engine.messages import EngineCoreRequest
+from nanovllm.engine.structured_output import grammar_vocabulary
 from nanovllm.frontend.input_processor import InputProcessor, ProcessedPrompt, Prompt
 from nanovllm.frontend.output_processor import OutputProcessor, ParentRequest, RequestState
 from nanovllm.frontend.tokenizer import eos_token_ids, load_tokenizer
@@ -40,7 +41,9 @@ class EngineFrontend:
         self.config = Config.from_kwargs(model, **kwargs)
         self.tokenizer = load_tokenizer(self.config)
         self.eos_token_ids = eos_token_ids(self.config, self.tokenizer)
-        self.engine_core = EngineCore(self.config, self.eos_token_ids)
+        vocabulary = None if self.tokenizer is None else grammar_vocabulary(
+            self.tokenizer, self.config.hf_config.vocab_size, self.eos_token_ids)
+        self.engine_core = EngineCore(self.config, self.eos_token_ids, vocabulary)
         self.client = client_class(self.engine_core)
         self.input_processor = InputProcessor(self.tokenizer, self.client.info)
         self.output_processor = OutputProcessor()

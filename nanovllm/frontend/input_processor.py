@@ -5,6 +5,7 @@ from dataclasses import dataclass, replace
 from transformers import PreTrainedTokenizerBase
 
 from nanovllm.engine.messages import EngineCoreInfo
+from nanovllm.engine.structured_output import grammar_of
 from nanovllm.sampling_params import SamplingParams
 
 # text, token ids, {"prompt": text} or {"prompt_token_ids": ids}
@@ -92,6 +93,10 @@ class InputProcessor:
             if value is not None and value > vocab_size:
                 raise ValueError(f"{name}={value} asks for more alternatives than the vocabulary's "
                                  f"{vocab_size} tokens")
+        if params.structured_outputs is not None:
+            if self.tokenizer is None:
+                raise ValueError("structured outputs need a tokenizer, but skip_tokenizer_init=True")
+            grammar_of(params.structured_outputs)  # a bad schema, regex or grammar is refused here
 
     def check_fits(self, token_ids: list[int], params: SamplingParams) -> None:
         """Refuse up front a request that could never finish within the model or the KV cache."""

