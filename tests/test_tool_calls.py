@@ -178,3 +178,31 @@ def test_a_tool_message_needs_its_call_id(server):
     messages = QUESTION + [{"role": "tool", "content": "18 degrees"}]
     response = httpx.post(f"{server}/v1/chat/completions", json={"model": "smol", "messages": messages})
     assert response.status_code == 400 and "tool_call_id" in response.json()["error"]["message"]
+
+
+def test_a_streamed_call_goes_back_with_its_result(server):
+    client = client_of(server)
+    chunks = list(client.chat.completions.create(
+        model="smol", messages=QUESTION, tools=[WEATHER], temperature=0.7, seed=4, max_tokens=80, stream=True,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}))
+    [delta] = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
+    call = {"id": delta.id, "type": "function",
+            "function": {"name": delta.function.name, "arguments": delta.function.arguments}}
+    conversation = QUESTION + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                               {"role": "tool", "tool_call_id": delta.id, "content": "18 degrees, sunny"}]
+    answer = client.chat.completions.create(model="smol", messages=conversation, tools=[WEATHER], max_tokens=20,
+                                            temperature=0, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in answer)
+
+
+def test_tool_choice_none_leaves_the_tools_out_and_auto_may_answer_in_text(server):
+    client = client_of(server)
+    plain = client.chat.completions.create(model="smol", messages=QUESTION, max_tokens=1)
+    none = client.chat.completions.create(model="smol", messages=QUESTION, tools=[WEATHER], tool_choice="none",
+                                          max_tokens=1)
+    auto = client.chat.completions.create(model="smol", messages=QUESTION, tools=[WEATHER], max_tokens=16,
+                                          temperature=0)
+    assert none.usage.prompt_tokens == plain.usage.prompt_tokens < auto.usage.prompt_tokens
+    message = auto.choices[0].message
+    assert (message.tool_calls is None) == (auto.choices[0].finish_reason != "tool_calls")
+    assert message.tool_calls or message.content
