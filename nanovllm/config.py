@@ -15,6 +15,12 @@ _ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
 _DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _TYPE_NAMES = {int: "an integer", float: "a number", bool: "True or False", str: "a string"}
 _DEFAULT_MAX_MODEL_LEN = 4096
+# Tokens per step when max_num_batched_tokens=-1. A GPU step of 16k tokens keeps
+# the chip busy. On two CPU cores 256 prompt tokens (beside 8 decodes) take about
+# 0.6 s and the last chunks of a 4,000-token prompt about 1 s, so running streams
+# wait at most about a second while a long prompt is absorbed; 512 took up to
+# 1.7 s, and smaller chunks absorb a prompt no slower (benchmarks/cpu_serving_stall.py).
+_DEFAULT_TOKEN_BUDGET = {"cuda": 16384, "cpu": 256}
 _SEED_MIN, _SEED_MAX = -(1 << 63), (1 << 63) - 1
 
 
@@ -52,10 +58,14 @@ class Config:
     `max_num_batched_tokens` and runs them in the same steps as the running
     sequences' decodes, so `max_model_len` may exceed the token budget; when
     False a prompt is prefilled whole, in a step of its own.
+    `max_num_batched_tokens=-1` (the default) means the device's budget: 16384
+    tokens per step on CUDA, 256 on the CPU (where a step's time grows with its
+    tokens and decoding streams wait for it); with chunked prefill off, at least
+    `max_model_len`.
     """
 
     model: str
-    max_num_batched_tokens: int = 16384
+    max_num_batched_tokens: int = -1
     max_num_seqs: int = 512
     max_model_len: int = -1
     enable_chunked_prefill: bool = True
@@ -95,6 +105,7 @@ class Config:
         self.hf_config = AutoConfig.from_pretrained(self.model)
         check_divisible(self.hf_config, self.tensor_parallel_size)
         self.max_model_len = self._resolve_max_model_len()
+        self.max_num_batched_tokens = self._resolve_token_budget()
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
@@ -131,7 +142,9 @@ class Config:
             if not ok:
                 raise ValueError(message)
 
-        require(self.max_num_batched_tokens >= 1, f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        require(self.max_num_batched_tokens == -1 or self.max_num_batched_tokens >= 1,
+                f"max_num_batched_tokens must be >= 1, or -1 for the device's default, "
+                f"got {self.max_num_batched_tokens}")
         require(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         require(self.max_model_len == -1 or self.max_model_len >= 1,
                 f"max_model_len must be >= 1, or -1 for the model's limit (at most {_DEFAULT_MAX_MODEL_LEN}), "
@@ -172,6 +185,12 @@ class Config:
                 f"lower it, or leave it out (-1) for {min(_DEFAULT_MAX_MODEL_LEN, limit)}"
             )
         return self.max_model_len
+
+    def _resolve_token_budget(self) -> int:
+        if self.max_num_batched_tokens != -1:
+            return self.max_num_batched_tokens
+        budget = _DEFAULT_TOKEN_BUDGET[self.device]
+        return budget if self.enable_chunked_prefill else max(budget, self.max_model_len)
 
     def _resolve_attention_backend(self) -> str:
         name = self.attention_backend

@@ -58,6 +58,8 @@ def default_model_dir(cache_dir: str | None = None) -> str:
     gguf_path = find_gguf_file()
     _require_gguf_package()
     os.makedirs(cache, exist_ok=True)
+    print(f"converting the bundled {MODEL_NAME} GGUF file into {target} (once, about half a minute)",
+          file=sys.stderr, flush=True)
     tmp = tempfile.mkdtemp(prefix=f".{MODEL_NAME}.", suffix=".tmp", dir=cache)
     try:
         convert_gguf(gguf_path, tmp)

@@ -2,5 +2,5 @@
 # Sets up .venv and runs the test suite (GPU tests skip themselves without CUDA).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh test
 .venv/bin/python -m pytest -q "$@"

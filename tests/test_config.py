@@ -19,10 +19,24 @@ def test_defaults_follow_the_design(qwen3_dir):
     config = Config(qwen3_dir)
     assert (config.max_num_batched_tokens, config.max_num_seqs, config.gpu_memory_utilization,
             config.tensor_parallel_size, config.kvcache_block_size, config.num_kvcache_blocks) == (
-        16384, 512, 0.9, 1, 256, -1)
+        256, 512, 0.9, 1, 256, -1)
     assert config.device == "cpu"
     # max_model_len defaults to the model's max_position_embeddings (1024 here), at most 4096
     assert config.max_model_len == 1024
+
+
+@pytest.mark.parametrize("kwargs, budget", [
+    ({}, 256),  # the CPU's chunk: a step of it keeps decoding streams' gaps near a second
+    ({"device": "cuda"}, 16384),
+    ({"enable_chunked_prefill": False}, 1024),  # a whole prompt of max_model_len must fit one step
+    ({"enable_chunked_prefill": False, "max_model_len": 128}, 256),
+    ({"max_num_batched_tokens": 100}, 100),
+])
+def test_token_budget_follows_the_device(qwen3_dir, monkeypatch, kwargs, budget):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
+    kwargs.setdefault("device", "cpu")
+    assert Config(qwen3_dir, **kwargs).max_num_batched_tokens == budget
 
 
 def test_unknown_keyword_is_named(qwen3_dir):
@@ -46,7 +60,8 @@ def test_unknown_keyword_is_named(qwen3_dir):
     ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
     ({"master_port": 70000}, "master_port"),
     ({"master_port": -1}, r"master_port must be in \[0, 65535\]"),
-    ({"max_num_batched_tokens": 0}, "max_num_batched_tokens must be >= 1, got 0"),
+    ({"max_num_batched_tokens": 0}, r"max_num_batched_tokens must be >= 1, or -1 for the device's default, got 0"),
+    ({"max_num_batched_tokens": -2}, r"max_num_batched_tokens must be >= 1, or -1 .*got -2"),
     ({"max_model_len": 0}, r"max_model_len must be >= 1, or -1 for the model's limit \(at most 4096\), got 0"),
     ({"max_model_len": -2}, r"max_model_len must be >= 1, or -1 .*got -2"),
     ({"gpu_memory_utilization": 0}, r"gpu_memory_utilization must be in \(0, 1\], got 0"),
