@@ -27,12 +27,14 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> 
     return o[0].transpose(0, 1)
 
 
-def _gather(cache: torch.Tensor, block_tables: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    # the cached tokens at `positions` of each sequence, read through its block table:
-    # block_tables: [seqs, max_blocks], positions: [keys] -> [seqs, keys, kv_heads, d]
+def _gather(cache: torch.Tensor, block_tables: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    # the first num_tokens cached tokens of each sequence, read through its block table
+    # a whole block at a time: a block is one run of memory, and copying runs rather than
+    # token rows halved a decode step of 4 sequences at 3,000 tokens on the CPU.
+    # block_tables: [seqs, max_blocks] -> [seqs, num_tokens, kv_heads, d]
     block_size = cache.size(1)
-    blocks = block_tables[:, positions // block_size].clamp_min(0)
-    return cache.flatten(0, 1)[blocks * block_size + positions % block_size]
+    blocks = block_tables[:, :(num_tokens + block_size - 1) // block_size].clamp_min(0).long()
+    return cache[blocks].flatten(1, 2)[:, :num_tokens]
 
 
 class TorchAttentionBackend:
@@ -63,10 +65,9 @@ class TorchAttentionBackend:
             if context.block_tables is None:
                 keys, values = k[new], v[new]
             else:
-                positions = torch.arange(k_len, device=q.device)
                 table = context.block_tables[i:i + 1]
-                keys = _gather(k_cache, table, positions)[0]
-                values = _gather(v_cache, table, positions)[0]
+                keys = _gather(k_cache, table, k_len)[0]
+                values = _gather(v_cache, table, k_len)[0]
             o[new] = _attend(q[new], keys, values, scale)
             start += q_len
         return o
@@ -76,8 +77,8 @@ class TorchAttentionBackend:
         """One query per sequence over its `context_lens[i]` cached tokens (at most `max_seqlen_k`)."""
         # q: [seqs, heads, d]; block_tables: [seqs, max_blocks]
         positions = torch.arange(context.max_seqlen_k, device=q.device)  # [keys]
-        keys = _gather(k_cache, context.block_tables, positions)  # [seqs, keys, kv_heads, d]
-        values = _gather(v_cache, context.block_tables, positions)
+        keys = _gather(k_cache, context.block_tables, context.max_seqlen_k)  # [seqs, keys, kv_heads, d]
+        values = _gather(v_cache, context.block_tables, context.max_seqlen_k)
         mask = positions < context.context_lens.unsqueeze(1)  # [seqs, keys]
         o = F.scaled_dot_product_attention(
             q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2),
