@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from nanovllm.kernels.torch_attention import TorchAttentionBackend
+from nanovllm.kernels.torch_attention import TorchAttentionBackend, _attend_written_out
 from nanovllm.utils.context import Context
 
 HEADS, KV_HEADS, DIM, BLOCK = 4, 2, 8, 16
@@ -22,9 +22,15 @@ def dense_attention(q, k, v):
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
-def scattered_block_tables(lengths, num_blocks, seed=0):
-    """Each sequence's blocks drawn from a shuffled pool, so tables are not contiguous."""
-    pool = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
+def block_tables(lengths, num_blocks, seed=0, order="scattered"):
+    """Each sequence's blocks drawn from a pool: shuffled (runs of one block), ascending
+    (one run, read as one view), or descending (as the block manager hands out freed
+    blocks, read as one sorted range plus the partly filled last block)."""
+    pool = list(range(num_blocks))
+    if order == "scattered":
+        pool = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
+    elif order == "descending":
+        pool.reverse()
     tables = []
     for n in lengths:
         need = (n + BLOCK - 1) // BLOCK
@@ -52,13 +58,14 @@ def test_store_writes_slots_and_skips_minus_one(caches):
     assert k_cache.flatten(0, 1).abs().sum(-1).sum(-1).nonzero().flatten().tolist() == [5, 40]
 
 
-@pytest.mark.parametrize("cached", [[0, 0, 0], [16, 0, 32], [16, 10, 3]])
-def test_prefill_with_and_without_cached_prefix(caches, cached):
+@pytest.mark.parametrize("order", ["scattered", "ascending", "descending"])
+@pytest.mark.parametrize("cached", [[0, 0, 0], [16, 0, 32], [16, 10, 3], [40, 0, 35]])
+def test_prefill_with_and_without_cached_prefix(caches, cached, order):
     torch.manual_seed(0)
     k_cache, v_cache = caches
     backend = TorchAttentionBackend()
-    totals = [40, 17, 50]
-    tables = scattered_block_tables(totals, 32)
+    totals = [56, 17, 50]
+    tables = block_tables(totals, 32, order=order)
     full_k = [torch.randn(n, KV_HEADS, DIM) for n in totals]
     full_v = [torch.randn(n, KV_HEADS, DIM) for n in totals]
     q = [torch.randn(n - c, HEADS, DIM) for n, c in zip(totals, cached)]
@@ -77,12 +84,13 @@ def test_prefill_with_and_without_cached_prefix(caches, cached):
     torch.testing.assert_close(out, expected)
 
 
-def test_decode_reads_each_sequence_through_its_blocks(caches):
+@pytest.mark.parametrize("order", ["scattered", "ascending", "descending"])
+def test_decode_reads_each_sequence_through_its_blocks(caches, order):
     torch.manual_seed(0)
     k_cache, v_cache = caches
     backend = TorchAttentionBackend()
     lengths = [1, 16, 17, 45]
-    tables = scattered_block_tables(lengths, 32, seed=1)
+    tables = block_tables(lengths, 32, seed=1, order=order)
     full_k = [torch.randn(n, KV_HEADS, DIM) for n in lengths]
     full_v = [torch.randn(n, KV_HEADS, DIM) for n in lengths]
     for i, n in enumerate(lengths):
@@ -94,3 +102,15 @@ def test_decode_reads_each_sequence_through_its_blocks(caches):
     out = backend.decode(q, k_cache, v_cache, context, DIM**-0.5)
     expected = torch.stack([dense_attention(q[i:i + 1], full_k[i], full_v[i])[0] for i in range(len(lengths))])
     torch.testing.assert_close(out, expected)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_written_out_formula_matches_the_fused_kernel(causal):
+    # the formula other devices use, checked here against PyTorch's fused CPU kernel
+    torch.manual_seed(0)
+    q = torch.randn(1, HEADS, 7, DIM)
+    k, v = torch.randn(1, KV_HEADS, 7, DIM), torch.randn(1, KV_HEADS, 7, DIM)
+    want = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=0.3)[:2]
+    got = _attend_written_out(q, k, v, causal, 0.3)
+    torch.testing.assert_close(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1])

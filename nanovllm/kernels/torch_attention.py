@@ -3,44 +3,109 @@
 Cache layout: k_cache, v_cache: [num_blocks, block_size, kv_heads, head_dim];
 token t of a sequence lives in block `block_table[t // block_size]` at offset
 `t % block_size`, i.e. flat slot `block_id * block_size + offset`.
+
+The cache is read in place, never gathered: a run of consecutive block ids is
+one strided view of the cache, each query attends over each run (and over its
+own new tokens) separately, and the partial results are combined by their
+log-sum-exp, the way a paged flash-attention kernel combines its tiles.
 """
 
 import torch
-import torch.nn.functional as F
 
 from nanovllm.utils.context import Context
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    # q: [q_len, heads, d]; k, v: [k_len, kv_heads, d]. The queries are the last
-    # q_len of the k_len positions, so query i sees keys 0 .. k_len - q_len + i.
-    # As [1, heads, len, d], PyTorch's fused attention kernels take them (on the
-    # CPU 8x faster than the unbatched form for a 4,000-token prompt); a whole
-    # prompt is plainly causal and needs no mask.
-    q_len, k_len = q.size(0), k.size(0)
-    q4, k4, v4 = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
-    if q_len == k_len:
-        o = F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, scale=scale, enable_gqa=True)
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+            scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of q over k/v and its log-sum-exp; `causal` aligns q with the last keys.
+
+    q: [heads, q_len, d]; k, v: [kv_heads, k_len, d] -> o: [heads, q_len, d], lse: [heads, q_len] (fp32)
+    """
+    q4, k4, v4 = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
+    if q.device.type == "cpu":
+        # PyTorch's fused CPU kernel, which also reports the log-sum-exp and reads
+        # grouped K/V heads without repeating them (q_len == k_len when causal)
+        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q4, k4, v4, 0.0, causal, scale=scale)[:2]
     else:
-        mask = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device).tril(k_len - q_len)
-        o = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, scale=scale, enable_gqa=True)
-    return o[0].transpose(0, 1)
+        o, lse = _attend_written_out(q4, k4, v4, causal, scale)
+    return o[0], lse[0]
 
 
-def _gather(cache: torch.Tensor, block_tables: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    # the first num_tokens cached tokens of each sequence, read through its block table
-    # a whole block at a time: a block is one run of memory, and copying runs rather than
-    # token rows halved a decode step of 4 sequences at 3,000 tokens on the CPU.
-    # block_tables: [seqs, max_blocks] -> [seqs, num_tokens, kv_heads, d]
-    block_size = cache.size(1)
-    blocks = block_tables[:, :(num_tokens + block_size - 1) // block_size].clamp_min(0).long()
-    return cache[blocks].flatten(1, 2)[:, :num_tokens]
+def _attend_written_out(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, causal: bool,
+                        scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    # the textbook formula in fp32, for devices without a fused kernel that reports the
+    # log-sum-exp; it is the oracle of the GPU kernels' tests
+    # q4: [1, heads, q_len, d]; k4, v4: [1, kv_heads, k_len, d]
+    group = q4.size(1) // k4.size(1)
+    k4, v4 = k4.repeat_interleave(group, 1), v4.repeat_interleave(group, 1)
+    scores = (q4.float() @ k4.float().transpose(-1, -2)) * scale  # [1, heads, q_len, k_len]
+    if causal:
+        q_len, k_len = scores.shape[-2:]
+        scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(k_len - q_len + 1), float("-inf"))
+    lse = scores.logsumexp(-1)  # [1, heads, q_len]
+    o = (scores - lse.unsqueeze(-1)).exp() @ v4.float()
+    return o.to(q4.dtype), lse
+
+
+def _heads_first(cache: torch.Tensor) -> torch.Tensor:
+    # [num_blocks, block_size, kv_heads, d] -> a view [kv_heads, num_blocks, block_size, d]
+    return cache.permute(2, 0, 1, 3)
+
+
+def _cached_runs(cache: torch.Tensor, block_ids: list[int], num_tokens: int) -> list[torch.Tensor]:
+    """The first `num_tokens` cached tokens of a sequence as views of a `_heads_first` cache:
+    [kv_heads, run_tokens, d] each, nothing copied.
+
+    Keys read without a mask may come in any order, so the full blocks are sorted and
+    each range of consecutive ids is one view; a partly filled last block closes the
+    range just below it, or is a view of its own.
+    """
+    num_full, rest = divmod(num_tokens, cache.size(2))
+    ranges: list[list[int]] = []  # [first id, last id + 1]
+    for block_id in sorted(block_ids[:num_full]):
+        if ranges and ranges[-1][1] == block_id:
+            ranges[-1][1] += 1
+        else:
+            ranges.append([block_id, block_id + 1])
+    views = [cache[:, start:stop].flatten(1, 2) for start, stop in ranges]
+    if rest:
+        last = block_ids[num_full]
+        below = next((i for i, (_, stop) in enumerate(ranges) if stop == last), None)
+        start = last if below is None else ranges[below][0]
+        view = cache[:, start:last + 1].flatten(1, 2)[:, :(last - start) * cache.size(2) + rest]
+        if below is None:
+            views.append(view)
+        else:
+            views[below] = view
+    return views
+
+
+def _combine(parts: list[tuple[torch.Tensor, torch.Tensor, int]], num_rows: int) -> torch.Tensor:
+    """Merge partial attention results into rows of the output by their log-sum-exp.
+
+    parts: (o [heads, n, d], lse [heads, n], first output row), in row order, together
+    covering every row at least once -> [num_rows, heads, d]
+    """
+    o = torch.cat([p[0] for p in parts], dim=1).transpose(0, 1)  # [R, heads, d]
+    if o.size(0) == num_rows:  # one part per row, appended in row order: nothing to merge
+        return o
+    lse = torch.cat([p[1] for p in parts], dim=1).transpose(0, 1)  # [R, heads]
+    rows = torch.tensor([row for p, _, first in parts for row in range(first, first + p.size(1))],
+                        device=o.device)  # [R]: the output row of each partial row
+    heads, dtype, o = lse.size(1), o.dtype, o.float()
+    peak = lse.new_full((num_rows, heads), float("-inf")).scatter_reduce_(
+        0, rows[:, None].expand(-1, heads), lse, "amax")
+    weight = (lse - peak[rows]).exp()  # [R, heads]
+    total = lse.new_zeros(num_rows, heads).index_add_(0, rows, weight)
+    merged = o.new_zeros(num_rows, heads, o.size(-1)).index_add_(0, rows, o * weight.unsqueeze(-1))
+    return (merged / total.unsqueeze(-1)).to(dtype)
 
 
 class TorchAttentionBackend:
-    """Stores K/V into the paged cache and attends over it with SDPA.
+    """Stores K/V into the paged cache and attends over it in place.
 
-    Decode shapes depend on the longest context, a host-side number, so this
+    Decode shapes depend on each sequence's length, a host-side number, so this
     backend cannot be captured in a CUDA graph.
     """
 
@@ -56,32 +121,30 @@ class TorchAttentionBackend:
 
     def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, context: Context, scale: float) -> torch.Tensor:
-        """Causal attention of each sequence's new tokens over its prefix and themselves."""
-        # q: [tokens, heads, d]; k, v: [tokens, kv_heads, d]
-        o = torch.empty_like(q)
-        start = 0
+        """Causal attention of each sequence's new tokens over its cached prefix and themselves."""
+        # q: [tokens, heads, d]; k, v: [tokens, kv_heads, d] (this step's, also in the cache)
+        tables = context.block_tables.tolist() if context.block_tables is not None else None
+        k_heads, v_heads = _heads_first(k_cache), _heads_first(v_cache)
+        parts, start = [], 0
         for i, (q_len, k_len) in enumerate(zip(context.seqlens_q, context.seqlens_k)):
             new = slice(start, start + q_len)
-            if context.block_tables is None:
-                keys, values = k[new], v[new]
-            else:
-                table = context.block_tables[i:i + 1]
-                keys = _gather(k_cache, table, k_len)[0]
-                values = _gather(v_cache, table, k_len)[0]
-            o[new] = _attend(q[new], keys, values, scale)
+            q_new = q[new].transpose(0, 1)  # [heads, q_len, d]
+            if tables is not None:
+                prefix = zip(_cached_runs(k_heads, tables[i], k_len - q_len),
+                             _cached_runs(v_heads, tables[i], k_len - q_len))
+                parts += [(*_attend(q_new, keys, values, False, scale), start) for keys, values in prefix]
+            parts.append((*_attend(q_new, k[new].transpose(0, 1), v[new].transpose(0, 1), True, scale), start))
             start += q_len
-        return o
+        return _combine(parts, q.size(0))
 
     def decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                context: Context, scale: float) -> torch.Tensor:
-        """One query per sequence over its `context_lens[i]` cached tokens (at most `max_seqlen_k`)."""
+        """One query per sequence over its `context_lens[i]` cached tokens."""
         # q: [seqs, heads, d]; block_tables: [seqs, max_blocks]
-        positions = torch.arange(context.max_seqlen_k, device=q.device)  # [keys]
-        keys = _gather(k_cache, context.block_tables, context.max_seqlen_k)  # [seqs, keys, kv_heads, d]
-        values = _gather(v_cache, context.block_tables, context.max_seqlen_k)
-        mask = positions < context.context_lens.unsqueeze(1)  # [seqs, keys]
-        o = F.scaled_dot_product_attention(
-            q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2),
-            attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True,
-        )
-        return o.squeeze(2)
+        k_heads, v_heads = _heads_first(k_cache), _heads_first(v_cache)
+        queries = q.unsqueeze(2)  # [seqs, heads, 1, d]
+        parts = []
+        for i, (table, length) in enumerate(zip(context.block_tables.tolist(), context.context_lens.tolist())):
+            for keys, values in zip(_cached_runs(k_heads, table, length), _cached_runs(v_heads, table, length)):
+                parts.append((*_attend(queries[i], keys, values, False, scale), i))
+        return _combine(parts, q.size(0))
