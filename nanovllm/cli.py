@@ -37,9 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", default=None,
                        help="require 'Authorization: Bearer KEY' on every endpoint but /health")
     serve.add_argument("--max-waiting", type=int, default=1024,
-                       help="answer 503 while this many requests are already waiting")
+                       help="answer 503 while the engine holds this many requests it has not scheduled yet")
     serve.add_argument("--served-model-name", default=None,
                        help="the model name clients send (default: MODEL_DIR as given)")
+    serve.add_argument("--shutdown-timeout", type=float, default=30.0,
+                       help="on SIGINT/SIGTERM, seconds running requests get to finish before they are aborted")
+    serve.add_argument("--max-request-bytes", type=int, default=8 << 20,
+                       help="answer 413 to a request body larger than this")
     _engine_options(serve)
     return parser
 
@@ -48,11 +52,12 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of the `nanovllm` console script."""
     args = vars(build_parser().parse_args(argv))
     args.pop("command")
+    from nanovllm.engine.core_client import EngineStartupError
     from nanovllm.entrypoints.api_server import serve
 
     try:
         serve(**args)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, EngineStartupError) as e:
         sys.exit(f"nanovllm serve: {e}")
 
 

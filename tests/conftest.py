@@ -1,6 +1,8 @@
 """Fixtures: tiny random models saved with transformers, with a small word-level tokenizer,
 and a folder with the Qwen3-0.6B shape for dummy weights."""
 
+import contextlib
+import functools
 import itertools
 import json
 import os
@@ -89,30 +91,33 @@ def llama_dir(tmp_path_factory):
     return str(path)
 
 
-def patch_step(online_engine, monkeypatch, before_step) -> None:
-    """Call `before_step(n)` before the engine's n-th step (from 1), to slow steps down or fail one."""
-    real_step = online_engine.engine_core.step
-    calls = itertools.count(1)
+def run_core_with_step_hook(seconds: float, failing_call: int | None, *args) -> None:
+    """Entry point of a spawned engine-core process whose steps each sleep `seconds` first, as on a
+    real model, so a test can act mid-generation, and whose `failing_call`-th step (from 1) raises,
+    as a device failure would."""
+    from nanovllm.engine import core_process
+    from nanovllm.engine.engine_core import EngineCore
 
-    def step():
-        before_step(next(calls))
-        return real_step()
+    real_step, calls = EngineCore.step, itertools.count(1)
 
-    monkeypatch.setattr(online_engine.engine_core, "step", step)
-
-
-def slow_down(online_engine, monkeypatch, seconds=0.005) -> None:
-    """Make each step take a while, as on a real model, so a test can act mid-generation."""
-    patch_step(online_engine, monkeypatch, lambda n: time.sleep(seconds))
-
-
-def fail_step(online_engine, monkeypatch, failing_call: int) -> None:
-    """Make the engine's `failing_call`-th step raise, as a device failure would."""
-    def maybe_fail(n):
-        if n == failing_call:
+    def step(self):
+        if next(calls) == failing_call:
             raise RuntimeError("simulated failure")
+        time.sleep(seconds)
+        return real_step(self)
 
-    patch_step(online_engine, monkeypatch, maybe_fail)
+    EngineCore.step = step
+    core_process.run_engine_core(*args)
+
+
+@contextlib.contextmanager
+def core_steps(seconds: float = 0.005, failing_call: int | None = None):
+    """Online engines started inside this block run their core with slowed (and maybe one failing) steps."""
+    from nanovllm.engine import core_client
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(core_client, "run_engine_core", functools.partial(run_core_with_step_hook, seconds, failing_call))
+        yield
 
 
 @pytest.fixture(scope="session")

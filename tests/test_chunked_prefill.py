@@ -15,7 +15,7 @@ ENGINE = dict(kvcache_block_size=BLOCK, max_model_len=512)
 def record_batches(llm) -> list:
     """A list that fills with (num_scheduled_tokens, samples, is_prefill) of every step the engine runs."""
     batches = []
-    runner = llm.engine_core.model_runner
+    runner = llm.client.core.model_runner
     original = runner.execute
 
     def recording_execute(out, *grammar):
@@ -90,7 +90,7 @@ def test_preemption_in_the_middle_of_a_chunked_prefill(qwen3_dir):
     params = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)] * 4 + [GREEDY]
     llm = LLM(qwen3_dir, max_num_batched_tokens=32, num_kvcache_blocks=16, **ENGINE)
     preempted = []
-    scheduler = llm.engine_core.scheduler
+    scheduler = llm.client.core.scheduler
     original = scheduler._preempt
 
     def recording_preempt(req):

@@ -1,6 +1,8 @@
 """The `nanovllm` command: argument parsing, and `nanovllm serve` as a real process."""
 
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -74,3 +76,94 @@ def test_serve_reports_a_bad_model_folder(tmp_path):
     result = subprocess.run(nanovllm_command() + ["serve", str(tmp_path / "missing")], capture_output=True,
                             text=True, timeout=120)
     assert result.returncode != 0 and "does not exist" in result.stderr
+
+
+def start_server(model_dir: str, *flags: str) -> tuple[subprocess.Popen, str]:
+    """`nanovllm serve` on a free port, once /health answers 200: the process and its URL."""
+    port = free_port()
+    engine_flags = [f"--{name.replace('_', '-')}={value}" for name, value in ENGINE_ARGS.items()]
+    process = subprocess.Popen(nanovllm_command() + ["serve", model_dir, "--port", str(port),
+                                                     "--served-model-name", "tiny", *engine_flags, *flags],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        assert process.poll() is None, process.stdout.read()
+        assert time.monotonic() < deadline, "the server did not come up"
+        try:
+            if httpx.get(f"{url}/health").status_code == 200:
+                return process, url
+        except httpx.TransportError:
+            time.sleep(0.2)
+
+
+def engine_processes(pid: int) -> list[int]:
+    """The processes `pid` started, but Python's multiprocessing resource tracker, which every
+    program that spawns processes has (it ends with its parent)."""
+    children = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == pid and b"resource_tracker" not in command:
+            children.append(int(entry))
+    return children
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def stream_body(max_tokens: int) -> dict:
+    return {"model": "tiny", "prompt": "w5 w6", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+
+
+def test_serve_is_two_processes_and_a_graceful_stop_lets_a_stream_finish(qwen3_dir):
+    process, url = start_server(qwen3_dir, "--max-model-len=1024", "--num-kvcache-blocks=128")
+    [core] = engine_processes(process.pid)
+    with httpx.stream("POST", f"{url}/v1/completions", json=stream_body(1000), timeout=60) as response:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data:"))
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        with pytest.raises(httpx.TransportError):  # no new connections while it drains
+            httpx.get(f"{url}/health")
+        events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+    assert process.wait(timeout=30) in (0, -signal.SIGTERM)
+    assert not alive(core)
+
+
+def test_a_killed_core_ends_streams_with_an_error_and_serve_exits(qwen3_dir):
+    process, url = start_server(qwen3_dir, "--max-model-len=1024", "--num-kvcache-blocks=128")
+    [core] = engine_processes(process.pid)
+    with httpx.Client(timeout=60) as client:
+        with client.stream("POST", f"{url}/v1/completions", json=stream_body(1000)) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))
+            os.kill(core, signal.SIGKILL)
+            killed = time.monotonic()
+            rest = [line for line in lines if line.startswith("data:")]
+        assert "error" in json.loads(rest[-1][6:])
+        assert client.get(f"{url}/health").status_code == 503
+        assert time.monotonic() - killed < 5
+    assert process.wait(timeout=15) == 1
+    assert "the engine core died" in process.stdout.read()
+
+
+def test_serve_reports_the_core_start_up_error(qwen3_dir, tmp_path):
+    # the folder's tokenizer and config, without weights: the core process fails while loading
+    for name in os.listdir(qwen3_dir):
+        if not name.endswith(".safetensors"):
+            shutil.copy(os.path.join(qwen3_dir, name), tmp_path / name)
+    result = subprocess.run(nanovllm_command() + ["serve", str(tmp_path)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 1 and "safetensors" in result.stderr

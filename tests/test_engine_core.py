@@ -19,13 +19,13 @@ def engine(model_dir, **kwargs) -> LLM:
 
 def plain_loop(llm: LLM, monkeypatch) -> LLM:
     """Make every step synchronous, as for penalties: the in-flight step is read back first."""
-    monkeypatch.setattr(llm.engine_core.scheduler, "needs_confirmed_tokens", lambda: True)
+    monkeypatch.setattr(llm.client.core.scheduler, "needs_confirmed_tokens", lambda: True)
     return llm
 
 
 def record_order(llm: LLM) -> list[tuple[str, int]]:
     """A list that fills with ("launch", n) and ("read", n) as the core launches and reads back steps."""
-    runner, events = llm.engine_core.model_runner, []
+    runner, events = llm.client.core.model_runner, []
     original = runner.execute
 
     def execute(out, *grammar):
@@ -70,7 +70,7 @@ def test_stop_tokens_mid_batch_leak_no_token_and_free_every_block(qwen3_dir):
                                      for s in stops], use_tqdm=False)
     assert token_ids(outputs) == [f[: f.index(s) + 1] for f, s in zip(free, stops)]
     assert [o.outputs[0].finish_reason for o in outputs] == ["stop"] * 4
-    assert llm.engine_core.scheduler.block_manager.num_free_blocks == 64
+    assert llm.client.core.scheduler.block_manager.num_free_blocks == 64
 
 
 def test_stop_strings_cut_as_in_the_plain_loop(qwen3_dir, monkeypatch):
@@ -106,11 +106,11 @@ def test_abort_with_a_step_in_flight_drops_its_token_and_frees_its_blocks(qwen3_
     llm = engine(qwen3_dir)
     kept, aborted = [llm.add_request(p, GREEDY) for p in random_prompts([6, 8], seed=25)]
     outputs = run_steps(llm, {}, steps=4)
-    assert llm.engine_core._in_flight is not None
+    assert llm.client.core._in_flight is not None
     seen = len(outputs[aborted].outputs[0].token_ids)
     llm.abort(aborted)
     run_steps(llm, outputs)
     assert len(outputs[aborted].outputs[0].token_ids) == seen
     assert outputs[kept].outputs[0].token_ids == hf_greedy(qwen3_dir, random_prompts([6], seed=25),
                                                            GREEDY.max_tokens)[0]
-    assert llm.engine_core.scheduler.block_manager.num_free_blocks == 64
+    assert llm.client.core.scheduler.block_manager.num_free_blocks == 64

@@ -32,13 +32,13 @@ def logprob_values(position) -> dict[int, float]:
 def record_preemptions(llm) -> list:
     """A list that fills with each sequence the scheduler preempts."""
     preempted = []
-    original = llm.engine_core.scheduler._preempt
+    original = llm.client.core.scheduler._preempt
 
     def recording_preempt(seq):
         preempted.append(seq)
         original(seq)
 
-    llm.engine_core.scheduler._preempt = recording_preempt
+    llm.client.core.scheduler._preempt = recording_preempt
     return preempted
 
 
@@ -97,7 +97,7 @@ def test_eos_stops_generation(qwen3_dir, prompts):
     free_running = token_ids(llm.generate(prompts, GREEDY, use_tqdm=False))
     # declare the 3rd generated token of the first prompt to be an end token
     stop_token = free_running[0][2]
-    llm.engine_core.scheduler.stop_checker.eos_token_ids = frozenset({stop_token})
+    llm.client.core.scheduler.stop_checker.eos_token_ids = frozenset({stop_token})
     [out] = llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=24), use_tqdm=False)
     assert out.outputs[0].token_ids == free_running[0][: free_running[0].index(stop_token) + 1]
     assert out.outputs[0].finish_reason == "stop"
@@ -304,7 +304,7 @@ def test_dropping_the_engine_frees_it_without_the_cycle_collector(qwen3_dir):
     try:
         llm = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=16, max_model_len=256)
         llm.generate([[5, 6]], GREEDY, use_tqdm=False)
-        runner = weakref.ref(llm.engine_core.model_runner)
+        runner = weakref.ref(llm.client.core.model_runner)
         del llm
         assert runner() is None
     finally:

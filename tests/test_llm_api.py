@@ -81,9 +81,9 @@ def test_chat_template_options(chat_llm):
 def test_n_completions_share_the_prompt_and_repeat_with_a_seed(llm):
     prompt = random_prompts([3 * BLOCK + 5], seed=30)[0]
     params = SamplingParams(temperature=1.0, n=4, seed=7, max_tokens=12, ignore_eos=True)
-    before = llm.engine_core.stats()
+    before = llm.client.core.stats()
     [out] = llm.generate([prompt], params, use_tqdm=False)
-    after = llm.engine_core.stats()
+    after = llm.client.core.stats()
     assert [c.index for c in out.outputs] == [0, 1, 2, 3]
     assert len({tuple(c.token_ids) for c in out.outputs}) > 1
     # the first completion computes the prompt; the other three read its three full blocks from the cache
@@ -168,5 +168,5 @@ def test_abort_ends_every_completion_of_a_request(llm):
     llm.step()
     llm.abort(request_id)
     assert not llm.has_unfinished_requests()
-    assert llm.engine_core.scheduler.block_manager.num_free_blocks == 64
-    assert llm.engine_core.stats().num_running == 0
+    assert llm.client.core.scheduler.block_manager.num_free_blocks == 64
+    assert llm.client.core.stats().num_running == 0

@@ -1,13 +1,14 @@
-"""The online engine: requests added while the loop runs, per-request streams, aborts, failures."""
+"""The online engine: requests added while the core process runs, per-request streams, aborts, failures."""
 
 import random
 import threading
 import time
 
 import pytest
-from conftest import fail_step, slow_down
+from conftest import core_steps
 
 from nanovllm import LLM, SamplingParams
+from nanovllm.engine.engine_client import EngineDeadError
 from nanovllm.frontend.online_engine import OnlineEngine
 
 BLOCK = 16
@@ -23,9 +24,18 @@ def random_prompts(count, seed=0):
     return [[rng.randrange(2, 512) for _ in range(rng.randint(1, 40))] for _ in range(count)]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def online(qwen3_dir):
     engine = OnlineEngine(qwen3_dir, **ENGINE_ARGS)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def slow_online(qwen3_dir):
+    """Its steps take 5 ms, as on a real model, so a test can act mid-generation."""
+    with core_steps(seconds=0.005):
+        engine = OnlineEngine(qwen3_dir, **ENGINE_ARGS)
     yield engine
     engine.shutdown()
 
@@ -38,8 +48,9 @@ def wait_until(condition, timeout=10.0):
 
 
 def all_blocks_free(online):
-    block_manager = online.engine_core.scheduler.block_manager
-    return block_manager.num_free_blocks == len(block_manager.blocks)
+    """Whether the core, as of its last report, runs nothing and holds no KV block."""
+    stats = online.stats()
+    return stats.num_running == stats.num_waiting == 0 and stats.kv_cache_usage == 0.0
 
 
 def test_requests_from_many_threads_match_offline_generate(qwen3_dir, online):
@@ -64,7 +75,7 @@ def test_requests_from_many_threads_match_offline_generate(qwen3_dir, online):
         assert "".join(o.outputs[0].text for o in outputs) == want.outputs[0].text
         assert [o.outputs[0].finish_reason for o in outputs] == [None] * (len(outputs) - 1) + ["length"]
         assert [o.finished for o in outputs] == [False] * (len(outputs) - 1) + [True]
-    assert all_blocks_free(online) and online.stats().kv_cache_usage == 0.0
+    wait_until(lambda: all_blocks_free(online))
 
 
 def test_stop_token_finishes_with_stop(online):
@@ -85,29 +96,26 @@ def test_stop_string_is_held_back_and_cut(qwen3_dir, online):
     assert "".join(o.outputs[0].text for o in outputs) == text[: text.index(stop)]
 
 
-def test_abort_running_request_frees_its_blocks(online, monkeypatch):
-    slow_down(online, monkeypatch)
-    stream = online.add_request([5, 6, 7], greedy(240))
+def test_abort_running_request_frees_its_blocks(slow_online):
+    stream = slow_online.add_request([5, 6, 7], greedy(240))
     outputs = iter(stream)
     first = next(outputs)
     assert first.outputs[0].token_ids and not first.finished
-    assert online.stats().kv_cache_usage > 0
-    online.abort(stream.request_id)
+    wait_until(lambda: slow_online.stats().kv_cache_usage > 0)
+    slow_online.abort(stream.request_id)
     rest = list(outputs)
     assert rest[-1].outputs[0].finish_reason == "abort"
     assert sum(len(o.outputs[0].token_ids) for o in [first, *rest]) < 240
-    wait_until(lambda: online.stats().num_running == 0)
-    assert all_blocks_free(online) and online.stats().kv_cache_usage == 0.0
+    wait_until(lambda: all_blocks_free(slow_online))
 
 
-def test_abort_waiting_request(online, monkeypatch):
-    slow_down(online, monkeypatch)
+def test_abort_waiting_request(slow_online):
     # each needs 13 of the 24 blocks, so the second waits for the first
-    running = online.add_request([5] * 200, greedy(8))
-    waiting = online.add_request([7] * 200, greedy(8))
-    wait_until(lambda: online.stats().num_running == 1)
-    assert online.stats().num_waiting == 1
-    online.abort(waiting.request_id)
+    running = slow_online.add_request([5] * 200, greedy(8))
+    waiting = slow_online.add_request([7] * 200, greedy(8))
+    wait_until(lambda: slow_online.stats().num_running == 1)
+    assert slow_online.stats().num_waiting == 1
+    slow_online.abort(waiting.request_id)
     [output] = list(waiting)
     assert output.outputs[0].finish_reason == "abort" and output.outputs[0].token_ids == []
     assert list(running)[-1].outputs[0].finish_reason == "length"
@@ -122,13 +130,32 @@ def test_bad_request_raises_in_caller_and_others_go_on(online):
     assert sum(len(o.outputs[0].token_ids) for o in good) == 30
 
 
-def test_failed_step_ends_live_requests_with_error_and_loop_goes_on(online, monkeypatch):
-    fail_step(online, monkeypatch, failing_call=3)
-    victim = list(online.add_request([5, 6, 7], greedy(50)))
-    assert victim[-1].outputs[0].finish_reason == "error"
-    assert all_blocks_free(online)
-    after = list(online.add_request([5, 6, 7], greedy(5)))
-    assert after[-1].outputs[0].finish_reason == "length" and sum(len(o.outputs[0].token_ids) for o in after) == 5
+def test_failed_step_ends_live_requests_with_error_and_the_engine_is_dead(qwen3_dir):
+    with core_steps(seconds=0.0, failing_call=3):
+        engine = OnlineEngine(qwen3_dir, **ENGINE_ARGS)
+    try:
+        victim = list(engine.add_request([5, 6, 7], greedy(50)))
+        assert victim[-1].outputs[0].finish_reason == "error"
+        wait_until(lambda: engine.failure is not None)
+        assert "simulated failure" in engine.failure and not engine.healthy
+        with pytest.raises(EngineDeadError, match="simulated failure"):
+            engine.add_request([5, 6, 7], greedy(5))
+        assert engine.client.process.exitcode == 1
+    finally:
+        engine.shutdown()
+
+
+def test_killed_core_ends_live_requests_with_error(qwen3_dir):
+    with core_steps(seconds=0.005):
+        engine = OnlineEngine(qwen3_dir, **ENGINE_ARGS)
+    try:
+        outputs = iter(engine.add_request([5, 6, 7], greedy(240)))
+        next(outputs)
+        engine.client.process.kill()
+        assert list(outputs)[-1].outputs[0].finish_reason == "error"
+        assert "exited unexpectedly" in engine.failure and not engine.healthy
+    finally:
+        engine.shutdown()
 
 
 def test_shutdown_aborts_unfinished_requests(qwen3_dir):
@@ -136,5 +163,6 @@ def test_shutdown_aborts_unfinished_requests(qwen3_dir):
     stream = online.add_request([5, 6, 7], greedy(240))
     online.shutdown()
     assert list(stream)[-1].outputs[0].finish_reason == "abort"
-    with pytest.raises(RuntimeError, match="shut down"):
+    with pytest.raises(EngineDeadError, match="shutting down"):
         online.add_request([5], greedy(1))
+    assert not online.client.process.is_alive()

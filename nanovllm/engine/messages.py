@@ -1,12 +1,16 @@
-"""What crosses between an engine client and the engine core: token ids and counts, never text."""
+"""What crosses between an engine client and the engine core: token ids and counts, never text.
 
-from dataclasses import dataclass
+The messages are msgspec structs, so that the core in a process of its own
+receives and sends them as compact msgpack; in one process they are passed as
+they are.
+"""
+
+import msgspec
 
 from nanovllm.sampling_params import SamplingParams
 
 
-@dataclass
-class EngineCoreRequest:
+class EngineCoreRequest(msgspec.Struct, tag="add"):
     """A checked request for one completion: prompt token ids and the sampling settings (the core reads
     the token-level ones; `max_tokens` is set)."""
 
@@ -15,8 +19,17 @@ class EngineCoreRequest:
     sampling_params: SamplingParams
 
 
-@dataclass
-class TokenLogprobs:
+class EngineCoreAbort(msgspec.Struct, tag="abort"):
+    """Drop these requests (finished or unknown ids are ignored)."""
+
+    request_ids: list[str]
+
+
+class EngineCoreShutdown(msgspec.Struct, tag="shutdown"):
+    """Stop the core: its loop ends and it releases the device."""
+
+
+class TokenLogprobs(msgspec.Struct, array_like=True):
     """Log-probabilities at one position, from the raw logits: the chosen (or, for a prompt, the
     actual) token first, then the top alternatives in order; `rank` is the first token's rank among
     the whole vocabulary (1 = the most likely)."""
@@ -26,8 +39,7 @@ class TokenLogprobs:
     rank: int
 
 
-@dataclass
-class EngineCoreOutput:
+class EngineCoreOutput(msgspec.Struct, array_like=True):
     """What one step added to one request.
 
     `finish_reason` is "stop" (a stop or end-of-sequence token, the last of
@@ -49,10 +61,10 @@ class EngineCoreOutput:
     new_prompt_logprobs: list[TokenLogprobs] | None = None
 
 
-@dataclass(frozen=True)
-class EngineStats:
+class EngineStats(msgspec.Struct, frozen=True):
     """A snapshot of the core's load, and counters since start-up: prompt tokens looked up in the
-    prefix cache and those it held, and preemptions."""
+    prefix cache and those it held, and preemptions. `num_waiting` counts the requests the core
+    holds but has not scheduled yet."""
 
     num_running: int = 0
     num_waiting: int = 0
@@ -62,11 +74,34 @@ class EngineStats:
     num_preemptions: int = 0
 
 
-@dataclass(frozen=True)
-class EngineCoreInfo:
+class EngineCoreInfo(msgspec.Struct, frozen=True):
     """What the core found at start-up, for the front end's checks of each request."""
 
     num_kvcache_blocks: int
     block_size: int
     max_model_len: int
     vocab_size: int
+
+
+class EngineCoreOutputs(msgspec.Struct, tag="outputs"):
+    """One step's outputs (possibly none) and the core's load after it."""
+
+    outputs: list[EngineCoreOutput]
+    stats: EngineStats
+
+
+class EngineCoreReady(msgspec.Struct, tag="ready"):
+    """The core has started and takes requests."""
+
+    info: EngineCoreInfo
+
+
+class EngineCoreFailed(msgspec.Struct, tag="failed"):
+    """The core could not start, or a step failed and the core is exiting; `message` says why."""
+
+    message: str
+
+
+# what a client sends to a core process, and what it gets back
+ClientMessage = EngineCoreRequest | EngineCoreAbort | EngineCoreShutdown
+CoreMessage = EngineCoreOutputs | EngineCoreReady | EngineCoreFailed

@@ -124,3 +124,13 @@ class StructuredOutputs:
             return None
         return GrammarBitmasks(len(sampled_req_ids), rows, [self._matchers[sampled_req_ids[row]] for row in rows],
                                self.vocabulary.vocab_size)
+
+
+def vocabulary_to_json(vocabulary) -> str | None:
+    """The vocabulary description as text, to hand it to the engine core in another process."""
+    return None if vocabulary is None else vocabulary.serialize_json()
+
+
+def vocabulary_from_json(text: str | None):
+    """The vocabulary description `vocabulary_to_json` wrote (None stays None)."""
+    return None if text is None else _xgrammar().TokenizerInfo.deserialize_json(text)

@@ -10,7 +10,6 @@ instead of a hang. Workers exit when rank 0's process dies.
 
 import multiprocessing as mp
 import os
-import signal
 import threading
 import traceback
 import weakref
@@ -27,6 +26,7 @@ from nanovllm.engine.scheduler_output import SchedulerOutput
 from nanovllm.engine.structured_output import GrammarBitmasks
 from nanovllm.utils.command_channel import CommandChannel
 from nanovllm.utils.parallel import destroy_process_group, rendezvous_address, rendezvous_store
+from nanovllm.utils.processes import exit_with_parent, ignore_interrupts
 
 _POLL_S = 0.2       # how often a waiting rank 0 checks that the workers live
 _EXIT_WAIT_S = 10   # how long a worker may take to leave on "exit" before it is terminated
@@ -39,22 +39,10 @@ def channel_capacity(config: Config) -> int:
     return config.max_num_seqs * (6 * (config.max_model_len + config.max_blocks_per_seq) + 256) + (1 << 16)
 
 
-def _watch_parent() -> None:
-    """Exit this worker as soon as the process that spawned it is gone, whatever it is doing."""
-    parent = mp.parent_process()
-
-    def exit_when_orphaned() -> None:
-        parent.join()
-        os._exit(1)
-
-    threading.Thread(target=exit_when_orphaned, daemon=True).start()
-
-
 def run_worker(config: Config, rank: int, host: str, port: int, channel: CommandChannel) -> None:
     """Entry point of rank `rank` >= 1: build the runner, then run rank 0's commands until "exit"."""
-    _watch_parent()
-    # Ctrl-C reaches the whole process group; rank 0 alone handles it and stops the workers
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    exit_with_parent()
+    ignore_interrupts()
     worker = rank - 1
     try:
         store = rendezvous_store(host, port, is_master=False)

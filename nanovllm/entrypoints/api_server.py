@@ -1,5 +1,6 @@
 """An OpenAI-compatible HTTP server (FastAPI) on top of the online engine: routes, authentication, errors."""
 
+import asyncio
 import contextlib
 import hmac
 import logging
@@ -12,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
+from nanovllm.entrypoints.body_limit import BodyLimit
 from nanovllm.entrypoints.generation import APIError, GenerationHandler, ServerSettings
 from nanovllm.entrypoints.metrics import ServerMetrics
 from nanovllm.entrypoints.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
@@ -21,6 +23,9 @@ from nanovllm.frontend.input_processor import check_unicode
 from nanovllm.frontend.online_engine import OnlineEngine
 
 logger = logging.getLogger(__name__)
+
+_DEATH_POLL_S = 0.5  # how often the server checks that the engine core lives
+_DEATH_LINGER_S = 1.0  # how long it then answers /health with 503 before it exits
 
 __all__ = ["APIError", "ServerSettings", "build_app", "serve"]
 
@@ -42,6 +47,7 @@ def build_app(engine: OnlineEngine, settings: ServerSettings) -> FastAPI:
         engine.shutdown()
 
     app = FastAPI(title="nanovllm", lifespan=lifespan)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
     metrics = ServerMetrics(engine, settings.model_name)
     generation = GenerationHandler(engine, settings, metrics)
     _add_error_handlers(app)
@@ -60,7 +66,8 @@ def build_app(engine: OnlineEngine, settings: ServerSettings) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
-        return Response(status_code=200)
+        # 503 once the engine core has died or the server is shutting down
+        return Response(status_code=200 if engine.healthy else 503)
 
     @app.get("/version", dependencies=guarded)
     async def server_version() -> dict:
@@ -148,9 +155,52 @@ def _describe_validation_errors(error: RequestValidationError) -> str:
     return "invalid request: " + "; ".join(problems)
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, which on SIGINT/SIGTERM first makes the engine refuse new requests (503)."""
+
+    def __init__(self, config: uvicorn.Config, engine: OnlineEngine):
+        super().__init__(config)
+        self.engine = engine
+
+    def handle_exit(self, sig, frame) -> None:
+        self.engine.stop_accepting()
+        super().handle_exit(sig, frame)
+
+
+async def _stop_when_engine_dies(server: uvicorn.Server, engine: OnlineEngine) -> None:
+    while engine.failure is None:
+        await asyncio.sleep(_DEATH_POLL_S)
+    logger.error("the engine core died (%s); shutting the server down", engine.failure)
+    await asyncio.sleep(_DEATH_LINGER_S)
+    server.should_exit = True
+
+
+async def _serve(server: uvicorn.Server, engine: OnlineEngine) -> None:
+    watchdog = asyncio.create_task(_stop_when_engine_dies(server, engine))
+    try:
+        await server.serve()
+    finally:
+        watchdog.cancel()
+
+
 def serve(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-          max_waiting: int = 1024, served_model_name: str | None = None, **engine_kwargs) -> None:
-    """Load `model`, then serve it until interrupted; `engine_kwargs` are Config fields."""
-    settings = ServerSettings(served_model_name or model, api_key, max_waiting)
+          max_waiting: int = 1024, served_model_name: str | None = None, shutdown_timeout: float = 30.0,
+          max_request_bytes: int = 8 << 20, **engine_kwargs) -> None:
+    """Load `model` (its engine core in a process of its own), then serve it until interrupted.
+
+    `engine_kwargs` are Config fields. On SIGINT/SIGTERM the server refuses new
+    requests and gives running ones `shutdown_timeout` seconds to finish before
+    they are aborted; the core process is stopped either way. If the core dies,
+    live requests end with an error and the server exits with an error (SystemExit).
+    """
+    settings = ServerSettings(served_model_name or model, api_key, max_waiting,
+                              max_request_bytes=max_request_bytes)
     engine = OnlineEngine(model, **engine_kwargs)
-    uvicorn.run(build_app(engine, settings), host=host, port=port, log_level="info")
+    config = uvicorn.Config(build_app(engine, settings), host=host, port=port, log_level="info",
+                            timeout_graceful_shutdown=shutdown_timeout)
+    try:
+        asyncio.run(_serve(_Server(config, engine), engine))
+    finally:
+        engine.shutdown()
+    if engine.failure is not None:
+        raise SystemExit(f"nanovllm serve: the engine core died: {engine.failure}")

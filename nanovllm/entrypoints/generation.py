@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from nanovllm.engine.engine_client import EngineDeadError
 from nanovllm.entrypoints.metrics import RequestTimer, ServerMetrics
 from nanovllm.entrypoints.protocol import (ChatCompletionRequest, CompletionRequest, ResponseHeader, Usage,
                                            chat_logprobs, completion_logprobs, error_body)
@@ -42,17 +43,19 @@ class APIError(Exception):
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """How the server answers: the model's public name, the API key, the waiting-queue limit, and the
-    most completions (`n`, `best_of`) and logprob alternatives a request may ask for."""
+    """How the server answers: the model's public name, the API key, the waiting-queue limit (requests
+    the engine core holds but has not scheduled), the most completions (`n`, `best_of`) and logprob
+    alternatives a request may ask for, and the largest request body in bytes."""
 
     model_name: str
     api_key: str | None = None
     max_waiting: int = 1024
     max_n: int = 128
     max_logprobs: int = 20
+    max_request_bytes: int = 8 << 20
 
     def __post_init__(self) -> None:
-        for name in ("max_waiting", "max_n", "max_logprobs"):
+        for name in ("max_waiting", "max_n", "max_logprobs", "max_request_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
@@ -132,7 +135,9 @@ class GenerationHandler:
                                 "only known at the end")
         params = body.sampling_params(logprobs, logprobs if body.echo and logprobs is not None else None,
                                       body.best_of)
-        jobs = [_Job(self.engine.input_processor.parse(prompt), params) for prompt in body.prompts()]
+        # tokenizing a long text takes a while: off the event loop, so that other streams go on
+        prompts = await asyncio.to_thread(lambda: [self.engine.input_processor.parse(p) for p in body.prompts()])
+        jobs = [_Job(prompt, params) for prompt in prompts]
         return await self._generate(jobs, body, request, _Completions(self, body))
 
     async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
@@ -142,10 +147,7 @@ class GenerationHandler:
         self._check_request(body, body.n or 1, None, top, "/v1/chat/completions")
         tool_choice = body.effective_tool_choice()
         tools = body.tool_list() if tool_choice != "none" else None
-        text = render_chat(self.tokenizer, body.conversation(), body.add_generation_prompt,
-                           body.continue_final_message, chat_template_kwargs=body.chat_template_kwargs, tools=tools)
-        # the rendered template already holds the special tokens the model expects
-        prompt = ProcessedPrompt(text, self.engine.input_processor.tokenize(text, add_special_tokens=False))
+        prompt = await asyncio.to_thread(self._chat_prompt, body, tools)
         constraint = tool_choice_constraint(tools, tool_choice) if tools else None
         if constraint is not None and body.structured_spec() is not None:
             raise APIError(400, f"tool_choice {tool_choice!r} already constrains the reply; drop response_format "
@@ -154,6 +156,12 @@ class GenerationHandler:
         shape = _Chat(self, body, tool_choice if tools else None)
         return await self._generate([_Job(prompt, params)], body, request, shape)
 
+    def _chat_prompt(self, body: ChatCompletionRequest, tools: list | None) -> ProcessedPrompt:
+        text = render_chat(self.tokenizer, body.conversation(), body.add_generation_prompt,
+                           body.continue_final_message, chat_template_kwargs=body.chat_template_kwargs, tools=tools)
+        # the rendered template already holds the special tokens the model expects
+        return ProcessedPrompt(text, self.engine.input_processor.tokenize(text, add_special_tokens=False))
+
     async def _generate(self, jobs: list[_Job], body, request: Request, shape: "_Shape") -> Response:
         for job in jobs:
             self._check_context(job.prompt, body.completion_limit)
@@ -161,8 +169,14 @@ class GenerationHandler:
         if self.engine.stats().num_waiting >= self.settings.max_waiting:
             raise APIError(503, f"the server is busy ({self.settings.max_waiting} requests already waiting); "
                                 f"retry later")
-        for job in jobs:
-            job.stream = self.engine.add_request(job.prompt, job.params)
+        try:
+            for job in jobs:
+                job.stream = self.engine.add_request(job.prompt, job.params)
+        except EngineDeadError as e:
+            for job in jobs:
+                if job.stream is not None:
+                    self.engine.abort(job.stream.request_id)
+            raise APIError(503, f"the engine is not running ({e}); retry against a healthy server") from None
         if body.stream:
             return StreamingResponse(self._events(jobs, shape, body.include_usage), media_type="text/event-stream")
         return await _cancel_on_disconnect(request, self._complete(jobs, shape))

@@ -7,7 +7,6 @@ from transformers import PreTrainedTokenizerBase
 
 from nanovllm.config import Config
 from nanovllm.engine.engine_client import EngineClient
-from nanovllm.engine.engine_core import EngineCore
 from nanovllm.engine.messages import EngineCoreRequest
 from nanovllm.engine.structured_output import grammar_vocabulary
 from nanovllm.frontend.input_processor import InputProcessor, ProcessedPrompt, Prompt
@@ -31,9 +30,9 @@ def completion_params(params: SamplingParams, index: int) -> SamplingParams:
 class EngineFrontend:
     """Text on this side, token ids on the engine core's.
 
-    Builds the core for the model folder `model` (the `Config` fields as
-    keywords; an unknown one is a ValueError that names it) and talks to it
-    through a client of `client_class`. `eos_token_ids` are the end-of-sequence
+    Starts the core for the model folder `model` (the `Config` fields as
+    keywords; an unknown one is a ValueError that names it) through a client
+    of `client_class`, which it talks to from then on. `eos_token_ids` are the end-of-sequence
     ids found in the folder, which the core stops on.
     """
 
@@ -43,8 +42,7 @@ class EngineFrontend:
         self.eos_token_ids = eos_token_ids(self.config, self.tokenizer)
         vocabulary = None if self.tokenizer is None else grammar_vocabulary(
             self.tokenizer, self.config.hf_config.vocab_size, self.eos_token_ids)
-        self.engine_core = EngineCore(self.config, self.eos_token_ids, vocabulary)
-        self.client = client_class(self.engine_core)
+        self.client = client_class(self.config, self.eos_token_ids, vocabulary)
         self.input_processor = InputProcessor(self.tokenizer, self.client.info)
         self.output_processor = OutputProcessor()
         self._request_ids = count()

@@ -29,6 +29,15 @@ def is_single_prompt(prompts) -> bool:
     return isinstance(prompts, (str, dict)) or (_is_token_ids(prompts) and len(prompts) > 0)
 
 
+def _most_characters(tokenizer: PreTrainedTokenizerBase, max_model_len: int) -> int:
+    """A length in characters beyond which a text cannot fit in `max_model_len` tokens, so that an
+    over-long prompt is refused before it is tokenized: every token stands for at most as many
+    characters as its vocabulary entry has (byte-level entries: one per byte), times 4 for the
+    characters a normalizer may merge into one (NFC composes at most 3)."""
+    longest = max(len(entry) for entry in tokenizer.get_vocab())
+    return 4 * longest * max_model_len
+
+
 class InputProcessor:
     """Tokenizes prompts and refuses, with a message that says what to change, any request the
     engine could not serve: bad token ids, an empty or over-long prompt, text that is not valid
@@ -37,6 +46,7 @@ class InputProcessor:
     def __init__(self, tokenizer: PreTrainedTokenizerBase | None, info: EngineCoreInfo):
         self.tokenizer = tokenizer
         self.info = info
+        self.max_prompt_chars = None if tokenizer is None else _most_characters(tokenizer, info.max_model_len)
 
     def parse(self, prompt: Prompt) -> ProcessedPrompt:
         """The prompt's token ids (and text), checked against the vocabulary."""
@@ -64,6 +74,9 @@ class InputProcessor:
         `add_special_tokens=False`)."""
         if self.tokenizer is None:
             raise ValueError("skip_tokenizer_init=True: prompts must be lists of token ids, not text")
+        if len(text) > self.max_prompt_chars:
+            raise ValueError(f"the prompt is {len(text)} characters long; no {self.max_prompt_chars}-character text "
+                             f"fits in this model's context of {self.info.max_model_len} tokens; shorten the prompt")
         check_unicode(text, "the prompt")
         return self.check_token_ids(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 

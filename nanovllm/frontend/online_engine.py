@@ -1,10 +1,11 @@
-"""The online engine: requests arrive at any time while the engine core runs in a background thread."""
+"""The online engine: requests arrive at any time while the engine core runs in a process of its own."""
 
 import asyncio
 import queue
 import threading
 
-from nanovllm.engine.engine_client import BackgroundClient
+from nanovllm.engine.core_client import CoreProcessClient
+from nanovllm.engine.engine_client import EngineDeadError
 from nanovllm.engine.messages import EngineStats
 from nanovllm.frontend.engine_frontend import EngineFrontend
 from nanovllm.frontend.input_processor import ProcessedPrompt, Prompt
@@ -52,21 +53,25 @@ class RequestStream:
 
 
 class OnlineEngine(EngineFrontend):
-    """Serves requests as they come: the engine core's busy loop runs in a background thread, and an
-    output thread turns each step's token ids into text on every request's stream.
+    """Serves requests as they come: the engine core's busy loop runs in a process of its own, and an
+    output thread here turns each step's token ids into text on every request's stream.
 
     `add_request` checks and queues a request from any thread and returns its
     stream; `abort` cancels one, freeing its KV blocks before the next step.
     Requests are checked in the caller's thread, so a bad one raises ValueError
-    there and never reaches the core. Takes the model folder and the `Config`
-    fields as `LLM` does.
+    there and never reaches the core. If the core dies, every live stream
+    ends with finish_reason "error", `failure` says why, and `add_request`
+    raises EngineDeadError. Takes the model folder and the `Config` fields as
+    `LLM` does; EngineStartupError if the core cannot start.
     """
 
     def __init__(self, model: str, **kwargs):
-        super().__init__(model, BackgroundClient, **kwargs)
+        super().__init__(model, CoreProcessClient, **kwargs)
         self._lock = threading.Lock()  # the output processor and the streams
         self._streams: dict[str, RequestStream] = {}
         self._stopping = False
+        self._accepting = True
+        self.failure: str | None = None
         self._thread = threading.Thread(target=self._handle_outputs, name="nanovllm-outputs", daemon=True)
         self._thread.start()
 
@@ -74,8 +79,10 @@ class OnlineEngine(EngineFrontend):
         """Queue a request and return its output stream; ValueError if it cannot be served."""
         prompt, params = self._check(prompt, sampling_params)
         with self._lock:
-            if self._stopping:
-                raise RuntimeError("the engine is shut down")
+            if self.failure is not None:
+                raise EngineDeadError(self.failure)
+            if self._stopping or not self._accepting:
+                raise EngineDeadError("the engine is shutting down")
             parent = self._submit(prompt, params)
             stream = RequestStream(parent.request_id, len(prompt.token_ids))
             self._streams[parent.request_id] = stream
@@ -84,9 +91,21 @@ class OnlineEngine(EngineFrontend):
     def abort(self, request_id: str) -> None:
         """Cancel a request (no-op if it already finished); its stream ends with "abort"."""
         with self._lock:
+            if self.failure is not None:
+                return
             state = self._abort(request_id)
             if state is not None:
                 self._deliver([state])
+
+    def stop_accepting(self) -> None:
+        """Refuse new requests from now on (EngineDeadError); those already running go on."""
+        with self._lock:
+            self._accepting = False
+
+    @property
+    def healthy(self) -> bool:
+        """Whether the engine takes new requests: its core lives and it is not shutting down."""
+        return self.failure is None and self._accepting and not self._stopping
 
     def stats(self) -> EngineStats:
         """Requests running and waiting in the core and the KV-cache fraction in use."""
@@ -98,17 +117,26 @@ class OnlineEngine(EngineFrontend):
             self._stopping = True
         self.client.shutdown()
         self._thread.join()
-        with self._lock:
-            ended = [self.output_processor.finish(request_id, "abort")[0] for request_id in list(self._streams)]
-            self._deliver([parent for parent in ended if parent is not None])
+        self._end_all("abort")
 
     def _handle_outputs(self) -> None:
-        while (outputs := self.client.get_outputs()) is not None:
+        try:
+            while (outputs := self.client.get_outputs()) is not None:
+                with self._lock:
+                    processed = self.output_processor.process(outputs)
+                    if processed.to_abort:
+                        self.client.abort(processed.to_abort)
+                    self._deliver(processed.updated)
+        except EngineDeadError as e:
             with self._lock:
-                processed = self.output_processor.process(outputs)
-                if processed.to_abort:
-                    self.client.abort(processed.to_abort)
-                self._deliver(processed.updated)
+                self.failure = str(e)
+            self._end_all("error")
+
+    def _end_all(self, reason: str) -> None:
+        """End every live request with `reason`."""
+        with self._lock:
+            ended = [self.output_processor.finish(request_id, reason)[0] for request_id in list(self._streams)]
+            self._deliver([parent for parent in ended if parent is not None])
 
     def _deliver(self, parents: list[ParentRequest]) -> None:
         # One wake-up per event loop per step, not one per request.
