@@ -10,7 +10,8 @@ is detokenized by the server.
 First `LLM.generate` runs the workload offline (the peer: output tok/s and the
 mean GPU time of its decode steps), then `nanovllm serve` is started on the same
 folder and the same requests are streamed to it from this process by an
-aiohttp client at each `--rates` value (Poisson arrivals; `inf` sends them all
+aiohttp client (spread over `--num-clients` processes, so that parsing the streams is not what
+is measured) at each `--rates` value (Poisson arrivals; `inf` sends them all
 at once). It prints a table of throughput, TTFT, inter-token latency (ITL, the
 gaps between streamed chunks) and end-to-end latency per rate, the memory
 roofline of the workload (every decode step reads all weights and every
@@ -27,6 +28,8 @@ import argparse
 import asyncio
 import json
 import math
+import multiprocessing
+import os
 import random
 import shlex
 import subprocess
@@ -91,9 +94,9 @@ async def one_request(session: aiohttp.ClientSession, url: str, model: str, prom
     return result
 
 
-async def run_at_rate(url: str, model: str, requests: list[tuple[list[int], int]], rate: float,
-                      seed: int) -> tuple[list[RequestResult], float]:
-    """Send the requests with exponential gaps of mean 1/rate; returns results and wall time."""
+async def run_share(url: str, model: str, requests: list[tuple[list[int], int]], rate: float,
+                    seed: int) -> tuple[list[RequestResult], float, float]:
+    """Send the requests with exponential gaps of mean 1/rate; returns results, start and end times."""
     rng = random.Random(seed)
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
@@ -104,7 +107,42 @@ async def run_at_rate(url: str, model: str, requests: list[tuple[list[int], int]
             if math.isfinite(rate):
                 await asyncio.sleep(rng.expovariate(rate))
         results = await asyncio.gather(*tasks)
-        return results, time.perf_counter() - start
+        return results, start, time.perf_counter()
+
+
+def client_process(job: tuple) -> tuple[list[RequestResult], float, float, float]:
+    """One client process's share of a run, and the CPU seconds it used."""
+    url, model, requests, rate, seed = job
+    cpu = time.process_time()
+    results, start, end = asyncio.run(run_share(url, model, requests, rate, seed))
+    return results, start, end, time.process_time() - cpu
+
+
+def run_at_rate(url: str, model: str, requests: list[tuple[list[int], int]], rate: float, seed: int,
+                num_clients: int) -> tuple[list[RequestResult], float, float]:
+    """The requests sent from `num_clients` processes, each a Poisson stream of rate/num_clients (together
+    one of `rate`), so that parsing the streams does not limit what is measured; returns the results in
+    request order, the wall time, and the CPU seconds the clients used."""
+    shares = [(url, model, requests[i::num_clients], rate / num_clients, seed * 1000 + i) for i in range(num_clients)]
+    with multiprocessing.get_context("spawn").Pool(num_clients) as pool:
+        parts = pool.map(client_process, shares)
+    results = [None] * len(requests)
+    for i, (share, _, _, _) in enumerate(parts):
+        results[i::num_clients] = share
+    duration = max(part[2] for part in parts) - min(part[1] for part in parts)
+    return results, duration, sum(part[3] for part in parts)
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and its children so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def child_pids(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -169,10 +207,12 @@ def machine() -> tuple[str, float]:
 
 
 def start_server(model_dir: str, port: int, extra_args: list[str]) -> subprocess.Popen:
+    """`nanovllm serve` in the background, its output (one access-log line per request) in serve.log."""
     command = [sys.executable, "-m", "nanovllm.cli", "serve", model_dir, "--port", str(port),
                "--served-model-name", "bench", *extra_args]
-    print("starting:", shlex.join(command), file=sys.stderr)
-    return subprocess.Popen(command)
+    print("starting:", shlex.join(command), "(output in serve.log)", file=sys.stderr)
+    with open("serve.log", "w") as log:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
 
 
 def wait_for_health(url: str, process: subprocess.Popen | None, timeout: float) -> None:
@@ -212,6 +252,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rates", nargs="+", type=float, default=[4, 16, math.inf],
                         help="arrival rates in requests/s; inf sends everything at once")
     parser.add_argument("--num-prompts", type=int, default=256, help="requests per rate")
+    parser.add_argument("--num-clients", type=int, default=4, help="client processes the requests are spread over")
     parser.add_argument("--port", type=int, default=8321)
     parser.add_argument("--server-args", default="", help="extra `nanovllm serve` options, one string")
     parser.add_argument("--startup-timeout", type=float, default=900)
@@ -219,11 +260,16 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def serve_and_measure(args, url: str, requests: list[tuple[list[int], int]]) -> list[dict]:
+def serve_and_measure(args, url: str, requests: list[tuple[list[int], int]], server_pid: int | None) -> list[dict]:
     rows = []
     for i, rate in enumerate(args.rates):
-        results, duration = asyncio.run(run_at_rate(url, args.served_model_name, requests, rate, i))
+        pids = [] if server_pid is None else [server_pid, *child_pids(server_pid)]
+        before = [process_cpu_seconds(pid) for pid in pids]
+        results, duration, client_cpu = run_at_rate(url, args.served_model_name, requests, rate, i, args.num_clients)
         rows.append(summarize(rate, results, duration))
+        used = [process_cpu_seconds(pid) - b for pid, b in zip(pids, before)]
+        rows[-1]["cpu_busy"] = {"clients": client_cpu / duration / args.num_clients,
+                                **{f"pid {pid}": u / duration for pid, u in zip(pids, used)}}
         print(json.dumps(rows[-1]), file=sys.stderr)
     return rows
 
@@ -233,7 +279,7 @@ def main() -> None:
     prompts, max_tokens = workload(args.num_prompts)
     requests = list(zip(prompts, max_tokens))
     if args.base_url:
-        rows = serve_and_measure(args, args.base_url.rstrip("/"), requests)
+        rows = serve_and_measure(args, args.base_url.rstrip("/"), requests, None)
         print_table(rows)
         return
     model_dir = write_model_dir("0.6b")
@@ -245,7 +291,7 @@ def main() -> None:
     process = start_server(model_dir, args.port, ["--load-format", "dummy", *shlex.split(args.server_args)])
     try:
         wait_for_health(f"http://127.0.0.1:{args.port}", process, args.startup_timeout)
-        rows = serve_and_measure(args, f"http://127.0.0.1:{args.port}", requests)
+        rows = serve_and_measure(args, f"http://127.0.0.1:{args.port}", requests, process.pid)
     finally:
         process.terminate()
         process.wait(timeout=60)
@@ -254,6 +300,9 @@ def main() -> None:
     print(f"memory roofline: {roofline:,.0f} output tok/s; offline LLM.generate: {offline_tok_s:,.0f} output tok/s, "
           f"decode steps {decode_ms:.2f} ms of GPU time on average")
     print_table(rows)
+    for row in rows:
+        busy = ", ".join(f"{name} {share:.0%}" for name, share in row["cpu_busy"].items())
+        print(f"rate {row['rate']}: CPU busy (of one core) while serving: {busy} (the server first, then its engine core)")
     at_inf = next((row for row in rows if math.isinf(row["rate"])), None)
     if at_inf is not None:
         print(f"rate inf: serving {at_inf['output_tok_per_s']:,.0f} / offline {offline_tok_s:,.0f} output tok/s = "

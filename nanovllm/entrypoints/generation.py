@@ -181,38 +181,48 @@ class GenerationHandler:
             return StreamingResponse(self._events(jobs, shape, body.include_usage), media_type="text/event-stream")
         return await _cancel_on_disconnect(request, self._complete(jobs, shape))
 
-    async def _outputs(self, job: _Job) -> AsyncIterator[RequestOutput]:
-        """The job's outputs; its request is cancelled if the reader stops before the end."""
+    async def _outputs(self, job: _Job) -> AsyncIterator[list[RequestOutput]]:
+        """The job's outputs, as many at a time as have arrived; its request is cancelled if the reader
+        stops before the end."""
         timer = RequestTimer(self.metrics, len(job.prompt.token_ids))
         finished = False
         try:
-            async for output in job.stream:
-                timer.observe(output)
-                finished = output.finished
-                yield output
+            async for batch in job.stream.batches():
+                for output in batch:
+                    timer.observe(output)
+                finished = batch[-1].finished
+                yield batch
         finally:
             if not finished:
                 self.engine.abort(job.stream.request_id)
                 timer.finish("abort")
 
-    async def _merged(self, jobs: list[_Job]) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """(job index, output) from every job's stream as they come."""
+    async def _merged(self, jobs: list[_Job]) -> AsyncIterator[list[tuple[int, RequestOutput]]]:
+        """(job index, output) from every job's stream, as many at a time as have arrived: a server
+        that falls behind the engine sends one chunk for several steps rather than falling further."""
+        if len(jobs) == 1:
+            async for batch in self._outputs(jobs[0]):
+                yield [(0, output) for output in batch]
+            return
         queue: asyncio.Queue = asyncio.Queue()
 
         async def pump(index: int, job: _Job) -> None:
-            async for output in self._outputs(job):
-                await queue.put((index, output))
-            await queue.put((index, None))
+            async for batch in self._outputs(job):
+                for output in batch:
+                    queue.put_nowait((index, output))
+            queue.put_nowait((index, None))
 
         tasks = [asyncio.ensure_future(pump(i, job)) for i, job in enumerate(jobs)]
         try:
             remaining = len(jobs)
             while remaining:
-                index, output = await queue.get()
-                if output is None:
-                    remaining -= 1
-                else:
-                    yield index, output
+                arrived = [await queue.get()]
+                while not queue.empty():
+                    arrived.append(queue.get_nowait())
+                remaining -= sum(output is None for _, output in arrived)
+                batch = [(index, output) for index, output in arrived if output is not None]
+                if batch:
+                    yield batch
         finally:
             for task in tasks:
                 task.cancel()
@@ -220,11 +230,12 @@ class GenerationHandler:
     async def _complete(self, jobs: list[_Job], shape: "_Shape") -> Response:
         choices: dict[tuple[int, int], _Choice] = {}
         prompt_logprobs: dict[int, list] = {}
-        async for index, output in self._merged(jobs):
-            if output.prompt_logprobs is not None:
-                prompt_logprobs[index] = output.prompt_logprobs
-            for delta in output.outputs:
-                choices.setdefault((index, delta.index), _Choice()).add(delta)
+        async for batch in self._merged(jobs):
+            for index, output in batch:
+                if output.prompt_logprobs is not None:
+                    prompt_logprobs[index] = output.prompt_logprobs
+                for delta in output.outputs:
+                    choices.setdefault((index, delta.index), _Choice()).add(delta)
         if any(choice.finish_reason == "error" for choice in choices.values()):
             return APIError(500, _ENGINE_FAILED).response()
         bodies = [shape.choice(jobs[i], i, k, choice, prompt_logprobs.get(i), final=True)
@@ -237,20 +248,23 @@ class GenerationHandler:
         pending: dict[tuple[int, int], _Choice] = {}
         prompt_logprobs: dict[int, list] = {}
         num_completion_tokens = 0
-        async for index, output in self._merged(jobs):
-            if output.prompt_logprobs is not None:
-                prompt_logprobs[index] = output.prompt_logprobs
-            for delta in output.outputs:
-                if delta.finish_reason == "error":
-                    yield _sse(error_body(_ENGINE_FAILED, "server_error", 500))
-                    return
-                choice = pending.setdefault((index, delta.index), _Choice())
-                choice.add(delta)
-                num_completion_tokens += len(delta.token_ids)
-                if delta.text or delta.finished():
-                    body = shape.choice(jobs[index], index, delta.index, choice.take(), prompt_logprobs.get(index),
-                                        final=False)
-                    yield _sse(shape.header.body(shape.chunk_object_name, [body], None))
+        async for batch in self._merged(jobs):
+            changed: dict[tuple[int, int], _Choice] = {}
+            for index, output in batch:
+                if output.prompt_logprobs is not None:
+                    prompt_logprobs[index] = output.prompt_logprobs
+                for delta in output.outputs:
+                    if delta.finish_reason == "error":
+                        yield _sse(error_body(_ENGINE_FAILED, "server_error", 500))
+                        return
+                    choice = pending.setdefault((index, delta.index), _Choice())
+                    choice.add(delta)
+                    num_completion_tokens += len(delta.token_ids)
+                    if delta.text or delta.finished():
+                        changed[index, delta.index] = choice
+            for (index, k), choice in changed.items():
+                body = shape.choice(jobs[index], index, k, choice.take(), prompt_logprobs.get(index), final=False)
+                yield _sse(shape.header.body(shape.chunk_object_name, [body], None))
         if include_usage:
             usage = Usage.of(sum(len(job.prompt.token_ids) for job in jobs), num_completion_tokens)
             yield _sse(shape.header.body(shape.chunk_object_name, [], usage))

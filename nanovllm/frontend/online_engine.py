@@ -44,11 +44,20 @@ class RequestStream:
                 return
 
     async def __aiter__(self):
-        assert self.loop is not None, "a stream added outside an event loop is read with `for`"
+        async for batch in self.batches():
+            for output in batch:
+                yield output
+
+    async def batches(self):
+        """`async for` over lists of the outputs that have arrived, at least one each: a reader that
+        falls behind takes several steps' outputs at once."""
+        assert self.loop is not None, "a stream added outside an event loop is read with `async for`"
         while True:
-            output = await self._outputs.get()
-            yield output
-            if output.finished:
+            batch = [await self._outputs.get()]
+            while not self._outputs.empty():
+                batch.append(self._outputs.get_nowait())
+            yield batch
+            if batch[-1].finished:
                 return
 
 
