@@ -114,3 +114,12 @@ def test_written_out_formula_matches_the_fused_kernel(causal):
     got = _attend_written_out(q, k, v, causal, 0.3)
     torch.testing.assert_close(got[0], want[0])
     torch.testing.assert_close(got[1], want[1])
+
+
+def test_prefill_without_cached_prefixes_does_not_read_the_cache():
+    # the memory-profiling forward pass runs before the cache exists
+    torch.manual_seed(0)
+    q, k, v = torch.randn(5, HEADS, DIM), torch.randn(5, KV_HEADS, DIM), torch.randn(5, KV_HEADS, DIM)
+    context = Context(is_prefill=True, seqlens_q=[5], seqlens_k=[5])
+    out = TorchAttentionBackend().prefill(q, k, v, torch.tensor([]), torch.tensor([]), context, DIM**-0.5)
+    torch.testing.assert_close(out, dense_attention(q, k, v))

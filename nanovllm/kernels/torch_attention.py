@@ -123,8 +123,10 @@ class TorchAttentionBackend:
                 v_cache: torch.Tensor, context: Context, scale: float) -> torch.Tensor:
         """Causal attention of each sequence's new tokens over its cached prefix and themselves."""
         # q: [tokens, heads, d]; k, v: [tokens, kv_heads, d] (this step's, also in the cache)
-        tables = context.block_tables.tolist() if context.block_tables is not None else None
-        k_heads, v_heads = _heads_first(k_cache), _heads_first(v_cache)
+        tables = None
+        if context.block_tables is not None:  # some sequence reads a cached prefix (else the cache may be unset)
+            tables = context.block_tables.tolist()
+            k_heads, v_heads = _heads_first(k_cache), _heads_first(v_cache)
         parts, start = [], 0
         for i, (q_len, k_len) in enumerate(zip(context.seqlens_q, context.seqlens_k)):
             new = slice(start, start + q_len)
