@@ -34,8 +34,9 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
 
 def _attend_written_out(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, causal: bool,
                         scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    # the textbook formula in fp32, for devices without a fused kernel that reports the
-    # log-sum-exp; it is the oracle of the GPU kernels' tests
+    # the textbook formula, for devices without a fused kernel that reports the log-sum-exp
+    # (it is the oracle of the GPU kernels' tests): scores and softmax in fp32, the weights in
+    # the values' dtype for the product with them, as flash-attention kernels do
     # q4: [1, heads, q_len, d]; k4, v4: [1, kv_heads, k_len, d]
     group = q4.size(1) // k4.size(1)
     k4, v4 = k4.repeat_interleave(group, 1), v4.repeat_interleave(group, 1)
@@ -44,8 +45,8 @@ def _attend_written_out(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, ca
         q_len, k_len = scores.shape[-2:]
         scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(k_len - q_len + 1), float("-inf"))
     lse = scores.logsumexp(-1)  # [1, heads, q_len]
-    o = (scores - lse.unsqueeze(-1)).exp() @ v4.float()
-    return o.to(q4.dtype), lse
+    o = (scores - lse.unsqueeze(-1)).exp().to(v4.dtype) @ v4
+    return o, lse
 
 
 def _heads_first(cache: torch.Tensor) -> torch.Tensor:
