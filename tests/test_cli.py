@@ -44,22 +44,9 @@ def free_port() -> int:
 
 
 def test_serve_answers_completions_then_stops(qwen3_dir):
-    port = free_port()
-    engine_flags = [f"--{name.replace('_', '-')}={value}" for name, value in ENGINE_ARGS.items()]
-    command = nanovllm_command() + ["serve", qwen3_dir, "--port", str(port), "--served-model-name", "tiny",
-                                    *engine_flags]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process, url = start_server(qwen3_dir)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, process.stdout.read()
-            assert time.monotonic() < deadline, "the server did not come up"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         response = client.completions.create(model="tiny", prompt="w5 w6", max_tokens=4, temperature=0,
                                              extra_body={"ignore_eos": True})
         [want] = LLM(qwen3_dir, **ENGINE_ARGS).generate(["w5 w6"], SamplingParams(temperature=0.0, max_tokens=4,
