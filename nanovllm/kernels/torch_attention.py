@@ -54,32 +54,44 @@ def _heads_first(cache: torch.Tensor) -> torch.Tensor:
     return cache.permute(2, 0, 1, 3)
 
 
-def _cached_runs(cache: torch.Tensor, block_ids: list[int], num_tokens: int) -> list[torch.Tensor]:
-    """The first `num_tokens` cached tokens of a sequence as views of a `_heads_first` cache:
-    [kv_heads, run_tokens, d] each, nothing copied.
+def _block_runs(block_ids: list[int], num_tokens: int, block_size: int) -> list[tuple[int, int]]:
+    """The first `num_tokens` cached tokens of a sequence as runs of blocks that are one strided
+    view each: (first block id, tokens from its start).
 
     Keys read without a mask may come in any order, so the full blocks are sorted and
-    each range of consecutive ids is one view; a partly filled last block closes the
-    range just below it, or is a view of its own.
+    each range of consecutive ids is one run; a partly filled last block closes the
+    range just below it, or is a run of its own.
     """
-    num_full, rest = divmod(num_tokens, cache.size(2))
-    ranges: list[list[int]] = []  # [first id, last id + 1]
+    num_full, rest = divmod(num_tokens, block_size)
+    runs: list[list[int]] = []  # [first id, tokens]
     for block_id in sorted(block_ids[:num_full]):
-        if ranges and ranges[-1][1] == block_id:
-            ranges[-1][1] += 1
+        if runs and runs[-1][0] + runs[-1][1] // block_size == block_id:
+            runs[-1][1] += block_size
         else:
-            ranges.append([block_id, block_id + 1])
-    views = [cache[:, start:stop].flatten(1, 2) for start, stop in ranges]
+            runs.append([block_id, block_size])
     if rest:
         last = block_ids[num_full]
-        below = next((i for i, (_, stop) in enumerate(ranges) if stop == last), None)
-        start = last if below is None else ranges[below][0]
-        view = cache[:, start:last + 1].flatten(1, 2)[:, :(last - start) * cache.size(2) + rest]
+        below = next((run for run in runs if run[0] + run[1] // block_size == last), None)
         if below is None:
-            views.append(view)
+            runs.append([last, rest])
         else:
-            views[below] = view
-    return views
+            below[1] += rest
+    return [(first, tokens) for first, tokens in runs]
+
+
+def _view(cache: torch.Tensor, first: int, num_tokens: int) -> torch.Tensor:
+    """`num_tokens` tokens of a `_heads_first` cache from the start of block `first`, without a copy:
+    [kv_heads, num_tokens, d]."""
+    block_size = cache.size(2)
+    return cache[:, first:first + (num_tokens + block_size - 1) // block_size].flatten(1, 2)[:, :num_tokens]
+
+
+def _attend_cached(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_ids: list[int],
+                   num_tokens: int, scale: float, row: int) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+    """Attention of q ([heads, q_len, d], output rows from `row`) over a sequence's first `num_tokens`
+    cached tokens, one part per run of blocks, for `_combine`."""
+    return [(*_attend(q, _view(k_cache, first, tokens), _view(v_cache, first, tokens), False, scale), row)
+            for first, tokens in _block_runs(block_ids, num_tokens, k_cache.size(2))]
 
 
 def _combine(parts: list[tuple[torch.Tensor, torch.Tensor, int]], num_rows: int) -> torch.Tensor:
@@ -133,9 +145,7 @@ class TorchAttentionBackend:
             new = slice(start, start + q_len)
             q_new = q[new].transpose(0, 1)  # [heads, q_len, d]
             if tables is not None:
-                prefix = zip(_cached_runs(k_heads, tables[i], k_len - q_len),
-                             _cached_runs(v_heads, tables[i], k_len - q_len))
-                parts += [(*_attend(q_new, keys, values, False, scale), start) for keys, values in prefix]
+                parts += _attend_cached(q_new, k_heads, v_heads, tables[i], k_len - q_len, scale, start)
             parts.append((*_attend(q_new, k[new].transpose(0, 1), v[new].transpose(0, 1), True, scale), start))
             start += q_len
         return _combine(parts, q.size(0))
@@ -148,6 +158,5 @@ class TorchAttentionBackend:
         queries = q.unsqueeze(2)  # [seqs, heads, 1, d]
         parts = []
         for i, (table, length) in enumerate(zip(context.block_tables.tolist(), context.context_lens.tolist())):
-            for keys, values in zip(_cached_runs(k_heads, table, length), _cached_runs(v_heads, table, length)):
-                parts.append((*_attend(queries[i], keys, values, False, scale), i))
+            parts += _attend_cached(queries[i], k_heads, v_heads, table, length, scale, i)
         return _combine(parts, q.size(0))
