@@ -61,6 +61,9 @@ class CoreProcessClient(EngineClient):
             target=run_engine_core, name="nanovllm-engine-core",
             args=(config, eos_token_ids, vocabulary_to_json(vocabulary), requests_address, outputs_address))
         self.process.start()
+        self._poller = zmq.Poller()  # wakes on outputs or on the core's exit
+        self._poller.register(self._outputs, zmq.POLLIN)
+        self._poller.register(self.process.sentinel, zmq.POLLIN)
         try:
             self.info = self._wait_until_ready()
         except BaseException:
@@ -69,7 +72,7 @@ class CoreProcessClient(EngineClient):
             raise
 
     def _wait_until_ready(self) -> EngineCoreInfo:
-        message = self._receive(timeout_ms=None)
+        message = self._receive()
         if message is None:
             raise EngineStartupError(f"the engine core exited with code {self.process.exitcode} while starting")
         if isinstance(message, EngineCoreFailed):
@@ -89,7 +92,7 @@ class CoreProcessClient(EngineClient):
     def get_outputs(self) -> list[EngineCoreOutput] | None:
         """The next outputs the core sent; None after `shutdown`; EngineDeadError if the core died."""
         while True:
-            message = self._receive(timeout_ms=None)
+            message = self._receive()
             if message is None:
                 if self._stopping:
                     self._outputs.close(linger=0)
@@ -103,17 +106,12 @@ class CoreProcessClient(EngineClient):
                 if message.outputs:
                     return message.outputs
 
-    def _receive(self, timeout_ms: int | None) -> EngineCoreOutputs | EngineCoreFailed | None:
+    def _receive(self) -> EngineCoreOutputs | EngineCoreFailed | None:
         """The next message from the core; None once the core has exited and sent nothing more."""
-        poller = zmq.Poller()
-        poller.register(self._outputs, zmq.POLLIN)
-        poller.register(self.process.sentinel, zmq.POLLIN)
-        while True:
-            ready = dict(poller.poll(timeout_ms))
-            if self._outputs in ready or self._outputs.poll(0):
-                return self._decoder.decode(self._outputs.recv(copy=False))
-            if self.process.sentinel in ready:
-                return None
+        ready = dict(self._poller.poll())
+        if self._outputs in ready or self._outputs.poll(0):
+            return self._decoder.decode(self._outputs.recv(copy=False))
+        return None  # only the sentinel is ready: the process has exited
 
     def _send(self, message) -> None:
         data = self._encoder.encode(message)

@@ -78,7 +78,6 @@ class OnlineEngine(EngineFrontend):
         super().__init__(model, CoreProcessClient, **kwargs)
         self._lock = threading.Lock()  # the output processor and the streams
         self._streams: dict[str, RequestStream] = {}
-        self._stopping = False
         self._accepting = True
         self.failure: str | None = None
         self._thread = threading.Thread(target=self._handle_outputs, name="nanovllm-outputs", daemon=True)
@@ -90,7 +89,7 @@ class OnlineEngine(EngineFrontend):
         with self._lock:
             if self.failure is not None:
                 raise EngineDeadError(self.failure)
-            if self._stopping or not self._accepting:
+            if not self._accepting:
                 raise EngineDeadError("the engine is shutting down")
             parent = self._submit(prompt, params)
             stream = RequestStream(parent.request_id, len(prompt.token_ids))
@@ -114,7 +113,7 @@ class OnlineEngine(EngineFrontend):
     @property
     def healthy(self) -> bool:
         """Whether the engine takes new requests: its core lives and it is not shutting down."""
-        return self.failure is None and self._accepting and not self._stopping
+        return self.failure is None and self._accepting
 
     def stats(self) -> EngineStats:
         """Requests running and waiting in the core and the KV-cache fraction in use."""
@@ -122,8 +121,7 @@ class OnlineEngine(EngineFrontend):
 
     def shutdown(self) -> None:
         """Stop the core and the output thread; every unfinished request ends with "abort"."""
-        with self._lock:
-            self._stopping = True
+        self.stop_accepting()
         self.client.shutdown()
         self._thread.join()
         self._end_all("abort")
