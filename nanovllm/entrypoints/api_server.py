@@ -156,7 +156,8 @@ def _describe_validation_errors(error: RequestValidationError) -> str:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, which on SIGINT/SIGTERM first makes the engine refuse new requests (503)."""
+    """uvicorn's server, which on SIGINT/SIGTERM first makes the engine refuse new requests (503), and
+    which stops (after a short linger for the error events to go out) when the engine core dies."""
 
     def __init__(self, config: uvicorn.Config, engine: OnlineEngine):
         super().__init__(config)
@@ -166,21 +167,19 @@ class _Server(uvicorn.Server):
         self.engine.stop_accepting()
         super().handle_exit(sig, frame)
 
+    async def serve(self, sockets=None) -> None:
+        watchdog = asyncio.create_task(self._stop_when_engine_dies())
+        try:
+            await super().serve(sockets)
+        finally:
+            watchdog.cancel()
 
-async def _stop_when_engine_dies(server: uvicorn.Server, engine: OnlineEngine) -> None:
-    while engine.failure is None:
-        await asyncio.sleep(_DEATH_POLL_S)
-    logger.error("the engine core died (%s); shutting the server down", engine.failure)
-    await asyncio.sleep(_DEATH_LINGER_S)
-    server.should_exit = True
-
-
-async def _serve(server: uvicorn.Server, engine: OnlineEngine) -> None:
-    watchdog = asyncio.create_task(_stop_when_engine_dies(server, engine))
-    try:
-        await server.serve()
-    finally:
-        watchdog.cancel()
+    async def _stop_when_engine_dies(self) -> None:
+        while self.engine.failure is None:
+            await asyncio.sleep(_DEATH_POLL_S)
+        logger.error("the engine core died (%s); shutting the server down", self.engine.failure)
+        await asyncio.sleep(_DEATH_LINGER_S)
+        self.should_exit = True
 
 
 def serve(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
@@ -199,7 +198,7 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | 
     config = uvicorn.Config(build_app(engine, settings), host=host, port=port, log_level="info",
                             timeout_graceful_shutdown=shutdown_timeout)
     try:
-        asyncio.run(_serve(_Server(config, engine), engine))
+        _Server(config, engine).run()  # on uvloop where it is installed
     finally:
         engine.shutdown()
     if engine.failure is not None:
