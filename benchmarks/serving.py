@@ -110,9 +110,19 @@ async def run_share(url: str, model: str, requests: list[tuple[list[int], int]],
         return results, start, time.perf_counter()
 
 
+_start_together = None  # a client process's barrier: every client has started before any sends
+
+
+def client_ready(barrier) -> None:
+    global _start_together
+    _start_together = barrier
+
+
 def client_process(job: tuple) -> tuple[list[RequestResult], float, float, float]:
-    """One client process's share of a run, and the CPU seconds it used."""
+    """One client process's share of a run, sent once every client process is up, and the CPU seconds
+    it used."""
     url, model, requests, rate, seed = job
+    _start_together.wait()
     cpu = time.process_time()
     results, start, end = asyncio.run(run_share(url, model, requests, rate, seed))
     return results, start, end, time.process_time() - cpu
@@ -122,10 +132,13 @@ def run_at_rate(url: str, model: str, requests: list[tuple[list[int], int]], rat
                 num_clients: int) -> tuple[list[RequestResult], float, float]:
     """The requests sent from `num_clients` processes, each a Poisson stream of rate/num_clients (together
     one of `rate`), so that parsing the streams does not limit what is measured; returns the results in
-    request order, the wall time, and the CPU seconds the clients used."""
+    request order, the wall time from the first send to the last answer, and the CPU seconds the
+    clients used. The processes start sending together: one started late would stretch the run."""
     shares = [(url, model, requests[i::num_clients], rate / num_clients, seed * 1000 + i) for i in range(num_clients)]
-    with multiprocessing.get_context("spawn").Pool(num_clients) as pool:
-        parts = pool.map(client_process, shares)
+    context = multiprocessing.get_context("spawn")
+    # each worker blocks in the barrier with its share, so every worker takes exactly one
+    with context.Pool(num_clients, initializer=client_ready, initargs=(context.Barrier(num_clients),)) as pool:
+        parts = pool.map(client_process, shares, chunksize=1)
     results = [None] * len(requests)
     for i, (share, _, _, _) in enumerate(parts):
         results[i::num_clients] = share
