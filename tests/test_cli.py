@@ -65,13 +65,15 @@ def test_serve_reports_a_bad_model_folder(tmp_path):
     assert result.returncode != 0 and "does not exist" in result.stderr
 
 
-def start_server(model_dir: str, *flags: str) -> tuple[subprocess.Popen, str]:
-    """`nanovllm serve` on a free port, once /health answers 200: the process and its URL."""
+def start_server(model_dir: str, *flags: str, temp_dir: str | None = None) -> tuple[subprocess.Popen, str]:
+    """`nanovllm serve` on a free port, once /health answers 200: the process and its URL. With
+    `temp_dir`, the server keeps its temporary files (the core's sockets) there."""
     port = free_port()
     engine_flags = [f"--{name.replace('_', '-')}={value}" for name, value in ENGINE_ARGS.items()]
     process = subprocess.Popen(nanovllm_command() + ["serve", model_dir, "--port", str(port),
                                                      "--served-model-name", "tiny", *engine_flags, *flags],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=None if temp_dir is None else {**os.environ, "TMPDIR": temp_dir})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:
@@ -113,9 +115,11 @@ def stream_body(max_tokens: int) -> dict:
     return {"model": "tiny", "prompt": "w5 w6", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
 
 
-def test_serve_is_two_processes_and_a_graceful_stop_lets_a_stream_finish(qwen3_dir):
-    process, url = start_server(qwen3_dir, "--max-model-len=1024", "--num-kvcache-blocks=128")
+def test_serve_is_two_processes_and_a_graceful_stop_lets_a_stream_finish(qwen3_dir, tmp_path):
+    process, url = start_server(qwen3_dir, "--max-model-len=1024", "--num-kvcache-blocks=128",
+                                temp_dir=str(tmp_path))
     [core] = engine_processes(process.pid)
+    assert sorted(path.name for path in tmp_path.glob("nanovllm-*/*")) == ["outputs", "requests"]
     with httpx.stream("POST", f"{url}/v1/completions", json=stream_body(1000), timeout=60) as response:
         lines = response.iter_lines()
         assert next(line for line in lines if line.startswith("data:"))
@@ -127,6 +131,7 @@ def test_serve_is_two_processes_and_a_graceful_stop_lets_a_stream_finish(qwen3_d
     assert events[-1]["choices"][0]["finish_reason"] == "length"
     assert process.wait(timeout=30) in (0, -signal.SIGTERM)
     assert not alive(core)
+    assert list(tmp_path.iterdir()) == []  # the core's socket files went with it
 
 
 def test_a_killed_core_ends_streams_with_an_error_and_serve_exits(qwen3_dir):
