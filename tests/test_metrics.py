@@ -35,14 +35,14 @@ def test_render_reads_engine_load_and_counters_now():
 def test_request_timer_counts_tokens_latencies_and_reasons():
     metrics = ServerMetrics(SimpleNamespace(stats=EngineStats), "m")
     timer = RequestTimer(metrics, num_prompt_tokens=4)
-    for out in (output([7]), output([]), output([8, 9]), output([10], "length")):
-        timer.observe(out)
+    for arrived in ([output([7])], [output([])], [output([8]), output([9])], [output([10], "length")]):
+        timer.observe(arrived)
     RequestTimer(metrics, num_prompt_tokens=2).finish("abort")
     got = samples(metrics)
     assert got[("nanovllm:prompt_tokens_total", None)] == 6
     assert got[("nanovllm:generation_tokens_total", None)] == 4
     assert got[("nanovllm:time_to_first_token_seconds_count", None)] == 1
-    # an output with no tokens is no gap between tokens
+    # outputs with no tokens are no gap between tokens; outputs that arrived together are one
     assert got[("nanovllm:inter_token_latency_seconds_count", None)] == 2
     assert got[("nanovllm:request_success_total", "length")] == 1
     assert got[("nanovllm:request_success_total", "abort")] == 1

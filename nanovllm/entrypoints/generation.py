@@ -1,11 +1,11 @@
 """Serving /v1/completions and /v1/chat/completions: requests in, OpenAI responses or SSE streams out."""
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import msgspec
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -23,6 +23,7 @@ from nanovllm.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 _ENGINE_FAILED = "the engine failed while running this request"
+_json = msgspec.json.Encoder()
 
 
 class APIError(Exception):
@@ -188,8 +189,7 @@ class GenerationHandler:
         finished = False
         try:
             async for batch in job.stream.batches():
-                for output in batch:
-                    timer.observe(output)
+                timer.observe(batch)
                 finished = batch[-1].finished
                 yield batch
         finally:
@@ -244,7 +244,7 @@ class GenerationHandler:
                          sum(len(choice.token_ids) for choice in choices.values()))
         return JSONResponse(shape.header.body(shape.object_name, bodies, usage))
 
-    async def _events(self, jobs: list[_Job], shape: "_Shape", include_usage: bool) -> AsyncIterator[str]:
+    async def _events(self, jobs: list[_Job], shape: "_Shape", include_usage: bool) -> AsyncIterator[bytes]:
         pending: dict[tuple[int, int], _Choice] = {}
         prompt_logprobs: dict[int, list] = {}
         num_completion_tokens = 0
@@ -268,7 +268,7 @@ class GenerationHandler:
         if include_usage:
             usage = Usage.of(sum(len(job.prompt.token_ids) for job in jobs), num_completion_tokens)
             yield _sse(shape.header.body(shape.chunk_object_name, [], usage))
-        yield "data: [DONE]\n\n"
+        yield b"data: [DONE]\n\n"
 
 
 class _Shape:
@@ -384,8 +384,9 @@ class _Chat(_Shape):
         return text[shown:end]
 
 
-def _sse(payload: dict) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+def _sse(payload: dict) -> bytes:
+    """One server-sent event carrying `payload` as JSON (UTF-8, not escaped to ASCII)."""
+    return b"data: " + _json.encode(payload) + b"\n\n"
 
 
 async def _cancel_on_disconnect(request: Request, work) -> Response:

@@ -55,7 +55,8 @@ class ServerMetrics:
         self.generation_tokens = make(Counter, "generation_tokens", "Tokens generated.")
         self.ttft = make(Histogram, "time_to_first_token_seconds", "Time from arrival to the first token.",
                          buckets=_LATENCY_BUCKETS)
-        self.itl = make(Histogram, "inter_token_latency_seconds", "Time between successive tokens of a request.",
+        self.itl = make(Histogram, "inter_token_latency_seconds", ("Time between successive arrivals of a request's new tokens "
+                                                                     "(one step's, or several when the server lags)."),
                         buckets=_LATENCY_BUCKETS)
         self.e2e = make(Histogram, "e2e_request_latency_seconds", "Time from arrival to the last token.",
                         buckets=_REQUEST_BUCKETS)
@@ -82,10 +83,11 @@ class RequestTimer:
         self.last: float | None = None
         metrics.prompt_tokens.inc(num_prompt_tokens)
 
-    def observe(self, output: RequestOutput) -> None:
-        """Record an output: its tokens, TTFT or inter-token latency, and how the request finished."""
+    def observe(self, outputs: list[RequestOutput]) -> None:
+        """Record outputs that arrived together: their tokens, TTFT or the gap since the last tokens,
+        and how the request finished."""
         now = time.perf_counter()
-        num_tokens = sum(len(c.token_ids) for c in output.outputs)
+        num_tokens = sum(len(c.token_ids) for output in outputs for c in output.outputs)
         if num_tokens:
             self.metrics.generation_tokens.inc(num_tokens)
             if self.last is None:
@@ -93,8 +95,8 @@ class RequestTimer:
             else:
                 self.metrics.itl.observe(now - self.last)
             self.last = now
-        if output.finished:
-            reasons = [c.finish_reason for c in output.outputs if c.finish_reason]
+        if outputs[-1].finished:
+            reasons = [c.finish_reason for output in outputs for c in output.outputs if c.finish_reason]
             self.finish(reasons[0] if reasons else "stop")
 
     def finish(self, reason: str) -> None:

@@ -3,6 +3,7 @@
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -331,7 +332,8 @@ class Usage(BaseModel):
                    total_tokens=prompt_tokens + completion_tokens)
 
 
-class ResponseHeader(BaseModel):
+@dataclass(frozen=True)
+class ResponseHeader:
     """The fields every response and chunk of one request share."""
 
     id: str
@@ -344,8 +346,8 @@ class ResponseHeader(BaseModel):
 
     def body(self, object_name: str, choices: list[dict], usage: Usage | None) -> dict:
         """A response or chunk object with these choices; `usage` may be None."""
-        return {**self.model_dump(), "object": object_name, "choices": choices,
-                "usage": usage.model_dump() if usage else None}
+        return {"id": self.id, "object": object_name, "created": self.created, "model": self.model,
+                "choices": choices, "usage": usage.model_dump() if usage else None}
 
 
 def completion_logprobs(token_ids: list[int], positions: list[PositionLogprobs | None], start_offset: int,

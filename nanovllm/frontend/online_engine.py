@@ -29,16 +29,23 @@ class RequestStream:
             self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             self.loop = None
-        self._outputs = queue.SimpleQueue() if self.loop is None else asyncio.Queue()
+        self._queue = queue.SimpleQueue() if self.loop is None else None
+        self._arrived: list[RequestOutput] = []  # async streams: outputs not yet taken
+        self._waiter: asyncio.Future | None = None  # async streams: the reader waiting for outputs
 
     def put(self, output: RequestOutput) -> None:
         """Deliver an output; for an async stream, call it on the stream's loop."""
-        self._outputs.put_nowait(output)
+        if self._queue is not None:
+            self._queue.put(output)
+            return
+        self._arrived.append(output)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
     def __iter__(self):
         assert self.loop is None, "a stream added inside an event loop is read with `async for`"
         while True:
-            output = self._outputs.get()
+            output = self._queue.get()
             yield output
             if output.finished:
                 return
@@ -53,9 +60,10 @@ class RequestStream:
         falls behind takes several steps' outputs at once."""
         assert self.loop is not None, "a stream added outside an event loop is read with `async for`"
         while True:
-            batch = [await self._outputs.get()]
-            while not self._outputs.empty():
-                batch.append(self._outputs.get_nowait())
+            if not self._arrived:
+                self._waiter = self.loop.create_future()
+                await self._waiter
+            batch, self._arrived = self._arrived, []
             yield batch
             if batch[-1].finished:
                 return
