@@ -1,6 +1,8 @@
 """The online engine: requests added while the core process runs, per-request streams, aborts, failures."""
 
+import os
 import random
+import signal
 import threading
 import time
 
@@ -156,6 +158,37 @@ def test_killed_core_ends_live_requests_with_error(qwen3_dir):
         assert "exited unexpectedly" in engine.failure and not engine.healthy
     finally:
         engine.shutdown()
+
+
+def test_a_worker_killed_while_idle_makes_the_engine_dead_within_seconds(qwen3_dir):
+    engine = OnlineEngine(qwen3_dir, tensor_parallel_size=2, **ENGINE_ARGS)
+    try:
+        [worker] = spawned_children(engine.client.process.pid)  # the core's one tensor-parallel worker
+        os.kill(worker, signal.SIGKILL)
+        start = time.monotonic()
+        wait_until(lambda: engine.failure is not None)
+        assert time.monotonic() - start < 5 and not engine.healthy
+        assert "worker 1" in engine.failure and "exited unexpectedly with code -9" in engine.failure
+        engine.client.process.join(10)
+        assert engine.client.process.exitcode == 1
+    finally:
+        engine.shutdown()
+
+
+def spawned_children(pid: int) -> list[int]:
+    """The processes that `pid` spawned through multiprocessing (not its resource tracker)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == pid and b"spawn_main" in command:
+            found.append(int(entry))
+    return found
 
 
 def test_shutdown_aborts_unfinished_requests(qwen3_dir):

@@ -26,6 +26,8 @@ from nanovllm.utils.processes import exit_with_parent, ignore_interrupts
 
 logger = logging.getLogger(__name__)
 
+_IDLE_CHECK_MS = 1000  # an idle core checks its tensor-parallel workers this often
+
 
 def run_engine_core(config: Config, eos_token_ids: tuple[int, ...], vocabulary_json: str | None,
                     requests_address: str, outputs_address: str) -> None:
@@ -52,7 +54,8 @@ def run_engine_core(config: Config, eos_token_ids: tuple[int, ...], vocabulary_j
 
 
 class BusyLoop:
-    """Applies every queued message, runs a step, sends its outputs; sleeps only while the core is idle."""
+    """Applies every queued message, runs a step, sends its outputs; sleeps only while the core is idle,
+    waking every second to check that its tensor-parallel workers live."""
 
     def __init__(self, core: EngineCore, requests: zmq.Socket, outputs: zmq.Socket):
         self.core = core
@@ -63,25 +66,30 @@ class BusyLoop:
         self.sent_stats = EngineStats()
 
     def run(self) -> int:
-        """Serve until a shutdown message (exit code 0) or a failed step (exit code 1)."""
-        while self._take_messages():
-            try:
-                outputs = self.core.step()
-            except Exception as e:
-                logger.error("engine step failed:\n%s", traceback.format_exc())
-                ended = [EngineCoreOutput(request_id, [], finish_reason="error") for request_id in self.core.reset()]
-                self._send(ended, force=True)
-                self.outputs.send(self.encoder.encode(EngineCoreFailed(f"a step failed: {type(e).__name__}: {e}")))
-                self.core.shutdown()
-                return 1
-            self._send(outputs)
+        """Serve until a shutdown message (exit code 0) or a failure (exit code 1)."""
+        try:
+            while self._take_messages():
+                self._send(self.core.step())
+        except Exception as e:
+            logger.error("the engine core failed:\n%s", traceback.format_exc())
+            ended = [EngineCoreOutput(request_id, [], finish_reason="error") for request_id in self.core.reset()]
+            self._send(ended, force=True)
+            self.outputs.send(self.encoder.encode(EngineCoreFailed(f"{type(e).__name__}: {e}")))
+            self.core.shutdown()
+            return 1
         self.core.shutdown()
         return 0
 
     def _take_messages(self) -> bool:
         """Apply every queued message, waiting for one while the core has nothing to run; False on shutdown."""
         took = False
-        while self.requests.poll(0 if self.core.has_work() else None):
+        while True:
+            busy = self.core.has_work()
+            if not self.requests.poll(0 if busy else _IDLE_CHECK_MS):
+                if busy:
+                    break
+                self.core.check_workers()
+                continue
             message = self.decoder.decode(self.requests.recv(copy=False))
             if isinstance(message, EngineCoreRequest):
                 self.core.add_request(message)

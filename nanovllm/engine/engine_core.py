@@ -58,6 +58,10 @@ class EngineCore:
     def stats(self) -> EngineStats:
         return self.scheduler.stats()
 
+    def check_workers(self) -> None:
+        """RuntimeError if a tensor-parallel worker has died (which an idle core would not notice)."""
+        self.model_runner.check_workers()
+
     def step(self) -> list[EngineCoreOutput]:
         """Schedule and launch the next step, then read back the one before it and return its outputs."""
         outputs = []

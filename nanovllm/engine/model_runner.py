@@ -315,6 +315,9 @@ class ModelRunner:
             return None
         return PendingOutput(sampled, [p.logprobs for p in out.sampling_params], prompt_scores)
 
+    def check_workers(self) -> None:
+        """Raise if a process this runner depends on has died: none here, it runs in the caller's."""
+
     def close(self) -> None:
         """Leave the tensor-parallel group (a no-op with one rank)."""
         if self.world_size > 1:

@@ -151,10 +151,19 @@ class TensorParallelRunner:
         return None if pending is None else _GuardedOutput(self, pending)
 
     def _post_and_execute(self, out: SchedulerOutput, grammar: GrammarBitmasks | None) -> PendingOutput | None:
-        if not all(p.is_alive() for p in self.processes):
-            raise RuntimeError("a tensor-parallel worker has exited")
+        self._raise_if_a_worker_exited()
         self.channel.send("execute", out.without_sampling())
         return self.runner.execute(out, grammar)
+
+    def check_workers(self) -> None:
+        """RuntimeError naming the first worker that has exited, after stopping the others; for an
+        idle engine, which no step would tell."""
+        self._guarded(self._raise_if_a_worker_exited, wait_for_workers=False)
+
+    def _raise_if_a_worker_exited(self) -> None:
+        for i, process in enumerate(self.processes):
+            if not process.is_alive():
+                raise RuntimeError(self._describe_exit(i))
 
     def close(self) -> None:
         """Stop the workers and free the shared memory (idempotent)."""
