@@ -3,6 +3,8 @@
 import os
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -189,6 +191,19 @@ def spawned_children(pid: int) -> list[int]:
         if parent == pid and b"spawn_main" in command:
             found.append(int(entry))
     return found
+
+
+def test_a_script_without_the_main_guard_fails_and_leaves_no_socket_files(qwen3_dir, tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text("from nanovllm.frontend.online_engine import OnlineEngine\n"
+                      f"OnlineEngine({str(qwen3_dir)!r}, max_model_len=256)\n")
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "TMPDIR": str(temp)})
+    # the spawned core re-runs the script, whose own engine refuses to start there
+    assert result.returncode != 0 and "__main__" in result.stderr
+    assert list(temp.glob("nanovllm-*")) == []
 
 
 def test_shutdown_aborts_unfinished_requests(qwen3_dir):

@@ -60,7 +60,12 @@ class CoreProcessClient(EngineClient):
         self.process = mp.get_context("spawn").Process(
             target=run_engine_core, name="nanovllm-engine-core",
             args=(config, eos_token_ids, vocabulary_to_json(vocabulary), requests_address, outputs_address))
-        self.process.start()
+        try:
+            self.process.start()
+        except BaseException:  # e.g. spawned from a script without the `if __name__ == "__main__":` guard
+            self._zmq.destroy(linger=0)
+            shutil.rmtree(self._folder, ignore_errors=True)
+            raise
         self._poller = zmq.Poller()  # wakes on outputs or on the core's exit
         self._poller.register(self._outputs, zmq.POLLIN)
         self._poller.register(self.process.sentinel, zmq.POLLIN)
