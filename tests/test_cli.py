@@ -12,6 +12,7 @@ import time
 import httpx
 import openai
 import pytest
+from conftest import child_processes
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.cli import build_parser
@@ -86,23 +87,6 @@ def start_server(model_dir: str, *flags: str, temp_dir: str | None = None) -> tu
             time.sleep(0.2)
 
 
-def engine_processes(pid: int) -> list[int]:
-    """The processes `pid` started, but Python's multiprocessing resource tracker, which every
-    program that spawns processes has (it ends with its parent)."""
-    children = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                command = f.read()
-        except (OSError, ValueError, IndexError):
-            continue
-        if parent == pid and b"resource_tracker" not in command:
-            children.append(int(entry))
-    return children
-
-
 def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -118,7 +102,7 @@ def stream_body(max_tokens: int) -> dict:
 def test_serve_is_two_processes_and_a_graceful_stop_lets_a_stream_finish(qwen3_dir, tmp_path):
     process, url = start_server(qwen3_dir, "--max-model-len=1024", "--num-kvcache-blocks=128",
                                 temp_dir=str(tmp_path))
-    [core] = engine_processes(process.pid)
+    [core] = child_processes(process.pid)
     assert sorted(path.name for path in tmp_path.glob("nanovllm-*/*")) == ["outputs", "requests"]
     with httpx.stream("POST", f"{url}/v1/completions", json=stream_body(1000), timeout=60) as response:
         lines = response.iter_lines()
@@ -136,7 +120,7 @@ def test_serve_is_two_processes_and_a_graceful_stop_lets_a_stream_finish(qwen3_d
 
 def test_a_killed_core_ends_streams_with_an_error_and_serve_exits(qwen3_dir):
     process, url = start_server(qwen3_dir, "--max-model-len=1024", "--num-kvcache-blocks=128")
-    [core] = engine_processes(process.pid)
+    [core] = child_processes(process.pid)
     with httpx.Client(timeout=60) as client:
         with client.stream("POST", f"{url}/v1/completions", json=stream_body(1000)) as response:
             lines = response.iter_lines()

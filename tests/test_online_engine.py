@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from conftest import core_steps
+from conftest import child_processes, core_steps
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.engine.engine_client import EngineDeadError
@@ -165,7 +165,7 @@ def test_killed_core_ends_live_requests_with_error(qwen3_dir):
 def test_a_worker_killed_while_idle_makes_the_engine_dead_within_seconds(qwen3_dir):
     engine = OnlineEngine(qwen3_dir, tensor_parallel_size=2, **ENGINE_ARGS)
     try:
-        [worker] = spawned_children(engine.client.process.pid)  # the core's one tensor-parallel worker
+        [worker] = child_processes(engine.client.process.pid)  # the core's one tensor-parallel worker
         os.kill(worker, signal.SIGKILL)
         start = time.monotonic()
         wait_until(lambda: engine.failure is not None)
@@ -175,35 +175,6 @@ def test_a_worker_killed_while_idle_makes_the_engine_dead_within_seconds(qwen3_d
         assert engine.client.process.exitcode == 1
     finally:
         engine.shutdown()
-
-
-def spawned_children(pid: int) -> list[int]:
-    """The processes that `pid` spawned through multiprocessing (not its resource tracker)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                command = f.read()
-        except (OSError, ValueError, IndexError):
-            continue
-        if parent == pid and b"spawn_main" in command:
-            found.append(int(entry))
-    return found
-
-
-def test_a_script_without_the_main_guard_fails_and_leaves_no_socket_files(qwen3_dir, tmp_path):
-    script = tmp_path / "script.py"
-    script.write_text("from nanovllm.frontend.online_engine import OnlineEngine\n"
-                      f"OnlineEngine({str(qwen3_dir)!r}, max_model_len=256)\n")
-    temp = tmp_path / "temp"
-    temp.mkdir()
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "TMPDIR": str(temp)})
-    # the spawned core re-runs the script, whose own engine refuses to start there
-    assert result.returncode != 0 and "__main__" in result.stderr
-    assert list(temp.glob("nanovllm-*")) == []
 
 
 def test_shutdown_aborts_unfinished_requests(qwen3_dir):
