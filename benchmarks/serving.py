@@ -114,6 +114,7 @@ _start_together = None  # a client process's barrier: every client has started b
 
 
 def client_ready(barrier) -> None:
+    """Pool initializer: keep the barrier every client process waits at before it sends."""
     global _start_together
     _start_together = barrier
 

@@ -4,10 +4,10 @@ The process connects two ZMQ sockets that its client has bound: requests,
 aborts and the shutdown come in on one, msgpack-encoded `ClientMessage`s;
 start-up news and every step's outputs go out on the other. It reports
 `EngineCoreReady` (or `EngineCoreFailed` with the start-up error) before
-anything else. After a step fails the core's state is unknown: it ends every
-live request with an error, reports the failure and exits non-zero, and the
-client turns that into a dead engine. It exits as well when the process that
-spawned it is gone.
+anything else. After a step fails, or a tensor-parallel worker dies, the core's
+state is unknown: it ends every live request with an error, reports the
+failure and exits non-zero, and the client turns that into a dead engine. It
+exits as well when the process that spawned it is gone.
 """
 
 import logging

@@ -97,7 +97,8 @@ class EngineCoreReady(msgspec.Struct, tag="ready"):
 
 
 class EngineCoreFailed(msgspec.Struct, tag="failed"):
-    """The core could not start, or a step failed and the core is exiting; `message` says why."""
+    """The core could not start, or it failed (a step, or a tensor-parallel worker) and is exiting;
+    `message` says why."""
 
     message: str
 

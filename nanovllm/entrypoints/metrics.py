@@ -55,9 +55,9 @@ class ServerMetrics:
         self.generation_tokens = make(Counter, "generation_tokens", "Tokens generated.")
         self.ttft = make(Histogram, "time_to_first_token_seconds", "Time from arrival to the first token.",
                          buckets=_LATENCY_BUCKETS)
-        self.itl = make(Histogram, "inter_token_latency_seconds", ("Time between successive arrivals of a request's new tokens "
-                                                                     "(one step's, or several when the server lags)."),
-                        buckets=_LATENCY_BUCKETS)
+        self.itl = make(Histogram, "inter_token_latency_seconds",
+                        "Time between successive arrivals of a request's new tokens (one step's, or several "
+                        "when the server lags).", buckets=_LATENCY_BUCKETS)
         self.e2e = make(Histogram, "e2e_request_latency_seconds", "Time from arrival to the last token.",
                         buckets=_REQUEST_BUCKETS)
         self.model_name = model_name
