@@ -17,9 +17,14 @@ and the fraction of wall time the GPU was busy (CUDA events around each
 launched step), and one sequence's decode latency (128-token prompt, 1024 new
 tokens, prefill excluded).
 
+Several tensor-parallel sizes (`--tensor-parallel-size 1 2`) run one after
+another in the same call; each later size is then compared with the first:
+its throughput ratio, and how many of 16 workload prompts give the same 64
+greedy tokens.
+
     python benchmarks/throughput.py [--peer hf] [--skip-tokenizer-init | --compare-tokenizer]
                                     [--enforce-eager] [--no-chunked-prefill] [--profile]
-                                    [--model-shape 0.6b|8b] [--tensor-parallel-size N]
+                                    [--model-shape 0.6b|8b] [--tensor-parallel-size N [N ...]]
 """
 
 import argparse
@@ -214,9 +219,9 @@ class StepRecorder:
         return "\n".join(lines)
 
 
-def make_llm(model_dir: str, args, skip_tokenizer_init: bool) -> LLM:
+def make_llm(model_dir: str, args, skip_tokenizer_init: bool, tensor_parallel_size: int) -> LLM:
     llm = LLM(model_dir, load_format="dummy", skip_tokenizer_init=skip_tokenizer_init,
-              enforce_eager=args.enforce_eager, tensor_parallel_size=args.tensor_parallel_size,
+              enforce_eager=args.enforce_eager, tensor_parallel_size=tensor_parallel_size,
               enable_chunked_prefill=not args.no_chunked_prefill)
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8), use_tqdm=False)
     return llm
@@ -251,6 +256,12 @@ def single_sequence_latency(llm: LLM) -> tuple[float, str]:
     all_tokens = seconds(1024)
     recorder.detach()
     return (all_tokens - first_token) / 1023, recorder.summary(1, all_tokens)
+
+
+def greedy_token_ids(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
+    """64 greedy tokens for each prompt, EOS ignored."""
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=64)
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
 
 
 def print_profile(label: str, steps) -> None:
@@ -315,11 +326,56 @@ def describe(llm: LLM) -> str:
             f"of {config.kvcache_block_size}")
 
 
+def run_engine(model_dir: str, args, skip_tokenizer_init: bool, size: int, first: bool) -> tuple[float, list]:
+    """Output tokens per second of the workload on one engine, with its step summary printed; on
+    the first engine of a size also one sequence's latency (and the profile, if asked for) and the
+    greedy tokens of 16 prompts, which are returned."""
+    prompts, max_tokens = workload()
+    total_out = sum(max_tokens)
+    bandwidth, _ = hbm_bandwidth()
+    weight_bytes, kv_bytes = (n // size for n in model_bytes(args.model_shape))
+    roofline = total_out / roofline_seconds(prompts, max_tokens, weight_bytes, kv_bytes, bandwidth)
+    llm = make_llm(model_dir, args, skip_tokenizer_init, size)
+    elapsed, recorder = run_workload(llm, prompts, max_tokens)
+    rate = total_out / elapsed
+    label = "no tokenizer" if skip_tokenizer_init else "Qwen3 tokenizer"
+    print(f"nanovllm ({label}, TP={size}): {rate:,.0f} output tok/s ({elapsed:.2f} s); roofline {roofline:,.0f} "
+          f"tok/s; reached {rate / roofline:.0%}  [{describe(llm)}]")
+    print(recorder.summary(len(prompts), elapsed))
+    greedy = []
+    if first:
+        step, steps = single_sequence_latency(llm)
+        print(f"single sequence decode: {step * 1e3:.3f} ms/token ({1 / step:,.0f} tok/s); "
+              f"roofline {weight_bytes / bandwidth * 1e3:.3f} ms/token (weights once per token)")
+        print(steps)
+        greedy = greedy_token_ids(llm, prompts[:16])
+        if args.profile:
+            profile_steps(llm, 1)
+            profile_steps(llm, 256)
+    llm.close()
+    del llm, recorder
+    gc.collect()  # the recorders' wrappers around pending outputs form cycles that hold the engine
+    torch.cuda.empty_cache()
+    return rate, greedy
+
+
+def print_tensor_parallel_comparison(rates: dict, greedy: dict) -> None:
+    """Each later size's throughput over the first size's, and its greedy agreement with it."""
+    sizes = list(greedy)
+    for size in sizes[1:]:
+        for (s, label), rate in rates.items():
+            if s == size:
+                print(f"TP={size} / TP={sizes[0]} ({label}): {rate / rates[sizes[0], label]:.2f}x")
+        same = sum(a == b for a, b in zip(greedy[size], greedy[sizes[0]]))
+        print(f"greedy, 16 prompts x 64 tokens: TP={size} equals TP={sizes[0]} on {same}/16")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--peer", choices=["hf"], help="also run the workload through this peer")
     parser.add_argument("--model-shape", choices=sorted(SHAPES), default="0.6b")
-    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--tensor-parallel-size", type=int, nargs="+", default=[1],
+                        help="one size, or several to run one after another and compare with the first")
     parser.add_argument("--skip-tokenizer-init", action="store_true", help="no tokenizer: outputs carry no text")
     parser.add_argument("--compare-tokenizer", action="store_true",
                         help="run with the tokenizer, then without, and print the ratio")
@@ -336,44 +392,28 @@ def main() -> None:
     prompts, max_tokens = workload()
     total_out = sum(max_tokens)
     bandwidth, source = hbm_bandwidth()
-    weight_bytes, kv_bytes = model_bytes(args.model_shape)
-    weight_bytes //= args.tensor_parallel_size
-    kv_bytes //= args.tensor_parallel_size
-    roofline = total_out / roofline_seconds(prompts, max_tokens, weight_bytes, kv_bytes, bandwidth)
-    print(f"machine: {torch.cuda.get_device_name()} x{args.tensor_parallel_size}, torch {torch.__version__}, "
+    print(f"machine: {torch.cuda.get_device_name()} x{torch.cuda.device_count()} visible, torch {torch.__version__}, "
           f"HBM {bandwidth / 1e12:.2f} TB/s per GPU ({source})")
     print(f"workload: Qwen3-{args.model_shape} shape, bf16, dummy weights, {len(prompts)} requests, "
           f"{sum(map(len, prompts)):,} prompt tokens, {total_out:,} output tokens, temperature 0.6")
 
-    rates = {}
-    for skip_tokenizer_init in variants:
-        llm = make_llm(model_dir, args, skip_tokenizer_init)
-        elapsed, recorder = run_workload(llm, prompts, max_tokens)
-        label = "no tokenizer" if skip_tokenizer_init else "Qwen3 tokenizer"
-        rates[label] = total_out / elapsed
-        print(f"nanovllm ({label}): {rates[label]:,.0f} output tok/s ({elapsed:.2f} s); roofline {roofline:,.0f} "
-              f"tok/s; reached {rates[label] / roofline:.0%}  [{describe(llm)}]")
-        print(recorder.summary(len(prompts), elapsed))
-        if skip_tokenizer_init == variants[0]:
-            step, steps = single_sequence_latency(llm)
-            print(f"single sequence decode: {step * 1e3:.3f} ms/token ({1 / step:,.0f} tok/s); "
-                  f"roofline {weight_bytes / bandwidth * 1e3:.3f} ms/token (weights once per token)")
-            print(steps)
-            if args.profile:
-                profile_steps(llm, 1)
-                profile_steps(llm, 256)
-        llm.close()
-        del llm, recorder
-        gc.collect()  # the recorders' wrappers around pending outputs form cycles that hold the engine
-        torch.cuda.empty_cache()
-    if len(rates) == 2:
-        print(f"with / without tokenizer: {rates['Qwen3 tokenizer'] / rates['no tokenizer']:.3f}")
+    rates, greedy = {}, {}
+    for size in args.tensor_parallel_size:
+        for skip_tokenizer_init in variants:
+            first = skip_tokenizer_init == variants[0]
+            label = "no tokenizer" if skip_tokenizer_init else "Qwen3 tokenizer"
+            rates[size, label], tokens = run_engine(model_dir, args, skip_tokenizer_init, size, first)
+            if first:
+                greedy[size] = tokens
+        if len(variants) == 2:
+            print(f"with / without tokenizer (TP={size}): "
+                  f"{rates[size, 'Qwen3 tokenizer'] / rates[size, 'no tokenizer']:.3f}")
+    print_tensor_parallel_comparison(rates, greedy)
     if args.peer == "hf":
         peer = run_hf_peer(model_dir, prompts, max_tokens)
         nanovllm = next(iter(rates.values()))
         print(f"transformers continuous batching (paged|sdpa): {total_out / peer:,.0f} output tok/s "
               f"({peer:.2f} s); nanovllm is {nanovllm * peer / total_out:.1f}x faster")
-
 
 if __name__ == "__main__":
     main()
