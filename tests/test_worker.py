@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
+from conftest import NEAR_TIE, gaps_where_greedy_diverges
 from test_loader import copy_model
 
 from nanovllm import LLM, SamplingParams
@@ -200,21 +201,22 @@ def test_two_gpus_match_one_on_a_dummy_qwen3_06b_in_fp32(qwen3_06b_shape_dir):
 
 @pytest.mark.gpu
 @needs_two_gpus
-def test_two_gpus_match_one_on_most_of_16_prompts_in_bf16(qwen3_dir, capsys):
+def test_two_gpus_match_one_in_bf16_but_at_near_ties(qwen3_dir, capsys):
     # the all-reduce sums the ranks' bf16 partial products in another order than one rank's matmul
     batch = [p for seed in range(4) for p in random_prompts(seed)][:16]
     engine = dict(device="cuda", dtype="bfloat16", kvcache_block_size=16, max_model_len=256)
-    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
-    expected = token_ids(LLM(qwen3_dir, **engine).generate(batch, params, use_tqdm=False))
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=2)
+    expected = [o.outputs[0] for o in LLM(qwen3_dir, **engine).generate(batch, params, use_tqdm=False)]
     two = LLM(qwen3_dir, tensor_parallel_size=2, **engine)
     try:
-        got = token_ids(two.generate(batch, params, use_tqdm=False))
+        got = [o.outputs[0] for o in two.generate(batch, params, use_tqdm=False)]
     finally:
         two.close()
-    same = sum(a == b for a, b in zip(got, expected))
+    gaps = gaps_where_greedy_diverges(got, expected)
     with capsys.disabled():
-        print(f"\nbf16, two GPUs vs one: {same}/16 prompts equal for all {params.max_tokens} tokens")
-    assert same > len(batch) // 2 and all(a[:4] == b[:4] for a, b in zip(got, expected))
+        print(f"\nbf16, two GPUs vs one: {16 - len(gaps)}/16 prompts equal for all {params.max_tokens} tokens; "
+              f"top-2 logprob gaps where the others diverge: {[round(g, 4) for g in gaps]}")
+    assert all(gap <= NEAR_TIE for gap in gaps)
 
 
 _ORPHANED_ENGINE = """

@@ -41,6 +41,10 @@ class DecodeGraphs:
         pool = None
         for size in reversed(self.sizes):  # largest first, so smaller graphs fit in its pool
             input_ids, src_rows, positions, slot_mapping, context_lens, block_tables = self.buffers.views(size)
+            # padding rows, as the buffers define them; the views of sizes overlap, so a larger
+            # size's -1s would otherwise be read here as token ids and positions
+            input_ids.zero_()
+            positions.zero_()
             src_rows.fill_(-1)
             slot_mapping.fill_(-1)
             context_lens.zero_()

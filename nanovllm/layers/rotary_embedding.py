@@ -5,7 +5,6 @@ import math
 import torch
 from torch import nn
 
-from nanovllm.layers.fusion import fused_on_cuda
 from nanovllm.layers.layernorm import RMSNorm, rms_norm
 
 
@@ -49,12 +48,14 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                 q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate q and k at `positions`; with q_norm/k_norm (Qwen3) each head is RMS-normalised first,
-        in the same fused kernel."""
+        """Rotate q and k at `positions`; with q_norm/k_norm (Qwen3) each head is RMS-normalised first.
+        On CUDA both happen in one Triton launch."""
         # positions: [tokens]; q: [tokens, heads, head_dim]; k: [tokens, kv_heads, head_dim]
-        if q_norm is None:
-            return _norm_rotate_qk(positions, q, k, self.cos_sin, None, None, 0.0)
-        return _norm_rotate_qk(positions, q, k, self.cos_sin, q_norm.weight, k_norm.weight, q_norm.eps)
+        weights = (None, None, 0.0) if q_norm is None else (q_norm.weight, k_norm.weight, q_norm.eps)
+        if q.is_cuda:
+            from nanovllm.kernels.triton_norm_rotary import norm_rotate_qk  # Triton is needed on CUDA only
+            return norm_rotate_qk(positions, q, k, self.cos_sin, *weights)
+        return norm_rotate_qk_reference(positions, q, k, self.cos_sin, *weights)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -62,10 +63,10 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
-@fused_on_cuda
-def _norm_rotate_qk(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor,
-                    q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
-                    eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def norm_rotate_qk_reference(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor,
+                             q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+                             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The plain-PyTorch q/k norm and rotation: the CPU path and the Triton kernel's reference."""
     if q_weight is not None:
         q, k = rms_norm(q, q_weight, eps), rms_norm(k, k_weight, eps)
     cos_sin = cos_sin[positions].to(q.dtype)
