@@ -27,7 +27,8 @@ class LLM(EngineFrontend):
         super().__init__(model, InprocClient, **kwargs)
 
     def close(self) -> None:
-        """Stop tensor-parallel workers now rather than when the engine is collected."""
+        """Free the decode graphs and stop tensor-parallel workers now rather than when the engine is
+        collected."""
         self.client.shutdown()
 
     def add_request(self, prompt: Prompt, sampling_params: SamplingParams) -> str:

@@ -59,6 +59,12 @@ class DecodeGraphs:
             self.graphs[size] = graph
             torch.cuda.synchronize()
 
+    def release(self) -> None:
+        """Destroy every graph now rather than when Python collects this object."""
+        for graph in self.graphs.values():
+            graph.reset()
+        self.graphs.clear()
+
     def padded_size(self, num_seqs: int) -> int | None:
         """The captured size a batch of `num_seqs` replays, or None when it is too large for any graph."""
         return next((s for s in self.sizes if s >= num_seqs), None)

@@ -93,5 +93,6 @@ class EngineCore:
         return self.scheduler.abort_all()
 
     def shutdown(self) -> None:
-        """Stop tensor-parallel workers now rather than when the core is collected."""
+        """Free the decode graphs and stop tensor-parallel workers now rather than when the core is
+        collected."""
         self.model_runner.close()

@@ -318,8 +318,17 @@ class ModelRunner:
     def check_workers(self) -> None:
         """Raise if a process this runner depends on has died: none here, it runs in the caller's."""
 
+    def release_graphs(self) -> None:
+        """Destroy the decode graphs now; later decode steps run eagerly. NCCL (2.26 on) destroys or
+        aborts a communicator only once every graph that captured its kernels is gone, and waits for
+        that forever."""
+        if self.graphs is not None:
+            self.graphs.release()
+            self.graphs = None
+
     def close(self) -> None:
-        """Leave the tensor-parallel group (a no-op with one rank)."""
+        """Destroy the decode graphs, then leave the tensor-parallel group (a no-op with one rank)."""
+        self.release_graphs()
         if self.world_size > 1:
             destroy_process_group()
 

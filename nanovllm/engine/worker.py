@@ -65,10 +65,14 @@ def run_worker(config: Config, rank: int, host: str, port: int, channel: Command
 
 @dataclass
 class _Workers:
-    """What shutting down needs, apart from the runner object so that a finalizer can hold it."""
+    """What shutting down needs, apart from the TensorParallelRunner so that a finalizer can hold it:
+    the channel, the worker processes, rank 0's ModelRunner once built, and the thread that aborts
+    the group when a worker dies."""
 
     channel: CommandChannel
     processes: list = field(default_factory=list)
+    rank0: ModelRunner | None = None
+    watcher: threading.Thread | None = None
     healthy: bool = True
     closing: threading.Event = field(default_factory=threading.Event)
 
@@ -78,7 +82,7 @@ def _shut_down(workers: _Workers) -> None:
     workers.closing.set()
     if workers.healthy and all(p.is_alive() for p in workers.processes):
         workers.channel.send("exit")
-        destroy_process_group()  # the workers leave the group at the same time
+        _leave_group(workers)  # the workers leave the group at the same time
         for p in workers.processes:
             p.join(_EXIT_WAIT_S)
     for p in workers.processes:
@@ -88,12 +92,23 @@ def _shut_down(workers: _Workers) -> None:
         if p.is_alive():
             p.kill()
             p.join()
-    destroy_process_group()
+    _leave_group(workers)
     workers.channel.close(unlink=True)
 
 
+def _leave_group(workers: _Workers) -> None:
+    # Rank 0's decode graphs go first: until they are destroyed NCCL can neither destroy the
+    # communicator nor finish an abort that the watcher started when a worker died.
+    if workers.rank0 is not None:
+        workers.rank0.release_graphs()
+    if workers.watcher is not None and not any(p.is_alive() for p in workers.processes):
+        workers.watcher.join(_EXIT_WAIT_S)
+    destroy_process_group()
+
+
 def _abort_group_when_a_worker_dies(workers: _Workers) -> None:
-    # NCCL waits for a dead peer forever; aborting the group releases rank 0.
+    # NCCL waits for a dead peer forever; aborting the group releases rank 0's kernels at once,
+    # though the abort itself returns only after rank 0's graphs are destroyed.
     # (gloo notices the closed connection by itself.)
     wait([p.sentinel for p in workers.processes])
     if not workers.closing.is_set() and dist.is_initialized():
@@ -129,9 +144,11 @@ class TensorParallelRunner:
             process.start()
             self._workers.processes.append(process)
         if config.device == "cuda":
-            threading.Thread(target=_abort_group_when_a_worker_dies, args=(self._workers,), daemon=True).start()
+            self._workers.watcher = threading.Thread(target=_abort_group_when_a_worker_dies, args=(self._workers,),
+                                                     daemon=True)
+            self._workers.watcher.start()
         self._guarded(lambda: None)  # every worker reached the rendezvous
-        self.runner = self._guarded(lambda: ModelRunner(config, eos_token_ids, 0, store))
+        self.runner = self._workers.rank0 = self._guarded(lambda: ModelRunner(config, eos_token_ids, 0, store))
         self.num_kvcache_blocks = self.runner.num_kvcache_blocks
 
     @property
