@@ -1,11 +1,13 @@
-"""The one-row matrix product of a one-sequence decode step against torch's matmul (on the CPU
-under the Triton interpreter, which conftest selects, on small shapes)."""
+"""The one-row matrix products of a one-sequence decode step, plain and with the norm or the
+activation read in front, against torch (on the CPU under the Triton interpreter, which conftest
+selects, on small shapes)."""
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
-from nanovllm.kernels.triton_gemv import gemv  # noqa: E402
+from nanovllm.kernels.triton_gemv import gemv, rms_norm_gemv, silu_mul_gemv  # noqa: E402
+from nanovllm.layers.layernorm import rms_norm  # noqa: E402
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
@@ -25,3 +27,35 @@ def test_equals_torch_matmul(shape, dtype):
     want = (x.double() @ weight.double().T).to(dtype)
     tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
     torch.testing.assert_close(gemv(x, weight), want, atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("with_residual", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_rms_norm_in_front_equals_the_norm_then_the_product(shape, dtype, with_residual):
+    features, inputs = shape
+    torch.manual_seed(1)
+    x = torch.randn(1, inputs, device=DEVICE, dtype=dtype)
+    residual = torch.randn(1, inputs, device=DEVICE, dtype=dtype) if with_residual else None
+    norm_weight = torch.rand(inputs, device=DEVICE, dtype=dtype) + 0.5
+    weight = torch.randn(features, inputs, device=DEVICE, dtype=dtype) / inputs**0.5
+    want_sum = x + residual if with_residual else x
+    normed = rms_norm(want_sum, norm_weight, 1e-6)
+    want = (normed.double() @ weight.double().T).to(dtype)
+    got, got_sum = rms_norm_gemv(x, residual, norm_weight, 1e-6, weight)
+    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(got, want, atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(got_sum, want_sum, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_silu_mul_in_front_equals_the_activation_then_the_product(shape, dtype):
+    features, inputs = shape
+    torch.manual_seed(2)
+    gate_up = torch.randn(1, 2 * inputs, device=DEVICE, dtype=dtype)
+    weight = torch.randn(features, inputs, device=DEVICE, dtype=dtype) / inputs**0.5
+    gate, up = gate_up.double().chunk(2, dim=-1)
+    want = ((torch.nn.functional.silu(gate) * up) @ weight.double().T).to(dtype)
+    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(silu_mul_gemv(gate_up, weight), want, atol=tolerance, rtol=tolerance)
