@@ -326,13 +326,12 @@ def describe(llm: LLM) -> str:
             f"of {config.kvcache_block_size}")
 
 
-def run_engine(model_dir: str, args, skip_tokenizer_init: bool, size: int, first: bool) -> tuple[float, list]:
+def run_engine(model_dir: str, args, prompts: list[list[int]], max_tokens: list[int], bandwidth: float,
+               skip_tokenizer_init: bool, size: int, first: bool) -> tuple[float, list]:
     """Output tokens per second of the workload on one engine, with its step summary printed; on
     the first engine of a size also one sequence's latency (and the profile, if asked for) and the
     greedy tokens of 16 prompts, which are returned."""
-    prompts, max_tokens = workload()
     total_out = sum(max_tokens)
-    bandwidth, _ = hbm_bandwidth()
     weight_bytes, kv_bytes = (n // size for n in model_bytes(args.model_shape))
     roofline = total_out / roofline_seconds(prompts, max_tokens, weight_bytes, kv_bytes, bandwidth)
     llm = make_llm(model_dir, args, skip_tokenizer_init, size)
@@ -402,7 +401,8 @@ def main() -> None:
         for skip_tokenizer_init in variants:
             first = skip_tokenizer_init == variants[0]
             label = "no tokenizer" if skip_tokenizer_init else "Qwen3 tokenizer"
-            rates[size, label], tokens = run_engine(model_dir, args, skip_tokenizer_init, size, first)
+            rates[size, label], tokens = run_engine(model_dir, args, prompts, max_tokens, bandwidth,
+                                                    skip_tokenizer_init, size, first)
             if first:
                 greedy[size] = tokens
         if len(variants) == 2:
@@ -414,6 +414,7 @@ def main() -> None:
         nanovllm = next(iter(rates.values()))
         print(f"transformers continuous batching (paged|sdpa): {total_out / peer:,.0f} output tok/s "
               f"({peer:.2f} s); nanovllm is {nanovllm * peer / total_out:.1f}x faster")
+
 
 if __name__ == "__main__":
     main()
