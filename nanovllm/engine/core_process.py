@@ -81,8 +81,9 @@ class BusyLoop:
         return 0
 
     def _take_messages(self) -> bool:
-        """Apply every queued message, waiting for one while the core has nothing to run; False on shutdown."""
-        took = False
+        """Apply every queued message, waiting for one while the core has nothing to run; False on shutdown.
+        The step that follows reports the load: reported before it, requests it is about to run would
+        count as waiting and a burst the core can take at once would be refused."""
         while True:
             busy = self.core.has_work()
             if not self.requests.poll(0 if busy else _IDLE_CHECK_MS):
@@ -97,9 +98,6 @@ class BusyLoop:
                 self.core.abort(message.request_ids)
             else:
                 return False
-            took = True
-        if took:
-            self._send([])  # new requests show as waiting before the step that takes them
         return True
 
     def _send(self, outputs: list[EngineCoreOutput], force: bool = False) -> None:
