@@ -117,7 +117,8 @@ def test_abort_waiting_request(slow_online):
     # each needs 13 of the 24 blocks, so the second waits for the first
     running = slow_online.add_request([5] * 200, greedy(8))
     waiting = slow_online.add_request([7] * 200, greedy(8))
-    wait_until(lambda: slow_online.stats().num_running == 1)
+    # the core reports its load after each step: wait for the step after the second request arrived
+    wait_until(lambda: slow_online.stats().num_running == 1 and slow_online.stats().num_waiting == 1)
     assert slow_online.stats().num_waiting == 1
     slow_online.abort(waiting.request_id)
     [output] = list(waiting)
