@@ -42,6 +42,7 @@ import torch
 
 from nanovllm import LLM, SamplingParams
 
+VOCAB_SIZE = 151936
 SHAPES = {
     "0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                  num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
@@ -55,7 +56,7 @@ HBM_BANDWIDTH = {"H100 80GB HBM3": 3.35e12, "H100 PCIe": 2.0e12, "H100 NVL": 3.9
 
 def model_config(shape: str) -> dict:
     """config.json of a Qwen3 model of this shape."""
-    return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936,
+    return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": VOCAB_SIZE,
             "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
             "torch_dtype": "bfloat16", "hidden_act": "silu", "attention_bias": False,
             "bos_token_id": 151643, "eos_token_id": 151645, **SHAPES[shape]}
@@ -118,7 +119,7 @@ def model_bytes(shape: str) -> tuple[int, int]:
     h, layers, d = s["hidden_size"], s["num_hidden_layers"], s["head_dim"]
     q, kv = s["num_attention_heads"] * d, s["num_key_value_heads"] * d
     per_layer = h * (q + 2 * kv) + q * h + 3 * h * s["intermediate_size"] + 2 * h + 2 * d
-    embeddings = 151936 * h * (1 if s["tie_word_embeddings"] else 2)
+    embeddings = VOCAB_SIZE * h * (1 if s["tie_word_embeddings"] else 2)
     return 2 * (embeddings + layers * per_layer + h), 2 * 2 * layers * kv
 
 
@@ -274,10 +275,11 @@ def print_profile(label: str, steps) -> None:
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=70))
 
 
-def profile_steps(llm: LLM, num_seqs: int) -> None:
-    """Profiles the prefill of `num_seqs` workload prompts, then 32 of their decode steps."""
+def profile_steps(llm: LLM, num_seqs: int, weight_bytes: int, kv_bytes_per_token: int, bandwidth: float) -> None:
+    """Profiles the prefill of `num_seqs` workload prompts, then times 32 of their decode steps
+    (GPU time beside those steps' roofline) and profiles 32 more."""
     prompts, _ = workload()
-    params = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=64)
+    params = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=80)
     waiting = {llm.add_request(p, params) for p in prompts[:num_seqs]}
 
     def prefill():
@@ -289,6 +291,17 @@ def profile_steps(llm: LLM, num_seqs: int) -> None:
             llm.step()
 
     print_profile(f"the prefill of {num_seqs} prompts", prefill)
+    recorder = StepRecorder(llm)
+    decode()
+    recorder.detach()
+    torch.cuda.synchronize()
+    # decode step j of a sequence with a p-token prompt reads p + 1 + j cached tokens
+    context = statistics.mean(sum(len(p) + 1 + j for p in prompts[:num_seqs]) for j in range(32))
+    roofline_ms = (weight_bytes + context * kv_bytes_per_token) / bandwidth * 1e3
+    gpu_ms = statistics.median(r.gpu_ms for r in recorder.records)
+    print(f"decode step of {num_seqs} sequences ({context / num_seqs:,.0f} cached tokens each on average): GPU "
+          f"{gpu_ms:.3f} ms (median of 32, CUDA events); roofline {roofline_ms:.3f} ms (weights and every "
+          f"sequence's KV read once); {gpu_ms / roofline_ms:.2f}x the roofline")
     print_profile(f"32 decode steps of {num_seqs} sequences", decode)
     while llm.has_unfinished_requests():
         llm.step()
@@ -349,8 +362,8 @@ def run_engine(model_dir: str, args, prompts: list[list[int]], max_tokens: list[
         print(steps)
         greedy = greedy_token_ids(llm, prompts[:16])
         if args.profile:
-            profile_steps(llm, 1)
-            profile_steps(llm, 256)
+            for num_seqs in (1, 256):
+                profile_steps(llm, num_seqs, weight_bytes, kv_bytes, bandwidth)
     llm.close()
     del llm, recorder
     gc.collect()  # the recorders' wrappers around pending outputs form cycles that hold the engine

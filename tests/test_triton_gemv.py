@@ -59,3 +59,31 @@ def test_silu_mul_in_front_equals_the_activation_then_the_product(shape, dtype):
     want = ((torch.nn.functional.silu(gate) * up) @ weight.double().T).to(dtype)
     tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
     torch.testing.assert_close(silu_mul_gemv(gate_up, weight), want, atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU: graphs and programmatic dependent launch")
+def test_a_chain_of_products_replayed_in_a_graph_reads_each_input_after_it_is_written():
+    # on Hopper each product starts while the one before it finishes; one that read its input
+    # before waiting would read the previous replay's values
+    torch.manual_seed(3)
+    weights = [torch.randn(1024, 1024, device="cuda") / 32 for _ in range(40)]
+    x = torch.randn(1, 1024, device="cuda")
+
+    def chain() -> torch.Tensor:
+        y = x
+        for weight in weights:
+            y = gemv(y, weight)
+        return y
+
+    chain()  # compiles outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = chain()
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        want = x.double()
+        for weight in weights:
+            want = want @ weight.double().T
+        torch.testing.assert_close(got, want.float(), atol=1e-4, rtol=1e-3)

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from nanovllm.kernels.triton_attention_tiles import LOG2E, online_softmax_step, paged_kv_tile
+from nanovllm.kernels.triton_pdl import pdl_enabled, wait_for_previous_kernel
 
 _BLOCK_N = 64   # context tokens per tile
 _NUM_WARPS = 4
@@ -35,7 +36,9 @@ def _decode_split_kernel(
     scale_log2,
     PAGE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -77,7 +80,9 @@ def _merge_splits_kernel(
     partial_ptr, lse_ptr, o_ptr,
     stride_ps, stride_ph, stride_psp, stride_ls, stride_lh, stride_os, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(PDL)
     seq = tl.program_id(0)
     head = tl.program_id(1)
     sp = tl.arange(0, SPLITS_PAD)
@@ -120,6 +125,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     partial = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=partial_dtype, device=q.device)
     lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    pdl = pdl_enabled(q.device)
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, partial, lse,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
@@ -127,7 +133,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         scale * LOG2E,
         PAGE=page, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits, PRECISION=precision,
-        num_warps=num_warps, num_stages=num_stages,
+        PDL=pdl, num_warps=num_warps, num_stages=num_stages, launch_pdl=pdl,
     )
     if num_splits == 1:
         return partial.squeeze(2)
@@ -137,6 +143,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),
         out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_splits,
-        SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
+        SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)), PDL=pdl, launch_pdl=pdl,
     )
     return out

@@ -6,9 +6,12 @@ Layout: W [N, K] contiguous (an nn.Linear weight); y [N], in x's dtype. Grid:
 rows of W once, BLOCK_K columns at a time, multiplies them with x (which stays
 in cache) and sums in fp32 on the CUDA cores. The product is bound by reading
 W; many small programs keep enough loads in flight to read it faster than
-cuBLAS's kernels do at one row (`benchmarks/gemv.py` times both; on an H100,
-BLOCK_N = 2 was the best or within 10% of it on every Qwen3-0.6B and -8B
-projection but the 8B o projection, 21% slower than with 4).
+cuBLAS's kernels do at one row. Each program issues its first chunk of W
+before it waits for the kernel before it (programmatic dependent launch,
+`triton_pdl.py`), and the next chunk while it multiplies the current one.
+`benchmarks/gemv.py` times both back to back with cold caches; on an H100, no
+other BLOCK_N (1, 2, 4) and BLOCK_K (1024 ... 4096) it tries was more than
+10% faster on any Qwen3-0.6B or -8B projection or LM head.
 
 What x is, by the constexpr PROLOGUE, each program computing it itself from
 inputs that stay in cache (a launch costs more than the redundant arithmetic):
@@ -24,6 +27,8 @@ inputs that stay in cache (a launch costs more than the redundant arithmetic):
 import torch
 import triton
 import triton.language as tl
+
+from nanovllm.kernels.triton_pdl import pdl_enabled, wait_for_previous_kernel
 
 BLOCK_N = 2  # few features per program: even a 1024-feature output keeps 512 programs in flight
 BLOCK_K = 1024
@@ -48,12 +53,23 @@ def _input_chunk(a_ptr, r_ptr, g_ptr, k, k_ok, K, rstd, PROLOGUE: tl.constexpr, 
 
 
 @triton.jit
+def _weight_chunk(w_ptr, features, feature_ok, start, columns, K):
+    """W[features, start:start + BLOCK_K], zero outside W: [BLOCK_N, BLOCK_K]."""
+    k = start + columns
+    return tl.load(w_ptr + features[:, None].to(tl.int64) * K + k[None, :],
+                   mask=feature_ok[:, None] & (k < K)[None, :], other=0.0)
+
+
+@triton.jit
 def _gemv_kernel(a_ptr, r_ptr, g_ptr, w_ptr, y_ptr, h_ptr, N, K, eps, PROLOGUE: tl.constexpr,
-                 HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     dtype = a_ptr.dtype.element_ty
     features = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     columns = tl.arange(0, BLOCK_K)
     feature_ok = features < N
+    # the weights depend on no earlier kernel: the first chunk is read while that kernel finishes
+    w = _weight_chunk(w_ptr, features, feature_ok, 0, columns, K)
+    wait_for_previous_kernel(PDL)
     rstd = 1.0
     if PROLOGUE == RMS_NORM:
         # a first pass over the (cached) input for its mean square; program 0 writes the residual sum
@@ -71,12 +87,10 @@ def _gemv_kernel(a_ptr, r_ptr, g_ptr, w_ptr, y_ptr, h_ptr, N, K, eps, PROLOGUE: 
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for start in range(0, K, BLOCK_K):
         k = start + columns
-        k_ok = k < K
-        # w: [BLOCK_N, BLOCK_K]; x: [BLOCK_K]
-        w = tl.load(w_ptr + features[:, None].to(tl.int64) * K + k[None, :],
-                    mask=feature_ok[:, None] & k_ok[None, :], other=0.0)
-        x = _input_chunk(a_ptr, r_ptr, g_ptr, k, k_ok, K, rstd, PROLOGUE, HAS_RESIDUAL)
+        x = _input_chunk(a_ptr, r_ptr, g_ptr, k, k < K, K, rstd, PROLOGUE, HAS_RESIDUAL)
+        # w: [BLOCK_N, BLOCK_K], this chunk, loaded one chunk ahead; x: [BLOCK_K]
         acc += w.to(tl.float32) * x[None, :]
+        w = _weight_chunk(w_ptr, features, feature_ok, start + BLOCK_K, columns, K)
     tl.store(y_ptr + features, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=feature_ok)
 
 
@@ -86,10 +100,11 @@ def _launch(a: torch.Tensor, weight: torch.Tensor, prologue: tl.constexpr, resid
     assert a.size(0) == 1 and a.stride(1) == 1 and weight.is_contiguous()
     y = torch.empty(1, n, dtype=a.dtype, device=a.device)
     h = torch.empty(1, k, dtype=a.dtype, device=a.device) if residual is not None else None
+    pdl = pdl_enabled(a.device)
     _gemv_kernel[(triton.cdiv(n, BLOCK_N),)](
         a, residual if residual is not None else a, norm_weight if norm_weight is not None else a, weight, y,
         h if h is not None else y, n, k, eps, PROLOGUE=prologue.value, HAS_RESIDUAL=residual is not None,
-        BLOCK_N=BLOCK_N, BLOCK_K=min(BLOCK_K, triton.next_power_of_2(k)), num_warps=4)
+        BLOCK_N=BLOCK_N, BLOCK_K=min(BLOCK_K, triton.next_power_of_2(k)), PDL=pdl, num_warps=4, launch_pdl=pdl)
     return y, h
 
 

@@ -5,7 +5,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from nanovllm.layers.linear import divide
+from nanovllm.layers.linear import divide, linear
 from nanovllm.utils.loader import shard
 from nanovllm.utils.parallel import tp_rank, tp_size
 
@@ -49,7 +49,7 @@ class ParallelLMHead(VocabParallelEmbedding):
             # another summation order.
             logits = (self.weight @ x.T).T.contiguous()
         else:
-            logits = F.linear(x, self.weight)
+            logits = linear(x, self.weight)  # one row: the Triton GEMV
         if self.tp_size == 1:
             return logits
         parts = [torch.empty_like(logits) for _ in range(self.tp_size)] if self.tp_rank == 0 else None
