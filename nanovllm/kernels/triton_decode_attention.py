@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from nanovllm.kernels.triton_attention_tiles import LOG2E, online_softmax_step, paged_kv_tile
-from nanovllm.kernels.triton_pdl import pdl_enabled, wait_for_previous_kernel
+from nanovllm.kernels.triton_pdl import pdl_launch, wait_for_previous_kernel
 
 _BLOCK_N = 64   # context tokens per tile
 _NUM_WARPS = 4
@@ -125,7 +125,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     partial = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=partial_dtype, device=q.device)
     lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    pdl = pdl_enabled(q.device)
+    pdl = pdl_launch(q.device)
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, partial, lse,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
@@ -133,7 +133,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         scale * LOG2E,
         PAGE=page, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits, PRECISION=precision,
-        PDL=pdl, num_warps=num_warps, num_stages=num_stages, launch_pdl=pdl,
+        num_warps=num_warps, num_stages=num_stages, **pdl,
     )
     if num_splits == 1:
         return partial.squeeze(2)
@@ -143,6 +143,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),
         out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_splits,
-        SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)), PDL=pdl, launch_pdl=pdl,
+        SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)), **pdl,
     )
     return out

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nanovllm.kernels.triton_pdl import pdl_enabled, wait_for_previous_kernel
+from nanovllm.kernels.triton_pdl import pdl_launch, wait_for_previous_kernel
 
 BLOCK_N = 2  # few features per program: even a 1024-feature output keeps 512 programs in flight
 BLOCK_K = 1024
@@ -100,11 +100,10 @@ def _launch(a: torch.Tensor, weight: torch.Tensor, prologue: tl.constexpr, resid
     assert a.size(0) == 1 and a.stride(1) == 1 and weight.is_contiguous()
     y = torch.empty(1, n, dtype=a.dtype, device=a.device)
     h = torch.empty(1, k, dtype=a.dtype, device=a.device) if residual is not None else None
-    pdl = pdl_enabled(a.device)
     _gemv_kernel[(triton.cdiv(n, BLOCK_N),)](
         a, residual if residual is not None else a, norm_weight if norm_weight is not None else a, weight, y,
         h if h is not None else y, n, k, eps, PROLOGUE=prologue.value, HAS_RESIDUAL=residual is not None,
-        BLOCK_N=BLOCK_N, BLOCK_K=min(BLOCK_K, triton.next_power_of_2(k)), PDL=pdl, num_warps=4, launch_pdl=pdl)
+        BLOCK_N=BLOCK_N, BLOCK_K=min(BLOCK_K, triton.next_power_of_2(k)), num_warps=4, **pdl_launch(a.device))
     return y, h
 
 

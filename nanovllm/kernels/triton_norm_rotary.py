@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nanovllm.kernels.triton_pdl import pdl_enabled, wait_for_previous_kernel
+from nanovllm.kernels.triton_pdl import pdl_launch, wait_for_previous_kernel
 
 
 @triton.jit
@@ -73,10 +73,9 @@ def norm_rotate_qk(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, co
     if num_tokens == 0:
         return q_out, k_out
     norm = q_weight is not None
-    pdl = pdl_enabled(q.device)
     _norm_rotate_kernel[(num_tokens, num_heads + num_kv_heads)](
         q, k, q_out, k_out, positions, cos_sin, q_weight if norm else q, k_weight if norm else k, eps,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads,
-        HALF=head_dim // 2, BLOCK=triton.next_power_of_2(head_dim // 2), NORM=norm, PDL=pdl, num_warps=1,
-        launch_pdl=pdl)
+        HALF=head_dim // 2, BLOCK=triton.next_power_of_2(head_dim // 2), NORM=norm, num_warps=1,
+        **pdl_launch(q.device))
     return q_out, k_out

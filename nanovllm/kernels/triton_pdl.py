@@ -7,7 +7,8 @@ programs may be placed on the SMs while the previous kernel's last programs
 still run: they issue the loads that depend on no earlier kernel (weights),
 then `wait_for_previous_kernel`, which returns once that kernel has finished
 and its writes are visible, and lets the next kernel in turn be placed. A
-kernel launched this way must call it before any other load or store.
+kernel launched this way must call it before any other load or store; `pdl_launch`
+gives the launch options that keep the two together.
 """
 
 import functools
@@ -20,13 +21,13 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @functools.cache
-def _supported(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index) >= (9, 0)
-
-
-def pdl_enabled(device: torch.device) -> bool:
-    """Whether kernels on `device` are launched with programmatic dependent launch."""
-    return device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1" and _supported(device.index)
+def pdl_launch(device: torch.device) -> dict:
+    """A kernel launch's PDL options on `device`: the kernel's PDL constexpr and the launch flag,
+    always equal, since a kernel launched early must also wait. Programmatic dependent launch needs
+    Hopper or later, and is off in the Triton interpreter."""
+    enabled = (device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
+               and torch.cuda.get_device_capability(device) >= (9, 0))
+    return {"PDL": enabled, "launch_pdl": enabled}
 
 
 @triton.jit

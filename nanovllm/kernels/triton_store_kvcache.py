@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nanovllm.kernels.triton_pdl import pdl_enabled, wait_for_previous_kernel
+from nanovllm.kernels.triton_pdl import pdl_launch, wait_for_previous_kernel
 
 
 @triton.jit
@@ -39,6 +39,6 @@ def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cac
     row = kv_heads * head_dim
     assert k.stride(1) == head_dim and k.stride(2) == 1 and v.stride(1) == head_dim and v.stride(2) == 1
     assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.size(-1) * k_cache.size(-2) == row
-    pdl = pdl_enabled(k.device)
     _store_kvcache_kernel[(num_tokens,)](k, v, k_cache, v_cache, slot_mapping, k.stride(0), v.stride(0),
-                                         ROW=row, BLOCK=triton.next_power_of_2(row), PDL=pdl, launch_pdl=pdl)
+                                         ROW=row, BLOCK=triton.next_power_of_2(row),
+                                         **pdl_launch(k.device))
