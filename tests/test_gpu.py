@@ -154,9 +154,10 @@ def test_sampled_ids_come_back_through_pinned_memory(qwen3_dir):
 
 def triton_variants() -> dict[str, int]:
     """How many compiled variants each of our Triton kernels holds."""
-    from nanovllm.kernels import triton_decode_attention, triton_prefill_attention, triton_sampling, triton_store_kvcache
+    from nanovllm.kernels import (triton_decode_attention, triton_norm_rotary_store, triton_prefill_attention,
+                                  triton_sampling)
     kernels = [triton_prefill_attention._prefill_kernel, triton_decode_attention._decode_split_kernel,
-               triton_decode_attention._merge_splits_kernel, triton_store_kvcache._store_kvcache_kernel,
+               triton_decode_attention._merge_splits_kernel, triton_norm_rotary_store._norm_rotate_store_kernel,
                triton_sampling._gumbel_max_chunk_kernel]
     return {k.fn.__name__: sum(len(caches[0]) for caches in k.device_caches.values()) for k in kernels}
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from nanovllm.kernels.torch_attention import TorchAttentionBackend, _attend_written_out
+from nanovllm.kernels.torch_attention import TorchAttentionBackend, _attend_written_out, store_kvcache
 from nanovllm.utils.context import Context
 
 HEADS, KV_HEADS, DIM, BLOCK = 4, 2, 8, 16
@@ -53,7 +53,7 @@ def caches():
 def test_store_writes_slots_and_skips_minus_one(caches):
     k_cache, v_cache = caches
     k, v = torch.randn(3, KV_HEADS, DIM), torch.randn(3, KV_HEADS, DIM)
-    TorchAttentionBackend().store_kvcache(k, v, k_cache, v_cache, torch.tensor([5, -1, 40]))
+    store_kvcache(k, v, k_cache, v_cache, torch.tensor([5, -1, 40]))
     assert torch.equal(k_cache[0, 5], k[0]) and torch.equal(v_cache[2, 8], v[2])
     assert k_cache.flatten(0, 1).abs().sum(-1).sum(-1).nonzero().flatten().tolist() == [5, 40]
 
@@ -72,11 +72,11 @@ def test_prefill_with_and_without_cached_prefix(caches, cached, order):
     # the cached prefix is already in the cache
     for i, c in enumerate(cached):
         slots = torch.tensor(slots_of(tables[i].tolist(), 0, c), dtype=torch.int64)
-        backend.store_kvcache(full_k[i][:c], full_v[i][:c], k_cache, v_cache, slots)
+        store_kvcache(full_k[i][:c], full_v[i][:c], k_cache, v_cache, slots)
     new_k = torch.cat([fk[c:] for fk, c in zip(full_k, cached)])
     new_v = torch.cat([fv[c:] for fv, c in zip(full_v, cached)])
     slots = torch.tensor(sum((slots_of(tables[i].tolist(), c, n) for i, (n, c) in enumerate(zip(totals, cached))), []))
-    backend.store_kvcache(new_k, new_v, k_cache, v_cache, slots)
+    store_kvcache(new_k, new_v, k_cache, v_cache, slots)
     context = Context(is_prefill=True, seqlens_q=[n - c for n, c in zip(totals, cached)], seqlens_k=totals,
                       block_tables=tables if any(cached) else None)
     out = backend.prefill(torch.cat(q), new_k, new_v, k_cache, v_cache, context, DIM**-0.5)
@@ -95,7 +95,7 @@ def test_decode_reads_each_sequence_through_its_blocks(caches, order):
     full_v = [torch.randn(n, KV_HEADS, DIM) for n in lengths]
     for i, n in enumerate(lengths):
         slots = torch.tensor(slots_of(tables[i].tolist(), 0, n))
-        backend.store_kvcache(full_k[i], full_v[i], k_cache, v_cache, slots)
+        store_kvcache(full_k[i], full_v[i], k_cache, v_cache, slots)
     q = torch.randn(len(lengths), HEADS, DIM)
     context = Context(context_lens=torch.tensor(lengths, dtype=torch.int32), max_seqlen_k=max(lengths),
                       block_tables=tables)

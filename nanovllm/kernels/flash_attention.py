@@ -1,7 +1,7 @@
 """The flash-attn backend, for users who have the flash-attn package installed (never required).
 
 flash-attn reads the same paged layout ([num_blocks, block_size, kv_heads,
-head_dim], block size a multiple of 256); the store is our Triton kernel.
+head_dim], block size a multiple of 256), which the rotary kernel writes.
 """
 
 import torch
@@ -12,8 +12,7 @@ from nanovllm.utils.context import Context
 
 
 class FlashAttentionBackend(TritonAttentionBackend):
-    """Prefill through flash_attn_varlen_func, decode through flash_attn_with_kvcache;
-    the store is the Triton backend's."""
+    """Prefill through flash_attn_varlen_func, decode through flash_attn_with_kvcache."""
 
     def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, context: Context, scale: float) -> torch.Tensor:

@@ -115,22 +115,24 @@ def _combine(parts: list[tuple[torch.Tensor, torch.Tensor, int]], num_rows: int)
     return (merged / total.unsqueeze(-1)).to(dtype)
 
 
+def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  slot_mapping: torch.Tensor) -> None:
+    """Write k[t], v[t] to flat cache slot `slot_mapping[t]`; slot -1 is skipped."""
+    # k, v: [tokens, kv_heads, d]; slot_mapping: [tokens]
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    k_cache.flatten(0, 1)[slots] = k[keep]
+    v_cache.flatten(0, 1)[slots] = v[keep]
+
+
 class TorchAttentionBackend:
-    """Stores K/V into the paged cache and attends over it in place.
+    """Attends over the paged cache in place.
 
     Decode shapes depend on each sequence's length, a host-side number, so this
     backend cannot be captured in a CUDA graph.
     """
 
     supports_cuda_graphs = False
-
-    def store_kvcache(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                      v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        # k, v: [tokens, kv_heads, d]; slot_mapping: [tokens], -1 = skip
-        keep = slot_mapping >= 0
-        slots = slot_mapping[keep]
-        k_cache.flatten(0, 1)[slots] = k[keep]
-        v_cache.flatten(0, 1)[slots] = v[keep]
 
     def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, context: Context, scale: float) -> torch.Tensor:

@@ -1,10 +1,9 @@
-"""The Triton attention backend: the store, prefill and decode kernels behind one interface."""
+"""The Triton attention backend: the prefill and decode kernels behind one interface."""
 
 import torch
 
 from nanovllm.kernels.triton_decode_attention import decode_attention
 from nanovllm.kernels.triton_prefill_attention import prefill_attention
-from nanovllm.kernels.triton_store_kvcache import store_kvcache
 from nanovllm.utils.context import Context
 
 
@@ -12,10 +11,6 @@ class TritonAttentionBackend:
     """Paged attention with our own Triton kernels; decode reads no host-side lengths, so it can be graph-captured."""
 
     supports_cuda_graphs = True
-
-    def store_kvcache(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                      v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        store_kvcache(k, v, k_cache, v_cache, slot_mapping)
 
     def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, context: Context, scale: float) -> torch.Tensor:

@@ -6,16 +6,16 @@ import torch
 from torch import nn
 
 from nanovllm.kernels.torch_attention import TorchAttentionBackend
+from nanovllm.layers.layernorm import RMSNorm
+from nanovllm.layers.rotary_embedding import KVCacheWrite, RotaryEmbedding
 from nanovllm.utils.context import Context, get_context
 
 
 class AttentionBackend(Protocol):
-    """What an attention implementation provides; caches are [blocks, block_size, kv_heads, d]."""
+    """What an attention implementation provides; caches are [blocks, block_size, kv_heads, d] and hold
+    this step's K/V already."""
 
     supports_cuda_graphs: bool
-
-    def store_kvcache(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                      v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None: ...
 
     def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, context: Context, scale: float) -> torch.Tensor: ...
@@ -36,28 +36,34 @@ def make_attention_backend(name: str) -> AttentionBackend:
 
 
 class Attention(nn.Module):
-    """Stores this step's K/V at the slot mapping, then attends.
+    """Rotates q and k, stores this step's K/V at the slot mapping, then attends.
 
-    `k_cache`/`v_cache` are views into the runner's KV tensor, bound after the
-    cache is allocated; before that (warm-up) nothing is stored. The runner
-    also sets `backend` to the one the config chose.
+    The rotation and the store are one step (one kernel on CUDA), so that k is
+    written to the cache once, already rotated. `k_cache`/`v_cache` are views
+    into the runner's KV tensor, bound after the cache is allocated; before
+    that (warm-up) nothing is stored. The runner also sets `backend` to the one
+    the config chose.
     """
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, rotary: RotaryEmbedding,
                  backend: AttentionBackend | None = None):
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
+        self.rotary_emb = rotary
         self.backend = backend or TorchAttentionBackend()
         self.k_cache = self.v_cache = torch.tensor([])
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        # q: [tokens, heads, d]; k, v: [tokens, kv_heads, d] -> [tokens, heads * d]
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None) -> torch.Tensor:
+        """Attention of each token's q over its sequence's keys; q_norm/k_norm (Qwen3) normalise each
+        q and k head before the rotation."""
+        # positions: [tokens]; q: [tokens, heads, d]; k, v: [tokens, kv_heads, d] -> [tokens, heads * d]
         context = get_context()
-        if self.k_cache.numel():
-            self.backend.store_kvcache(k, v, self.k_cache, self.v_cache, context.slot_mapping)
+        cache = KVCacheWrite(v, self.k_cache, self.v_cache, context.slot_mapping) if self.k_cache.numel() else None
+        q, k = self.rotary_emb(positions, q, k, q_norm, k_norm, cache)
         if context.is_prefill:
             o = self.backend.prefill(q, k, v, self.k_cache, self.v_cache, context, self.scale)
         else:

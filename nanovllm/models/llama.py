@@ -25,8 +25,8 @@ class LlamaAttention(nn.Module):
         self.o_proj = RowParallelLinear(config.num_attention_heads * self.head_dim, config.hidden_size, bias=bias)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
-        self.rotary_emb = RotaryEmbedding(self.head_dim, config.max_position_embeddings, rope_parameters(config))
-        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
+        rotary = RotaryEmbedding(self.head_dim, config.max_position_embeddings, rope_parameters(config))
+        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5, rotary)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
                 norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,8 +38,7 @@ class LlamaAttention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary_emb(positions, q, k, self.q_norm, self.k_norm)
-        return self.o_proj(self.attn(q, k, v)), residual
+        return self.o_proj(self.attn(positions, q, k, v, self.q_norm, self.k_norm)), residual
 
 
 class LlamaMLP(nn.Module):

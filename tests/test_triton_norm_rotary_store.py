@@ -1,0 +1,108 @@
+"""The one-launch q/k RMSNorm + rotary + K/V store kernel against the plain-PyTorch reference (on the
+CPU under the Triton interpreter, which conftest selects, on small shapes)."""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+from nanovllm.kernels.torch_attention import store_kvcache  # noqa: E402
+from nanovllm.kernels.triton_norm_rotary_store import norm_rotate_store  # noqa: E402
+from nanovllm.layers.rotary_embedding import KVCacheWrite, RotaryEmbedding, norm_rotate_qk_reference  # noqa: E402
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"
+# (tokens, heads, kv_heads, head_dim): Qwen3-0.6B's heads at one and many tokens; uneven head_dims
+SHAPES = [(1, 16, 8, 128), (300, 16, 8, 128), (7, 4, 2, 64), (5, 3, 1, 24)] if ON_GPU else \
+         [(1, 4, 2, 16), (6, 3, 1, 24)]
+DTYPES = [torch.float32, torch.bfloat16] if ON_GPU else [torch.float32]
+BLOCK_SIZE = 16
+
+
+def qkv_views(tokens: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype):
+    """q, k and v as the strided views of one QKV projection output that attention passes."""
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, device=DEVICE, dtype=dtype)
+    q = qkv[:, :heads * head_dim].view(tokens, heads, head_dim)
+    k = qkv[:, heads * head_dim:(heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
+    v = qkv[:, (heads + kv_heads) * head_dim:].view(tokens, kv_heads, head_dim)
+    return q, k, v
+
+
+def rotary_and_weights(head_dim: int, dtype: torch.dtype, norm: bool):
+    rotary = RotaryEmbedding(head_dim, 4096, {"rope_theta": 1e6, "rope_type": "default"}).to(DEVICE)
+    weights = (None, None, 0.0)
+    if norm:
+        weights = (torch.rand(head_dim, device=DEVICE, dtype=dtype) + 0.5,
+                   torch.rand(head_dim, device=DEVICE, dtype=dtype) + 0.5, 1e-6)
+    return rotary, weights
+
+
+def scattered_slots(tokens: int, num_slots: int) -> torch.Tensor:
+    """Distinct slots in no order, every third -1 (a padded row or an already cached token)."""
+    slots = torch.randperm(num_slots, device=DEVICE)[:tokens]
+    slots[::3] = -1
+    return slots
+
+
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_equals_the_torch_reference(shape, dtype, norm):
+    tokens, heads, kv_heads, head_dim = shape
+    torch.manual_seed(0)
+    rotary, weights = rotary_and_weights(head_dim, dtype, norm)
+    q, k, _ = qkv_views(tokens, heads, kv_heads, head_dim, dtype)
+    positions = torch.randint(0, 4096, (tokens,), device=DEVICE)
+    positions[0] = 4095  # the table's last row
+    got = norm_rotate_store(positions, q, k, rotary.cos_sin, *weights)
+    want = norm_rotate_qk_reference(positions, q.double(), k.double(), rotary.cos_sin.double(),
+                                    *[w if w is None or isinstance(w, float) else w.double() for w in weights])
+    tolerance = 3e-2 if dtype == torch.bfloat16 else 1e-5
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == dtype and g.is_contiguous()
+        torch.testing.assert_close(g, w.to(dtype), atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_stores_the_rotated_k_and_v_at_their_slots_and_nothing_else(shape, dtype):
+    tokens, heads, kv_heads, head_dim = shape
+    torch.manual_seed(1)
+    rotary, weights = rotary_and_weights(head_dim, dtype, norm=True)
+    q, k, v = qkv_views(tokens, heads, kv_heads, head_dim, dtype)
+    positions = torch.randint(0, 4096, (tokens,), device=DEVICE)
+    num_blocks = (2 * tokens + BLOCK_SIZE - 1) // BLOCK_SIZE
+    k_cache = torch.randn(num_blocks, BLOCK_SIZE, kv_heads, head_dim, device=DEVICE, dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    slots = scattered_slots(tokens, num_blocks * BLOCK_SIZE)
+    want_k_cache, want_v_cache = k_cache.clone(), v_cache.clone()
+    got_q, got_k = norm_rotate_store(positions, q, k, rotary.cos_sin, *weights, v, k_cache, v_cache, slots)
+    # the cache holds exactly the rotated k the kernel returns, and v unchanged
+    store_kvcache(got_k, v, want_k_cache, want_v_cache, slots)
+    assert torch.equal(k_cache, want_k_cache) and torch.equal(v_cache, want_v_cache)
+    assert torch.equal(got_q, norm_rotate_store(positions, q, k, rotary.cos_sin, *weights)[0])
+
+
+def test_the_layers_cpu_path_stores_what_the_kernel_stores():
+    # the rotary layer's plain-PyTorch path (rotation, then the torch store) against the kernel
+    tokens, heads, kv_heads, head_dim = 6, 3, 1, 24
+    torch.manual_seed(2)
+    rotary, _ = rotary_and_weights(head_dim, torch.float32, norm=False)
+    q, k, v = qkv_views(tokens, heads, kv_heads, head_dim, torch.float32)
+    positions = torch.randint(0, 4096, (tokens,), device=DEVICE)
+    slots = scattered_slots(tokens, 2 * BLOCK_SIZE)
+    kernel_caches = [torch.zeros(2, BLOCK_SIZE, kv_heads, head_dim, device=DEVICE) for _ in range(2)]
+    layer_caches = [torch.zeros(2, BLOCK_SIZE, kv_heads, head_dim) for _ in range(2)]
+    kernel = norm_rotate_store(positions, q, k, rotary.cos_sin, None, None, 0.0, v, *kernel_caches, slots)
+    cpu = lambda *tensors: [t.cpu() for t in tensors]
+    layer = rotary.cpu()(*cpu(positions, q, k), cache=KVCacheWrite(v.cpu(), *layer_caches, slots.cpu()))
+    for got, want in zip(cpu(*kernel, *kernel_caches), [*layer, *layer_caches]):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert layer_caches[0].count_nonzero() == (slots >= 0).sum() * kv_heads * head_dim
+
+
+def test_no_tokens_gives_empty_outputs():
+    q, k, _ = qkv_views(0, 4, 2, 16, torch.float32)
+    rotary = RotaryEmbedding(16, 64, {"rope_theta": 1e4, "rope_type": "default"}).to(DEVICE)
+    got_q, got_k = norm_rotate_store(torch.zeros(0, dtype=torch.int64, device=DEVICE), q, k, rotary.cos_sin,
+                                     None, None, 0.0)
+    assert got_q.shape == (0, 4, 16) and got_k.shape == (0, 2, 16)
