@@ -19,11 +19,12 @@ def blocks(num_tokens: int, first_block: int) -> list[int]:
     return list(range(first_block, first_block + (num_tokens + BLOCK_SIZE - 1) // BLOCK_SIZE))
 
 
-def test_real_rows_hold_token_position_slot_length_and_table():
+def test_real_rows_hold_token_position_slot_length_temperature_and_table():
     # a request of 6 tokens computes its last one at position 5; one of 9 tokens at position 8
-    ids, src, positions, slots, lens, tables = make_buffers().load(
-        [6, 9], [-1, -1], [5, 8], [blocks(6, first_block=100), blocks(9, first_block=200)], 2)
+    ids, src, positions, slots, lens, temperatures, tables = make_buffers().load(
+        [6, 9], [-1, -1], [5, 8], [0.0, 0.7], [blocks(6, first_block=100), blocks(9, first_block=200)], 2)
     assert ids.tolist() == [6, 9]
+    assert temperatures.dtype == torch.float64 and temperatures.tolist() == [0.0, 0.7]
     assert src.tolist() == [-1, -1]
     assert positions.tolist() == [5, 8]
     assert slots.tolist() == [101 * BLOCK_SIZE + 1, 202 * BLOCK_SIZE + 0]
@@ -33,27 +34,28 @@ def test_real_rows_hold_token_position_slot_length_and_table():
 
 def test_src_rows_of_real_rows_are_kept_and_padding_rows_get_minus_one():
     # both rows' tokens are the previous step's samples, in the other order
-    ids, src, *_ = make_buffers().load([PLACEHOLDER, PLACEHOLDER], [1, 0], [3, 4],
+    ids, src, *_ = make_buffers().load([PLACEHOLDER, PLACEHOLDER], [1, 0], [3, 4], [1.0, 1.0],
                                        [blocks(4, first_block=1), blocks(5, first_block=2)], 4)
     assert src.tolist() == [1, 0, -1, -1]
     assert ids[2:].tolist() == [0, 0]
 
 
 def test_padding_rows_are_valid_indices_after_a_smaller_step_left_other_fields_there():
-    # A step of one row lays its src row, position, slot, length and -1-padded table
+    # A step of one row lays its src row, position, slot, length, temperature and -1-padded table
     # where a step of 16 rows reads its token ids: padding must not inherit them, or
     # a graph's embedding lookup indexes out of range. The steps alternate host
     # buffers, so a one-row step goes into each.
     buffers = make_buffers()
     for _ in range(2):
-        buffers.load([30], [-1], [29], [blocks(30, first_block=5000)], 1)
-    ids, src, positions, slots, lens, tables = buffers.load(
-        [3, 5], [-1, -1], [2, 4], [blocks(3, first_block=7), blocks(5, first_block=9)], 16)
+        buffers.load([30], [-1], [29], [0.5], [blocks(30, first_block=5000)], 1)
+    ids, src, positions, slots, lens, temperatures, tables = buffers.load(
+        [3, 5], [-1, -1], [2, 4], [0.5, 0.5], [blocks(3, first_block=7), blocks(5, first_block=9)], 16)
     assert ids[2:].tolist() == [0] * 14
     assert src[2:].tolist() == [-1] * 14
     assert positions[2:].tolist() == [0] * 14
     assert slots[2:].tolist() == [-1] * 14
     assert lens[2:].tolist() == [0] * 14
+    assert temperatures[2:].tolist() == [0.0] * 14
     assert (tables[2:] == -1).all()
     assert ids[:2].tolist() == [3, 5] and positions[:2].tolist() == [2, 4]
 
@@ -61,10 +63,11 @@ def test_padding_rows_are_valid_indices_after_a_smaller_step_left_other_fields_t
 def test_consecutive_loads_use_different_host_buffers_and_leave_the_previous_one_alone():
     buffers = make_buffers()
     # the device views of one size lie end to end at the buffer's start: joined, they are the copied region
-    first = torch.cat([view.flatten() for view in buffers.load(
-        [6, 9], [-1, -1], [5, 8], [blocks(6, first_block=100), blocks(9, first_block=200)], 2)])
-    second = torch.cat([view.flatten() for view in buffers.load(
-        [PLACEHOLDER, 4], [0, -1], [2, 3], [blocks(3, first_block=7), blocks(4, first_block=9)], 2)])
+    as_int64 = lambda views: torch.cat([view.view(torch.int64).flatten() for view in views])
+    first = as_int64(buffers.load([6, 9], [-1, -1], [5, 8], [0.6, 0.6],
+                                  [blocks(6, first_block=100), blocks(9, first_block=200)], 2))
+    second = as_int64(buffers.load([PLACEHOLDER, 4], [0, -1], [2, 3], [0.6, 0.0],
+                                   [blocks(3, first_block=7), blocks(4, first_block=9)], 2))
     used = len(first)
     assert not torch.equal(first, second)
     # the second step's inputs came from the other host buffer; the first step's copy source is intact

@@ -4,7 +4,7 @@ import pytest
 import torch
 from chi_square import chi_square_p_value
 
-from nanovllm.layers.sampler import Sampler, SamplingTensors
+from nanovllm.layers.sampler import Sampler, SamplingTensors, sample_with_temperatures
 from nanovllm.layers.truncation import apply_min_p, apply_top_k_top_p
 
 VOCAB = 12
@@ -62,6 +62,28 @@ def test_compiled_temperature_sampling_on_gpu_follows_softmax(logits):
     tensors = SamplingTensors(temperatures=torch.full((DRAWS,), 0.7, device="cuda"))
     ids = Sampler()(logits.cuda().repeat(DRAWS, 1), tensors).token_ids.cpu()
     assert chi_square_p_value(ids, torch.softmax(logits / 0.7, -1)) > ALPHA
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_temperature_sampling_captured_in_a_cuda_graph_draws_afresh_at_each_replay(logits):
+    # a decode graph samples inside itself: its seed must come from the device's generator,
+    # not be a constant frozen at capture, or every replay would repeat the first draw
+    torch.manual_seed(3)
+    rows, replays = 64, DRAWS // 64
+    batch = logits.cuda().repeat(rows, 1)
+    temperatures = torch.full((rows,), 0.7, dtype=torch.float64, device="cuda")
+    sample_with_temperatures(batch, temperatures)  # compile before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ids = sample_with_temperatures(batch, temperatures)
+    draws = []
+    for _ in range(replays):
+        graph.replay()
+        draws.append(ids.clone())
+    draws = torch.stack(draws).cpu()  # [replays, rows]
+    assert not all(torch.equal(draws[0], d) for d in draws[1:])
+    assert chi_square_p_value(draws.flatten(), torch.softmax(logits / 0.7, -1)) > ALPHA
 
 
 def test_seeded_frequencies_follow_softmax(logits):

@@ -1,12 +1,13 @@
 """A step's sampling rows to sampler tensors: the greedy fast path, unused features left out, bans,
 seeds, penalties, logit biases; and the logprob entries a step's PendingOutput hands back."""
 
+import pytest
 import torch
 
 from nanovllm import SamplingParams
 from nanovllm.engine.messages import TokenLogprobs
 from nanovllm.engine.runner_output import PendingOutput, PromptScores
-from nanovllm.engine.sampling_batch import sampling_tensors
+from nanovllm.engine.sampling_batch import samples_only_with_temperatures, sampling_tensors
 from nanovllm.engine.scheduler_output import PromptScoring, SchedulerOutput
 from nanovllm.layers.sampler import Sampler, SamplerOutput
 
@@ -40,6 +41,23 @@ def tensors_for(*params: SamplingParams, **kwargs):
 
 def test_plain_greedy_batch_takes_the_fast_path():
     assert tensors_for(SamplingParams(temperature=0), SamplingParams(temperature=0, ignore_eos=True)) is None
+
+
+# one setting each that takes a row off plain temperature sampling, and settings that do not
+OFF_PLAIN = [dict(top_k=5), dict(top_p=0.9), dict(min_p=0.1), dict(seed=4), dict(logprobs=0), dict(logit_bias={3: 1.0}),
+             dict(presence_penalty=0.5), dict(min_tokens=5)]
+PLAIN = [dict(), dict(temperature=0), dict(temperature=1.3, ignore_eos=True), dict(temperature=0, seed=4, top_k=5),
+         dict(temperature=0, min_tokens=1)]
+
+
+@pytest.mark.parametrize("other", PLAIN + OFF_PLAIN)
+@pytest.mark.parametrize("first", PLAIN)
+def test_the_device_sampled_decode_is_taken_exactly_when_the_tensors_are_temperature_only(first, other):
+    step = step_for(SamplingParams(**first), SamplingParams(**other))
+    tensors = sampling_tensors(step, VOCAB, EOS, to_cpu)
+    expected = tensors is None or tensors.temperature_only
+    assert samples_only_with_temperatures(step, EOS) == expected
+    assert expected == (other in PLAIN)
 
 
 def test_unused_features_stay_none():

@@ -1,4 +1,4 @@
-"""CUDA graphs of the decode forward pass, one per batch size, replayed with padded slots."""
+"""CUDA graphs of the decode step, one per batch size, replayed with padded slots."""
 
 from collections.abc import Callable
 
@@ -7,9 +7,8 @@ import torch
 from nanovllm.engine.decode_buffers import DecodeBuffers
 from nanovllm.utils.context import Context, forward_context
 
-# (input_ids, src_rows, positions) -> hidden states: the runner's forward, which takes
-# placeholder rows' tokens from the previous step's samples on the device
-DecodeForward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# (input_ids, src_rows, positions, temperatures) -> the step's output: the runner's DecodeStep
+DecodeFunction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -20,27 +19,29 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    """Graphs of the runner's decode forward, each reading the decode buffers' views of its size.
+    """Graphs of the runner's decode step, each reading the decode buffers' views of its size.
 
     A batch of n sequences is padded to the smallest captured size >= n (the
     buffers mark the padding rows), and that graph is replayed. The token ids
-    a step takes from the previous step's samples are gathered inside the graph.
+    a step takes from the previous step's samples are gathered inside the graph,
+    and each graph's output stays in memory the graph owns, valid until the
+    next replay.
     """
 
-    def __init__(self, forward: DecodeForward, buffers: DecodeBuffers, max_num_seqs: int, hidden_size: int,
-                 dtype: torch.dtype):
-        self.forward = forward
+    def __init__(self, step: DecodeFunction, buffers: DecodeBuffers, max_num_seqs: int):
+        self.step = step
         self.buffers = buffers
         self.sizes = capture_sizes(max_num_seqs)
-        self.outputs = torch.zeros(self.sizes[-1], hidden_size, dtype=dtype, device=buffers.device.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
         self._capture_all()
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
         pool = None
         for size in reversed(self.sizes):  # largest first, so smaller graphs fit in its pool
-            input_ids, src_rows, positions, slot_mapping, context_lens, block_tables = self.buffers.views(size)
+            input_ids, src_rows, positions, slot_mapping, context_lens, temperatures, block_tables = \
+                self.buffers.views(size)
             # padding rows, as the buffers define them; the views of sizes overlap, so a larger
             # size's -1s would otherwise be read here as token ids and positions
             input_ids.zero_()
@@ -48,13 +49,15 @@ class DecodeGraphs:
             src_rows.fill_(-1)
             slot_mapping.fill_(-1)
             context_lens.zero_()
+            temperatures.zero_()
             context = Context(is_prefill=False, slot_mapping=slot_mapping, context_lens=context_lens,
                               block_tables=block_tables)
+            inputs = (input_ids, src_rows, positions, temperatures)
             with forward_context(context):
-                self.outputs[:size] = self.forward(input_ids, src_rows, positions)  # compiles the kernels first
+                self.step(*inputs)  # compiles the kernels first
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool):
-                    self.outputs[:size] = self.forward(input_ids, src_rows, positions)
+                    self.outputs[size] = self.step(*inputs)
             pool = graph.pool() if pool is None else pool
             self.graphs[size] = graph
             torch.cuda.synchronize()
@@ -64,6 +67,7 @@ class DecodeGraphs:
         for graph in self.graphs.values():
             graph.reset()
         self.graphs.clear()
+        self.outputs.clear()
 
     def padded_size(self, num_seqs: int) -> int | None:
         """The captured size a batch of `num_seqs` replays, or None when it is too large for any graph."""
@@ -74,6 +78,6 @@ class DecodeGraphs:
         return size in self.graphs
 
     def replay(self, size: int) -> torch.Tensor:
-        """Hidden states [size, hidden] of the decode step whose inputs are in the buffers' views of `size`."""
+        """The output of the decode step whose inputs are in the buffers' views of `size` ([size, ...])."""
         self.graphs[size].replay()
-        return self.outputs[:size]
+        return self.outputs[size]

@@ -5,7 +5,8 @@ from itertools import chain
 import numpy as np
 import torch
 
-_FIELDS = 5  # input_ids, src_rows, positions, slot_mapping, context_lens
+_FIELDS = 6  # input_ids, src_rows, positions, slot_mapping, context_lens, temperatures
+_TEMPERATURES = 5
 
 
 class DecodeBuffers:
@@ -13,14 +14,16 @@ class DecodeBuffers:
 
     For a step padded to `size` rows the int64 layout is
     input_ids[size] | src_rows[size] | positions[size] | slot_mapping[size] | context_lens[size]
-    | block_tables[size, width],
+    | temperatures[size] | block_tables[size, width],
     so the device views of a given size always sit at the same addresses: a CUDA
     graph captured on them replays on the next step's copy. `src_rows[i] >= 0`
     means row i's token is the previous step's sampled id of that row, still on
-    the device (the input id there is a placeholder). Rows past the real
-    sequences are padding: token 0 at position 0 (valid indices for the
-    embedding and the rotary table), slot -1 (store nothing), context length 0
-    (read nothing).
+    the device (the input id there is a placeholder). The temperatures are
+    float64 values in their int64 slots (the views reinterpret them), so that
+    they travel in the same copy. Rows past the real sequences are padding:
+    token 0 at position 0 (valid indices for the embedding and the rotary
+    table), slot -1 (store nothing), context length 0 (read nothing),
+    temperature 0 (greedy).
 
     The host buffers alternate so that writing step n+1's inputs never touches
     the memory whose copy to the device step n may still have queued.
@@ -38,37 +41,43 @@ class DecodeBuffers:
         self._turn = 0
         self._device_views: dict[int, tuple[torch.Tensor, ...]] = {}
 
-    def _split(self, buffer, size: int) -> tuple:
+    def _split(self, buffer, size: int, float64) -> tuple:
         flat = buffer[: size * _FIELDS].reshape(_FIELDS, size)
         tables = buffer[size * _FIELDS: size * (_FIELDS + self.width)].reshape(size, self.width)
-        return (*flat, tables)
+        fields = list(flat)
+        fields[_TEMPERATURES] = fields[_TEMPERATURES].view(float64)
+        return (*fields, tables)
 
     def views(self, size: int) -> tuple[torch.Tensor, ...]:
-        """Device (input_ids, src_rows, positions, slot_mapping, context_lens, block_tables) of `size` rows."""
+        """Device (input_ids, src_rows, positions, slot_mapping, context_lens, temperatures, block_tables)
+        of `size` rows."""
         if size not in self._device_views:
-            self._device_views[size] = self._split(self.device, size)
+            self._device_views[size] = self._split(self.device, size, torch.float64)
         return self._device_views[size]
 
-    def load(self, input_ids: list[int], src_rows: list[int], positions: list[int], block_tables: list[list[int]],
-             size: int) -> tuple[torch.Tensor, ...]:
+    def load(self, input_ids: list[int], src_rows: list[int], positions: list[int], temperatures: list[float],
+             block_tables: list[list[int]], size: int) -> tuple[torch.Tensor, ...]:
         """Write one step's rows, padded to `size`, and queue their copy to the device; returns device views.
 
         Per row: its input token (any value where `src_rows` >= 0), the row of the
         previous step's samples that holds it (-1: none), its position (the
-        context length less one) and its block table.
+        context length less one), the temperature its next token is drawn at and
+        its block table.
         """
         host = self._host_arrays[self._turn]
         n, bs = len(input_ids), self.block_size
-        ids, src, pos, slots, lens, tables = self._split(host, size)
+        ids, src, pos, slots, lens, temps, tables = self._split(host, size, np.float64)
         ids[:n] = input_ids
         src[:n] = src_rows
         pos[:n] = positions
         lens[:n] = pos[:n] + 1
+        temps[:n] = temperatures
         # this region held other fields for other sizes: a stale slot or -1 is no token id or position
         ids[n:] = 0
         src[n:] = -1
         pos[n:] = 0
         lens[n:] = 0
+        temps[n:] = 0.0
         tables.fill(-1)  # the pad the Context promises
         # every block table in one pass: row i takes widths[i] entries of the concatenation
         widths = np.fromiter((len(table) for table in block_tables), np.int64, n)

@@ -9,12 +9,13 @@ import torch.distributed as dist
 from nanovllm.config import Config
 from nanovllm.engine.cuda_graphs import DecodeGraphs
 from nanovllm.engine.decode_buffers import DecodeBuffers
+from nanovllm.engine.decode_step import DecodeStep, DeviceInputForward
 from nanovllm.engine.runner_output import PendingOutput, PromptScores
-from nanovllm.engine.sampling_batch import sampling_tensors
+from nanovllm.engine.sampling_batch import samples_only_with_temperatures, sampling_tensors
 from nanovllm.engine.scheduler_output import PLACEHOLDER, SchedulerOutput
 from nanovllm.engine.structured_output import GrammarBitmasks
 from nanovllm.layers.attention import Attention, make_attention_backend
-from nanovllm.layers.sampler import Sampler, SamplingTensors, token_logprobs
+from nanovllm.layers.sampler import Sampler, SamplerOutput, SamplingTensors, token_logprobs
 from nanovllm.models import model_class
 from nanovllm.sampling_params import SamplingParams
 from nanovllm.utils.context import Context, forward_context
@@ -45,7 +46,8 @@ class ModelRunner:
     `execute` launches a step and returns without waiting for the device: the
     sampled ids stay on the device (`last_sampled`), where the next step's
     placeholder tokens are gathered from, and travel to the host behind the step
-    (`PendingOutput`). With `tensor_parallel_size > 1` this is rank `rank`: it
+    (`PendingOutput`). A decode step samples its greedy and plain-temperature
+    rows itself (`DecodeStep`), inside its CUDA graph. With `tensor_parallel_size > 1` this is rank `rank`: it
     joins the group at `store` (rank 0 serves it) and holds its share of the
     model and the cache; rank 0 samples and broadcasts the ids to the others.
     `num_kvcache_blocks` is the capacity the cache was given.
@@ -75,6 +77,8 @@ class ModelRunner:
         # [max_num_seqs]: the ids the latest step sampled, in its sampling-row order
         self.last_sampled = torch.zeros(config.max_num_seqs, dtype=torch.int64, device=self.device)
         self._forward = DeviceInputForward(self.model, self.last_sampled)
+        # with several ranks the LM head gathers to rank 0, which samples outside the graphs
+        self._decode_step = DecodeStep(self._forward, samples=self.world_size == 1)
         self._last_sampled_rows: dict[str, int] = {}  # request id -> its row in last_sampled
         self.graphs = None
         if self.device.type == "cuda":
@@ -85,8 +89,7 @@ class ModelRunner:
         self.decode_buffers = DecodeBuffers(config.max_num_seqs, config.max_blocks_per_seq, self.block_size,
                                             self.device)
         if self.device.type == "cuda" and not config.enforce_eager and backend.supports_cuda_graphs:
-            self.graphs = DecodeGraphs(self._forward, self.decode_buffers, config.max_num_seqs,
-                                       config.hf_config.hidden_size, self.dtype)
+            self.graphs = DecodeGraphs(self._decode_step, self.decode_buffers, config.max_num_seqs)
 
     def _build_model(self) -> torch.nn.Module:
         hf_config = self.config.hf_config
@@ -269,17 +272,34 @@ class ModelRunner:
         return size or num_seqs
 
     def _run_decode(self, out: SchedulerOutput) -> torch.Tensor:
-        """One token per request, padded to a captured graph's size and replayed (or run eagerly)."""
+        """One token per request, padded to a captured graph's size and replayed (or run eagerly): hidden
+        states [requests, hidden]. Where the decode step samples, the ids drawn at each request's
+        temperature are in `last_sampled` too."""
         n = len(out.req_ids)
         size = self.decode_size(n)
-        input_ids, src_rows, positions, slots, context_lens, block_tables = self.decode_buffers.load(
-            [ids[0] for ids in out.token_ids], self._src_rows(out), out.num_computed_tokens, out.block_tables, size)
+        # workers get steps without sampling settings; only a step that samples reads temperatures
+        temperatures = [p.temperature for p in out.sampling_params] if self._decode_step.samples else [0.0] * n
+        input_ids, src_rows, positions, slots, context_lens, temperatures, block_tables = self.decode_buffers.load(
+            [ids[0] for ids in out.token_ids], self._src_rows(out), out.num_computed_tokens, temperatures,
+            out.block_tables, size)
         if self.graphs is not None and self.graphs.captured(size):
             return self.graphs.replay(size)[:n]
         context = Context(is_prefill=False, slot_mapping=slots, max_seqlen_k=max(out.num_computed_tokens) + 1,
                           context_lens=context_lens, block_tables=block_tables)
         with forward_context(context):
-            return self._forward(input_ids, src_rows, positions)[:n]
+            return self._decode_step(input_ids, src_rows, positions, temperatures)[:n]
+
+    def _sample(self, out: SchedulerOutput, logits: torch.Tensor, grammar: GrammarBitmasks | None) -> SamplerOutput:
+        """Rank 0: the step's sampling settings and grammar masks applied to its logits, the ids put in
+        `last_sampled`."""
+        tensors = sampling_tensors(out, logits.shape[-1], self.eos_token_ids, self._to_device)
+        if grammar is not None:
+            tensors = tensors or SamplingTensors()
+            tensors.bitmask = grammar.fill().to(self.device, non_blocking=True)
+            tensors.bitmask_rows = grammar.rows
+        sampled = self.sampler(logits, tensors)
+        self.last_sampled[:logits.size(0)].copy_(sampled.token_ids)
+        return sampled
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, grammar: GrammarBitmasks | None = None) -> PendingOutput | None:
@@ -287,27 +307,26 @@ class ModelRunner:
         for `out.sampled_req_ids` and of the prompt logprobs asked for; other ranks, and a step that
         samples and scores nothing, return None. `grammar` holds the constrained rows, whose masks are
         filled while the device runs the forward pass."""
-        prompt_scores = None
+        prompt_scores = logits = None
         if out.is_decode:
             hidden_states = self._run_decode(out)
+            sampled_in_step = (self._decode_step.samples and grammar is None
+                               and samples_only_with_temperatures(out, self.eos_token_ids))
         else:
             hidden_states, cu_q = self._run_varlen(out)
             if out.prompt_scoring:
                 prompt_scores = self._score_prompts(out, hidden_states, cu_q)
             sampling_rows = [cu_q[i + 1] - 1 for i, samples in enumerate(out.samples) if samples]
             hidden_states = hidden_states[self._to_device(sampling_rows, torch.int64)]
+            sampled_in_step = False
+        if out.sampled_req_ids and not sampled_in_step:
+            logits = self.model.compute_logits(hidden_states)  # every rank joins the gather to rank 0
         num_sampled = len(out.sampled_req_ids)
         sampled = None
         if num_sampled:
-            logits = self.model.compute_logits(hidden_states)  # every rank joins the gather to rank 0
             if self.rank == 0:
-                tensors = sampling_tensors(out, logits.shape[-1], self.eos_token_ids, self._to_device)
-                if grammar is not None:
-                    tensors = tensors or SamplingTensors()
-                    tensors.bitmask = grammar.fill().to(self.device, non_blocking=True)
-                    tensors.bitmask_rows = grammar.rows
-                sampled = self.sampler(logits, tensors)
-                self.last_sampled[:num_sampled].copy_(sampled.token_ids)
+                sampled = (SamplerOutput(self.last_sampled[:num_sampled]) if sampled_in_step
+                           else self._sample(out, logits, grammar))
             if self.world_size > 1:
                 dist.broadcast(self.last_sampled[:num_sampled], src=0)
         self._last_sampled_rows = {req_id: row for row, req_id in enumerate(out.sampled_req_ids)}
@@ -331,21 +350,6 @@ class ModelRunner:
         self.release_graphs()
         if self.world_size > 1:
             destroy_process_group()
-
-
-class DeviceInputForward:
-    """The model over a step's tokens, each placeholder's id taken from the previous step's samples
-    on the device (inside the decode graphs too). Holds no reference to the runner, so that graphs
-    capturing it form no cycle that would keep an engine's memory alive after it is dropped."""
-
-    def __init__(self, model: torch.nn.Module, last_sampled: torch.Tensor):
-        self.model = model
-        self.last_sampled = last_sampled
-
-    def __call__(self, input_ids: torch.Tensor, src_rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        # input_ids, src_rows, positions: [tokens] -> hidden states [tokens, hidden]
-        input_ids = torch.where(src_rows < 0, input_ids, self.last_sampled[src_rows])
-        return self.model(input_ids, positions)
 
 
 def start_up_step(token_ids: list[list[int]], num_computed_tokens: list[int],

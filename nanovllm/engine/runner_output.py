@@ -41,13 +41,14 @@ class PendingOutput:
 
     The copies to (pinned) host memory are queued behind the step on its stream
     and an event marks their end, so `result()` waits for this step alone and
-    never for work launched after it. Tensors are fresh outputs of this step:
-    nothing launched later writes them.
+    never for work launched after it. The copies are made at once (on the CPU
+    too), so later steps may overwrite the tensors they came from, as each
+    step does `last_sampled`.
     """
 
     def __init__(self, sampled: SamplerOutput | None, logprob_counts: list[int | None],
                  prompt_scores: PromptScores | None = None):
-        host = lambda t: None if t is None else t.to("cpu", non_blocking=True)
+        host = lambda t: None if t is None else t.to("cpu", non_blocking=True, copy=True)
         self._token_ids = host(sampled.token_ids) if sampled is not None else None
         self._logprobs = None
         if sampled is not None and sampled.logprobs is not None:

@@ -44,6 +44,16 @@ def _sample_positions(out: SchedulerOutput) -> list[int]:
             if samples]
 
 
+def samples_only_with_temperatures(out: SchedulerOutput, eos_token_ids: tuple[int, ...]) -> bool:
+    """Whether every row is greedy or plain temperature sampling, which a decode step samples on the
+    device by itself: exactly when `sampling_tensors` gives None or temperature-only tensors."""
+    if out.penalty_token_ids is not None or any(p.logprobs is not None or p.logit_bias for p in out.sampling_params):
+        return False
+    plain = all(p.is_greedy or (p.min_p <= 0 and p.top_k <= 0 and p.top_p >= 1 and p.seed is None)
+                for p in out.sampling_params)
+    return plain and not _banned_tokens(out, eos_token_ids)
+
+
 def sampling_tensors(out: SchedulerOutput, vocab_size: int, eos_token_ids: tuple[int, ...],
                      to_device: ToDevice) -> SamplingTensors | None:
     """The step's sampling settings as tensors; None when every row is plain greedy (the fast path)."""

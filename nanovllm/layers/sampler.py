@@ -64,7 +64,7 @@ class Sampler(nn.Module):
         if tensors is None:
             return SamplerOutput(logits.argmax(dim=-1))
         if tensors.temperature_only:
-            return SamplerOutput(_sample_with_temperatures(logits, tensors.temperatures))
+            return SamplerOutput(sample_with_temperatures(logits, tensors.temperatures))
         processed = logits.float()
         if tensors.bias_index is not None:
             processed = processed.index_put((tensors.bias_index[0], tensors.bias_index[1]), tensors.bias_values,
@@ -113,16 +113,18 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tup
     return ids, values, ranks
 
 
-def _sample_with_temperatures(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+def sample_with_temperatures(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
     """The common case, argmax for temperature 0 and Gumbel-max otherwise, without a softmax:
-    argmax(p / E) with E ~ Exp(1) equals argmax(logits / T - log E). On CUDA one Triton pass."""
+    argmax(p / E) with E ~ Exp(1) equals argmax(logits / T - log E). On CUDA one Triton pass whose
+    seed the device's generator draws, so that it can be captured in a CUDA graph."""
     # logits: [num_seqs, vocab]; temperatures: [num_seqs]
     if logits.is_cuda:
         from nanovllm.kernels.triton_sampling import gumbel_max_sample
-        seed = int(torch.randint(0, 2**31 - 1, ()))  # from the CPU generator: no device sync
-        return gumbel_max_sample(logits, temperatures, seed)
+        return gumbel_max_sample(logits, temperatures, torch.randint(0, 2**62, (1,), device=logits.device))
     is_greedy = temperatures == 0
-    scaled = logits.float() / torch.where(is_greedy, 1.0, temperatures).unsqueeze(1)
+    if is_greedy.all():  # a host tensor: no device to wait for
+        return logits.argmax(dim=-1)
+    scaled = logits.float() / torch.where(is_greedy, 1.0, temperatures.float()).unsqueeze(1)
     exponential = torch.empty_like(scaled).exponential_(1).clamp_min_(1e-10)
     sampled = (scaled - torch.log(exponential)).argmax(dim=-1)
     return torch.where(is_greedy, logits.argmax(dim=-1), sampled)

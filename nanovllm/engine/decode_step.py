@@ -1,0 +1,42 @@
+"""A decode step's device work, from its input buffers to its sampled ids: what the decode CUDA graphs capture."""
+
+import torch
+
+from nanovllm.layers.sampler import sample_with_temperatures
+
+
+class DeviceInputForward:
+    """The model over a step's tokens, each placeholder's id taken from the previous step's samples
+    on the device (inside the decode graphs too). Holds no reference to the runner, so that graphs
+    capturing it form no cycle that would keep an engine's memory alive after it is dropped."""
+
+    def __init__(self, model: torch.nn.Module, last_sampled: torch.Tensor):
+        self.model = model
+        self.last_sampled = last_sampled
+
+    def __call__(self, input_ids: torch.Tensor, src_rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # input_ids, src_rows, positions: [tokens] -> hidden states [tokens, hidden]
+        input_ids = torch.where(src_rows < 0, input_ids, self.last_sampled[src_rows])
+        return self.model(input_ids, positions)
+
+
+class DecodeStep:
+    """One token per row through the model and, with `samples` (one rank, whose LM head gathers
+    nothing), the LM head and the common sampling too: argmax at temperature 0, else a Gumbel-max
+    draw, each row's id written to `last_sampled[row]`. Captured in a graph, a step of greedy or plain
+    temperature rows is then one replay. The hidden states are returned (not the logits, which would
+    hold a [rows, vocab] tensor per captured size): the runner computes the logits from them for a
+    step that needs the full sampler, whose ids then overwrite these."""
+
+    def __init__(self, forward: DeviceInputForward, samples: bool):
+        self.forward = forward
+        self.samples = samples
+
+    def __call__(self, input_ids: torch.Tensor, src_rows: torch.Tensor, positions: torch.Tensor,
+                 temperatures: torch.Tensor) -> torch.Tensor:
+        # input_ids, src_rows, positions, temperatures: [rows] -> hidden states [rows, hidden]
+        hidden_states = self.forward(input_ids, src_rows, positions)
+        if self.samples:
+            logits = self.forward.model.compute_logits(hidden_states)  # [rows, vocab]
+            self.forward.last_sampled[:logits.size(0)] = sample_with_temperatures(logits, temperatures)
+        return hidden_states
