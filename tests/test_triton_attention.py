@@ -9,6 +9,8 @@ pytest.importorskip("triton")
 from nanovllm.kernels.torch_attention import TorchAttentionBackend, store_kvcache  # noqa: E402
 from nanovllm.kernels.triton_attention import TritonAttentionBackend  # noqa: E402
 from nanovllm.kernels.triton_decode_attention import decode_attention  # noqa: E402
+from nanovllm.kernels.triton_norm_rotary_store import norm_rotate_store  # noqa: E402
+from nanovllm.layers.rotary_embedding import RotaryEmbedding, norm_rotate_qk_reference  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 requires_gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
@@ -109,3 +111,41 @@ def test_prefill_on_gpu(dtype, block_size, group, cached):
                       head_dim=128, dtype=dtype, device="cuda")
     check_prefill(case)
 
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("num_splits", [None, 1])
+def test_decode_replayed_in_a_graph_reads_the_key_and_value_stored_just_before_it(num_splits):
+    # The decode step's chain as the graphs run it: the rotary kernel stores each sequence's newest
+    # key and value, and the decode kernels (launched early under programmatic dependent launch)
+    # must read them. Each replay stores new ones, so a stale read would not match the reference.
+    torch.manual_seed(0)
+    lengths = [1, 17, 64, 65, 300, 1000]  # the newest token first, mid and last in a tile
+    case = decode_case(lengths, block_size=16, heads=16, kv_heads=8, head_dim=128, dtype=torch.bfloat16,
+                       device="cuda")
+    rotary = RotaryEmbedding(128, 4096, {"rope_theta": 1e6, "rope_type": "default"}).cuda()
+    context, scale = case.decode_context(), 128**-0.5
+    positions = context.context_lens.long() - 1
+    q, k, v = case.q.clone(), case.k.clone(), case.v.clone()
+    k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
+
+    def step():
+        q_rotated, _ = norm_rotate_store(positions, q, k, rotary.cos_sin, None, None, 0.0, v, k_cache, v_cache,
+                                         case.slot_mapping)
+        return decode_attention(q_rotated, k_cache, v_cache, context.block_tables, context.context_lens, scale,
+                                num_splits)
+
+    step()  # compile before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for _ in range(3):
+        for x in (q, k, v):
+            x.copy_(torch.randn_like(x))
+        graph.replay()
+        want_q, want_k = norm_rotate_qk_reference(positions, q, k, rotary.cos_sin, None, None, 0.0)
+        want_k_cache, want_v_cache = k_cache.clone(), v_cache.clone()
+        store_kvcache(want_k, v, want_k_cache, want_v_cache, case.slot_mapping)
+        want = TorchAttentionBackend().decode(want_q, want_k_cache, want_v_cache, context, scale)
+        torch.testing.assert_close(out, want, atol=TOLERANCE[torch.bfloat16], rtol=TOLERANCE[torch.bfloat16])

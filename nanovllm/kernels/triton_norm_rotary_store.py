@@ -41,44 +41,48 @@ def _norm_rotate_store_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_out_ptr, positio
                               stride_kt, stride_kh, stride_vt, stride_vh, NUM_HEADS: tl.constexpr,
                               NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr,
                               NORM: tl.constexpr, STORE: tl.constexpr, PDL: tl.constexpr):
-    wait_for_previous_kernel(PDL)
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
+    is_q = head < NUM_HEADS
     lanes = tl.arange(0, BLOCK)
     mask = lanes < HALF
+    dtype = q_out_ptr.dtype.element_ty
+    # No kernel writes the slots, positions, table or weights: they are read before waiting for
+    # the previous kernel (under PDL, while it runs).
     slot = -1
     if STORE:
         slot = tl.load(slot_mapping_ptr + token)
+    table = cos_sin_ptr + tl.load(positions_ptr + token).to(tl.int64) * (4 * HALF)
+    # rotate-half: the table repeats its frequencies over both halves
+    cos = tl.load(table + lanes, mask=mask, other=0.0).to(dtype).to(tl.float32)
+    sin = tl.load(table + 2 * HALF + lanes, mask=mask, other=0.0).to(dtype).to(tl.float32)
+    if NORM:
+        w1 = tl.where(is_q, tl.load(q_weight_ptr + lanes, mask=mask, other=0.0),
+                      tl.load(k_weight_ptr + lanes, mask=mask, other=0.0)).to(tl.float32)
+        w2 = tl.where(is_q, tl.load(q_weight_ptr + HALF + lanes, mask=mask, other=0.0),
+                      tl.load(k_weight_ptr + HALF + lanes, mask=mask, other=0.0)).to(tl.float32)
+    wait_for_previous_kernel(PDL)
     if head >= NUM_HEADS + NUM_KV_HEADS:  # a v head: into the cache unchanged
         kv_head = head - NUM_HEADS - NUM_KV_HEADS
         if slot >= 0:
             _copy_head(v_ptr + token * stride_vt + kv_head * stride_vh,
                        v_cache_ptr + (slot * NUM_KV_HEADS + kv_head) * (2 * HALF), lanes, mask, HALF)
     else:
-        if head < NUM_HEADS:
+        if is_q:
             source = q_ptr + token * stride_qt + head * stride_qh
             target = q_out_ptr + (token * NUM_HEADS + head) * (2 * HALF)
-            weight_ptr = q_weight_ptr
         else:
             source = k_ptr + token * stride_kt + (head - NUM_HEADS) * stride_kh
             target = k_out_ptr + (token * NUM_KV_HEADS + head - NUM_HEADS) * (2 * HALF)
-            weight_ptr = k_weight_ptr
-        dtype = q_out_ptr.dtype.element_ty
         # x1, x2: the head's two halves [BLOCK], fp32
         x1 = tl.load(source + lanes, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(source + HALF + lanes, mask=mask, other=0.0).to(tl.float32)
         if NORM:
             rstd = tl.rsqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / (2 * HALF) + eps)
-            w1 = tl.load(weight_ptr + lanes, mask=mask, other=0.0).to(tl.float32)
-            w2 = tl.load(weight_ptr + HALF + lanes, mask=mask, other=0.0).to(tl.float32)
             x1 = w1 * (x1 * rstd).to(dtype).to(tl.float32)
             x2 = w2 * (x2 * rstd).to(dtype).to(tl.float32)
             x1 = x1.to(dtype).to(tl.float32)
             x2 = x2.to(dtype).to(tl.float32)
-        table = cos_sin_ptr + tl.load(positions_ptr + token).to(tl.int64) * (4 * HALF)
-        # rotate-half: the table repeats its frequencies over both halves
-        cos = tl.load(table + lanes, mask=mask, other=0.0).to(dtype).to(tl.float32)
-        sin = tl.load(table + 2 * HALF + lanes, mask=mask, other=0.0).to(dtype).to(tl.float32)
         y1 = (x1 * cos - x2 * sin).to(dtype)
         y2 = (x2 * cos + x1 * sin).to(dtype)
         tl.store(target + lanes, y1, mask=mask)
