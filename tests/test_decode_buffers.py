@@ -21,7 +21,7 @@ def blocks(num_tokens: int, first_block: int) -> list[int]:
 
 def test_real_rows_hold_token_position_slot_length_temperature_and_table():
     # a request of 6 tokens computes its last one at position 5; one of 9 tokens at position 8
-    ids, src, positions, slots, lens, temperatures, tables = make_buffers().load(
+    ids, src, positions, slots, lens, temperatures, _, tables = make_buffers().load(
         [6, 9], [-1, -1], [5, 8], [0.0, 0.7], [blocks(6, first_block=100), blocks(9, first_block=200)], 2)
     assert ids.tolist() == [6, 9]
     assert temperatures.dtype == torch.float64 and temperatures.tolist() == [0.0, 0.7]
@@ -48,7 +48,7 @@ def test_padding_rows_are_valid_indices_after_a_smaller_step_left_other_fields_t
     buffers = make_buffers()
     for _ in range(2):
         buffers.load([30], [-1], [29], [0.5], [blocks(30, first_block=5000)], 1)
-    ids, src, positions, slots, lens, temperatures, tables = buffers.load(
+    ids, src, positions, slots, lens, temperatures, _, tables = buffers.load(
         [3, 5], [-1, -1], [2, 4], [0.5, 0.5], [blocks(3, first_block=7), blocks(5, first_block=9)], 16)
     assert ids[2:].tolist() == [0] * 14
     assert src[2:].tolist() == [-1] * 14
@@ -73,3 +73,14 @@ def test_consecutive_loads_use_different_host_buffers_and_leave_the_previous_one
     # the second step's inputs came from the other host buffer; the first step's copy source is intact
     assert torch.equal(buffers.hosts[0][:used], first)
     assert torch.equal(buffers.hosts[1][:used], second)
+
+
+def test_each_step_gets_fresh_seeds_that_the_buffers_seed_reproduces():
+    def seeds_of_three_steps(seed: int) -> list[list[int]]:
+        buffers = DecodeBuffers(16, WIDTH, BLOCK_SIZE, torch.device("cpu"), seed)
+        return [buffers.load([3, 5], [-1, -1], [2, 4], [1.0, 1.0], [blocks(3, 7), blocks(5, 9)], 4)[6].tolist()
+                for _ in range(3)]
+
+    steps = seeds_of_three_steps(seed=1)
+    assert len({s for step in steps for s in step}) == 12  # every row of every step its own
+    assert steps == seeds_of_three_steps(seed=1) and steps != seeds_of_three_steps(seed=2)

@@ -158,7 +158,7 @@ def triton_variants() -> dict[str, int]:
                                   triton_sampling)
     kernels = [triton_prefill_attention._prefill_kernel, triton_decode_attention._decode_split_kernel,
                triton_decode_attention._merge_splits_kernel, triton_norm_rotary_store._norm_rotate_store_kernel,
-               triton_sampling._gumbel_max_chunk_kernel]
+               triton_sampling._gumbel_max_chunk_kernel, triton_sampling._best_chunk_kernel]
     return {k.fn.__name__: sum(len(caches[0]) for caches in k.device_caches.values()) for k in kernels}
 
 

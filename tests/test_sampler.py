@@ -66,19 +66,22 @@ def test_compiled_temperature_sampling_on_gpu_follows_softmax(logits):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_temperature_sampling_captured_in_a_cuda_graph_draws_afresh_at_each_replay(logits):
-    # a decode graph samples inside itself: its seed must come from the device's generator,
-    # not be a constant frozen at capture, or every replay would repeat the first draw
+def test_temperature_sampling_replayed_in_a_cuda_graph_draws_from_the_seeds_refilled_before_each_replay(logits):
+    # a decode graph samples inside itself, its noise from per-row seeds the decode buffers refill
+    # each step: replays must follow softmax(logits / T), each from its own seeds
     torch.manual_seed(3)
     rows, replays = 64, DRAWS // 64
     batch = logits.cuda().repeat(rows, 1)
     temperatures = torch.full((rows,), 0.7, dtype=torch.float64, device="cuda")
-    sample_with_temperatures(batch, temperatures)  # compile before capture
+    seeds = torch.randint(0, 2**62, (rows,), device="cuda")
+    ids = torch.empty(rows, dtype=torch.int64, device="cuda")
+    sample_with_temperatures(batch, temperatures, seeds, ids)  # compile before capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        ids = sample_with_temperatures(batch, temperatures)
+        sample_with_temperatures(batch, temperatures, seeds, ids)
     draws = []
     for _ in range(replays):
+        seeds.copy_(torch.randint(0, 2**62, (rows,), device="cuda"))
         graph.replay()
         draws.append(ids.clone())
     draws = torch.stack(draws).cpu()  # [replays, rows]

@@ -7,8 +7,8 @@ import torch
 from nanovllm.engine.decode_buffers import DecodeBuffers
 from nanovllm.utils.context import Context, forward_context
 
-# (input_ids, src_rows, positions, temperatures) -> the step's output: the runner's DecodeStep
-DecodeFunction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# (input_ids, src_rows, positions, temperatures, seeds) -> the step's output: the runner's DecodeStep
+DecodeFunction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -40,7 +40,7 @@ class DecodeGraphs:
     def _capture_all(self) -> None:
         pool = None
         for size in reversed(self.sizes):  # largest first, so smaller graphs fit in its pool
-            input_ids, src_rows, positions, slot_mapping, context_lens, temperatures, block_tables = \
+            input_ids, src_rows, positions, slot_mapping, context_lens, temperatures, seeds, block_tables = \
                 self.buffers.views(size)
             # padding rows, as the buffers define them; the views of sizes overlap, so a larger
             # size's -1s would otherwise be read here as token ids and positions
@@ -52,7 +52,7 @@ class DecodeGraphs:
             temperatures.zero_()
             context = Context(is_prefill=False, slot_mapping=slot_mapping, context_lens=context_lens,
                               block_tables=block_tables)
-            inputs = (input_ids, src_rows, positions, temperatures)
+            inputs = (input_ids, src_rows, positions, temperatures, seeds)
             with forward_context(context):
                 self.step(*inputs)  # compiles the kernels first
                 graph = torch.cuda.CUDAGraph()

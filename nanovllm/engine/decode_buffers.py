@@ -5,8 +5,9 @@ from itertools import chain
 import numpy as np
 import torch
 
-_FIELDS = 6  # input_ids, src_rows, positions, slot_mapping, context_lens, temperatures
+_FIELDS = 7  # input_ids, src_rows, positions, slot_mapping, context_lens, temperatures, seeds
 _TEMPERATURES = 5
+_SEED_RANGE = 1 << 62
 
 
 class DecodeBuffers:
@@ -14,22 +15,24 @@ class DecodeBuffers:
 
     For a step padded to `size` rows the int64 layout is
     input_ids[size] | src_rows[size] | positions[size] | slot_mapping[size] | context_lens[size]
-    | temperatures[size] | block_tables[size, width],
+    | temperatures[size] | seeds[size] | block_tables[size, width],
     so the device views of a given size always sit at the same addresses: a CUDA
     graph captured on them replays on the next step's copy. `src_rows[i] >= 0`
     means row i's token is the previous step's sampled id of that row, still on
     the device (the input id there is a placeholder). The temperatures are
     float64 values in their int64 slots (the views reinterpret them), so that
-    they travel in the same copy. Rows past the real sequences are padding:
-    token 0 at position 0 (valid indices for the embedding and the rotary
-    table), slot -1 (store nothing), context length 0 (read nothing),
-    temperature 0 (greedy).
+    they travel in the same copy. Each row's sampling noise comes from its seed,
+    drawn afresh every step by a generator seeded with `seed`, so that a
+    replayed graph draws new noise without a kernel to make it. Rows past the
+    real sequences are padding: token 0 at position 0 (valid indices for the
+    embedding and the rotary table), slot -1 (store nothing), context length 0
+    (read nothing), temperature 0 (greedy).
 
     The host buffers alternate so that writing step n+1's inputs never touches
     the memory whose copy to the device step n may still have queued.
     """
 
-    def __init__(self, max_rows: int, width: int, block_size: int, device: torch.device):
+    def __init__(self, max_rows: int, width: int, block_size: int, device: torch.device, seed: int = 0):
         self.width = width
         self.block_size = block_size
         capacity = max_rows * (_FIELDS + width)
@@ -39,6 +42,7 @@ class DecodeBuffers:
         # the same memory as numpy arrays: their slices cost far less than tensor views
         self._host_arrays = [host.numpy() for host in self.hosts]
         self._turn = 0
+        self._rng = np.random.default_rng(seed)
         self._device_views: dict[int, tuple[torch.Tensor, ...]] = {}
 
     def _split(self, buffer, size: int, float64) -> tuple:
@@ -49,8 +53,8 @@ class DecodeBuffers:
         return (*fields, tables)
 
     def views(self, size: int) -> tuple[torch.Tensor, ...]:
-        """Device (input_ids, src_rows, positions, slot_mapping, context_lens, temperatures, block_tables)
-        of `size` rows."""
+        """Device (input_ids, src_rows, positions, slot_mapping, context_lens, temperatures, seeds,
+        block_tables) of `size` rows."""
         if size not in self._device_views:
             self._device_views[size] = self._split(self.device, size, torch.float64)
         return self._device_views[size]
@@ -66,7 +70,7 @@ class DecodeBuffers:
         """
         host = self._host_arrays[self._turn]
         n, bs = len(input_ids), self.block_size
-        ids, src, pos, slots, lens, temps, tables = self._split(host, size, np.float64)
+        ids, src, pos, slots, lens, temps, seeds, tables = self._split(host, size, np.float64)
         ids[:n] = input_ids
         src[:n] = src_rows
         pos[:n] = positions
@@ -78,6 +82,7 @@ class DecodeBuffers:
         pos[n:] = 0
         lens[n:] = 0
         temps[n:] = 0.0
+        seeds[:] = self._rng.integers(0, _SEED_RANGE, size)
         tables.fill(-1)  # the pad the Context promises
         # every block table in one pass: row i takes widths[i] entries of the concatenation
         widths = np.fromiter((len(table) for table in block_tables), np.int64, n)

@@ -87,7 +87,7 @@ class ModelRunner:
         if self.device.type == "cuda":
             self._warm_up_cached_prefix()
         self.decode_buffers = DecodeBuffers(config.max_num_seqs, config.max_blocks_per_seq, self.block_size,
-                                            self.device)
+                                            self.device, config.seed)
         if self.device.type == "cuda" and not config.enforce_eager and backend.supports_cuda_graphs:
             self.graphs = DecodeGraphs(self._decode_step, self.decode_buffers, config.max_num_seqs)
 
@@ -279,15 +279,15 @@ class ModelRunner:
         size = self.decode_size(n)
         # workers get steps without sampling settings; only a step that samples reads temperatures
         temperatures = [p.temperature for p in out.sampling_params] if self._decode_step.samples else [0.0] * n
-        input_ids, src_rows, positions, slots, context_lens, temperatures, block_tables = self.decode_buffers.load(
-            [ids[0] for ids in out.token_ids], self._src_rows(out), out.num_computed_tokens, temperatures,
-            out.block_tables, size)
+        inputs = self.decode_buffers.load([ids[0] for ids in out.token_ids], self._src_rows(out),
+                                          out.num_computed_tokens, temperatures, out.block_tables, size)
+        input_ids, src_rows, positions, slots, context_lens, temperatures, seeds, block_tables = inputs
         if self.graphs is not None and self.graphs.captured(size):
             return self.graphs.replay(size)[:n]
         context = Context(is_prefill=False, slot_mapping=slots, max_seqlen_k=max(out.num_computed_tokens) + 1,
                           context_lens=context_lens, block_tables=block_tables)
         with forward_context(context):
-            return self._decode_step(input_ids, src_rows, positions, temperatures)[:n]
+            return self._decode_step(input_ids, src_rows, positions, temperatures, seeds)[:n]
 
     def _sample(self, out: SchedulerOutput, logits: torch.Tensor, grammar: GrammarBitmasks | None) -> SamplerOutput:
         """Rank 0: the step's sampling settings and grammar masks applied to its logits, the ids put in

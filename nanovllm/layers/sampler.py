@@ -113,18 +113,24 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tup
     return ids, values, ranks
 
 
-def sample_with_temperatures(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+def sample_with_temperatures(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor | None = None,
+                             out: torch.Tensor | None = None) -> torch.Tensor:
     """The common case, argmax for temperature 0 and Gumbel-max otherwise, without a softmax:
-    argmax(p / E) with E ~ Exp(1) equals argmax(logits / T - log E). On CUDA one Triton pass whose
-    seed the device's generator draws, so that it can be captured in a CUDA graph."""
-    # logits: [num_seqs, vocab]; temperatures: [num_seqs]
+    argmax(p / E) with E ~ Exp(1) equals argmax(logits / T - log E). On CUDA two Triton launches whose
+    noise comes from per-row `seeds` (drawn by the device's generator when not given); the ids are
+    written to `out` when given."""
+    # logits: [num_seqs, vocab]; temperatures, seeds, out: [num_seqs]
     if logits.is_cuda:
         from nanovllm.kernels.triton_sampling import gumbel_max_sample
-        return gumbel_max_sample(logits, temperatures, torch.randint(0, 2**62, (1,), device=logits.device))
+        if seeds is None:
+            seeds = torch.randint(0, 2**62, (logits.size(0),), device=logits.device)
+        return gumbel_max_sample(logits, temperatures, seeds, out)
     is_greedy = temperatures == 0
     if is_greedy.all():  # a host tensor: no device to wait for
-        return logits.argmax(dim=-1)
-    scaled = logits.float() / torch.where(is_greedy, 1.0, temperatures.float()).unsqueeze(1)
-    exponential = torch.empty_like(scaled).exponential_(1).clamp_min_(1e-10)
-    sampled = (scaled - torch.log(exponential)).argmax(dim=-1)
-    return torch.where(is_greedy, logits.argmax(dim=-1), sampled)
+        ids = logits.argmax(dim=-1)
+    else:
+        scaled = logits.float() / torch.where(is_greedy, 1.0, temperatures.float()).unsqueeze(1)
+        exponential = torch.empty_like(scaled).exponential_(1).clamp_min_(1e-10)
+        sampled = (scaled - torch.log(exponential)).argmax(dim=-1)
+        ids = torch.where(is_greedy, logits.argmax(dim=-1), sampled)
+    return ids if out is None else out.copy_(ids)
