@@ -2,7 +2,16 @@
 
 import torch
 
+from nanovllm.layers.fusion import fused_on_cuda
 from nanovllm.layers.sampler import sample_with_temperatures
+
+
+@fused_on_cuda
+def resolve_placeholders(input_ids: torch.Tensor, src_rows: torch.Tensor, last_sampled: torch.Tensor) -> torch.Tensor:
+    """Each row's token id: its input id, or where `src_rows` >= 0 the previous step's sample in that row
+    (one generated kernel on CUDA instead of a compare, a gather and a select)."""
+    # input_ids, src_rows: [tokens]; last_sampled: [max_num_seqs] -> [tokens]
+    return torch.where(src_rows < 0, input_ids, last_sampled[src_rows])
 
 
 class DeviceInputForward:
@@ -16,8 +25,7 @@ class DeviceInputForward:
 
     def __call__(self, input_ids: torch.Tensor, src_rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         # input_ids, src_rows, positions: [tokens] -> hidden states [tokens, hidden]
-        input_ids = torch.where(src_rows < 0, input_ids, self.last_sampled[src_rows])
-        return self.model(input_ids, positions)
+        return self.model(resolve_placeholders(input_ids, src_rows, self.last_sampled), positions)
 
 
 class DecodeStep:
