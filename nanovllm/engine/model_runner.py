@@ -47,8 +47,8 @@ class ModelRunner:
     sampled ids stay on the device (`last_sampled`), where the next step's
     placeholder tokens are gathered from, and travel to the host behind the step
     (`PendingOutput`). A decode step samples its greedy and plain-temperature
-    rows itself (`DecodeStep`), inside its CUDA graph. With `tensor_parallel_size > 1` this is rank `rank`: it
-    joins the group at `store` (rank 0 serves it) and holds its share of the
+    rows itself (`DecodeStep`), inside its CUDA graph. With
+    `tensor_parallel_size > 1` this is rank `rank`: it joins the group at `store` (rank 0 serves it) and holds its share of the
     model and the cache; rank 0 samples and broadcasts the ids to the others.
     `num_kvcache_blocks` is the capacity the cache was given.
     """
@@ -271,10 +271,10 @@ class ModelRunner:
         size = self.graphs.padded_size(num_seqs) if self.graphs is not None else None
         return size or num_seqs
 
-    def _run_decode(self, out: SchedulerOutput) -> torch.Tensor:
+    def _run_decode(self, out: SchedulerOutput, sample: bool) -> torch.Tensor:
         """One token per request, padded to a captured graph's size and replayed (or run eagerly): hidden
-        states [requests, hidden]. Where the decode step samples, the ids drawn at each request's
-        temperature are in `last_sampled` too."""
+        states [requests, hidden]. Where the decode step samples (always in a graph; eagerly when
+        `sample`), the ids drawn at each request's temperature are in `last_sampled` too."""
         n = len(out.req_ids)
         size = self.decode_size(n)
         # workers get steps without sampling settings; only a step that samples reads temperatures
@@ -287,7 +287,7 @@ class ModelRunner:
         context = Context(is_prefill=False, slot_mapping=slots, max_seqlen_k=max(out.num_computed_tokens) + 1,
                           context_lens=context_lens, block_tables=block_tables)
         with forward_context(context):
-            return self._decode_step(input_ids, src_rows, positions, temperatures, seeds)[:n]
+            return self._decode_step(input_ids, src_rows, positions, temperatures, seeds, sample)[:n]
 
     def _sample(self, out: SchedulerOutput, logits: torch.Tensor, grammar: GrammarBitmasks | None) -> SamplerOutput:
         """Rank 0: the step's sampling settings and grammar masks applied to its logits, the ids put in
@@ -309,9 +309,9 @@ class ModelRunner:
         filled while the device runs the forward pass."""
         prompt_scores = logits = None
         if out.is_decode:
-            hidden_states = self._run_decode(out)
             sampled_in_step = (self._decode_step.samples and grammar is None
                                and samples_only_with_temperatures(out, self.eos_token_ids))
+            hidden_states = self._run_decode(out, sampled_in_step)
         else:
             hidden_states, cu_q = self._run_varlen(out)
             if out.prompt_scoring:
