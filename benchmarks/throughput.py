@@ -339,6 +339,11 @@ def describe(llm: LLM) -> str:
             f"of {config.kvcache_block_size}")
 
 
+def tokenizer_label(skip_tokenizer_init: bool) -> str:
+    """How a run's figures name its tokenizer setting."""
+    return "no tokenizer" if skip_tokenizer_init else "Qwen3 tokenizer"
+
+
 def run_engine(model_dir: str, args, prompts: list[list[int]], max_tokens: list[int], bandwidth: float,
                skip_tokenizer_init: bool, size: int, first: bool) -> tuple[float, list]:
     """Output tokens per second of the workload on one engine, with its step summary printed; on
@@ -350,9 +355,8 @@ def run_engine(model_dir: str, args, prompts: list[list[int]], max_tokens: list[
     llm = make_llm(model_dir, args, skip_tokenizer_init, size)
     elapsed, recorder = run_workload(llm, prompts, max_tokens)
     rate = total_out / elapsed
-    label = "no tokenizer" if skip_tokenizer_init else "Qwen3 tokenizer"
-    print(f"nanovllm ({label}, TP={size}): {rate:,.0f} output tok/s ({elapsed:.2f} s); roofline {roofline:,.0f} "
-          f"tok/s; reached {rate / roofline:.0%}  [{describe(llm)}]")
+    print(f"nanovllm ({tokenizer_label(skip_tokenizer_init)}, TP={size}): {rate:,.0f} output tok/s "
+          f"({elapsed:.2f} s); roofline {roofline:,.0f} tok/s; reached {rate / roofline:.0%}  [{describe(llm)}]")
     print(recorder.summary(len(prompts), elapsed))
     greedy = []
     if first:
@@ -413,9 +417,8 @@ def main() -> None:
     for size in args.tensor_parallel_size:
         for skip_tokenizer_init in variants:
             first = skip_tokenizer_init == variants[0]
-            label = "no tokenizer" if skip_tokenizer_init else "Qwen3 tokenizer"
-            rates[size, label], tokens = run_engine(model_dir, args, prompts, max_tokens, bandwidth,
-                                                    skip_tokenizer_init, size, first)
+            rates[size, tokenizer_label(skip_tokenizer_init)], tokens = run_engine(
+                model_dir, args, prompts, max_tokens, bandwidth, skip_tokenizer_init, size, first)
             if first:
                 greedy[size] = tokens
         if len(variants) == 2:

@@ -48,8 +48,9 @@ class ModelRunner:
     placeholder tokens are gathered from, and travel to the host behind the step
     (`PendingOutput`). A decode step samples its greedy and plain-temperature
     rows itself (`DecodeStep`), inside its CUDA graph. With
-    `tensor_parallel_size > 1` this is rank `rank`: it joins the group at `store` (rank 0 serves it) and holds its share of the
-    model and the cache; rank 0 samples and broadcasts the ids to the others.
+    `tensor_parallel_size > 1` this is rank `rank`: it joins the group at
+    `store` (rank 0 serves it) and holds its share of the model and the cache;
+    rank 0 samples and broadcasts the ids to the others.
     `num_kvcache_blocks` is the capacity the cache was given.
     """
 
