@@ -1,11 +1,13 @@
 """One-sequence decode's matrix products: nanovllm's Triton GEMV beside cuBLAS (F.linear).
 
-For each projection of a Qwen3-0.6B- and a Qwen3-8B-shaped decoder layer (qkv,
-o, gate/up, down) and the LM head (bf16, one row), it prints the time of one product and the
-HBM bandwidth that reading the weight once at that speed means, beside the
-data-sheet peak. As in a decode step, products run back to back in a CUDA
-graph, each on a different copy of the weight (copies of 256 MB in all, so
-none is read from L2), and the time includes the gaps between them.
+For each projection of a Qwen3-0.6B- and a Qwen3-8B-shaped decoder layer and the
+LM head (bf16, one row) it times the product as a decode step runs it, with the
+step that makes its input fused in front (the norm before qkv and gate/up, the
+activation before down), beside the same step in torch followed by cuBLAS. It
+prints the HBM bandwidth that reading the weight once at that speed means,
+beside the data-sheet peak. As in a decode step, products run back to back in
+a CUDA graph, each on a different copy of the weight (copies of 256 MB in all,
+so none is read from L2), and the time includes the gaps between them.
 `--sweep` also times each BLOCK_N and BLOCK_K and prints the best per shape.
 
     python benchmarks/gemv.py [--sweep]
@@ -19,15 +21,33 @@ import triton
 from throughput import SHAPES, VOCAB_SIZE, hbm_bandwidth
 
 from nanovllm.kernels import triton_gemv
+from nanovllm.layers.activation import silu_and_mul
+from nanovllm.layers.layernorm import rms_norm
+
+EPS = 1e-6
 
 
-def projections(shape: str) -> dict[str, tuple[int, int]]:
-    """(output features, input features) of each projection of one decoder layer, and of the LM head."""
+def projections(shape: str) -> dict[str, tuple[int, int, str]]:
+    """(output features, input features, what is fused in front) of each projection of one decoder
+    layer, and of the LM head."""
     c = SHAPES[shape]
     q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
-    return {"qkv": (q + 2 * kv, c["hidden_size"]), "o": (c["hidden_size"], q),
-            "gate_up": (2 * c["intermediate_size"], c["hidden_size"]), "down": (c["hidden_size"], c["intermediate_size"]),
-            "lm_head": (VOCAB_SIZE, c["hidden_size"])}
+    h, inter = c["hidden_size"], c["intermediate_size"]
+    return {"qkv": (q + 2 * kv, h, "norm"), "o": (h, q, "none"), "gate_up": (2 * inter, h, "norm"),
+            "down": (h, inter, "activation"), "lm_head": (VOCAB_SIZE, h, "none")}
+
+
+def products(k: int, prologue: str):
+    """(ours, torch + cuBLAS): functions of a weight that run the product with its prologue on fixed inputs."""
+    x = torch.randn(1, 2 * k if prologue == "activation" else k, device="cuda", dtype=torch.bfloat16)
+    residual = torch.randn_like(x)
+    norm_weight = torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5
+    if prologue == "norm":
+        return (lambda w: triton_gemv.rms_norm_gemv(x, residual, norm_weight, EPS, w),
+                lambda w: F.linear(rms_norm(x + residual, norm_weight, EPS), w))
+    if prologue == "activation":
+        return lambda w: triton_gemv.silu_mul_gemv(x, w), lambda w: F.linear(silu_and_mul(x), w)
+    return lambda w: triton_gemv.gemv(x, w), lambda w: F.linear(x, w)
 
 
 def back_to_back_us(product, weights: list[torch.Tensor]) -> float:
@@ -41,11 +61,20 @@ def weight_copies(n: int, k: int) -> list[torch.Tensor]:
     return [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
 
 
-def gemv_with_blocks(x: torch.Tensor, block_n: int, block_k: int):
-    def product(weight: torch.Tensor) -> torch.Tensor:
-        triton_gemv.BLOCK_N, triton_gemv.BLOCK_K = block_n, block_k
-        return triton_gemv.gemv(x, weight)
-    return product
+def block_sizes(prologue: str) -> str:
+    """The GEMV's BLOCK_N, BLOCK_K for products with `prologue` in front."""
+    constant = {"norm": triton_gemv.RMS_NORM, "activation": triton_gemv.SILU_MUL}.get(prologue, triton_gemv.PLAIN)
+    return ", ".join(map(str, triton_gemv.BLOCKS[constant.value]))
+
+
+def with_blocks(product, block_n: int, block_k: int):
+    """`product` run with the GEMV's BLOCK_N and BLOCK_K set to these."""
+    default = triton_gemv.BLOCKS
+
+    def run(weight: torch.Tensor) -> torch.Tensor:
+        triton_gemv.BLOCKS = dict.fromkeys(default, (block_n, block_k))
+        return product(weight)
+    return run
 
 
 def main() -> None:
@@ -55,23 +84,23 @@ def main() -> None:
     bandwidth, source = hbm_bandwidth()
     print(f"machine: {torch.cuda.get_device_name()}, HBM {bandwidth / 1e12:.2f} TB/s ({source}); bf16, one row; "
           f"products back to back in a CUDA graph, weights not in L2")
-    print("| shape | proj | cuBLAS us | GEMV us | GEMV / cuBLAS | GEMV TB/s | BLOCK_N, BLOCK_K | best (us) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| shape | proj | in front | torch + cuBLAS us | GEMV us | GEMV / cuBLAS | GEMV TB/s | BLOCK_N, BLOCK_K | best (us) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for shape in SHAPES:
-        for name, (n, k) in projections(shape).items():
+        for name, (n, k, prologue) in projections(shape).items():
             weights = weight_copies(n, k)
-            x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-            cublas = back_to_back_us(lambda w: F.linear(x, w), weights)
-            ours = back_to_back_us(lambda w: triton_gemv.gemv(x, w), weights)
+            ours, reference = products(k, prologue)
+            cublas = back_to_back_us(reference, weights)
+            timed = back_to_back_us(ours, weights)
             best = ""
             if args.sweep:
-                default = triton_gemv.BLOCK_N, triton_gemv.BLOCK_K
-                timed = min((back_to_back_us(gemv_with_blocks(x, block_n, block_k), weights), block_n, block_k)
-                            for block_n in (1, 2, 4) for block_k in (1024, 2048, 4096))
-                triton_gemv.BLOCK_N, triton_gemv.BLOCK_K = default
-                best = f"{timed[1]}, {timed[2]} ({timed[0]:.2f})"
-            print(f"| {shape} | {name} | {cublas:.2f} | {ours:.2f} | {ours / cublas:.2f} | "
-                  f"{n * k * 2 / ours / 1e6:.2f} | {triton_gemv.BLOCK_N}, {triton_gemv.BLOCK_K} | {best} |")
+                default = triton_gemv.BLOCKS
+                fastest = min((back_to_back_us(with_blocks(ours, block_n, block_k), weights), block_n, block_k)
+                              for block_n in (1, 2, 4, 8) for block_k in (512, 1024, 2048))
+                triton_gemv.BLOCKS = default
+                best = f"{fastest[1]}, {fastest[2]} ({fastest[0]:.2f})"
+            print(f"| {shape} | {name} | {prologue} | {cublas:.2f} | {timed:.2f} | {timed / cublas:.2f} | "
+                  f"{n * k * 2 / timed / 1e6:.2f} | {block_sizes(prologue)} | {best} |")
             del weights
 
 

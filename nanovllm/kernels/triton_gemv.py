@@ -8,18 +8,22 @@ in cache) and sums in fp32 on the CUDA cores. The product is bound by reading
 W; many small programs keep enough loads in flight to read it faster than
 cuBLAS's kernels do at one row. Each program issues its first chunk of W
 before it waits for the kernel before it (programmatic dependent launch,
-`triton_pdl.py`), and the next chunk while it multiplies the current one.
-`benchmarks/gemv.py` times both back to back with cold caches; on an H100, no
-other BLOCK_N (1, 2, 4) and BLOCK_K (1024 ... 4096) it tries was more than
-10% faster on any Qwen3-0.6B or -8B projection or LM head.
+`triton_pdl.py`), and the next chunk of W and of the inputs while it
+multiplies the current one: one pass, no load waited on inside the loop.
+`BLOCKS` holds BLOCK_N, BLOCK_K per prologue: more features per program read
+the inputs fewer times, which pays most where the prologue reads three
+vectors. `benchmarks/gemv.py --sweep` times the choices; these were the
+fastest in decode steps of both Qwen3 shapes on an H100.
 
 What x is, by the constexpr PROLOGUE, each program computing it itself from
 inputs that stay in cache (a launch costs more than the redundant arithmetic):
 - PLAIN: x [K] as given.
 - RMS_NORM: x = RMSNorm(a + r) with weight g, from a, r, g [K] (r optional);
-  program 0 also writes a + r to h [K], the next residual. The arithmetic is
-  `layers/layernorm.py`'s: the sum and the normalised values rounded to the
-  dtype, the norm in fp32.
+  program 0 also writes a + r to h [K], the next residual, rounded to the
+  dtype as `layers/layernorm.py` rounds it. The norm's 1/rms is the same for
+  every column, so the loop sums W (g * h) and the mean square of h together
+  and scales the sum once at the end: one pass over the inputs instead of
+  two; the normalised values are not rounded to the dtype in between.
 - SILU_MUL: x = SiLU(gate) * up, from gate_up [2K] = gate | up, rounded to the
   dtype like `layers/activation.py`'s.
 """
@@ -30,26 +34,23 @@ import triton.language as tl
 
 from nanovllm.kernels.triton_pdl import pdl_launch, wait_for_previous_kernel
 
-BLOCK_N = 2  # few features per program: even a 1024-feature output keeps 512 programs in flight
-BLOCK_K = 1024
 PLAIN, RMS_NORM, SILU_MUL = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # PROLOGUE
+BLOCKS = {PLAIN.value: (4, 2048), RMS_NORM.value: (8, 512), SILU_MUL.value: (8, 2048)}  # (BLOCK_N, BLOCK_K)
 
 
 @triton.jit
-def _input_chunk(a_ptr, r_ptr, g_ptr, k, k_ok, K, rstd, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
-    """x[k] for one chunk of columns, fp32 (see the module docstring)."""
-    dtype = a_ptr.dtype.element_ty
+def _input_loads(a_ptr, b_ptr, start, columns, K, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """The input values chunk `start` is made of: (a, b) [BLOCK_K] each, b = r (RMS_NORM with a
+    residual), up (SILU_MUL) or a again."""
+    k = start + columns
+    k_ok = k < K
     a = tl.load(a_ptr + k, mask=k_ok, other=0.0)
-    if PROLOGUE == RMS_NORM:
-        if HAS_RESIDUAL:
-            a = (a.to(tl.float32) + tl.load(r_ptr + k, mask=k_ok, other=0.0).to(tl.float32)).to(dtype)
-        g = tl.load(g_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
-        a = (g * (a.to(tl.float32) * rstd).to(dtype).to(tl.float32)).to(dtype)
-    elif PROLOGUE == SILU_MUL:
-        gate = a.to(tl.float32)
-        up = tl.load(a_ptr + K + k, mask=k_ok, other=0.0).to(tl.float32)
-        a = (gate / (1.0 + tl.exp(-gate)) * up).to(dtype)
-    return a.to(tl.float32)
+    b = a
+    if PROLOGUE == SILU_MUL:
+        b = tl.load(a_ptr + K + k, mask=k_ok, other=0.0)
+    elif PROLOGUE == RMS_NORM and HAS_RESIDUAL:
+        b = tl.load(b_ptr + k, mask=k_ok, other=0.0)
+    return a, b
 
 
 @triton.jit
@@ -70,28 +71,37 @@ def _gemv_kernel(a_ptr, r_ptr, g_ptr, w_ptr, y_ptr, h_ptr, N, K, eps, PROLOGUE: 
     # the weights depend on no earlier kernel: the first chunk is read while that kernel finishes
     w = _weight_chunk(w_ptr, features, feature_ok, 0, columns, K)
     wait_for_previous_kernel(PDL)
-    rstd = 1.0
-    if PROLOGUE == RMS_NORM:
-        # a first pass over the (cached) input for its mean square; program 0 writes the residual sum
-        squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
-        for start in range(0, K, BLOCK_K):
-            k = start + columns
-            k_ok = k < K
-            h = tl.load(a_ptr + k, mask=k_ok, other=0.0)
+    a, b = _input_loads(a_ptr, r_ptr, 0, columns, K, PROLOGUE, HAS_RESIDUAL)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for start in range(0, K, BLOCK_K):
+        # the next chunk's weights and inputs are in flight while this one is multiplied
+        w_next = _weight_chunk(w_ptr, features, feature_ok, start + BLOCK_K, columns, K)
+        a_next, b_next = _input_loads(a_ptr, r_ptr, start + BLOCK_K, columns, K, PROLOGUE, HAS_RESIDUAL)
+        k = start + columns
+        k_ok = k < K
+        if PROLOGUE == RMS_NORM:
+            h = a
             if HAS_RESIDUAL:
-                h = (h.to(tl.float32) + tl.load(r_ptr + k, mask=k_ok, other=0.0).to(tl.float32)).to(dtype)
+                h = (a.to(tl.float32) + b.to(tl.float32)).to(dtype)
                 if tl.program_id(0) == 0:
                     tl.store(h_ptr + k, h, mask=k_ok)
-            squares += h.to(tl.float32) * h.to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(squares, axis=0) / K + eps)
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for start in range(0, K, BLOCK_K):
-        k = start + columns
-        x = _input_chunk(a_ptr, r_ptr, g_ptr, k, k < K, K, rstd, PROLOGUE, HAS_RESIDUAL)
-        # w: [BLOCK_N, BLOCK_K], this chunk, loaded one chunk ahead; x: [BLOCK_K]
+            h = h.to(tl.float32)
+            squares += h * h
+            # the norm's scale 1/rms is common to every column: it is applied to the sum, after the loop
+            x = tl.load(g_ptr + k, mask=k_ok, other=0.0).to(tl.float32) * h
+        elif PROLOGUE == SILU_MUL:
+            gate = a.to(tl.float32)
+            x = (gate / (1.0 + tl.exp(-gate)) * b.to(tl.float32)).to(dtype).to(tl.float32)
+        else:
+            x = a.to(tl.float32)
+        # w: [BLOCK_N, BLOCK_K]; x: [BLOCK_K]
         acc += w.to(tl.float32) * x[None, :]
-        w = _weight_chunk(w_ptr, features, feature_ok, start + BLOCK_K, columns, K)
-    tl.store(y_ptr + features, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=feature_ok)
+        w, a, b = w_next, a_next, b_next
+    y = tl.sum(acc, axis=1)
+    if PROLOGUE == RMS_NORM:
+        y = y * tl.rsqrt(tl.sum(squares, axis=0) / K + eps)
+    tl.store(y_ptr + features, y.to(y_ptr.dtype.element_ty), mask=feature_ok)
 
 
 def _launch(a: torch.Tensor, weight: torch.Tensor, prologue: tl.constexpr, residual: torch.Tensor | None = None,
@@ -100,10 +110,11 @@ def _launch(a: torch.Tensor, weight: torch.Tensor, prologue: tl.constexpr, resid
     assert a.size(0) == 1 and a.stride(1) == 1 and weight.is_contiguous()
     y = torch.empty(1, n, dtype=a.dtype, device=a.device)
     h = torch.empty(1, k, dtype=a.dtype, device=a.device) if residual is not None else None
-    _gemv_kernel[(triton.cdiv(n, BLOCK_N),)](
+    block_n, block_k = BLOCKS[prologue.value]
+    _gemv_kernel[(triton.cdiv(n, block_n),)](
         a, residual if residual is not None else a, norm_weight if norm_weight is not None else a, weight, y,
         h if h is not None else y, n, k, eps, PROLOGUE=prologue.value, HAS_RESIDUAL=residual is not None,
-        BLOCK_N=BLOCK_N, BLOCK_K=min(BLOCK_K, triton.next_power_of_2(k)), num_warps=4, **pdl_launch(a.device))
+        BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(k)), num_warps=4, **pdl_launch(a.device))
     return y, h
 
 
