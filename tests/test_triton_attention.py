@@ -8,6 +8,7 @@ from paged_cases import paged_case
 pytest.importorskip("triton")
 from nanovllm.kernels.torch_attention import TorchAttentionBackend, store_kvcache  # noqa: E402
 from nanovllm.kernels.triton_attention import TritonAttentionBackend  # noqa: E402
+from nanovllm.kernels import triton_decode_attention  # noqa: E402
 from nanovllm.kernels.triton_decode_attention import decode_attention  # noqa: E402
 from nanovllm.kernels.triton_norm_rotary_store import norm_rotate_store  # noqa: E402
 from nanovllm.layers.rotary_embedding import RotaryEmbedding, norm_rotate_qk_reference  # noqa: E402
@@ -45,6 +46,25 @@ def decode_case(lengths, **kw):
     return paged_case(lengths, [n - 1 for n in lengths], **kw)
 
 
+class NanFilledEmpty:
+    """torch, except that `empty` fills float tensors with NaN: a kernel that reads memory no
+    kernel wrote returns NaN."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def empty(*shape, **kwargs):
+        tensor = torch.empty(*shape, **kwargs)
+        return tensor.fill_(float("nan")) if tensor.is_floating_point() else tensor
+
+
+def check_decode_reads_only_written_splits(monkeypatch, case, num_splits):
+    # short contexts leave splits empty: they write no output, so the merge must not read theirs
+    monkeypatch.setattr(triton_decode_attention, "torch", NanFilledEmpty())
+    check_decode(case, num_splits)
+
+
 # ---- CPU, interpreted, tiny shapes ----
 
 TINY = dict(heads=4, kv_heads=2, head_dim=16)
@@ -72,6 +92,11 @@ def test_decode_interpreted(num_splits):
 
 
 @interpreter
+def test_decode_interpreted_reads_no_output_of_an_empty_split(monkeypatch):
+    check_decode_reads_only_written_splits(monkeypatch, decode_case([1, 17, 70], block_size=16, **TINY), 3)
+
+
+@interpreter
 def test_decode_padded_slot_gives_zeros_not_nan():
     case = decode_case([20, 3], block_size=16, **TINY)
     context_lens = torch.tensor([20, 0], dtype=torch.int32)
@@ -96,6 +121,15 @@ def test_decode_on_gpu(dtype, block_size, group, num_splits, head_dim):
     case = decode_case(GPU_LENGTHS, block_size=block_size, heads=2 * group, kv_heads=2, head_dim=head_dim,
                        dtype=dtype, device="cuda")
     check_decode(case, num_splits)
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("num_splits", [None, 1, 32])
+def test_decode_on_gpu_reads_no_output_of_an_empty_split(monkeypatch, num_splits):
+    case = decode_case([1, 15, 64, 65, 129, 1000], block_size=16, heads=16, kv_heads=8, head_dim=128,
+                       dtype=torch.bfloat16, device="cuda")
+    check_decode_reads_only_written_splits(monkeypatch, case, num_splits)
 
 
 

@@ -13,6 +13,8 @@ With one split pass 1 writes the final output and pass 2 is skipped.
 
 The split count depends only on the batch shape, never on the context lengths,
 so a captured CUDA graph stays valid: short contexts leave late splits empty.
+An empty split writes only its log-sum-exp, -inf, and pass 2 reads no output
+from it, so the empty splits of a short context cost next to nothing.
 """
 
 import torch
@@ -52,27 +54,32 @@ def _decode_split_kernel(
     heads = kv_head * GROUP + g
     g_mask = g < GROUP
     d_mask = d < HEAD_DIM
-    # q: [GROUP_PAD, BLOCK_D]
-    q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + d[None, :],
-                mask=g_mask[:, None] & d_mask[None, :], other=0.0)
-    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    l = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
-    for tile in range(start, end, BLOCK_N):
-        pos = tile + tl.arange(0, BLOCK_N)
-        pos_mask = pos < end
-        # k, v: [BLOCK_N, BLOCK_D]
-        k, v = paged_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bt, pos, pos_mask,
-                             kv_head * stride_kh, d, d_mask, stride_kb, stride_kt, PAGE)
-        m, l, acc = online_softmax_step(q, k, v, pos_mask[None, :], m, l, acc, scale_log2, PRECISION)
-
-    has_keys = l > 0
-    out = acc / tl.where(has_keys, l, 1.0)[:, None]
-    lse = tl.where(has_keys, m + tl.log2(tl.where(has_keys, l, 1.0)), float("-inf"))
     o_rows = seq * stride_os + heads * stride_oh + split * stride_osp
-    tl.store(o_ptr + o_rows[:, None] + d[None, :], out.to(o_ptr.dtype.element_ty),
-             mask=g_mask[:, None] & d_mask[None, :])
-    tl.store(lse_ptr + seq * stride_ls + heads * stride_lh + split, lse, mask=g_mask)
+    lse_rows = lse_ptr + seq * stride_ls + heads * stride_lh + split
+    if start < end:
+        # q: [GROUP_PAD, BLOCK_D]
+        q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + d[None, :],
+                    mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+        m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+        l = tl.zeros([GROUP_PAD], tl.float32)
+        acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
+        for tile in range(start, end, BLOCK_N):
+            pos = tile + tl.arange(0, BLOCK_N)
+            pos_mask = pos < end
+            # k, v: [BLOCK_N, BLOCK_D]
+            k, v = paged_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bt, pos, pos_mask,
+                                 kv_head * stride_kh, d, d_mask, stride_kb, stride_kt, PAGE)
+            m, l, acc = online_softmax_step(q, k, v, pos_mask[None, :], m, l, acc, scale_log2, PRECISION)
+        tl.store(o_ptr + o_rows[:, None] + d[None, :], (acc / l[:, None]).to(o_ptr.dtype.element_ty),
+                 mask=g_mask[:, None] & d_mask[None, :])
+        tl.store(lse_rows, m + tl.log2(l), mask=g_mask)
+    else:
+        # an empty slice (short contexts leave late ones empty) writes only its weight, zero: the
+        # merge reads no output from it; with one slice the output is the result and reads zeros
+        tl.store(lse_rows, tl.full([GROUP_PAD], float("-inf"), tl.float32), mask=g_mask)
+        if NUM_SPLITS == 1:
+            tl.store(o_ptr + o_rows[:, None] + d[None, :], tl.zeros([GROUP_PAD, BLOCK_D], o_ptr.dtype.element_ty),
+                     mask=g_mask[:, None] & d_mask[None, :])
 
 
 @triton.jit
@@ -87,13 +94,13 @@ def _merge_splits_kernel(
     head = tl.program_id(1)
     sp = tl.arange(0, SPLITS_PAD)
     d = tl.arange(0, BLOCK_D)
-    sp_mask = sp < NUM_SPLITS
-    lse = tl.load(lse_ptr + seq * stride_ls + head * stride_lh + sp, mask=sp_mask, other=float("-inf"))
+    lse = tl.load(lse_ptr + seq * stride_ls + head * stride_lh + sp, mask=sp < NUM_SPLITS, other=float("-inf"))
     top = tl.max(lse, 0)
     weight = tl.exp2(lse - tl.where(top == float("-inf"), 0.0, top))  # empty slices weigh 0
     total = tl.sum(weight, 0)
+    has_keys = lse > float("-inf")  # an empty slice wrote no output
     partial = tl.load(partial_ptr + seq * stride_ps + head * stride_ph + sp[:, None] * stride_psp + d[None, :],
-                      mask=sp_mask[:, None] & (d[None, :] < HEAD_DIM), other=0.0).to(tl.float32)
+                      mask=has_keys[:, None] & (d[None, :] < HEAD_DIM), other=0.0).to(tl.float32)
     out = tl.sum(partial * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
     tl.store(o_ptr + seq * stride_os + head * stride_oh + d, out.to(o_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
