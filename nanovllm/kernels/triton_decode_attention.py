@@ -4,8 +4,10 @@ One query token per sequence. Layouts: q: [seqs, heads, head_dim];
 k_cache, v_cache: [num_blocks, block_size, kv_heads, head_dim];
 block_tables: [seqs, max_blocks] (int32); context_lens: [seqs] (0 = padded slot).
 
-Pass 1, grid (seqs, kv_heads, num_splits): a program takes one sequence, one KV
-head and one slice of the context. All query heads of that KV head (the GQA
+Pass 1, grid (kv_heads, seqs, num_splits): a program takes one KV head, one
+sequence and one slice of the context. The KV heads of a sequence are
+neighbours in the launch order, so they read the interleaved head rows of the
+same cache lines' pages at about the same time. All query heads of that KV head (the GQA
 group, padded to 16 rows for tl.dot) share each K/V tile it loads. It keeps an
 online softmax and writes its slice's normalised output and log-sum-exp (base 2).
 Pass 2, grid (seqs, heads): merges the slices, weighting each by exp2(lse - max).
@@ -41,8 +43,8 @@ def _decode_split_kernel(
     PDL: tl.constexpr,
 ):
     wait_for_previous_kernel(PDL)
-    seq = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    kv_head = tl.program_id(0)
+    seq = tl.program_id(1)
     split = tl.program_id(2)
     context_len = tl.load(context_lens_ptr + seq)
     tiles_per_split = tl.cdiv(tl.cdiv(context_len, BLOCK_N), NUM_SPLITS)
@@ -133,7 +135,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     pdl = pdl_launch(q.device)
-    _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
+    _decode_split_kernel[(num_kv_heads, num_seqs, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, partial, lse,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),
