@@ -54,6 +54,28 @@ def _input_loads(a_ptr, b_ptr, start, columns, K, PROLOGUE: tl.constexpr, HAS_RE
 
 
 @triton.jit
+def _prologue(a, b, g_ptr, h_ptr, k, K, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """x at columns k from the loaded inputs (a, b), fp32 [BLOCK_K], and what the columns add to the
+    sum of squares of the norm's input (zero unless RMS_NORM)."""
+    k_ok = k < K
+    if PROLOGUE == RMS_NORM:
+        h = a
+        if HAS_RESIDUAL:
+            h = (a.to(tl.float32) + b.to(tl.float32)).to(h_ptr.dtype.element_ty)
+            if tl.program_id(0) == 0:
+                tl.store(h_ptr + k, h, mask=k_ok)
+        h = h.to(tl.float32)
+        # without 1/rms, which is common to every column: the kernel scales the sum once, at the end
+        return tl.load(g_ptr + k, mask=k_ok, other=0.0).to(tl.float32) * h, h * h
+    if PROLOGUE == SILU_MUL:
+        gate = a.to(tl.float32)
+        x = (gate / (1.0 + tl.exp(-gate)) * b.to(tl.float32)).to(a.dtype).to(tl.float32)
+        return x, tl.zeros_like(x)
+    x = a.to(tl.float32)
+    return x, tl.zeros_like(x)
+
+
+@triton.jit
 def _weight_chunk(w_ptr, features, feature_ok, start, columns, K):
     """W[features, start:start + BLOCK_K], zero outside W: [BLOCK_N, BLOCK_K]."""
     k = start + columns
@@ -64,7 +86,6 @@ def _weight_chunk(w_ptr, features, feature_ok, start, columns, K):
 @triton.jit
 def _gemv_kernel(a_ptr, r_ptr, g_ptr, w_ptr, y_ptr, h_ptr, N, K, eps, PROLOGUE: tl.constexpr,
                  HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-    dtype = a_ptr.dtype.element_ty
     features = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     columns = tl.arange(0, BLOCK_K)
     feature_ok = features < N
@@ -78,23 +99,9 @@ def _gemv_kernel(a_ptr, r_ptr, g_ptr, w_ptr, y_ptr, h_ptr, N, K, eps, PROLOGUE: 
         # the next chunk's weights and inputs are in flight while this one is multiplied
         w_next = _weight_chunk(w_ptr, features, feature_ok, start + BLOCK_K, columns, K)
         a_next, b_next = _input_loads(a_ptr, r_ptr, start + BLOCK_K, columns, K, PROLOGUE, HAS_RESIDUAL)
-        k = start + columns
-        k_ok = k < K
+        x, squared = _prologue(a, b, g_ptr, h_ptr, start + columns, K, PROLOGUE, HAS_RESIDUAL)
         if PROLOGUE == RMS_NORM:
-            h = a
-            if HAS_RESIDUAL:
-                h = (a.to(tl.float32) + b.to(tl.float32)).to(dtype)
-                if tl.program_id(0) == 0:
-                    tl.store(h_ptr + k, h, mask=k_ok)
-            h = h.to(tl.float32)
-            squares += h * h
-            # the norm's scale 1/rms is common to every column: it is applied to the sum, after the loop
-            x = tl.load(g_ptr + k, mask=k_ok, other=0.0).to(tl.float32) * h
-        elif PROLOGUE == SILU_MUL:
-            gate = a.to(tl.float32)
-            x = (gate / (1.0 + tl.exp(-gate)) * b.to(tl.float32)).to(dtype).to(tl.float32)
-        else:
-            x = a.to(tl.float32)
+            squares += squared
         # w: [BLOCK_N, BLOCK_K]; x: [BLOCK_K]
         acc += w.to(tl.float32) * x[None, :]
         w, a, b = w_next, a_next, b_next
