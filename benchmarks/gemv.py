@@ -68,11 +68,9 @@ def block_sizes(prologue: str) -> str:
 
 
 def with_blocks(product, block_n: int, block_k: int):
-    """`product` run with the GEMV's BLOCK_N and BLOCK_K set to these."""
-    default = triton_gemv.BLOCKS
-
+    """`product` run with the GEMV's BLOCK_N and BLOCK_K set to these (for every prologue)."""
     def run(weight: torch.Tensor) -> torch.Tensor:
-        triton_gemv.BLOCKS = dict.fromkeys(default, (block_n, block_k))
+        triton_gemv.BLOCKS = dict.fromkeys(triton_gemv.BLOCKS, (block_n, block_k))
         return product(weight)
     return run
 

@@ -5,9 +5,10 @@ from itertools import chain
 import numpy as np
 import torch
 
+from nanovllm.layers.sampler import SEED_RANGE
+
 _FIELDS = 7  # input_ids, src_rows, positions, slot_mapping, context_lens, temperatures, seeds
 _TEMPERATURES = 5
-_SEED_RANGE = 1 << 62
 
 
 class DecodeBuffers:
@@ -82,7 +83,7 @@ class DecodeBuffers:
         pos[n:] = 0
         lens[n:] = 0
         temps[n:] = 0.0
-        seeds[:] = self._rng.integers(0, _SEED_RANGE, size)
+        seeds[:] = self._rng.integers(0, SEED_RANGE, size)
         tables.fill(-1)  # the pad the Context promises
         # every block table in one pass: row i takes widths[i] entries of the concatenation
         widths = np.fromiter((len(table) for table in block_tables), np.int64, n)

@@ -9,6 +9,8 @@ from nanovllm.layers.penalties import PenaltyTensors, apply_penalties
 from nanovllm.layers.seeded_noise import seeded_exponential
 from nanovllm.layers.truncation import apply_min_p, apply_top_k_top_p
 
+SEED_RANGE = 1 << 62  # the per-row noise seeds of `sample_with_temperatures` are drawn from [0, SEED_RANGE)
+
 
 @dataclass
 class SamplingTensors:
@@ -123,7 +125,7 @@ def sample_with_temperatures(logits: torch.Tensor, temperatures: torch.Tensor, s
     if logits.is_cuda:
         from nanovllm.kernels.triton_sampling import gumbel_max_sample
         if seeds is None:
-            seeds = torch.randint(0, 2**62, (logits.size(0),), device=logits.device)
+            seeds = torch.randint(0, SEED_RANGE, (logits.size(0),), device=logits.device)
         return gumbel_max_sample(logits, temperatures, seeds, out)
     is_greedy = temperatures == 0
     if is_greedy.all():  # a host tensor: no device to wait for
