@@ -7,15 +7,22 @@ long context and a medium batch. Each kernel setting is timed with the L2
 cache flushed; bandwidth counts the K and V bytes the batch must read. The
 default tile is also timed at 1 to 32 context splits.
 
-    python benchmarks/decode_attention.py
+With `--kv-cache-dtype fp8` the same cache is quantized to FP8 (values and
+per-head scales) and the settings are timed over it; each case also prints the
+bf16 cache's default-tile time and the speed-up, and bandwidth counts the bytes
+an FP8 cache holds (values and scales).
+
+    python benchmarks/decode_attention.py [--kv-cache-dtype fp8]
 """
 
+import argparse
 import itertools
 import random
 
 import torch
 import triton.testing
 
+from nanovllm.kernels.fp8_kv import quantize_paged_cache
 from nanovllm.kernels.torch_attention import TorchAttentionBackend
 from nanovllm.kernels.triton_decode_attention import decode_attention, default_num_splits
 from nanovllm.utils.context import Context
@@ -57,21 +64,29 @@ def paged_inputs(context_lens: list[int]) -> tuple:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto")
+    fp8 = parser.parse_args().kv_cache_dtype == "fp8"
     random.seed(0)
     torch.manual_seed(0)
     bandwidth, source = hbm_bandwidth()
     print(f"machine: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
-          f"HBM {bandwidth / 1e12:.2f} TB/s ({source})")
+          f"HBM {bandwidth / 1e12:.2f} TB/s ({source}); KV cache {'fp8 + fp32 scales' if fp8 else 'bf16'}")
     scale = HEAD_DIM ** -0.5
     settings = list(itertools.product([32, 64, 128], [2, 4, 8], [1, 2, 3, 4]))
     totals = {s: 0.0 for s in settings}
     for name, context_lens in cases().items():
         q, k_cache, v_cache, block_tables, lens = paged_inputs(context_lens)
-        kv_bytes = 2 * sum(context_lens) * KV_HEADS * HEAD_DIM * k_cache.element_size()
+        bf16_bytes = 2 * sum(context_lens) * KV_HEADS * HEAD_DIM * k_cache.element_size()
         context = Context(is_prefill=False, max_seqlen_k=max(context_lens), context_lens=lens,
                           block_tables=block_tables)
+        scales = {}
+        if fp8:
+            bf16_ms = triton.testing.do_bench(lambda: decode_attention(q, k_cache, v_cache, block_tables, lens, scale))
+            (k_cache, scales["k_scale"]), (v_cache, scales["v_scale"]) = map(quantize_paged_cache, (k_cache, v_cache))
+        kv_bytes = 2 * sum(context_lens) * KV_HEADS * (HEAD_DIM * k_cache.element_size() + (4 if fp8 else 0))
         torch_ms = triton.testing.do_bench(
-            lambda: TorchAttentionBackend().decode(q, k_cache, v_cache, context, scale))
+            lambda: TorchAttentionBackend().decode(q, k_cache, v_cache, context, scale, *scales.values()))
         splits = default_num_splits(len(context_lens), KV_HEADS, q.device)
         print(f"\n{name}: {kv_bytes / 1e6:.0f} MB of KV, {splits} splits; torch backend {torch_ms * 1e3:.0f} us; "
               f"HBM limit {kv_bytes / bandwidth * 1e6:.0f} us")
@@ -80,7 +95,7 @@ def main() -> None:
             block_n, warps, stages = setting
             ms = triton.testing.do_bench(lambda: decode_attention(
                 q, k_cache, v_cache, block_tables, lens, scale,
-                block_n=block_n, num_warps=warps, num_stages=stages))
+                block_n=block_n, num_warps=warps, num_stages=stages, **scales))
             totals[setting] += ms
             results.append((ms, setting))
         for ms, (block_n, warps, stages) in sorted(results)[:5]:
@@ -88,8 +103,12 @@ def main() -> None:
                   f"{kv_bytes / ms / 1e6:6.0f} GB/s = {kv_bytes / ms / 1e-3 / bandwidth:.0%} of HBM")
         default = next(ms for ms, s in results if s == (64, 4, 2))
         print(f"  current default (64, 4, 2): {default * 1e3:.1f} us")
+        if fp8:
+            print(f"  bf16 cache, current default: {bf16_ms * 1e3:.1f} us; fp8 is {bf16_ms / default:.2f}x faster "
+                  f"({bf16_bytes / default / 1e6:,.0f} GB/s of bf16 K/V equivalent)")
         by_splits = {n: triton.testing.do_bench(lambda: decode_attention(
-            q, k_cache, v_cache, block_tables, lens, scale, num_splits=n)) for n in (1, 2, 4, 8, 16, 32)}
+            q, k_cache, v_cache, block_tables, lens, scale, num_splits=n, **scales))
+            for n in (1, 2, 4, 8, 16, 32)}
         print("  default tile by context splits: " + ", ".join(f"{n}: {ms * 1e3:.1f} us"
                                                              for n, ms in by_splits.items()))
     best = min(totals, key=totals.get)

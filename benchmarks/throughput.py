@@ -20,11 +20,14 @@ tokens, prefill excluded).
 Several tensor-parallel sizes (`--tensor-parallel-size 1 2`) run one after
 another in the same call; each later size is then compared with the first:
 its throughput ratio, and how many of 16 workload prompts give the same 64
-greedy tokens.
+greedy tokens. `--kv-cache-dtype fp8` runs each size with the model-dtype
+cache, then with the FP8 cache, and prints the ratio (the FP8 run's roofline
+counts its smaller KV reads).
 
     python benchmarks/throughput.py [--peer hf] [--skip-tokenizer-init | --compare-tokenizer]
                                     [--enforce-eager] [--no-chunked-prefill] [--profile]
                                     [--model-shape 0.6b|8b] [--tensor-parallel-size N [N ...]]
+                                    [--kv-cache-dtype auto|fp8]
 """
 
 import argparse
@@ -113,14 +116,16 @@ def roofline_seconds(prompts: list[list[int]], max_tokens: list[int], weight_byt
     return total / bandwidth
 
 
-def model_bytes(shape: str) -> tuple[int, int]:
-    """(weight bytes, KV bytes per token) of the bf16 model."""
+def model_bytes(shape: str, kv_cache_dtype: str = "auto") -> tuple[int, int]:
+    """(weight bytes, KV bytes per token) of the bf16 model, the KV in bf16 or in FP8 with a 4-byte
+    scale per head."""
     s = SHAPES[shape]
     h, layers, d = s["hidden_size"], s["num_hidden_layers"], s["head_dim"]
     q, kv = s["num_attention_heads"] * d, s["num_key_value_heads"] * d
     per_layer = h * (q + 2 * kv) + q * h + 3 * h * s["intermediate_size"] + 2 * h + 2 * d
     embeddings = VOCAB_SIZE * h * (1 if s["tie_word_embeddings"] else 2)
-    return 2 * (embeddings + layers * per_layer + h), 2 * 2 * layers * kv
+    kv_bytes = 2 * layers * (kv + 4 * s["num_key_value_heads"] if kv_cache_dtype == "fp8" else 2 * kv)
+    return 2 * (embeddings + layers * per_layer + h), kv_bytes
 
 
 def add_qwen3_tokenizer(model_dir: str) -> None:
@@ -220,10 +225,11 @@ class StepRecorder:
         return "\n".join(lines)
 
 
-def make_llm(model_dir: str, args, skip_tokenizer_init: bool, tensor_parallel_size: int) -> LLM:
+def make_llm(model_dir: str, args, skip_tokenizer_init: bool, tensor_parallel_size: int,
+             kv_cache_dtype: str) -> LLM:
     llm = LLM(model_dir, load_format="dummy", skip_tokenizer_init=skip_tokenizer_init,
               enforce_eager=args.enforce_eager, tensor_parallel_size=tensor_parallel_size,
-              enable_chunked_prefill=not args.no_chunked_prefill)
+              enable_chunked_prefill=not args.no_chunked_prefill, kv_cache_dtype=kv_cache_dtype)
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8), use_tqdm=False)
     return llm
 
@@ -336,7 +342,7 @@ def describe(llm: LLM) -> str:
     config = llm.config
     return (f"graphs {'off' if config.enforce_eager else 'on'}, chunked prefill "
             f"{'on' if config.enable_chunked_prefill else 'off'}, {llm.client.info.num_kvcache_blocks} KV blocks "
-            f"of {config.kvcache_block_size}")
+            f"of {config.kvcache_block_size}, {config.kv_cache_dtype} KV cache")
 
 
 def tokenizer_label(skip_tokenizer_init: bool) -> str:
@@ -345,17 +351,18 @@ def tokenizer_label(skip_tokenizer_init: bool) -> str:
 
 
 def run_engine(model_dir: str, args, prompts: list[list[int]], max_tokens: list[int], bandwidth: float,
-               skip_tokenizer_init: bool, size: int, first: bool) -> tuple[float, list]:
+               skip_tokenizer_init: bool, size: int, kv_cache_dtype: str, first: bool) -> tuple[float, list]:
     """Output tokens per second of the workload on one engine, with its step summary printed; on
     the first engine of a size also one sequence's latency (and the profile, if asked for) and the
     greedy tokens of 16 prompts, which are returned."""
     total_out = sum(max_tokens)
-    weight_bytes, kv_bytes = (n // size for n in model_bytes(args.model_shape))
+    weight_bytes, kv_bytes = (n // size for n in model_bytes(args.model_shape, kv_cache_dtype))
     roofline = total_out / roofline_seconds(prompts, max_tokens, weight_bytes, kv_bytes, bandwidth)
-    llm = make_llm(model_dir, args, skip_tokenizer_init, size)
+    llm = make_llm(model_dir, args, skip_tokenizer_init, size, kv_cache_dtype)
     elapsed, recorder = run_workload(llm, prompts, max_tokens)
     rate = total_out / elapsed
-    print(f"nanovllm ({tokenizer_label(skip_tokenizer_init)}, TP={size}): {rate:,.0f} output tok/s "
+    label = f"{tokenizer_label(skip_tokenizer_init)}, TP={size}, {kv_cache_dtype} KV"
+    print(f"nanovllm ({label}): {rate:,.0f} output tok/s "
           f"({elapsed:.2f} s); roofline {roofline:,.0f} tok/s; reached {rate / roofline:.0%}  [{describe(llm)}]")
     print(recorder.summary(len(prompts), elapsed))
     greedy = []
@@ -399,6 +406,8 @@ def main() -> None:
     parser.add_argument("--no-chunked-prefill", action="store_true",
                         help="whole-prompt prefill steps (enable_chunked_prefill=False)")
     parser.add_argument("--profile", action="store_true", help="print per-kernel GPU time of decode steps")
+    parser.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto",
+                        help="fp8: run each size with the model-dtype cache, then the FP8 one, and compare")
     args = parser.parse_args()
 
     model_dir = write_model_dir(args.model_shape)
@@ -413,17 +422,26 @@ def main() -> None:
     print(f"workload: Qwen3-{args.model_shape} shape, bf16, dummy weights, {len(prompts)} requests, "
           f"{sum(map(len, prompts)):,} prompt tokens, {total_out:,} output tokens, temperature 0.6")
 
-    rates, greedy = {}, {}
+    kv_cache_dtypes = ["auto", "fp8"] if args.kv_cache_dtype == "fp8" else ["auto"]
+    rates, greedy, kv_rates = {}, {}, {}
     for size in args.tensor_parallel_size:
-        for skip_tokenizer_init in variants:
-            first = skip_tokenizer_init == variants[0]
-            rates[size, tokenizer_label(skip_tokenizer_init)], tokens = run_engine(
-                model_dir, args, prompts, max_tokens, bandwidth, skip_tokenizer_init, size, first)
-            if first:
-                greedy[size] = tokens
+        for kv_cache_dtype in kv_cache_dtypes:
+            for skip_tokenizer_init in variants:
+                first = skip_tokenizer_init == variants[0] and kv_cache_dtype == "auto"
+                rate, tokens = run_engine(model_dir, args, prompts, max_tokens, bandwidth, skip_tokenizer_init,
+                                          size, kv_cache_dtype, first)
+                kv_rates[size, kv_cache_dtype, skip_tokenizer_init] = rate
+                if kv_cache_dtype == "auto":
+                    rates[size, tokenizer_label(skip_tokenizer_init)] = rate
+                if first:
+                    greedy[size] = tokens
         if len(variants) == 2:
             print(f"with / without tokenizer (TP={size}): "
                   f"{rates[size, 'Qwen3 tokenizer'] / rates[size, 'no tokenizer']:.3f}")
+        if len(kv_cache_dtypes) == 2:
+            skip = variants[0]
+            print(f"fp8 / bf16 KV cache (TP={size}, {tokenizer_label(skip)}): "
+                  f"{kv_rates[size, 'fp8', skip] / kv_rates[size, 'auto', skip]:.2f}x")
     print_tensor_parallel_comparison(rates, greedy)
     if args.peer == "hf":
         peer = run_hf_peer(model_dir, prompts, max_tokens)

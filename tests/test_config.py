@@ -57,6 +57,7 @@ def test_unknown_keyword_is_named(qwen3_dir):
      "max_num_batched_tokens .* must be at least max_model_len"),
     ({"attention_backend": "xformers"}, "attention_backend must be one of"),
     ({"attention_backend": "flash_attn"}, "flash_attn"),
+    ({"kv_cache_dtype": "int8"}, r"kv_cache_dtype must be one of auto, fp8, got 'int8'"),
     ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
     ({"master_port": 70000}, "master_port"),
     ({"master_port": -1}, r"master_port must be in \[0, 65535\]"),

@@ -1,11 +1,14 @@
 """The Triton kernels against the PyTorch backend: compiled on a GPU over a grid of shapes,
 and under the Triton interpreter on the CPU (TRITON_INTERPRET=1, set by conftest) on tiny ones."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from paged_cases import paged_case
 
 pytest.importorskip("triton")
+from nanovllm.kernels.fp8_kv import quantize_paged_cache  # noqa: E402
 from nanovllm.kernels.torch_attention import TorchAttentionBackend, store_kvcache  # noqa: E402
 from nanovllm.kernels.triton_attention import TritonAttentionBackend  # noqa: E402
 from nanovllm.kernels import triton_decode_attention  # noqa: E402
@@ -19,26 +22,34 @@ interpreter = pytest.mark.skipif(CUDA, reason="the compiled kernels are tested o
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
 
 
-def stored(case):
-    """The case's caches after the new K/V were stored (the store is tested with the rotary kernel)."""
-    k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
-    store_kvcache(case.k, case.v, k_cache, v_cache, case.slot_mapping)
-    return k_cache, v_cache
+def stored(case, fp8=False):
+    """The case's caches after the new K/V were stored (the store is tested with the rotary kernel):
+    (k_cache, v_cache), and for an FP8 cache their scales too."""
+    if not fp8:
+        k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
+        store_kvcache(case.k, case.v, k_cache, v_cache, case.slot_mapping)
+        return k_cache, v_cache
+    (k_cache, k_scale), (v_cache, v_scale) = quantize_paged_cache(case.k_cache), quantize_paged_cache(case.v_cache)
+    store_kvcache(case.k, case.v, k_cache, v_cache, case.slot_mapping, k_scale, v_scale)
+    return k_cache, v_cache, k_scale, v_scale
 
 
-def check_prefill(case):
-    k_cache, v_cache = stored(case)
+def check_prefill(case, fp8=False):
+    caches = stored(case, fp8)
     context, scale = case.prefill_context(), case.q.size(-1) ** -0.5
-    want = TorchAttentionBackend().prefill(case.q, case.k, case.v, k_cache, v_cache, context, scale)
-    got = TritonAttentionBackend().prefill(case.q, case.k, case.v, k_cache, v_cache, context, scale)
+    if fp8:  # every key is read through the block tables
+        context = replace(context, block_tables=case.block_tables)
+    want = TorchAttentionBackend().prefill(case.q, case.k, case.v, *caches[:2], context, scale, *caches[2:])
+    got = TritonAttentionBackend().prefill(case.q, case.k, case.v, *caches[:2], context, scale, *caches[2:])
     torch.testing.assert_close(got, want, atol=TOLERANCE[case.q.dtype], rtol=TOLERANCE[case.q.dtype])
 
 
-def check_decode(case, num_splits=None):
-    k_cache, v_cache = stored(case)
+def check_decode(case, num_splits=None, fp8=False):
+    k_cache, v_cache, *scales = stored(case, fp8)
     context, scale = case.decode_context(), case.q.size(-1) ** -0.5
-    want = TorchAttentionBackend().decode(case.q, k_cache, v_cache, context, scale)
-    got = decode_attention(case.q, k_cache, v_cache, context.block_tables, context.context_lens, scale, num_splits)
+    want = TorchAttentionBackend().decode(case.q, k_cache, v_cache, context, scale, *scales)
+    got = decode_attention(case.q, k_cache, v_cache, context.block_tables, context.context_lens, scale, num_splits,
+                           **dict(zip(["k_scale", "v_scale"], scales)))
     torch.testing.assert_close(got, want, atol=TOLERANCE[case.q.dtype], rtol=TOLERANCE[case.q.dtype])
 
 
@@ -89,6 +100,18 @@ def test_prefill_of_a_mixed_batch_interpreted():
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_decode_interpreted(num_splits):
     check_decode(decode_case([1, 17, 70], block_size=16, heads=8, kv_heads=2, head_dim=16), num_splits)
+
+
+@interpreter
+@pytest.mark.parametrize("cached", [[0, 0], [17, 5]])
+def test_prefill_over_an_fp8_cache_interpreted(cached):
+    check_prefill(paged_case([40, 21], cached, block_size=16, **TINY), fp8=True)
+
+
+@interpreter
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_over_an_fp8_cache_interpreted(num_splits):
+    check_decode(decode_case([1, 17, 70], block_size=16, heads=8, kv_heads=2, head_dim=16), num_splits, fp8=True)
 
 
 @interpreter
@@ -145,6 +168,29 @@ def test_prefill_on_gpu(dtype, block_size, group, cached):
                       head_dim=128, dtype=dtype, device="cuda")
     check_prefill(case)
 
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_size", [16, 256])
+@pytest.mark.parametrize("group", [1, 8])
+@pytest.mark.parametrize("num_splits", [None, 1])
+def test_decode_over_an_fp8_cache_on_gpu(dtype, block_size, group, num_splits):
+    case = decode_case(GPU_LENGTHS, block_size=block_size, heads=2 * group, kv_heads=2, head_dim=128, dtype=dtype,
+                       device="cuda")
+    check_decode(case, num_splits, fp8=True)
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_size", [16, 256])
+@pytest.mark.parametrize("cached", [[0] * 6, [0, 39, 299, 200, 1099, 512]])
+def test_prefill_over_an_fp8_cache_on_gpu(dtype, block_size, cached):
+    case = paged_case([1, 40, 300, 257, 1100, 700], cached, block_size=block_size, heads=8, kv_heads=2,
+                      head_dim=128, dtype=dtype, device="cuda")
+    check_prefill(case, fp8=True)
 
 
 @pytest.mark.gpu

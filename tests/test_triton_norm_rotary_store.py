@@ -5,6 +5,7 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
+from nanovllm.kernels.fp8_kv import FP8_DTYPE  # noqa: E402
 from nanovllm.kernels.torch_attention import store_kvcache  # noqa: E402
 from nanovllm.kernels.triton_norm_rotary_store import norm_rotate_store  # noqa: E402
 from nanovllm.layers.rotary_embedding import KVCacheWrite, RotaryEmbedding, norm_rotate_qk_reference  # noqa: E402
@@ -80,6 +81,33 @@ def test_stores_the_rotated_k_and_v_at_their_slots_and_nothing_else(shape, dtype
     store_kvcache(got_k, v, want_k_cache, want_v_cache, slots)
     assert torch.equal(k_cache, want_k_cache) and torch.equal(v_cache, want_v_cache)
     assert torch.equal(got_q, norm_rotate_store(positions, q, k, rotary.cos_sin, *weights)[0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_quantizes_into_an_fp8_cache_as_the_torch_store_does(shape, dtype):
+    tokens, heads, kv_heads, head_dim = shape
+    torch.manual_seed(3)
+    rotary, weights = rotary_and_weights(head_dim, dtype, norm=True)
+    q, k, v = qkv_views(tokens, heads, kv_heads, head_dim, dtype)
+    v[-1] = 0  # an all-zero head gets scale 1
+    positions = torch.randint(0, 4096, (tokens,), device=DEVICE)
+    num_blocks = (2 * tokens + BLOCK_SIZE - 1) // BLOCK_SIZE
+    caches = [torch.zeros(num_blocks, BLOCK_SIZE, kv_heads, head_dim, device=DEVICE, dtype=FP8_DTYPE)
+              for _ in range(2)]
+    scales = [torch.full((num_blocks, kv_heads, BLOCK_SIZE), -1.0, device=DEVICE) for _ in range(2)]
+    slots = scattered_slots(tokens, num_blocks * BLOCK_SIZE)
+    want_caches, want_scales = [c.clone() for c in caches], [c.clone() for c in scales]
+    _, got_k = norm_rotate_store(positions, q, k, rotary.cos_sin, *weights, v, *caches, slots, *scales)
+    store_kvcache(got_k, v, *want_caches, slots, *want_scales)
+    for got, want in zip(scales, want_scales):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    # the same fp8 values, but for a rare rounding tie broken the other way (one step of e4m3)
+    for got, want in zip(caches, want_caches):
+        differ = got.view(torch.uint8) != want.view(torch.uint8)
+        assert differ.float().mean() < 1e-3
+        torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -3, atol=2 ** -9)
+    assert (scales[1] > 0).sum() == (slots >= 0).sum() * kv_heads
 
 
 def test_the_layers_cpu_path_stores_what_the_kernel_stores():

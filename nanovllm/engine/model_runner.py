@@ -14,6 +14,7 @@ from nanovllm.engine.runner_output import PendingOutput, PromptScores
 from nanovllm.engine.sampling_batch import samples_only_with_temperatures, sampling_tensors
 from nanovllm.engine.scheduler_output import PLACEHOLDER, SchedulerOutput
 from nanovllm.engine.structured_output import GrammarBitmasks
+from nanovllm.kernels.fp8_kv import FP8_DTYPE
 from nanovllm.layers.attention import Attention, make_attention_backend
 from nanovllm.layers.sampler import Sampler, SamplerOutput, SamplingTensors, token_logprobs
 from nanovllm.models import model_class
@@ -82,6 +83,7 @@ class ModelRunner:
         self._decode_step = DecodeStep(self._forward, samples=self.world_size == 1)
         self._last_sampled_rows: dict[str, int] = {}  # request id -> its row in last_sampled
         self.graphs = None
+        self.kv_scales = None  # the FP8 cache's scales, once it is allocated
         if self.device.type == "cuda":
             self._warm_up()
         self.num_kvcache_blocks = self._allocate_kv_cache()
@@ -134,11 +136,17 @@ class ModelRunner:
         # compile it now rather than in the middle of the first request that needs it.
         self._run_start_up_step(start_up_step([[0, 0]], [1], [[0]]))
 
+    @property
+    def _kv_cache_dtype(self) -> torch.dtype:
+        return FP8_DTYPE if self.config.kv_cache_dtype == "fp8" else self.dtype
+
     def _kv_block_bytes(self) -> int:
-        hf = self.config.hf_config
+        """Bytes of one block of K and V in every layer, with the scales of an FP8 cache."""
         attn = self.attention_layers[0]
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * hf.num_hidden_layers * self.block_size * attn.num_kv_heads * attn.head_dim * itemsize
+        head_bytes = attn.head_dim * self._kv_cache_dtype.itemsize
+        if self.config.kv_cache_dtype == "fp8":
+            head_bytes += torch.float32.itemsize  # the head's scale
+        return 2 * len(self.attention_layers) * self.block_size * attn.num_kv_heads * head_bytes
 
     def _cpu_blocks_that_fit(self, block_bytes: int) -> int:
         config = self.config
@@ -192,11 +200,18 @@ class ModelRunner:
     def _allocate_kv_cache(self) -> int:
         num_blocks = self._kv_capacity(self._kv_block_bytes())
         layers = self.attention_layers
+        num_kv_heads = layers[0].num_kv_heads
         # kv_cache: [2, layers, blocks, block_size, kv_heads, head_dim]
-        self.kv_cache = torch.zeros(2, len(layers), num_blocks, self.block_size, layers[0].num_kv_heads,
-                                    layers[0].head_dim, dtype=self.dtype, device=self.device)
+        self.kv_cache = torch.zeros(2, len(layers), num_blocks, self.block_size, num_kv_heads,
+                                    layers[0].head_dim, dtype=self._kv_cache_dtype, device=self.device)
         for i, layer in enumerate(layers):
             layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
+        if self.config.kv_cache_dtype == "fp8":
+            # kv_scales: [2, layers, blocks, kv_heads, block_size], ones so an unwritten slot reads as zeros
+            self.kv_scales = torch.ones(2, len(layers), num_blocks, num_kv_heads, self.block_size,
+                                        dtype=torch.float32, device=self.device)
+            for i, layer in enumerate(layers):
+                layer.k_scale, layer.v_scale = self.kv_scales[0, i], self.kv_scales[1, i]
         return num_blocks
 
     def _to_device(self, values: list, dtype: torch.dtype) -> torch.Tensor:
@@ -228,7 +243,8 @@ class ModelRunner:
             src_rows += [-1] * (end - start - 1) + [src]
         cu_q = list(accumulate(seqlens_q, initial=0))
         cu_k = list(accumulate(seqlens_k, initial=0))
-        has_prefix = any(out.num_computed_tokens)
+        # an FP8 cache is read for the new tokens' keys too, so that they match a cached prefix's
+        reads_cache = any(out.num_computed_tokens) or self.kv_scales is not None
         width = max(len(table) for table in out.block_tables)
         context = Context(
             is_prefill=True,
@@ -240,7 +256,7 @@ class ModelRunner:
             seqlens_q=seqlens_q,
             seqlens_k=seqlens_k,
             block_tables=self._to_device([t + [-1] * (width - len(t)) for t in out.block_tables], torch.int32)
-            if has_prefix else None,
+            if reads_cache else None,
         )
         input_ids = self._to_device(list(chain.from_iterable(out.token_ids)), torch.int64)
         with forward_context(context):

@@ -8,10 +8,16 @@ The cache is read in place, never gathered: a run of consecutive block ids is
 one strided view of the cache, each query attends over each run (and over its
 own new tokens) separately, and the partial results are combined by their
 log-sum-exp, the way a paged flash-attention kernel combines its tiles.
+
+An FP8 cache (`fp8_kv`) comes with its scales, k_scale, v_scale: [num_blocks,
+kv_heads, block_size]; each run is dequantized to the queries' dtype as it is
+read, and a prefill's new tokens are attended as the cache gives them back, so
+a prompt attends the same keys whether its prefix was cached or computed.
 """
 
 import torch
 
+from nanovllm.kernels.fp8_kv import dequantize_heads, quantize_heads, round_trip
 from nanovllm.utils.context import Context
 
 
@@ -80,18 +86,37 @@ def _block_runs(block_ids: list[int], num_tokens: int, block_size: int) -> list[
 
 
 def _view(cache: torch.Tensor, first: int, num_tokens: int) -> torch.Tensor:
-    """`num_tokens` tokens of a `_heads_first` cache from the start of block `first`, without a copy:
-    [kv_heads, num_tokens, d]."""
+    """`num_tokens` tokens of a heads-first cache ([kv_heads, blocks, block_size, ...]) from the start of
+    block `first`, without a copy: [kv_heads, num_tokens, ...]."""
     block_size = cache.size(2)
     return cache[:, first:first + (num_tokens + block_size - 1) // block_size].flatten(1, 2)[:, :num_tokens]
 
 
-def _attend_cached(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_ids: list[int],
-                   num_tokens: int, scale: float, row: int) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+class _CacheReader:
+    """One layer's paged K/V, read a run of blocks at a time as [kv_heads, tokens, d] in `dtype`."""
+
+    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None,
+                 v_scale: torch.Tensor | None, dtype: torch.dtype):
+        self.k, self.v = _heads_first(k_cache), _heads_first(v_cache)
+        # scales: [num_blocks, kv_heads, block_size] -> views [kv_heads, num_blocks, block_size]
+        self.scales = None if k_scale is None else (k_scale.transpose(0, 1), v_scale.transpose(0, 1))
+        self.dtype = dtype
+        self.block_size = k_cache.size(1)
+
+    def run(self, first: int, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = _view(self.k, first, num_tokens), _view(self.v, first, num_tokens)
+        if self.scales is None:
+            return k, v
+        k_scale, v_scale = (_view(s, first, num_tokens) for s in self.scales)
+        return dequantize_heads(k, k_scale, self.dtype), dequantize_heads(v, v_scale, self.dtype)
+
+
+def _attend_cached(q: torch.Tensor, cache: _CacheReader, block_ids: list[int], num_tokens: int, scale: float,
+                   row: int) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
     """Attention of q ([heads, q_len, d], output rows from `row`) over a sequence's first `num_tokens`
     cached tokens, one part per run of blocks, for `_combine`."""
-    return [(*_attend(q, _view(k_cache, first, tokens), _view(v_cache, first, tokens), False, scale), row)
-            for first, tokens in _block_runs(block_ids, num_tokens, k_cache.size(2))]
+    return [(*_attend(q, *cache.run(first, tokens), False, scale), row)
+            for first, tokens in _block_runs(block_ids, num_tokens, cache.block_size)]
 
 
 def _combine(parts: list[tuple[torch.Tensor, torch.Tensor, int]], num_rows: int) -> torch.Tensor:
@@ -116,13 +141,19 @@ def _combine(parts: list[tuple[torch.Tensor, torch.Tensor, int]], num_rows: int)
 
 
 def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  slot_mapping: torch.Tensor) -> None:
-    """Write k[t], v[t] to flat cache slot `slot_mapping[t]`; slot -1 is skipped."""
+                  slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None,
+                  v_scale: torch.Tensor | None = None) -> None:
+    """Write k[t], v[t] to flat cache slot `slot_mapping[t]`; slot -1 is skipped. With scales the cache
+    is FP8: each head is quantized and its scale written beside it."""
     # k, v: [tokens, kv_heads, d]; slot_mapping: [tokens]
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
-    k_cache.flatten(0, 1)[slots] = k[keep]
-    v_cache.flatten(0, 1)[slots] = v[keep]
+    block_size = k_cache.size(1)
+    for x, cache, scales in ((k[keep], k_cache, k_scale), (v[keep], v_cache, v_scale)):
+        if scales is not None:
+            x, head_scales = quantize_heads(x)
+            scales[slots // block_size, :, slots % block_size] = head_scales
+        cache.flatten(0, 1)[slots] = x
 
 
 class TorchAttentionBackend:
@@ -135,30 +166,33 @@ class TorchAttentionBackend:
     supports_cuda_graphs = False
 
     def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, context: Context, scale: float) -> torch.Tensor:
+                v_cache: torch.Tensor, context: Context, scale: float, k_scale: torch.Tensor | None = None,
+                v_scale: torch.Tensor | None = None) -> torch.Tensor:
         """Causal attention of each sequence's new tokens over its cached prefix and themselves."""
         # q: [tokens, heads, d]; k, v: [tokens, kv_heads, d] (this step's, also in the cache)
         tables = None
         if context.block_tables is not None:  # some sequence reads a cached prefix (else the cache may be unset)
             tables = context.block_tables.tolist()
-            k_heads, v_heads = _heads_first(k_cache), _heads_first(v_cache)
+            cache = _CacheReader(k_cache, v_cache, k_scale, v_scale, q.dtype)
+        if k_scale is not None:
+            k, v = round_trip(k), round_trip(v)
         parts, start = [], 0
         for i, (q_len, k_len) in enumerate(zip(context.seqlens_q, context.seqlens_k)):
             new = slice(start, start + q_len)
             q_new = q[new].transpose(0, 1)  # [heads, q_len, d]
             if tables is not None:
-                parts += _attend_cached(q_new, k_heads, v_heads, tables[i], k_len - q_len, scale, start)
+                parts += _attend_cached(q_new, cache, tables[i], k_len - q_len, scale, start)
             parts.append((*_attend(q_new, k[new].transpose(0, 1), v[new].transpose(0, 1), True, scale), start))
             start += q_len
         return _combine(parts, q.size(0))
 
-    def decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-               context: Context, scale: float) -> torch.Tensor:
+    def decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, context: Context, scale: float,
+               k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
         """One query per sequence over its `context_lens[i]` cached tokens."""
         # q: [seqs, heads, d]; block_tables: [seqs, max_blocks]
-        k_heads, v_heads = _heads_first(k_cache), _heads_first(v_cache)
+        cache = _CacheReader(k_cache, v_cache, k_scale, v_scale, q.dtype)
         queries = q.unsqueeze(2)  # [seqs, heads, 1, d]
         parts = []
         for i, (table, length) in enumerate(zip(context.block_tables.tolist(), context.context_lens.tolist())):
-            parts += _attend_cached(queries[i], k_heads, v_heads, table, length, scale, i)
+            parts += _attend_cached(queries[i], cache, table, length, scale, i)
         return _combine(parts, q.size(0))

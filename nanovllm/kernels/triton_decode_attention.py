@@ -1,7 +1,8 @@
 """Triton kernels: decode attention over the paged KV cache (flash-decoding).
 
 One query token per sequence. Layouts: q: [seqs, heads, head_dim];
-k_cache, v_cache: [num_blocks, block_size, kv_heads, head_dim];
+k_cache, v_cache: [num_blocks, block_size, kv_heads, head_dim] (for an FP8
+cache, with k_scale, v_scale: [num_blocks, kv_heads, block_size] fp32);
 block_tables: [seqs, max_blocks] (int32); context_lens: [seqs] (0 = padded slot).
 
 Pass 1, grid (kv_heads, seqs, num_splits): a program takes one KV head, one
@@ -34,13 +35,13 @@ _MAX_SPLITS = 32
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, o_ptr, lse_ptr,
-    stride_qs, stride_qh, stride_kb, stride_kt, stride_kh, stride_bt,
+    q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, context_lens_ptr, o_ptr, lse_ptr,
+    stride_qs, stride_qh, stride_kb, stride_kt, stride_kh, stride_sb, stride_bt,
     stride_os, stride_oh, stride_osp, stride_ls, stride_lh,
     scale_log2,
     PAGE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
+    QUANTIZED: tl.constexpr, PDL: tl.constexpr,
 ):
     wait_for_previous_kernel(PDL)
     kv_head = tl.program_id(0)
@@ -69,8 +70,9 @@ def _decode_split_kernel(
             pos = tile + tl.arange(0, BLOCK_N)
             pos_mask = pos < end
             # k, v: [BLOCK_N, BLOCK_D]
-            k, v = paged_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bt, pos, pos_mask,
-                                 kv_head * stride_kh, d, d_mask, stride_kb, stride_kt, PAGE)
+            k, v = paged_kv_tile(k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr + seq * stride_bt,
+                                 pos, pos_mask, kv_head, d, d_mask, stride_kb, stride_kt, stride_kh, stride_sb,
+                                 q.dtype, PAGE, QUANTIZED)
             m, l, acc = online_softmax_step(q, k, v, pos_mask[None, :], m, l, acc, scale_log2, PRECISION)
         tl.store(o_ptr + o_rows[:, None] + d[None, :], (acc / l[:, None]).to(o_ptr.dtype.element_ty),
                  mask=g_mask[:, None] & d_mask[None, :])
@@ -116,11 +118,12 @@ def default_num_splits(num_seqs: int, num_kv_heads: int, device: torch.device) -
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                      context_lens: torch.Tensor, scale: float, num_splits: int | None = None,
                      block_n: int = _BLOCK_N, num_warps: int = _NUM_WARPS, num_stages: int = _NUM_STAGES,
-                     ) -> torch.Tensor:
+                     k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of one query per sequence over its `context_lens[i]` cached tokens -> [seqs, heads, head_dim].
 
     `block_n`, `num_warps` and `num_stages` are the split kernel's tile and launch
-    settings (benchmarks/decode_attention.py sweeps them).
+    settings (benchmarks/decode_attention.py sweeps them). `k_scale`/`v_scale`
+    come with an FP8 cache.
     """
     num_seqs, num_heads, head_dim = q.shape
     page, num_kv_heads = k_cache.size(1), k_cache.size(2)
@@ -135,13 +138,17 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     pdl = pdl_launch(q.device)
+    quantized = k_scale is not None
+    if not quantized:  # never read: the scaling is compiled out
+        k_scale = v_scale = lse
     _decode_split_kernel[(num_kv_heads, num_seqs, num_splits)](
-        q, k_cache, v_cache, block_tables, context_lens, partial, lse,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, partial, lse,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_scale.stride(0),
+        block_tables.stride(0),
         partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),
         scale * LOG2E,
         PAGE=page, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits, PRECISION=precision,
+        BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits, PRECISION=precision, QUANTIZED=quantized,
         num_warps=num_warps, num_stages=num_stages, **pdl,
     )
     if num_splits == 1:

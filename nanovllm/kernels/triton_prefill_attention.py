@@ -7,7 +7,10 @@ new tokens) is cu_seqlens_k[i + 1] - cu_seqlens_k[i]. The prefix (the first
 key_len - query_len positions) is read from k_cache, v_cache: [num_blocks,
 block_size, kv_heads, head_dim] through block_tables: [seqs, max_blocks]; the
 new tokens' keys come straight from k and v, so the kernel also runs before
-the cache exists (warm-up).
+the cache exists (warm-up). An FP8 cache (with k_scale, v_scale: [num_blocks,
+kv_heads, block_size]) is read for the new tokens' keys too: they are already
+stored, and reading them back quantized makes a prompt attend the same keys
+whether its prefix was cached or computed in this step.
 
 Grid: (cdiv(max_seqlen_q, BLOCK_M), seqs, heads). A program owns BLOCK_M query
 rows of one head of one sequence: it first sweeps the prefix tiles (no mask),
@@ -32,12 +35,14 @@ from nanovllm.kernels.triton_attention_tiles import LOG2E, online_softmax_step, 
 # would recompile the kernel for widths of 1 or multiples of 16 in the middle of a run.
 @triton.jit(do_not_specialize=["stride_bt"])
 def _prefill_kernel(
-    q_ptr, k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_q_ptr, cu_k_ptr, o_ptr,
+    q_ptr, k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, cu_q_ptr, cu_k_ptr,
+    o_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_cb, stride_ct, stride_ch, stride_bt, stride_ot, stride_oh,
+    stride_cb, stride_ct, stride_ch, stride_sb, stride_bt, stride_ot, stride_oh,
     scale_log2,
     PAGE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_PREFIX: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_PREFIX: tl.constexpr, QUANTIZED: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     m_block = tl.program_id(0)
     seq = tl.program_id(1)
@@ -57,23 +62,32 @@ def _prefill_kernel(
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
+    prefix_len = 0
+    table = block_tables_ptr + seq * stride_bt
     if HAS_PREFIX:
         prefix_len = tl.load(cu_k_ptr + seq + 1) - tl.load(cu_k_ptr + seq) - q_len
         for tile in range(0, prefix_len, BLOCK_N):
             pos = tile + tl.arange(0, BLOCK_N)
             pos_mask = pos < prefix_len
-            k, v = paged_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bt, pos, pos_mask,
-                                 kv_head * stride_ch, d, d_mask, stride_cb, stride_ct, PAGE)
+            k, v = paged_kv_tile(k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table, pos, pos_mask, kv_head,
+                                 d, d_mask, stride_cb, stride_ct, stride_ch, stride_sb, q.dtype, PAGE, QUANTIZED)
             m, l, acc = online_softmax_step(q, k, v, pos_mask[None, :], m, l, acc, scale_log2, PRECISION)
 
     last = tl.minimum(q_len, (m_block + 1) * BLOCK_M)
     for tile in range(0, last, BLOCK_N):
         cols = tile + tl.arange(0, BLOCK_N)
         col_mask = cols < q_len
-        kv_rows = (q_start + cols).to(tl.int64)
-        kv_mask = col_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_ptr + kv_rows[:, None] * stride_kt + kv_head * stride_kh + d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_ptr + kv_rows[:, None] * stride_vt + kv_head * stride_vh + d[None, :], mask=kv_mask, other=0.0)
+        if QUANTIZED:  # the new tokens as the cache holds them
+            k, v = paged_kv_tile(k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table, prefix_len + cols,
+                                 col_mask, kv_head, d, d_mask, stride_cb, stride_ct, stride_ch, stride_sb, q.dtype,
+                                 PAGE, QUANTIZED)
+        else:
+            kv_rows = (q_start + cols).to(tl.int64)
+            kv_mask = col_mask[:, None] & d_mask[None, :]
+            k = tl.load(k_ptr + kv_rows[:, None] * stride_kt + kv_head * stride_kh + d[None, :], mask=kv_mask,
+                        other=0.0)
+            v = tl.load(v_ptr + kv_rows[:, None] * stride_vt + kv_head * stride_vh + d[None, :], mask=kv_mask,
+                        other=0.0)
         causal = (cols[None, :] <= rows[:, None]) & col_mask[None, :]
         m, l, acc = online_softmax_step(q, k, v, causal, m, l, acc, scale_log2, PRECISION)
 
@@ -84,10 +98,12 @@ def _prefill_kernel(
 
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                       v_cache: torch.Tensor, block_tables: torch.Tensor | None, cu_seqlens_q: torch.Tensor,
-                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, scale: float) -> torch.Tensor:
+                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, scale: float,
+                      k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its cached prefix and themselves.
 
-    `block_tables` None means no sequence has a cached prefix.
+    `block_tables` None means no sequence has a cached prefix; an FP8 cache (with
+    `k_scale`, `v_scale`) needs them always, as every key is read from it.
     """
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.size(1)
@@ -95,19 +111,24 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache
     assert q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1
     o = torch.empty_like(q)
     has_prefix = block_tables is not None
+    quantized = k_scale is not None
+    assert has_prefix or not quantized
     if not has_prefix:  # never read: the prefix sweep is compiled out
         k_cache = v_cache = block_tables = k
+    if not quantized:  # never read: the scaling is compiled out
+        k_scale = v_scale = cu_seqlens_k
     fp32 = q.dtype == torch.float32
     block_m, block_n = (32, 32) if fp32 else (64, 64)
     grid = (triton.cdiv(max_seqlen_q, block_m), num_seqs, num_heads)
     _prefill_kernel[grid](
-        q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cu_seqlens_k, o,
+        q, k, v, k_cache, v_cache, k_scale, v_scale, block_tables, cu_seqlens_q, cu_seqlens_k, o,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0), o.stride(0), o.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_scale.stride(0), block_tables.stride(0),
+        o.stride(0), o.stride(1),
         scale * LOG2E,
         PAGE=k_cache.size(1) if has_prefix else 16, GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=block_m, BLOCK_N=block_n,
-        HAS_PREFIX=has_prefix, PRECISION="ieee" if fp32 else "tf32",
+        HAS_PREFIX=has_prefix, QUANTIZED=quantized, PRECISION="ieee" if fp32 else "tf32",
         num_warps=4, num_stages=2,
     )
     return o

@@ -13,15 +13,16 @@ from nanovllm.utils.context import Context, get_context
 
 class AttentionBackend(Protocol):
     """What an attention implementation provides; caches are [blocks, block_size, kv_heads, d] and hold
-    this step's K/V already."""
+    this step's K/V already. An FP8 cache comes with its scales, [blocks, kv_heads, block_size]."""
 
     supports_cuda_graphs: bool
 
     def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, context: Context, scale: float) -> torch.Tensor: ...
+                v_cache: torch.Tensor, context: Context, scale: float, k_scale: torch.Tensor | None = None,
+                v_scale: torch.Tensor | None = None) -> torch.Tensor: ...
 
-    def decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-               context: Context, scale: float) -> torch.Tensor: ...
+    def decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, context: Context, scale: float,
+               k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
 def make_attention_backend(name: str) -> AttentionBackend:
@@ -41,8 +42,9 @@ class Attention(nn.Module):
     The rotation and the store are one step (one kernel on CUDA), so that k is
     written to the cache once, already rotated. `k_cache`/`v_cache` are views
     into the runner's KV tensor, bound after the cache is allocated; before
-    that (warm-up) nothing is stored. The runner also sets `backend` to the one
-    the config chose.
+    that (warm-up) nothing is stored. An FP8 cache also binds `k_scale` and
+    `v_scale` (None otherwise). The runner also sets `backend` to the one the
+    config chose.
     """
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, rotary: RotaryEmbedding,
@@ -55,6 +57,7 @@ class Attention(nn.Module):
         self.rotary_emb = rotary
         self.backend = backend or TorchAttentionBackend()
         self.k_cache = self.v_cache = torch.tensor([])
+        self.k_scale = self.v_scale = None
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None) -> torch.Tensor:
@@ -62,10 +65,12 @@ class Attention(nn.Module):
         q and k head before the rotation."""
         # positions: [tokens]; q: [tokens, heads, d]; k, v: [tokens, kv_heads, d] -> [tokens, heads * d]
         context = get_context()
-        cache = KVCacheWrite(v, self.k_cache, self.v_cache, context.slot_mapping) if self.k_cache.numel() else None
+        scales = self.k_scale, self.v_scale
+        cache = (KVCacheWrite(v, self.k_cache, self.v_cache, context.slot_mapping, *scales)
+                 if self.k_cache.numel() else None)
         q, k = self.rotary_emb(positions, q, k, q_norm, k_norm, cache)
         if context.is_prefill:
-            o = self.backend.prefill(q, k, v, self.k_cache, self.v_cache, context, self.scale)
+            o = self.backend.prefill(q, k, v, self.k_cache, self.v_cache, context, self.scale, *scales)
         else:
-            o = self.backend.decode(q, self.k_cache, self.v_cache, context, self.scale)
+            o = self.backend.decode(q, self.k_cache, self.v_cache, context, self.scale, *scales)
         return o.flatten(1)

@@ -13,12 +13,15 @@ from nanovllm.layers.layernorm import RMSNorm, rms_norm
 @dataclass
 class KVCacheWrite:
     """Where a step's K/V go once k is rotated: the layer's caches [num_blocks, block_size, kv_heads,
-    head_dim] at each token's flat slot (-1 = store nothing)."""
+    head_dim] at each token's flat slot (-1 = store nothing), and for an FP8 cache the scales beside
+    them ([num_blocks, kv_heads, block_size])."""
 
     v: torch.Tensor             # [tokens, kv_heads, head_dim]
     k_cache: torch.Tensor
     v_cache: torch.Tensor
     slot_mapping: torch.Tensor  # [tokens]
+    k_scale: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
@@ -66,7 +69,8 @@ class RotaryEmbedding(nn.Module):
         Triton launch."""
         # positions: [tokens]; q: [tokens, heads, head_dim]; k: [tokens, kv_heads, head_dim]
         weights = (None, None, 0.0) if q_norm is None else (q_norm.weight, k_norm.weight, q_norm.eps)
-        targets = () if cache is None else (cache.v, cache.k_cache, cache.v_cache, cache.slot_mapping)
+        targets = () if cache is None else (cache.v, cache.k_cache, cache.v_cache, cache.slot_mapping,
+                                            cache.k_scale, cache.v_scale)
         if q.is_cuda:
             from nanovllm.kernels.triton_norm_rotary_store import norm_rotate_store  # Triton is needed on CUDA only
             return norm_rotate_store(positions, q, k, self.cos_sin, *weights, *targets)
