@@ -24,7 +24,7 @@ import triton.testing
 
 from nanovllm.kernels.fp8_kv import quantize_paged_cache
 from nanovllm.kernels.torch_attention import TorchAttentionBackend
-from nanovllm.kernels.triton_decode_attention import decode_attention, default_num_splits
+from nanovllm.kernels.triton_decode_attention import decode_attention, default_block_n, default_num_splits
 from nanovllm.utils.context import Context
 
 from throughput import hbm_bandwidth, workload
@@ -101,8 +101,9 @@ def main() -> None:
         for ms, (block_n, warps, stages) in sorted(results)[:5]:
             print(f"  block_n={block_n:3d} warps={warps} stages={stages}: {ms * 1e3:7.1f} us, "
                   f"{kv_bytes / ms / 1e6:6.0f} GB/s = {kv_bytes / ms / 1e-3 / bandwidth:.0%} of HBM")
-        default = next(ms for ms, s in results if s == (64, 4, 2))
-        print(f"  current default (64, 4, 2): {default * 1e3:.1f} us")
+        default_setting = (default_block_n(fp8), 4, 2)
+        default = next(ms for ms, s in results if s == default_setting)
+        print(f"  current default {default_setting}: {default * 1e3:.1f} us")
         if fp8:
             print(f"  bf16 cache, current default: {bf16_ms * 1e3:.1f} us; fp8 is {bf16_ms / default:.2f}x faster "
                   f"({bf16_bytes / default / 1e6:,.0f} GB/s of bf16 K/V equivalent)")

@@ -103,15 +103,18 @@ def test_decode_interpreted(num_splits):
 
 
 @interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # bf16: the tiles meet q in fp16
 @pytest.mark.parametrize("cached", [[0, 0], [17, 5]])
-def test_prefill_over_an_fp8_cache_interpreted(cached):
-    check_prefill(paged_case([40, 21], cached, block_size=16, **TINY), fp8=True)
+def test_prefill_over_an_fp8_cache_interpreted(cached, dtype):
+    check_prefill(paged_case([40, 21], cached, block_size=16, dtype=dtype, **TINY), fp8=True)
 
 
 @interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_splits", [1, 3])
-def test_decode_over_an_fp8_cache_interpreted(num_splits):
-    check_decode(decode_case([1, 17, 70], block_size=16, heads=8, kv_heads=2, head_dim=16), num_splits, fp8=True)
+def test_decode_over_an_fp8_cache_interpreted(num_splits, dtype):
+    check_decode(decode_case([1, 17, 70], block_size=16, heads=8, kv_heads=2, head_dim=16, dtype=dtype), num_splits,
+                 fp8=True)
 
 
 @interpreter

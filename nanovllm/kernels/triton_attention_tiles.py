@@ -4,14 +4,25 @@ block table, and one online-softmax update over it.
 The cache layout is k_cache, v_cache: [num_blocks, PAGE, kv_heads, head_dim];
 a tile is BLOCK_N consecutive positions of one sequence and one KV head. An
 FP8 cache (QUANTIZED) has scales k_scale, v_scale: [num_blocks, kv_heads,
-PAGE] fp32 beside it; the tile read multiplies each row by its scale, so no
-full-precision copy of the cache exists outside registers.
+PAGE] fp32 beside it; the tile read converts the values and loads their
+scales, and the softmax step applies the scales, so no full-precision copy of
+the cache exists outside registers.
 """
 
+import torch
 import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634  # scores are kept in base 2: exp(x) = exp2(x * LOG2E)
+_TILE_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+def tile_dtype(q_dtype: torch.dtype, quantized: bool) -> tl.dtype:
+    """The dtype q and the K/V tiles meet in tl.dot: the queries' own, but fp16 for an FP8 cache of a
+    16-bit model. e4m3 values convert to fp16 exactly in one instruction per pair, while bf16 takes a
+    sequence that made the conversions, not the memory, bound the decode kernel; fp16 also holds every
+    bf16 query of realistic size (|q| < 65504) with more mantissa."""
+    return tl.float16 if quantized and q_dtype != torch.float32 else _TILE_DTYPES[q_dtype]
 
 
 @triton.jit
@@ -19,32 +30,45 @@ def paged_kv_tile(k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tabl
                   d, d_mask, stride_cb, stride_ct, stride_ch, stride_sb, dtype: tl.constexpr, PAGE: tl.constexpr,
                   QUANTIZED: tl.constexpr):
     """K and V [BLOCK_N, BLOCK_D] in `dtype` at positions `pos` of the sequence whose table row is
-    `block_table_ptr`; an FP8 cache's values times their scales."""
+    `block_table_ptr`, and for an FP8 cache each position's K and V scales [BLOCK_N] (else 1)."""
     block = tl.load(block_table_ptr + pos // PAGE, mask=pos_mask, other=0).to(tl.int64)
     rows = block * stride_cb + (pos % PAGE) * stride_ct + kv_head * stride_ch
     kv_mask = pos_mask[:, None] & d_mask[None, :]
-    k = tl.load(k_cache_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(v_cache_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    k = tl.load(k_cache_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0).to(dtype)
+    v = tl.load(v_cache_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0).to(dtype)
+    k_scale = 1.0
+    v_scale = 1.0
     if QUANTIZED:
         scale_rows = block * stride_sb + kv_head * PAGE + pos % PAGE
         k_scale = tl.load(k_scale_ptr + scale_rows, mask=pos_mask, other=0.0)
         v_scale = tl.load(v_scale_ptr + scale_rows, mask=pos_mask, other=0.0)
-        k = k.to(tl.float32) * k_scale[:, None]
-        v = v.to(tl.float32) * v_scale[:, None]
-    return k.to(dtype), v.to(dtype)
+    return k, v, k_scale, v_scale
 
 
 @triton.jit
-def online_softmax_step(q, k, v, mask, m, l, acc, scale_log2, PRECISION: tl.constexpr):
+def online_softmax_step(q, k, v, mask, m, l, acc, scale_log2, k_scale, v_scale, PRECISION: tl.constexpr,
+                        QUANTIZED: tl.constexpr):
     """Fold keys k and values v [N, D] into the running max m, sum l and output acc of rows q [M, D].
 
     Scores are in base 2 (`scale_log2` includes log2(e)); `mask` [M, N] or [1, N] marks the keys each row sees.
+    An FP8 cache's scales [N] multiply the scores and the weights rather than the tiles: a few hundred
+    products per tile instead of one per cached value. Every tile has a key to see, so its largest
+    value scale is > 0.
     """
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+    if QUANTIZED:
+        s = s * k_scale[None, :]
     s = tl.where(mask, s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, 1))
     p = tl.exp2(s - m_new[:, None])
     alpha = tl.exp2(m - m_new)
     l = l * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    acc = acc * alpha[:, None]
+    if QUANTIZED:
+        # the weights times each value's scale relative to the tile's largest, so that they stay in
+        # [0, 1] where fp16 keeps their precision; the largest multiplies the tile's sum
+        top = tl.max(v_scale, 0)
+        acc += tl.dot((p * (v_scale / top)[None, :]).to(v.dtype), v, input_precision=PRECISION) * top
+    else:
+        acc += tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return m_new, l, acc

@@ -34,7 +34,7 @@ import triton.language as tl
 from nanovllm.kernels.triton_pdl import pdl_launch, wait_for_previous_kernel
 
 
-FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
+FP8_MAX = tl.constexpr(448.0)  # float8_e4m3fn's largest finite value
 
 
 @triton.jit

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nanovllm.kernels.triton_attention_tiles import LOG2E, online_softmax_step, paged_kv_tile
+from nanovllm.kernels.triton_attention_tiles import LOG2E, online_softmax_step, paged_kv_tile, tile_dtype
 
 
 # The block-table width follows the batch's longest sequence; specialising on it
@@ -42,7 +42,7 @@ def _prefill_kernel(
     scale_log2,
     PAGE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_PREFIX: tl.constexpr, QUANTIZED: tl.constexpr,
-    PRECISION: tl.constexpr,
+    TILE_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
 ):
     m_block = tl.program_id(0)
     seq = tl.program_id(1)
@@ -57,7 +57,7 @@ def _prefill_kernel(
     d = tl.arange(0, BLOCK_D)
     d_mask = d < HEAD_DIM
     q = tl.load(q_ptr + (q_start + rows)[:, None].to(tl.int64) * stride_qt + head * stride_qh + d[None, :],
-                mask=row_mask[:, None] & d_mask[None, :], other=0.0)
+                mask=row_mask[:, None] & d_mask[None, :], other=0.0).to(TILE_DTYPE)
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -69,18 +69,22 @@ def _prefill_kernel(
         for tile in range(0, prefix_len, BLOCK_N):
             pos = tile + tl.arange(0, BLOCK_N)
             pos_mask = pos < prefix_len
-            k, v = paged_kv_tile(k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table, pos, pos_mask, kv_head,
-                                 d, d_mask, stride_cb, stride_ct, stride_ch, stride_sb, q.dtype, PAGE, QUANTIZED)
-            m, l, acc = online_softmax_step(q, k, v, pos_mask[None, :], m, l, acc, scale_log2, PRECISION)
+            k, v, k_scale, v_scale = paged_kv_tile(k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table, pos,
+                                                   pos_mask, kv_head, d, d_mask, stride_cb, stride_ct, stride_ch,
+                                                   stride_sb, q.dtype, PAGE, QUANTIZED)
+            m, l, acc = online_softmax_step(q, k, v, pos_mask[None, :], m, l, acc, scale_log2, k_scale, v_scale,
+                                            PRECISION, QUANTIZED)
 
     last = tl.minimum(q_len, (m_block + 1) * BLOCK_M)
     for tile in range(0, last, BLOCK_N):
         cols = tile + tl.arange(0, BLOCK_N)
         col_mask = cols < q_len
+        k_scale = 1.0
+        v_scale = 1.0
         if QUANTIZED:  # the new tokens as the cache holds them
-            k, v = paged_kv_tile(k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table, prefix_len + cols,
-                                 col_mask, kv_head, d, d_mask, stride_cb, stride_ct, stride_ch, stride_sb, q.dtype,
-                                 PAGE, QUANTIZED)
+            k, v, k_scale, v_scale = paged_kv_tile(k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table,
+                                                   prefix_len + cols, col_mask, kv_head, d, d_mask, stride_cb,
+                                                   stride_ct, stride_ch, stride_sb, q.dtype, PAGE, QUANTIZED)
         else:
             kv_rows = (q_start + cols).to(tl.int64)
             kv_mask = col_mask[:, None] & d_mask[None, :]
@@ -89,7 +93,8 @@ def _prefill_kernel(
             v = tl.load(v_ptr + kv_rows[:, None] * stride_vt + kv_head * stride_vh + d[None, :], mask=kv_mask,
                         other=0.0)
         causal = (cols[None, :] <= rows[:, None]) & col_mask[None, :]
-        m, l, acc = online_softmax_step(q, k, v, causal, m, l, acc, scale_log2, PRECISION)
+        m, l, acc = online_softmax_step(q, k, v, causal, m, l, acc, scale_log2, k_scale, v_scale, PRECISION,
+                                        QUANTIZED)
 
     out = acc / l[:, None]
     tl.store(o_ptr + (q_start + rows)[:, None].to(tl.int64) * stride_ot + head * stride_oh + d[None, :],
@@ -128,7 +133,8 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache
         scale * LOG2E,
         PAGE=k_cache.size(1) if has_prefix else 16, GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=block_m, BLOCK_N=block_n,
-        HAS_PREFIX=has_prefix, QUANTIZED=quantized, PRECISION="ieee" if fp32 else "tf32",
+        HAS_PREFIX=has_prefix, QUANTIZED=quantized, TILE_DTYPE=tile_dtype(q.dtype, quantized),
+        PRECISION="ieee" if fp32 else "tf32",
         num_warps=4, num_stages=2,
     )
     return o
