@@ -57,7 +57,9 @@ def test_serve_answers_completions_then_stops(qwen3_dir):
         process.terminate()
         # uvicorn shuts down gracefully, then re-raises the signal it caught
         assert process.wait(timeout=30) in (0, -signal.SIGTERM)
-    assert "Application shutdown complete" in process.stdout.read()
+    log = process.stdout.read()
+    assert "Application shutdown complete" in log
+    assert f"KV cache: {ENGINE_ARGS['num_kvcache_blocks']} blocks of {ENGINE_ARGS['kvcache_block_size']} tokens" in log
 
 
 def test_serve_reports_a_bad_model_folder(tmp_path):

@@ -4,6 +4,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import sys
 from importlib.metadata import PackageNotFoundError, version
 
 import uvicorn
@@ -195,6 +196,10 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | 
     settings = ServerSettings(served_model_name or model, api_key, max_waiting,
                               max_request_bytes=max_request_bytes)
     engine = OnlineEngine(model, **engine_kwargs)
+    info = engine.client.info
+    print(f"nanovllm serve: KV cache: {info.num_kvcache_blocks} blocks of {info.block_size} tokens "
+          f"({info.num_kvcache_blocks * info.block_size:,} tokens, {engine.config.kv_cache_dtype})", file=sys.stderr,
+          flush=True)
     config = uvicorn.Config(build_app(engine, settings), host=host, port=port, log_level="info",
                             timeout_graceful_shutdown=shutdown_timeout)
     try:
