@@ -44,6 +44,17 @@ def scattered_slots(tokens: int, num_slots: int) -> torch.Tensor:
     return slots
 
 
+def store_inputs(shape: tuple, dtype: torch.dtype, seed: int):
+    """A normalising rotary layer, positions, q/k/v views, and how many blocks of BLOCK_SIZE hold twice
+    the tokens."""
+    tokens, heads, kv_heads, head_dim = shape
+    torch.manual_seed(seed)
+    rotary, weights = rotary_and_weights(head_dim, dtype, norm=True)
+    qkv = qkv_views(tokens, heads, kv_heads, head_dim, dtype)
+    positions = torch.randint(0, 4096, (tokens,), device=DEVICE)
+    return rotary, weights, positions, qkv, (2 * tokens + BLOCK_SIZE - 1) // BLOCK_SIZE
+
+
 @pytest.mark.parametrize("norm", [True, False])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
@@ -67,11 +78,7 @@ def test_equals_the_torch_reference(shape, dtype, norm):
 @pytest.mark.parametrize("shape", SHAPES)
 def test_stores_the_rotated_k_and_v_at_their_slots_and_nothing_else(shape, dtype):
     tokens, heads, kv_heads, head_dim = shape
-    torch.manual_seed(1)
-    rotary, weights = rotary_and_weights(head_dim, dtype, norm=True)
-    q, k, v = qkv_views(tokens, heads, kv_heads, head_dim, dtype)
-    positions = torch.randint(0, 4096, (tokens,), device=DEVICE)
-    num_blocks = (2 * tokens + BLOCK_SIZE - 1) // BLOCK_SIZE
+    rotary, weights, positions, (q, k, v), num_blocks = store_inputs(shape, dtype, seed=1)
     k_cache = torch.randn(num_blocks, BLOCK_SIZE, kv_heads, head_dim, device=DEVICE, dtype=dtype)
     v_cache = torch.randn_like(k_cache)
     slots = scattered_slots(tokens, num_blocks * BLOCK_SIZE)
@@ -87,12 +94,8 @@ def test_stores_the_rotated_k_and_v_at_their_slots_and_nothing_else(shape, dtype
 @pytest.mark.parametrize("shape", SHAPES)
 def test_quantizes_into_an_fp8_cache_as_the_torch_store_does(shape, dtype):
     tokens, heads, kv_heads, head_dim = shape
-    torch.manual_seed(3)
-    rotary, weights = rotary_and_weights(head_dim, dtype, norm=True)
-    q, k, v = qkv_views(tokens, heads, kv_heads, head_dim, dtype)
+    rotary, weights, positions, (q, k, v), num_blocks = store_inputs(shape, dtype, seed=3)
     v[-1] = 0  # an all-zero head gets scale 1
-    positions = torch.randint(0, 4096, (tokens,), device=DEVICE)
-    num_blocks = (2 * tokens + BLOCK_SIZE - 1) // BLOCK_SIZE
     caches = [torch.zeros(num_blocks, BLOCK_SIZE, kv_heads, head_dim, device=DEVICE, dtype=FP8_DTYPE)
               for _ in range(2)]
     scales = [torch.full((num_blocks, kv_heads, BLOCK_SIZE), -1.0, device=DEVICE) for _ in range(2)]
