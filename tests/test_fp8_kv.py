@@ -69,3 +69,16 @@ def test_bundled_model_answers_as_with_a_full_precision_cache(smollm_dir):
         runs[dtype] = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=24), use_tqdm=False)
     assert [o.outputs[0].token_ids[0] for o in runs["fp8"]] == [o.outputs[0].token_ids[0] for o in runs["auto"]]
     assert "Paris" in runs["fp8"][0].outputs[0].text
+
+
+def test_chunked_prefill_and_two_ranks_give_the_outputs_of_one_whole_prefill(qwen3_dir):
+    prompts = random_prompts([150, 7, 61], seed=31)
+    whole = engine(qwen3_dir, device="cpu", kv_cache_dtype="fp8", enable_chunked_prefill=False,
+                   max_num_batched_tokens=256).generate(prompts, GREEDY, use_tqdm=False)
+    chunked = engine(qwen3_dir, device="cpu", kv_cache_dtype="fp8", max_num_batched_tokens=32)
+    assert token_ids(chunked.generate(prompts, GREEDY, use_tqdm=False)) == token_ids(whole)
+    split = engine(qwen3_dir, device="cpu", kv_cache_dtype="fp8", tensor_parallel_size=2)
+    try:
+        assert token_ids(split.generate(prompts, GREEDY, use_tqdm=False)) == token_ids(whole)
+    finally:
+        split.close()
