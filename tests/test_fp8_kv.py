@@ -59,7 +59,7 @@ def test_the_cache_holds_as_many_blocks_as_its_smaller_blocks_fit(qwen3_dir):
 
 def test_bundled_model_answers_as_with_a_full_precision_cache(smollm_dir):
     # FP8 keys move the scores of this 135M model enough to change later greedy picks (see the issue's
-    # note: 3 of 16 completions identical over 64 tokens); the first tokens and the facts hold
+    # note: 2 of 16 completions identical over 64 tokens); the first tokens and the facts hold
     questions = ["What is the capital of France?", "Name three primary colors.", "What is 12 times 7?",
                  "What does DNA stand for?"]
     runs = {}
