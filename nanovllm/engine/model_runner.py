@@ -14,7 +14,7 @@ from nanovllm.engine.runner_output import PendingOutput, PromptScores
 from nanovllm.engine.sampling_batch import samples_only_with_temperatures, sampling_tensors
 from nanovllm.engine.scheduler_output import PLACEHOLDER, SchedulerOutput
 from nanovllm.engine.structured_output import GrammarBitmasks
-from nanovllm.kernels.fp8_kv import FP8_DTYPE
+from nanovllm.kernels.fp8_kv import FP8_DTYPE, SCALE_DTYPE
 from nanovllm.layers.attention import Attention, make_attention_backend
 from nanovllm.layers.sampler import Sampler, SamplerOutput, SamplingTensors, token_logprobs
 from nanovllm.models import model_class
@@ -145,7 +145,7 @@ class ModelRunner:
         attn = self.attention_layers[0]
         head_bytes = attn.head_dim * self._kv_cache_dtype.itemsize
         if self.config.kv_cache_dtype == "fp8":
-            head_bytes += torch.float32.itemsize  # the head's scale
+            head_bytes += SCALE_DTYPE.itemsize  # the head's scale
         return 2 * len(self.attention_layers) * self.block_size * attn.num_kv_heads * head_bytes
 
     def _cpu_blocks_that_fit(self, block_bytes: int) -> int:
@@ -209,7 +209,7 @@ class ModelRunner:
         if self.config.kv_cache_dtype == "fp8":
             # kv_scales: [2, layers, blocks, kv_heads, block_size], ones so an unwritten slot reads as zeros
             self.kv_scales = torch.ones(2, len(layers), num_blocks, num_kv_heads, self.block_size,
-                                        dtype=torch.float32, device=self.device)
+                                        dtype=SCALE_DTYPE, device=self.device)
             for i, layer in enumerate(layers):
                 layer.k_scale, layer.v_scale = self.kv_scales[0, i], self.kv_scales[1, i]
         return num_blocks

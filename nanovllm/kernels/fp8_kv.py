@@ -17,6 +17,7 @@ import torch
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # e4m3fn's largest finite value
+SCALE_DTYPE = torch.float32
 
 
 def quantize_heads(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -24,7 +25,7 @@ def quantize_heads(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # x: [tokens, kv_heads, head_dim] -> [tokens, kv_heads, head_dim] fp8, scales [tokens, kv_heads]
     amax = x.float().abs().amax(-1)
     scale = torch.where(amax > 0, amax / FP8_MAX, 1.0)
-    return (x.float() / scale.unsqueeze(-1)).to(FP8_DTYPE), scale
+    return (x.float() / scale.unsqueeze(-1)).to(FP8_DTYPE), scale.to(SCALE_DTYPE)
 
 
 def dequantize_heads(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -31,10 +31,11 @@ import torch
 import triton
 import triton.language as tl
 
+from nanovllm.kernels.fp8_kv import FP8_MAX
 from nanovllm.kernels.triton_pdl import pdl_launch, wait_for_previous_kernel
 
 
-FP8_MAX = tl.constexpr(448.0)  # float8_e4m3fn's largest finite value
+_FP8_MAX = tl.constexpr(FP8_MAX)
 
 
 @triton.jit
@@ -47,7 +48,7 @@ def _store_head(x1, x2, cache_ptr, scale_ptr, slot, kv_head, lanes, mask, NUM_KV
         x1 = x1.to(tl.float32)
         x2 = x2.to(tl.float32)
         amax = tl.maximum(tl.max(tl.where(mask, tl.abs(x1), 0.0), 0), tl.max(tl.where(mask, tl.abs(x2), 0.0), 0))
-        scale = tl.where(amax > 0, amax / FP8_MAX, 1.0)
+        scale = tl.where(amax > 0, amax / _FP8_MAX, 1.0)
         tl.store(scale_ptr + ((slot // PAGE) * NUM_KV_HEADS + kv_head) * PAGE + slot % PAGE, scale)
         x1 = x1 / scale
         x2 = x2 / scale
