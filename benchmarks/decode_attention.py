@@ -3,7 +3,8 @@
 Shapes are those of the throughput workload (Qwen3-0.6B: 16 heads, 8 KV heads,
 head_dim 128, bf16, KV blocks of 256): all 256 sequences right after their
 prefill, the same 512 steps later, one sequence of the latency figure, one
-long context and a medium batch. Each kernel setting is timed with the L2
+long context and a medium batch. The kernel starts the sequences longest
+context first, as the engine runs it. Each kernel setting is timed with the L2
 cache flushed; bandwidth counts the K and V bytes the batch must read. The
 default tile is also timed at 1 to 32 context splits.
 
@@ -46,7 +47,8 @@ def cases() -> dict[str, list[int]]:
 
 
 def paged_inputs(context_lens: list[int]) -> tuple:
-    """A query per sequence and a cache whose blocks are handed out in random order."""
+    """A query per sequence, a cache whose blocks are handed out in random order, and the order the
+    engine starts the sequences in."""
     blocks_per_seq = [(n + PAGE - 1) // PAGE for n in context_lens]
     num_blocks = sum(blocks_per_seq)
     order = torch.randperm(num_blocks).tolist()
@@ -60,7 +62,7 @@ def paged_inputs(context_lens: list[int]) -> tuple:
     v_cache = torch.randn_like(k_cache)
     block_tables = torch.tensor(tables, dtype=torch.int32, device="cuda")
     lens = torch.tensor(context_lens, dtype=torch.int32, device="cuda")
-    return q, k_cache, v_cache, block_tables, lens
+    return q, k_cache, v_cache, block_tables, lens, torch.argsort(lens, descending=True)
 
 
 def main() -> None:
@@ -76,13 +78,14 @@ def main() -> None:
     settings = list(itertools.product([32, 64, 128], [2, 4, 8], [1, 2, 3, 4]))
     totals = {s: 0.0 for s in settings}
     for name, context_lens in cases().items():
-        q, k_cache, v_cache, block_tables, lens = paged_inputs(context_lens)
+        q, k_cache, v_cache, block_tables, lens, order = paged_inputs(context_lens)
         bf16_bytes = 2 * sum(context_lens) * KV_HEADS * HEAD_DIM * k_cache.element_size()
         context = Context(is_prefill=False, max_seqlen_k=max(context_lens), context_lens=lens,
                           block_tables=block_tables)
         scales = {}
         if fp8:
-            bf16_ms = triton.testing.do_bench(lambda: decode_attention(q, k_cache, v_cache, block_tables, lens, scale))
+            bf16_ms = triton.testing.do_bench(
+                lambda: decode_attention(q, k_cache, v_cache, block_tables, lens, scale, seq_order=order))
             (k_cache, scales["k_scale"]), (v_cache, scales["v_scale"]) = map(quantize_paged_cache, (k_cache, v_cache))
         kv_bytes = 2 * sum(context_lens) * KV_HEADS * (HEAD_DIM * k_cache.element_size() + (4 if fp8 else 0))
         torch_ms = triton.testing.do_bench(
@@ -95,7 +98,7 @@ def main() -> None:
             block_n, warps, stages = setting
             ms = triton.testing.do_bench(lambda: decode_attention(
                 q, k_cache, v_cache, block_tables, lens, scale,
-                block_n=block_n, num_warps=warps, num_stages=stages, **scales))
+                block_n=block_n, num_warps=warps, num_stages=stages, seq_order=order, **scales))
             totals[setting] += ms
             results.append((ms, setting))
         for ms, (block_n, warps, stages) in sorted(results)[:5]:
@@ -108,7 +111,7 @@ def main() -> None:
             print(f"  bf16 cache, current default: {bf16_ms * 1e3:.1f} us; fp8 is {bf16_ms / default:.2f}x faster "
                   f"({bf16_bytes / default / 1e6:,.0f} GB/s of bf16 K/V equivalent)")
         by_splits = {n: triton.testing.do_bench(lambda: decode_attention(
-            q, k_cache, v_cache, block_tables, lens, scale, num_splits=n, **scales))
+            q, k_cache, v_cache, block_tables, lens, scale, num_splits=n, seq_order=order, **scales))
             for n in (1, 2, 4, 8, 16, 32)}
         print("  default tile by context splits: " + ", ".join(f"{n}: {ms * 1e3:.1f} us"
                                                              for n, ms in by_splits.items()))

@@ -21,7 +21,7 @@ def blocks(num_tokens: int, first_block: int) -> list[int]:
 
 def test_real_rows_hold_token_position_slot_length_temperature_and_table():
     # a request of 6 tokens computes its last one at position 5; one of 9 tokens at position 8
-    ids, src, positions, slots, lens, temperatures, _, tables = make_buffers().load(
+    ids, src, positions, slots, lens, temperatures, _, _, tables = make_buffers().load(
         [6, 9], [-1, -1], [5, 8], [0.0, 0.7], [blocks(6, first_block=100), blocks(9, first_block=200)], 2)
     assert ids.tolist() == [6, 9]
     assert temperatures.dtype == torch.float64 and temperatures.tolist() == [0.0, 0.7]
@@ -48,7 +48,7 @@ def test_padding_rows_are_valid_indices_after_a_smaller_step_left_other_fields_t
     buffers = make_buffers()
     for _ in range(2):
         buffers.load([30], [-1], [29], [0.5], [blocks(30, first_block=5000)], 1)
-    ids, src, positions, slots, lens, temperatures, _, tables = buffers.load(
+    ids, src, positions, slots, lens, temperatures, _, _, tables = buffers.load(
         [3, 5], [-1, -1], [2, 4], [0.5, 0.5], [blocks(3, first_block=7), blocks(5, first_block=9)], 16)
     assert ids[2:].tolist() == [0] * 14
     assert src[2:].tolist() == [-1] * 14
@@ -58,6 +58,13 @@ def test_padding_rows_are_valid_indices_after_a_smaller_step_left_other_fields_t
     assert temperatures[2:].tolist() == [0.0] * 14
     assert (tables[2:] == -1).all()
     assert ids[:2].tolist() == [3, 5] and positions[:2].tolist() == [2, 4]
+
+
+def test_seq_order_lists_the_rows_longest_context_first_and_padding_last():
+    *_, lens, _, _, order, _ = make_buffers().load(
+        [1, 2, 3], [-1, -1, -1], [4, 9, 6], [0.0] * 3, [blocks(5, 10), blocks(10, 20), blocks(7, 30)], 4)
+    assert lens.tolist() == [5, 10, 7, 0]
+    assert order.tolist() == [1, 2, 0, 3]
 
 
 def test_consecutive_loads_use_different_host_buffers_and_leave_the_previous_one_alone():

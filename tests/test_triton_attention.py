@@ -44,12 +44,14 @@ def check_prefill(case, fp8=False):
     torch.testing.assert_close(got, want, atol=TOLERANCE[case.q.dtype], rtol=TOLERANCE[case.q.dtype])
 
 
-def check_decode(case, num_splits=None, fp8=False):
+def check_decode(case, num_splits=None, fp8=False, longest_first=False):
+    """`longest_first`: the sequences start in the order the engine gives, longest context first."""
     k_cache, v_cache, *scales = stored(case, fp8)
     context, scale = case.decode_context(), case.q.size(-1) ** -0.5
     want = TorchAttentionBackend().decode(case.q, k_cache, v_cache, context, scale, *scales)
+    order = torch.argsort(context.context_lens, descending=True) if longest_first else None
     got = decode_attention(case.q, k_cache, v_cache, context.block_tables, context.context_lens, scale, num_splits,
-                           **dict(zip(["k_scale", "v_scale"], scales)))
+                           seq_order=order, **dict(zip(["k_scale", "v_scale"], scales)))
     torch.testing.assert_close(got, want, atol=TOLERANCE[case.q.dtype], rtol=TOLERANCE[case.q.dtype])
 
 
@@ -103,6 +105,14 @@ def test_decode_interpreted(num_splits):
 
 
 @interpreter
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_longest_first_interpreted(num_splits):
+    # launch row i runs sequence order[i] = 2, 0, 1 and writes that sequence's rows
+    check_decode(decode_case([17, 1, 70], block_size=16, heads=8, kv_heads=2, head_dim=16), num_splits,
+                 longest_first=True)
+
+
+@interpreter
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # bf16: the tiles meet q in fp16
 @pytest.mark.parametrize("cached", [[0, 0], [17, 5]])
 def test_prefill_over_an_fp8_cache_interpreted(cached, dtype):
@@ -147,6 +157,17 @@ def test_decode_on_gpu(dtype, block_size, group, num_splits, head_dim):
     case = decode_case(GPU_LENGTHS, block_size=block_size, heads=2 * group, kv_heads=2, head_dim=head_dim,
                        dtype=dtype, device="cuda")
     check_decode(case, num_splits)
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_splits", [None, 7])
+def test_decode_on_gpu_longest_first(dtype, num_splits):
+    torch.manual_seed(0)
+    lengths = [GPU_LENGTHS[i] for i in torch.randperm(len(GPU_LENGTHS)).tolist()]
+    case = decode_case(lengths, block_size=16, heads=16, kv_heads=8, head_dim=128, dtype=dtype, device="cuda")
+    check_decode(case, num_splits, longest_first=True)
 
 
 @pytest.mark.gpu

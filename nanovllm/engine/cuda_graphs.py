@@ -40,8 +40,8 @@ class DecodeGraphs:
     def _capture_all(self) -> None:
         pool = None
         for size in reversed(self.sizes):  # largest first, so smaller graphs fit in its pool
-            input_ids, src_rows, positions, slot_mapping, context_lens, temperatures, seeds, block_tables = \
-                self.buffers.views(size)
+            input_ids, src_rows, positions, slot_mapping, context_lens, temperatures, seeds, seq_order, \
+                block_tables = self.buffers.views(size)
             # padding rows, as the buffers define them; the views of sizes overlap, so a larger
             # size's -1s would otherwise be read here as token ids and positions
             input_ids.zero_()
@@ -50,8 +50,9 @@ class DecodeGraphs:
             slot_mapping.fill_(-1)
             context_lens.zero_()
             temperatures.zero_()
+            torch.arange(size, out=seq_order)
             context = Context(is_prefill=False, slot_mapping=slot_mapping, context_lens=context_lens,
-                              block_tables=block_tables)
+                              block_tables=block_tables, seq_order=seq_order)
             inputs = (input_ids, src_rows, positions, temperatures, seeds)
             with forward_context(context):
                 self.step(*inputs)  # compiles the kernels first

@@ -7,7 +7,7 @@ import torch
 
 from nanovllm.layers.sampler import SEED_RANGE
 
-_FIELDS = 7  # input_ids, src_rows, positions, slot_mapping, context_lens, temperatures, seeds
+_FIELDS = 8  # input_ids, src_rows, positions, slot_mapping, context_lens, temperatures, seeds, seq_order
 _TEMPERATURES = 5
 
 
@@ -16,7 +16,7 @@ class DecodeBuffers:
 
     For a step padded to `size` rows the int64 layout is
     input_ids[size] | src_rows[size] | positions[size] | slot_mapping[size] | context_lens[size]
-    | temperatures[size] | seeds[size] | block_tables[size, width],
+    | temperatures[size] | seeds[size] | seq_order[size] | block_tables[size, width],
     so the device views of a given size always sit at the same addresses: a CUDA
     graph captured on them replays on the next step's copy. `src_rows[i] >= 0`
     means row i's token is the previous step's sampled id of that row, still on
@@ -24,7 +24,10 @@ class DecodeBuffers:
     float64 values in their int64 slots (the views reinterpret them), so that
     they travel in the same copy. Each row's sampling noise comes from its seed,
     drawn afresh every step by a generator seeded with `seed`, so that a
-    replayed graph draws new noise without a kernel to make it. Rows past the
+    replayed graph draws new noise without a kernel to make it. `seq_order`
+    lists the rows by context length, longest first: decode attention starts
+    its programs in that order, so that no long context is left running alone
+    at the end of the kernel. Rows past the
     real sequences are padding: token 0 at position 0 (valid indices for the
     embedding and the rotary table), slot -1 (store nothing), context length 0
     (read nothing), temperature 0 (greedy).
@@ -55,7 +58,7 @@ class DecodeBuffers:
 
     def views(self, size: int) -> tuple[torch.Tensor, ...]:
         """Device (input_ids, src_rows, positions, slot_mapping, context_lens, temperatures, seeds,
-        block_tables) of `size` rows."""
+        seq_order, block_tables) of `size` rows."""
         if size not in self._device_views:
             self._device_views[size] = self._split(self.device, size, torch.float64)
         return self._device_views[size]
@@ -71,7 +74,7 @@ class DecodeBuffers:
         """
         host = self._host_arrays[self._turn]
         n, bs = len(input_ids), self.block_size
-        ids, src, pos, slots, lens, temps, seeds, tables = self._split(host, size, np.float64)
+        ids, src, pos, slots, lens, temps, seeds, order, tables = self._split(host, size, np.float64)
         ids[:n] = input_ids
         src[:n] = src_rows
         pos[:n] = positions
@@ -84,6 +87,7 @@ class DecodeBuffers:
         lens[n:] = 0
         temps[n:] = 0.0
         seeds[:] = self._rng.integers(0, SEED_RANGE, size)
+        order[:] = np.argsort(-lens, kind="stable")
         tables.fill(-1)  # the pad the Context promises
         # every block table in one pass: row i takes widths[i] entries of the concatenation
         widths = np.fromiter((len(table) for table in block_tables), np.int64, n)

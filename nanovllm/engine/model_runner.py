@@ -298,11 +298,11 @@ class ModelRunner:
         temperatures = [p.temperature for p in out.sampling_params] if self._decode_step.samples else [0.0] * n
         inputs = self.decode_buffers.load([ids[0] for ids in out.token_ids], self._src_rows(out),
                                           out.num_computed_tokens, temperatures, out.block_tables, size)
-        input_ids, src_rows, positions, slots, context_lens, temperatures, seeds, block_tables = inputs
+        input_ids, src_rows, positions, slots, context_lens, temperatures, seeds, seq_order, block_tables = inputs
         if self.graphs is not None and self.graphs.captured(size):
             return self.graphs.replay(size)[:n]
         context = Context(is_prefill=False, slot_mapping=slots, max_seqlen_k=max(out.num_computed_tokens) + 1,
-                          context_lens=context_lens, block_tables=block_tables)
+                          context_lens=context_lens, block_tables=block_tables, seq_order=seq_order)
         with forward_context(context):
             return self._decode_step(input_ids, src_rows, positions, temperatures, seeds, sample)[:n]
 

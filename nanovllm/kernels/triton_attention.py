@@ -21,4 +21,4 @@ class TritonAttentionBackend:
     def decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, context: Context, scale: float,
                k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
         return decode_attention(q, k_cache, v_cache, context.block_tables, context.context_lens, scale,
-                                k_scale=k_scale, v_scale=v_scale)
+                                k_scale=k_scale, v_scale=v_scale, seq_order=context.seq_order)

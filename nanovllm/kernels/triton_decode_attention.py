@@ -3,14 +3,19 @@
 One query token per sequence. Layouts: q: [seqs, heads, head_dim];
 k_cache, v_cache: [num_blocks, block_size, kv_heads, head_dim] (for an FP8
 cache, with k_scale, v_scale: [num_blocks, kv_heads, block_size] fp32);
-block_tables: [seqs, max_blocks] (int32); context_lens: [seqs] (0 = padded slot).
+block_tables: [seqs, max_blocks] (int32); context_lens: [seqs] (0 = padded slot);
+seq_order: [seqs], optional, the sequences longest context first.
 
 Pass 1, grid (kv_heads, seqs, num_splits): a program takes one KV head, one
-sequence and one slice of the context. The KV heads of a sequence are
-neighbours in the launch order, so they read the interleaved head rows of the
-same cache lines' pages at about the same time. All query heads of that KV head (the GQA
-group, padded to 16 rows for tl.dot) share each K/V tile it loads. It keeps an
-online softmax and writes its slice's normalised output and log-sum-exp (base 2).
+sequence and one slice of the context. Programs start in launch order, and
+launch row i takes sequence seq_order[i]: longest context first, so that short
+ones fill the SMs at the end rather than one long context running on alone
+(the throughput workload's 256 sequences, H100: 208 us against 216 us in batch
+order). The KV heads of a sequence are neighbours in the launch order, so they
+read the interleaved head rows of the same pages at about the same time. All
+query heads of that KV head (the GQA group, padded to 16 rows for tl.dot)
+share each K/V tile it loads. It keeps an online softmax and writes its
+slice's normalised output and log-sum-exp (base 2).
 Pass 2, grid (seqs, heads): merges the slices, weighting each by exp2(lse - max).
 With one split pass 1 writes the final output and pass 2 is skipped.
 
@@ -38,17 +43,20 @@ _MAX_SPLITS = 32
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, context_lens_ptr, o_ptr, lse_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, context_lens_ptr, seq_order_ptr,
+    o_ptr, lse_ptr,
     stride_qs, stride_qh, stride_kb, stride_kt, stride_kh, stride_sb, stride_bt,
     stride_os, stride_oh, stride_osp, stride_ls, stride_lh,
     scale_log2,
     PAGE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr,
-    QUANTIZED: tl.constexpr, TILE_DTYPE: tl.constexpr, PDL: tl.constexpr,
+    QUANTIZED: tl.constexpr, TILE_DTYPE: tl.constexpr, ORDERED: tl.constexpr, PDL: tl.constexpr,
 ):
     wait_for_previous_kernel(PDL)
     kv_head = tl.program_id(0)
     seq = tl.program_id(1)
+    if ORDERED:
+        seq = tl.load(seq_order_ptr + seq)
     split = tl.program_id(2)
     context_len = tl.load(context_lens_ptr + seq)
     tiles_per_split = tl.cdiv(tl.cdiv(context_len, BLOCK_N), NUM_SPLITS)
@@ -128,12 +136,14 @@ def default_num_splits(num_seqs: int, num_kv_heads: int, device: torch.device) -
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                      context_lens: torch.Tensor, scale: float, num_splits: int | None = None,
                      block_n: int | None = None, num_warps: int = _NUM_WARPS, num_stages: int = _NUM_STAGES,
-                     k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
+                     k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+                     seq_order: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of one query per sequence over its `context_lens[i]` cached tokens -> [seqs, heads, head_dim].
 
     `block_n` (None: `default_block_n`), `num_warps` and `num_stages` are the split
     kernel's tile and launch settings (benchmarks/decode_attention.py sweeps them). `k_scale`/`v_scale`
-    come with an FP8 cache.
+    come with an FP8 cache. `seq_order` (None: batch order) is the order the sequences start in,
+    best longest context first.
     """
     num_seqs, num_heads, head_dim = q.shape
     page, num_kv_heads = k_cache.size(1), k_cache.size(2)
@@ -152,15 +162,18 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     block_n = block_n or default_block_n(quantized)
     if not quantized:  # never read: the scaling is compiled out
         k_scale = v_scale = lse
+    ordered = seq_order is not None
     _decode_split_kernel[(num_kv_heads, num_seqs, num_splits)](
-        q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, partial, lse,
+        q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, seq_order if ordered else context_lens,
+        partial, lse,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_scale.stride(0),
         block_tables.stride(0),
         partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),
         scale * LOG2E,
         PAGE=page, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits, PRECISION=precision, QUANTIZED=quantized,
-        TILE_DTYPE=tile_dtype(q.dtype, quantized), num_warps=num_warps, num_stages=num_stages, **pdl,
+        TILE_DTYPE=tile_dtype(q.dtype, quantized), ORDERED=ordered, num_warps=num_warps, num_stages=num_stages,
+        **pdl,
     )
     if num_splits == 1:
         return partial.squeeze(2)

@@ -18,6 +18,8 @@ class Context:
     prefix too). `block_tables` is set when some sequence reads a cached
     prefix. Decode has one query per sequence, reading `context_lens[i]` keys
     through `block_tables[i]`; `max_seqlen_k` is the largest of them.
+    `seq_order`, where set, lists the decode rows longest context first, the
+    order in which decode attention starts them.
     """
 
     is_prefill: bool = False
@@ -30,6 +32,7 @@ class Context:
     seqlens_k: list[int] | None = None
     context_lens: torch.Tensor | None = None      # [num_seqs]
     block_tables: torch.Tensor | None = None      # [num_seqs, max_blocks]; -1 pads
+    seq_order: torch.Tensor | None = None         # [num_seqs]
 
 
 # per thread: engines in different threads of one process (an online engine beside
