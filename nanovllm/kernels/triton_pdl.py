@@ -20,13 +20,17 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
+def compiled_for_gpu(device: torch.device) -> bool:
+    """Whether kernels on `device` run compiled for a GPU, not in the Triton interpreter."""
+    return device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
+
+
 @functools.cache
 def pdl_launch(device: torch.device) -> dict:
     """A kernel launch's PDL options on `device`: the kernel's PDL constexpr and the launch flag,
     always equal, since a kernel launched early must also wait. Programmatic dependent launch needs
     Hopper or later, and is off in the Triton interpreter."""
-    enabled = (device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
-               and torch.cuda.get_device_capability(device) >= (9, 0))
+    enabled = compiled_for_gpu(device) and torch.cuda.get_device_capability(device) >= (9, 0)
     return {"PDL": enabled, "launch_pdl": enabled}
 
 

@@ -2,26 +2,43 @@
 
 argmax(softmax(x / T) / E) with E ~ Exp(1) equals argmax(x / T + G) with
 G = -log(-log(U)) Gumbel noise, so no softmax pass is needed. Rows with T = 0
-take the plain argmax and draw no noise. Layout: logits [rows, vocab] (any
-float dtype, last dim contiguous), temperatures [rows] (fp32, or fp64 from the
-decode buffers), seeds [rows] int64. Grid (rows, chunks): a program scores
-BLOCK (4096, or the vocabulary if smaller) logits of one row and keeps its
-best (score, index). Then grid (rows,): a program picks its row's best chunk
+take the plain argmax and draw no noise. Scores are kept in base 2,
+x * log2(e) / T - log2(-log2(U)) (the constant log2(ln 2) dropped), so that on
+a GPU both logarithms are the one-instruction approximation, and each Philox
+call gives four uniforms (`tl.rand4x`) for four logits. With a draw per logit
+and exact logarithms the noise, not the logits' bytes, bound the kernel (256
+rows of 151,936 bf16 logits, H100: 254 us; now 79 us). Layout: logits [rows,
+vocab] (any float dtype, last dim contiguous), temperatures [rows] (fp32, or
+fp64 from the decode buffers), seeds [rows] int64. Grid (rows, chunks): a
+program scores BLOCK (4096, or the vocabulary if smaller) logits of one row
+and keeps its best (score, index). Then grid (rows,): a program picks its row's best chunk
 (ties go to the lower index, like torch.argmax) and writes the token id.
 """
 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
-from nanovllm.kernels.triton_pdl import pdl_launch, wait_for_previous_kernel
+from nanovllm.kernels.triton_pdl import compiled_for_gpu, pdl_launch, wait_for_previous_kernel
 
 _BLOCK = 4096
+_LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _log2(x, APPROX: tl.constexpr):
+    """log2(x): on a GPU the approximation (relative error about 2^-22, immaterial for noise), the exact
+    function under the interpreter, which has no approximation."""
+    if APPROX:
+        return libdevice.fast_log2f(x)
+    return tl.log2(x)
 
 
 @triton.jit
 def _gumbel_max_chunk_kernel(logits_ptr, temperatures_ptr, seeds_ptr, best_score_ptr, best_index_ptr, vocab,
-                             stride_row, NUM_CHUNKS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+                             stride_row, NUM_CHUNKS: tl.constexpr, BLOCK: tl.constexpr, APPROX: tl.constexpr,
+                             PDL: tl.constexpr):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     offsets = chunk * BLOCK + tl.arange(0, BLOCK)
@@ -32,8 +49,10 @@ def _gumbel_max_chunk_kernel(logits_ptr, temperatures_ptr, seeds_ptr, best_score
     x = tl.load(logits_ptr + row.to(tl.int64) * stride_row + offsets, mask=mask, other=0.0).to(tl.float32)
     score = x
     if temperature > 0:  # greedy rows draw no noise
-        u = tl.rand(seed, row * vocab + offsets)
-        score = x / temperature - tl.log(-tl.log(u))
+        # u: [BLOCK], the four draws of counter c go to logits 4c .. 4c + 3 of the chunk
+        u0, u1, u2, u3 = tl.rand4x(seed, row * vocab + chunk * BLOCK + tl.arange(0, BLOCK // 4))
+        u = tl.reshape(tl.join(tl.join(u0, u1), tl.join(u2, u3)), [BLOCK])
+        score = x * (_LOG2E / temperature) - _log2(-_log2(u, APPROX), APPROX)
     # NaN ranks highest, as in torch.argmax; left as NaN, the reduction could
     # settle on a masked lane past the vocabulary
     score = tl.where(score != score, float("inf"), score)
@@ -62,14 +81,15 @@ def gumbel_max_sample(logits: torch.Tensor, temperatures: torch.Tensor, seeds: t
     # logits: [rows, vocab]; temperatures: [rows] (any float dtype); seeds: [rows] int64 -> [rows] int64
     rows, vocab = logits.shape
     assert logits.stride(1) == 1
-    block = min(_BLOCK, triton.next_power_of_2(vocab))
+    block = min(_BLOCK, max(4, triton.next_power_of_2(vocab)))  # four logits per draw
     num_chunks = triton.cdiv(vocab, block)
     best_score = torch.empty(rows, num_chunks, dtype=torch.float32, device=logits.device)
     best_index = torch.empty(rows, num_chunks, dtype=torch.int64, device=logits.device)
     out = torch.empty(rows, dtype=torch.int64, device=logits.device) if out is None else out
     pdl = pdl_launch(logits.device)
     _gumbel_max_chunk_kernel[(rows, num_chunks)](logits, temperatures, seeds, best_score, best_index, vocab,
-                                                 logits.stride(0), NUM_CHUNKS=num_chunks, BLOCK=block, **pdl)
+                                                 logits.stride(0), NUM_CHUNKS=num_chunks, BLOCK=block,
+                                                 APPROX=compiled_for_gpu(logits.device), **pdl)
     _best_chunk_kernel[(rows,)](best_score, best_index, out, NUM_CHUNKS=num_chunks,
                                 CHUNKS_PAD=triton.next_power_of_2(num_chunks), **pdl)
     return out
