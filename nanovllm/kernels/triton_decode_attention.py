@@ -7,11 +7,11 @@ block_tables: [seqs, max_blocks] (int32); context_lens: [seqs] (0 = padded slot)
 seq_order: [seqs], optional, the sequences longest context first.
 
 Pass 1, grid (kv_heads, seqs, num_splits): a program takes one KV head, one
-sequence and one slice of the context. Programs start in launch order, and
-launch row i takes sequence seq_order[i]: longest context first, so that short
-ones fill the SMs at the end rather than one long context running on alone
-(the throughput workload's 256 sequences, H100: 208 us against 216 us in batch
-order). The KV heads of a sequence are neighbours in the launch order, so they
+sequence and one slice of the context. Programs start in launch order; with
+one split, launch row i takes sequence seq_order[i]: longest context first, so
+that short ones fill the SMs at the end rather than one long context running
+on alone (the throughput workload's 256 sequences, H100: 208 us against 216 us
+in batch order). The KV heads of a sequence are neighbours in the launch order, so they
 read the interleaved head rows of the same pages at about the same time. All
 query heads of that KV head (the GQA group, padded to 16 rows for tl.dot)
 share each K/V tile it loads. It keeps an online softmax and writes its
@@ -143,7 +143,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     `block_n` (None: `default_block_n`), `num_warps` and `num_stages` are the split
     kernel's tile and launch settings (benchmarks/decode_attention.py sweeps them). `k_scale`/`v_scale`
     come with an FP8 cache. `seq_order` (None: batch order) is the order the sequences start in,
-    best longest context first.
+    best longest context first; it is followed where the batch takes one split per sequence.
     """
     num_seqs, num_heads, head_dim = q.shape
     page, num_kv_heads = k_cache.size(1), k_cache.size(2)
@@ -162,7 +162,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     block_n = block_n or default_block_n(quantized)
     if not quantized:  # never read: the scaling is compiled out
         k_scale = v_scale = lse
-    ordered = seq_order is not None
+    # the order decides the tail when one split per sequence fills the SMs several times over; with
+    # more, the slices are alike and reading the order would only add a load before the first tile
+    ordered = seq_order is not None and num_splits == 1
     _decode_split_kernel[(num_kv_heads, num_seqs, num_splits)](
         q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, seq_order if ordered else context_lens,
         partial, lse,

@@ -9,14 +9,17 @@ QKV projection's output are); positions [tokens] (int); cos_sin
 contiguous, so flat slot s of head h starts at (s * kv_heads + h) * head_dim;
 slot_mapping [tokens], -1 = store nothing (a padded CUDA-graph row, or a token
 whose K/V is already cached). The rotated q and k are new contiguous tensors of
-q's and k's shapes. Grid: (tokens,): a program takes one token, normalises
-and rotates all its q heads and then all its k heads, [heads, head_dim / 2]
-halves at a time, and with a cache writes the token's rotated k heads and its
-v heads to their slot, one contiguous kv_heads x head_dim row each. One program
-per token, not per head: the position's cos/sin row and the norm weights are
-read once, and a 256-row decode step launches 256 programs of 4 warps instead
-of 8,192 of one warp (H100, Qwen3-0.6B shape: the kernel's share of a 256-row
-step fell from 0.33 to 0.13 ms).
+q's and k's shapes. Grid: (tokens, kv_heads / KV_PER_PROGRAM): a program
+takes KV_PER_PROGRAM KV heads of one token and their query heads; it
+normalises and rotates the q heads and then the k heads, [heads, head_dim / 2]
+halves at a time, and with a cache writes the rotated k heads and the v heads
+to the token's slot. Up to 16 tokens a program takes one KV head, so that a
+small decode step's heads run side by side; past that it takes all of them,
+reading the position's cos/sin row and the norm weights once per token and
+writing one contiguous kv_heads x head_dim row of each cache: a 256-row decode
+step launches 256 programs of 4 warps instead of the 8,192 one-warp programs
+of one head each that it took before (H100, Qwen3-0.6B shape: the kernel's
+share of that step fell from 0.33 to 0.13 ms).
 
 An FP8 cache (QUANTIZED, with k_scale, v_scale: [num_blocks, kv_heads,
 block_size] fp32) stores each k or v head as float8 values and its scale,
@@ -40,7 +43,7 @@ from nanovllm.kernels.triton_pdl import pdl_launch, wait_for_previous_kernel
 
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
-_NUM_WARPS = 4
+_FEW_TOKENS = 16
 
 
 @triton.jit
@@ -89,15 +92,19 @@ def _store_heads(x1, x2, cache_ptr, scale_ptr, slot, kv_heads, head_mask, lanes,
 def _norm_rotate_store_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_out_ptr, positions_ptr, cos_sin_ptr, q_weight_ptr,
                               k_weight_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, slot_mapping_ptr,
                               eps, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-                              NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
-                              KV_HEADS_PAD: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr,
+                              NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, KV_PER_PROGRAM: tl.constexpr,
+                              Q_PER_PROGRAM: tl.constexpr, HEADS_PAD: tl.constexpr, KV_HEADS_PAD: tl.constexpr, HALF: tl.constexpr,
+                              BLOCK: tl.constexpr,
                               PAGE: tl.constexpr, NORM: tl.constexpr, STORE: tl.constexpr,
                               QUANTIZED: tl.constexpr, PDL: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
     lanes = tl.arange(0, BLOCK)
     mask = lanes < HALF
-    heads = tl.arange(0, HEADS_PAD)
-    kv_heads = tl.arange(0, KV_HEADS_PAD)
+    # this program's KV heads and their query heads
+    heads = tl.program_id(1) * Q_PER_PROGRAM + tl.arange(0, HEADS_PAD)
+    q_mask = (tl.arange(0, HEADS_PAD) < Q_PER_PROGRAM) & (heads < NUM_HEADS)
+    kv_heads = tl.program_id(1) * KV_PER_PROGRAM + tl.arange(0, KV_HEADS_PAD)
+    kv_mask = (tl.arange(0, KV_HEADS_PAD) < KV_PER_PROGRAM) & (kv_heads < NUM_KV_HEADS)
     # No kernel writes the slots, positions, table or weights: they are read before waiting for
     # the previous kernel (under PDL, while it runs).
     slot = -1
@@ -116,8 +123,7 @@ def _norm_rotate_store_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_out_ptr, positio
         kw2 = tl.load(k_weight_ptr + HALF + lanes, mask=mask, other=0.0).to(tl.float32)
     wait_for_previous_kernel(PDL)
     _norm_rotate_heads(q_ptr + token * stride_qt, stride_qh, q_out_ptr + token * NUM_HEADS * (2 * HALF), heads,
-                       heads < NUM_HEADS, lanes, mask, cos, sin, qw1, qw2, eps, HALF, NORM)
-    kv_mask = kv_heads < NUM_KV_HEADS
+                       q_mask, lanes, mask, cos, sin, qw1, qw2, eps, HALF, NORM)
     k1, k2 = _norm_rotate_heads(k_ptr + token * stride_kt, stride_kh, k_out_ptr + token * NUM_KV_HEADS * (2 * HALF),
                                 kv_heads, kv_mask, lanes, mask, cos, sin, kw1, kw2, eps, HALF, NORM)
     if slot >= 0:  # the rotated k and the v heads into the cache
@@ -153,13 +159,18 @@ def norm_rotate_store(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     if store:
         assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.shape[-2:] == (num_kv_heads, head_dim)
     quantized = k_scale is not None
-    _norm_rotate_store_kernel[(num_tokens,)](
+    # few tokens: a program per KV head (with its query heads), so that one token's heads run side by
+    # side; many: a program per token, which reads the table row and the weights once
+    kv_per_program = 1 if num_tokens <= _FEW_TOKENS else num_kv_heads
+    q_per_program = kv_per_program * num_heads // num_kv_heads
+    _norm_rotate_store_kernel[(num_tokens, num_kv_heads // kv_per_program)](
         q, k, v, q_out, k_out, positions, cos_sin, q_weight if norm else q, k_weight if norm else k,
         k_cache if store else k, v_cache if store else v, k_scale if quantized else q, v_scale if quantized else q,
         slot_mapping if store else positions, eps,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), NUM_HEADS=num_heads,
-        NUM_KV_HEADS=num_kv_heads, HEADS_PAD=triton.next_power_of_2(num_heads),
-        KV_HEADS_PAD=triton.next_power_of_2(num_kv_heads), HALF=head_dim // 2,
+        NUM_KV_HEADS=num_kv_heads, KV_PER_PROGRAM=kv_per_program, Q_PER_PROGRAM=q_per_program,
+        HEADS_PAD=triton.next_power_of_2(q_per_program),
+        KV_HEADS_PAD=triton.next_power_of_2(kv_per_program), HALF=head_dim // 2,
         BLOCK=triton.next_power_of_2(head_dim // 2), PAGE=k_cache.size(1) if store else 1, NORM=norm, STORE=store,
-        QUANTIZED=quantized, num_warps=_NUM_WARPS, **pdl_launch(q.device))
+        QUANTIZED=quantized, num_warps=1 if kv_per_program == 1 else 4, **pdl_launch(q.device))
     return q_out, k_out
