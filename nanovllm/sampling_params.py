@@ -5,6 +5,9 @@ import math
 from dataclasses import MISSING, dataclass, fields
 
 
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1  # every integer a request carries fits a signed 64-bit one
+
+
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -129,6 +132,7 @@ class SamplingParams:
         return cls(**values)
 
     def _check(self) -> None:
+        self._check_int64()
         self._check_completions()
         self._check_choice()
         self._check_penalties()
@@ -141,6 +145,17 @@ class SamplingParams:
             if value is not None and not (_is_int(value) and value >= 0):
                 raise ValueError(f"{name} must be None or an integer >= 0 (how many top alternatives), "
                                  f"got {value!r}")
+
+    def _check_int64(self) -> None:
+        """Refuse integers beyond signed 64 bits, which the engine core's messages and tensors cannot carry."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, dict):
+                value = list(value)  # logit_bias: its token ids
+            for item in value if isinstance(value, (list, tuple)) else [value]:
+                if _is_int(item) and not INT64_MIN <= item <= INT64_MAX:
+                    raise ValueError(f"{f.name} holds {item}, beyond the signed 64-bit range "
+                                     f"[-2**63, 2**63 - 1] that every integer setting must fit")
 
     @property
     def is_greedy(self) -> bool:

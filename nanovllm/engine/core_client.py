@@ -1,13 +1,17 @@
 """The engine core in a process of its own, reached over ZMQ: the client that `nanovllm serve` uses.
 
 HTTP, JSON and detokenization then never hold the GIL that the step loop
-needs. The client binds two IPC sockets in a private folder, spawns the core
-process (`core_process.run_engine_core`) and waits for its report. Requests
-and aborts go out as msgpack messages; `get_outputs` waits for the next step's
-outputs or for the process to die, whichever comes first.
+needs. The client binds two IPC sockets in a private folder (`nanovllm-<pid>-*`
+in the temp directory; one that a killed client left behind is removed at the
+next start), spawns the core process (`core_process.run_engine_core`) and waits
+for its report. Requests and aborts go out as msgpack messages; `get_outputs`
+waits for the next step's outputs or for the process to die, whichever comes
+first.
 """
 
+import glob
 import multiprocessing as mp
+import os
 import shutil
 import tempfile
 import threading
@@ -25,6 +29,25 @@ from nanovllm.engine.messages import (CoreMessage, EngineCoreAbort, EngineCoreFa
 from nanovllm.engine.structured_output import vocabulary_to_json
 
 _EXIT_WAIT_S = 10  # how long the core may take to stop after the shutdown message before it is killed
+_FOLDER_PREFIX = "nanovllm-"  # the sockets' folder in the temp directory: nanovllm-<client pid>-<random>
+
+
+def remove_stale_socket_folders() -> None:
+    """Remove the socket folders of clients that are gone without cleaning up (killed with SIGKILL)."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{_FOLDER_PREFIX}*-*")):
+        pid = os.path.basename(path)[len(_FOLDER_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _is_running(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _is_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 class EngineStartupError(RuntimeError):
@@ -42,7 +65,8 @@ class CoreProcessClient(EngineClient):
     """
 
     def __init__(self, config: Config, eos_token_ids: tuple[int, ...], vocabulary=None):
-        self._folder = tempfile.mkdtemp(prefix="nanovllm-")
+        remove_stale_socket_folders()
+        self._folder = tempfile.mkdtemp(prefix=f"{_FOLDER_PREFIX}{os.getpid()}-")
         self._zmq = zmq.Context()
         self._requests = self._zmq.socket(zmq.PUSH)
         self._requests.setsockopt(zmq.SNDHWM, 0)  # a burst of requests queues, it never blocks

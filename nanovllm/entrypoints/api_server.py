@@ -5,6 +5,7 @@ import contextlib
 import hmac
 import logging
 import sys
+import time
 from importlib.metadata import PackageNotFoundError, version
 
 import uvicorn
@@ -16,6 +17,7 @@ from starlette.exceptions import HTTPException
 
 from nanovllm.entrypoints.body_limit import BodyLimit
 from nanovllm.entrypoints.generation import APIError, GenerationHandler, ServerSettings
+from nanovllm.entrypoints.internal_errors import InternalErrors
 from nanovllm.entrypoints.metrics import ServerMetrics
 from nanovllm.entrypoints.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                            TokenizeRequest)
@@ -25,8 +27,9 @@ from nanovllm.frontend.online_engine import OnlineEngine
 
 logger = logging.getLogger(__name__)
 
-_DEATH_POLL_S = 0.5  # how often the server checks that the engine core lives
+_WATCH_POLL_S = 0.5  # how often the server checks that the engine can go on, and the shutdown deadline
 _DEATH_LINGER_S = 1.0  # how long it then answers /health with 503 before it exits
+_LAST_EVENTS_S = 2.0  # after the shutdown grace period: time for the requests' error events to go out
 
 __all__ = ["APIError", "ServerSettings", "build_app", "serve"]
 
@@ -48,6 +51,7 @@ def build_app(engine: OnlineEngine, settings: ServerSettings) -> FastAPI:
         engine.shutdown()
 
     app = FastAPI(title="nanovllm", lifespan=lifespan)
+    app.add_middleware(InternalErrors)
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
     metrics = ServerMetrics(engine, settings.model_name)
     generation = GenerationHandler(engine, settings, metrics)
@@ -127,11 +131,6 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def api_error(request: Request, error: APIError) -> JSONResponse:
         return error.response()
 
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, error: Exception) -> JSONResponse:
-        logger.exception("unexpected error while handling %s", request.url.path)
-        return APIError(500, "internal server error").response()
-
     @app.exception_handler(ValueError)
     async def bad_value(request: Request, error: ValueError) -> JSONResponse:
         # The engine and the request models raise ValueError for what the user must change.
@@ -157,28 +156,39 @@ def _describe_validation_errors(error: RequestValidationError) -> str:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, which on SIGINT/SIGTERM first makes the engine refuse new requests (503), and
-    which stops (after a short linger for the error events to go out) when the engine core dies."""
+    """uvicorn's server, which on SIGINT/SIGTERM first makes the engine refuse new requests (503) and
+    gives running ones `shutdown_timeout` seconds, then ends those left with an error (a last error event
+    for a stream) before uvicorn closes the connections; and which stops (after a short linger for the
+    error events to go out) when the engine cannot go on."""
 
-    def __init__(self, config: uvicorn.Config, engine: OnlineEngine):
+    def __init__(self, config: uvicorn.Config, engine: OnlineEngine, shutdown_timeout: float):
         super().__init__(config)
         self.engine = engine
+        self.shutdown_timeout = shutdown_timeout
+        self._exit_asked_at: float | None = None
 
     def handle_exit(self, sig, frame) -> None:
         self.engine.stop_accepting()
+        if self._exit_asked_at is None:
+            self._exit_asked_at = time.monotonic()
         super().handle_exit(sig, frame)
 
     async def serve(self, sockets=None) -> None:
-        watchdog = asyncio.create_task(self._stop_when_engine_dies())
+        watchdog = asyncio.create_task(self._watch_engine())
         try:
             await super().serve(sockets)
         finally:
             watchdog.cancel()
 
-    async def _stop_when_engine_dies(self) -> None:
+    async def _watch_engine(self) -> None:
+        grace_over = False
         while self.engine.failure is None:
-            await asyncio.sleep(_DEATH_POLL_S)
-        logger.error("the engine core died (%s); shutting the server down", self.engine.failure)
+            await asyncio.sleep(_WATCH_POLL_S)
+            asked = self._exit_asked_at
+            if not grace_over and asked is not None and time.monotonic() - asked >= self.shutdown_timeout:
+                grace_over = True
+                self.engine.end_all("error", "the server shut down before this request finished")
+        logger.error("the engine cannot go on (%s); shutting the server down", self.engine.failure)
         await asyncio.sleep(_DEATH_LINGER_S)
         self.should_exit = True
 
@@ -190,8 +200,9 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | 
 
     `engine_kwargs` are Config fields. On SIGINT/SIGTERM the server refuses new
     requests and gives running ones `shutdown_timeout` seconds to finish before
-    they are aborted; the core process is stopped either way. If the core dies,
-    live requests end with an error and the server exits with an error (SystemExit).
+    they end with an error; the core process is stopped either way. If the engine
+    cannot go on (its core died, or a fault of the front end's own), live requests
+    end with an error, /health answers 503 and the server exits with an error (SystemExit).
     """
     settings = ServerSettings(served_model_name or model, api_key, max_waiting,
                               max_request_bytes=max_request_bytes)
@@ -201,10 +212,10 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | 
           f"({info.num_kvcache_blocks * info.block_size:,} tokens, {engine.config.kv_cache_dtype})", file=sys.stderr,
           flush=True)
     config = uvicorn.Config(build_app(engine, settings), host=host, port=port, log_level="info",
-                            timeout_graceful_shutdown=shutdown_timeout)
+                            timeout_graceful_shutdown=shutdown_timeout + _LAST_EVENTS_S)
     try:
-        _Server(config, engine).run()  # on uvloop where it is installed
+        _Server(config, engine, shutdown_timeout).run()  # on uvloop where it is installed
     finally:
         engine.shutdown()
     if engine.failure is not None:
-        raise SystemExit(f"nanovllm serve: the engine core died: {engine.failure}")
+        raise SystemExit(f"nanovllm serve: the engine cannot go on: {engine.failure}")

@@ -1,6 +1,7 @@
 """Serving /v1/completions and /v1/chat/completions: requests in, OpenAI responses or SSE streams out."""
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from nanovllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-_ENGINE_FAILED = "the engine failed while running this request"
+_FAILED = "the server failed while running this request"
 _json = msgspec.json.Encoder()
 
 
@@ -230,41 +231,61 @@ class GenerationHandler:
     async def _complete(self, jobs: list[_Job], shape: "_Shape") -> Response:
         choices: dict[tuple[int, int], _Choice] = {}
         prompt_logprobs: dict[int, list] = {}
-        async for batch in self._merged(jobs):
-            for index, output in batch:
-                if output.prompt_logprobs is not None:
-                    prompt_logprobs[index] = output.prompt_logprobs
-                for delta in output.outputs:
-                    choices.setdefault((index, delta.index), _Choice()).add(delta)
+        async with contextlib.aclosing(self._merged(jobs)) as batches:
+            async for batch in batches:
+                for index, output in batch:
+                    if output.prompt_logprobs is not None:
+                        prompt_logprobs[index] = output.prompt_logprobs
+                    for delta in output.outputs:
+                        choices.setdefault((index, delta.index), _Choice()).add(delta)
         if any(choice.finish_reason == "error" for choice in choices.values()):
-            return APIError(500, _ENGINE_FAILED).response()
+            return self._failure(jobs).response()
         bodies = [shape.choice(jobs[i], i, k, choice, prompt_logprobs.get(i), final=True)
                   for (i, k), choice in sorted(choices.items())]
         usage = Usage.of(sum(len(job.prompt.token_ids) for job in jobs),
                          sum(len(choice.token_ids) for choice in choices.values()))
         return JSONResponse(shape.header.body(shape.object_name, bodies, usage))
 
+    def _failure(self, jobs: list[_Job]) -> APIError:
+        """The error of a request that the engine ended with finish_reason "error": 503 when the server
+        is going away (shutting down, or its core died), else 500."""
+        message = next((job.stream.error for job in jobs if job.stream.error), _FAILED)
+        return APIError(500 if self.engine.healthy else 503, message)
+
     async def _events(self, jobs: list[_Job], shape: "_Shape", include_usage: bool) -> AsyncIterator[bytes]:
+        """The SSE stream of a request; a fault ends it with an error event, never a cut connection."""
+        try:
+            async with contextlib.aclosing(self._chunks(jobs, shape, include_usage)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        except APIError as e:
+            yield _sse(error_body(e.message, "server_error", e.status))
+        except Exception:
+            logger.exception("streaming a response failed")
+            yield _sse(error_body(_FAILED, "server_error", 500))
+
+    async def _chunks(self, jobs: list[_Job], shape: "_Shape", include_usage: bool) -> AsyncIterator[bytes]:
         pending: dict[tuple[int, int], _Choice] = {}
         prompt_logprobs: dict[int, list] = {}
         num_completion_tokens = 0
-        async for batch in self._merged(jobs):
-            changed: dict[tuple[int, int], _Choice] = {}
-            for index, output in batch:
-                if output.prompt_logprobs is not None:
-                    prompt_logprobs[index] = output.prompt_logprobs
-                for delta in output.outputs:
-                    if delta.finish_reason == "error":
-                        yield _sse(error_body(_ENGINE_FAILED, "server_error", 500))
-                        return
-                    choice = pending.setdefault((index, delta.index), _Choice())
-                    choice.add(delta)
-                    num_completion_tokens += len(delta.token_ids)
-                    if delta.text or delta.finished():
-                        changed[index, delta.index] = choice
-            for (index, k), choice in changed.items():
-                body = shape.choice(jobs[index], index, k, choice.take(), prompt_logprobs.get(index), final=False)
-                yield _sse(shape.header.body(shape.chunk_object_name, [body], None))
+        async with contextlib.aclosing(self._merged(jobs)) as batches:
+            async for batch in batches:
+                changed: dict[tuple[int, int], _Choice] = {}
+                for index, output in batch:
+                    if output.prompt_logprobs is not None:
+                        prompt_logprobs[index] = output.prompt_logprobs
+                    for delta in output.outputs:
+                        if delta.finish_reason == "error":
+                            raise self._failure(jobs)
+                        choice = pending.setdefault((index, delta.index), _Choice())
+                        choice.add(delta)
+                        num_completion_tokens += len(delta.token_ids)
+                        if delta.text or delta.finished():
+                            changed[index, delta.index] = choice
+                for (index, k), choice in changed.items():
+                    body = shape.choice(jobs[index], index, k, choice.take(), prompt_logprobs.get(index),
+                                        final=False)
+                    yield _sse(shape.header.body(shape.chunk_object_name, [body], None))
         if include_usage:
             usage = Usage.of(sum(len(job.prompt.token_ids) for job in jobs), num_completion_tokens)
             yield _sse(shape.header.body(shape.chunk_object_name, [], usage))

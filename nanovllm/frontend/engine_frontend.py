@@ -1,18 +1,24 @@
 """What every front end holds: the config, the tokenizer, an engine client and the two processors."""
 
+from contextlib import suppress
 from dataclasses import replace
 from itertools import count
 
 from transformers import PreTrainedTokenizerBase
 
 from nanovllm.config import Config
-from nanovllm.engine.engine_client import EngineClient
+from nanovllm.engine.engine_client import EngineClient, EngineDeadError
 from nanovllm.engine.messages import EngineCoreRequest
 from nanovllm.engine.structured_output import grammar_vocabulary
 from nanovllm.frontend.input_processor import InputProcessor, ProcessedPrompt, Prompt
 from nanovllm.frontend.output_processor import OutputProcessor, ParentRequest, RequestState
 from nanovllm.frontend.tokenizer import eos_token_ids, load_tokenizer
-from nanovllm.sampling_params import SamplingParams
+from nanovllm.sampling_params import INT64_MIN, SamplingParams
+
+
+def completion_seed(seed: int, index: int) -> int:
+    """Completion `index`'s seed: seed + index, wrapped around within signed 64 bits."""
+    return (seed + index - INT64_MIN) % (1 << 64) + INT64_MIN
 
 
 def completion_params(params: SamplingParams, index: int) -> SamplingParams:
@@ -22,7 +28,7 @@ def completion_params(params: SamplingParams, index: int) -> SamplingParams:
         return params
     ranks = params.num_completions > params.n
     return replace(params, n=1, best_of=None,
-                   seed=None if params.seed is None else params.seed + index,
+                   seed=None if params.seed is None else completion_seed(params.seed, index),
                    logprobs=0 if ranks and params.logprobs is None else params.logprobs,
                    prompt_logprobs=params.prompt_logprobs if index == 0 else None)
 
@@ -66,13 +72,24 @@ class EngineFrontend:
                                             self.tokenizer, show_logprobs=params.logprobs is not None))
         parent = ParentRequest(request_id, prompt.text, prompt.token_ids, params, completions)
         self.output_processor.add_request(parent)
-        for completion in completions:
-            self.client.add_request(EngineCoreRequest(completion.request_id, prompt.token_ids, completion.params))
+        sent = []
+        try:
+            for completion in completions:
+                self.client.add_request(EngineCoreRequest(completion.request_id, prompt.token_ids, completion.params))
+                sent.append(completion.request_id)
+        except BaseException:
+            # all of the request or none of it: the completions already sent are dropped again
+            self.output_processor.finish(request_id, "abort")
+            if sent:
+                with suppress(EngineDeadError):
+                    self.client.abort(sent)
+            raise
         return parent
 
     def _abort(self, request_id: str) -> ParentRequest | None:
         """End a live request with "abort" and drop its completions in the core; None if it already ended."""
         parent, dropped = self.output_processor.finish(request_id, "abort")
         if dropped:
-            self.client.abort(dropped)
+            with suppress(EngineDeadError):  # a core that is gone runs nothing more anyway
+                self.client.abort(dropped)
         return parent

@@ -1,8 +1,10 @@
 """The online engine: requests arrive at any time while the engine core runs in a process of its own."""
 
 import asyncio
+import logging
 import queue
 import threading
+from contextlib import suppress
 
 from nanovllm.engine.core_client import CoreProcessClient
 from nanovllm.engine.engine_client import EngineDeadError
@@ -10,8 +12,10 @@ from nanovllm.engine.messages import EngineStats
 from nanovllm.frontend.engine_frontend import EngineFrontend
 from nanovllm.frontend.input_processor import ProcessedPrompt, Prompt
 from nanovllm.frontend.output_processor import ParentRequest
-from nanovllm.outputs import RequestOutput
+from nanovllm.outputs import CompletionOutput, RequestOutput
 from nanovllm.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 class RequestStream:
@@ -32,6 +36,7 @@ class RequestStream:
         self._queue = queue.SimpleQueue() if self.loop is None else None
         self._arrived: list[RequestOutput] = []  # async streams: outputs not yet taken
         self._waiter: asyncio.Future | None = None  # async streams: the reader waiting for outputs
+        self.error: str | None = None  # why the request ended with finish_reason "error"
 
     def put(self, output: RequestOutput) -> None:
         """Deliver an output; for an async stream, call it on the stream's loop."""
@@ -132,7 +137,18 @@ class OnlineEngine(EngineFrontend):
         self.stop_accepting()
         self.client.shutdown()
         self._thread.join()
-        self._end_all("abort")
+        self.end_all("abort")
+
+    def end_all(self, reason: str, error: str | None = None) -> None:
+        """End every live request with `reason` ("abort", or "error" saying why in `error`)."""
+        with self._lock:
+            ended = []
+            for request_id, stream in list(self._streams.items()):
+                parent, dropped = self.output_processor.finish(request_id, reason)
+                self._drop(dropped)
+                stream.error = error
+                ended.append(parent)
+            self._deliver([parent for parent in ended if parent is not None])
 
     def _handle_outputs(self) -> None:
         try:
@@ -143,24 +159,31 @@ class OnlineEngine(EngineFrontend):
                         self.client.abort(processed.to_abort)
                     self._deliver(processed.updated)
         except EngineDeadError as e:
-            with self._lock:
-                self.failure = str(e)
-            self._end_all("error")
+            self._fail(str(e), f"the engine failed while running this request ({e})")
+        except Exception as e:
+            # a fault of the front end's own: nothing more would be delivered, so the server must stop
+            logger.exception("the output thread failed")
+            self._fail(f"the output thread failed ({type(e).__name__}: {e})", "the server failed while running "
+                                                                              "this request")
 
-    def _end_all(self, reason: str) -> None:
-        """End every live request with `reason`."""
+    def _fail(self, failure: str, error: str) -> None:
+        """The engine cannot go on: refuse new requests and end the live ones with an error."""
         with self._lock:
-            ended = [self.output_processor.finish(request_id, reason)[0] for request_id in list(self._streams)]
-            self._deliver([parent for parent in ended if parent is not None])
+            self.failure = failure
+        self.end_all("error", error)
 
     def _deliver(self, parents: list[ParentRequest]) -> None:
         # One wake-up per event loop per step, not one per request.
         by_loop: dict = {}
         for parent in parents:
-            output = parent.delta()
-            if output is None:
+            output = self._delta(parent)
+            stream = self._streams.get(parent.request_id)
+            if output is None or stream is None:
                 continue
-            stream = self._streams.pop(parent.request_id) if output.finished else self._streams[parent.request_id]
+            if output.finished:
+                del self._streams[parent.request_id]
+                if stream.error is None and any(c.finish_reason == "error" for c in output.outputs):
+                    stream.error = "the server failed while processing this request's output"
             if stream.loop is None:
                 stream.put(output)
             else:
@@ -170,6 +193,22 @@ class OnlineEngine(EngineFrontend):
                 loop.call_soon_threadsafe(_put_all, items)
             except RuntimeError:
                 pass  # the loop has closed; nobody is reading these streams any more
+
+    def _drop(self, core_request_ids: list[str]) -> None:
+        """Drop these requests in the core, if it still runs."""
+        if core_request_ids:
+            with suppress(EngineDeadError):
+                self.client.abort(core_request_ids)
+
+    def _delta(self, parent: ParentRequest) -> RequestOutput | None:
+        """What is new in `parent`; if that cannot be built, the request ends with an error instead."""
+        try:
+            return parent.delta()
+        except Exception:
+            logger.exception("building the output of request %s failed; it ends with an error", parent.request_id)
+            self._drop(self.output_processor.finish(parent.request_id, "error")[1])
+            ended = [CompletionOutput(c.index, "", [], None, None, "error") for c in parent.completions]
+            return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, None, ended, True)
 
 
 def _put_all(items: list[tuple[RequestStream, RequestOutput]]) -> None:

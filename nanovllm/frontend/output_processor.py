@@ -1,5 +1,6 @@
 """The front end's side of each request: text, stop strings, logprobs and what a stream may show so far."""
 
+import logging
 from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
@@ -8,6 +9,8 @@ from nanovllm.engine.messages import EngineCoreOutput, TokenLogprobs
 from nanovllm.frontend.detokenizer import IncrementalDetokenizer
 from nanovllm.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from nanovllm.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 class RequestState:
@@ -225,14 +228,21 @@ class OutputProcessor:
             completion = self._completions.get(output.request_id)
             if completion is None:
                 continue
-            if completion.update(output):
-                to_abort.append(output.request_id)
             parent = self._parent_of[output.request_id]
+            updated[parent.request_id] = parent
+            try:
+                if completion.update(output):
+                    to_abort.append(output.request_id)
+            except Exception:
+                # a fault in one request's text (detokenizer, stop strings) ends that request only
+                logger.exception("processing the output of request %s failed; it ends with an error",
+                                 parent.request_id)
+                to_abort += self.finish(parent.request_id, "error")[1]
+                continue
             if completion.finished:
                 self._forget(output.request_id)
             if parent.finished:
                 self.parents.pop(parent.request_id, None)
-            updated[parent.request_id] = parent
         return ProcessedOutputs(list(updated.values()), to_abort)
 
     def _forget(self, core_request_id: str) -> None:
