@@ -236,3 +236,28 @@ def test_tool_choice_none_leaves_the_tools_out_and_auto_may_answer_in_text(serve
     assert (message.tool_calls is None) == (auto.choices[0].finish_reason != "tool_calls")
     assert message.tool_calls or message.content
 
+
+def test_a_forced_call_cut_short_comes_back_as_a_call_streamed_or_not(server):
+    client = client_of(server)
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    whole = client.chat.completions.create(model="smol", messages=QUESTION, tools=[WEATHER], tool_choice=named,
+                                           max_tokens=5, temperature=0)
+    choice = whole.choices[0]
+    [call] = choice.message.tool_calls
+    assert (choice.finish_reason, choice.message.content, call.function.name) == ("length", None, "get_weather")
+    assert call.function.arguments.startswith("{") and whole.usage.completion_tokens == 5
+    chunks = list(client.chat.completions.create(model="smol", messages=QUESTION, tools=[WEATHER], tool_choice=named,
+                                                 max_tokens=5, temperature=0, stream=True))
+    [delta] = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
+    assert delta.function.arguments == call.function.arguments and chunks[-1].choices[0].finish_reason == "length"
+    required = client.chat.completions.create(model="smol", messages=QUESTION, tools=[WEATHER, TIME],
+                                              tool_choice="required", max_tokens=16, temperature=0)
+    assert required.choices[0].finish_reason == "length"
+    assert [c.function.name in ("get_weather", "get_time") for c in required.choices[0].message.tool_calls] == [True]
+
+
+def test_parallel_tool_calls_false_gives_one_call(server):
+    response = client_of(server).chat.completions.create(
+        model="smol", messages=QUESTION, tools=[WEATHER, TIME], tool_choice="required", temperature=0.7, seed=2,
+        max_tokens=120, parallel_tool_calls=False)
+    assert len(response.choices[0].message.tool_calls) == 1
