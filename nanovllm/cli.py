@@ -44,6 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="on SIGINT/SIGTERM, seconds running requests get to finish before they are aborted")
     serve.add_argument("--max-request-bytes", type=int, default=8 << 20,
                        help="answer 413 to a request body larger than this")
+    serve.add_argument("--chat-template", default=None, metavar="FILE_OR_STRING",
+                       help="the chat template for requests that bring none: a file, or the template itself "
+                            "(default: the tokenizer's)")
+    serve.add_argument("--enable-auto-tool-choice", action="store_true",
+                       help="accepted for vLLM's command lines: tool_choice 'auto' is always on")
+    serve.add_argument("--tool-call-parser", choices=["hermes"], default="hermes",
+                       help="how 'auto' tool calls are read from the reply (<tool_call> tags)")
     _engine_options(serve)
     return parser
 

@@ -18,6 +18,7 @@ from conftest import core_steps
 from nanovllm import LLM, SamplingParams
 from nanovllm.frontend.online_engine import OnlineEngine
 from nanovllm.entrypoints.api_server import ServerSettings, build_app
+from nanovllm.frontend.chat import load_chat_template
 
 MODEL = "tiny"
 KEY = "sesame"
@@ -207,7 +208,6 @@ def error_of(response: httpx.Response) -> dict:
 
 
 @pytest.mark.parametrize("body, message", [
-    ({"model": "other", "prompt": "w5"}, "unknown model"),
     ({"model": MODEL, "prompt": "w5 " * 1100}, "max_model_len"),
     ({"model": MODEL, "prompt": ""}, "empty"),
     ({"model": MODEL, "prompt": [70000]}, "outside the vocabulary"),
@@ -226,6 +226,10 @@ def error_of(response: httpx.Response) -> dict:
     ({"model": MODEL, "prompt": "w5", "logit_bias": {"5": 1000}}, "logit_bias"),
     ({"model": MODEL, "prompt": "w5", "top_p": 0}, "top_p"),
     ({"model": MODEL, "prompt": "w5", "stop": [""]}, "stop"),
+    ({"model": MODEL, "prompt": "w5", "stop": ["w6", "\ud800"]}, "a stop string is not valid Unicode"),
+    ({"model": MODEL, "prompt": "w5", "suffix": "w6"}, "suffix is not supported"),
+    ({"model": MODEL, "prompt": "w5", "prompt_logprobs": 1, "stream": True}, "not available when streaming"),
+    ({"model": MODEL, "prompt": "w5", "prompt_logprobs": 21}, "at most 20"),
     ({"model": MODEL, "prompt": "w5", "stop_token_ids": [600]}, "outside the vocabulary"),
     ({"model": MODEL}, "prompt"),
 ])
@@ -244,8 +248,6 @@ def test_bad_chat_requests_get_400(server):
         client.chat.completions.create(model=MODEL, messages=[])
     with pytest.raises(openai.BadRequestError, match="role"):
         client.chat.completions.create(model=MODEL, messages=[{"role": "robot", "content": "w5"}])
-    with pytest.raises(openai.BadRequestError, match="unknown model"):
-        client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "w5"}])
     with pytest.raises(openai.BadRequestError, match="assistant cannot speak first"):
         client.chat.completions.create(model=MODEL, messages=[{"role": "assistant", "content": "w5"}])
     with pytest.raises(openai.BadRequestError, match="image_url"):
@@ -493,12 +495,20 @@ def test_logit_bias_forces_a_token(server):
     assert response.choices[0].text == " w42 w42 w42"
 
 
-def test_max_tokens_left_out_or_null_fills_the_context(server):
-    response = server.client().completions.create(model=MODEL, prompt=[7] * 1000, temperature=0,
-                                                  extra_body={"ignore_eos": True})
-    assert response.usage.completion_tokens == 24 and response.choices[0].finish_reason == "length"
-    body = {"model": MODEL, "prompt": [7] * 1010, "max_tokens": None, "ignore_eos": True}
-    assert httpx.post(f"{server.url}/v1/completions", json=body).json()["usage"]["completion_tokens"] == 14
+def test_completions_without_max_tokens_make_16_tokens_and_chat_fills_the_context(server):
+    client = server.client()
+    response = client.completions.create(model=MODEL, prompt="w5 w6", temperature=0, extra_body={"ignore_eos": True})
+    assert response.usage.completion_tokens == 16 and response.choices[0].finish_reason == "length"
+    body = {"model": MODEL, "prompt": "w5 w6", "max_tokens": None, "ignore_eos": True}
+    assert httpx.post(f"{server.url}/v1/completions", json=body).json()["usage"]["completion_tokens"] == 16
+    # the default gives way to the context; a limit the client set does not
+    near_the_end = client.completions.create(model=MODEL, prompt=[7] * 1010, extra_body={"ignore_eos": True})
+    assert near_the_end.usage.completion_tokens == 14
+    with pytest.raises(openai.BadRequestError, match="maximum context length"):
+        client.completions.create(model=MODEL, prompt=[7] * 1010, max_tokens=16)
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "w7 " * 1000}],
+                                          extra_body={"ignore_eos": True})
+    assert chat.usage.prompt_tokens == 1001 and chat.usage.completion_tokens == 23
 
 
 def test_chat_template_options_reach_the_template(server):
@@ -515,15 +525,104 @@ def test_chat_template_options_reach_the_template(server):
 
 
 def test_unknown_fields_are_ignored_with_a_warning(server, caplog):
-    with caplog.at_level(logging.WARNING, logger="nanovllm.entrypoints.generation"):
+    with caplog.at_level(logging.WARNING, logger="nanovllm.entrypoints.protocol"):
         response = httpx.post(f"{server.url}/v1/completions",
-                              json={"model": MODEL, "prompt": "w5", "max_tokens": 2, "frobnicate": 1, "suffix": "x"})
+                              json={"model": MODEL, "prompt": "w5", "max_tokens": 2, "frobnicate": 1,
+                                    "stream_options": {"include_usage": True, "pace": 1}})
     assert response.status_code == 200
-    assert "ignoring unknown field(s) frobnicate, suffix" in caplog.text
+    assert "ignoring unknown field(s) frobnicate, stream_options.pace" in caplog.text
 
 
-def test_surrogate_in_a_chat_message_is_a_400(server):
-    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "w5 \ud800"}]})
+def test_a_reply_sent_back_as_the_openai_library_dumps_it_is_accepted(server, caplog):
+    """The history holds `message.model_dump()` (refusal, annotations, audio, function_call: None, ...), and
+    the stream asks for vLLM's continuous usage: the answer comes, with the token counts in every chunk."""
+    client = server.client()
+    messages = [{"role": "user", "content": "w5"}]
+    reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3, temperature=0)
+    messages += [reply.choices[0].message.model_dump(), {"role": "user", "content": "w6"}]
+    with caplog.at_level(logging.WARNING, logger="nanovllm.entrypoints.protocol"):
+        chunks = list(client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=4, temperature=0, stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True}, extra_body={"ignore_eos": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    [warning] = [r.getMessage() for r in caplog.records if "ignoring unknown" in r.getMessage()]
+    assert "messages.1.refusal" in warning and "messages.1.audio" in warning
+    assert all(c.usage is not None for c in chunks)
+    assert [c.usage.completion_tokens for c in chunks][-1] == 4
+
+
+def test_an_unknown_model_is_a_404_model_not_found_and_model_may_be_left_out(server):
+    response = httpx.post(f"{server.url}/v1/completions", json={"model": "gpt-4", "prompt": "w5", "max_tokens": 1})
+    assert response.status_code == 404
+    error = error_of(response)
+    assert (error["code"], error["param"], error["type"]) == ("model_not_found", "model", "invalid_request_error")
+    assert "'gpt-4'" in error["message"] and "'tiny'" in error["message"]
+    with pytest.raises(openai.NotFoundError, match="unknown model"):
+        server.client().chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "w5"}])
+    for route, body in (("v1/completions", {"prompt": "w5"}), ("v1/chat/completions", {"messages": [
+            {"role": "user", "content": "w5"}]})):
+        answer = httpx.post(f"{server.url}/{route}", json={**body, "max_tokens": 1})
+        assert answer.status_code == 200 and answer.json()["model"] == MODEL
+
+
+def test_echo_with_max_tokens_0_scores_the_prompt(server, offline):
+    client = server.client()
+    response = client.completions.create(model=MODEL, prompt="w5 w6 w7", max_tokens=0, echo=True, logprobs=1)
+    [choice] = response.choices
+    out = offline.generate("w5 w6 w7", SamplingParams(max_tokens=1, prompt_logprobs=1), use_tqdm=False)[0]
+    assert (choice.text, choice.finish_reason, response.usage.completion_tokens) == ("w5 w6 w7", "length", 0)
+    assert choice.logprobs.tokens == ["w5", "w6", "w7"] and choice.logprobs.token_logprobs[0] is None
+    assert choice.logprobs.token_logprobs[1:] == pytest.approx([p[t].logprob for t, p in
+                                                                 zip([6, 7], out.prompt_logprobs[1:])])
+    chunks = list(client.completions.create(model=MODEL, prompt="w5 w6 w7", max_tokens=0, echo=True, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == "w5 w6 w7"
+    assert chunks[-1].usage.completion_tokens == 0
+
+
+def test_prompt_logprobs_come_back_as_vllm_shapes_them(server, offline):
+    client = server.client()
+    out = offline.generate("w5 w6 w7", SamplingParams(max_tokens=1, prompt_logprobs=2), use_tqdm=False)[0]
+    want = [None] + [{str(t): {"logprob": pytest.approx(lp.logprob), "rank": lp.rank, "decoded_token": lp.decoded_token}
+                      for t, lp in position.items()} for position in out.prompt_logprobs[1:]]
+    response = client.completions.create(model=MODEL, prompt="w5 w6 w7", max_tokens=2,
+                                         extra_body={"prompt_logprobs": 2})
+    assert response.choices[0].prompt_logprobs == want
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "w5 w6"}],
+                                          max_tokens=1, extra_body={"prompt_logprobs": 0})
+    assert [sorted(p) if p else p for p in chat.prompt_logprobs] == [None, ["6"], ["3"]]  # 'w5 w6 w3'
+    assert not hasattr(client.completions.create(model=MODEL, prompt="w5", max_tokens=1).choices[0],
+                       "prompt_logprobs")
+
+
+def test_chat_template_per_request_and_tool_calls_in_the_history_reach_it(server):
+    """The request's template renders the earlier call's arguments ({"n": 42} as 'w42'), which its prompt
+    log-probabilities show."""
+    template = ("{% for m in messages %}{% for c in m.tool_calls or [] %}w{{ c.function.arguments.n }} {% endfor %}"
+                "{{ m.content }} {% endfor %}w3")
+    messages = [{"role": "user", "content": "w5"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"n": 42}'}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "w6"}]
+    chat = server.client().chat.completions.create(model=MODEL, messages=messages, max_tokens=1,
+                                                   extra_body={"chat_template": template, "prompt_logprobs": 0})
+    assert [list(p) if p else p for p in chat.prompt_logprobs] == [None, ["42"], ["6"], ["3"]]
+
+
+def test_auto_tool_choice_with_a_template_that_ignores_tools_warns_once(server, caplog):
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    with caplog.at_level(logging.WARNING, logger="nanovllm.entrypoints.generation"):
+        for _ in range(2):
+            server.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "w5"}],
+                                                    tools=[tool], max_tokens=1)
+    assert len([r for r in caplog.records if "does not show the tools" in r.getMessage()]) == 1
+
+
+@pytest.mark.parametrize("extra", [{"messages": [{"role": "user", "content": "w5 \ud800"}]},
+                                   {"messages": [{"role": "user", "content": "w5"}], "stop": "w6\udfff"}])
+def test_surrogate_in_a_chat_message_or_stop_string_is_a_400(server, extra):
+    # the openai client cannot send a lone surrogate; json.dumps escapes it as the JSON text \ud800
+    body = json.dumps({"model": MODEL, **extra})
     response = httpx.post(f"{server.url}/v1/chat/completions", content=body,
                           headers={"content-type": "application/json"})
     assert response.status_code == 400 and "lone surrogate" in error_of(response)["message"]
@@ -553,3 +652,22 @@ def test_metrics_report_latency_prefix_cache_and_preemptions(server):
     assert server.metric("nanovllm:prefix_cache_hits_total") >= hits_before + 2 * BLOCK
     assert server.metric("nanovllm:prefix_cache_queries_total") >= server.metric("nanovllm:prefix_cache_hits_total")
     assert server.metric("nanovllm:num_preemptions_total") >= 0.0
+
+
+def test_the_servers_chat_template_serves_a_tokenizer_without_one(qwen3_dir, tmp_path):
+    path = tmp_path / "template.jinja"
+    path.write_text("{% for m in messages %}{{ m['content'] }} {% endfor %}w4")
+    running = RunningServer(qwen3_dir, ServerSettings(MODEL, chat_template=load_chat_template(str(path))))
+    try:
+        def prompt_tokens(**extra) -> list[str]:
+            chat = running.client().chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "w5"}], max_tokens=1,
+                extra_body={"prompt_logprobs": 0, **extra})
+            return [next(iter(p)) for p in chat.prompt_logprobs[1:]]
+
+        assert prompt_tokens() == ["4"]  # 'w5 w4'
+        assert prompt_tokens(chat_template="{{ messages[0]['content'] }} w9") == ["9"]
+        tokens = httpx.post(f"{running.url}/tokenize", json={"messages": [{"role": "user", "content": "w5"}]})
+        assert tokens.json()["tokens"] == [5, 4]
+    finally:
+        running.close()

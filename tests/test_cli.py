@@ -145,3 +145,20 @@ def test_serve_reports_the_core_start_up_error(qwen3_dir, tmp_path):
     result = subprocess.run(nanovllm_command() + ["serve", str(tmp_path)], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 1 and "safetensors" in result.stderr
+
+
+def test_serve_takes_vllms_chat_template_and_tool_flags(monkeypatch, capsys):
+    args = build_parser().parse_args(["serve", "/m", "--chat-template", "t.jinja", "--enable-auto-tool-choice",
+                                      "--tool-call-parser", "hermes"])
+    assert (args.chat_template, args.enable_auto_tool_choice, args.tool_call_parser) == ("t.jinja", True, "hermes")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "/m", "--tool-call-parser", "mistral"])
+    assert "choose from 'hermes'" in capsys.readouterr().err
+    from nanovllm import cli
+    from nanovllm.entrypoints import api_server
+
+    seen = {}
+    monkeypatch.setattr(api_server, "serve", lambda **kwargs: seen.update(kwargs))
+    cli.main(["serve", "/m", "--chat-template", "{{ 'x' }}"])
+    assert (seen["chat_template"], seen["enable_auto_tool_choice"], seen["tool_call_parser"]) == ("{{ 'x' }}", False,
+                                                                                                  "hermes")

@@ -73,10 +73,39 @@ def test_calls_are_parsed_from_each_kind_of_reply():
                                        '{"city": "Oslo", "unit": "celsius"}}\n</tool_call>', "auto")
     assert content == "Let me look." and json.loads(call.arguments) == {"city": "Oslo", "unit": "celsius"}
     assert parse_tool_calls("Just text.", "auto") == ("Just text.", [])
-    # cut short by max_tokens: no calls claimed
+    # not cut short by max_tokens, yet not JSON (a stop string, say): no calls claimed
     assert parse_tool_calls('{"zone": "U', named) == ('{"zone": "U', [])
-    assert parse_tool_calls('<tool_call>{"name": "get_time", "argu', "auto")[1] == []
+    # an "auto" call cut short stays text
+    assert parse_tool_calls('<tool_call>{"name": "get_time", "argu', "auto", cut=True)[1] == []
     assert call.as_openai(3)["index"] == 3 and call.as_openai()["id"].startswith("call_")
+
+
+def test_a_forced_call_cut_short_is_still_a_call_with_the_arguments_so_far():
+    named = {"type": "function", "function": {"name": "get_time"}}
+    content, [call] = parse_tool_calls('{"zone": "U', named, cut=True)
+    assert (content, call.name, call.arguments) == (None, "get_time", '{"zone": "U')
+    whole = '{"name": "get_time", "parameters": {"zone": "UTC"}}'
+    content, calls = parse_tool_calls(f'[{whole}, {{"name": "get_weather", "parameters": {{"city": "Ro', "required",
+                                      cut=True)
+    assert content is None and [(c.name, c.arguments) for c in calls] == [
+        ("get_time", '{"zone": "UTC"}'), ("get_weather", '{"city": "Ro')]
+    # the call being written counts once its name is whole; before that only the whole ones do
+    assert [c.arguments for c in parse_tool_calls(f'[{whole}, {{"name": "get_time"', "required", cut=True)[1]] == [
+        '{"zone": "UTC"}', ""]
+    assert [c.name for c in parse_tool_calls(f'[{whole}, {{"name": "get_ti', "required", cut=True)[1]] == ["get_time"]
+    assert parse_tool_calls('[{"na', "required", cut=True) == ('[{"na', [])
+
+
+def test_parallel_tool_calls_false_allows_one_call():
+    spec = tool_choice_constraint([WEATHER, TIME], "required", parallel=False)
+    one = {"name": "get_time", "parameters": {"zone": "CET"}}
+    jsonschema.validate([one], spec.json)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate([one, one], spec.json)
+    tagged = '<tool_call>{"name": "get_time", "arguments": {"zone": "A"}}</tool_call>'
+    content, calls = parse_tool_calls(f"Two.{tagged}{tagged.replace('A', 'B')}", "auto", parallel=False)
+    assert content == "Two." and [json.loads(c.arguments) for c in calls] == [{"zone": "A"}]
+    assert len(parse_tool_calls(f"[{json.dumps(one)}, {json.dumps(one)}]", "required", parallel=False)[1]) == 1
 
 
 @pytest.fixture(scope="module")
@@ -206,3 +235,29 @@ def test_tool_choice_none_leaves_the_tools_out_and_auto_may_answer_in_text(serve
     message = auto.choices[0].message
     assert (message.tool_calls is None) == (auto.choices[0].finish_reason != "tool_calls")
     assert message.tool_calls or message.content
+
+
+def test_a_forced_call_cut_short_comes_back_as_a_call_streamed_or_not(server):
+    client = client_of(server)
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    whole = client.chat.completions.create(model="smol", messages=QUESTION, tools=[WEATHER], tool_choice=named,
+                                           max_tokens=5, temperature=0)
+    choice = whole.choices[0]
+    [call] = choice.message.tool_calls
+    assert (choice.finish_reason, choice.message.content, call.function.name) == ("length", None, "get_weather")
+    assert call.function.arguments.startswith("{") and whole.usage.completion_tokens == 5
+    chunks = list(client.chat.completions.create(model="smol", messages=QUESTION, tools=[WEATHER], tool_choice=named,
+                                                 max_tokens=5, temperature=0, stream=True))
+    [delta] = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
+    assert delta.function.arguments == call.function.arguments and chunks[-1].choices[0].finish_reason == "length"
+    required = client.chat.completions.create(model="smol", messages=QUESTION, tools=[WEATHER, TIME],
+                                              tool_choice="required", max_tokens=16, temperature=0)
+    assert required.choices[0].finish_reason == "length"
+    assert [c.function.name in ("get_weather", "get_time") for c in required.choices[0].message.tool_calls] == [True]
+
+
+def test_parallel_tool_calls_false_gives_one_call(server):
+    response = client_of(server).chat.completions.create(
+        model="smol", messages=QUESTION, tools=[WEATHER, TIME], tool_choice="required", temperature=0.7, seed=2,
+        max_tokens=120, parallel_tool_calls=False)
+    assert len(response.choices[0].message.tool_calls) == 1

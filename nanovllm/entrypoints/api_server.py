@@ -21,7 +21,7 @@ from nanovllm.entrypoints.internal_errors import InternalErrors
 from nanovllm.entrypoints.metrics import ServerMetrics
 from nanovllm.entrypoints.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                            TokenizeRequest)
-from nanovllm.frontend.chat import render_chat
+from nanovllm.frontend.chat import load_chat_template, render_chat
 from nanovllm.frontend.input_processor import check_unicode
 from nanovllm.frontend.online_engine import OnlineEngine
 
@@ -99,7 +99,8 @@ def build_app(engine: OnlineEngine, settings: ServerSettings) -> FastAPI:
             raise APIError(400, "send either prompt or messages")
         if body.messages is not None:
             text = render_chat(engine.tokenizer, [m.for_template() for m in body.messages], body.add_generation_prompt,
-                               body.continue_final_message, chat_template_kwargs=body.chat_template_kwargs)
+                               body.continue_final_message, chat_template=body.chat_template or settings.chat_template,
+                               chat_template_kwargs=body.chat_template_kwargs)
             tokens = engine.input_processor.tokenize(text, add_special_tokens=False)
         else:
             tokens = engine.input_processor.tokenize(body.prompt, add_special_tokens=body.add_special_tokens)
@@ -195,17 +196,26 @@ class _Server(uvicorn.Server):
 
 def serve(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           max_waiting: int = 1024, served_model_name: str | None = None, shutdown_timeout: float = 30.0,
-          max_request_bytes: int = 8 << 20, **engine_kwargs) -> None:
+          max_request_bytes: int = 8 << 20, chat_template: str | None = None, enable_auto_tool_choice: bool = False,
+          tool_call_parser: str = "hermes", **engine_kwargs) -> None:
     """Load `model` (its engine core in a process of its own), then serve it until interrupted.
 
-    `engine_kwargs` are Config fields. On SIGINT/SIGTERM the server refuses new
+    `engine_kwargs` are Config fields. `chat_template` is a template file's path
+    or the template itself. `enable_auto_tool_choice` and `tool_call_parser`
+    are vLLM's flags, taken for its users' command lines: tool_choice "auto" is
+    always on here, with the Hermes parser. On SIGINT/SIGTERM the server refuses new
     requests and gives running ones `shutdown_timeout` seconds to finish before
     they end with an error; the core process is stopped either way. If the engine
     cannot go on (its core died, or a fault of the front end's own), live requests
     end with an error, /health answers 503 and the server exits with an error (SystemExit).
     """
-    settings = ServerSettings(served_model_name or model, api_key, max_waiting,
-                              max_request_bytes=max_request_bytes)
+    if tool_call_parser != "hermes":
+        raise ValueError(f"tool_call_parser {tool_call_parser!r} is not available; this server parses 'hermes' calls")
+    if enable_auto_tool_choice:
+        print("nanovllm serve: --enable-auto-tool-choice: tool_choice 'auto' is always on, with the hermes parser",
+              file=sys.stderr, flush=True)
+    settings = ServerSettings(served_model_name or model, api_key, max_waiting, max_request_bytes=max_request_bytes,
+                              chat_template=None if chat_template is None else load_chat_template(chat_template))
     engine = OnlineEngine(model, **engine_kwargs)
     info = engine.client.info
     print(f"nanovllm serve: KV cache: {info.num_kvcache_blocks} blocks of {info.block_size} tokens "

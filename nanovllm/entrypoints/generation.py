@@ -4,7 +4,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import msgspec
 from fastapi import Request
@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from nanovllm.engine.engine_client import EngineDeadError
 from nanovllm.entrypoints.metrics import RequestTimer, ServerMetrics
 from nanovllm.entrypoints.protocol import (ChatCompletionRequest, CompletionRequest, ResponseHeader, Usage,
-                                           chat_logprobs, completion_logprobs, error_body)
+                                           chat_logprobs, completion_logprobs, error_body, prompt_logprobs_json)
 from nanovllm.entrypoints.tool_calls import TOOL_CALL_START, parse_tool_calls, tool_choice_constraint
 from nanovllm.frontend.chat import render_chat
 from nanovllm.frontend.input_processor import ProcessedPrompt
@@ -28,26 +28,32 @@ _json = msgspec.json.Encoder()
 
 
 class APIError(Exception):
-    """An error answered in OpenAI's shape with its HTTP status."""
+    """An error answered in OpenAI's shape with its HTTP status; `code` (default: the status), `param`
+    (the request field at fault) and `error_type` (default: by the status) as OpenAI sets them."""
 
     _TYPES = {401: "authentication_error", 404: "not_found_error", 503: "service_unavailable_error"}
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, code: int | str | None = None, param: str | None = None,
+                 error_type: str | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
+        self.code = status if code is None else code
+        self.param = param
+        self.error_type = error_type
 
     def response(self) -> JSONResponse:
         default = "invalid_request_error" if self.status < 500 else "server_error"
-        error_type = self._TYPES.get(self.status, default)
-        return JSONResponse(error_body(self.message, error_type, self.status), status_code=self.status)
+        error_type = self.error_type or self._TYPES.get(self.status, default)
+        return JSONResponse(error_body(self.message, error_type, self.code, self.param), status_code=self.status)
 
 
 @dataclass(frozen=True)
 class ServerSettings:
     """How the server answers: the model's public name, the API key, the waiting-queue limit (requests
     the engine core holds but has not scheduled), the most completions (`n`, `best_of`) and logprob
-    alternatives a request may ask for, and the largest request body in bytes."""
+    alternatives a request may ask for, the largest request body in bytes, and the chat template
+    (None: the tokenizer's) for requests that bring none."""
 
     model_name: str
     api_key: str | None = None
@@ -55,6 +61,7 @@ class ServerSettings:
     max_n: int = 128
     max_logprobs: int = 20
     max_request_bytes: int = 8 << 20
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_waiting", "max_n", "max_logprobs", "max_request_bytes"):
@@ -105,68 +112,95 @@ class GenerationHandler:
         self.metrics = metrics
         self.info = engine.client.info
         self.tokenizer = engine.tokenizer
+        self._template_renders_tools: bool | None = None  # the server's template, once a request showed it
 
     def check_model(self, name: str | None) -> None:
+        """Refuse a model this server does not serve with OpenAI's 404 `model_not_found`; None (left
+        out) means the served one."""
         if name is not None and name != self.settings.model_name:
-            raise APIError(400, f"unknown model {name!r}; this server serves {self.settings.model_name!r}")
+            raise APIError(404, f"unknown model {name!r}: the model does not exist on this server, which serves "
+                                f"{self.settings.model_name!r}; send that name or leave model out",
+                           code="model_not_found", param="model", error_type="invalid_request_error")
 
-    def _check_request(self, body, n: int, best_of: int | None, logprobs: int | None, route: str) -> None:
+    def _check_request(self, body, n: int, best_of: int | None, logprobs: int | None) -> None:
         self.check_model(body.model)
-        if body.unknown_fields:
-            logger.warning("%s: ignoring unknown field(s) %s", route, ", ".join(body.unknown_fields))
         limit = self.settings.max_n
         for name, value in (("n", n), ("best_of", best_of)):
             if value is not None and value > limit:
                 raise APIError(400, f"{name}={value} is above this server's limit of {limit} completions")
-        if logprobs is not None and logprobs > self.settings.max_logprobs:
-            raise APIError(400, f"{logprobs} logprob alternatives asked for; this server gives at most "
-                                f"{self.settings.max_logprobs}")
+        for name, value in (("logprobs", logprobs), ("prompt_logprobs", body.prompt_logprobs)):
+            if value is not None and value > self.settings.max_logprobs:
+                raise APIError(400, f"{name}: {value} logprob alternatives asked for; this server gives at most "
+                                    f"{self.settings.max_logprobs}", param=name)
+        if body.prompt_logprobs is not None and body.stream:
+            raise APIError(400, "prompt_logprobs are not available when streaming; send stream: false",
+                           param="prompt_logprobs")
 
     def _check_context(self, prompt: ProcessedPrompt, limit: int | None) -> None:
+        # a prompt that alone fills the context is refused later, with the engine's own message
         room = self.info.max_model_len
-        if limit is not None and len(prompt.token_ids) + limit > room:
+        if limit is not None and len(prompt.token_ids) < room < len(prompt.token_ids) + limit:
             raise APIError(400, f"this model's maximum context length is {room} tokens, but {len(prompt.token_ids)} "
                                 f"prompt tokens and {limit} completion tokens were asked for; lower max_tokens "
                                 f"or shorten the prompt")
 
+    def _within_context(self, prompt: ProcessedPrompt, params: SamplingParams) -> SamplingParams:
+        """`params` whose default completion limit is cut to the room the prompt leaves (as vLLM does)."""
+        room = self.info.max_model_len - len(prompt.token_ids)
+        return replace(params, max_tokens=max(1, min(params.max_tokens, room)))
+
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
         logprobs = body.logprobs
-        self._check_request(body, body.n or 1, body.best_of, logprobs, "/v1/completions")
+        self._check_request(body, body.n or 1, body.best_of, logprobs)
+        if body.suffix is not None:
+            raise APIError(400, "suffix is not supported: this server does not fill in the middle of a text; "
+                                "leave suffix out", param="suffix")
         if body.stream and body.best_of is not None and body.best_of != (body.n or 1):
             raise APIError(400, "best_of must equal n (or be unset) when streaming: the best completions are "
                                 "only known at the end")
-        params = body.sampling_params(logprobs, logprobs if body.echo and logprobs is not None else None,
-                                      body.best_of)
+        params = body.sampling_params(logprobs, body.prompt_logprobs_wanted(), body.best_of)
         # tokenizing a long text takes a while: off the event loop, so that other streams go on
         prompts = await asyncio.to_thread(lambda: [self.engine.input_processor.parse(p) for p in body.prompts()])
-        jobs = [_Job(prompt, params) for prompt in prompts]
+        jobs = [_Job(prompt, params if body.max_tokens is not None else self._within_context(prompt, params))
+                for prompt in prompts]
         return await self._generate(jobs, body, request, _Completions(self, body))
 
     async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
         top = body.top_logprobs
         if top is not None and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true")
-        self._check_request(body, body.n or 1, None, top, "/v1/chat/completions")
+        self._check_request(body, body.n or 1, None, top)
         tool_choice = body.effective_tool_choice()
         tools = body.tool_list() if tool_choice != "none" else None
-        prompt = await asyncio.to_thread(self._chat_prompt, body, tools)
-        constraint = tool_choice_constraint(tools, tool_choice) if tools else None
+        prompt = await asyncio.to_thread(self._chat_prompt, body, tools, tool_choice)
+        constraint = tool_choice_constraint(tools, tool_choice, not body.one_tool_call) if tools else None
         if constraint is not None and body.structured_spec() is not None:
             raise APIError(400, f"tool_choice {tool_choice!r} already constrains the reply; drop response_format "
                                 f"and the guided fields")
-        params = body.sampling_params((top or 0) if body.logprobs else None, structured_outputs=constraint)
+        params = body.sampling_params((top or 0) if body.logprobs else None, body.prompt_logprobs,
+                                      structured_outputs=constraint)
         shape = _Chat(self, body, tool_choice if tools else None)
         return await self._generate([_Job(prompt, params)], body, request, shape)
 
-    def _chat_prompt(self, body: ChatCompletionRequest, tools: list | None) -> ProcessedPrompt:
-        text = render_chat(self.tokenizer, body.conversation(), body.add_generation_prompt,
-                           body.continue_final_message, chat_template_kwargs=body.chat_template_kwargs, tools=tools)
+    def _chat_prompt(self, body: ChatCompletionRequest, tools: list | None, tool_choice) -> ProcessedPrompt:
+        template = body.chat_template or self.settings.chat_template
+        text = self._render(body, template, tools)
+        if tool_choice == "auto" and body.chat_template is None and self._template_renders_tools is None:
+            self._template_renders_tools = self._render(body, template, None) != text
+            if not self._template_renders_tools:
+                logger.warning("tool_choice 'auto': the chat template does not show the tools to the model, so it "
+                               "will hardly ever call one; serve a template that renders tools (--chat-template)")
         # the rendered template already holds the special tokens the model expects
         return ProcessedPrompt(text, self.engine.input_processor.tokenize(text, add_special_tokens=False))
 
+    def _render(self, body: ChatCompletionRequest, template: str | None, tools: list | None) -> str:
+        return render_chat(self.tokenizer, body.conversation(), body.add_generation_prompt,
+                           body.continue_final_message, chat_template=template,
+                           chat_template_kwargs=body.chat_template_kwargs, tools=tools)
+
     async def _generate(self, jobs: list[_Job], body, request: Request, shape: "_Shape") -> Response:
         for job in jobs:
-            self._check_context(job.prompt, body.completion_limit)
+            self._check_context(job.prompt, job.params.max_tokens)
             self.engine.input_processor.process(job.prompt, job.params)  # every prompt checked before any runs
         if self.engine.stats().num_waiting >= self.settings.max_waiting:
             raise APIError(503, f"the server is busy ({self.settings.max_waiting} requests already waiting); "
@@ -180,7 +214,8 @@ class GenerationHandler:
                     self.engine.abort(job.stream.request_id)
             raise APIError(503, f"the engine is not running ({e}); retry against a healthy server") from None
         if body.stream:
-            return StreamingResponse(self._events(jobs, shape, body.include_usage), media_type="text/event-stream")
+            return StreamingResponse(self._events(jobs, shape, body.include_usage, body.continuous_usage),
+                                     media_type="text/event-stream")
         return await _cancel_on_disconnect(request, self._complete(jobs, shape))
 
     async def _outputs(self, job: _Job) -> AsyncIterator[list[RequestOutput]]:
@@ -236,7 +271,7 @@ class GenerationHandler:
                 for index, output in batch:
                     if output.prompt_logprobs is not None:
                         prompt_logprobs[index] = output.prompt_logprobs
-                    for delta in output.outputs:
+                    for delta in map(shape.shown, output.outputs):
                         choices.setdefault((index, delta.index), _Choice()).add(delta)
         if any(choice.finish_reason == "error" for choice in choices.values()):
             return self._failure(jobs).response()
@@ -244,7 +279,8 @@ class GenerationHandler:
                   for (i, k), choice in sorted(choices.items())]
         usage = Usage.of(sum(len(job.prompt.token_ids) for job in jobs),
                          sum(len(choice.token_ids) for choice in choices.values()))
-        return JSONResponse(shape.header.body(shape.object_name, bodies, usage))
+        return JSONResponse({**shape.header.body(shape.object_name, bodies, usage),
+                             **shape.response_fields(prompt_logprobs)})
 
     def _failure(self, jobs: list[_Job]) -> APIError:
         """The error of a request that the engine ended with finish_reason "error": 503 when the server
@@ -252,10 +288,13 @@ class GenerationHandler:
         message = next((job.stream.error for job in jobs if job.stream.error), _FAILED)
         return APIError(500 if self.engine.healthy else 503, message)
 
-    async def _events(self, jobs: list[_Job], shape: "_Shape", include_usage: bool) -> AsyncIterator[bytes]:
-        """The SSE stream of a request; a fault ends it with an error event, never a cut connection."""
+    async def _events(self, jobs: list[_Job], shape: "_Shape", include_usage: bool,
+                      continuous_usage: bool) -> AsyncIterator[bytes]:
+        """The response as server-sent events; with `include_usage` a last chunk carries the token counts,
+        with `continuous_usage` every chunk the counts so far too. A fault ends the stream with an error
+        event, never a cut connection."""
         try:
-            async with contextlib.aclosing(self._chunks(jobs, shape, include_usage)) as chunks:
+            async with contextlib.aclosing(self._chunks(jobs, shape, include_usage, continuous_usage)) as chunks:
                 async for chunk in chunks:
                     yield chunk
         except APIError as e:
@@ -264,9 +303,11 @@ class GenerationHandler:
             logger.exception("streaming a response failed")
             yield _sse(error_body(_FAILED, "server_error", 500))
 
-    async def _chunks(self, jobs: list[_Job], shape: "_Shape", include_usage: bool) -> AsyncIterator[bytes]:
+    async def _chunks(self, jobs: list[_Job], shape: "_Shape", include_usage: bool,
+                      continuous_usage: bool) -> AsyncIterator[bytes]:
         pending: dict[tuple[int, int], _Choice] = {}
         prompt_logprobs: dict[int, list] = {}
+        num_prompt_tokens = sum(len(job.prompt.token_ids) for job in jobs)
         num_completion_tokens = 0
         async with contextlib.aclosing(self._merged(jobs)) as batches:
             async for batch in batches:
@@ -274,7 +315,7 @@ class GenerationHandler:
                 for index, output in batch:
                     if output.prompt_logprobs is not None:
                         prompt_logprobs[index] = output.prompt_logprobs
-                    for delta in output.outputs:
+                    for delta in map(shape.shown, output.outputs):
                         if delta.finish_reason == "error":
                             raise self._failure(jobs)
                         choice = pending.setdefault((index, delta.index), _Choice())
@@ -282,12 +323,13 @@ class GenerationHandler:
                         num_completion_tokens += len(delta.token_ids)
                         if delta.text or delta.finished():
                             changed[index, delta.index] = choice
+                usage = Usage.of(num_prompt_tokens, num_completion_tokens) if continuous_usage else None
                 for (index, k), choice in changed.items():
                     body = shape.choice(jobs[index], index, k, choice.take(), prompt_logprobs.get(index),
                                         final=False)
-                    yield _sse(shape.header.body(shape.chunk_object_name, [body], None))
+                    yield _sse(shape.header.body(shape.chunk_object_name, [body], usage))
         if include_usage:
-            usage = Usage.of(sum(len(job.prompt.token_ids) for job in jobs), num_completion_tokens)
+            usage = Usage.of(num_prompt_tokens, num_completion_tokens)
             yield _sse(shape.header.body(shape.chunk_object_name, [], usage))
         yield b"data: [DONE]\n\n"
 
@@ -302,10 +344,21 @@ class _Shape:
                final: bool) -> dict:
         raise NotImplementedError
 
+    def shown(self, delta: CompletionOutput) -> CompletionOutput:
+        """What of a completion's delta the response shows (all of it, unless a shape says otherwise)."""
+        return delta
+
+    def response_fields(self, prompt_logprobs: dict[int, list]) -> dict:
+        """Fields a whole response carries beside its choices, given the prompt log-probabilities by
+        prompt index."""
+        return {}
+
 
 class _Completions(_Shape):
     """/v1/completions: choice `index` of prompt p is numbered p * n + index; `echo` puts the prompt
-    first; `logprobs` in the legacy shape, offsets into the choice's text."""
+    first; `logprobs` in the legacy shape, offsets into the choice's text; each choice carries
+    `prompt_logprobs` (vLLM's) when asked for. A request that only scores its prompt shows none of
+    the one token generated for it."""
 
     object_name = chunk_object_name = "text_completion"
 
@@ -340,17 +393,29 @@ class _Completions(_Shape):
                 echoed = completion_logprobs(job.prompt.token_ids, prompt_logprobs, offset, self._decode)
                 logprobs = {name: echoed[name] + values for name, values in logprobs.items()}
         self._sent_chars[key] = self._sent_chars.get(key, 0) + len(text)
-        return {"index": prompt_index * self.n + index, "text": text, "logprobs": logprobs,
+        body = {"index": prompt_index * self.n + index, "text": text, "logprobs": logprobs,
                 "finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason}
+        if self.body.prompt_logprobs is not None:
+            body["prompt_logprobs"] = None if prompt_logprobs is None else prompt_logprobs_json(prompt_logprobs)
+        return body
+
+    def shown(self, delta: CompletionOutput) -> CompletionOutput:
+        if not self.body.scores_prompt:
+            return delta
+        # the prompt was scored once the limit of 0 generated tokens was reached
+        finish_reason = "length" if delta.finish_reason in ("stop", "length") else delta.finish_reason
+        return CompletionOutput(delta.index, "", [], None, [], finish_reason)
 
 
 class _Chat(_Shape):
     """/v1/chat/completions: a `message` when whole, a `delta` (the role first) when streamed.
 
     With tools (`tool_choice` not "none") the reply's calls become `tool_calls`
-    (finish_reason "tool_calls"). Streamed, a forced call's JSON is held back
-    and "auto" text only up to a call's start; the calls come in the last
-    chunk of the choice, once they parse.
+    (finish_reason "tool_calls", or "length" for a forced call cut short, whose
+    arguments go as far as they got). Streamed, a forced call's JSON is held
+    back and "auto" text only up to a call's start; the calls come in the
+    last chunk of the choice, once they parse. `prompt_logprobs` (vLLM's) sit
+    beside the choices.
     """
 
     object_name = "chat.completion"
@@ -383,7 +448,8 @@ class _Chat(_Shape):
         text = self._text[index] = self._text.get(index, "") + choice.text
         if choice.finish_reason is None:
             return {"content": self._showable(index, text)}
-        content, calls = parse_tool_calls(text, self.tool_choice)
+        content, calls = parse_tool_calls(text, self.tool_choice, cut=choice.finish_reason == "length",
+                                          parallel=not self.body.one_tool_call)
         shown = self._shown.get(index, 0)
         if not calls:
             return {"content": text[shown:]}
@@ -403,6 +469,11 @@ class _Chat(_Shape):
         shown = self._shown.get(index, 0)
         self._shown[index] = max(shown, end)
         return text[shown:end]
+
+    def response_fields(self, prompt_logprobs: dict[int, list]) -> dict:
+        if self.body.prompt_logprobs is None:
+            return {}
+        return {"prompt_logprobs": prompt_logprobs_json(prompt_logprobs[0]) if 0 in prompt_logprobs else None}
 
 
 def _sse(payload: dict) -> bytes:

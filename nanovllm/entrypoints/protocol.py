@@ -1,57 +1,102 @@
 """OpenAI request bodies and response pieces, for /v1/completions, /v1/chat/completions and /tokenize."""
 
 import json
+import logging
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from nanovllm.frontend.input_processor import check_unicode
 from nanovllm.outputs import PositionLogprobs
 from nanovllm.sampling_params import SamplingParams, StructuredOutputsParams
 
+logger = logging.getLogger(__name__)
 
-class StreamOptions(BaseModel):
-    """`stream_options`: `include_usage` adds a last chunk with the token counts."""
+# what /v1/completions generates when the request leaves max_tokens out (OpenAI's and vLLM's default)
+DEFAULT_COMPLETION_TOKENS = 16
 
-    model_config = ConfigDict(extra="forbid")
+
+class _Lenient(BaseModel):
+    """A part of a request body that keeps the fields it does not know aside (in `model_extra`) rather
+    than refusing them: clients send back what OpenAI's library gives them, extra fields included."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+def _unknown_paths(value, path: str = "") -> Iterator[str]:
+    """The dotted paths (`messages.0.refusal`) of the fields `value` and its parts did not know."""
+    if isinstance(value, BaseModel):
+        for name in value.model_extra or {}:
+            yield path + name
+        for name in type(value).model_fields:
+            yield from _unknown_paths(getattr(value, name), f"{path}{name}.")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _unknown_paths(item, f"{path}{index}.")
+
+
+class _RequestBody(_Lenient):
+    """A whole request body: once parsed, the fields it ignores are logged in one warning."""
+
+    @model_validator(mode="after")
+    def _warn_about_unknown_fields(self):
+        unknown = self.unknown_fields
+        if unknown:
+            logger.warning("%s: ignoring unknown field(s) %s", type(self).__name__, ", ".join(unknown))
+        return self
+
+    @property
+    def unknown_fields(self) -> list[str]:
+        """The dotted paths of the fields the body holds but this server does not know."""
+        return list(_unknown_paths(self))
+
+
+class StreamOptions(_Lenient):
+    """`stream_options`: `include_usage` adds a last chunk with the token counts, and
+    `continuous_usage_stats` (vLLM's) the counts so far to every chunk too."""
+
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
-class JsonSchemaFormat(BaseModel):
+class JsonSchemaFormat(_Lenient):
     """`response_format.json_schema`: the schema the reply must follow (always strictly)."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)
     name: str = "response"
     description: str | None = None
     json_schema: dict = Field(alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(BaseModel):
+class ResponseFormat(_Lenient):
     """`response_format`: plain text, any JSON object, or JSON following a schema."""
 
-    model_config = ConfigDict(extra="forbid")
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
-class _GenerationRequest(BaseModel):
+class _GenerationRequest(_RequestBody):
     """Fields both endpoints share.
 
     The sampling fields are OpenAI's plus vLLM's extensions (top_k, min_p,
     repetition_penalty, min_tokens, stop_token_ids, include_stop_str_in_output,
     ignore_eos, skip_special_tokens); SamplingParams checks their values. A
     field this server does not know is ignored (the server logs it), as vLLM
-    does; a known field with a bad value is refused. The reply may be
+    does, at any depth; a known field with a bad value is refused. `model` may
+    be left out (the served model). `prompt_logprobs` (vLLM's) gives the
+    prompt tokens' log-probabilities, not when streaming. The reply may be
     constrained by one of `response_format`, vLLM's `structured_outputs`
     ({"json" | "regex" | "choice" | "grammar" | "json_object": ...}) or its
     older `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`.
     """
 
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
-    model: str
+    model_config = ConfigDict(allow_inf_nan=False)
+    model: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -78,6 +123,7 @@ class _GenerationRequest(BaseModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    prompt_logprobs: int | None = None
 
     def structured_spec(self) -> StructuredOutputsParams | None:
         """The constraint the request asks for, if any; ValueError if it asks for more than one."""
@@ -104,12 +150,13 @@ class _GenerationRequest(BaseModel):
         return next(iter(specs.values()), None)
 
     @property
-    def unknown_fields(self) -> list[str]:
-        return sorted(self.model_extra or {})
-
-    @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Whether every streamed chunk carries the token counts so far."""
+        return self.include_usage and self.stream_options.continuous_usage_stats
 
     @property
     def completion_limit(self) -> int | None:
@@ -121,6 +168,8 @@ class _GenerationRequest(BaseModel):
         """The engine's SamplingParams from the fields the request set; ValueError names a bad value.
         `structured_outputs` replaces what the request's own fields ask for."""
         values = self.model_dump(include=_SAMPLING_FIELDS, exclude_none=True)
+        for stop in [values["stop"]] if isinstance(values.get("stop"), str) else values.get("stop", []):
+            check_unicode(stop, "a stop string")
         values["max_tokens"] = self.completion_limit
         if self.logit_bias is not None:
             values["logit_bias"] = _token_biases(self.logit_bias)
@@ -131,7 +180,8 @@ class _GenerationRequest(BaseModel):
 _STRUCTURED_KEYS = {"json", "regex", "choice", "grammar", "json_object"}
 _SAMPLING_FIELDS = (set(_GenerationRequest.model_fields)
                     - {"model", "stream", "stream_options", "user", "max_tokens", "logit_bias", "response_format",
-                       "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar"})
+                       "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                       "prompt_logprobs"})
 
 
 def _token_biases(logit_bias: dict[str, float]) -> dict[int, float]:
@@ -145,15 +195,40 @@ def _token_biases(logit_bias: dict[str, float]) -> dict[int, float]:
 class CompletionRequest(_GenerationRequest):
     """POST /v1/completions: one prompt or a batch, each as text or token ids.
 
-    `echo` puts the prompt before each completion's text (and, with `logprobs`,
-    its tokens' log-probabilities before the completion's); `best_of`
-    completions are made per prompt and the `n` most likely returned.
+    `max_tokens` left out (or null) is 16, as OpenAI and vLLM have it. `echo`
+    puts the prompt before each completion's text (and, with `logprobs`, its
+    tokens' log-probabilities before the completion's); with `max_tokens: 0`
+    it only scores the prompt: the prompt comes back, nothing is generated.
+    `best_of` completions are made per prompt and the `n` most likely
+    returned. `suffix` is known only to be refused: no model here fills in a
+    middle.
     """
 
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool = False
     logprobs: int | None = None
     best_of: int | None = None
+    suffix: str | None = None
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether the request only scores its prompt (`echo` with `max_tokens: 0`)."""
+        return self.echo and self.max_tokens == 0
+
+    @property
+    def completion_limit(self) -> int:
+        """The most tokens each completion may have: as sent, else 16; a prompt being scored is given
+        one token (the engine makes at least one) that the response leaves out."""
+        if self.scores_prompt:
+            return 1
+        return DEFAULT_COMPLETION_TOKENS if self.max_tokens is None else self.max_tokens
+
+    def prompt_logprobs_wanted(self) -> int | None:
+        """How many alternatives each prompt token's log-probabilities carry: `prompt_logprobs`, else
+        `logprobs` when the prompt is echoed, else None (none computed)."""
+        if self.prompt_logprobs is not None:
+            return self.prompt_logprobs
+        return self.logprobs if self.echo else None
 
     def prompts(self) -> list[str | list[int]]:
         """The prompts of the request: one, or each of a batch."""
@@ -163,36 +238,40 @@ class CompletionRequest(_GenerationRequest):
         return [prompt]
 
 
-class TextPart(BaseModel):
+class TextPart(_Lenient):
     """A text part of a message's content (the only kind a text model takes)."""
 
-    model_config = ConfigDict(extra="forbid")
     type: Literal["text"]
     text: str
 
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, data):
+        if isinstance(data, dict) and data.get("type") != "text":
+            raise ValueError(f"this model takes text content parts only, not {data.get('type')!r}; send "
+                             f"{{\"type\": \"text\", \"text\": ...}}")
+        return data
 
-class FunctionCall(BaseModel):
+
+class FunctionCall(_Lenient):
     """A function and its arguments as JSON text."""
 
-    model_config = ConfigDict(extra="forbid")
     name: str
     arguments: str
 
 
-class ToolCallMessage(BaseModel):
+class ToolCallMessage(_Lenient):
     """A call an assistant message made, sent back in the conversation."""
 
-    model_config = ConfigDict(extra="forbid")
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(_Lenient):
     """One turn of a conversation: content as a string or text parts; an assistant turn may carry the tool
     calls it made (then content may be null), a tool turn the id of the call it answers."""
 
-    model_config = ConfigDict(extra="forbid")
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -225,47 +304,48 @@ def _arguments(text: str):
         return text
 
 
-class FunctionDefinition(BaseModel):
+class FunctionDefinition(_Lenient):
     """A function the model may call: its name, what it does, its parameters' JSON schema."""
 
-    model_config = ConfigDict(extra="forbid")
     name: str
     description: str | None = None
     parameters: dict | None = None
     strict: bool | None = None
 
 
-class ToolDefinition(BaseModel):
+_FUNCTION_FIELDS = set(FunctionDefinition.model_fields)
+
+
+class ToolDefinition(_Lenient):
     """`tools[i]`: a function."""
 
-    model_config = ConfigDict(extra="forbid")
     type: Literal["function"] = "function"
     function: FunctionDefinition
 
 
-class NamedFunction(BaseModel):
+class NamedFunction(_Lenient):
     """The function a named tool_choice calls."""
 
-    model_config = ConfigDict(extra="forbid")
     name: str
 
 
-class NamedToolChoice(BaseModel):
+class NamedToolChoice(_Lenient):
     """`tool_choice` naming the function the reply must call."""
 
-    model_config = ConfigDict(extra="forbid")
     type: Literal["function"] = "function"
     function: NamedFunction
 
 
 class ChatCompletionRequest(_GenerationRequest):
-    """POST /v1/chat/completions: messages rendered with the tokenizer's chat template.
+    """POST /v1/chat/completions: messages rendered with a chat template (`chat_template`, vLLM's: this
+    request's own, else the server's, else the tokenizer's).
 
     `max_completion_tokens` takes precedence over the older `max_tokens`, as
     OpenAI documents. `logprobs: true` reports the chosen tokens'
     log-probabilities, with `top_logprobs` alternatives each.
     `chat_template_kwargs`, `add_generation_prompt` and `continue_final_message`
-    go to the template as vLLM passes them.
+    go to the template as vLLM passes them. `parallel_tool_calls: false`
+    allows at most one tool call in the reply.
     """
 
     messages: list[ChatMessage]
@@ -276,7 +356,9 @@ class ChatCompletionRequest(_GenerationRequest):
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    chat_template: str | None = None
     chat_template_kwargs: dict | None = None
+    parallel_tool_calls: bool | None = None
 
     @property
     def completion_limit(self) -> int | None:
@@ -287,7 +369,10 @@ class ChatCompletionRequest(_GenerationRequest):
 
     def tool_list(self) -> list[dict] | None:
         """The tools as chat templates and the constraint take them (None without tools)."""
-        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
+        if not self.tools:
+            return None
+        return [{"type": "function", "function": t.function.model_dump(exclude_none=True, include=_FUNCTION_FIELDS)}
+                for t in self.tools]
 
     def effective_tool_choice(self) -> str | dict:
         """The tool choice in force: as sent, else "auto" when tools are given and "none" without."""
@@ -295,26 +380,33 @@ class ChatCompletionRequest(_GenerationRequest):
             return "auto" if self.tools else "none"
         if self.tool_choice != "none" and not self.tools:
             raise ValueError("tool_choice needs tools; send the functions the model may call in tools")
-        return self.tool_choice if isinstance(self.tool_choice, str) else self.tool_choice.model_dump()
+        if isinstance(self.tool_choice, str):
+            return self.tool_choice
+        return {"type": "function", "function": {"name": self.tool_choice.function.name}}
+
+    @property
+    def one_tool_call(self) -> bool:
+        """Whether the reply may call at most one tool (`parallel_tool_calls: false`)."""
+        return self.parallel_tool_calls is False
 
 
-class TokenizeRequest(BaseModel):
-    """POST /tokenize: a prompt, or messages to render with the chat template first."""
+class TokenizeRequest(_RequestBody):
+    """POST /tokenize: a prompt, or messages to render with the chat template first (`chat_template`:
+    this request's own)."""
 
-    model_config = ConfigDict(extra="forbid")
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    chat_template: str | None = None
     chat_template_kwargs: dict | None = None
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(_RequestBody):
     """POST /detokenize: token ids back to text."""
 
-    model_config = ConfigDict(extra="forbid")
     model: str | None = None
     tokens: list[int] = Field(default_factory=list)
 
@@ -384,6 +476,15 @@ def chat_logprobs(token_ids: list[int], positions: list[PositionLogprobs], top: 
     return {"content": content}
 
 
-def error_body(message: str, error_type: str, code: int, param: str | None = None) -> dict:
+def prompt_logprobs_json(positions: list[PositionLogprobs | None]) -> list[dict | None]:
+    """vLLM's `prompt_logprobs`: None for the first prompt token, then per position {token id as text:
+    {"logprob", "rank", "decoded_token"}} for the prompt's token and the top alternatives."""
+    return [None if position is None else
+            {str(token_id): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
+             for token_id, lp in position.items()}
+            for position in positions]
+
+
+def error_body(message: str, error_type: str, code: int | str, param: str | None = None) -> dict:
     """OpenAI's error shape."""
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}

@@ -2,8 +2,9 @@
 
 With `tool_choice` naming a function the reply is constrained to that
 function's parameters (a JSON object: the call's arguments); with "required",
-to a JSON array of {"name", "parameters"} objects, one per call; both always
-parse. With "auto" the model may write calls in the Hermes / Qwen format,
+to a JSON array of {"name", "parameters"} objects, one per call; both parse
+unless the reply was cut short by its token limit. With "auto" the model may
+write calls in the Hermes / Qwen format (vLLM's `hermes` parser),
 `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, between other text.
 """
 
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from nanovllm.sampling_params import StructuredOutputsParams
 
 _TAGGED_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+# the start of a "required" call cut short: its complete name, then the parameters as far as they got
+_CUT_CALL = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*(?:,\s*"parameters"\s*:\s*(.*))?', re.S)
 TOOL_CALL_START = "<tool_call>"
 
 
@@ -44,8 +47,9 @@ def named_function(tool_choice) -> str | None:
     return tool_choice["function"]["name"] if isinstance(tool_choice, dict) else None
 
 
-def tool_choice_constraint(tools: list[dict], tool_choice) -> StructuredOutputsParams | None:
-    """What a named function or "required" constrains the reply to; None for "auto" and "none"."""
+def tool_choice_constraint(tools: list[dict], tool_choice, parallel: bool = True) -> StructuredOutputsParams | None:
+    """What a named function or "required" constrains the reply to (with `parallel` false, "required"
+    allows one call only); None for "auto" and "none"."""
     name = named_function(tool_choice)
     if name is not None:
         tool = next((t for t in tools if t["function"]["name"] == name), None)
@@ -57,21 +61,76 @@ def tool_choice_constraint(tools: list[dict], tool_choice) -> StructuredOutputsP
         return None
     calls = [{"type": "object", "properties": {"name": {"enum": [t["function"]["name"]]}, "parameters": _parameters(t)},
               "required": ["name", "parameters"], "additionalProperties": False} for t in tools]
-    return StructuredOutputsParams(json={"type": "array", "minItems": 1, "items": {"anyOf": calls}})
+    array = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    return StructuredOutputsParams(json=array if parallel else {**array, "maxItems": 1})
 
 
-def parse_tool_calls(text: str, tool_choice) -> tuple[str | None, list[ToolCall]]:
-    """The reply's content (None when it is all calls) and the calls in it. Text that should hold
-    calls but does not parse (a reply cut short) stays content, with no calls."""
+def parse_tool_calls(text: str, tool_choice, cut: bool = False,
+                     parallel: bool = True) -> tuple[str | None, list[ToolCall]]:
+    """The reply's content (None when it is all calls) and the calls in it; with `parallel` false only
+    the first call.
+
+    A forced call (a named function or "required") whose reply was `cut` short
+    by the token limit is still returned as calls, arguments as far as they
+    got: for a named function one call with the partial JSON text; for
+    "required" every call written whole, then the one being written if its
+    name is complete (its arguments the partial JSON text after
+    `"parameters":`, possibly empty). Text that should hold calls but does not
+    parse otherwise stays content, with no calls (as does an "auto" call cut
+    short).
+    """
     name = named_function(tool_choice)
-    try:
-        if name is not None:
+    if name is not None:
+        return _named_call(text, name, cut)
+    if tool_choice == "required":
+        content, calls = _required_calls(text, cut)
+    else:
+        content, calls = _tagged_calls(text)
+    return (content, calls) if parallel else (content, calls[:1])
+
+
+def _named_call(text: str, name: str, cut: bool) -> tuple[str | None, list[ToolCall]]:
+    if not cut:
+        try:
             json.loads(text)
-            return None, [ToolCall(name, text)]
-        if tool_choice == "required":
-            return None, [ToolCall(call["name"], json.dumps(call["parameters"])) for call in json.loads(text)]
-    except (json.JSONDecodeError, TypeError, KeyError):
+        except json.JSONDecodeError:
+            return text, []
+    return None, [ToolCall(name, text)]
+
+
+def _required_calls(text: str, cut: bool) -> tuple[str | None, list[ToolCall]]:
+    """The calls of a JSON array of {"name", "parameters"} objects; cut short, those that are whole plus
+    the one being written if its name is."""
+    decoder = json.JSONDecoder()
+    rest = text.lstrip()
+    if not rest.startswith("["):
         return text, []
+    calls, rest = [], rest[1:]
+    while True:
+        rest = rest.lstrip().removeprefix(",").lstrip()
+        if rest.startswith("]") or not rest:
+            break
+        try:
+            call, end = decoder.raw_decode(rest)
+            calls.append(ToolCall(call["name"], json.dumps(call["parameters"])))
+        except (json.JSONDecodeError, TypeError, KeyError):
+            calls = calls + _cut_call(rest) if cut else []
+            return (None, calls) if calls else (text, [])
+        rest = rest[end:]
+    if not calls or (not cut and rest.strip() != "]"):
+        return text, []
+    return None, calls
+
+
+def _cut_call(text: str) -> list[ToolCall]:
+    """The call `text` (one cut short) was writing, if it got as far as a complete name."""
+    match = _CUT_CALL.match(text)
+    if match is None:
+        return []
+    return [ToolCall(json.loads(match.group(1)), (match.group(2) or "").rstrip())]
+
+
+def _tagged_calls(text: str) -> tuple[str | None, list[ToolCall]]:
     calls = []
     for body in _TAGGED_CALL.findall(text):
         try:

@@ -1,5 +1,7 @@
 """Conversations rendered with a chat template, for LLM.chat and the chat endpoint."""
 
+import os
+
 import jinja2
 from transformers import PreTrainedTokenizerBase
 
@@ -16,7 +18,8 @@ def render_chat(tokenizer: PreTrainedTokenizerBase | None, messages: list[dict],
         raise ValueError("chat needs a tokenizer, but skip_tokenizer_init=True; render the prompt yourself")
     template = chat_template or getattr(tokenizer, "chat_template", None)
     if not template:
-        raise ValueError("this model's tokenizer has no chat template; pass one (chat_template) or use "
+        raise ValueError("this model's tokenizer has no chat template; give one (the server's --chat-template "
+                         "FILE_OR_STRING, a request's chat_template field, or LLM.chat's chat_template) or use "
                          "plain prompts")
     if not messages:
         raise ValueError("the conversation is empty; send at least one message")
@@ -32,3 +35,15 @@ def render_chat(tokenizer: PreTrainedTokenizerBase | None, messages: list[dict],
         raise ValueError(f"the chat template refused these messages: {e}") from None
     check_unicode(text, "the rendered conversation")
     return text
+
+
+def load_chat_template(value: str) -> str:
+    """A chat template given as a file's path (the file is read) or as the template itself (text with
+    Jinja's braces); ValueError for a name that is neither."""
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    if "{" not in value:
+        raise ValueError(f"chat template {value!r} is neither a file nor a Jinja template; give the path of a "
+                         f"template file or the template text itself")
+    return value
