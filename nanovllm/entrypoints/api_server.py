@@ -5,8 +5,6 @@ import contextlib
 import hmac
 import logging
 import sys
-from importlib.metadata import PackageNotFoundError, version
-
 import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -14,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
+from nanovllm import __version__
 from nanovllm.entrypoints.body_limit import BodyLimit
 from nanovllm.entrypoints.generation import APIError, GenerationHandler, ServerSettings
 from nanovllm.entrypoints.metrics import ServerMetrics
@@ -29,13 +28,6 @@ _DEATH_POLL_S = 0.5  # how often the server checks that the engine core lives
 _DEATH_LINGER_S = 1.0  # how long it then answers /health with 503 before it exits
 
 __all__ = ["APIError", "ServerSettings", "build_app", "serve"]
-
-
-def _package_version() -> str:
-    try:
-        return version("nanovllm")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def build_app(engine: OnlineEngine, settings: ServerSettings) -> FastAPI:
@@ -72,7 +64,7 @@ def build_app(engine: OnlineEngine, settings: ServerSettings) -> FastAPI:
 
     @app.get("/version", dependencies=guarded)
     async def server_version() -> dict:
-        return {"version": _package_version()}
+        return {"version": __version__}
 
     @app.get("/v1/models", dependencies=guarded)
     async def models() -> dict:
