@@ -11,6 +11,9 @@ from nanovllm.sampling_params import SamplingParams
 # text, token ids, {"prompt": text} or {"prompt_token_ids": ids}
 Prompt = str | list[int] | dict
 
+# Keys of vLLM's prompt dicts for features a text-only engine lacks: taken only when None.
+_ABSENT_PROMPT_KEYS = ("multi_modal_data", "mm_processor_kwargs", "multi_modal_uuids", "cache_salt")
+
 
 @dataclass
 class ProcessedPrompt:
@@ -61,7 +64,15 @@ class InputProcessor:
 
     @staticmethod
     def _unpack(prompt: dict) -> str | list[int]:
-        """The text of {"prompt": text} or the ids of {"prompt_token_ids": ids}."""
+        """The text of {"prompt": text} or the ids of {"prompt_token_ids": ids}; vLLM's other keys
+        (multi_modal_data ...) are accepted when None."""
+        if prompt.get("multi_modal_data") is not None:
+            raise ValueError("multi_modal_data is not supported: this is a text-only model; send the prompt as "
+                             "text or token ids only (multi_modal_data None or left out)")
+        for key in _ABSENT_PROMPT_KEYS:
+            if prompt.get(key) is not None:
+                raise ValueError(f"{key} is not supported by this text-only engine; leave it out or set it to None")
+        prompt = {key: value for key, value in prompt.items() if key not in _ABSENT_PROMPT_KEYS}
         if set(prompt) == {"prompt"} and isinstance(prompt["prompt"], str):
             return prompt["prompt"]
         if set(prompt) == {"prompt_token_ids"} and _is_token_ids(prompt["prompt_token_ids"]):
