@@ -1,7 +1,10 @@
 """The offline API in vLLM's shapes: prompt forms, RequestOutput/CompletionOutput, chat, n and best_of
 over a shared prompt, prompt logprobs against transformers, logit bias, max_tokens=None, stop reasons."""
 
+import math
+
 import pytest
+from conftest import VOCAB_SIZE
 from hf_reference import hf_greedy, hf_logprobs
 from test_llm import random_prompts
 
@@ -220,3 +223,22 @@ def test_chat_passes_tools_to_the_template(chat_llm):
     assert out.prompt_token_ids == [7, 5, 3]
     with pytest.raises(ValueError, match="tools must be a list of OpenAI tool dicts"):
         chat_llm.chat([{"role": "user", "content": "w5"}], GREEDY, tools={"name": "w7"}, use_tqdm=False)
+
+
+def test_logprobs_of_minus_one_are_the_whole_vocabulary(llm):
+    params = SamplingParams(temperature=1.0, seed=5, max_tokens=3, ignore_eos=True, logprobs=-1, prompt_logprobs=-1)
+    [out] = llm.generate([5, 6, 7], params, use_tqdm=False)
+    completion = out.outputs[0]
+    assert out.prompt_logprobs[0] is None
+    for position in [*completion.logprobs, *out.prompt_logprobs[1:]]:
+        assert sorted(position) == list(range(VOCAB_SIZE))
+        assert sorted(entry.rank for entry in position.values()) == list(range(1, VOCAB_SIZE + 1))
+        assert math.fsum(math.exp(entry.logprob) for entry in position.values()) == pytest.approx(1.0, abs=1e-4)
+    # the same draws as without logprobs, and the chosen token's entry is the one of the sampled token
+    plain = llm.generate([5, 6, 7], SamplingParams(temperature=1.0, seed=5, max_tokens=3, ignore_eos=True),
+                         use_tqdm=False)[0].outputs[0]
+    assert completion.token_ids == plain.token_ids
+    assert completion.cumulative_logprob == pytest.approx(
+        sum(position[token].logprob for position, token in zip(completion.logprobs, completion.token_ids)))
+    with pytest.raises(ValueError, match="logprobs=513 asks for more alternatives than the vocabulary's 512"):
+        llm.generate([5], SamplingParams(logprobs=VOCAB_SIZE + 1), use_tqdm=False)

@@ -139,11 +139,18 @@ class InputProcessor:
                 f"(num_kvcache_blocks, cpu_kvcache_gb or gpu_memory_utilization)"
             )
 
+    def _whole_vocabulary(self, params: SamplingParams) -> SamplingParams:
+        """`params` with logprobs and prompt_logprobs of -1 replaced by the vocabulary's size."""
+        whole = {name: self.info.vocab_size for name in ("logprobs", "prompt_logprobs") if getattr(params, name) == -1}
+        return replace(params, **whole) if whole else params
+
     def process(self, prompt: Prompt | ProcessedPrompt,
                 params: SamplingParams) -> tuple[ProcessedPrompt, SamplingParams]:
         """The checked prompt and its settings, `max_tokens` filled in where it was None (as many as the
-        context holds); ValueError if the request cannot be served."""
+        context holds) and logprobs of -1 as the vocabulary's size; ValueError if the request cannot be
+        served."""
         self.check_params(params)
+        params = self._whole_vocabulary(params)
         processed = prompt if isinstance(prompt, ProcessedPrompt) else self.parse(prompt)
         if params.max_tokens is None:
             room = self.info.max_model_len - len(processed.token_ids)
