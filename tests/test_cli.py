@@ -114,7 +114,20 @@ def test_serve_answers_completions_then_stops(qwen3_dir):
         assert process.wait(timeout=30) in (0, -signal.SIGTERM)
     log = process.stdout.read()
     assert "Application shutdown complete" in log
-    assert f"KV cache: {ENGINE_ARGS['num_kvcache_blocks']} blocks of {ENGINE_ARGS['kvcache_block_size']} tokens" in log
+    assert "KV cache: 32 blocks of 16 tokens (512 tokens, float32)" in log  # the dtype start-up chose, not 'auto'
+
+
+def test_serve_reports_a_port_in_use_before_loading_the_model(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        # the folder does not exist either: the port is checked first
+        result = subprocess.run(nanovllm_command() + ["serve", str(tmp_path / "missing"), "--port", str(port)],
+                                capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert f"nanovllm serve: cannot listen on 127.0.0.1:{port}: Address already in use; pick another --port" in (
+        result.stderr)
 
 
 def test_serve_reports_a_bad_model_folder(tmp_path):

@@ -4,6 +4,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import socket
 import sys
 import uvicorn
 from fastapi import Depends, FastAPI, Request
@@ -175,28 +176,44 @@ class _Server(uvicorn.Server):
         self.should_exit = True
 
 
+def _bind(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (not listening yet); ValueError if the address is taken or not this
+    machine's."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: a closed server's port is free
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}; pick another --port or --host, "
+                         f"or stop the program that uses it") from None
+    return sock
+
+
 def serve(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           max_waiting: int = 1024, served_model_name: str | None = None, shutdown_timeout: float = 30.0,
           max_request_bytes: int = 8 << 20, **engine_kwargs) -> None:
     """Load `model` (its engine core in a process of its own), then serve it until interrupted.
 
-    `engine_kwargs` are Config fields. On SIGINT/SIGTERM the server refuses new
+    `engine_kwargs` are Config fields. The address is taken first, so that a port in use is a
+    ValueError before the model loads. On SIGINT/SIGTERM the server refuses new
     requests and gives running ones `shutdown_timeout` seconds to finish before
     they are aborted; the core process is stopped either way. If the core dies,
     live requests end with an error and the server exits with an error (SystemExit).
     """
     settings = ServerSettings(served_model_name or model, api_key, max_waiting,
                               max_request_bytes=max_request_bytes)
-    engine = OnlineEngine(model, **engine_kwargs)
-    info = engine.client.info
-    print(f"nanovllm serve: KV cache: {info.num_kvcache_blocks} blocks of {info.block_size} tokens "
-          f"({info.num_kvcache_blocks * info.block_size:,} tokens, {engine.config.kv_cache_dtype})", file=sys.stderr,
-          flush=True)
-    config = uvicorn.Config(build_app(engine, settings), host=host, port=port, log_level="info",
-                            timeout_graceful_shutdown=shutdown_timeout)
-    try:
-        _Server(config, engine).run()  # on uvloop where it is installed
-    finally:
-        engine.shutdown()
+    with _bind(host, port) as sock:
+        engine = OnlineEngine(model, **engine_kwargs)
+        info = engine.client.info
+        print(f"nanovllm serve: KV cache: {info.num_kvcache_blocks} blocks of {info.block_size} tokens "
+              f"({info.num_kvcache_blocks * info.block_size:,} tokens, {info.kv_cache_dtype})", file=sys.stderr,
+              flush=True)
+        config = uvicorn.Config(build_app(engine, settings), host=host, port=port, log_level="info",
+                                timeout_graceful_shutdown=shutdown_timeout)
+        try:
+            _Server(config, engine).run(sockets=[sock])  # on uvloop where it is installed
+        finally:
+            engine.shutdown()
     if engine.failure is not None:
         raise SystemExit(f"nanovllm serve: the engine core died: {engine.failure}")
