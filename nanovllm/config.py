@@ -215,9 +215,10 @@ class Config:
         """'auto' as 'cuda' when a GPU is visible, else 'cpu'; a CUDA device must have a GPU per rank."""
         import torch
 
-        if self.device == "auto":
-            return "cuda" if torch.cuda.is_available() else "cpu"
-        if self.device == "cpu":
+        device = self.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cpu":
             return "cpu"
         if not torch.cuda.is_available():
             raise ValueError("device='cuda' was asked for but no CUDA GPU is visible; use device='cpu'")

@@ -263,3 +263,5 @@ def test_device_auto_is_the_gpu_when_one_is_visible(qwen3_dir, monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
     monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
     assert Config(qwen3_dir, device="auto").device == "cuda"
+    with pytest.raises(ValueError, match="tensor_parallel_size=2 needs one GPU per rank but 1 is visible"):
+        Config(qwen3_dir, device="auto", tensor_parallel_size=2)
