@@ -342,7 +342,7 @@ def describe(llm: LLM) -> str:
     config = llm.config
     return (f"graphs {'off' if config.enforce_eager else 'on'}, chunked prefill "
             f"{'on' if config.enable_chunked_prefill else 'off'}, {llm.client.info.num_kvcache_blocks} KV blocks "
-            f"of {config.kvcache_block_size}, {config.kv_cache_dtype} KV cache")
+            f"of {config.kvcache_block_size}, {llm.client.info.kv_cache_dtype} KV cache")
 
 
 def tokenizer_label(skip_tokenizer_init: bool) -> str:

@@ -1,19 +1,25 @@
-"""Engine configuration: one validated dataclass built from `LLM(model, **kwargs)`."""
+"""Engine configuration: one validated dataclass built from `LLM(model, **kwargs)`.
+
+torch and transformers are imported inside the methods that use them, so that
+`nanovllm serve --help` builds its flags from these fields without loading them.
+"""
 
 import importlib.util
 import math
 import os
+import warnings
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
-import torch
-from transformers import AutoConfig, PretrainedConfig
-
-from nanovllm.utils.parallel import check_divisible
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig
 
 _LOAD_FORMATS = ("auto", "dummy")
 _ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
 _KV_CACHE_DTYPES = ("auto", "fp8")
-_DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DEVICES = ("auto", "cuda", "cpu")
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
 _TYPE_NAMES = {int: "an integer", float: "a number", bool: "True or False", str: "a string"}
 _DEFAULT_MAX_MODEL_LEN = 4096
 # Tokens per step when max_num_batched_tokens=-1. A GPU step of 16k tokens keeps
@@ -25,10 +31,6 @@ _DEFAULT_TOKEN_BUDGET = {"cuda": 16384, "cpu": 256}
 _SEED_MIN, _SEED_MAX = -(1 << 63), (1 << 63) - 1
 
 
-def _default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def _has_type(value, expected: type) -> bool:
     """Whether `value` fits a field annotated `expected`: bools only fit bool, and ints also fit float."""
     if isinstance(value, bool):
@@ -36,6 +38,11 @@ def _has_type(value, expected: type) -> bool:
     if expected is float:
         return isinstance(value, (int, float))
     return isinstance(value, expected)
+
+
+def _option(default, help: str):
+    """A Config field with its default and the line `nanovllm serve --help` shows for it."""
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass
@@ -66,28 +73,55 @@ class Config:
     tokens per step on CUDA, 256 on the CPU (where a step's time grows with its
     tokens and decoding streams wait for it); with chunked prefill off, at least
     `max_model_len`.
+    `enable_prefix_caching=False` turns the prefix cache off: no prompt reads
+    the K/V of blocks computed for another, and no block is registered for it.
+    `device="auto"` (the default) is "cuda" when a GPU is visible, else "cpu".
+    `trust_remote_code` is accepted as vLLM accepts it and changes nothing (a
+    warning says so when it is True): only built-in architectures load.
+    Each field's one-line help (its metadata) is what `nanovllm serve --help` shows.
     """
 
     model: str
-    max_num_batched_tokens: int = -1
-    max_num_seqs: int = 512
-    max_model_len: int = -1
-    enable_chunked_prefill: bool = True
-    gpu_memory_utilization: float = 0.9
-    tensor_parallel_size: int = 1
-    enforce_eager: bool = False
-    kvcache_block_size: int = 256
-    kv_cache_dtype: str = "auto"
-    num_kvcache_blocks: int = -1
-    cpu_kvcache_gb: float = 2.0
-    device: str = field(default_factory=_default_device)
-    dtype: str = "auto"
-    load_format: str = "auto"
-    attention_backend: str = "auto"
-    skip_tokenizer_init: bool = False
-    seed: int = 0
-    master_port: int = 0
-    hf_config: PretrainedConfig = field(init=False, repr=False)
+    max_num_batched_tokens: int = _option(
+        -1, "most tokens one step computes, prompt chunks and decodes together; -1: 16384 on CUDA, 256 on the "
+            "CPU (with chunked prefill off, at least max_model_len)")
+    max_num_seqs: int = _option(512, "most sequences one step runs")
+    max_model_len: int = _option(
+        -1, "longest sequence (prompt plus completion) in tokens; -1: the model's max_position_embeddings, "
+            "at most 4096")
+    enable_chunked_prefill: bool = _option(
+        True, "split long prompts into chunks that run beside the decodes; off: each prompt is prefilled whole, "
+              "in a step of its own")
+    enable_prefix_caching: bool = _option(
+        True, "reuse the KV blocks of a prompt prefix computed before; off: every prompt is computed in full")
+    gpu_memory_utilization: float = _option(
+        0.9, "share of the GPU's memory the engine may take, KV cache included (with num_kvcache_blocks=-1)")
+    tensor_parallel_size: int = _option(1, "split the model over this many GPUs (processes on the CPU)")
+    enforce_eager: bool = _option(False, "run decode steps eagerly instead of replaying CUDA graphs")
+    kvcache_block_size: int = _option(256, "tokens per KV-cache block, a power of two >= 16")
+    kv_cache_dtype: str = _option(
+        "auto", "'auto': K/V in the model's dtype; 'fp8': float8 (e4m3) with a scale per token and KV head, "
+                "about half the memory")
+    num_kvcache_blocks: int = _option(
+        -1, "KV-cache blocks; -1: as many as memory holds (gpu_memory_utilization on CUDA, cpu_kvcache_gb on "
+            "the CPU)")
+    cpu_kvcache_gb: float = _option(2.0, "GiB of KV cache on the CPU (with num_kvcache_blocks=-1)")
+    device: str = _option("auto", "'cuda', 'cpu', or 'auto': cuda when a GPU is visible, else cpu")
+    dtype: str = _option(
+        "auto", "dtype of weights and activations: 'float32', 'bfloat16', 'float16', or 'auto': the checkpoint's")
+    load_format: str = _option(
+        "auto", "'auto': the folder's safetensors weights; 'dummy': random weights of the right shapes")
+    attention_backend: str = _option(
+        "auto", "'triton', 'torch', 'flash_attn', or 'auto': triton on CUDA, torch on the CPU")
+    skip_tokenizer_init: bool = _option(
+        False, "load no tokenizer: prompts must be token ids, and outputs have no text")
+    trust_remote_code: bool = _option(
+        False, "accepted for vLLM compatibility; changes nothing: only built-in architectures load, and no "
+               "code from the model folder runs")
+    seed: int = _option(0, "seed of the engine's random numbers: dummy weights, and draws of requests without a seed")
+    master_port: int = _option(
+        0, "port where tensor-parallel ranks meet; 0: $MASTER_PORT if set, else a free port")
+    hf_config: "PretrainedConfig" = field(init=False, repr=False)
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs) -> "Config":
@@ -105,11 +139,14 @@ class Config:
             self.model = os.fspath(self.model)
         self._check_types()
         self._check_ranges()
+        self.device = self._resolve_device()
         self.attention_backend = self._resolve_attention_backend()
         self._check_kv_cache_dtype()
         self._check_model_folder()
-        self.hf_config = AutoConfig.from_pretrained(self.model)
-        check_divisible(self.hf_config, self.tensor_parallel_size)
+        if self.trust_remote_code:
+            warnings.warn("trust_remote_code=True changes nothing: nanovllm loads only its built-in architectures "
+                          "and runs no code from the model folder", stacklevel=3)
+        self.hf_config = self._load_hf_config()
         self.max_model_len = self._resolve_max_model_len()
         self.max_num_batched_tokens = self._resolve_token_budget()
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
@@ -125,11 +162,12 @@ class Config:
         return (self.max_model_len + self.kvcache_block_size - 1) // self.kvcache_block_size
 
     @property
-    def torch_dtype(self) -> torch.dtype:
+    def torch_dtype(self) -> "torch.dtype":
         """The dtype weights and activations use: the checkpoint's unless `dtype` overrides it."""
-        chosen = _DTYPES[self.dtype]
-        if chosen is not None:
-            return chosen
+        import torch
+
+        if self.dtype != "auto":
+            return getattr(torch, self.dtype)
         checkpoint_dtype = getattr(self.hf_config, "dtype", None) or torch.float32
         if isinstance(checkpoint_dtype, str):
             checkpoint_dtype = getattr(torch, checkpoint_dtype)
@@ -168,17 +206,38 @@ class Config:
                 f"cpu_kvcache_gb must be a finite number > 0, got {self.cpu_kvcache_gb}")
         require(_SEED_MIN <= self.seed <= _SEED_MAX,
                 f"seed must be in [-2**63, 2**63 - 1] (a signed 64-bit integer), got {self.seed}")
-        require(self.device in ("cpu", "cuda"), f"device must be 'cpu' or 'cuda', got {self.device!r}")
-        require(self.device == "cpu" or torch.cuda.is_available(),
-                "device='cuda' was asked for but no CUDA GPU is visible; use device='cpu'")
-        num_gpus = torch.cuda.device_count() if self.device == "cuda" else 0
-        require(self.device == "cpu" or num_gpus >= self.tensor_parallel_size,
-                f"tensor_parallel_size={self.tensor_parallel_size} needs one GPU per rank but {num_gpus} "
-                f"{'is' if num_gpus == 1 else 'are'} visible; lower tensor_parallel_size or make more GPUs "
-                f"visible (CUDA_VISIBLE_DEVICES)")
+        require(self.device in _DEVICES, f"device must be one of {', '.join(_DEVICES)}, got {self.device!r}")
         require(self.dtype in _DTYPES, f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
         require(self.load_format in _LOAD_FORMATS,
                 f"load_format must be one of {', '.join(_LOAD_FORMATS)}, got {self.load_format!r}")
+
+    def _resolve_device(self) -> str:
+        """'auto' as 'cuda' when a GPU is visible, else 'cpu'; a CUDA device must have a GPU per rank."""
+        import torch
+
+        device = self.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cpu":
+            return "cpu"
+        if not torch.cuda.is_available():
+            raise ValueError("device='cuda' was asked for but no CUDA GPU is visible; use device='cpu'")
+        num_gpus = torch.cuda.device_count()
+        if num_gpus < self.tensor_parallel_size:
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} needs one GPU per rank but {num_gpus} "
+                             f"{'is' if num_gpus == 1 else 'are'} visible; lower tensor_parallel_size or make more "
+                             f"GPUs visible (CUDA_VISIBLE_DEVICES)")
+        return "cuda"
+
+    def _load_hf_config(self) -> "PretrainedConfig":
+        """The folder's config.json, once its heads and vocabulary are known to split over the ranks."""
+        from transformers import AutoConfig
+
+        from nanovllm.utils.parallel import check_divisible
+
+        hf_config = AutoConfig.from_pretrained(self.model)
+        check_divisible(hf_config, self.tensor_parallel_size)
+        return hf_config
 
     def _check_kv_cache_dtype(self) -> None:
         if self.kv_cache_dtype not in _KV_CACHE_DTYPES:
@@ -189,6 +248,8 @@ class Config:
         if self.attention_backend == "flash_attn":
             raise ValueError("kv_cache_dtype='fp8' needs attention_backend 'triton' or 'torch' (flash-attn reads "
                              "only full-precision caches); change one of them")
+        import torch
+
         if self.device == "cuda" and torch.cuda.get_device_capability() < (8, 9):
             major, minor = torch.cuda.get_device_capability()
             raise ValueError(f"kv_cache_dtype='fp8' needs a GPU that converts to float8 (compute capability 8.9 "

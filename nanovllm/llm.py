@@ -81,14 +81,20 @@ class LLM(EngineFrontend):
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         chat_template_kwargs: dict | None = None,
+        tools: list[dict] | None = None,
     ) -> list[RequestOutput]:
         """Reply to one conversation (a list of {"role", "content"} messages) or a list of them, each
-        rendered with the tokenizer's chat template (or `chat_template`); one RequestOutput each."""
+        rendered with the tokenizer's chat template (or `chat_template`); one RequestOutput each.
+
+        A message's content is a string or a list of OpenAI content parts: text parts are joined one per
+        line, and any other part (an image ...) is a ValueError, as this is a text-only model. `tools`
+        (OpenAI tool dicts) are passed to the template, which describes them to the model.
+        """
         conversations = [messages] if not messages or isinstance(messages[0], dict) else list(messages)
         prompts = []
         for conversation in conversations:
             text = render_chat(self.tokenizer, conversation, add_generation_prompt, continue_final_message,
-                               chat_template, chat_template_kwargs)
+                               chat_template, chat_template_kwargs, tools)
             # the rendered template already holds the special tokens the model expects
             prompts.append(ProcessedPrompt(text, self.input_processor.tokenize(text, add_special_tokens=False)))
         return self._run(prompts, sampling_params, use_tqdm)

@@ -84,7 +84,8 @@ class SamplingParams:
 
     `logprobs=k` reports, for each completion token, its log-probability and
     rank and those of the k most likely tokens (from the model's raw logits);
-    `prompt_logprobs=k` does the same for every prompt token after the first.
+    `prompt_logprobs=k` does the same for every prompt token after the first;
+    -1 means the whole vocabulary.
     `skip_special_tokens` leaves special tokens out of the text.
     `structured_outputs` (a StructuredOutputsParams) keeps every completion
     inside a JSON schema, regex, choice or grammar; one that cannot finish
@@ -142,9 +143,9 @@ class SamplingParams:
                              f"got {type(self.structured_outputs).__name__}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if value is not None and not (_is_int(value) and value >= 0):
-                raise ValueError(f"{name} must be None or an integer >= 0 (how many top alternatives), "
-                                 f"got {value!r}")
+            if value is not None and not (_is_int(value) and value >= -1):
+                raise ValueError(f"{name} must be None, an integer >= 0 (how many top alternatives) or -1 (the "
+                                 f"whole vocabulary), got {value!r}")
 
     def _check_int64(self) -> None:
         """Refuse integers beyond signed 64 bits, which the engine core's messages and tensors cannot carry."""

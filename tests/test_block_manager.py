@@ -63,6 +63,18 @@ def test_full_blocks_are_registered_with_chained_hashes():
     assert bm.hash_to_block_id[b1.hash] == b1.block_id
 
 
+def test_without_prefix_caching_nothing_is_registered_or_shared():
+    bm = BlockManager(8, BS, enable_prefix_caching=False)
+    a = make_req(P0 + P1 + [42])
+    admit(bm, a)
+    assert all(bm.blocks[i].hash == -1 for i in a.block_table) and bm.hash_to_block_id == {}
+    assert all(decode_step(bm, a, t) for t in (43, 44, 45))  # the third block fills: still nothing registered
+    assert bm.hash_to_block_id == {}
+    b = make_req(P0 + P1 + [50])
+    assert admit(bm, b) == [] and b.num_cached_tokens == 0
+    assert not set(a.block_table) & set(b.block_table)
+
+
 def test_same_block_after_different_prefix_is_a_miss():
     bm = BlockManager(8, BS)
     a = make_req(P0 + P1 + [42])

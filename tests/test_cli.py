@@ -1,5 +1,6 @@
 """The `nanovllm` command: argument parsing, and `nanovllm serve` as a real process."""
 
+import argparse
 import json
 import os
 import shutil
@@ -8,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from importlib.metadata import version
 
 import httpx
 import openai
@@ -29,6 +31,59 @@ def test_serve_options_cover_config_fields():
     assert not build_parser().parse_args(["serve", "/m", "--no-enable-chunked-prefill"]).enable_chunked_prefill
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "/m", "--max-num-seqs", "many"])
+
+
+def serve_actions() -> list[argparse.Action]:
+    parser = build_parser()
+    [commands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return commands.choices["serve"]._actions
+
+
+def test_every_serve_flag_says_what_it_does():
+    for action in serve_actions():
+        assert action.help and action.help.strip(), f"{action.option_strings or action.dest} has no help"
+
+
+@pytest.mark.parametrize("flag, meaning", [
+    ("--max-model-len", "-1: the model's max_position_embeddings"),
+    ("--num-kvcache-blocks", "-1: as many as memory holds"),
+    ("--max-num-batched-tokens", "-1: 16384 on CUDA, 256 on the CPU"),
+    ("--master-port", "0: $MASTER_PORT if set, else a free port"),
+    ("--shutdown-timeout", "0: abort them at once"),
+])
+def test_flags_say_what_their_special_values_mean(flag, meaning):
+    [action] = [a for a in serve_actions() if flag in a.option_strings]
+    assert meaning in action.help
+
+
+def test_serve_help_imports_neither_torch_nor_transformers():
+    # the console script's own module, run as it runs: parse, print the help, exit
+    code = ("import sys\n"
+            "from nanovllm.cli import main\n"
+            "try:\n    main(['serve', '--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
+            "print(sorted(name for name in ('torch', 'transformers') if name in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "--enable-prefix-caching" in result.stdout and result.stdout.splitlines()[-1] == "[]"
+
+
+def test_a_bad_flag_is_refused_before_anything_loads():
+    code = ("import sys\n"
+            "from nanovllm.cli import main\n"
+            "try:\n    main(['serve', '/m', '--max-num-seqs', 'many'])\nexcept SystemExit as e:\n"
+            "    print(e.code, 'torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == "2 False" and "invalid int value: 'many'" in result.stderr
+
+
+def test_version_prints_the_package_version():
+    result = subprocess.run(nanovllm_command() + ["--version"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == f"nanovllm {version('nanovllm')}"
+
+
+def test_prefix_caching_flags_come_from_the_config_field():
+    assert build_parser().parse_args(["serve", "/m"]).enable_prefix_caching
+    assert not build_parser().parse_args(["serve", "/m", "--no-enable-prefix-caching"]).enable_prefix_caching
 
 
 def nanovllm_command() -> list[str]:
@@ -59,7 +114,20 @@ def test_serve_answers_completions_then_stops(qwen3_dir):
         assert process.wait(timeout=30) in (0, -signal.SIGTERM)
     log = process.stdout.read()
     assert "Application shutdown complete" in log
-    assert f"KV cache: {ENGINE_ARGS['num_kvcache_blocks']} blocks of {ENGINE_ARGS['kvcache_block_size']} tokens" in log
+    assert "KV cache: 32 blocks of 16 tokens (512 tokens, float32)" in log  # the dtype start-up chose, not 'auto'
+
+
+def test_serve_reports_a_port_in_use_before_loading_the_model(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        # the folder does not exist either: the port is checked first
+        result = subprocess.run(nanovllm_command() + ["serve", str(tmp_path / "missing"), "--port", str(port)],
+                                capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert f"nanovllm serve: cannot listen on 127.0.0.1:{port}: Address already in use; pick another --port" in (
+        result.stderr)
 
 
 def test_serve_reports_a_bad_model_folder(tmp_path):

@@ -2,12 +2,13 @@
 
 import json
 import os
+import warnings
 from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
-from nanovllm import LLM
+from nanovllm import LLM, SamplingParams
 from nanovllm.cli import build_parser
 from nanovllm.config import Config
 from nanovllm.engine import model_runner
@@ -233,3 +234,34 @@ def test_available_memory_is_read_with_or_without_proc(monkeypatch):
     assert model_runner.available_memory_bytes() > 0
     monkeypatch.setattr(model_runner.os.path, "exists", lambda path: False)
     assert model_runner.available_memory_bytes() > 0
+
+
+def test_prefix_caching_can_be_turned_off(qwen3_dir):
+    prompt = list(range(2, 40))
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    outputs = {}
+    for enabled in (True, False):
+        llm = LLM(qwen3_dir, enable_prefix_caching=enabled, kvcache_block_size=16, num_kvcache_blocks=16,
+                  max_model_len=128)
+        first, again = (llm.generate([prompt], params, use_tqdm=False)[0] for _ in range(2))
+        outputs[enabled] = again.outputs[0].token_ids
+        assert again.num_cached_tokens == (32 if enabled else 0)
+        assert llm.client.core.stats().prefix_cache_queries == (2 * len(prompt) if enabled else 0)
+    assert outputs[True] == outputs[False]
+
+
+def test_trust_remote_code_is_accepted_with_a_warning_that_it_changes_nothing(qwen3_dir):
+    with pytest.warns(UserWarning, match="trust_remote_code=True changes nothing"):
+        assert Config(qwen3_dir, trust_remote_code=True).trust_remote_code
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Config(qwen3_dir, trust_remote_code=False)
+
+
+def test_device_auto_is_the_gpu_when_one_is_visible(qwen3_dir, monkeypatch):
+    assert Config(qwen3_dir).device == "cpu"
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
+    assert Config(qwen3_dir, device="auto").device == "cuda"
+    with pytest.raises(ValueError, match="tensor_parallel_size=2 needs one GPU per rank but 1 is visible"):
+        Config(qwen3_dir, device="auto", tensor_parallel_size=2)

@@ -114,3 +114,11 @@ def test_abort_with_a_step_in_flight_drops_its_token_and_frees_its_blocks(qwen3_
     assert outputs[kept].outputs[0].token_ids == hf_greedy(qwen3_dir, random_prompts([6], seed=25),
                                                            GREEDY.max_tokens)[0]
     assert llm.client.core.scheduler.block_manager.num_free_blocks == 64
+
+
+@pytest.mark.parametrize("kwargs, name", [({}, "float32"), ({"dtype": "bfloat16"}, "bfloat16"),
+                                          ({"kv_cache_dtype": "fp8"}, "fp8_e4m3")])
+def test_info_names_the_kv_cache_dtype_start_up_chose(qwen3_dir, kwargs, name):
+    llm = engine(qwen3_dir, **kwargs)
+    assert llm.client.info.kv_cache_dtype == name
+    assert llm.config.kv_cache_dtype == kwargs.get("kv_cache_dtype", "auto")  # the config is left as given

@@ -1,7 +1,10 @@
 """The offline API in vLLM's shapes: prompt forms, RequestOutput/CompletionOutput, chat, n and best_of
 over a shared prompt, prompt logprobs against transformers, logit bias, max_tokens=None, stop reasons."""
 
+import math
+
 import pytest
+from conftest import VOCAB_SIZE
 from hf_reference import hf_greedy, hf_logprobs
 from test_llm import random_prompts
 
@@ -170,3 +173,72 @@ def test_abort_ends_every_completion_of_a_request(llm):
     assert not llm.has_unfinished_requests()
     assert llm.client.core.scheduler.block_manager.num_free_blocks == 64
     assert llm.client.core.stats().num_running == 0
+
+
+@pytest.mark.parametrize("prompt", [
+    {"prompt": "w5 w6 w7", "multi_modal_data": None},
+    {"prompt_token_ids": [5, 6, 7], "multi_modal_data": None, "mm_processor_kwargs": None, "cache_salt": None},
+])
+def test_prompt_dicts_take_vllms_other_keys_as_none(llm, prompt):
+    [out] = llm.generate(prompt, GREEDY, use_tqdm=False)
+    assert out.prompt_token_ids == [5, 6, 7]
+
+
+@pytest.mark.parametrize("prompt, message", [
+    ({"prompt": "w5", "multi_modal_data": {"image": object()}}, "multi_modal_data is not supported: this is a "
+                                                                "text-only model"),
+    ({"prompt": "w5", "mm_processor_kwargs": {"size": 4}}, "mm_processor_kwargs is not supported .* set it to None"),
+    ({"prompt": "w5", "prompt_token_ids": [5]}, "a prompt dict takes exactly one key"),
+])
+def test_prompt_dicts_refuse_what_a_text_only_model_cannot_take(llm, prompt, message):
+    with pytest.raises(ValueError, match=f"prompt 0: {message}"):
+        llm.generate([prompt], GREEDY, use_tqdm=False)
+    assert not llm.has_unfinished_requests()
+
+
+def test_chat_joins_text_content_parts_one_per_line(chat_llm):
+    parts = [{"type": "text", "text": "w5"}, {"type": "text", "text": "w6"}]
+    [out] = chat_llm.chat([{"role": "user", "content": parts}], GREEDY, use_tqdm=False)
+    assert out.prompt == "w5\nw6 w3" and out.prompt_token_ids == [5, 6, 3]
+
+
+@pytest.mark.parametrize("part, message", [
+    ({"type": "image_url", "image_url": {"url": "http://x/cat.png"}},
+     "part 1 is 'image_url': this is a text-only model"),
+    ({"text": "w6"}, "part 1 is a dict without a 'type': this is a text-only model"),
+    ({"type": "text", "text": 6}, "part 1: a text part needs 'text' as a string"),
+])
+def test_chat_refuses_parts_that_are_not_text(chat_llm, part, message):
+    conversation = [{"role": "user", "content": [{"type": "text", "text": "w5"}, part]}]
+    with pytest.raises(ValueError, match=f"message 0, {message}"):
+        chat_llm.chat(conversation, GREEDY, use_tqdm=False)
+
+
+def test_chat_passes_tools_to_the_template(chat_llm):
+    template = ("{% for tool in tools %}{{ tool['function']['name'] }} {% endfor %}"
+                "{% for m in messages %}{{ m['content'] }} {% endfor %}w3")
+    tools = [{"type": "function", "function": {"name": "w7", "parameters": {"type": "object", "properties": {}}}}]
+    [out] = chat_llm.chat([{"role": "user", "content": "w5"}], GREEDY, chat_template=template, tools=tools,
+                          use_tqdm=False)
+    assert out.prompt_token_ids == [7, 5, 3]
+    with pytest.raises(ValueError, match="tools must be a list of OpenAI tool dicts"):
+        chat_llm.chat([{"role": "user", "content": "w5"}], GREEDY, tools={"name": "w7"}, use_tqdm=False)
+
+
+def test_logprobs_of_minus_one_are_the_whole_vocabulary(llm):
+    params = SamplingParams(temperature=1.0, seed=5, max_tokens=3, ignore_eos=True, logprobs=-1, prompt_logprobs=-1)
+    [out] = llm.generate([5, 6, 7], params, use_tqdm=False)
+    completion = out.outputs[0]
+    assert out.prompt_logprobs[0] is None
+    for position in [*completion.logprobs, *out.prompt_logprobs[1:]]:
+        assert sorted(position) == list(range(VOCAB_SIZE))
+        assert sorted(entry.rank for entry in position.values()) == list(range(1, VOCAB_SIZE + 1))
+        assert math.fsum(math.exp(entry.logprob) for entry in position.values()) == pytest.approx(1.0, abs=1e-4)
+    # the same draws as without logprobs, and the chosen token's entry is the one of the sampled token
+    plain = llm.generate([5, 6, 7], SamplingParams(temperature=1.0, seed=5, max_tokens=3, ignore_eos=True),
+                         use_tqdm=False)[0].outputs[0]
+    assert completion.token_ids == plain.token_ids
+    assert completion.cumulative_logprob == pytest.approx(
+        sum(position[token].logprob for position, token in zip(completion.logprobs, completion.token_ids)))
+    with pytest.raises(ValueError, match="logprobs=513 asks for more alternatives than the vocabulary's 512"):
+        llm.generate([5], SamplingParams(logprobs=VOCAB_SIZE + 1), use_tqdm=False)

@@ -25,7 +25,7 @@ def test_one_stop_string_becomes_a_list():
     ({"n": 2.0}, "n must be"),
     ({"n": 3, "best_of": 2}, "best_of"),
     ({"best_of": 2, "temperature": 0}, "best_of > 1 needs sampling"),
-    ({"prompt_logprobs": -1}, "prompt_logprobs"),
+    ({"prompt_logprobs": -2}, r"prompt_logprobs must be None, an integer >= 0 .* or -1 \(the whole vocabulary\)"),
     ({"logit_bias": {5: 101}}, "logit_bias"),
     ({"logit_bias": {-1: 1.0}}, "logit_bias"),
     ({"logit_bias": [1, 2]}, "logit_bias"),
@@ -59,7 +59,7 @@ def test_one_stop_string_becomes_a_list():
     ({"max_tokens": True}, "max_tokens"),
     ({"min_tokens": -1}, "min_tokens"),
     ({"min_tokens": 10, "max_tokens": 5}, "min_tokens"),
-    ({"logprobs": -1}, "logprobs"),
+    ({"logprobs": -2}, "logprobs"),
     ({"logprobs": 2.0}, "logprobs"),
 ])
 def test_bad_values_are_refused(kwargs, message):

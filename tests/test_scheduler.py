@@ -18,9 +18,11 @@ BS = 4
 EOS = 1
 
 
-def make_scheduler(num_blocks=16, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64, chunked=False):
+def make_scheduler(num_blocks=16, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64, chunked=False,
+                   prefix_caching=True):
     config = SimpleNamespace(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                             max_model_len=max_model_len, enable_chunked_prefill=chunked, kvcache_block_size=BS)
+                             max_model_len=max_model_len, enable_chunked_prefill=chunked, kvcache_block_size=BS,
+                             enable_prefix_caching=prefix_caching)
     return Scheduler(config, num_blocks, (EOS,))
 
 
@@ -638,3 +640,14 @@ def test_a_request_that_skips_the_prefix_cache_is_no_query():
     sched.add_request(make_req("s", prompt, prompt_logprobs=0))
     sched.schedule()
     assert (sched.stats().prefix_cache_queries, sched.stats().prefix_cache_hits) == (9, 0)
+
+
+def test_without_prefix_caching_a_repeated_prompt_is_computed_again_and_no_query_is_counted():
+    sched = make_scheduler(prefix_caching=False)
+    prompt = list(range(2, 11))
+    sched.add_request(make_req("a", prompt))
+    step(sched)
+    sched.add_request(make_req("b", prompt))
+    out = sched.schedule()
+    assert out.req_ids == ["b"] and out.num_computed_tokens == [0] and out.token_ids == [prompt]
+    assert (sched.stats().prefix_cache_queries, sched.stats().prefix_cache_hits) == (0, 0)

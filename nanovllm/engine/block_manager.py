@@ -41,11 +41,13 @@ class BlockManager:
 
     Free blocks wait in a FIFO and keep their hash, so a later request with the
     same prefix can revive them; a block is only reused for new content once it
-    reaches the head of the queue.
+    reaches the head of the queue. With `enable_prefix_caching=False` no block
+    is looked up or registered: every request computes all its tokens.
     """
 
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.hash_to_block_id: dict[int, int] = {}
         self.free_block_ids: deque[int] = deque(range(num_blocks))
@@ -60,8 +62,11 @@ class BlockManager:
 
         At least one token is always left to compute, so that the step has a
         last position to sample from and never writes into a shared block.
+        None are found with prefix caching off.
         """
         hits = []
+        if not self.enable_prefix_caching:
+            return hits
         prefix_hash = -1
         for i in range(req.num_blocks):
             if (i + 1) * self.block_size >= req.num_tokens:
@@ -118,11 +123,14 @@ class BlockManager:
         are full once its first `num_computed` tokens (default all) have K/V.
 
         Only confirmed tokens count: a block holding a placeholder is registered
-        by a later step, once its value is known.
+        by a later step, once its value is known. Nothing is registered with
+        prefix caching off.
         """
         table = req.block_table
         for _ in range(req.num_blocks - len(table)):
             table.append(self._take_free_block())
+        if not self.enable_prefix_caching:
+            return
         num_known = len(req.token_ids) if num_computed is None else min(num_computed, len(req.token_ids))
         num_full = num_known // self.block_size
         # Most decode steps fill no block; then the last full one already has its hash.

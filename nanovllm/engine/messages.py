@@ -75,12 +75,14 @@ class EngineStats(msgspec.Struct, frozen=True):
 
 
 class EngineCoreInfo(msgspec.Struct, frozen=True):
-    """What the core found at start-up, for the front end's checks of each request."""
+    """What the core found at start-up, for the front end's checks of each request; `kv_cache_dtype` is
+    the element type the KV cache was given ("bfloat16", "float32", "fp8_e4m3" ...)."""
 
     num_kvcache_blocks: int
     block_size: int
     max_model_len: int
     vocab_size: int
+    kv_cache_dtype: str
 
 
 class EngineCoreOutputs(msgspec.Struct, tag="outputs"):

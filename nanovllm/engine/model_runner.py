@@ -41,6 +41,11 @@ def available_memory_bytes() -> int:
     return os.sysconf(pages) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    """A dtype as vLLM names it: "fp8_e4m3" for the FP8 cache, else torch's name without "torch."."""
+    return "fp8_e4m3" if dtype == FP8_DTYPE else str(dtype).removeprefix("torch.")
+
+
 class ModelRunner:
     """Owns the model, its KV cache and the sampler on one device.
 
@@ -52,7 +57,8 @@ class ModelRunner:
     `tensor_parallel_size > 1` this is rank `rank`: it joins the group at
     `store` (rank 0 serves it) and holds its share of the model and the cache;
     rank 0 samples and broadcasts the ids to the others.
-    `num_kvcache_blocks` is the capacity the cache was given.
+    `num_kvcache_blocks` is the capacity the cache was given, `kv_cache_dtype_name`
+    its element type ("bfloat16", "fp8_e4m3" ...).
     """
 
     def __init__(self, config: Config, eos_token_ids: tuple[int, ...] = (), rank: int = 0, store=None):
@@ -87,6 +93,7 @@ class ModelRunner:
         if self.device.type == "cuda":
             self._warm_up()
         self.num_kvcache_blocks = self._allocate_kv_cache()
+        self.kv_cache_dtype_name = _dtype_name(self.kv_cache.dtype)
         if self.device.type == "cuda":
             self._warm_up_cached_prefix()
         self.decode_buffers = DecodeBuffers(config.max_num_seqs, config.max_blocks_per_seq, self.block_size,

@@ -39,7 +39,7 @@ class Scheduler:
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.chunked_prefill = config.enable_chunked_prefill
         self.stop_checker = StopChecker(eos_token_ids, config.max_model_len)
-        self.block_manager = BlockManager(num_kvcache_blocks, config.kvcache_block_size)
+        self.block_manager = BlockManager(num_kvcache_blocks, config.kvcache_block_size, config.enable_prefix_caching)
         self.structured = structured or StructuredOutputs(None)
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
@@ -109,7 +109,7 @@ class Scheduler:
             if n > budget or not self.block_manager.can_allocate(req, hits):
                 break
             self.block_manager.allocate(req, hits, num_cached + n)
-            if req.params.prompt_logprobs is None:
+            if req.params.prompt_logprobs is None and self.block_manager.enable_prefix_caching:
                 self.prefix_cache_queries += req.num_tokens
                 self.prefix_cache_hits += num_cached
             budget -= n

@@ -120,7 +120,7 @@ class TensorParallelRunner:
     """Rank 0's model runner together with N-1 worker processes that mirror every call.
 
     Offers what `ModelRunner` offers to the engine core (`execute`,
-    `num_kvcache_blocks`); `close()` (also called when the object is collected
+    `num_kvcache_blocks`, `kv_cache_dtype_name`); `close()` (also called when the object is collected
     or the interpreter exits) stops the workers and removes the shared-memory
     segment.
     """
@@ -150,6 +150,7 @@ class TensorParallelRunner:
         self._guarded(lambda: None)  # every worker reached the rendezvous
         self.runner = self._workers.rank0 = self._guarded(lambda: ModelRunner(config, eos_token_ids, 0, store))
         self.num_kvcache_blocks = self.runner.num_kvcache_blocks
+        self.kv_cache_dtype_name = self.runner.kv_cache_dtype_name
 
     @property
     def channel(self) -> CommandChannel:

@@ -4,9 +4,9 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import socket
 import sys
 import time
-from importlib.metadata import PackageNotFoundError, version
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
+from nanovllm import __version__
 from nanovllm.entrypoints.body_limit import BodyLimit
 from nanovllm.entrypoints.generation import APIError, GenerationHandler, ServerSettings
 from nanovllm.entrypoints.internal_errors import InternalErrors
@@ -32,13 +33,6 @@ _DEATH_LINGER_S = 1.0  # how long it then answers /health with 503 before it exi
 _LAST_EVENTS_S = 2.0  # after the shutdown grace period: time for the requests' error events to go out
 
 __all__ = ["APIError", "ServerSettings", "build_app", "serve"]
-
-
-def _package_version() -> str:
-    try:
-        return version("nanovllm")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def build_app(engine: OnlineEngine, settings: ServerSettings) -> FastAPI:
@@ -76,7 +70,7 @@ def build_app(engine: OnlineEngine, settings: ServerSettings) -> FastAPI:
 
     @app.get("/version", dependencies=guarded)
     async def server_version() -> dict:
-        return {"version": _package_version()}
+        return {"version": __version__}
 
     @app.get("/v1/models", dependencies=guarded)
     async def models() -> dict:
@@ -194,6 +188,20 @@ class _Server(uvicorn.Server):
         self.should_exit = True
 
 
+def _bind(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (not listening yet); ValueError if the address is taken or not this
+    machine's."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: a closed server's port is free
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}; pick another --port or --host, "
+                         f"or stop the program that uses it") from None
+    return sock
+
+
 def serve(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           max_waiting: int = 1024, served_model_name: str | None = None, shutdown_timeout: float = 30.0,
           max_request_bytes: int = 8 << 20, chat_template: str | None = None, enable_auto_tool_choice: bool = False,
@@ -203,7 +211,8 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | 
     `engine_kwargs` are Config fields. `chat_template` is a template file's path
     or the template itself. `enable_auto_tool_choice` and `tool_call_parser`
     are vLLM's flags, taken for its users' command lines: tool_choice "auto" is
-    always on here, with the Hermes parser. On SIGINT/SIGTERM the server refuses new
+    always on here, with the Hermes parser. The address is taken first, so that
+    a port in use is a ValueError before the model loads. On SIGINT/SIGTERM the server refuses new
     requests and gives running ones `shutdown_timeout` seconds to finish before
     they end with an error; the core process is stopped either way. If the engine
     cannot go on (its core died, or a fault of the front end's own), live requests
@@ -216,16 +225,17 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | 
               file=sys.stderr, flush=True)
     settings = ServerSettings(served_model_name or model, api_key, max_waiting, max_request_bytes=max_request_bytes,
                               chat_template=None if chat_template is None else load_chat_template(chat_template))
-    engine = OnlineEngine(model, **engine_kwargs)
-    info = engine.client.info
-    print(f"nanovllm serve: KV cache: {info.num_kvcache_blocks} blocks of {info.block_size} tokens "
-          f"({info.num_kvcache_blocks * info.block_size:,} tokens, {engine.config.kv_cache_dtype})", file=sys.stderr,
-          flush=True)
-    config = uvicorn.Config(build_app(engine, settings), host=host, port=port, log_level="info",
-                            timeout_graceful_shutdown=shutdown_timeout + _LAST_EVENTS_S)
-    try:
-        _Server(config, engine, shutdown_timeout).run()  # on uvloop where it is installed
-    finally:
-        engine.shutdown()
+    with _bind(host, port) as sock:
+        engine = OnlineEngine(model, **engine_kwargs)
+        info = engine.client.info
+        print(f"nanovllm serve: KV cache: {info.num_kvcache_blocks} blocks of {info.block_size} tokens "
+              f"({info.num_kvcache_blocks * info.block_size:,} tokens, {info.kv_cache_dtype})", file=sys.stderr,
+              flush=True)
+        config = uvicorn.Config(build_app(engine, settings), host=host, port=port, log_level="info",
+                                timeout_graceful_shutdown=shutdown_timeout + _LAST_EVENTS_S)
+        try:
+            _Server(config, engine, shutdown_timeout).run(sockets=[sock])  # on uvloop where it is installed
+        finally:
+            engine.shutdown()
     if engine.failure is not None:
         raise SystemExit(f"nanovllm serve: the engine cannot go on: {engine.failure}")

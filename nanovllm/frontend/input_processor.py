@@ -11,6 +11,9 @@ from nanovllm.sampling_params import SamplingParams
 # text, token ids, {"prompt": text} or {"prompt_token_ids": ids}
 Prompt = str | list[int] | dict
 
+# Keys of vLLM's prompt dicts for features a text-only engine lacks: taken only when None.
+_ABSENT_PROMPT_KEYS = ("multi_modal_data", "mm_processor_kwargs", "multi_modal_uuids", "cache_salt")
+
 
 @dataclass
 class ProcessedPrompt:
@@ -61,7 +64,15 @@ class InputProcessor:
 
     @staticmethod
     def _unpack(prompt: dict) -> str | list[int]:
-        """The text of {"prompt": text} or the ids of {"prompt_token_ids": ids}."""
+        """The text of {"prompt": text} or the ids of {"prompt_token_ids": ids}; vLLM's other keys
+        (multi_modal_data ...) are accepted when None."""
+        if prompt.get("multi_modal_data") is not None:
+            raise ValueError("multi_modal_data is not supported: this is a text-only model; send the prompt as "
+                             "text or token ids only (multi_modal_data None or left out)")
+        for key in _ABSENT_PROMPT_KEYS:
+            if prompt.get(key) is not None:
+                raise ValueError(f"{key} is not supported by this text-only engine; leave it out or set it to None")
+        prompt = {key: value for key, value in prompt.items() if key not in _ABSENT_PROMPT_KEYS}
         if set(prompt) == {"prompt"} and isinstance(prompt["prompt"], str):
             return prompt["prompt"]
         if set(prompt) == {"prompt_token_ids"} and _is_token_ids(prompt["prompt_token_ids"]):
@@ -128,11 +139,18 @@ class InputProcessor:
                 f"(num_kvcache_blocks, cpu_kvcache_gb or gpu_memory_utilization)"
             )
 
+    def _whole_vocabulary(self, params: SamplingParams) -> SamplingParams:
+        """`params` with logprobs and prompt_logprobs of -1 replaced by the vocabulary's size."""
+        whole = {name: self.info.vocab_size for name in ("logprobs", "prompt_logprobs") if getattr(params, name) == -1}
+        return replace(params, **whole) if whole else params
+
     def process(self, prompt: Prompt | ProcessedPrompt,
                 params: SamplingParams) -> tuple[ProcessedPrompt, SamplingParams]:
         """The checked prompt and its settings, `max_tokens` filled in where it was None (as many as the
-        context holds); ValueError if the request cannot be served."""
+        context holds) and logprobs of -1 as the vocabulary's size; ValueError if the request cannot be
+        served."""
         self.check_params(params)
+        params = self._whole_vocabulary(params)
         processed = prompt if isinstance(prompt, ProcessedPrompt) else self.parse(prompt)
         if params.max_tokens is None:
             room = self.info.max_model_len - len(processed.token_ids)
