@@ -12,13 +12,19 @@ import threading
 import time
 
 import httpx
+import msgspec
 import pytest
 import uvicorn
+import zmq
 from test_api_server import ENGINE_ARGS, MODEL, RunningServer, error_of, wait_until
 from test_cli import alive, start_server
 
 from conftest import child_processes, core_steps
+from nanovllm import LLM, SamplingParams, StructuredOutputsParams
+from nanovllm.engine import structured_output
 from nanovllm.engine.core_client import remove_stale_socket_folders
+from nanovllm.engine.core_process import BusyLoop
+from nanovllm.engine.messages import EngineCoreOutputs, EngineCoreRequest, EngineCoreShutdown, EngineStats
 from nanovllm.entrypoints import generation
 from nanovllm.entrypoints.api_server import ServerSettings, _Server, build_app
 from nanovllm.frontend import output_processor
@@ -111,7 +117,7 @@ def test_a_fault_in_one_requests_output_ends_only_that_request(server, poisoned_
     wait_until(lambda: server.online.stats().num_running == 1)
     with httpx.Client(base_url=server.url, timeout=30) as client:
         plain = client.post("/v1/completions", json=completion(stop=[POISON]))
-        assert plain.status_code == 500 and "output" in error_of(plain)["message"]
+        assert plain.status_code == 500 and "failed while running this request" in error_of(plain)["message"]
         with client.stream("POST", "/v1/completions", json=completion(stop=[POISON], stream=True)) as response:
             events = events_of(response)
         assert events[-1]["error"]["code"] == 500
@@ -215,3 +221,60 @@ def test_stale_socket_folders_of_dead_processes_are_removed(tmp_path, monkeypatc
         folder.mkdir()
     remove_stale_socket_folders()
     assert not stale.exists() and live.exists() and other.exists()
+
+
+def test_a_grammar_fault_in_the_core_ends_only_that_request(chat_model_dir, monkeypatch):
+    llm = LLM(chat_model_dir, **ENGINE_ARGS)
+    try:
+        def failing_accept(self, request_id, token_id):
+            raise RuntimeError("simulated grammar fault")
+
+        monkeypatch.setattr(structured_output.StructuredOutputs, "accept", failing_accept)
+        constrained = SamplingParams(max_tokens=8, structured_outputs=StructuredOutputsParams(regex="(w5 )+"))
+        plain = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+        failed, served = llm.generate(["w5 w6", "w5 w6"], [constrained, plain], use_tqdm=False)
+        assert failed.outputs[0].finish_reason == "error"
+        assert served.outputs[0].finish_reason == "length" and len(served.outputs[0].token_ids) == 8
+    finally:
+        llm.close()
+
+
+class _RefusingCore:
+    """An engine core that cannot take the request 'bad' (as when its grammar fails to compile)."""
+
+    def __init__(self):
+        self.taken = []
+
+    def add_request(self, request):
+        if request.request_id == "bad":
+            raise RuntimeError("simulated compile failure")
+        self.taken.append(request.request_id)
+
+    def has_work(self):
+        return False
+
+    def stats(self):
+        return EngineStats()
+
+
+def test_a_request_the_core_process_cannot_take_ends_with_an_error_and_the_loop_goes_on():
+    context = zmq.Context()
+    try:
+        requests_in, requests_out = context.socket(zmq.PUSH), context.socket(zmq.PULL)
+        outputs_in, outputs_out = context.socket(zmq.PUSH), context.socket(zmq.PULL)
+        requests_in.bind("inproc://requests")
+        requests_out.connect("inproc://requests")
+        outputs_out.bind("inproc://outputs")
+        outputs_in.connect("inproc://outputs")
+        core = _RefusingCore()
+        loop = BusyLoop(core, requests_out, outputs_in)
+        encoder = msgspec.msgpack.Encoder()
+        for request_id in ("bad", "good"):
+            requests_in.send(encoder.encode(EngineCoreRequest(request_id, [5], SamplingParams())))
+        requests_in.send(encoder.encode(EngineCoreShutdown()))
+        assert not loop._take_messages()  # it reached the shutdown
+        sent = msgspec.msgpack.Decoder(EngineCoreOutputs).decode(outputs_out.recv())
+        assert [(o.request_id, o.finish_reason) for o in sent.outputs] == [("bad", "error")]
+        assert core.taken == ["good"]
+    finally:
+        context.destroy(linger=0)

@@ -93,12 +93,21 @@ class BusyLoop:
                 continue
             message = self.decoder.decode(self.requests.recv(copy=False))
             if isinstance(message, EngineCoreRequest):
-                self.core.add_request(message)
+                self._add(message)
             elif isinstance(message, EngineCoreAbort):
                 self.core.abort(message.request_ids)
             else:
                 return False
         return True
+
+    def _add(self, request: EngineCoreRequest) -> None:
+        """Queue a request; one the core cannot take (its grammar fails to compile) ends with an error
+        at once, and the others go on."""
+        try:
+            self.core.add_request(request)
+        except Exception:
+            logger.exception("the engine core could not take request %s", request.request_id)
+            self._send([EngineCoreOutput(request.request_id, [], finish_reason="error")])
 
     def _send(self, outputs: list[EngineCoreOutput], force: bool = False) -> None:
         stats = self.core.stats()

@@ -12,6 +12,7 @@ read back. `update` then confirms the values, applies the stopping rules and
 frees finished requests.
 """
 
+import logging
 import math
 from collections import deque
 
@@ -23,6 +24,8 @@ from nanovllm.engine.runner_output import ModelRunnerOutput
 from nanovllm.engine.scheduler_output import PromptScoring, SchedulerOutput
 from nanovllm.engine.stop_checker import StopChecker
 from nanovllm.engine.structured_output import StructuredOutputs
+
+logger = logging.getLogger(__name__)
 
 
 class Scheduler:
@@ -221,12 +224,18 @@ class Scheduler:
 
     def _grammar_finish_reason(self, req: Request, token_id: int) -> str | None:
         """Advance a constrained request's grammar: "stop" once it is complete, "length" if it refused the
-        token (only when no token it allows could be drawn, e.g. under a min_tokens ban), else None."""
+        token (only when no token it allows could be drawn, e.g. under a min_tokens ban), "error" if the
+        matcher failed, else None."""
         if not self.structured.has(req.request_id):
             return None
-        if not self.structured.accept(req.request_id, token_id):
-            return "length"
-        return "stop" if self.structured.is_terminated(req.request_id) else None
+        try:
+            if not self.structured.accept(req.request_id, token_id):
+                return "length"
+            return "stop" if self.structured.is_terminated(req.request_id) else None
+        except Exception:
+            # a fault in one request's grammar ends that request only
+            logger.exception("the grammar of request %s failed; it ends with an error", req.request_id)
+            return "error"
 
     def _finish(self, req: Request, reason: str) -> None:
         if req.status == RequestStatus.RUNNING:

@@ -183,7 +183,7 @@ class OnlineEngine(EngineFrontend):
             if output.finished:
                 del self._streams[parent.request_id]
                 if stream.error is None and any(c.finish_reason == "error" for c in output.outputs):
-                    stream.error = "the server failed while processing this request's output"
+                    stream.error = "the server failed while running this request"
             if stream.loop is None:
                 stream.put(output)
             else:
