@@ -49,7 +49,7 @@ def test_every_serve_flag_says_what_it_does():
     ("--num-kvcache-blocks", "-1: as many as memory holds"),
     ("--max-num-batched-tokens", "-1: 16384 on CUDA, 256 on the CPU"),
     ("--master-port", "0: $MASTER_PORT if set, else a free port"),
-    ("--shutdown-timeout", "0: abort them at once"),
+    ("--shutdown-timeout", "0: end them at once"),
 ])
 def test_flags_say_what_their_special_values_mean(flag, meaning):
     [action] = [a for a in serve_actions() if flag in a.option_strings]

@@ -94,6 +94,16 @@ def test_integers_out_of_range_are_a_400_naming_the_field(server, fields, name):
     wait_until(lambda: server.online.stats().num_running == 0)
 
 
+@pytest.mark.parametrize("fields, message", [
+    ({"stop": ["w9"] * 65}, "stop"),
+    ({"stop_token_ids": [5] * 1025}, "stop_token_ids"),
+    ({"prompt": ["w5"] * 600, "n": 2}, "1200 completions"),
+])
+def test_lists_beyond_the_servers_limits_are_a_400(server, fields, message):
+    response = httpx.post(f"{server.url}/v1/completions", json=completion(**fields), timeout=30)
+    assert response.status_code == 400 and message in error_of(response)["message"]
+
+
 def test_seeds_at_the_64_bit_bounds_are_served_and_repeat(server):
     for seed in (2**63 - 1, -2**63):
         body = completion(n=3, seed=seed, temperature=1.0)

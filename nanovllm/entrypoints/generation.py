@@ -199,6 +199,10 @@ class GenerationHandler:
                            chat_template_kwargs=body.chat_template_kwargs, tools=tools)
 
     async def _generate(self, jobs: list[_Job], body, request: Request, shape: "_Shape") -> Response:
+        completions = sum(job.params.num_completions for job in jobs)
+        if completions > self.settings.max_waiting:
+            raise APIError(400, f"this request makes {completions} completions (prompts times n or best_of); this "
+                                f"server queues at most {self.settings.max_waiting}: split it")
         for job in jobs:
             self._check_context(job.prompt, job.params.max_tokens)
             self.engine.input_processor.process(job.prompt, job.params)  # every prompt checked before any runs

@@ -6,7 +6,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -18,6 +18,9 @@ logger = logging.getLogger(__name__)
 
 # what /v1/completions generates when the request leaves max_tokens out (OpenAI's and vLLM's default)
 DEFAULT_COMPLETION_TOKENS = 16
+# Every step checks each live request's stop strings and stop tokens: a request may bring only so many.
+MAX_STOP_STRINGS = 64
+MAX_STOP_TOKEN_IDS = 1024
 
 
 class _Lenient(BaseModel):
@@ -110,8 +113,8 @@ class _GenerationRequest(_RequestBody):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    stop_token_ids: Annotated[list[int], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     include_stop_str_in_output: bool | None = None
     ignore_eos: bool | None = None
     min_tokens: int | None = None
@@ -279,12 +282,15 @@ class ChatMessage(_Lenient):
     tool_call_id: str | None = None
 
     def for_template(self) -> dict:
-        """The message as chat templates expect it: content as one string, tool call arguments as objects."""
+        """The message as render_chat takes it: content as a string or text parts, tool call arguments as
+        objects."""
         if self.content is None and not self.tool_calls:
             raise ValueError(f"a {self.role} message needs content (only an assistant's tool calls may stand alone)")
         if self.role == "tool" and self.tool_call_id is None:
             raise ValueError("a tool message needs the tool_call_id of the call it answers")
-        content = self.content if isinstance(self.content, str | None) else "".join(p.text for p in self.content)
+        # text parts go to render_chat as parts, which joins them as LLM.chat does
+        content = self.content if isinstance(self.content, str | None) else [
+            {"type": "text", "text": part.text} for part in self.content]
         message = {"role": self.role, "content": content or ""}
         for name in ("name", "tool_call_id"):
             if getattr(self, name) is not None:
