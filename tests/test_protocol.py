@@ -8,6 +8,7 @@ import pytest
 
 from nanovllm.entrypoints.protocol import (ChatCompletionRequest, CompletionRequest, ResponseHeader, Usage,
                                            chat_logprobs, completion_logprobs, prompt_logprobs_json)
+from nanovllm.frontend.chat import text_messages
 from nanovllm.outputs import Logprob
 
 
@@ -113,7 +114,10 @@ def test_chat_max_completion_tokens_takes_precedence_and_text_parts_join():
     request = ChatCompletionRequest(model="m", max_completion_tokens=9, messages=[
         {"role": "user", "content": [{"type": "text", "text": "a "}, {"type": "text", "text": "b"}], "name": "u"}])
     assert request.sampling_params(None).max_tokens == 9
-    assert request.conversation() == [{"role": "user", "content": "a b", "name": "u"}]
+    # the parts go to render_chat as parts, which joins them one per line as LLM.chat does
+    assert request.conversation() == [{"role": "user", "content": [{"type": "text", "text": "a "},
+                                                                   {"type": "text", "text": "b"}], "name": "u"}]
+    assert text_messages(request.conversation())[0]["content"] == "a \nb"
     both = ChatCompletionRequest(model="m", max_tokens=4, max_completion_tokens=9, messages=[])
     assert both.sampling_params(None).max_tokens == 9
     assert ChatCompletionRequest(model="m", max_tokens=4, messages=[]).sampling_params(None).max_tokens == 4
