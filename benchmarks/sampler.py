@@ -13,8 +13,8 @@ import time
 
 import torch
 
-from nanovllm.layers.penalties import PenaltyTensors
-from nanovllm.layers.sampler import Sampler, SamplingTensors
+from nanovllm.sample.penalties import PenaltyTensors
+from nanovllm.sample.sampler import Sampler, SamplingTensors
 
 
 def settings(batch: int, vocab: int, device: torch.device) -> dict[str, SamplingTensors | None]:

@@ -10,7 +10,7 @@ from hf_reference import hf_greedy
 from test_chunked_prefill import record_batches
 
 from nanovllm import LLM, SamplingParams
-from nanovllm.layers.seeded_noise import seeded_exponential
+from nanovllm.sample.noise import seeded_exponential
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

@@ -3,7 +3,7 @@
 import torch
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
-from nanovllm.layers.penalties import PenaltyTensors, apply_penalties, token_counts
+from nanovllm.sample.penalties import PenaltyTensors, apply_penalties, token_counts
 
 VOCAB = 10
 PAD = VOCAB

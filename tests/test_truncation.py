@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers.generation.logits_process import MinPLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from nanovllm.layers.truncation import apply_min_p, apply_top_k_top_p
+from nanovllm.sample.truncation import apply_min_p, apply_top_k_top_p
 
 VOCAB = 200
 

@@ -5,7 +5,7 @@ from itertools import chain
 import numpy as np
 import torch
 
-from nanovllm.layers.sampler import SEED_RANGE
+from nanovllm.sample.sampler import SEED_RANGE
 
 _FIELDS = 8  # input_ids, src_rows, positions, slot_mapping, context_lens, temperatures, seeds, seq_order
 _TEMPERATURES = 5

@@ -3,7 +3,7 @@
 import torch
 
 from nanovllm.layers.fusion import fused_on_cuda
-from nanovllm.layers.sampler import sample_with_temperatures
+from nanovllm.sample.sampler import sample_with_temperatures
 
 
 @fused_on_cuda

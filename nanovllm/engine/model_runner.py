@@ -11,12 +11,12 @@ from nanovllm.engine.cuda_graphs import DecodeGraphs
 from nanovllm.engine.decode_buffers import DecodeBuffers
 from nanovllm.engine.decode_step import DecodeStep, DeviceInputForward
 from nanovllm.engine.runner_output import PendingOutput, PromptScores
-from nanovllm.engine.sampling_batch import samples_only_with_temperatures, sampling_tensors
+from nanovllm.sample.metadata import samples_only_with_temperatures, sampling_tensors
 from nanovllm.engine.scheduler_output import PLACEHOLDER, SchedulerOutput
 from nanovllm.engine.structured_output import GrammarBitmasks
 from nanovllm.kernels.fp8_kv import FP8_DTYPE, SCALE_DTYPE
 from nanovllm.layers.attention import Attention, make_attention_backend
-from nanovllm.layers.sampler import Sampler, SamplerOutput, SamplingTensors, token_logprobs
+from nanovllm.sample.sampler import Sampler, SamplerOutput, SamplingTensors, token_logprobs
 from nanovllm.models import model_class
 from nanovllm.sampling_params import SamplingParams
 from nanovllm.utils.context import Context, forward_context

@@ -6,7 +6,7 @@ import torch
 
 from nanovllm.engine.messages import TokenLogprobs
 from nanovllm.engine.scheduler_output import PromptScoring
-from nanovllm.layers.sampler import SamplerOutput
+from nanovllm.sample.sampler import SamplerOutput
 
 
 @dataclass

@@ -5,9 +5,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from nanovllm.layers.penalties import PenaltyTensors, apply_penalties
-from nanovllm.layers.seeded_noise import seeded_exponential
-from nanovllm.layers.truncation import apply_min_p, apply_top_k_top_p
+from nanovllm.sample.penalties import PenaltyTensors, apply_penalties
+from nanovllm.sample.noise import seeded_exponential
+from nanovllm.sample.truncation import apply_min_p, apply_top_k_top_p
 
 SEED_RANGE = 1 << 62  # the per-row noise seeds of `sample_with_temperatures` are drawn from [0, SEED_RANGE)
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from nanovllm.layers.seeded_noise import hash32, open_uniform, seeded_exponential
+from nanovllm.sample.noise import hash32, open_uniform, seeded_exponential
 
 
 def test_hash_stays_in_32_bits_and_spreads_neighbours():

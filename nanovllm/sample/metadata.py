@@ -6,8 +6,8 @@ from dataclasses import dataclass
 import torch
 
 from nanovllm.engine.scheduler_output import SchedulerOutput
-from nanovllm.layers.penalties import PenaltyTensors
-from nanovllm.layers.sampler import SamplingTensors
+from nanovllm.sample.penalties import PenaltyTensors
+from nanovllm.sample.sampler import SamplingTensors
 from nanovllm.sampling_params import SamplingParams
 
 ToDevice = Callable[[list, torch.dtype], torch.Tensor]
