@@ -13,8 +13,9 @@ import time
 
 import torch
 
+from nanovllm.sample.metadata import SamplingTensors
 from nanovllm.sample.penalties import PenaltyTensors
-from nanovllm.sample.sampler import Sampler, SamplingTensors
+from nanovllm.sample.sampler import Sampler
 
 
 def settings(batch: int, vocab: int, device: torch.device) -> dict[str, SamplingTensors | None]:

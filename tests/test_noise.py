@@ -1,8 +1,10 @@
-"""Hash noise: a function of (seed, position, token) only, distributed as Exp(1)."""
+"""Hash noise: a function of (seed, position, token) only, distributed as Exp(1); the seed scheme."""
 
+import numpy as np
 import torch
 
-from nanovllm.sample.noise import hash32, open_uniform, seeded_exponential
+from nanovllm.sample.noise import (NOISE_KEY_RANGE, ROW_SEED_RANGE, device_row_seeds, draw_row_seeds, hash32,
+                                  open_uniform, request_noise_key, seeded_exponential)
 
 
 def test_hash_stays_in_32_bits_and_spreads_neighbours():
@@ -39,3 +41,15 @@ def test_uniforms_stay_inside_the_open_interval_at_the_extreme_hashes():
     u = open_uniform(torch.tensor([0, 1, (1 << 32) - 2, (1 << 32) - 1]))
     assert (u > 0).all() and (u < 1).all()
     assert (-u.log() > 0).all()
+
+
+def test_the_seed_scheme_keys_seeded_requests_in_int64_and_draws_row_seeds_below_their_range():
+    assert request_noise_key(-3) == NOISE_KEY_RANGE - 3 and request_noise_key(1 << 64) == 0
+    assert torch.tensor([request_noise_key(-1)]).dtype == torch.int64
+    seeds = draw_row_seeds(np.random.default_rng(0), 1000)
+    assert seeds.min() >= 0 and seeds.max() < ROW_SEED_RANGE
+    # the decode buffers' generator, seeded with Config.seed, gives the same seeds run after run
+    assert (draw_row_seeds(np.random.default_rng(0), 1000) == seeds).all()
+    device_seeds = device_row_seeds(1000, torch.device("cpu"))
+    assert device_seeds.dtype == torch.int64
+    assert 0 <= int(device_seeds.min()) and int(device_seeds.max()) < ROW_SEED_RANGE

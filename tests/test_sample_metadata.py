@@ -7,7 +7,7 @@ import torch
 from nanovllm import SamplingParams
 from nanovllm.engine.messages import TokenLogprobs
 from nanovllm.engine.runner_output import PendingOutput, PromptScores
-from nanovllm.sample.metadata import samples_only_with_temperatures, sampling_tensors
+from nanovllm.sample.metadata import SamplingTensors, needs_full_sampler, sampling_tensors, step_sampling
 from nanovllm.engine.scheduler_output import PromptScoring, SchedulerOutput
 from nanovllm.sample.sampler import Sampler, SamplerOutput
 
@@ -56,8 +56,28 @@ def test_the_device_sampled_decode_is_taken_exactly_when_the_tensors_are_tempera
     step = step_for(SamplingParams(**first), SamplingParams(**other))
     tensors = sampling_tensors(step, VOCAB, EOS, to_cpu)
     expected = tensors is None or tensors.temperature_only
-    assert samples_only_with_temperatures(step, EOS) == expected
+    assert step_sampling(step, EOS).needs_full_sampler == (not expected)
     assert expected == (other in PLAIN)
+
+
+def test_a_grammar_takes_a_step_off_the_temperature_only_path_on_both_sides():
+    step = step_for(SamplingParams(temperature=0.5), SamplingParams(temperature=0))
+    assert not step_sampling(step, EOS).needs_full_sampler and step_sampling(step, EOS, grammar=True).needs_full_sampler
+    tensors = sampling_tensors(step, VOCAB, EOS, to_cpu)
+    assert tensors.temperature_only
+    tensors.bitmask = torch.full((2, 2), -1, dtype=torch.int32)
+    assert not tensors.temperature_only
+
+
+def test_one_predicate_names_every_feature_beyond_temperature():
+    # both sides call it with every feature by keyword: one left out is an error, not a silent disagreement
+    features = ["min_p", "top_k", "top_p", "seeded", "penalties", "logit_bias", "banned", "grammar", "logprobs"]
+    assert not needs_full_sampler(**dict.fromkeys(features, False))
+    for feature in features:
+        assert needs_full_sampler(**{**dict.fromkeys(features, False), feature: True})
+    with pytest.raises(TypeError):
+        needs_full_sampler(**dict.fromkeys(features[1:], False))
+    assert SamplingTensors(temperatures=torch.ones(1)).temperature_only
 
 
 def test_unused_features_stay_none():

@@ -4,7 +4,8 @@ import pytest
 import torch
 from chi_square import chi_square_p_value
 
-from nanovllm.sample.sampler import Sampler, SamplingTensors, sample_with_temperatures
+from nanovllm.sample.metadata import SamplingTensors
+from nanovllm.sample.sampler import Sampler, sample_with_temperatures
 from nanovllm.sample.truncation import apply_min_p, apply_top_k_top_p
 
 VOCAB = 12

@@ -5,7 +5,7 @@ from itertools import chain
 import numpy as np
 import torch
 
-from nanovllm.sample.sampler import SEED_RANGE
+from nanovllm.sample.noise import draw_row_seeds
 
 _FIELDS = 8  # input_ids, src_rows, positions, slot_mapping, context_lens, temperatures, seeds, seq_order
 _TEMPERATURES = 5
@@ -86,7 +86,7 @@ class DecodeBuffers:
         pos[n:] = 0
         lens[n:] = 0
         temps[n:] = 0.0
-        seeds[:] = self._rng.integers(0, SEED_RANGE, size)
+        seeds[:] = draw_row_seeds(self._rng, size)
         order[:] = np.argsort(-lens, kind="stable")
         tables.fill(-1)  # the pad the Context promises
         # every block table in one pass: row i takes widths[i] entries of the concatenation

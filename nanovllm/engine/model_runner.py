@@ -11,12 +11,12 @@ from nanovllm.engine.cuda_graphs import DecodeGraphs
 from nanovllm.engine.decode_buffers import DecodeBuffers
 from nanovllm.engine.decode_step import DecodeStep, DeviceInputForward
 from nanovllm.engine.runner_output import PendingOutput, PromptScores
-from nanovllm.sample.metadata import samples_only_with_temperatures, sampling_tensors
+from nanovllm.sample.metadata import SamplingTensors, sampling_tensors, step_sampling
 from nanovllm.engine.scheduler_output import PLACEHOLDER, SchedulerOutput
 from nanovllm.engine.structured_output import GrammarBitmasks
 from nanovllm.kernels.fp8_kv import FP8_DTYPE, SCALE_DTYPE
 from nanovllm.layers.attention import Attention, make_attention_backend
-from nanovllm.sample.sampler import Sampler, SamplerOutput, SamplingTensors, token_logprobs
+from nanovllm.sample.sampler import Sampler, SamplerOutput, token_logprobs
 from nanovllm.models import model_class
 from nanovllm.sampling_params import SamplingParams
 from nanovllm.utils.context import Context, forward_context
@@ -333,8 +333,8 @@ class ModelRunner:
         filled while the device runs the forward pass."""
         prompt_scores = logits = None
         if out.is_decode:
-            sampled_in_step = (self._decode_step.samples and grammar is None
-                               and samples_only_with_temperatures(out, self.eos_token_ids))
+            sampled_in_step = (self._decode_step.samples
+                               and not step_sampling(out, self.eos_token_ids, grammar is not None).needs_full_sampler)
             hidden_states = self._run_decode(out, sampled_in_step)
         else:
             hidden_states, cu_q = self._run_varlen(out)

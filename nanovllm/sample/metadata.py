@@ -1,4 +1,5 @@
-"""From a step's sampling rows to the sampler's per-row tensors."""
+"""Sampling metadata: a step's sampling rows as the sampler's per-row tensors, and the one predicate
+that tells a step that needs the full sampler from one that is greedy or plain temperature sampling."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -6,12 +7,50 @@ from dataclasses import dataclass
 import torch
 
 from nanovllm.engine.scheduler_output import SchedulerOutput
+from nanovllm.sample.noise import request_noise_key
 from nanovllm.sample.penalties import PenaltyTensors
-from nanovllm.sample.sampler import SamplingTensors
 from nanovllm.sampling_params import SamplingParams
 
 ToDevice = Callable[[list, torch.dtype], torch.Tensor]
-_SEED_RANGE = 1 << 63
+
+
+def needs_full_sampler(*, min_p: bool, top_k: bool, top_p: bool, seeded: bool, penalties: bool, logit_bias: bool,
+                       banned: bool, grammar: bool, logprobs: bool) -> bool:
+    """The fast-path predicate, the only one: whether some row of a step needs more than greedy or plain
+    temperature sampling, which `sample_with_temperatures` does alone (inside a decode step's CUDA graph
+    too). The host side (`StepSampling`, before the forward: may the decode step's own sampling stand?)
+    and the device side (`SamplingTensors.temperature_only`: the Sampler's branch) both ask it; every
+    feature is a required keyword, so a new feature must be named by both."""
+    return min_p or top_k or top_p or seeded or penalties or logit_bias or banned or grammar or logprobs
+
+
+@dataclass
+class SamplingTensors:
+    """Per-row settings for one batch of logits; a None field is a feature no row uses."""
+
+    temperatures: torch.Tensor | None = None   # [num_seqs] float32; 0 = greedy; None = all greedy
+    min_p: torch.Tensor | None = None          # [num_seqs] float32; 0 = off
+    top_k: torch.Tensor | None = None          # [num_seqs] int64; vocab size = off
+    top_p: torch.Tensor | None = None          # [num_seqs] float32; 1 = off
+    seeded_rows: torch.Tensor | None = None    # [num_seeded] int64: rows whose noise comes from a seed
+    seeds: torch.Tensor | None = None          # [num_seeded] int64: their noise keys (`request_noise_key`)
+    positions: torch.Tensor | None = None      # [num_seeded] int64: position of the token being drawn
+    penalties: PenaltyTensors | None = None
+    bias_index: torch.Tensor | None = None     # [2, n] int64: (row, token id) pairs that get a logit bias
+    bias_values: torch.Tensor | None = None    # [n] float32: their biases
+    banned: torch.Tensor | None = None         # [2, n] int64: (row, token id) pairs that may not be drawn
+    bitmask: torch.Tensor | None = None        # [num_seqs, ceil(vocab / 32)] int32: allowed tokens per row
+    bitmask_rows: list[int] | None = None      # the rows the bitmask constrains
+    num_logprobs: int | None = None            # most alternatives any row asks for; None = no logprobs
+
+    @property
+    def temperature_only(self) -> bool:
+        """Some row draws, and no row needs the full sampler (`needs_full_sampler`)."""
+        return self.temperatures is not None and not needs_full_sampler(
+            min_p=self.min_p is not None, top_k=self.top_k is not None, top_p=self.top_p is not None,
+            seeded=self.seeded_rows is not None, penalties=self.penalties is not None,
+            logit_bias=self.bias_index is not None, banned=self.banned is not None, grammar=self.bitmask is not None,
+            logprobs=self.num_logprobs is not None)
 
 
 def _banned_tokens(out: SchedulerOutput, eos_token_ids: tuple[int, ...]) -> list[tuple[int, int]]:
@@ -47,7 +86,7 @@ def _sample_positions(out: SchedulerOutput) -> list[int]:
 
 
 @dataclass
-class _Asked:
+class StepSampling:
     """What a step's rows ask of the sampler beyond plain greedy, read once from their settings."""
 
     sampled: list[SamplingParams]       # the settings of the rows that draw (temperature > 0)
@@ -59,18 +98,21 @@ class _Asked:
     top_k: bool
     top_p: bool
     seeded: list[int]                   # drawing rows with a seed
+    grammar: bool                       # some row is constrained by a grammar
 
     @property
-    def beyond_temperature(self) -> bool:
-        """Whether any row needs more than greedy or plain temperature sampling."""
-        return bool(self.banned or self.biases or self.logprobs or self.penalties or self.min_p or self.top_k
-                    or self.top_p or self.seeded)
+    def needs_full_sampler(self) -> bool:
+        """Whether some row needs more than greedy or plain temperature sampling (`needs_full_sampler`)."""
+        return needs_full_sampler(min_p=self.min_p, top_k=self.top_k, top_p=self.top_p, seeded=bool(self.seeded),
+                                  penalties=self.penalties, logit_bias=bool(self.biases), banned=bool(self.banned),
+                                  grammar=self.grammar, logprobs=bool(self.logprobs))
 
 
-def _asked(out: SchedulerOutput, eos_token_ids: tuple[int, ...]) -> _Asked:
+def step_sampling(out: SchedulerOutput, eos_token_ids: tuple[int, ...], grammar: bool = False) -> StepSampling:
+    """What the step's rows ask of the sampler; `grammar`: whether some row is constrained."""
     params = out.sampling_params
     sampled = [p for p in params if not p.is_greedy]
-    return _Asked(
+    return StepSampling(
         sampled=sampled,
         banned=_banned_tokens(out, eos_token_ids),
         biases=[(row, token_id, bias) for row, p in enumerate(params) if p.logit_bias
@@ -81,21 +123,17 @@ def _asked(out: SchedulerOutput, eos_token_ids: tuple[int, ...]) -> _Asked:
         top_k=any(p.top_k > 0 for p in sampled),
         top_p=any(p.top_p < 1 for p in sampled),
         seeded=[row for row, p in enumerate(params) if p.seed is not None and not p.is_greedy],
+        grammar=grammar,
     )
-
-
-def samples_only_with_temperatures(out: SchedulerOutput, eos_token_ids: tuple[int, ...]) -> bool:
-    """Whether every row is greedy or plain temperature sampling, which a decode step samples on the
-    device by itself: exactly when `sampling_tensors` gives None or temperature-only tensors."""
-    return not _asked(out, eos_token_ids).beyond_temperature
 
 
 def sampling_tensors(out: SchedulerOutput, vocab_size: int, eos_token_ids: tuple[int, ...],
                      to_device: ToDevice) -> SamplingTensors | None:
-    """The step's sampling settings as tensors; None when every row is plain greedy (the fast path)."""
+    """The step's sampling settings as tensors; None when every row is plain greedy (the fast path).
+    Grammar masks are not among them: the runner adds them once they are filled."""
     params = out.sampling_params
-    asked = _asked(out, eos_token_ids)
-    if not (asked.sampled or asked.beyond_temperature):
+    asked = step_sampling(out, eos_token_ids)
+    if not (asked.sampled or asked.needs_full_sampler):
         return None
     tensors = SamplingTensors(
         penalties=_penalty_tensors(out, vocab_size, to_device) if asked.penalties else None,
@@ -118,7 +156,7 @@ def sampling_tensors(out: SchedulerOutput, vocab_size: int, eos_token_ids: tuple
     if asked.seeded:
         positions = _sample_positions(out)
         tensors.seeded_rows = to_device(asked.seeded, torch.int64)
-        tensors.seeds = to_device([params[row].seed % _SEED_RANGE for row in asked.seeded], torch.int64)
+        tensors.seeds = to_device([request_noise_key(params[row].seed) for row in asked.seeded], torch.int64)
         # the new token's position: the same at this point of the request whatever the batch
         tensors.positions = to_device([positions[row] for row in asked.seeded], torch.int64)
     return tensors

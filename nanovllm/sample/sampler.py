@@ -5,40 +5,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from nanovllm.sample.penalties import PenaltyTensors, apply_penalties
-from nanovllm.sample.noise import seeded_exponential
+from nanovllm.sample.metadata import SamplingTensors
+from nanovllm.sample.noise import device_row_seeds, seeded_exponential
+from nanovllm.sample.penalties import apply_penalties
 from nanovllm.sample.truncation import apply_min_p, apply_top_k_top_p
-
-SEED_RANGE = 1 << 62  # the per-row noise seeds of `sample_with_temperatures` are drawn from [0, SEED_RANGE)
-
-
-@dataclass
-class SamplingTensors:
-    """Per-row settings for one batch of logits; a None field is a feature no row uses."""
-
-    temperatures: torch.Tensor | None = None   # [num_seqs] float32; 0 = greedy; None = all greedy
-    min_p: torch.Tensor | None = None          # [num_seqs] float32; 0 = off
-    top_k: torch.Tensor | None = None          # [num_seqs] int64; vocab size = off
-    top_p: torch.Tensor | None = None          # [num_seqs] float32; 1 = off
-    seeded_rows: torch.Tensor | None = None    # [num_seeded] int64: rows whose noise comes from a seed
-    seeds: torch.Tensor | None = None          # [num_seeded] int64 in [0, 2^63)
-    positions: torch.Tensor | None = None      # [num_seeded] int64: position of the token being drawn
-    penalties: PenaltyTensors | None = None
-    bias_index: torch.Tensor | None = None     # [2, n] int64: (row, token id) pairs that get a logit bias
-    bias_values: torch.Tensor | None = None    # [n] float32: their biases
-    banned: torch.Tensor | None = None         # [2, n] int64: (row, token id) pairs that may not be drawn
-    bitmask: torch.Tensor | None = None        # [num_seqs, ceil(vocab / 32)] int32: allowed tokens per row
-    bitmask_rows: list[int] | None = None      # the rows the bitmask constrains
-    num_logprobs: int | None = None            # most alternatives any row asks for; None = no logprobs
-
-    @property
-    def temperature_only(self) -> bool:
-        """Rows only greedy or plain temperature sampling: no truncation, seeds, biases, penalties, bans or
-        logprobs."""
-        others = (self.min_p, self.top_k, self.top_p, self.seeded_rows, self.penalties, self.bias_index, self.banned,
-                  self.bitmask, self.num_logprobs)
-        return self.temperatures is not None and all(x is None for x in others)
-
 
 @dataclass
 class SamplerOutput:
@@ -125,7 +95,7 @@ def sample_with_temperatures(logits: torch.Tensor, temperatures: torch.Tensor, s
     if logits.is_cuda:
         from nanovllm.kernels.triton_sampling import gumbel_max_sample
         if seeds is None:
-            seeds = torch.randint(0, SEED_RANGE, (logits.size(0),), device=logits.device)
+            seeds = device_row_seeds(logits.size(0), logits.device)
         return gumbel_max_sample(logits, temperatures, seeds, out)
     is_greedy = temperatures == 0
     if is_greedy.all():  # a host tensor: no device to wait for
