@@ -4,7 +4,9 @@ import pytest
 import torch
 
 from nanovllm import LLM, SamplingParams
+from nanovllm.engine.cuda_graphs import capture_sizes
 from nanovllm.engine.model_runner import start_up_step
+from nanovllm.utils.context import Context, forward_context
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 PROMPTS = [[3, 4, 5] * 7, [9] * 18 + [10], [11, 12]]
@@ -30,3 +32,69 @@ def test_start_up_step_without_blocks_stores_nothing_and_samples_every_request(q
     pending = runner.execute(start_up_step([[5] * 100, [6] * 37], [0, 0], [[], []]))
     assert len(pending.result().sampled_token_ids) == 2
     assert torch.equal(runner.kv_cache, cache)
+
+
+class _GraphsReplayedEagerly:
+    """DecodeGraphs on CPU: `replay` runs the decode step exactly as a captured graph does, with every
+    argument it was captured with (its sampling included), on the buffers' views of that size."""
+
+    def __init__(self, runner):
+        self.step, self.buffers = runner._decode_step, runner.decode_buffers
+        self.sizes = capture_sizes(runner.config.max_num_seqs)
+        self.replays = []
+        # as the runner gives the decode step before it captures the graphs
+        self.step.logits = torch.full((runner.config.max_num_seqs, runner.config.hf_config.vocab_size), float("nan"))
+
+    def padded_size(self, num_seqs):
+        return next((s for s in self.sizes if s >= num_seqs), None)
+
+    def captured(self, size):
+        return size in self.sizes
+
+    def replay(self, size):
+        self.replays.append(size)
+        input_ids, src_rows, positions, slots, lens, temperatures, seeds, order, tables = self.buffers.views(size)
+        context = Context(is_prefill=False, slot_mapping=slots, context_lens=lens, block_tables=tables,
+                          seq_order=order, max_seqlen_k=int(lens.max()))
+        with forward_context(context):
+            return self.step(input_ids, src_rows, positions, temperatures, seeds)
+
+    def release(self):
+        pass
+
+
+TOP_P = [SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=6, ignore_eos=True),
+         SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)]
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_a_decode_step_that_needs_the_full_sampler_runs_the_lm_head_once(qwen3_dir, graphs):
+    # A top-p row takes the full sampler; the decode step (a graph replay, or eager) must hand it the
+    # logits it computed rather than the runner scoring the hidden states again. On CPU a stand-in replays
+    # the step as a graph would; on a GPU the real graphs replay.
+    llm = LLM(qwen3_dir, kvcache_block_size=16, num_kvcache_blocks=16, max_model_len=128,
+              enforce_eager=not graphs)
+    runner = llm.client.core.model_runner
+    if graphs and runner.graphs is None:
+        runner.graphs = _GraphsReplayedEagerly(runner)
+    head_rows, steps = [], []
+    head_forward, execute = runner.model.lm_head.forward, runner.execute
+    runner.model.lm_head.forward = lambda x, *args, **kwargs: head_rows.append(len(x)) or head_forward(x, *args,
+                                                                                                       **kwargs)
+    runner.execute = lambda out, *args, **kwargs: steps.append(out.is_decode) or execute(out, *args, **kwargs)
+    tokens = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:2], TOP_P, use_tqdm=False)]
+    assert sum(steps) >= 5 and len(head_rows) == len(steps)  # once per step, decode steps included
+    if graphs and isinstance(runner.graphs, _GraphsReplayedEagerly):
+        assert runner.graphs.replays
+    eager = LLM(qwen3_dir, kvcache_block_size=16, num_kvcache_blocks=16, max_model_len=128, enforce_eager=True)
+    assert [o.outputs[0].token_ids for o in eager.generate(PROMPTS[:2], TOP_P, use_tqdm=False)] == tokens
+
+
+def test_the_lm_head_writes_into_a_buffer_what_it_returns_without_one(qwen3_dir):
+    llm = LLM(qwen3_dir, kvcache_block_size=16, num_kvcache_blocks=16, max_model_len=128)
+    model = llm.client.core.model_runner.model
+    hidden = torch.randn(3, model.lm_head.weight.shape[1])
+    buffer = torch.full((5, model.lm_head.weight.shape[0]), float("nan"))
+    logits = model.compute_logits(hidden, buffer[:3])
+    assert logits.data_ptr() == buffer.data_ptr() and torch.equal(logits, model.compute_logits(hidden))
+    assert buffer[3:].isnan().all()

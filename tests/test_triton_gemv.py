@@ -29,6 +29,17 @@ def test_equals_torch_matmul(shape, dtype):
     torch.testing.assert_close(gemv(x, weight), want, atol=tolerance, rtol=tolerance)
 
 
+def test_writes_into_the_row_it_is_given():
+    # the LM head of a decode graph writes its logits into one buffer the graphs share
+    torch.manual_seed(3)
+    x = torch.randn(1, 70, device=DEVICE)
+    weight = torch.randn(40, 70, device=DEVICE) / 70**0.5
+    buffer = torch.full((3, 40), float("nan"), device=DEVICE)
+    got = gemv(x, weight, out=buffer[:1])
+    assert got.data_ptr() == buffer.data_ptr() and torch.equal(buffer[:1], gemv(x, weight))
+    assert buffer[1:].isnan().all()
+
+
 @pytest.mark.parametrize("with_residual", [True, False])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)

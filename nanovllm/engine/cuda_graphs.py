@@ -7,7 +7,8 @@ import torch
 from nanovllm.engine.decode_buffers import DecodeBuffers
 from nanovllm.utils.context import Context, forward_context
 
-# (input_ids, src_rows, positions, temperatures, seeds) -> the step's output: the runner's DecodeStep
+# (input_ids, src_rows, positions, temperatures, seeds) -> the step's output (logits, or hidden states
+# with several ranks): the runner's DecodeStep
 DecodeFunction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 

@@ -32,21 +32,31 @@ class DecodeStep:
     """One token per row through the model and, with `samples` (one rank, whose LM head gathers
     nothing), the LM head and the common sampling too: argmax at temperature 0, else a Gumbel-max
     draw from the row's seed, each row's id written to `last_sampled[row]`. Captured in a graph, a
-    step of greedy or plain-temperature rows is then one replay. The hidden states are returned (not
-    the logits, which would hold a [rows, vocab] tensor per captured size): the runner computes the
-    logits from them for a step that needs the full sampler, whose ids then overwrite these."""
+    step of greedy or plain-temperature rows is then one replay.
+
+    With `samples` it returns the logits, so that a step that needs the full sampler samples them
+    (its ids then overwrite these) and the LM head runs once per step, in a graph or not. They are
+    written to `logits` when the runner sets that buffer, [max_num_seqs, vocab]: the graphs share it
+    rather than each holding a [rows, vocab] output of its own. Without `samples` it returns the
+    hidden states, which the runner scores across the ranks."""
 
     def __init__(self, forward: DeviceInputForward, samples: bool):
         self.forward = forward
         self.samples = samples
+        self.logits: torch.Tensor | None = None
 
     def __call__(self, input_ids: torch.Tensor, src_rows: torch.Tensor, positions: torch.Tensor,
                  temperatures: torch.Tensor, seeds: torch.Tensor, sample: bool = True) -> torch.Tensor:
-        """`sample=False` skips the sampling where no graph needs it: an eager step that the full
-        sampler samples."""
-        # input_ids, src_rows, positions, temperatures, seeds: [rows] -> hidden states [rows, hidden]
+        """`sample=False` skips the temperature sampling where no graph needs it: an eager step that the
+        full sampler samples."""
+        # input_ids, src_rows, positions, temperatures, seeds: [rows]
+        # -> logits [rows, vocab] with `samples`, else hidden states [rows, hidden]
         hidden_states = self.forward(input_ids, src_rows, positions)
-        if self.samples and sample:
-            logits = self.forward.model.compute_logits(hidden_states)  # [rows, vocab]
-            sample_with_temperatures(logits, temperatures, seeds, out=self.forward.last_sampled[:logits.size(0)])
-        return hidden_states
+        if not self.samples:
+            return hidden_states
+        rows = hidden_states.size(0)
+        out = None if self.logits is None else self.logits[:rows]
+        logits = self.forward.model.compute_logits(hidden_states, out)
+        if sample:
+            sample_with_temperatures(logits, temperatures, seeds, out=self.forward.last_sampled[:rows])
+        return logits

@@ -53,7 +53,8 @@ class ModelRunner:
     sampled ids stay on the device (`last_sampled`), where the next step's
     placeholder tokens are gathered from, and travel to the host behind the step
     (`PendingOutput`). A decode step samples its greedy and plain-temperature
-    rows itself (`DecodeStep`), inside its CUDA graph. With
+    rows itself (`DecodeStep`), inside its CUDA graph, and hands its logits to
+    the full sampler when some row needs more: the LM head runs once a step. With
     `tensor_parallel_size > 1` this is rank `rank`: it joins the group at
     `store` (rank 0 serves it) and holds its share of the model and the cache;
     rank 0 samples and broadcasts the ids to the others.
@@ -99,6 +100,10 @@ class ModelRunner:
         self.decode_buffers = DecodeBuffers(config.max_num_seqs, config.max_blocks_per_seq, self.block_size,
                                             self.device, config.seed)
         if self.device.type == "cuda" and not config.enforce_eager and backend.supports_cuda_graphs:
+            if self._decode_step.samples:
+                # one buffer for every graph's logits, rather than one output per captured size
+                self._decode_step.logits = torch.empty(config.max_num_seqs, config.hf_config.vocab_size,
+                                                       dtype=self.dtype, device=self.device)
             self.graphs = DecodeGraphs(self._decode_step, self.decode_buffers, config.max_num_seqs)
 
     def _build_model(self) -> torch.nn.Module:
@@ -296,9 +301,10 @@ class ModelRunner:
         return size or num_seqs
 
     def _run_decode(self, out: SchedulerOutput, sample: bool) -> torch.Tensor:
-        """One token per request, padded to a captured graph's size and replayed (or run eagerly): hidden
-        states [requests, hidden]. Where the decode step samples (always in a graph; eagerly when
-        `sample`), the ids drawn at each request's temperature are in `last_sampled` too."""
+        """One token per request, padded to a captured graph's size and replayed (or run eagerly): the
+        decode step's logits [requests, vocab] on a rank that samples, else hidden states [requests,
+        hidden]. Where the decode step samples (always in a graph; eagerly when `sample`), the ids drawn
+        at each request's temperature are in `last_sampled` too."""
         n = len(out.req_ids)
         size = self.decode_size(n)
         # workers get steps without sampling settings; only a step that samples reads temperatures
@@ -335,7 +341,9 @@ class ModelRunner:
         if out.is_decode:
             sampled_in_step = (self._decode_step.samples
                                and not step_sampling(out, self.eos_token_ids, grammar is not None).needs_full_sampler)
-            hidden_states = self._run_decode(out, sampled_in_step)
+            decoded = self._run_decode(out, sampled_in_step)
+            # the LM head runs once per step: a rank that samples has the decode step's logits
+            logits, hidden_states = (decoded, None) if self._decode_step.samples else (None, decoded)
         else:
             hidden_states, cu_q = self._run_varlen(out)
             if out.prompt_scoring:
@@ -343,7 +351,7 @@ class ModelRunner:
             sampling_rows = [cu_q[i + 1] - 1 for i, samples in enumerate(out.samples) if samples]
             hidden_states = hidden_states[self._to_device(sampling_rows, torch.int64)]
             sampled_in_step = False
-        if out.sampled_req_ids and not sampled_in_step:
+        if out.sampled_req_ids and logits is None:
             logits = self.model.compute_logits(hidden_states)  # every rank joins the gather to rank 0
         num_sampled = len(out.sampled_req_ids)
         sampled = None

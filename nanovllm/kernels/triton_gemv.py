@@ -112,10 +112,15 @@ def _gemv_kernel(a_ptr, r_ptr, g_ptr, w_ptr, y_ptr, h_ptr, N, K, eps, PROLOGUE: 
 
 
 def _launch(a: torch.Tensor, weight: torch.Tensor, prologue: tl.constexpr, residual: torch.Tensor | None = None,
-            norm_weight: torch.Tensor | None = None, eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+            norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+            out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     n, k = weight.shape
     assert a.size(0) == 1 and a.stride(1) == 1 and weight.is_contiguous()
-    y = torch.empty(1, n, dtype=a.dtype, device=a.device)
+    if out is None:
+        y = torch.empty(1, n, dtype=a.dtype, device=a.device)
+    else:
+        assert out.shape == (1, n) and out.dtype == a.dtype and out.stride(1) == 1
+        y = out
     h = torch.empty(1, k, dtype=a.dtype, device=a.device) if residual is not None else None
     block_n, block_k = BLOCKS[prologue.value]
     _gemv_kernel[(triton.cdiv(n, block_n),)](
@@ -125,11 +130,11 @@ def _launch(a: torch.Tensor, weight: torch.Tensor, prologue: tl.constexpr, resid
     return y, h
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x @ weight^T for a single row x."""
+def gemv(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight^T for a single row x, written to `out` when given."""
     # x: [1, K]; weight: [N, K] -> [1, N]
     assert x.shape == (1, weight.size(1))
-    return _launch(x, weight, PLAIN)[0]
+    return _launch(x, weight, PLAIN, out=out)[0]
 
 
 def rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,

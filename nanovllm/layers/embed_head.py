@@ -41,15 +41,18 @@ class ParallelLMHead(VocabParallelEmbedding):
     Rank 0 gathers the full vocabulary's logits; other ranks return None.
     """
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor | None:
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor | None:
+        """With one rank, the logits are written to `out` when given (a buffer that outlives the call)."""
         # x: [sampling rows, hidden] -> logits: [sampling rows, vocab]
+        assert out is None or self.tp_size == 1
         if x.device.type == "cpu":
             # MKL runs this [vocab, hidden] @ [hidden, seqs] orientation up to 3x
             # faster than x @ weight.T when there are few rows; same products,
             # another summation order.
-            logits = (self.weight @ x.T).T.contiguous()
+            logits = (self.weight @ x.T).T
+            logits = logits.contiguous() if out is None else out.copy_(logits)
         else:
-            logits = linear(x, self.weight)  # one row: the Triton GEMV
+            logits = linear(x, self.weight, out=out)  # one row: the Triton GEMV
         if self.tp_size == 1:
             return logits
         parts = [torch.empty_like(logits) for _ in range(self.tp_size)] if self.tp_rank == 0 else None

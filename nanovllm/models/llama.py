@@ -118,5 +118,5 @@ class LlamaForCausalLM(nn.Module):
         # input_ids, positions: [tokens] -> hidden states [tokens, hidden]
         return self.model(input_ids, positions)
 
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
-        return self.lm_head(hidden_states)
+    def compute_logits(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor | None:
+        return self.lm_head(hidden_states, out)

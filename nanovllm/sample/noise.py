@@ -8,15 +8,17 @@ Exp(1) noise (Gumbel-max). Where the noise comes from:
   draws the same noise at the same position whatever else is in the batch,
   after a preemption too; a whole batch of seeded rows takes one set of tensor
   ops. Its noise key is `request_noise_key(seed)`: the seed mod 2^63, a
-  non-negative int64.
-- A row without a seed, sampled by temperature alone (`sample_with_temperatures`,
-  in a decode graph or eagerly): from the Triton kernel's Philox generator,
-  keyed by a per-row seed drawn afresh every step in [0, ROW_SEED_RANGE):
-  by the decode buffers' host generator (`draw_row_seeds`, itself seeded with
-  `Config.seed`), so that a replayed graph draws new noise without a kernel
-  to make it, or else by the device's generator (`device_row_seeds`).
-- A row without a seed in the full sampler: the device generator's
-  `exponential_`.
+  non-negative int64. A request of n completions (or best_of) gives completion i
+  the seed seed + i, wrapped within int64 (`completion_seed`, in the front end).
+- A row without a seed, in a step of greedy and plain temperature rows only
+  (`sample_with_temperatures`, in a decode graph or eagerly): on CUDA from the
+  Triton kernel's Philox generator, keyed by a per-row seed drawn afresh every
+  step in [0, ROW_SEED_RANGE): by the decode buffers' host generator
+  (`draw_row_seeds`, itself seeded with `Config.seed`), so that a replayed
+  graph draws new noise without a kernel to make it, or else by the device's
+  generator (`device_row_seeds`); on the CPU from torch's `exponential_`.
+- A row without a seed in the full sampler: torch's `exponential_` on the
+  device's generator.
 """
 
 from functools import lru_cache
