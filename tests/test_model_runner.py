@@ -41,7 +41,6 @@ class _GraphsReplayedEagerly:
     def __init__(self, runner):
         self.step, self.buffers = runner._decode_step, runner.decode_buffers
         self.sizes = capture_sizes(runner.config.max_num_seqs)
-        self.replays = []
         # as the runner gives the decode step before it captures the graphs
         self.step.logits = torch.full((runner.config.max_num_seqs, runner.config.hf_config.vocab_size), float("nan"))
 
@@ -52,7 +51,6 @@ class _GraphsReplayedEagerly:
         return size in self.sizes
 
     def replay(self, size):
-        self.replays.append(size)
         input_ids, src_rows, positions, slots, lens, temperatures, seeds, order, tables = self.buffers.views(size)
         context = Context(is_prefill=False, slot_mapping=slots, context_lens=lens, block_tables=tables,
                           seq_order=order, max_seqlen_k=int(lens.max()))
@@ -75,17 +73,32 @@ def test_a_decode_step_that_needs_the_full_sampler_runs_the_lm_head_once(qwen3_d
     llm = LLM(qwen3_dir, kvcache_block_size=16, num_kvcache_blocks=16, max_model_len=128,
               enforce_eager=not graphs)
     runner = llm.client.core.model_runner
-    if graphs and runner.graphs is None:
+    stand_in = graphs and runner.graphs is None
+    if stand_in:
         runner.graphs = _GraphsReplayedEagerly(runner)
-    head_rows, steps = [], []
+    steps, replays, head_calls = [], [], {"in a replay": 0, "outside": 0}
     head_forward, execute = runner.model.lm_head.forward, runner.execute
-    runner.model.lm_head.forward = lambda x, *args, **kwargs: head_rows.append(len(x)) or head_forward(x, *args,
-                                                                                                       **kwargs)
+
+    def counted_head(*args, **kwargs):
+        head_calls["in a replay" if replays and replays[-1] is None else "outside"] += 1
+        return head_forward(*args, **kwargs)
+
+    def counted_replay(size, replay=runner.graphs.replay if graphs else None):
+        replays.append(None)  # a captured graph runs no Python: only the stand-in's calls count here
+        try:
+            return replay(size)
+        finally:
+            replays[-1] = size
+
+    runner.model.lm_head.forward = counted_head
     runner.execute = lambda out, *args, **kwargs: steps.append(out.is_decode) or execute(out, *args, **kwargs)
+    if graphs:
+        runner.graphs.replay = counted_replay
     tokens = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:2], TOP_P, use_tqdm=False)]
-    assert sum(steps) >= 5 and len(head_rows) == len(steps)  # once per step, decode steps included
-    if graphs and isinstance(runner.graphs, _GraphsReplayedEagerly):
-        assert runner.graphs.replays
+    # once per step: a replay's LM head is in the graph, every other step's outside it
+    assert sum(steps) >= 5 and head_calls["outside"] + len(replays) == len(steps)
+    assert len(replays) == (sum(steps) if graphs else 0)
+    assert head_calls["in a replay"] == (len(replays) if stand_in else 0)
     eager = LLM(qwen3_dir, kvcache_block_size=16, num_kvcache_blocks=16, max_model_len=128, enforce_eager=True)
     assert [o.outputs[0].token_ids for o in eager.generate(PROMPTS[:2], TOP_P, use_tqdm=False)] == tokens
 
