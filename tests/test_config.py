@@ -11,7 +11,7 @@ import pytest
 from nanovllm import LLM, SamplingParams
 from nanovllm.cli import build_parser
 from nanovllm.config import Config
-from nanovllm.engine import model_runner
+from nanovllm.worker import model_runner
 
 GIB = 1 << 30
 
@@ -227,7 +227,7 @@ def test_cpu_kv_cache_is_checked_at_the_size_sequences_can_use(qwen3_dir, monkey
     # 4 sequences of 256 tokens use 64 blocks of 16 tokens, far less than the 100 GiB asked for
     monkeypatch.setattr(model_runner, "available_memory_bytes", lambda: GIB)
     llm = LLM(qwen3_dir, cpu_kvcache_gb=100, max_num_seqs=4, max_model_len=256, kvcache_block_size=16)
-    assert llm.client.core.model_runner.num_kvcache_blocks == 64
+    assert llm.client.core.executor.num_kvcache_blocks == 64
 
 
 def test_available_memory_is_read_with_or_without_proc(monkeypatch):

@@ -6,9 +6,9 @@ import torch
 
 from nanovllm import SamplingParams
 from nanovllm.engine.messages import TokenLogprobs
-from nanovllm.engine.runner_output import PendingOutput, PromptScores
+from nanovllm.worker.pending_output import PendingOutput, PromptScores
 from nanovllm.engine.sampling_batch import samples_only_with_temperatures, sampling_tensors
-from nanovllm.engine.scheduler_output import PromptScoring, SchedulerOutput
+from nanovllm.core.scheduler_output import PromptScoring, SchedulerOutput
 from nanovllm.layers.sampler import Sampler, SamplerOutput
 
 VOCAB = 50

@@ -6,12 +6,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from nanovllm.engine.block_manager import chain_hash
+from nanovllm.core.block_manager import chain_hash
 from nanovllm.engine.messages import EngineCoreOutput, EngineStats, TokenLogprobs
-from nanovllm.engine.request import Request, RequestStatus
-from nanovllm.engine.runner_output import ModelRunnerOutput
-from nanovllm.engine.scheduler import Scheduler
-from nanovllm.engine.scheduler_output import PLACEHOLDER, PromptScoring
+from nanovllm.core.request import Request, RequestStatus
+from nanovllm.core.runner_output import ModelRunnerOutput
+from nanovllm.core.scheduler import Scheduler
+from nanovllm.core.scheduler_output import PLACEHOLDER, PromptScoring
 from nanovllm.sampling_params import SamplingParams
 
 BS = 4

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nanovllm.engine.scheduler_output import SchedulerOutput
+from nanovllm.core.scheduler_output import SchedulerOutput
 from nanovllm.layers.penalties import PenaltyTensors
 from nanovllm.layers.sampler import SamplingTensors
 from nanovllm.sampling_params import SamplingParams

@@ -20,10 +20,11 @@ from multiprocessing.connection import wait
 import torch.distributed as dist
 
 from nanovllm.config import Config
-from nanovllm.engine.model_runner import ModelRunner
-from nanovllm.engine.runner_output import PendingOutput
-from nanovllm.engine.scheduler_output import SchedulerOutput
-from nanovllm.engine.structured_output import GrammarBitmasks
+from nanovllm.worker.executor import Executor
+from nanovllm.worker.model_runner import ModelRunner
+from nanovllm.worker.pending_output import PendingOutput
+from nanovllm.core.scheduler_output import SchedulerOutput
+from nanovllm.core.structured_output import GrammarBitmasks
 from nanovllm.utils.command_channel import CommandChannel
 from nanovllm.utils.parallel import destroy_process_group, rendezvous_address, rendezvous_store
 from nanovllm.utils.processes import exit_with_parent, ignore_interrupts
@@ -116,11 +117,10 @@ def _abort_group_when_a_worker_dies(workers: _Workers) -> None:
             dist.distributed_c10d._abort_process_group()
 
 
-class TensorParallelRunner:
+class TensorParallelRunner(Executor):
     """Rank 0's model runner together with N-1 worker processes that mirror every call.
 
-    Offers what `ModelRunner` offers to the engine core (`execute`,
-    `num_kvcache_blocks`, `kv_cache_dtype_name`); `close()` (also called when the object is collected
+    `close()` (also called when the object is collected
     or the interpreter exits) stops the workers and removes the shared-memory
     segment.
     """

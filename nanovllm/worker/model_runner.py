@@ -7,13 +7,14 @@ import torch
 import torch.distributed as dist
 
 from nanovllm.config import Config
-from nanovllm.engine.cuda_graphs import DecodeGraphs
-from nanovllm.engine.decode_buffers import DecodeBuffers
-from nanovllm.engine.decode_step import DecodeStep, DeviceInputForward
-from nanovllm.engine.runner_output import PendingOutput, PromptScores
+from nanovllm.worker.cuda_graphs import DecodeGraphs
+from nanovllm.worker.decode_buffers import DecodeBuffers
+from nanovllm.worker.executor import Executor
+from nanovllm.worker.decode_step import DecodeStep, DeviceInputForward
+from nanovllm.worker.pending_output import PendingOutput, PromptScores
 from nanovllm.engine.sampling_batch import samples_only_with_temperatures, sampling_tensors
-from nanovllm.engine.scheduler_output import PLACEHOLDER, SchedulerOutput
-from nanovllm.engine.structured_output import GrammarBitmasks
+from nanovllm.core.scheduler_output import PLACEHOLDER, SchedulerOutput
+from nanovllm.core.structured_output import GrammarBitmasks
 from nanovllm.kernels.fp8_kv import FP8_DTYPE, SCALE_DTYPE
 from nanovllm.layers.attention import Attention, make_attention_backend
 from nanovllm.layers.sampler import Sampler, SamplerOutput, SamplingTensors, token_logprobs
@@ -46,7 +47,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return "fp8_e4m3" if dtype == FP8_DTYPE else str(dtype).removeprefix("torch.")
 
 
-class ModelRunner:
+class ModelRunner(Executor):
     """Owns the model, its KV cache and the sampler on one device.
 
     `execute` launches a step and returns without waiting for the device: the
@@ -357,9 +358,6 @@ class ModelRunner:
         if self.rank != 0 or (sampled is None and prompt_scores is None):
             return None
         return PendingOutput(sampled, [p.logprobs for p in out.sampling_params], prompt_scores)
-
-    def check_workers(self) -> None:
-        """Raise if a process this runner depends on has died: none here, it runs in the caller's."""
 
     def release_graphs(self) -> None:
         """Destroy the decode graphs now; later decode steps run eagerly. NCCL (2.26 on) destroys or

@@ -17,13 +17,13 @@ import math
 from collections import deque
 
 from nanovllm.config import Config
-from nanovllm.engine.block_manager import BlockManager
+from nanovllm.core.block_manager import BlockManager
 from nanovllm.engine.messages import EngineCoreOutput, EngineStats
-from nanovllm.engine.request import Request, RequestStatus
-from nanovllm.engine.runner_output import ModelRunnerOutput
-from nanovllm.engine.scheduler_output import PromptScoring, SchedulerOutput
-from nanovllm.engine.stop_checker import StopChecker
-from nanovllm.engine.structured_output import StructuredOutputs
+from nanovllm.core.request import Request, RequestStatus
+from nanovllm.core.runner_output import ModelRunnerOutput
+from nanovllm.core.scheduler_output import PromptScoring, SchedulerOutput
+from nanovllm.core.stop_checker import StopChecker
+from nanovllm.core.structured_output import StructuredOutputs
 
 logger = logging.getLogger(__name__)
 
