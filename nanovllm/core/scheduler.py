@@ -39,9 +39,9 @@ class Scheduler:
     def __init__(self, config: Config, num_kvcache_blocks: int, eos_token_ids: tuple[int, ...],
                  structured: StructuredOutputs | None = None):
         self.max_num_seqs = config.max_num_seqs
-        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.max_num_batched_tokens = config.token_budget
         self.chunked_prefill = config.enable_chunked_prefill
-        self.stop_checker = StopChecker(eos_token_ids, config.max_model_len)
+        self.stop_checker = StopChecker(eos_token_ids, config.context_len)
         self.block_manager = BlockManager(num_kvcache_blocks, config.kvcache_block_size, config.enable_prefix_caching)
         self.structured = structured or StructuredOutputs(None)
         self.requests: dict[str, Request] = {}

@@ -68,7 +68,7 @@ class ModelRunner(Executor):
         self.block_size = config.kvcache_block_size
         self.rank = rank
         self.world_size = config.tensor_parallel_size
-        self.device = torch.device("cuda", rank) if config.device == "cuda" else torch.device("cpu")
+        self.device = torch.device("cuda", rank) if config.device_type == "cuda" else torch.device("cpu")
         self.dtype = config.torch_dtype
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -79,7 +79,7 @@ class ModelRunner(Executor):
         torch.manual_seed(config.seed)
         self.model = self._build_model()
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
-        backend = make_attention_backend(config.attention_backend)
+        backend = make_attention_backend(config.attention_impl)
         for layer in self.attention_layers:
             layer.backend = backend
         self.sampler = Sampler()
@@ -129,8 +129,8 @@ class ModelRunner(Executor):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         # no step holds more than max_num_batched_tokens tokens: a longer prompt is chunked
-        max_len = min(self.config.max_model_len, self.config.max_num_batched_tokens)
-        num_seqs = max(1, min(self.config.max_num_batched_tokens // max_len, self.config.max_num_seqs))
+        max_len = min(self.config.context_len, self.config.token_budget)
+        num_seqs = max(1, min(self.config.token_budget // max_len, self.config.max_num_seqs))
         self._run_start_up_step(start_up_step([[0] * max_len] * num_seqs, [0] * num_seqs, [[]] * num_seqs))
         logits = torch.zeros(self.config.max_num_seqs, self.config.hf_config.vocab_size, dtype=self.dtype,
                              device=self.device)

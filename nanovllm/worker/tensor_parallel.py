@@ -37,7 +37,7 @@ def channel_capacity(config: Config) -> int:
     """Bytes that hold the largest possible step: every sequence at full length sent whole (a
     prefill with cached prefixes), with its id. Pickled token and block ids take at most 5 bytes
     each; pages of the segment cost memory only once written."""
-    return config.max_num_seqs * (6 * (config.max_model_len + config.max_blocks_per_seq) + 256) + (1 << 16)
+    return config.max_num_seqs * (6 * (config.context_len + config.max_blocks_per_seq) + 256) + (1 << 16)
 
 
 def run_worker(config: Config, rank: int, host: str, port: int, channel: CommandChannel) -> None:
@@ -143,7 +143,7 @@ class TensorParallelRunner(Executor):
                                       name=f"nanovllm-tp{rank}", daemon=True)
             process.start()
             self._workers.processes.append(process)
-        if config.device == "cuda":
+        if config.device_type == "cuda":
             self._workers.watcher = threading.Thread(target=_abort_group_when_a_worker_dies, args=(self._workers,),
                                                      daemon=True)
             self._workers.watcher.start()
