@@ -48,7 +48,7 @@ def warm_up(llm: LLM) -> None:
         llm.add_request(random_prompt(SHORT_PROMPT), params)
     llm.step()
     config = llm.config
-    long = min(config.max_num_batched_tokens + 100, config.max_model_len - 8)  # two chunks when chunking
+    long = min(config.token_budget + 100, config.context_len - 8)  # two chunks when chunking
     llm.add_request(random_prompt(long), SamplingParams(ignore_eos=True, max_tokens=2))
     while llm.has_unfinished_requests():
         llm.step()

@@ -28,7 +28,7 @@ from transformers import AutoTokenizer
 
 from nanovllm import LLM, SamplingParams, StructuredOutputsParams
 from nanovllm.default_model import default_model_dir
-from nanovllm.engine.structured_output import StructuredOutputs, grammar_vocabulary
+from nanovllm.core.structured_output import StructuredOutputs, grammar_vocabulary
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string"}, "age": {"type": "integer"}, "height": {"type": "number"},

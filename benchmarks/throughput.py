@@ -168,7 +168,7 @@ class StepRecorder:
         self.records: list[StepRecord] = []
         self._waited = 0.0
         self._last_launch = None
-        self._runner = llm.client.core.model_runner
+        self._runner = llm.client.core.executor
         execute = self._runner.execute
 
         def timed_execute(out, *grammar):

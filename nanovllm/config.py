@@ -122,6 +122,11 @@ class Config:
     master_port: int = _option(
         0, "port where tensor-parallel ranks meet; 0: $MASTER_PORT if set, else a free port")
     hf_config: "PretrainedConfig" = field(init=False, repr=False)
+    # What construction derives from the fields above, each its own value (the fields stay as given):
+    device_type: str = field(init=False)     # "cuda" or "cpu" (device "auto" resolved)
+    attention_impl: str = field(init=False)  # "triton", "torch" or "flash_attn" (attention_backend resolved)
+    context_len: int = field(init=False)     # max_model_len resolved: the longest sequence in tokens
+    token_budget: int = field(init=False)    # max_num_batched_tokens resolved: the most tokens per step
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs) -> "Config":
@@ -139,27 +144,27 @@ class Config:
             self.model = os.fspath(self.model)
         self._check_types()
         self._check_ranges()
-        self.device = self._resolve_device()
-        self.attention_backend = self._resolve_attention_backend()
+        self.device_type = self._resolve_device()
+        self.attention_impl = self._resolve_attention_backend()
         self._check_kv_cache_dtype()
         self._check_model_folder()
         if self.trust_remote_code:
             warnings.warn("trust_remote_code=True changes nothing: nanovllm loads only its built-in architectures "
                           "and runs no code from the model folder", stacklevel=3)
         self.hf_config = self._load_hf_config()
-        self.max_model_len = self._resolve_max_model_len()
-        self.max_num_batched_tokens = self._resolve_token_budget()
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+        self.context_len = self._resolve_max_model_len()
+        self.token_budget = self._resolve_token_budget()
+        if not self.enable_chunked_prefill and self.token_budget < self.context_len:
             raise ValueError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
-                f"max_model_len ({self.max_model_len}), or a long prompt could never be scheduled; "
+                f"max_num_batched_tokens ({self.token_budget}) must be at least "
+                f"max_model_len ({self.context_len}), or a long prompt could never be scheduled; "
                 f"raise max_num_batched_tokens, lower max_model_len or set enable_chunked_prefill=True"
             )
 
     @property
     def max_blocks_per_seq(self) -> int:
-        """KV blocks a sequence at `max_model_len` tokens holds."""
-        return (self.max_model_len + self.kvcache_block_size - 1) // self.kvcache_block_size
+        """KV blocks a sequence at `context_len` tokens holds."""
+        return (self.context_len + self.kvcache_block_size - 1) // self.kvcache_block_size
 
     @property
     def torch_dtype(self) -> "torch.dtype":
@@ -245,12 +250,12 @@ class Config:
                              f"got {self.kv_cache_dtype!r}")
         if self.kv_cache_dtype != "fp8":
             return
-        if self.attention_backend == "flash_attn":
+        if self.attention_impl == "flash_attn":
             raise ValueError("kv_cache_dtype='fp8' needs attention_backend 'triton' or 'torch' (flash-attn reads "
                              "only full-precision caches); change one of them")
         import torch
 
-        if self.device == "cuda" and torch.cuda.get_device_capability() < (8, 9):
+        if self.device_type == "cuda" and torch.cuda.get_device_capability() < (8, 9):
             major, minor = torch.cuda.get_device_capability()
             raise ValueError(f"kv_cache_dtype='fp8' needs a GPU that converts to float8 (compute capability 8.9 "
                              f"or newer, e.g. L4, H100); this one is {major}.{minor}: use kv_cache_dtype='auto'")
@@ -270,22 +275,22 @@ class Config:
     def _resolve_token_budget(self) -> int:
         if self.max_num_batched_tokens != -1:
             return self.max_num_batched_tokens
-        budget = _DEFAULT_TOKEN_BUDGET[self.device]
-        return budget if self.enable_chunked_prefill else max(budget, self.max_model_len)
+        budget = _DEFAULT_TOKEN_BUDGET[self.device_type]
+        return budget if self.enable_chunked_prefill else max(budget, self.context_len)
 
     def _resolve_attention_backend(self) -> str:
         name = self.attention_backend
         if name not in _ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {', '.join(_ATTENTION_BACKENDS)}, got {name!r}")
         if name == "auto":
-            return "triton" if self.device == "cuda" else "torch"
-        if name == "triton" and self.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            return "triton" if self.device_type == "cuda" else "torch"
+        if name == "triton" and self.device_type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError("attention_backend='triton' needs device='cuda' (or TRITON_INTERPRET=1 on the CPU, "
                              "which is slow and meant for tests); use 'torch' on the CPU")
         if name in ("triton", "flash_attn") and importlib.util.find_spec(name) is None:
             raise ValueError(f"attention_backend={name!r} needs the {name} package, which is not installed; "
                              f"install it or use attention_backend='auto'")
-        if name == "flash_attn" and (self.device != "cuda" or self.kvcache_block_size % 256):
+        if name == "flash_attn" and (self.device_type != "cuda" or self.kvcache_block_size % 256):
             raise ValueError("attention_backend='flash_attn' needs device='cuda' and a kvcache_block_size "
                              "that is a multiple of 256 (flash-attn's paged layout)")
         return name

@@ -674,3 +674,16 @@ def test_the_servers_chat_template_serves_a_tokenizer_without_one(qwen3_dir, tmp
         assert tokens.json()["tokens"] == [5, 4]
     finally:
         running.close()
+
+
+def test_a_request_is_checked_once(server, monkeypatch):
+    from nanovllm.frontend import input_processor
+
+    calls = []
+    real = input_processor.grammar_of
+    monkeypatch.setattr(input_processor, "grammar_of", lambda spec: calls.append(spec) or real(spec))
+    response = server.client().chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "w5"}], max_tokens=4,
+        extra_body={"structured_outputs": {"choice": ["w5 w6", "w7"]}})
+    assert response.choices[0].message.content.strip() in ("w5 w6", "w7")
+    assert len(calls) == 1  # the grammar is parsed once in the front end (the core compiles it for itself)

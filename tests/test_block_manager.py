@@ -3,9 +3,9 @@ decode-time appends."""
 
 import pytest
 
-import nanovllm.engine.block_manager as bm_module
-from nanovllm.engine.block_manager import BlockManager, chain_hash
-from nanovllm.engine.request import Request
+import nanovllm.core.block_manager as bm_module
+from nanovllm.core.block_manager import BlockManager, chain_hash
+from nanovllm.core.request import Request
 from nanovllm.sampling_params import SamplingParams
 
 BS = 4

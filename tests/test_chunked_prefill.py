@@ -15,7 +15,7 @@ ENGINE = dict(kvcache_block_size=BLOCK, max_model_len=512)
 def record_batches(llm) -> list:
     """A list that fills with (num_scheduled_tokens, samples, is_prefill) of every step the engine runs."""
     batches = []
-    runner = llm.client.core.model_runner
+    runner = llm.client.core.executor
     original = runner.execute
 
     def recording_execute(out, *grammar):

@@ -11,19 +11,27 @@ import pytest
 from nanovllm import LLM, SamplingParams
 from nanovllm.cli import build_parser
 from nanovllm.config import Config
-from nanovllm.engine import model_runner
+from nanovllm.worker import model_runner
 
 GIB = 1 << 30
 
 
 def test_defaults_follow_the_design(qwen3_dir):
     config = Config(qwen3_dir)
-    assert (config.max_num_batched_tokens, config.max_num_seqs, config.gpu_memory_utilization,
+    assert (config.token_budget, config.max_num_seqs, config.gpu_memory_utilization,
             config.tensor_parallel_size, config.kvcache_block_size, config.num_kvcache_blocks) == (
         256, 512, 0.9, 1, 256, -1)
-    assert config.device == "cpu"
+    assert (config.device_type, config.attention_impl) == ("cpu", "torch")
     # max_model_len defaults to the model's max_position_embeddings (1024 here), at most 4096
-    assert config.max_model_len == 1024
+    assert config.context_len == 1024
+
+
+def test_the_fields_stay_as_given_and_what_is_derived_is_its_own_value(qwen3_dir):
+    config = Config(qwen3_dir)
+    assert (config.max_model_len, config.max_num_batched_tokens, config.attention_backend, config.device) == (
+        -1, -1, "auto", "auto")
+    assert (config.context_len, config.token_budget, config.attention_impl, config.device_type) == (
+        1024, 256, "torch", "cpu")
 
 
 @pytest.mark.parametrize("kwargs, budget", [
@@ -37,7 +45,7 @@ def test_token_budget_follows_the_device(qwen3_dir, monkeypatch, kwargs, budget)
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
     monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
     kwargs.setdefault("device", "cpu")
-    assert Config(qwen3_dir, **kwargs).max_num_batched_tokens == budget
+    assert Config(qwen3_dir, **kwargs).token_budget == budget
 
 
 def test_unknown_keyword_is_named(qwen3_dir):
@@ -127,7 +135,7 @@ def test_max_model_len_above_the_model_limit_is_refused(qwen3_dir, max_model_len
 
 
 def test_max_model_len_up_to_the_model_limit_is_kept(qwen3_dir):
-    assert [Config.from_kwargs(qwen3_dir, max_model_len=n).max_model_len for n in (1, 1024, -1)] == [1, 1024, 1024]
+    assert [Config.from_kwargs(qwen3_dir, max_model_len=n).context_len for n in (1, 1024, -1)] == [1, 1024, 1024]
 
 
 def test_max_model_len_left_out_is_at_most_4096(qwen3_dir, tmp_path):
@@ -135,20 +143,20 @@ def test_max_model_len_left_out_is_at_most_4096(qwen3_dir, tmp_path):
         raw = json.load(f)
     raw["max_position_embeddings"] = 32768
     (tmp_path / "config.json").write_text(json.dumps(raw))
-    assert Config.from_kwargs(str(tmp_path)).max_model_len == 4096
-    assert Config.from_kwargs(str(tmp_path), max_model_len=32768).max_model_len == 32768
+    assert Config.from_kwargs(str(tmp_path)).context_len == 4096
+    assert Config.from_kwargs(str(tmp_path), max_model_len=32768).context_len == 32768
 
 
 def test_serve_defaults_make_a_valid_config(qwen3_dir):
     # `nanovllm serve` passes every field, its default included
     args = vars(build_parser().parse_args(["serve", qwen3_dir]))
     engine_args = {f.name: args[f.name] for f in fields(Config) if f.init and f.name != "model"}
-    assert Config.from_kwargs(qwen3_dir, **engine_args).max_model_len == 1024
+    assert Config.from_kwargs(qwen3_dir, **engine_args).context_len == 1024
 
 
 def test_chunked_prefill_is_on_by_default_and_lets_prompts_exceed_the_token_budget(qwen3_dir):
     config = Config(qwen3_dir, max_num_batched_tokens=100, max_model_len=800)
-    assert config.enable_chunked_prefill and (config.max_num_batched_tokens, config.max_model_len) == (100, 800)
+    assert config.enable_chunked_prefill and (config.token_budget, config.context_len) == (100, 800)
 
 
 def test_small_power_of_two_blocks_are_accepted(qwen3_dir):
@@ -177,7 +185,7 @@ def test_dtype_defaults_to_the_checkpoint(qwen3_dir, tmp_path):
 
 
 def test_auto_attention_backend_is_torch_on_cpu(qwen3_dir):
-    assert Config(qwen3_dir, device="cpu").attention_backend == "torch"
+    assert Config(qwen3_dir, device="cpu").attention_impl == "torch"
 
 
 def test_triton_on_cpu_needs_the_interpreter(qwen3_dir, monkeypatch):
@@ -227,7 +235,7 @@ def test_cpu_kv_cache_is_checked_at_the_size_sequences_can_use(qwen3_dir, monkey
     # 4 sequences of 256 tokens use 64 blocks of 16 tokens, far less than the 100 GiB asked for
     monkeypatch.setattr(model_runner, "available_memory_bytes", lambda: GIB)
     llm = LLM(qwen3_dir, cpu_kvcache_gb=100, max_num_seqs=4, max_model_len=256, kvcache_block_size=16)
-    assert llm.client.core.model_runner.num_kvcache_blocks == 64
+    assert llm.client.core.executor.num_kvcache_blocks == 64
 
 
 def test_available_memory_is_read_with_or_without_proc(monkeypatch):
@@ -259,9 +267,9 @@ def test_trust_remote_code_is_accepted_with_a_warning_that_it_changes_nothing(qw
 
 
 def test_device_auto_is_the_gpu_when_one_is_visible(qwen3_dir, monkeypatch):
-    assert Config(qwen3_dir).device == "cpu"
+    assert Config(qwen3_dir).device_type == "cpu"
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
     monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
-    assert Config(qwen3_dir, device="auto").device == "cuda"
+    assert Config(qwen3_dir, device="auto").device_type == "cuda"
     with pytest.raises(ValueError, match="tensor_parallel_size=2 needs one GPU per rank but 1 is visible"):
         Config(qwen3_dir, device="auto", tensor_parallel_size=2)

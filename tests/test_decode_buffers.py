@@ -3,8 +3,8 @@ two host buffers in turn."""
 
 import torch
 
-from nanovllm.engine.decode_buffers import DecodeBuffers
-from nanovllm.engine.scheduler_output import PLACEHOLDER
+from nanovllm.worker.decode_buffers import DecodeBuffers
+from nanovllm.core.scheduler_output import PLACEHOLDER
 
 BLOCK_SIZE = 4
 WIDTH = 8

@@ -2,6 +2,9 @@
 a user sees changes: stop tokens, stop strings, preemption, prefix hits and aborts give the outputs
 of the plain loop that reads every step back before scheduling the next."""
 
+import subprocess
+import sys
+
 import pytest
 from conftest import run_steps
 from hf_reference import hf_greedy
@@ -25,7 +28,7 @@ def plain_loop(llm: LLM, monkeypatch) -> LLM:
 
 def record_order(llm: LLM) -> list[tuple[str, int]]:
     """A list that fills with ("launch", n) and ("read", n) as the core launches and reads back steps."""
-    runner, events = llm.client.core.model_runner, []
+    runner, events = llm.client.core.executor, []
     original = runner.execute
 
     def execute(out, *grammar):
@@ -122,3 +125,11 @@ def test_info_names_the_kv_cache_dtype_start_up_chose(qwen3_dir, kwargs, name):
     llm = engine(qwen3_dir, **kwargs)
     assert llm.client.info.kv_cache_dtype == name
     assert llm.config.kv_cache_dtype == kwargs.get("kv_cache_dtype", "auto")  # the config is left as given
+
+
+def test_the_engine_package_imports_without_torch():
+    # the engine core and its clients load the device side only when a core starts
+    code = ("import sys, nanovllm.engine.engine_core, nanovllm.engine.engine_client, nanovllm.engine.core_client, "
+            "nanovllm.engine.core_process; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

@@ -41,9 +41,9 @@ def test_cuda_graphs_equal_eager_with_padded_batches(qwen3_dir):
     for n in (7, 19):
         batch = prompts(seed=n) * 3
         graphed = LLM(qwen3_dir, kvcache_block_size=16, max_model_len=512, max_num_seqs=20)
-        assert graphed.client.core.model_runner.graphs.sizes == [1, 2, 4, 8, 16, 20]
+        assert graphed.client.core.executor.graphs.sizes == [1, 2, 4, 8, 16, 20]
         eager = LLM(qwen3_dir, kvcache_block_size=16, max_model_len=512, max_num_seqs=20, enforce_eager=True)
-        assert eager.client.core.model_runner.graphs is None
+        assert eager.client.core.executor.graphs is None
         assert token_ids(graphed.generate(batch[:n], GREEDY, use_tqdm=False)) == \
             token_ids(eager.generate(batch[:n], GREEDY, use_tqdm=False))
 
@@ -94,7 +94,7 @@ def test_triton_mixed_steps_equal_separate_runs_and_decodes_still_replay_graphs(
     llm = LLM(qwen3_dir, max_num_batched_tokens=128, **kwargs)
     batches = record_batches(llm)
     replays = []
-    graphs = llm.client.core.model_runner.graphs
+    graphs = llm.client.core.executor.graphs
     original_replay = graphs.replay
     graphs.replay = lambda size: replays.append(size) or original_replay(size)
     ids = [llm.add_request(p, GREEDY) for p in short]
@@ -107,7 +107,7 @@ def test_triton_mixed_steps_equal_separate_runs_and_decodes_still_replay_graphs(
 
 def record_src_rows(llm) -> list:
     """A list that fills with the rows each step takes from the previous step's samples on the device."""
-    runner = llm.client.core.model_runner
+    runner = llm.client.core.executor
     original, recorded = runner._src_rows, []
     runner._src_rows = lambda out: recorded.append(original(out)) or recorded[-1]
     return recorded
@@ -143,7 +143,7 @@ def test_stop_tokens_mid_batch_leak_no_token_on_gpu(qwen3_dir):
 
 def test_sampled_ids_come_back_through_pinned_memory(qwen3_dir):
     llm = LLM(qwen3_dir, kvcache_block_size=16, max_model_len=512)
-    runner = llm.client.core.model_runner
+    runner = llm.client.core.executor
     pendings = []
     original = runner.execute
     runner.execute = lambda out, *grammar: pendings.append(original(out, *grammar)) or pendings[-1]
@@ -172,7 +172,7 @@ def test_no_triton_kernel_compiles_after_start_up(qwen3_dir):
     llm.generate([shared + [5]], GREEDY, use_tqdm=False)
     sampled = SamplingParams(temperature=0.6, max_tokens=16, ignore_eos=True)
     llm.generate([shared + [6, 7]] + prompts(seed=13), [sampled, GREEDY] * 4, use_tqdm=False)
-    assert llm.client.core.model_runner.graphs is not None and any(not is_prefill for _, _, is_prefill in batches)
+    assert llm.client.core.executor.graphs is not None and any(not is_prefill for _, _, is_prefill in batches)
     assert any(is_prefill and 1 in counts for counts, _, is_prefill in batches)  # a mixed step ran
     assert triton_variants() == compiled
 

@@ -304,7 +304,7 @@ def test_dropping_the_engine_frees_it_without_the_cycle_collector(qwen3_dir):
     try:
         llm = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=16, max_model_len=256)
         llm.generate([[5, 6]], GREEDY, use_tqdm=False)
-        runner = weakref.ref(llm.client.core.model_runner)
+        runner = weakref.ref(llm.client.core.executor)
         del llm
         assert runner() is None
     finally:

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from nanovllm import LLM, SamplingParams
-from nanovllm.engine.cuda_graphs import capture_sizes
-from nanovllm.engine.model_runner import start_up_step
 from nanovllm.utils.context import Context, forward_context
+from nanovllm.worker.cuda_graphs import capture_sizes
+from nanovllm.worker.model_runner import start_up_step
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 PROMPTS = [[3, 4, 5] * 7, [9] * 18 + [10], [11, 12]]
@@ -19,7 +19,7 @@ def test_cached_prefix_warm_up_step_leaves_generation_unchanged(qwen3_dir, backe
     kwargs = dict(attention_backend=backend, kvcache_block_size=16, num_kvcache_blocks=16, max_model_len=128)
     expected = [o.outputs[0].token_ids for o in LLM(qwen3_dir, **kwargs).generate(PROMPTS, GREEDY, use_tqdm=False)]
     warmed = LLM(qwen3_dir, **kwargs)
-    warmed.client.core.model_runner._warm_up_cached_prefix()
+    warmed.client.core.executor._warm_up_cached_prefix()
     assert warmed.client.core.scheduler.block_manager.num_free_blocks == 16
     assert [o.outputs[0].token_ids for o in warmed.generate(PROMPTS, GREEDY, use_tqdm=False)] == expected
 
@@ -27,7 +27,7 @@ def test_cached_prefix_warm_up_step_leaves_generation_unchanged(qwen3_dir, backe
 def test_start_up_step_without_blocks_stores_nothing_and_samples_every_request(qwen3_dir):
     # the warm-up at the largest batch: whole prompts that own no KV blocks
     llm = LLM(qwen3_dir, kvcache_block_size=16, num_kvcache_blocks=16, max_model_len=128)
-    runner = llm.client.core.model_runner
+    runner = llm.client.core.executor
     cache = runner.kv_cache.clone()
     pending = runner.execute(start_up_step([[5] * 100, [6] * 37], [0, 0], [[], []]))
     assert len(pending.result().sampled_token_ids) == 2
@@ -72,7 +72,7 @@ def test_a_decode_step_that_needs_the_full_sampler_runs_the_lm_head_once(qwen3_d
     # the step as a graph would; on a GPU the real graphs replay.
     llm = LLM(qwen3_dir, kvcache_block_size=16, num_kvcache_blocks=16, max_model_len=128,
               enforce_eager=not graphs)
-    runner = llm.client.core.model_runner
+    runner = llm.client.core.executor
     stand_in = graphs and runner.graphs is None
     if stand_in:
         runner.graphs = _GraphsReplayedEagerly(runner)
@@ -105,7 +105,7 @@ def test_a_decode_step_that_needs_the_full_sampler_runs_the_lm_head_once(qwen3_d
 
 def test_the_lm_head_writes_into_a_buffer_what_it_returns_without_one(qwen3_dir):
     llm = LLM(qwen3_dir, kvcache_block_size=16, num_kvcache_blocks=16, max_model_len=128)
-    model = llm.client.core.model_runner.model
+    model = llm.client.core.executor.model
     hidden = torch.randn(3, model.lm_head.weight.shape[1])
     buffer = torch.full((5, model.lm_head.weight.shape[0]), float("nan"))
     logits = model.compute_logits(hidden, buffer[:3])

@@ -1,7 +1,7 @@
 """Request: token, output and block counts with placeholders, the chunk a step computes, and confirmation."""
 
-from nanovllm.engine.request import Request, RequestStatus
-from nanovllm.engine.scheduler_output import PLACEHOLDER
+from nanovllm.core.request import Request, RequestStatus
+from nanovllm.core.scheduler_output import PLACEHOLDER
 from nanovllm.sampling_params import SamplingParams
 
 

@@ -6,9 +6,9 @@ import torch
 
 from nanovllm import SamplingParams
 from nanovllm.engine.messages import TokenLogprobs
-from nanovllm.engine.runner_output import PendingOutput, PromptScores
+from nanovllm.worker.pending_output import PendingOutput, PromptScores
 from nanovllm.sample.metadata import SamplingTensors, needs_full_sampler, sampling_tensors, step_sampling
-from nanovllm.engine.scheduler_output import PromptScoring, SchedulerOutput
+from nanovllm.core.scheduler_output import PromptScoring, SchedulerOutput
 from nanovllm.sample.sampler import Sampler, SamplerOutput
 
 VOCAB = 50

@@ -6,12 +6,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from nanovllm.engine.block_manager import chain_hash
+from nanovllm.core.block_manager import chain_hash
 from nanovllm.engine.messages import EngineCoreOutput, EngineStats, TokenLogprobs
-from nanovllm.engine.request import Request, RequestStatus
-from nanovllm.engine.runner_output import ModelRunnerOutput
-from nanovllm.engine.scheduler import Scheduler
-from nanovllm.engine.scheduler_output import PLACEHOLDER, PromptScoring
+from nanovllm.core.request import Request, RequestStatus
+from nanovllm.core.runner_output import ModelRunnerOutput
+from nanovllm.core.scheduler import Scheduler
+from nanovllm.core.scheduler_output import PLACEHOLDER, PromptScoring
 from nanovllm.sampling_params import SamplingParams
 
 BS = 4
@@ -20,8 +20,8 @@ EOS = 1
 
 def make_scheduler(num_blocks=16, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64, chunked=False,
                    prefix_caching=True):
-    config = SimpleNamespace(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                             max_model_len=max_model_len, enable_chunked_prefill=chunked, kvcache_block_size=BS,
+    config = SimpleNamespace(max_num_seqs=max_num_seqs, token_budget=max_num_batched_tokens,
+                             context_len=max_model_len, enable_chunked_prefill=chunked, kvcache_block_size=BS,
                              enable_prefix_caching=prefix_caching)
     return Scheduler(config, num_blocks, (EOS,))
 

@@ -21,7 +21,7 @@ from test_cli import alive, start_server
 
 from conftest import child_processes, core_steps
 from nanovllm import LLM, SamplingParams, StructuredOutputsParams
-from nanovllm.engine import structured_output
+from nanovllm.core import structured_output
 from nanovllm.engine.core_client import remove_stale_socket_folders
 from nanovllm.engine.core_process import BusyLoop
 from nanovllm.engine.messages import EngineCoreOutputs, EngineCoreRequest, EngineCoreShutdown, EngineStats

@@ -2,8 +2,8 @@
 and whether a request with tokens in flight needs another step."""
 
 from nanovllm import SamplingParams
-from nanovllm.engine.request import Request
-from nanovllm.engine.stop_checker import StopChecker
+from nanovllm.core.request import Request
+from nanovllm.core.stop_checker import StopChecker
 
 EOS = 1
 BLOCK_SIZE = 16

@@ -10,7 +10,7 @@ import pytest
 from test_engine_core import record_order
 
 from nanovllm import LLM, SamplingParams, StructuredOutputsParams
-from nanovllm.engine.structured_output import grammar_of
+from nanovllm.core.structured_output import grammar_of
 
 pytest.importorskip("xgrammar")
 

@@ -21,8 +21,8 @@ from test_loader import copy_model
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.config import Config
-from nanovllm.engine.scheduler_output import SchedulerOutput
-from nanovllm.engine.worker import channel_capacity
+from nanovllm.core.scheduler_output import SchedulerOutput
+from nanovllm.worker.tensor_parallel import channel_capacity
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 ENGINE = dict(device="cpu", kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=256)
@@ -123,7 +123,7 @@ def test_llama_with_explicit_port_matches_one_rank(llama_dir):
     expected = token_ids(LLM(llama_dir, **ENGINE).generate(random_prompts(2), GREEDY, use_tqdm=False))
     llm = LLM(llama_dir, tensor_parallel_size=2, master_port=port, **ENGINE)
     try:
-        assert llm.client.core.model_runner.port == port
+        assert llm.client.core.executor.port == port
         assert token_ids(llm.generate(random_prompts(2), GREEDY, use_tqdm=False)) == expected
     finally:
         llm.close()
@@ -132,7 +132,7 @@ def test_llama_with_explicit_port_matches_one_rank(llama_dir):
 def test_deleting_the_engine_stops_workers_and_frees_shared_memory(qwen3_dir):
     llm = LLM(qwen3_dir, tensor_parallel_size=2, **ENGINE)
     llm.generate([[5, 6]], GREEDY, use_tqdm=False)
-    runner = llm.client.core.model_runner
+    runner = llm.client.core.executor
     processes, segment = runner.processes, runner.channel.name
     del runner
     assert all(p.is_alive() for p in processes) and segment_exists(segment)
@@ -145,8 +145,8 @@ def test_deleting_the_engine_stops_workers_and_frees_shared_memory(qwen3_dir):
 @pytest.mark.parametrize("device", DEVICES)
 def test_killed_worker_is_an_error_within_seconds(qwen3_dir, device):
     llm = LLM(qwen3_dir, tensor_parallel_size=2, **{**ENGINE, "device": device})
-    worker = llm.client.core.model_runner.processes[0]
-    segment = llm.client.core.model_runner.channel.name
+    worker = llm.client.core.executor.processes[0]
+    segment = llm.client.core.executor.channel.name
     scheduler = llm.client.core.scheduler
     original, steps = scheduler.update, []
 
@@ -224,7 +224,7 @@ import json, sys, time
 from nanovllm import LLM
 if __name__ == "__main__":
     llm = LLM(sys.argv[1], tensor_parallel_size=2, kvcache_block_size=16, num_kvcache_blocks=8, max_model_len=64)
-    runner = llm.client.core.model_runner
+    runner = llm.client.core.executor
     print(json.dumps({"pids": [p.pid for p in runner.processes], "segment": runner.channel.name,
                       "port": runner.port}), flush=True)
     time.sleep(600)
@@ -239,7 +239,7 @@ def test_two_engines_side_by_side_and_workers_exit_with_their_killed_caller(qwen
         other = json.loads(caller.stdout.readline())
         # a second engine on the same host meets at its own port and segment
         llm = LLM(qwen3_dir, tensor_parallel_size=2, **ENGINE)
-        runner = llm.client.core.model_runner
+        runner = llm.client.core.executor
         assert (runner.port, runner.channel.name) != (other["port"], other["segment"])
         assert len(llm.generate([[5, 6]], GREEDY, use_tqdm=False)[0].outputs[0].token_ids) == GREEDY.max_tokens
         llm.close()

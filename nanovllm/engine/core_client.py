@@ -26,7 +26,7 @@ from nanovllm.engine.engine_client import EngineClient, EngineDeadError
 from nanovllm.engine.messages import (CoreMessage, EngineCoreAbort, EngineCoreFailed, EngineCoreInfo,
                                       EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, EngineCoreShutdown,
                                       EngineStats)
-from nanovllm.engine.structured_output import vocabulary_to_json
+from nanovllm.core.structured_output import vocabulary_to_json
 
 _EXIT_WAIT_S = 10  # how long the core may take to stop after the shutdown message before it is killed
 _FOLDER_PREFIX = "nanovllm-"  # the sockets' folder in the temp directory: nanovllm-<client pid>-<random>

@@ -21,7 +21,7 @@ from nanovllm.config import Config
 from nanovllm.engine.engine_core import EngineCore
 from nanovllm.engine.messages import (ClientMessage, EngineCoreAbort, EngineCoreFailed, EngineCoreOutput,
                                       EngineCoreOutputs, EngineCoreReady, EngineCoreRequest, EngineStats)
-from nanovllm.engine.structured_output import vocabulary_from_json
+from nanovllm.core.structured_output import vocabulary_from_json
 from nanovllm.utils.processes import exit_with_parent, ignore_interrupts
 
 logger = logging.getLogger(__name__)

@@ -1,16 +1,19 @@
 """The engine core: token ids in, token ids out, one overlapped step at a time."""
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from nanovllm.config import Config
+from nanovllm.core.request import Request
+from nanovllm.core.runner_output import ModelRunnerOutput
+from nanovllm.core.scheduler import Scheduler
+from nanovllm.core.scheduler_output import SchedulerOutput
+from nanovllm.core.structured_output import StructuredOutputs
 from nanovllm.engine.messages import EngineCoreInfo, EngineCoreOutput, EngineCoreRequest, EngineStats
-from nanovllm.engine.model_runner import ModelRunner
-from nanovllm.engine.request import Request
-from nanovllm.engine.runner_output import ModelRunnerOutput, PendingOutput
-from nanovllm.engine.scheduler import Scheduler
-from nanovllm.engine.scheduler_output import SchedulerOutput
-from nanovllm.engine.structured_output import StructuredOutputs
-from nanovllm.engine.worker import TensorParallelRunner
+from nanovllm.worker.executor import make_executor
+
+if TYPE_CHECKING:
+    from nanovllm.worker.pending_output import PendingOutput
 
 
 @dataclass
@@ -18,7 +21,7 @@ class _InFlight:
     """A launched step whose sampled ids the host has not read yet."""
 
     scheduled: SchedulerOutput
-    pending: PendingOutput | None
+    pending: "PendingOutput | None"
 
 
 class EngineCore:
@@ -33,13 +36,12 @@ class EngineCore:
     """
 
     def __init__(self, config: Config, eos_token_ids: tuple[int, ...], vocabulary=None):
-        runner_class = TensorParallelRunner if config.tensor_parallel_size > 1 else ModelRunner
-        self.model_runner = runner_class(config, eos_token_ids)
+        self.executor = make_executor(config, eos_token_ids)
         self.structured = StructuredOutputs(vocabulary)
-        self.scheduler = Scheduler(config, self.model_runner.num_kvcache_blocks, eos_token_ids, self.structured)
-        self.info = EngineCoreInfo(self.model_runner.num_kvcache_blocks, config.kvcache_block_size,
-                                   config.max_model_len, config.hf_config.vocab_size,
-                                   self.model_runner.kv_cache_dtype_name)
+        self.scheduler = Scheduler(config, self.executor.num_kvcache_blocks, eos_token_ids, self.structured)
+        self.info = EngineCoreInfo(self.executor.num_kvcache_blocks, config.kvcache_block_size,
+                                   config.context_len, config.hf_config.vocab_size,
+                                   self.executor.kv_cache_dtype_name)
         self._block_size = config.kvcache_block_size
         self._in_flight: _InFlight | None = None
 
@@ -61,7 +63,7 @@ class EngineCore:
 
     def check_workers(self) -> None:
         """RuntimeError if a tensor-parallel worker has died (which an idle core would not notice)."""
-        self.model_runner.check_workers()
+        self.executor.check_workers()
 
     def step(self) -> list[EngineCoreOutput]:
         """Schedule and launch the next step, then read back the one before it and return its outputs."""
@@ -75,7 +77,7 @@ class EngineCore:
         launched = None
         if not scheduled.is_empty:
             masks = self.structured.bitmasks(scheduled.sampled_req_ids)
-            launched = _InFlight(scheduled, self.model_runner.execute(scheduled, masks))
+            launched = _InFlight(scheduled, self.executor.execute(scheduled, masks))
         if self._in_flight is not None:
             outputs = self._finish(self._in_flight)
         assert launched is not None or self._in_flight is not None or not self.scheduler.has_requests(), \
@@ -96,4 +98,4 @@ class EngineCore:
     def shutdown(self) -> None:
         """Free the decode graphs and stop tensor-parallel workers now rather than when the core is
         collected."""
-        self.model_runner.close()
+        self.executor.close()

@@ -203,15 +203,15 @@ class GenerationHandler:
         if completions > self.settings.max_waiting:
             raise APIError(400, f"this request makes {completions} completions (prompts times n or best_of); this "
                                 f"server queues at most {self.settings.max_waiting}: split it")
-        for job in jobs:
+        for job in jobs:  # every prompt is checked, once, before any runs
             self._check_context(job.prompt, job.params.max_tokens)
-            self.engine.input_processor.process(job.prompt, job.params)  # every prompt checked before any runs
+            job.prompt, job.params = self.engine.check(job.prompt, job.params)
         if self.engine.stats().num_waiting >= self.settings.max_waiting:
             raise APIError(503, f"the server is busy ({self.settings.max_waiting} requests already waiting); "
                                 f"retry later")
         try:
             for job in jobs:
-                job.stream = self.engine.add_request(job.prompt, job.params)
+                job.stream = self.engine.add_checked(job.prompt, job.params)
         except EngineDeadError as e:
             for job in jobs:
                 if job.stream is not None:

@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerBase
 from nanovllm.config import Config
 from nanovllm.engine.engine_client import EngineClient, EngineDeadError
 from nanovllm.engine.messages import EngineCoreRequest
-from nanovllm.engine.structured_output import grammar_vocabulary
+from nanovllm.core.structured_output import grammar_vocabulary
 from nanovllm.frontend.input_processor import InputProcessor, ProcessedPrompt, Prompt
 from nanovllm.frontend.output_processor import OutputProcessor, ParentRequest, RequestState
 from nanovllm.frontend.tokenizer import eos_token_ids, load_tokenizer

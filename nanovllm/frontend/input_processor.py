@@ -5,7 +5,7 @@ from dataclasses import dataclass, replace
 from transformers import PreTrainedTokenizerBase
 
 from nanovllm.engine.messages import EngineCoreInfo
-from nanovllm.engine.structured_output import grammar_of
+from nanovllm.core.structured_output import grammar_of
 from nanovllm.sampling_params import SamplingParams
 
 # text, token ids, {"prompt": text} or {"prompt_token_ids": ids}

@@ -98,7 +98,16 @@ class OnlineEngine(EngineFrontend):
 
     def add_request(self, prompt: Prompt | ProcessedPrompt, sampling_params: SamplingParams) -> RequestStream:
         """Queue a request and return its output stream; ValueError if it cannot be served."""
-        prompt, params = self._check(prompt, sampling_params)
+        return self.add_checked(*self.check(prompt, sampling_params))
+
+    def check(self, prompt: Prompt | ProcessedPrompt,
+              sampling_params: SamplingParams) -> tuple[ProcessedPrompt, SamplingParams]:
+        """The checked prompt and settings that `add_checked` takes; ValueError if the request cannot be
+        served. A caller that queues several prompts together checks them all first."""
+        return self._check(prompt, sampling_params)
+
+    def add_checked(self, prompt: ProcessedPrompt, params: SamplingParams) -> RequestStream:
+        """Queue a request that `check` returned (it is not checked again) and return its output stream."""
         with self._lock:
             if self.failure is not None:
                 raise EngineDeadError(self.failure)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nanovllm.engine.scheduler_output import SchedulerOutput
+from nanovllm.core.scheduler_output import SchedulerOutput
 from nanovllm.sample.noise import request_noise_key
 from nanovllm.sample.penalties import PenaltyTensors
 from nanovllm.sampling_params import SamplingParams

@@ -5,7 +5,7 @@ from collections import deque
 
 import xxhash
 
-from nanovllm.engine.request import Request
+from nanovllm.core.request import Request
 
 
 class Block:

@@ -7,13 +7,14 @@ import torch
 import torch.distributed as dist
 
 from nanovllm.config import Config
-from nanovllm.engine.cuda_graphs import DecodeGraphs
-from nanovllm.engine.decode_buffers import DecodeBuffers
-from nanovllm.engine.decode_step import DecodeStep, DeviceInputForward
-from nanovllm.engine.runner_output import PendingOutput, PromptScores
+from nanovllm.worker.cuda_graphs import DecodeGraphs
+from nanovllm.worker.decode_buffers import DecodeBuffers
+from nanovllm.worker.executor import Executor
+from nanovllm.worker.decode_step import DecodeStep, DeviceInputForward
+from nanovllm.worker.pending_output import PendingOutput, PromptScores
 from nanovllm.sample.metadata import SamplingTensors, sampling_tensors, step_sampling
-from nanovllm.engine.scheduler_output import PLACEHOLDER, SchedulerOutput
-from nanovllm.engine.structured_output import GrammarBitmasks
+from nanovllm.core.scheduler_output import PLACEHOLDER, SchedulerOutput
+from nanovllm.core.structured_output import GrammarBitmasks
 from nanovllm.kernels.fp8_kv import FP8_DTYPE, SCALE_DTYPE
 from nanovllm.layers.attention import Attention, make_attention_backend
 from nanovllm.sample.sampler import Sampler, SamplerOutput, token_logprobs
@@ -46,7 +47,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return "fp8_e4m3" if dtype == FP8_DTYPE else str(dtype).removeprefix("torch.")
 
 
-class ModelRunner:
+class ModelRunner(Executor):
     """Owns the model, its KV cache and the sampler on one device.
 
     `execute` launches a step and returns without waiting for the device: the
@@ -68,7 +69,7 @@ class ModelRunner:
         self.block_size = config.kvcache_block_size
         self.rank = rank
         self.world_size = config.tensor_parallel_size
-        self.device = torch.device("cuda", rank) if config.device == "cuda" else torch.device("cpu")
+        self.device = torch.device("cuda", rank) if config.device_type == "cuda" else torch.device("cpu")
         self.dtype = config.torch_dtype
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -79,7 +80,7 @@ class ModelRunner:
         torch.manual_seed(config.seed)
         self.model = self._build_model()
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
-        backend = make_attention_backend(config.attention_backend)
+        backend = make_attention_backend(config.attention_impl)
         for layer in self.attention_layers:
             layer.backend = backend
         self.sampler = Sampler()
@@ -133,8 +134,8 @@ class ModelRunner:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         # no step holds more than max_num_batched_tokens tokens: a longer prompt is chunked
-        max_len = min(self.config.max_model_len, self.config.max_num_batched_tokens)
-        num_seqs = max(1, min(self.config.max_num_batched_tokens // max_len, self.config.max_num_seqs))
+        max_len = min(self.config.context_len, self.config.token_budget)
+        num_seqs = max(1, min(self.config.token_budget // max_len, self.config.max_num_seqs))
         self._run_start_up_step(start_up_step([[0] * max_len] * num_seqs, [0] * num_seqs, [[]] * num_seqs))
         logits = torch.zeros(self.config.max_num_seqs, self.config.hf_config.vocab_size, dtype=self.dtype,
                              device=self.device)
@@ -365,9 +366,6 @@ class ModelRunner:
         if self.rank != 0 or (sampled is None and prompt_scores is None):
             return None
         return PendingOutput(sampled, [p.logprobs for p in out.sampling_params], prompt_scores)
-
-    def check_workers(self) -> None:
-        """Raise if a process this runner depends on has died: none here, it runs in the caller's."""
 
     def release_graphs(self) -> None:
         """Destroy the decode graphs now; later decode steps run eagerly. NCCL (2.26 on) destroys or

@@ -20,10 +20,11 @@ from multiprocessing.connection import wait
 import torch.distributed as dist
 
 from nanovllm.config import Config
-from nanovllm.engine.model_runner import ModelRunner
-from nanovllm.engine.runner_output import PendingOutput
-from nanovllm.engine.scheduler_output import SchedulerOutput
-from nanovllm.engine.structured_output import GrammarBitmasks
+from nanovllm.worker.executor import Executor
+from nanovllm.worker.model_runner import ModelRunner
+from nanovllm.worker.pending_output import PendingOutput
+from nanovllm.core.scheduler_output import SchedulerOutput
+from nanovllm.core.structured_output import GrammarBitmasks
 from nanovllm.utils.command_channel import CommandChannel
 from nanovllm.utils.parallel import destroy_process_group, rendezvous_address, rendezvous_store
 from nanovllm.utils.processes import exit_with_parent, ignore_interrupts
@@ -36,7 +37,7 @@ def channel_capacity(config: Config) -> int:
     """Bytes that hold the largest possible step: every sequence at full length sent whole (a
     prefill with cached prefixes), with its id. Pickled token and block ids take at most 5 bytes
     each; pages of the segment cost memory only once written."""
-    return config.max_num_seqs * (6 * (config.max_model_len + config.max_blocks_per_seq) + 256) + (1 << 16)
+    return config.max_num_seqs * (6 * (config.context_len + config.max_blocks_per_seq) + 256) + (1 << 16)
 
 
 def run_worker(config: Config, rank: int, host: str, port: int, channel: CommandChannel) -> None:
@@ -116,11 +117,10 @@ def _abort_group_when_a_worker_dies(workers: _Workers) -> None:
             dist.distributed_c10d._abort_process_group()
 
 
-class TensorParallelRunner:
+class TensorParallelRunner(Executor):
     """Rank 0's model runner together with N-1 worker processes that mirror every call.
 
-    Offers what `ModelRunner` offers to the engine core (`execute`,
-    `num_kvcache_blocks`, `kv_cache_dtype_name`); `close()` (also called when the object is collected
+    `close()` (also called when the object is collected
     or the interpreter exits) stops the workers and removes the shared-memory
     segment.
     """
@@ -143,7 +143,7 @@ class TensorParallelRunner:
                                       name=f"nanovllm-tp{rank}", daemon=True)
             process.start()
             self._workers.processes.append(process)
-        if config.device == "cuda":
+        if config.device_type == "cuda":
             self._workers.watcher = threading.Thread(target=_abort_group_when_a_worker_dies, args=(self._workers,),
                                                      daemon=True)
             self._workers.watcher.start()

@@ -17,13 +17,13 @@ import math
 from collections import deque
 
 from nanovllm.config import Config
-from nanovllm.engine.block_manager import BlockManager
+from nanovllm.core.block_manager import BlockManager
 from nanovllm.engine.messages import EngineCoreOutput, EngineStats
-from nanovllm.engine.request import Request, RequestStatus
-from nanovllm.engine.runner_output import ModelRunnerOutput
-from nanovllm.engine.scheduler_output import PromptScoring, SchedulerOutput
-from nanovllm.engine.stop_checker import StopChecker
-from nanovllm.engine.structured_output import StructuredOutputs
+from nanovllm.core.request import Request, RequestStatus
+from nanovllm.core.runner_output import ModelRunnerOutput
+from nanovllm.core.scheduler_output import PromptScoring, SchedulerOutput
+from nanovllm.core.stop_checker import StopChecker
+from nanovllm.core.structured_output import StructuredOutputs
 
 logger = logging.getLogger(__name__)
 
@@ -39,9 +39,9 @@ class Scheduler:
     def __init__(self, config: Config, num_kvcache_blocks: int, eos_token_ids: tuple[int, ...],
                  structured: StructuredOutputs | None = None):
         self.max_num_seqs = config.max_num_seqs
-        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.max_num_batched_tokens = config.token_budget
         self.chunked_prefill = config.enable_chunked_prefill
-        self.stop_checker = StopChecker(eos_token_ids, config.max_model_len)
+        self.stop_checker = StopChecker(eos_token_ids, config.context_len)
         self.block_manager = BlockManager(num_kvcache_blocks, config.kvcache_block_size, config.enable_prefix_caching)
         self.structured = structured or StructuredOutputs(None)
         self.requests: dict[str, Request] = {}

@@ -13,10 +13,12 @@ the next (the synchronous fallback of the overlapped loop).
 import json
 import re
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from nanovllm.sampling_params import StructuredOutputsParams
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _xgrammar():
@@ -74,7 +76,7 @@ class GrammarBitmasks:
     matchers: list
     vocab_size: int
 
-    def fill(self) -> torch.Tensor:
+    def fill(self) -> "torch.Tensor":
         """[num_rows, ceil(vocab / 32)] int32, a row per sampling row: bit j of word w allows token
         32 w + j; the rows of unconstrained requests allow everything."""
         xgr = _xgrammar()

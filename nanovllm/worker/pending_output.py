@@ -1,22 +1,13 @@
-"""What the model runner gives back for one step, and the handle that waits for it."""
+"""The handle that waits for a launched step's outputs on their way to the host."""
 
 from dataclasses import dataclass, field
 
 import torch
 
 from nanovllm.engine.messages import TokenLogprobs
-from nanovllm.engine.scheduler_output import PromptScoring
+from nanovllm.core.runner_output import ModelRunnerOutput
+from nanovllm.core.scheduler_output import PromptScoring
 from nanovllm.sample.sampler import SamplerOutput
-
-
-@dataclass
-class ModelRunnerOutput:
-    """Per request that sampled, in batch order: its new token id and, where asked for, its logprobs;
-    per request that scored prompt positions, their logprobs in position order."""
-
-    sampled_token_ids: list[int]
-    logprobs: list[TokenLogprobs | None] | None = None
-    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
 
 
 @dataclass

@@ -4,7 +4,7 @@ from collections.abc import Callable
 
 import torch
 
-from nanovllm.engine.decode_buffers import DecodeBuffers
+from nanovllm.worker.decode_buffers import DecodeBuffers
 from nanovllm.utils.context import Context, forward_context
 
 # (input_ids, src_rows, positions, temperatures, seeds) -> the step's output (logits, or hidden states

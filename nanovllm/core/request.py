@@ -2,7 +2,7 @@
 
 from enum import Enum, auto
 
-from nanovllm.engine.scheduler_output import PLACEHOLDER
+from nanovllm.core.scheduler_output import PLACEHOLDER
 from nanovllm.sampling_params import SamplingParams
 
 

@@ -1,6 +1,6 @@
 """A request's token-level stopping rules: stop and end-of-sequence tokens, min/max tokens, model length."""
 
-from nanovllm.engine.request import Request
+from nanovllm.core.request import Request
 
 
 class StopChecker:

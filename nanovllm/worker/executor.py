@@ -1,0 +1,43 @@
+"""The interface the engine core drives a device through: one model runner, or rank 0's with tensor-parallel workers."""
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the engine core imports this module without torch
+    from nanovllm.config import Config
+    from nanovllm.core.scheduler_output import SchedulerOutput
+    from nanovllm.core.structured_output import GrammarBitmasks
+    from nanovllm.worker.pending_output import PendingOutput
+
+
+class Executor(ABC):
+    """Runs the model steps the scheduler plans.
+
+    `num_kvcache_blocks` is the KV capacity start-up found and
+    `kv_cache_dtype_name` the cache's element type ("bfloat16", "fp8_e4m3" ...).
+    """
+
+    num_kvcache_blocks: int
+    kv_cache_dtype_name: str
+
+    @abstractmethod
+    def execute(self, out: "SchedulerOutput", grammar: "GrammarBitmasks | None" = None) -> "PendingOutput | None":
+        """Launch one step without waiting for the device; the handle of its outputs (None when it samples
+        nothing)."""
+
+    def check_workers(self) -> None:
+        """RuntimeError if a process the executor depends on has died; an idle engine calls it, as no step
+        would tell. One runner in the caller's process has none."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Free the device's graphs and stop any worker now rather than when the executor is collected."""
+
+
+def make_executor(config: "Config", eos_token_ids: tuple[int, ...]) -> Executor:
+    """The executor `config` asks for: tensor-parallel ranks when tensor_parallel_size > 1, else one runner."""
+    if config.tensor_parallel_size > 1:
+        from nanovllm.worker.tensor_parallel import TensorParallelRunner
+        return TensorParallelRunner(config, eos_token_ids)
+    from nanovllm.worker.model_runner import ModelRunner
+    return ModelRunner(config, eos_token_ids)
