@@ -10,6 +10,7 @@ from dataclasses import fields
 
 from nanovllm import __version__
 from nanovllm.config import Config
+from nanovllm.entrypoints.server_settings import ServerSettings
 
 # Fields the engine fills in itself, not options a user sets.
 _DERIVED_FIELDS = {"model", "hf_config"}
@@ -19,16 +20,30 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
     """One `--flag` per Config field, with the field's default, type and help."""
     group = parser.add_argument_group("engine", "fields of nanovllm.config.Config")
     for f in fields(Config):
-        if f.name in _DERIVED_FIELDS or not f.init:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        if isinstance(f.default, bool):
-            # --flag and --no-flag, so that a field on by default can be turned off
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
-                               help=f"{f.metadata['help']} (default: {'on' if f.default else 'off'})")
-        else:
-            group.add_argument(flag, type=type(f.default), default=f.default, metavar=f.name.upper(),
-                               help=f"{f.metadata['help']} (default: %(default)s)")
+        if f.name not in _DERIVED_FIELDS and f.init:
+            _add_flag(group, f)
+
+
+def _server_options(parser: argparse.ArgumentParser) -> None:
+    """One `--flag` per ServerSettings field but the model's name, with the setting's default, type and help."""
+    group = parser.add_argument_group("server", "fields of nanovllm.entrypoints.server_settings.ServerSettings")
+    for f in fields(ServerSettings):
+        if f.name != "model_name":
+            _add_flag(group, f)
+
+
+def _add_flag(group, f) -> None:
+    """`--name` for the dataclass field `f` (`--name` / `--no-name` for a boolean)."""
+    flag = "--" + f.name.replace("_", "-")
+    extra = {key: value for key, value in f.metadata.items() if key != "help"}
+    if isinstance(f.default, bool):
+        # --flag and --no-flag, so that a field on by default can be turned off
+        group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
+                           help=f"{f.metadata['help']} (default: {'on' if f.default else 'off'})")
+        return
+    help_line = f.metadata["help"] + ("" if f.default is None else " (default: %(default)s)")
+    group.add_argument(flag, **{"type": type(f.default), "default": f.default, "metavar": f.name.upper(),
+                                "help": help_line, **extra})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,28 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
     serve.add_argument("model", metavar="MODEL_DIR", help="a local Hugging Face model folder")
-    serve.add_argument("--host", default="127.0.0.1",
-                       help="address to listen on; 0.0.0.0 for every interface (default: %(default)s)")
-    serve.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default: %(default)s)")
-    serve.add_argument("--api-key", default=None,
-                       help="require 'Authorization: Bearer KEY' on every endpoint but /health (default: no key)")
-    serve.add_argument("--max-waiting", type=int, default=1024,
-                       help="answer 503 while the engine holds this many requests it has not scheduled yet, >= 1 "
-                            "(default: %(default)s)")
     serve.add_argument("--served-model-name", default=None,
                        help="the model name clients send (default: MODEL_DIR as given)")
-    serve.add_argument("--shutdown-timeout", type=float, default=30.0,
-                       help="on SIGINT/SIGTERM, seconds running requests get to finish before they end with an "
-                            "error; 0: end them at once (default: %(default)s)")
-    serve.add_argument("--max-request-bytes", type=int, default=8 << 20,
-                       help="answer 413 to a request body larger than this many bytes (default: %(default)s)")
-    serve.add_argument("--chat-template", default=None, metavar="FILE_OR_STRING",
-                       help="the chat template for requests that bring none: a file, or the template itself "
-                            "(default: the tokenizer's)")
-    serve.add_argument("--enable-auto-tool-choice", action="store_true",
-                       help="accepted for vLLM's command lines: tool_choice 'auto' is always on")
-    serve.add_argument("--tool-call-parser", choices=["hermes"], default="hermes",
-                       help="how 'auto' tool calls are read from the reply (<tool_call> tags)")
+    _server_options(serve)
     _engine_options(serve)
     return parser
 

@@ -8,7 +8,8 @@ pytest.importorskip("triton")
 from nanovllm.kernels.fp8_kv import FP8_DTYPE  # noqa: E402
 from nanovllm.kernels.torch_attention import store_kvcache  # noqa: E402
 from nanovllm.kernels.triton_norm_rotary_store import norm_rotate_store  # noqa: E402
-from nanovllm.layers.rotary_embedding import KVCacheWrite, RotaryEmbedding, norm_rotate_qk_reference  # noqa: E402
+from nanovllm.layers.rotary_embedding import RotaryEmbedding, norm_rotate_qk_reference  # noqa: E402
+from nanovllm.worker.kv_cache import LayerKVCache  # noqa: E402
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
@@ -118,7 +119,7 @@ def test_quantizes_into_an_fp8_cache_as_the_torch_store_does(shape, dtype):
 
 
 def test_the_layers_cpu_path_stores_what_the_kernel_stores():
-    # the rotary layer's plain-PyTorch path (rotation, then the torch store) against the kernel
+    # the attention layer's plain-PyTorch path (the rotary layer, then the cache's store) against the kernel
     tokens, heads, kv_heads, head_dim = 6, 3, 1, 24
     torch.manual_seed(2)
     rotary, _ = rotary_and_weights(head_dim, torch.float32, norm=False)
@@ -129,7 +130,8 @@ def test_the_layers_cpu_path_stores_what_the_kernel_stores():
     layer_caches = [torch.zeros(2, BLOCK_SIZE, kv_heads, head_dim) for _ in range(2)]
     kernel = norm_rotate_store(positions, q, k, rotary.cos_sin, None, None, 0.0, v, *kernel_caches, slots)
     cpu = lambda *tensors: [t.cpu() for t in tensors]
-    layer = rotary.cpu()(*cpu(positions, q, k), cache=KVCacheWrite(v.cpu(), *layer_caches, slots.cpu()))
+    layer = rotary.cpu()(*cpu(positions, q, k))
+    LayerKVCache(*layer_caches).store(layer[1], v.cpu(), slots.cpu())
     for got, want in zip(cpu(*kernel, *kernel_caches), [*layer, *layer_caches]):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert layer_caches[0].count_nonzero() == (slots >= 0).sum() * kv_heads * head_dim

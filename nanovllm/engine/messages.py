@@ -76,7 +76,7 @@ class EngineStats(msgspec.Struct, frozen=True):
 
 class EngineCoreInfo(msgspec.Struct, frozen=True):
     """What the core found at start-up, for the front end's checks of each request; `kv_cache_dtype` is
-    the element type the KV cache was given ("bfloat16", "float32", "fp8_e4m3" ...)."""
+    the element type the KV cache was given, as vLLM names it (`KVCacheSpec.dtype_name`: "bfloat16" ...)."""
 
     num_kvcache_blocks: int
     block_size: int

@@ -7,6 +7,7 @@ import logging
 import socket
 import sys
 import time
+from dataclasses import fields
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
@@ -17,9 +18,10 @@ from starlette.exceptions import HTTPException
 
 from nanovllm import __version__
 from nanovllm.entrypoints.body_limit import BodyLimit
-from nanovllm.entrypoints.generation import APIError, GenerationHandler, ServerSettings
+from nanovllm.entrypoints.generation import APIError, GenerationHandler
 from nanovllm.entrypoints.internal_errors import InternalErrors
 from nanovllm.entrypoints.metrics import ServerMetrics
+from nanovllm.entrypoints.server_settings import ServerSettings
 from nanovllm.entrypoints.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                            TokenizeRequest)
 from nanovllm.frontend.chat import load_chat_template, render_chat
@@ -30,6 +32,7 @@ logger = logging.getLogger(__name__)
 
 _WATCH_POLL_S = 0.5  # how often the server checks that the engine can go on, and the shutdown deadline
 _DEATH_LINGER_S = 1.0  # how long it then answers /health with 503 before it exits
+_SETTING_NAMES = {f.name for f in fields(ServerSettings)} - {"model_name"}
 _LAST_EVENTS_S = 2.0  # after the shutdown grace period: time for the requests' error events to go out
 
 __all__ = ["APIError", "ServerSettings", "build_app", "serve"]
@@ -202,39 +205,36 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-          max_waiting: int = 1024, served_model_name: str | None = None, shutdown_timeout: float = 30.0,
-          max_request_bytes: int = 8 << 20, chat_template: str | None = None, enable_auto_tool_choice: bool = False,
-          tool_call_parser: str = "hermes", **engine_kwargs) -> None:
+def serve(model: str, served_model_name: str | None = None, **options) -> None:
     """Load `model` (its engine core in a process of its own), then serve it until interrupted.
 
-    `engine_kwargs` are Config fields. `chat_template` is a template file's path
-    or the template itself. `enable_auto_tool_choice` and `tool_call_parser`
-    are vLLM's flags, taken for its users' command lines: tool_choice "auto" is
-    always on here, with the Hermes parser. The address is taken first, so that
-    a port in use is a ValueError before the model loads. On SIGINT/SIGTERM the server refuses new
-    requests and gives running ones `shutdown_timeout` seconds to finish before
-    they end with an error; the core process is stopped either way. If the engine
-    cannot go on (its core died, or a fault of the front end's own), live requests
-    end with an error, /health answers 503 and the server exits with an error (SystemExit).
+    `options` are ServerSettings fields (`chat_template` as a template file's
+    path or the template itself) and Config fields; the model's public name is
+    `served_model_name`, by default `model` as given. The address is taken
+    first, so that a port in use is a ValueError before the model loads. On
+    SIGINT/SIGTERM the server refuses new requests and gives running ones
+    `shutdown_timeout` seconds to finish before they end with an error; the
+    core process is stopped either way. If the engine cannot go on (its core
+    died, or a fault of the front end's own), live requests end with an error,
+    /health answers 503 and the server exits with an error (SystemExit).
     """
-    if tool_call_parser != "hermes":
-        raise ValueError(f"tool_call_parser {tool_call_parser!r} is not available; this server parses 'hermes' calls")
-    if enable_auto_tool_choice:
+    server_options = {name: options.pop(name) for name in _SETTING_NAMES & set(options)}
+    if server_options.get("chat_template") is not None:
+        server_options["chat_template"] = load_chat_template(server_options["chat_template"])
+    settings = ServerSettings(served_model_name or model, **server_options)
+    if settings.enable_auto_tool_choice:
         print("nanovllm serve: --enable-auto-tool-choice: tool_choice 'auto' is always on, with the hermes parser",
               file=sys.stderr, flush=True)
-    settings = ServerSettings(served_model_name or model, api_key, max_waiting, max_request_bytes=max_request_bytes,
-                              chat_template=None if chat_template is None else load_chat_template(chat_template))
-    with _bind(host, port) as sock:
-        engine = OnlineEngine(model, **engine_kwargs)
+    with _bind(settings.host, settings.port) as sock:
+        engine = OnlineEngine(model, **options)
         info = engine.client.info
         print(f"nanovllm serve: KV cache: {info.num_kvcache_blocks} blocks of {info.block_size} tokens "
               f"({info.num_kvcache_blocks * info.block_size:,} tokens, {info.kv_cache_dtype})", file=sys.stderr,
               flush=True)
-        config = uvicorn.Config(build_app(engine, settings), host=host, port=port, log_level="info",
-                                timeout_graceful_shutdown=shutdown_timeout + _LAST_EVENTS_S)
+        config = uvicorn.Config(build_app(engine, settings), host=settings.host, port=settings.port,
+                                log_level="info", timeout_graceful_shutdown=settings.shutdown_timeout + _LAST_EVENTS_S)
         try:
-            _Server(config, engine, shutdown_timeout).run(sockets=[sock])  # on uvloop where it is installed
+            _Server(config, engine, settings.shutdown_timeout).run(sockets=[sock])  # on uvloop where it is installed
         finally:
             engine.shutdown()
     if engine.failure is not None:

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from nanovllm.engine.engine_client import EngineDeadError
 from nanovllm.entrypoints.metrics import RequestTimer, ServerMetrics
+from nanovllm.entrypoints.server_settings import ServerSettings
 from nanovllm.entrypoints.protocol import (ChatCompletionRequest, CompletionRequest, ResponseHeader, Usage,
                                            chat_logprobs, completion_logprobs, error_body, prompt_logprobs_json)
 from nanovllm.entrypoints.tool_calls import TOOL_CALL_START, parse_tool_calls, tool_choice_constraint
@@ -46,27 +47,6 @@ class APIError(Exception):
         default = "invalid_request_error" if self.status < 500 else "server_error"
         error_type = self.error_type or self._TYPES.get(self.status, default)
         return JSONResponse(error_body(self.message, error_type, self.code, self.param), status_code=self.status)
-
-
-@dataclass(frozen=True)
-class ServerSettings:
-    """How the server answers: the model's public name, the API key, the waiting-queue limit (requests
-    the engine core holds but has not scheduled), the most completions (`n`, `best_of`) and logprob
-    alternatives a request may ask for, the largest request body in bytes, and the chat template
-    (None: the tokenizer's) for requests that bring none."""
-
-    model_name: str
-    api_key: str | None = None
-    max_waiting: int = 1024
-    max_n: int = 128
-    max_logprobs: int = 20
-    max_request_bytes: int = 8 << 20
-    chat_template: str | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("max_waiting", "max_n", "max_logprobs", "max_request_bytes"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass

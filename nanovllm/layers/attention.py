@@ -1,28 +1,32 @@
 """Attention over the paged KV cache, through a pluggable backend."""
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
 
 from nanovllm.kernels.torch_attention import TorchAttentionBackend
 from nanovllm.layers.layernorm import RMSNorm
-from nanovllm.layers.rotary_embedding import KVCacheWrite, RotaryEmbedding
+from nanovllm.layers.rotary_embedding import RotaryEmbedding, qk_norm_weights
 from nanovllm.utils.context import Context, get_context
+
+if TYPE_CHECKING:
+    from nanovllm.worker.kv_cache import LayerKVCache
 
 
 class AttentionBackend(Protocol):
     """What an attention implementation provides; caches are [blocks, block_size, kv_heads, d] and hold
-    this step's K/V already. An FP8 cache comes with its scales, [blocks, kv_heads, block_size]."""
+    this step's K/V already. `cache_scales` are the cache's own (`LayerKVCache.scales`), passed on as
+    they are: None, None for a cache in the model's dtype."""
 
     supports_cuda_graphs: bool
 
-    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, context: Context, scale: float, k_scale: torch.Tensor | None = None,
-                v_scale: torch.Tensor | None = None) -> torch.Tensor: ...
+    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor | None,
+                v_cache: torch.Tensor | None, context: Context, scale: float,
+                *cache_scales: torch.Tensor | None) -> torch.Tensor: ...
 
     def decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, context: Context, scale: float,
-               k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor: ...
+               *cache_scales: torch.Tensor | None) -> torch.Tensor: ...
 
 
 def make_attention_backend(name: str) -> AttentionBackend:
@@ -39,12 +43,12 @@ def make_attention_backend(name: str) -> AttentionBackend:
 class Attention(nn.Module):
     """Rotates q and k, stores this step's K/V at the slot mapping, then attends.
 
-    The rotation and the store are one step (one kernel on CUDA), so that k is
-    written to the cache once, already rotated. `k_cache`/`v_cache` are views
-    into the runner's KV tensor, bound after the cache is allocated; before
-    that (warm-up) nothing is stored. An FP8 cache also binds `k_scale` and
-    `v_scale` (None otherwise). The runner also sets `backend` to the one the
-    config chose.
+    The layer's cache (`kv_cache`, a `LayerKVCache` of views into the worker's
+    KV tensor) is handed over by `bind_kv_cache` once it is allocated; before
+    that (the start-up step that sizes it) prompts attend only themselves and
+    nothing is stored. On CUDA the store is fused into the rotation: one kernel
+    normalises and rotates q and k and writes k, already rotated, and v to the
+    cache. The runner sets `backend` to the one the config chose.
     """
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, rotary: RotaryEmbedding,
@@ -56,8 +60,26 @@ class Attention(nn.Module):
         self.scale = scale
         self.rotary_emb = rotary
         self.backend = backend or TorchAttentionBackend()
-        self.k_cache = self.v_cache = torch.tensor([])
-        self.k_scale = self.v_scale = None
+        self.kv_cache: LayerKVCache | None = None
+
+    def bind_kv_cache(self, cache: "LayerKVCache") -> None:
+        """Give this layer its slice of the KV cache."""
+        assert cache.k.shape[-2:] == (self.num_kv_heads, self.head_dim)
+        self.kv_cache = cache
+
+    def _rotate_and_store(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          q_norm: RMSNorm | None, k_norm: RMSNorm | None, cache: "LayerKVCache",
+                          slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q and k rotated (each head normalised first with q_norm/k_norm), and the rotated k and v written
+        to `cache` at `slot_mapping`. On CUDA all of it is one Triton launch, the store fused into the
+        rotary kernel; elsewhere the rotary layer's reference, then the cache's own store."""
+        if q.is_cuda:
+            from nanovllm.kernels.triton_norm_rotary_store import norm_rotate_store  # Triton is needed on CUDA only
+            return norm_rotate_store(positions, q, k, self.rotary_emb.cos_sin, *qk_norm_weights(q_norm, k_norm),
+                                     v, cache.k, cache.v, slot_mapping, *cache.scales)
+        q, k = self.rotary_emb(positions, q, k, q_norm, k_norm)
+        cache.store(k, v, slot_mapping)
+        return q, k
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None) -> torch.Tensor:
@@ -65,12 +87,13 @@ class Attention(nn.Module):
         q and k head before the rotation."""
         # positions: [tokens]; q: [tokens, heads, d]; k, v: [tokens, kv_heads, d] -> [tokens, heads * d]
         context = get_context()
-        scales = self.k_scale, self.v_scale
-        cache = (KVCacheWrite(v, self.k_cache, self.v_cache, context.slot_mapping, *scales)
-                 if self.k_cache.numel() else None)
-        q, k = self.rotary_emb(positions, q, k, q_norm, k_norm, cache)
+        cache = self.kv_cache
+        if cache is None:  # the start-up step before the cache exists: no prefix to read, nothing stored
+            q, k = self.rotary_emb(positions, q, k, q_norm, k_norm)
+            return self.backend.prefill(q, k, v, None, None, context, self.scale).flatten(1)
+        q, k = self._rotate_and_store(positions, q, k, v, q_norm, k_norm, cache, context.slot_mapping)
         if context.is_prefill:
-            o = self.backend.prefill(q, k, v, self.k_cache, self.v_cache, context, self.scale, *scales)
+            o = self.backend.prefill(q, k, v, cache.k, cache.v, context, self.scale, *cache.scales)
         else:
-            o = self.backend.decode(q, self.k_cache, self.v_cache, context, self.scale, *scales)
+            o = self.backend.decode(q, cache.k, cache.v, context, self.scale, *cache.scales)
         return o.flatten(1)

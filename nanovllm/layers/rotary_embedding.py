@@ -1,27 +1,11 @@
 """Rotary position embedding (rotate-half layout) from a precomputed cos/sin table."""
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from nanovllm.kernels.torch_attention import store_kvcache
 from nanovllm.layers.layernorm import RMSNorm, rms_norm
-
-
-@dataclass
-class KVCacheWrite:
-    """Where a step's K/V go once k is rotated: the layer's caches [num_blocks, block_size, kv_heads,
-    head_dim] at each token's flat slot (-1 = store nothing), and for an FP8 cache the scales beside
-    them ([num_blocks, kv_heads, block_size])."""
-
-    v: torch.Tensor             # [tokens, kv_heads, head_dim]
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-    slot_mapping: torch.Tensor  # [tokens]
-    k_scale: torch.Tensor | None = None
-    v_scale: torch.Tensor | None = None
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
@@ -63,21 +47,22 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_sin", torch.stack((angles.cos(), angles.sin()), dim=1), persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_norm: RMSNorm | None = None,
-                k_norm: RMSNorm | None = None, cache: KVCacheWrite | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate q and k at `positions`; with q_norm/k_norm (Qwen3) each head is RMS-normalised first;
-        with `cache`, the rotated k and v are written into the paged cache. On CUDA all of it is one
-        Triton launch."""
+                k_norm: RMSNorm | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate q and k at `positions`; with q_norm/k_norm (Qwen3) each head is RMS-normalised first.
+        On CUDA it is one Triton launch (the attention layer launches the same kernel with its cache, to
+        store K/V in the same pass)."""
         # positions: [tokens]; q: [tokens, heads, head_dim]; k: [tokens, kv_heads, head_dim]
-        weights = (None, None, 0.0) if q_norm is None else (q_norm.weight, k_norm.weight, q_norm.eps)
-        targets = () if cache is None else (cache.v, cache.k_cache, cache.v_cache, cache.slot_mapping,
-                                            cache.k_scale, cache.v_scale)
+        weights = qk_norm_weights(q_norm, k_norm)
         if q.is_cuda:
             from nanovllm.kernels.triton_norm_rotary_store import norm_rotate_store  # Triton is needed on CUDA only
-            return norm_rotate_store(positions, q, k, self.cos_sin, *weights, *targets)
-        q, k = norm_rotate_qk_reference(positions, q, k, self.cos_sin, *weights)
-        if cache is not None:
-            store_kvcache(k, *targets)
-        return q, k
+            return norm_rotate_store(positions, q, k, self.cos_sin, *weights)
+        return norm_rotate_qk_reference(positions, q, k, self.cos_sin, *weights)
+
+
+def qk_norm_weights(q_norm: RMSNorm | None, k_norm: RMSNorm | None) -> tuple[torch.Tensor | None,
+                                                                             torch.Tensor | None, float]:
+    """The rotary kernel's norm arguments: q and k norm weights and epsilon, or (None, None, 0.0) for none."""
+    return (None, None, 0.0) if q_norm is None else (q_norm.weight, k_norm.weight, q_norm.eps)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

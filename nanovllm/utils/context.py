@@ -16,9 +16,10 @@ class Context:
     or a single decode token) one after another: `cu_seqlens_q`/`cu_seqlens_k`
     are the cumulative query and key lengths (the key length counts the cached
     prefix too). `block_tables` is set when some sequence reads a cached
-    prefix, and always over an FP8 cache, whose keys are all read back from
-    it. Decode has one query per sequence, reading `context_lens[i]` keys
-    through `block_tables[i]`; `max_seqlen_k` is the largest of them.
+    prefix, and always over a cache whose keys are all read back from it
+    (`KVCacheSpec.prefill_reads_cache`). Decode has one query per sequence,
+    reading `context_lens[i]` keys through `block_tables[i]`; `max_seqlen_k` is
+    the largest of them.
     `seq_order`, where set, lists the decode rows longest context first, the
     order decode attention starts them in when it takes one split per row.
     """

@@ -15,7 +15,6 @@ from nanovllm.worker.pending_output import PendingOutput, PromptScores
 from nanovllm.sample.metadata import SamplingTensors, sampling_tensors, step_sampling
 from nanovllm.core.scheduler_output import PLACEHOLDER, SchedulerOutput
 from nanovllm.core.structured_output import GrammarBitmasks
-from nanovllm.kernels.fp8_kv import FP8_DTYPE, SCALE_DTYPE
 from nanovllm.layers.attention import Attention, make_attention_backend
 from nanovllm.sample.sampler import Sampler, SamplerOutput, token_logprobs
 from nanovllm.models import model_class
@@ -24,6 +23,7 @@ from nanovllm.utils.context import Context, forward_context
 from nanovllm.utils.loader import load_dummy_weights, load_model
 from nanovllm.utils.parallel import (all_ranks_min, destroy_process_group, init_process_group, share_cpu_cores,
                                      tensor_parallel)
+from nanovllm.worker.kv_cache import KVCache, KVCacheSpec
 
 _GIB = 1 << 30
 _PROMPT_SCORING_ROWS = 256  # prompt positions whose full-vocabulary logits are held at once
@@ -42,11 +42,6 @@ def available_memory_bytes() -> int:
     return os.sysconf(pages) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    """A dtype as vLLM names it: "fp8_e4m3" for the FP8 cache, else torch's name without "torch."."""
-    return "fp8_e4m3" if dtype == FP8_DTYPE else str(dtype).removeprefix("torch.")
-
-
 class ModelRunner(Executor):
     """Owns the model, its KV cache and the sampler on one device.
 
@@ -59,8 +54,9 @@ class ModelRunner(Executor):
     `tensor_parallel_size > 1` this is rank `rank`: it joins the group at
     `store` (rank 0 serves it) and holds its share of the model and the cache;
     rank 0 samples and broadcasts the ids to the others.
-    `num_kvcache_blocks` is the capacity the cache was given, `kv_cache_dtype_name`
-    its element type ("bfloat16", "fp8_e4m3" ...).
+    The KV cache is laid out by `kv_cache_spec` and allocated once (`kv_cache`); each attention
+    layer is bound to its slice. `num_kvcache_blocks` is the capacity it was given,
+    `kv_cache_dtype_name` its element type as vLLM names it (`KVCacheSpec.dtype_name`).
     """
 
     def __init__(self, config: Config, eos_token_ids: tuple[int, ...] = (), rank: int = 0, store=None):
@@ -83,6 +79,10 @@ class ModelRunner(Executor):
         backend = make_attention_backend(config.attention_impl)
         for layer in self.attention_layers:
             layer.backend = backend
+        attn = self.attention_layers[0]
+        self.kv_cache_spec = KVCacheSpec.from_config(config, len(self.attention_layers), attn.num_kv_heads,
+                                                     attn.head_dim)
+        self.kv_cache: KVCache | None = None  # allocated once the start-up step has measured activations
         self.sampler = Sampler()
         # [max_num_seqs]: the ids the latest step sampled, in its sampling-row order
         self.last_sampled = torch.zeros(config.max_num_seqs, dtype=torch.int64, device=self.device)
@@ -91,11 +91,10 @@ class ModelRunner(Executor):
         self._decode_step = DecodeStep(self._forward, samples=self.world_size == 1)
         self._last_sampled_rows: dict[str, int] = {}  # request id -> its row in last_sampled
         self.graphs = None
-        self.kv_scales = None  # the FP8 cache's scales, once it is allocated
         if self.device.type == "cuda":
             self._warm_up()
         self.num_kvcache_blocks = self._allocate_kv_cache()
-        self.kv_cache_dtype_name = _dtype_name(self.kv_cache.dtype)
+        self.kv_cache_dtype_name = self.kv_cache_spec.dtype_name
         if self.device.type == "cuda":
             self._warm_up_cached_prefix()
         self.decode_buffers = DecodeBuffers(config.max_num_seqs, config.max_blocks_per_seq, self.block_size,
@@ -149,18 +148,6 @@ class ModelRunner(Executor):
         # compile it now rather than in the middle of the first request that needs it.
         self._run_start_up_step(start_up_step([[0, 0]], [1], [[0]]))
 
-    @property
-    def _kv_cache_dtype(self) -> torch.dtype:
-        return FP8_DTYPE if self.config.kv_cache_dtype == "fp8" else self.dtype
-
-    def _kv_block_bytes(self) -> int:
-        """Bytes of one block of K and V in every layer, with the scales of an FP8 cache."""
-        attn = self.attention_layers[0]
-        head_bytes = attn.head_dim * self._kv_cache_dtype.itemsize
-        if self.config.kv_cache_dtype == "fp8":
-            head_bytes += SCALE_DTYPE.itemsize  # the head's scale
-        return 2 * len(self.attention_layers) * self.block_size * attn.num_kv_heads * head_bytes
-
     def _cpu_blocks_that_fit(self, block_bytes: int) -> int:
         config = self.config
         num_blocks = int(config.cpu_kvcache_gb * _GIB) // block_bytes
@@ -211,20 +198,10 @@ class ModelRunner(Executor):
         return num_blocks
 
     def _allocate_kv_cache(self) -> int:
-        num_blocks = self._kv_capacity(self._kv_block_bytes())
-        layers = self.attention_layers
-        num_kv_heads = layers[0].num_kv_heads
-        # kv_cache: [2, layers, blocks, block_size, kv_heads, head_dim]
-        self.kv_cache = torch.zeros(2, len(layers), num_blocks, self.block_size, num_kv_heads,
-                                    layers[0].head_dim, dtype=self._kv_cache_dtype, device=self.device)
-        for i, layer in enumerate(layers):
-            layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
-        if self.config.kv_cache_dtype == "fp8":
-            # kv_scales: [2, layers, blocks, kv_heads, block_size], ones so an unwritten slot reads as zeros
-            self.kv_scales = torch.ones(2, len(layers), num_blocks, num_kv_heads, self.block_size,
-                                        dtype=SCALE_DTYPE, device=self.device)
-            for i, layer in enumerate(layers):
-                layer.k_scale, layer.v_scale = self.kv_scales[0, i], self.kv_scales[1, i]
+        num_blocks = self._kv_capacity(self.kv_cache_spec.block_bytes)
+        self.kv_cache = self.kv_cache_spec.allocate(num_blocks, self.device)
+        for layer, layer_cache in zip(self.attention_layers, self.kv_cache.layers, strict=True):
+            layer.bind_kv_cache(layer_cache)
         return num_blocks
 
     def _to_device(self, values: list, dtype: torch.dtype) -> torch.Tensor:
@@ -256,8 +233,10 @@ class ModelRunner(Executor):
             src_rows += [-1] * (end - start - 1) + [src]
         cu_q = list(accumulate(seqlens_q, initial=0))
         cu_k = list(accumulate(seqlens_k, initial=0))
-        # an FP8 cache is read for the new tokens' keys too, so that they match a cached prefix's
-        reads_cache = any(out.num_computed_tokens) or self.kv_scales is not None
+        # a cache that gives back other keys than it was given is read for the new tokens' keys too, so
+        # that they match a cached prefix's
+        reads_cache = any(out.num_computed_tokens) or (self.kv_cache is not None
+                                                       and self.kv_cache_spec.prefill_reads_cache)
         width = max(len(table) for table in out.block_tables)
         context = Context(
             is_prefill=True,

@@ -1,0 +1,141 @@
+"""The paged KV cache: its shape and element type (`KVCacheSpec`), the one allocation of it (`KVCache`)
+and the views each attention layer works on (`LayerKVCache`).
+
+Layout: K and V of every layer in one tensor `[2, layers, blocks, block_size,
+kv_heads, head_dim]` (kv_heads per rank); token t of a sequence lives in block
+`block_table[t // block_size]` at offset `t % block_size`. The element type is
+the model's, or float8 e4m3 (`kv_cache_dtype="fp8"`), which also keeps one
+fp32 scale per token and KV head in `[2, layers, blocks, kv_heads, block_size]`
+(`kernels/fp8_kv.py` describes the number format). This is the only file
+outside `kernels/` that knows an FP8 cache exists: layers and the runner see a
+`LayerKVCache` whose scales are None for a cache in the model's dtype, and hand
+them to the kernels as they are.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from nanovllm.config import Config
+from nanovllm.kernels.fp8_kv import FP8_DTYPE, SCALE_DTYPE
+from nanovllm.kernels.torch_attention import store_kvcache
+
+
+@dataclass(frozen=True, eq=False)
+class LayerKVCache:
+    """One attention layer's slice of the cache: K and V `[blocks, block_size, kv_heads, head_dim]`, and
+    for an FP8 cache their scales `[blocks, kv_heads, block_size]` (None otherwise). Views of the
+    `KVCache` tensors: writing through them writes the cache."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    k_scale: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
+
+    def __post_init__(self):
+        assert self.k.shape == self.v.shape and (self.k_scale is None) == (self.v_scale is None)
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.k_scale is not None
+
+    @property
+    def block_size(self) -> int:
+        return self.k.size(1)
+
+    @property
+    def scales(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(K scales, V scales), the kernels' trailing arguments: (None, None) for a model-dtype cache."""
+        return self.k_scale, self.v_scale
+
+    def store(self, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """Write k[t], v[t] ([tokens, kv_heads, head_dim]) at flat slot `slot_mapping[t]` (-1 skipped),
+        quantized for an FP8 cache. Plain PyTorch: the CPU path (on CUDA the attention layer fuses the
+        store into the rotary kernel)."""
+        store_kvcache(k, v, self.k, self.v, slot_mapping, self.k_scale, self.v_scale)
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """What one rank's cache holds per token: K and V of `num_layers` layers, `num_kv_heads` (this rank's
+    share) heads of `head_dim` values each, in `dtype` (the model's, or float8 e4m3 with an fp32 scale
+    per token and head); `block_size` tokens a block."""
+
+    dtype: torch.dtype
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+    num_layers: int
+
+    @classmethod
+    def from_config(cls, config: Config, num_layers: int, num_kv_heads: int, head_dim: int) -> "KVCacheSpec":
+        """The spec `config.kv_cache_dtype` asks for, for a model of this shape (kv heads per rank)."""
+        dtype = FP8_DTYPE if config.kv_cache_dtype == "fp8" else config.torch_dtype
+        return cls(dtype, config.kvcache_block_size, num_kv_heads, head_dim, num_layers)
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.dtype == FP8_DTYPE
+
+    @property
+    def scale_dtype(self) -> torch.dtype | None:
+        """The element type of the per-token, per-head scales: fp32 for an FP8 cache, None (no scales) else."""
+        return SCALE_DTYPE if self.is_fp8 else None
+
+    @property
+    def dtype_name(self) -> str:
+        """The element type as vLLM names it: "fp8_e4m3", else torch's name ("bfloat16", "float32" ...)."""
+        return "fp8_e4m3" if self.is_fp8 else str(self.dtype).removeprefix("torch.")
+
+    @property
+    def head_bytes(self) -> int:
+        """Bytes of one head of one token's K (or V), with its scale: 256 for bf16 and 132 for FP8 at
+        head_dim 128."""
+        scale_bytes = self.scale_dtype.itemsize if self.is_fp8 else 0
+        return self.head_dim * self.dtype.itemsize + scale_bytes
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes one token takes: K and V of every layer and KV head, with the scales."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_bytes
+
+    @property
+    def block_bytes(self) -> int:
+        return self.block_size * self.bytes_per_token
+
+    @property
+    def prefill_reads_cache(self) -> bool:
+        """Whether a prefill reads its new tokens' keys back from the cache too (through block tables):
+        an FP8 cache gives back keys that differ from those computed, and a prompt must attend the
+        same keys whether its prefix was cached or computed in this step."""
+        return self.is_fp8
+
+    def allocate(self, num_blocks: int, device: torch.device | str) -> "KVCache":
+        """The whole cache of `num_blocks` blocks, zeroed (FP8 scales set to 1, so that an unwritten slot
+        reads as zeros), with each layer's views."""
+        # kv: [2, layers, blocks, block_size, kv_heads, head_dim]
+        kv = torch.zeros(2, self.num_layers, num_blocks, self.block_size, self.num_kv_heads, self.head_dim,
+                         dtype=self.dtype, device=device)
+        scales = None
+        if self.is_fp8:
+            # scales: [2, layers, blocks, kv_heads, block_size]
+            scales = torch.ones(2, self.num_layers, num_blocks, self.num_kv_heads, self.block_size,
+                                dtype=self.scale_dtype, device=device)
+        layers = [LayerKVCache(kv[0, i], kv[1, i], *((scales[0, i], scales[1, i]) if scales is not None else ()))
+                  for i in range(self.num_layers)]
+        return KVCache(self, kv, scales, layers)
+
+
+@dataclass(frozen=True, eq=False)
+class KVCache:
+    """One rank's allocated cache: `kv` [2, layers, blocks, block_size, kv_heads, head_dim], the FP8
+    scales [2, layers, blocks, kv_heads, block_size] or None, and `layers[i]`, layer i's views of both."""
+
+    spec: KVCacheSpec
+    kv: torch.Tensor
+    scales: torch.Tensor | None
+    layers: list[LayerKVCache]
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv.size(2)

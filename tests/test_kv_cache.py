@@ -1,0 +1,82 @@
+"""KVCacheSpec sizes the cache; its allocation gives each attention layer views of the one cache tensor."""
+
+import pytest
+import torch
+
+from nanovllm.kernels.fp8_kv import FP8_DTYPE, SCALE_DTYPE
+from nanovllm.worker.kv_cache import KVCacheSpec, LayerKVCache
+
+LAYERS, BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM = 3, 5, 16, 2, 128
+
+
+def spec(dtype: torch.dtype) -> KVCacheSpec:
+    return KVCacheSpec(dtype, BLOCK_SIZE, KV_HEADS, HEAD_DIM, LAYERS)
+
+
+@pytest.mark.parametrize("dtype, head_bytes, name", [(torch.bfloat16, 256, "bfloat16"), (FP8_DTYPE, 132, "fp8_e4m3"),
+                                                     (torch.float32, 512, "float32")])
+def test_bytes_per_token_count_k_and_v_of_every_layer_and_head_with_the_scales(dtype, head_bytes, name):
+    s = spec(dtype)
+    assert s.head_bytes == head_bytes  # 128 values, plus a 4-byte scale for FP8
+    assert s.bytes_per_token == 2 * LAYERS * KV_HEADS * head_bytes
+    assert s.block_bytes == BLOCK_SIZE * s.bytes_per_token
+    assert s.dtype_name == name
+    assert s.is_fp8 == (dtype == FP8_DTYPE) and s.prefill_reads_cache == s.is_fp8
+    assert s.scale_dtype == (SCALE_DTYPE if dtype == FP8_DTYPE else None)
+
+
+def test_the_spec_follows_the_config(qwen3_dir):
+    from nanovllm.config import Config
+    for kv_cache_dtype, want in (("auto", torch.float32), ("fp8", FP8_DTYPE)):
+        config = Config(qwen3_dir, device="cpu", kv_cache_dtype=kv_cache_dtype, kvcache_block_size=32)
+        s = KVCacheSpec.from_config(config, 4, 2, 64)
+        assert (s.dtype, s.block_size, s.num_layers, s.num_kv_heads, s.head_dim) == (want, 32, 4, 2, 64)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, FP8_DTYPE])
+def test_allocation_shapes_and_each_layer_views_the_shared_tensors(dtype):
+    cache = spec(dtype).allocate(BLOCKS, "cpu")
+    assert cache.kv.shape == (2, LAYERS, BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM) and cache.kv.dtype == dtype
+    assert cache.num_blocks == BLOCKS and len(cache.layers) == LAYERS
+    assert not cache.kv.float().any()
+    for i, layer in enumerate(cache.layers):
+        assert layer.k.shape == layer.v.shape == (BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
+        assert layer.block_size == BLOCK_SIZE and layer.is_fp8 == (dtype == FP8_DTYPE)
+        layer.k[1, 2, 0, 3] = 1.0
+        layer.v[4, 0, 1, 5] = 2.0
+        assert cache.kv[0, i, 1, 2, 0, 3] == 1.0 and cache.kv[1, i, 4, 0, 1, 5] == 2.0
+    assert cache.kv.float().count_nonzero() == 2 * LAYERS
+    if dtype == FP8_DTYPE:
+        assert cache.scales.shape == (2, LAYERS, BLOCKS, KV_HEADS, BLOCK_SIZE) and cache.scales.dtype == SCALE_DTYPE
+        assert torch.equal(cache.scales, torch.ones_like(cache.scales))  # an unwritten slot reads as zeros
+        layer = cache.layers[1]
+        layer.k_scale[3, 1, 7] = 0.5
+        layer.v_scale[0, 0, 0] = 0.25
+        assert cache.scales[0, 1, 3, 1, 7] == 0.5 and cache.scales[1, 1, 0, 0, 0] == 0.25
+
+
+def test_a_model_dtype_cache_has_no_scales():
+    cache = spec(torch.bfloat16).allocate(BLOCKS, "cpu")
+    assert cache.scales is None
+    for layer in cache.layers:
+        assert layer.k_scale is None and layer.v_scale is None and layer.scales == (None, None)
+        assert not layer.is_fp8
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, FP8_DTYPE])
+def test_a_layers_store_writes_its_slots_of_the_shared_cache(dtype):
+    torch.manual_seed(0)
+    cache = KVCacheSpec(dtype, 4, 2, 8, 2).allocate(3, "cpu")
+    k, v = torch.randn(3, 2, 8), torch.randn(3, 2, 8)
+    cache.layers[1].store(k, v, torch.tensor([5, -1, 11]))
+    assert not cache.kv[:, 0].float().any()
+    stored_k = cache.kv[0, 1].flatten(0, 1)  # [slots, kv_heads, d]
+    assert stored_k[[0, 1, 2, 3, 4, 6, 7, 8, 9, 10]].float().count_nonzero() == 0
+    if dtype == FP8_DTYPE:
+        scales = cache.scales[0, 1]  # [blocks, kv_heads, block_size]
+        got = stored_k[5].float() * scales[1, :, 1, None]
+        torch.testing.assert_close(got, k[0], rtol=2 ** -3, atol=0)
+        assert (scales != 1).sum() == 2 * 2  # two stored slots, two heads each
+    else:
+        assert torch.equal(stored_k[5], k[0]) and torch.equal(stored_k[11], k[2])
+        assert torch.equal(cache.kv[1, 1].flatten(0, 1)[11], v[2])
