@@ -12,7 +12,7 @@ from nanovllm import __version__
 from nanovllm.config import Config
 
 # Fields the engine fills in itself, not options a user sets.
-_DERIVED_FIELDS = {"model", "hf_config"}
+_DERIVED_FIELDS = {"model", "hf_config", "model_config"}
 
 
 def _engine_options(parser: argparse.ArgumentParser) -> None:

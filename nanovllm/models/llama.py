@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama 2/3, SmolLM2); Qwen3 reuses it with q/k norms."""
+"""Llama-family decoder (Llama 2/3, SmolLM2); Qwen3 reuses it with q/k norms (ModelConfig.qk_norm)."""
 
 import torch
 from torch import nn
@@ -7,25 +7,26 @@ from nanovllm.layers.attention import Attention
 from nanovllm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from nanovllm.layers.layernorm import RMSNorm
 from nanovllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from nanovllm.layers.rotary_embedding import RotaryEmbedding, rope_parameters
+from nanovllm.layers.rotary_embedding import RotaryEmbedding
+from nanovllm.models.model_config import ModelConfig
 from nanovllm.utils.parallel import tp_size
 
 
 class LlamaAttention(nn.Module):
     """Fused QKV projection, optional per-head q/k RMSNorm, rotary, paged attention, output projection."""
 
-    def __init__(self, config, qk_norm: bool):
+    def __init__(self, config: ModelConfig):
         super().__init__()
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.head_dim = config.head_dim
         self.num_heads = config.num_attention_heads // tp_size()
         self.num_kv_heads = config.num_key_value_heads // tp_size()
-        bias = getattr(config, "attention_bias", False)
+        bias = config.attention_bias
         self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim, config.num_attention_heads,
                                           config.num_key_value_heads, bias=bias)
         self.o_proj = RowParallelLinear(config.num_attention_heads * self.head_dim, config.hidden_size, bias=bias)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
-        rotary = RotaryEmbedding(self.head_dim, config.max_position_embeddings, rope_parameters(config))
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        rotary = RotaryEmbedding(self.head_dim, config.max_position_embeddings, config.rope_parameters)
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5, rotary)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
@@ -44,13 +45,11 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     """down(SiLU(gate(x)) * up(x)) with gate and up fused."""
 
-    def __init__(self, config):
+    def __init__(self, config: ModelConfig):
         super().__init__()
-        bias = getattr(config, "mlp_bias", False)
+        bias = config.mlp_bias
         self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [config.intermediate_size] * 2, bias=bias)
         self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, bias=bias)
-        if config.hidden_act != "silu":
-            raise ValueError(f"hidden_act {config.hidden_act!r} is not supported; only 'silu'")
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor,
                 norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,9 +62,9 @@ class LlamaDecoderLayer(nn.Module):
     """Pre-norm block; each residual add is fused into the next norm, and each norm into the
     projection after it where a kernel does both."""
 
-    def __init__(self, config, qk_norm: bool):
+    def __init__(self, config: ModelConfig):
         super().__init__()
-        self.self_attn = LlamaAttention(config, qk_norm)
+        self.self_attn = LlamaAttention(config)
         self.mlp = LlamaMLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -79,10 +78,10 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     """Embedding, decoder layers, final norm."""
 
-    def __init__(self, config, qk_norm: bool):
+    def __init__(self, config: ModelConfig):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, qk_norm) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -96,7 +95,6 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """Decoder plus LM head (tied to the embedding when the config says so)."""
 
-    qk_norm = False
     # checkpoint name -> (our fused parameter, shard id)
     packed_modules_mapping = {
         "q_proj": ("qkv_proj", "q"),
@@ -106,11 +104,11 @@ class LlamaForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", 1),
     }
 
-    def __init__(self, config):
+    def __init__(self, config: ModelConfig):
         super().__init__()
-        self.model = LlamaModel(config, self.qk_norm)
+        self.model = LlamaModel(config)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
-        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.tie_word_embeddings = config.tie_word_embeddings
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
