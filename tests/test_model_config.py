@@ -1,5 +1,7 @@
-"""ModelConfig.from_hf, the one reader of a Hugging Face config."""
+"""ModelConfig.from_hf, the one reader of a Hugging Face config, and the lazy model registry."""
 
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -89,3 +91,24 @@ def test_an_unsupported_activation_is_refused_when_the_config_loads(qwen3_dir):
     hf.hidden_act = "gelu_pytorch_tanh"
     with pytest.raises(ValueError, match="hidden_act 'gelu_pytorch_tanh'"):
         ModelConfig.from_hf(hf)
+
+
+def test_importing_the_models_package_imports_no_family_until_one_is_asked_for(qwen3_dir):
+    code = (
+        "import sys\n"
+        "import nanovllm.models as models\n"
+        "from nanovllm.models.model_config import ModelConfig\n"
+        "families = ('nanovllm.models.llama', 'nanovllm.models.qwen3', 'nanovllm.models.blocks')\n"
+        "assert not any(f in sys.modules for f in families), [f for f in families if f in sys.modules]\n"
+        "assert 'torch' not in sys.modules\n"
+        "from types import SimpleNamespace\n"
+        "config = ModelConfig.from_hf(SimpleNamespace(architectures=['LlamaForCausalLM']))\n"
+        "assert 'nanovllm.models.llama' not in sys.modules\n"
+        "cls = models.model_class(config)\n"
+        "assert cls.__name__ == 'LlamaForCausalLM' and 'nanovllm.models.llama' in sys.modules\n"
+        "assert 'nanovllm.models.qwen3' not in sys.modules\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
