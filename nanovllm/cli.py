@@ -13,7 +13,7 @@ from nanovllm.config import Config
 from nanovllm.entrypoints.server_settings import ServerSettings
 
 # Fields the engine fills in itself, not options a user sets.
-_DERIVED_FIELDS = {"model", "hf_config"}
+_DERIVED_FIELDS = {"model", "hf_config", "model_config"}
 
 
 def _engine_options(parser: argparse.ArgumentParser) -> None:

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig
 
+    from nanovllm.models.model_config import ModelConfig
+
 _LOAD_FORMATS = ("auto", "dummy")
 _ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
 _KV_CACHE_DTYPES = ("auto", "fp8")
@@ -122,6 +124,8 @@ class Config:
     master_port: int = _option(
         0, "port where tensor-parallel ranks meet; 0: $MASTER_PORT if set, else a free port")
     hf_config: "PretrainedConfig" = field(init=False, repr=False)
+    # what the engine reads of hf_config, read once (nothing else reads hf_config)
+    model_config: "ModelConfig" = field(init=False, repr=False)
     # What construction derives from the fields above, each its own value (the fields stay as given):
     device_type: str = field(init=False)     # "cuda" or "cpu" (device "auto" resolved)
     attention_impl: str = field(init=False)  # "triton", "torch" or "flash_attn" (attention_backend resolved)
@@ -151,7 +155,7 @@ class Config:
         if self.trust_remote_code:
             warnings.warn("trust_remote_code=True changes nothing: nanovllm loads only its built-in architectures "
                           "and runs no code from the model folder", stacklevel=3)
-        self.hf_config = self._load_hf_config()
+        self.hf_config, self.model_config = self._load_model_config()
         self.context_len = self._resolve_max_model_len()
         self.token_budget = self._resolve_token_budget()
         if not self.enable_chunked_prefill and self.token_budget < self.context_len:
@@ -173,10 +177,7 @@ class Config:
 
         if self.dtype != "auto":
             return getattr(torch, self.dtype)
-        checkpoint_dtype = getattr(self.hf_config, "dtype", None) or torch.float32
-        if isinstance(checkpoint_dtype, str):
-            checkpoint_dtype = getattr(torch, checkpoint_dtype)
-        return checkpoint_dtype
+        return getattr(torch, self.model_config.dtype or "float32")
 
     def _check_types(self) -> None:
         for f in fields(self):
@@ -234,15 +235,18 @@ class Config:
                              f"GPUs visible (CUDA_VISIBLE_DEVICES)")
         return "cuda"
 
-    def _load_hf_config(self) -> "PretrainedConfig":
-        """The folder's config.json, once its heads and vocabulary are known to split over the ranks."""
+    def _load_model_config(self) -> tuple["PretrainedConfig", "ModelConfig"]:
+        """The folder's config.json and the ModelConfig read from it, once the engine is known to run it
+        and its heads and vocabulary to split over the ranks."""
         from transformers import AutoConfig
 
+        from nanovllm.models.model_config import ModelConfig
         from nanovllm.utils.parallel import check_divisible
 
         hf_config = AutoConfig.from_pretrained(self.model)
-        check_divisible(hf_config, self.tensor_parallel_size)
-        return hf_config
+        model_config = ModelConfig.from_hf(hf_config)
+        check_divisible(model_config, self.tensor_parallel_size)
+        return hf_config, model_config
 
     def _check_kv_cache_dtype(self) -> None:
         if self.kv_cache_dtype not in _KV_CACHE_DTYPES:
@@ -261,7 +265,7 @@ class Config:
                              f"or newer, e.g. L4, H100); this one is {major}.{minor}: use kv_cache_dtype='auto'")
 
     def _resolve_max_model_len(self) -> int:
-        limit = self.hf_config.max_position_embeddings
+        limit = self.model_config.max_position_embeddings
         if self.max_model_len == -1:
             return min(_DEFAULT_MAX_MODEL_LEN, limit)
         if self.max_model_len > limit:

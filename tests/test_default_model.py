@@ -16,8 +16,8 @@ def llm(smollm_dir):
 
 
 def test_converted_folder_is_a_llama_checkpoint_with_chat_eos(smollm_dir, llm):
-    assert llm.config.hf_config.architectures == ["LlamaForCausalLM"]
-    assert llm.config.hf_config.num_hidden_layers == 30
+    assert llm.config.model_config.architecture == "LlamaForCausalLM"
+    assert llm.config.model_config.num_hidden_layers == 30
     assert llm.tokenizer.eos_token == "<|im_end|>"
     assert llm.tokenizer.convert_tokens_to_ids("<|im_end|>") in llm.eos_token_ids
     assert default_model_dir() == smollm_dir  # the second call reuses the folder

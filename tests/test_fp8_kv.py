@@ -45,8 +45,8 @@ def test_preemption_and_prefix_hits_give_the_outputs_of_fresh_engines(qwen3_dir,
 
 
 def test_the_cache_holds_as_many_blocks_as_its_smaller_blocks_fit(qwen3_dir):
-    hf = LLM(qwen3_dir, device="cpu", num_kvcache_blocks=1).config.hf_config
-    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    hf = LLM(qwen3_dir, device="cpu", num_kvcache_blocks=1).config.model_config
+    head_dim = hf.head_dim
     per_block_head = 2 * hf.num_hidden_layers * 16 * hf.num_key_value_heads  # K and V, every layer, 16 slots
     blocks = {}
     for dtype, head_bytes in (("auto", head_dim * 4), ("fp8", head_dim + 4)):  # fp32 values; fp8 values + scale

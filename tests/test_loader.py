@@ -25,7 +25,7 @@ def copy_model(src, dst):
 def build(model_dir, rank=0, size=1):
     config = Config(model_dir)
     with tensor_parallel(rank, size):
-        return model_class(config.hf_config)(config.hf_config)
+        return model_class(config.model_config)(config.model_config)
 
 
 def rows(tensor, rank, size, dim=0):
@@ -191,15 +191,15 @@ def test_each_rank_loads_and_reads_only_its_slices(qwen3_dir, rank, monkeypatch)
 
 
 def test_dummy_weights_are_cut_from_the_same_full_tensors(qwen3_dir):
-    hf_config = Config(qwen3_dir).hf_config
+    model_config = Config(qwen3_dir).model_config
     whole = build(qwen3_dir)
-    load_dummy_weights(whole, hf_config, seed=5)
+    load_dummy_weights(whole, model_config, seed=5)
     for rank in (0, 1):
         part = build(qwen3_dir, rank, 2)
-        load_dummy_weights(part, hf_config, seed=5)
+        load_dummy_weights(part, model_config, seed=5)
         params = dict(part.named_parameters())
         for name, expected in shard_of(whole, rank, 2).items():
             assert torch.equal(params[name], expected), name
     other_seed = build(qwen3_dir)
-    load_dummy_weights(other_seed, hf_config, seed=6)
+    load_dummy_weights(other_seed, model_config, seed=6)
     assert not torch.equal(other_seed.lm_head.weight, whole.lm_head.weight)

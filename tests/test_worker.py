@@ -113,7 +113,7 @@ class TestTwoRanks:
         steps = 3  # one prefill, two decodes
         tp_qwen3.generate([[5, 6, 7], [8]], SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True),
                           use_tqdm=False)
-        layers = tp_qwen3.config.hf_config.num_hidden_layers
+        layers = tp_qwen3.config.model_config.num_hidden_layers
         # per step: the embedding's, then attention's and the MLP's in every layer
         assert calls == {"all_reduce": steps * (2 * layers + 1), "gather": steps}
 

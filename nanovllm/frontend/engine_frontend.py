@@ -47,7 +47,7 @@ class EngineFrontend:
         self.tokenizer = load_tokenizer(self.config)
         self.eos_token_ids = eos_token_ids(self.config, self.tokenizer)
         vocabulary = None if self.tokenizer is None else grammar_vocabulary(
-            self.tokenizer, self.config.hf_config.vocab_size, self.eos_token_ids)
+            self.tokenizer, self.config.model_config.vocab_size, self.eos_token_ids)
         self.client = client_class(self.config, self.eos_token_ids, vocabulary)
         self.input_processor = InputProcessor(self.tokenizer, self.client.info)
         self.output_processor = OutputProcessor()

@@ -32,7 +32,7 @@ def _as_ids(value) -> set[int]:
 
 def eos_token_ids(config: Config, tokenizer: PreTrainedTokenizerBase | None) -> tuple[int, ...]:
     """Every id that ends a completion: the tokenizer's, the config's and the generation config's."""
-    ids = _as_ids(getattr(config.hf_config, "eos_token_id", None))
+    ids = _as_ids(config.model_config.eos_token_id)
     if tokenizer is not None:
         ids |= _as_ids(tokenizer.eos_token_id)
     path = os.path.join(config.model, "generation_config.json")

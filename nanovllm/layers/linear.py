@@ -12,8 +12,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from nanovllm.layers.activation import silu_and_mul
-from nanovllm.layers.layernorm import RMSNorm
 from nanovllm.utils.loader import shard
 from nanovllm.utils.parallel import tp_rank, tp_size
 
@@ -25,9 +23,9 @@ def divide(numerator: int, denominator: int, what: str) -> int:
     return numerator // denominator
 
 
-def _one_row_on_cuda(x: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    # a one-sequence decode step: the products go through the Triton GEMV, which reads W faster
-    # than cuBLAS does for products of a decoder layer's size
+def uses_gemv(x: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether x W^T (+ bias) goes through the Triton GEMV: a single row on CUDA (a one-sequence decode
+    step) without bias, where it reads W faster than cuBLAS does for products of a decoder layer's size."""
     return x.is_cuda and x.size(0) == 1 and bias is None
 
 
@@ -35,7 +33,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
            out: torch.Tensor | None = None) -> torch.Tensor:
     """x W^T (+ b); a single row on CUDA through the Triton GEMV; written to `out` when given."""
     # x: [tokens, in]; weight: [out, in] -> [tokens, out]
-    if _one_row_on_cuda(x, bias):
+    if uses_gemv(x, bias):
         from nanovllm.kernels.triton_gemv import gemv  # Triton is needed on CUDA only
         return gemv(x, weight, out)
     if out is None:
@@ -87,19 +85,6 @@ class ColumnParallelLinear(LinearBase):
     def __init__(self, input_size: int, output_size: int, bias: bool = False):
         super().__init__(input_size, output_size, bias, tp_dim=0)
 
-    def forward_normed(self, x: torch.Tensor, residual: torch.Tensor | None,
-                       norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
-        """This projection of norm(x + residual), and x + residual, the next residual (x itself
-        when there is none yet); a single row on CUDA in one launch."""
-        # x, residual: [tokens, in] -> [tokens, out], [tokens, in]
-        if _one_row_on_cuda(x, self.bias):
-            from nanovllm.kernels.triton_gemv import rms_norm_gemv
-            return rms_norm_gemv(x, residual, norm.weight, norm.eps, self.weight)
-        if residual is None:
-            return self(norm(x)), x
-        x, residual = norm(x, residual)
-        return self(x), residual
-
 
 class FusedColumnParallelLinear(ColumnParallelLinear):
     """Several column-parallel projections of one input stored as one weight.
@@ -147,22 +132,14 @@ class RowParallelLinear(LinearBase):
         super().__init__(input_size, output_size, bias, tp_dim=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._all_reduce(linear(x, self.weight, self._rank_bias()))
+        return self.all_reduce(linear(x, self.weight, self.rank_bias()))
 
-    def forward_gated(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """This projection of SiLU(gate) * up, for gate_up = gate | up; a single row on CUDA in one launch."""
-        # gate_up: [tokens, 2 * in] -> [tokens, out]
-        bias = self._rank_bias()
-        if _one_row_on_cuda(gate_up, bias):
-            from nanovllm.kernels.triton_gemv import silu_mul_gemv
-            return self._all_reduce(silu_mul_gemv(gate_up, self.weight))
-        return self._all_reduce(linear(silu_and_mul(gate_up), self.weight, bias))
-
-    def _rank_bias(self) -> torch.Tensor | None:
-        # the bias is added once, on rank 0, so the all-reduce counts it once
+    def rank_bias(self) -> torch.Tensor | None:
+        """The bias this rank adds: all of it on rank 0, none elsewhere, so the all-reduce counts it once."""
         return self.bias if self.tp_rank == 0 else None
 
-    def _all_reduce(self, y: torch.Tensor) -> torch.Tensor:
+    def all_reduce(self, y: torch.Tensor) -> torch.Tensor:
+        """The sum of every rank's partial output `y`, in place."""
         if self.tp_size > 1:
             dist.all_reduce(y)
         return y

@@ -22,20 +22,11 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     return torch.where(is_medium, blended, scaled)
 
 
-def rope_parameters(hf_config) -> dict:
-    """The checkpoint's rope settings as one dict with at least `rope_type` and `rope_theta`."""
-    params = dict(getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {})
-    params.setdefault("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
-    params["rope_type"] = params.get("rope_type", params.get("type", "default"))
-    if params["rope_type"] not in ("default", "llama3"):
-        raise ValueError(f"rope_type {params['rope_type']!r} is not supported; supported: default, llama3")
-    return params
-
-
 class RotaryEmbedding(nn.Module):
     """Applies rotary embedding to q and k at given positions."""
 
     def __init__(self, head_dim: int, max_position: int, params: dict):
+        """`params`: ModelConfig.rope_parameters (rope_type 'default' or 'llama3', rope_theta, llama3's scaling)."""
         super().__init__()
         exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
         inv_freq = 1.0 / (params["rope_theta"] ** exponents)

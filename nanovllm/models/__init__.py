@@ -1,23 +1,36 @@
-"""Model classes keyed by the checkpoint's `architectures` entry."""
+"""Model classes keyed by the checkpoint's `architectures` entry, imported on first use.
 
-from torch import nn
+Importing this package imports no model family; `model_class` imports the one
+a checkpoint needs.
+"""
 
-from nanovllm.models.llama import LlamaForCausalLM
-from nanovllm.models.qwen3 import Qwen3ForCausalLM
+import importlib
+from typing import TYPE_CHECKING
 
-MODEL_REGISTRY: dict[str, type[nn.Module]] = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+if TYPE_CHECKING:
+    from torch import nn
+
+    from nanovllm.models.model_config import ModelConfig
+
+# architecture -> "module:class"
+MODEL_REGISTRY: dict[str, str] = {
+    "LlamaForCausalLM": "nanovllm.models.llama:LlamaForCausalLM",
+    "Qwen3ForCausalLM": "nanovllm.models.qwen3:Qwen3ForCausalLM",
 }
 
 
-def model_class(hf_config) -> type[nn.Module]:
-    """The class that implements the checkpoint's architecture, or a clear error."""
-    architectures = getattr(hf_config, "architectures", None) or []
+def supported_architecture(architectures) -> str:
+    """The first of `architectures` this engine implements, or a ValueError naming the supported ones."""
     for name in architectures:
         if name in MODEL_REGISTRY:
-            return MODEL_REGISTRY[name]
+            return name
     raise ValueError(
-        f"unsupported architecture {architectures or '(none in config.json)'}; "
+        f"unsupported architecture {list(architectures) or '(none in config.json)'}; "
         f"supported: {', '.join(MODEL_REGISTRY)}"
     )
+
+
+def model_class(model_config: "ModelConfig") -> "type[nn.Module]":
+    """The class that implements the model's architecture (its module imported now)."""
+    module_name, class_name = MODEL_REGISTRY[supported_architecture([model_config.architecture])].split(":")
+    return getattr(importlib.import_module(module_name), class_name)

@@ -97,14 +97,14 @@ class RandomTensor:
         return full.uniform_(self.low, self.high, generator=generator)[index]
 
 
-def load_dummy_weights(model: nn.Module, hf_config, seed: int = 0, low: float = -1e-3, high: float = 1e-3) -> None:
+def load_dummy_weights(model: nn.Module, model_config, seed: int = 0, low: float = -1e-3, high: float = 1e-3) -> None:
     """Fill every parameter with small random values (for benchmarks without a checkpoint).
 
     Every rank cuts its slices from the same full tensors, so a model split over
-    N ranks computes what the unsplit one does.
+    N ranks computes what the unsplit one does. `model_config` is the ModelConfig `model` was built from.
     """
     with torch.device("meta"), tensor_parallel(0, 1):
-        whole = type(model)(hf_config)
+        whole = type(model)(model_config)
     modules = dict(whole.named_modules())
     whole_shapes = {name: p.shape for name, p in whole.named_parameters()}
     for name, param in model.named_parameters():

@@ -40,13 +40,13 @@ def tp_size() -> int:
     return _size
 
 
-def check_divisible(hf_config, size: int) -> None:
-    """ValueError naming every model dimension that `size` ranks cannot split evenly."""
+def check_divisible(model_config, size: int) -> None:
+    """ValueError naming every dimension of `model_config` (a ModelConfig) that `size` ranks cannot split evenly."""
     dims = {
-        "attention heads (num_attention_heads)": hf_config.num_attention_heads,
-        "KV heads (num_key_value_heads)": getattr(hf_config, "num_key_value_heads", hf_config.num_attention_heads),
-        "vocabulary (vocab_size)": hf_config.vocab_size,
-        "MLP width (intermediate_size)": hf_config.intermediate_size,
+        "attention heads (num_attention_heads)": model_config.num_attention_heads,
+        "KV heads (num_key_value_heads)": model_config.num_key_value_heads,
+        "vocabulary (vocab_size)": model_config.vocab_size,
+        "MLP width (intermediate_size)": model_config.intermediate_size,
     }
     uneven = [f"{name} = {value}" for name, value in dims.items() if value % size]
     if uneven:

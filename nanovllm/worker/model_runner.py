@@ -107,16 +107,16 @@ class ModelRunner(Executor):
             self.graphs = DecodeGraphs(self._decode_step, self.decode_buffers, config.max_num_seqs)
 
     def _build_model(self) -> torch.nn.Module:
-        hf_config = self.config.hf_config
+        model_config = self.config.model_config
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
         try:
             with self.device, tensor_parallel(self.rank, self.world_size):
-                model = model_class(hf_config)(hf_config)
+                model = model_class(model_config)(model_config)
         finally:
             torch.set_default_dtype(default_dtype)
         if self.config.load_format == "dummy":
-            load_dummy_weights(model, hf_config, self.config.seed)
+            load_dummy_weights(model, model_config, self.config.seed)
         else:
             load_model(model, self.config.model)
         return model.eval().requires_grad_(False)
@@ -136,7 +136,7 @@ class ModelRunner(Executor):
         max_len = min(self.config.context_len, self.config.token_budget)
         num_seqs = max(1, min(self.config.token_budget // max_len, self.config.max_num_seqs))
         self._run_start_up_step(start_up_step([[0] * max_len] * num_seqs, [0] * num_seqs, [[]] * num_seqs))
-        logits = torch.zeros(self.config.max_num_seqs, self.config.hf_config.vocab_size, dtype=self.dtype,
+        logits = torch.zeros(self.config.max_num_seqs, self.config.model_config.vocab_size, dtype=self.dtype,
                              device=self.device)
         self.sampler(logits, SamplingTensors(temperatures=torch.ones(self.config.max_num_seqs, device=self.device)))
         del logits

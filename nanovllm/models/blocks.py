@@ -1,0 +1,133 @@
+"""The pre-norm decoder the model families are built from: attention and gated-MLP blocks, the decoder
+layer that owns their norms, the decoder stack and the causal-LM head.
+
+Each residual add is deferred into the next norm. Each block is given, when it
+is built, the norm in front of it (its decoder layer owns the norm, so the
+weight keeps the checkpoint's name) and chooses itself how to run it with its
+first projection, and its activation with its last one (`fused_projection`).
+"""
+
+import torch
+from torch import nn
+
+from nanovllm.layers.attention import Attention
+from nanovllm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
+from nanovllm.layers.fused_projection import GatedProjection, NormedProjection
+from nanovllm.layers.layernorm import RMSNorm
+from nanovllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from nanovllm.layers.rotary_embedding import RotaryEmbedding
+from nanovllm.models.model_config import ModelConfig
+from nanovllm.utils.parallel import tp_size
+
+
+class AttentionBlock(nn.Module):
+    """input_norm(x + residual) -> fused QKV projection -> q/k RMSNorm per head (config.qk_norm) and rotary
+    -> paged attention -> output projection."""
+
+    def __init__(self, config: ModelConfig, input_norm: nn.Module):
+        super().__init__()
+        self.head_dim = config.head_dim
+        self.num_heads = config.num_attention_heads // tp_size()
+        self.num_kv_heads = config.num_key_value_heads // tp_size()
+        bias = config.attention_bias
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim, config.num_attention_heads,
+                                          config.num_key_value_heads, bias=bias)
+        self.o_proj = RowParallelLinear(config.num_attention_heads * self.head_dim, config.hidden_size, bias=bias)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        rotary = RotaryEmbedding(self.head_dim, config.max_position_embeddings, config.rope_parameters)
+        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5, rotary)
+        self.normed_qkv = NormedProjection(input_norm, self.qkv_proj)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor,
+                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention over input_norm(x + residual), and x + residual, the next residual."""
+        # x, residual: [tokens, hidden]
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        qkv, residual = self.normed_qkv(x, residual)
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        return self.o_proj(self.attn(positions, q, k, v, self.q_norm, self.k_norm)), residual
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(y)) * up(y)) for y = input_norm(x + residual), with gate and up in one projection."""
+
+    def __init__(self, config: ModelConfig, input_norm: nn.Module):
+        super().__init__()
+        bias = config.mlp_bias
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [config.intermediate_size] * 2, bias=bias)
+        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, bias=bias)
+        self.normed_gate_up = NormedProjection(input_norm, self.gate_up_proj)
+        self.gated_down = GatedProjection(config.hidden_act, self.down_proj)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MLP of input_norm(x + residual), and x + residual, the next residual."""
+        gate_up, residual = self.normed_gate_up(x, residual)
+        return self.gated_down(gate_up), residual
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm layer: attention, then the MLP, each behind its RMSNorm."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = AttentionBlock(config, input_layernorm)
+        self.mlp = GatedMLP(config, post_attention_layernorm)
+        self.input_layernorm = input_layernorm
+        self.post_attention_layernorm = post_attention_layernorm
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor,
+                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        x, residual = self.self_attn(positions, x, residual)
+        return self.mlp(x, residual)
+
+
+class DecoderModel(nn.Module):
+    """Embedding, decoder layers, final norm."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            x, residual = layer(positions, x, residual)
+        x, _ = self.norm(x, residual)
+        return x
+
+
+class DecoderForCausalLM(nn.Module):
+    """Decoder plus LM head (tied to the embedding when the config says so)."""
+
+    # checkpoint name -> (our fused parameter, shard id)
+    packed_modules_mapping = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.model = DecoderModel(config)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        self.tie_word_embeddings = config.tie_word_embeddings
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # input_ids, positions: [tokens] -> hidden states [tokens, hidden]
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Logits [rows, vocab] of the hidden states (written into `out` when given; None off rank 0)."""
+        return self.lm_head(hidden_states, out)

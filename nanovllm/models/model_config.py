@@ -1,0 +1,126 @@
+"""What a model is: the one place a Hugging Face config is read.
+
+`ModelConfig.from_hf(hf_config)` names every field a model, its layers or the
+engine read, each with its family's default where the config leaves it out
+(those of transformers' own config classes), and refuses at load time what the
+engine cannot honour. Everything after it (models, layers, the runner, the
+scheduler) reads a `ModelConfig`, never the Hugging Face config.
+
+This module imports neither torch nor transformers.
+"""
+
+from dataclasses import dataclass, field
+
+# Family defaults: transformers' LlamaConfig / Qwen3Config values for fields a config.json may leave out.
+# head_dim None means hidden_size // num_attention_heads; num_key_value_heads None means
+# num_attention_heads.
+_LLAMA_DEFAULTS = dict(
+    vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+    num_key_value_heads=None, head_dim=None, max_position_embeddings=2048, rms_norm_eps=1e-6, rope_theta=10000.0,
+    attention_bias=False, mlp_bias=False, hidden_act="silu", tie_word_embeddings=False, qk_norm=False,
+)
+_FAMILY_DEFAULTS = {
+    "LlamaForCausalLM": _LLAMA_DEFAULTS,
+    # Qwen3: RMSNorm on each head's q and k before rotary
+    "Qwen3ForCausalLM": {**_LLAMA_DEFAULTS, "vocab_size": 151936, "intermediate_size": 22016, "head_dim": 128,
+                         "max_position_embeddings": 32768, "qk_norm": True},
+}
+_SUPPORTED_ACTIVATIONS = ("silu",)
+_SUPPORTED_ROPE_TYPES = ("default", "llama3")
+_LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A checkpoint's architecture as the engine builds it (whole-model sizes, before any tensor-parallel split)."""
+
+    architecture: str                 # the entry of `architectures` that picks the model class
+    architectures: tuple[str, ...]
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    max_position_embeddings: int
+    rms_norm_eps: float
+    # at least rope_type ('default' or 'llama3') and rope_theta; llama3 also its scaling keys
+    rope_parameters: dict = field(hash=False)
+    attention_bias: bool
+    mlp_bias: bool
+    hidden_act: str
+    tie_word_embeddings: bool
+    qk_norm: bool                     # RMSNorm on each q and k head before rotary (Qwen3)
+    dtype: str | None                 # the checkpoint's dtype as torch names it ("bfloat16"), None if unsaid
+    eos_token_id: int | tuple[int, ...] | None
+
+    @classmethod
+    def from_hf(cls, hf_config) -> "ModelConfig":
+        """The fields of `hf_config` (a transformers PretrainedConfig or anything with its attributes),
+        with the family's defaults; ValueError for an architecture or a setting the engine cannot run."""
+        from nanovllm.models import supported_architecture
+
+        architectures = tuple(_get(hf_config, "architectures", None) or ())
+        architecture = supported_architecture(architectures)
+        defaults = _FAMILY_DEFAULTS[architecture]
+
+        def read(name: str):
+            return _get(hf_config, name, defaults[name])
+
+        hidden_size, num_heads = read("hidden_size"), read("num_attention_heads")
+        hidden_act = read("hidden_act")
+        if hidden_act not in _SUPPORTED_ACTIVATIONS:
+            raise ValueError(f"hidden_act {hidden_act!r} is not supported; only 'silu'")
+        if _get(hf_config, "use_sliding_window", False):
+            raise ValueError("use_sliding_window=True is not supported: every layer attends over the whole "
+                             "sequence here; use a checkpoint without sliding-window attention")
+        quantization = _get(hf_config, "quantization_config", None)
+        if quantization:
+            method = quantization.get("quant_method", "?") if isinstance(quantization, dict) else "?"
+            raise ValueError(f"quantized checkpoints (quantization_config, quant_method {method!r}) are not "
+                             f"supported; use an unquantized (bfloat16, float16 or float32) checkpoint")
+        dtype = _get(hf_config, "dtype", None)
+        eos = _get(hf_config, "eos_token_id", None)
+        return cls(
+            architecture=architecture,
+            architectures=architectures,
+            hidden_size=hidden_size,
+            intermediate_size=read("intermediate_size"),
+            num_hidden_layers=read("num_hidden_layers"),
+            num_attention_heads=num_heads,
+            num_key_value_heads=read("num_key_value_heads") or num_heads,
+            head_dim=read("head_dim") or hidden_size // num_heads,
+            vocab_size=read("vocab_size"),
+            max_position_embeddings=read("max_position_embeddings"),
+            rms_norm_eps=read("rms_norm_eps"),
+            rope_parameters=_rope_parameters(hf_config, defaults["rope_theta"]),
+            attention_bias=bool(read("attention_bias")),
+            mlp_bias=bool(read("mlp_bias")),
+            hidden_act=hidden_act,
+            tie_word_embeddings=bool(read("tie_word_embeddings")),
+            qk_norm=defaults["qk_norm"],
+            dtype=None if dtype is None else str(dtype).removeprefix("torch."),
+            eos_token_id=tuple(eos) if isinstance(eos, (list, tuple)) else eos,
+        )
+
+
+def _get(hf_config, name: str, default):
+    """`hf_config.name`, or `default` where it is missing or None (transformers keeps unset fields as None)."""
+    value = getattr(hf_config, name, None)
+    return default if value is None else value
+
+
+def _rope_parameters(hf_config, default_theta: float) -> dict:
+    """The rope settings as one dict with at least `rope_type` and `rope_theta`, whichever of
+    rope_parameters (transformers 5), rope_scaling and rope_theta the config holds them in."""
+    params = dict(_get(hf_config, "rope_parameters", None) or _get(hf_config, "rope_scaling", None) or {})
+    params.setdefault("rope_theta", _get(hf_config, "rope_theta", default_theta))
+    params["rope_type"] = params.get("rope_type", params.get("type", "default"))
+    if params["rope_type"] not in _SUPPORTED_ROPE_TYPES:
+        raise ValueError(f"rope_type {params['rope_type']!r} is not supported; supported: "
+                         f"{', '.join(_SUPPORTED_ROPE_TYPES)}")
+    missing = [k for k in _LLAMA3_ROPE_KEYS if k not in params] if params["rope_type"] == "llama3" else []
+    if missing:
+        raise ValueError(f"rope_type 'llama3' needs {', '.join(missing)} in the config's rope parameters")
+    return params

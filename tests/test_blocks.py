@@ -1,0 +1,87 @@
+"""The blocks choose their fusions themselves: for a one-row step (what goes through the Triton GEMV on
+CUDA; here forced on the CPU, under the Triton interpreter) an RMSNorm goes into the first projection
+and SiLU into the down projection, one kernel each; another norm takes the plain path."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("triton")
+from nanovllm.kernels import triton_gemv  # noqa: E402
+from nanovllm.layers import fused_projection  # noqa: E402
+from nanovllm.layers.layernorm import RMSNorm  # noqa: E402
+from nanovllm.models.blocks import DecoderLayer, GatedMLP  # noqa: E402
+from nanovllm.models.model_config import ModelConfig  # noqa: E402
+
+CONFIG = ModelConfig.from_hf(SimpleNamespace(architectures=["Qwen3ForCausalLM"], hidden_size=64, intermediate_size=96,
+                                             num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                             num_hidden_layers=1, max_position_embeddings=64))
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Counts of the fused kernels launched, with one-row products sent to them on the CPU too."""
+    counts = {"rms_norm_gemv": 0, "silu_mul_gemv": 0}
+
+    def counting(name):
+        kernel = getattr(triton_gemv, name)
+
+        def launch(*args):
+            counts[name] += 1
+            return kernel(*args)
+        return launch
+
+    for name in counts:
+        monkeypatch.setattr(triton_gemv, name, counting(name))
+    monkeypatch.setattr(fused_projection, "uses_gemv", lambda x, bias: x.size(0) == 1 and bias is None)
+    return counts
+
+
+def random_mlp(norm: nn.Module) -> GatedMLP:
+    torch.manual_seed(0)
+    mlp = GatedMLP(CONFIG, norm)
+    for p in [*mlp.parameters(), *norm.parameters()]:
+        p.data.uniform_(-0.5, 0.5)
+    return mlp
+
+
+def plain_mlp(mlp: GatedMLP, norm: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    gate, up = (norm(x + residual) @ mlp.gate_up_proj.weight.T).chunk(2, dim=-1)
+    return (nn.functional.silu(gate) * up) @ mlp.down_proj.weight.T
+
+
+def test_rms_norm_and_silu_are_fused_into_the_projections_of_a_one_row_step(launches):
+    norm = RMSNorm(CONFIG.hidden_size, CONFIG.rms_norm_eps)
+    mlp = random_mlp(norm)
+    x, residual = torch.randn(1, 64), torch.randn(1, 64)
+    y, next_residual = mlp(x, residual)
+    assert launches == {"rms_norm_gemv": 1, "silu_mul_gemv": 1}
+    torch.testing.assert_close(y, plain_mlp(mlp, norm, x, residual), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(next_residual, x + residual, atol=0, rtol=0)
+
+
+def test_several_rows_take_the_plain_path_with_the_same_result(launches):
+    norm = RMSNorm(CONFIG.hidden_size, CONFIG.rms_norm_eps)
+    mlp = random_mlp(norm)
+    x, residual = torch.randn(3, 64), torch.randn(3, 64)
+    y, _ = mlp(x, residual)
+    assert launches == {"rms_norm_gemv": 0, "silu_mul_gemv": 0}
+    torch.testing.assert_close(y, plain_mlp(mlp, norm, x, residual), atol=1e-5, rtol=1e-5)
+
+
+def test_a_norm_without_a_fused_kernel_takes_the_plain_path(launches):
+    norm = nn.LayerNorm(CONFIG.hidden_size)
+    mlp = random_mlp(norm)
+    x, residual = torch.randn(1, 64), torch.randn(1, 64)
+    y, next_residual = mlp(x, residual)
+    assert launches["rms_norm_gemv"] == 0 and launches["silu_mul_gemv"] == 1
+    torch.testing.assert_close(y, plain_mlp(mlp, norm, x, residual), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(next_residual, x + residual, atol=0, rtol=0)
+
+
+def test_a_layer_owns_its_norms_under_the_checkpoint_names():
+    names = [name for name, _ in DecoderLayer(CONFIG).named_parameters()]
+    assert [n for n in names if "layernorm" in n] == ["input_layernorm.weight", "post_attention_layernorm.weight"]
+    assert "self_attn.q_norm.weight" in names and "self_attn.k_norm.weight" in names  # Qwen3's q/k norm

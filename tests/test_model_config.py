@@ -1,0 +1,114 @@
+"""ModelConfig.from_hf, the one reader of a Hugging Face config, and the lazy model registry."""
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+from transformers import AutoConfig, LlamaConfig, Qwen3Config
+
+from nanovllm.config import Config
+from nanovllm.models import model_class
+from nanovllm.models.model_config import ModelConfig
+
+
+def test_fields_left_out_take_the_llama_family_defaults():
+    config = ModelConfig.from_hf(SimpleNamespace(architectures=["LlamaForCausalLM"], hidden_size=64,
+                                                 num_attention_heads=4))
+    assert (config.hidden_size, config.num_attention_heads) == (64, 4)
+    assert config.head_dim == 16 and config.num_key_value_heads == 4  # hidden / heads; as many as the heads
+    assert (config.vocab_size, config.intermediate_size, config.num_hidden_layers) == (32000, 11008, 32)
+    assert (config.max_position_embeddings, config.rms_norm_eps) == (2048, 1e-6)
+    assert config.rope_parameters == {"rope_type": "default", "rope_theta": 10000.0}
+    assert not (config.attention_bias or config.mlp_bias or config.tie_word_embeddings or config.qk_norm)
+    assert config.hidden_act == "silu" and config.dtype is None and config.eos_token_id is None
+
+
+def test_qwen3_family_defaults_include_its_head_dim_and_q_k_norm():
+    config = ModelConfig.from_hf(SimpleNamespace(architectures=["Qwen3ForCausalLM"]))
+    assert config.qk_norm and config.head_dim == 128  # transformers' Qwen3Config default, not hidden / heads
+    assert (config.vocab_size, config.max_position_embeddings) == (151936, 32768)
+
+
+def test_transformers_defaults_and_ours_agree():
+    for hf in (LlamaConfig(architectures=["LlamaForCausalLM"]), Qwen3Config(architectures=["Qwen3ForCausalLM"])):
+        family = ModelConfig.from_hf(SimpleNamespace(architectures=hf.architectures, eos_token_id=hf.eos_token_id))
+        assert ModelConfig.from_hf(hf) == family
+
+
+def test_head_dim_given_wins_over_hidden_over_heads():
+    config = ModelConfig.from_hf(SimpleNamespace(architectures=["LlamaForCausalLM"], hidden_size=64,
+                                                 num_attention_heads=4, head_dim=32))
+    assert config.head_dim == 32
+
+
+def test_tiny_llama_fields(llama_dir):
+    config = Config(llama_dir).model_config
+    assert config.architecture == "LlamaForCausalLM" and config.architectures == ("LlamaForCausalLM",)
+    assert (config.hidden_size, config.intermediate_size, config.num_hidden_layers) == (64, 128, 2)
+    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (4, 2, 16)
+    assert (config.vocab_size, config.max_position_embeddings) == (512, 1024)
+    assert config.rope_parameters["rope_type"] == "default" and config.rope_parameters["rope_theta"] == 500000.0
+    assert config.tie_word_embeddings and not config.qk_norm
+    assert config.dtype == "float32" and config.eos_token_id == 1
+
+
+def test_tiny_qwen3_fields(qwen3_dir):
+    config = Config(qwen3_dir).model_config
+    assert config.architecture == "Qwen3ForCausalLM"
+    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (4, 2, 16)
+    assert config.rope_parameters["rope_theta"] == 10000.0
+    assert config.qk_norm and not config.tie_word_embeddings
+    assert model_class(config).__name__ == "Qwen3ForCausalLM"
+
+
+def test_rope_theta_of_an_older_config_is_read():
+    config = ModelConfig.from_hf(SimpleNamespace(architectures=["LlamaForCausalLM"], rope_theta=500000.0,
+                                                 rope_scaling={"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                               "high_freq_factor": 4.0,
+                                                               "original_max_position_embeddings": 8192}))
+    assert config.rope_parameters["rope_type"] == "llama3" and config.rope_parameters["rope_theta"] == 500000.0
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported; only 'silu'"),
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}}, "rope_type 'yarn' is not supported"),
+    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e6, "factor": 8.0}},
+     "rope_type 'llama3' needs low_freq_factor"),
+    ({"use_sliding_window": True}, "use_sliding_window=True is not supported"),
+    ({"quantization_config": {"quant_method": "awq"}}, "quant_method 'awq'"),
+    ({"architectures": ["MysteryForCausalLM"]},
+     r"unsupported architecture \['MysteryForCausalLM'\]; supported: LlamaForCausalLM, Qwen3ForCausalLM"),
+    ({"architectures": None}, r"unsupported architecture \(none in config.json\)"),
+])
+def test_what_the_engine_cannot_run_is_refused(fields, message):
+    with pytest.raises(ValueError, match=message):
+        ModelConfig.from_hf(SimpleNamespace(**{"architectures": ["Qwen3ForCausalLM"], **fields}))
+
+
+def test_an_unsupported_activation_is_refused_when_the_config_loads(qwen3_dir):
+    hf = AutoConfig.from_pretrained(qwen3_dir)
+    hf.hidden_act = "gelu_pytorch_tanh"
+    with pytest.raises(ValueError, match="hidden_act 'gelu_pytorch_tanh'"):
+        ModelConfig.from_hf(hf)
+
+
+def test_importing_the_models_package_imports_no_family_until_one_is_asked_for(qwen3_dir):
+    code = (
+        "import sys\n"
+        "import nanovllm.models as models\n"
+        "from nanovllm.models.model_config import ModelConfig\n"
+        "families = ('nanovllm.models.llama', 'nanovllm.models.qwen3', 'nanovllm.models.blocks')\n"
+        "assert not any(f in sys.modules for f in families), [f for f in families if f in sys.modules]\n"
+        "assert 'torch' not in sys.modules\n"
+        "from types import SimpleNamespace\n"
+        "config = ModelConfig.from_hf(SimpleNamespace(architectures=['LlamaForCausalLM']))\n"
+        "assert 'nanovllm.models.llama' not in sys.modules\n"
+        "cls = models.model_class(config)\n"
+        "assert cls.__name__ == 'LlamaForCausalLM' and 'nanovllm.models.llama' in sys.modules\n"
+        "assert 'nanovllm.models.qwen3' not in sys.modules\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
