@@ -102,7 +102,7 @@ class ModelRunner(Executor):
         if self.device.type == "cuda" and not config.enforce_eager and backend.supports_cuda_graphs:
             if self._decode_step.samples:
                 # one buffer for every graph's logits, rather than one output per captured size
-                self._decode_step.logits = torch.empty(config.max_num_seqs, config.hf_config.vocab_size,
+                self._decode_step.logits = torch.empty(config.max_num_seqs, config.model_config.vocab_size,
                                                        dtype=self.dtype, device=self.device)
             self.graphs = DecodeGraphs(self._decode_step, self.decode_buffers, config.max_num_seqs)
 
