@@ -91,6 +91,12 @@ class ModelRunner(Executor):
         self._decode_step = DecodeStep(self._forward, samples=self.world_size == 1)
         self._last_sampled_rows: dict[str, int] = {}  # request id -> its row in last_sampled
         self.graphs = None
+        use_graphs = self.device.type == "cuda" and not config.enforce_eager and backend.supports_cuda_graphs
+        if use_graphs and self._decode_step.samples:
+            # one buffer for every graph's logits, rather than one output per captured size; taken before
+            # the KV cache is sized, so that the cache leaves room for it
+            self._decode_step.logits = torch.empty(config.max_num_seqs, config.model_config.vocab_size,
+                                                   dtype=self.dtype, device=self.device)
         if self.device.type == "cuda":
             self._warm_up()
         self.num_kvcache_blocks = self._allocate_kv_cache()
@@ -99,11 +105,7 @@ class ModelRunner(Executor):
             self._warm_up_cached_prefix()
         self.decode_buffers = DecodeBuffers(config.max_num_seqs, config.max_blocks_per_seq, self.block_size,
                                             self.device, config.seed)
-        if self.device.type == "cuda" and not config.enforce_eager and backend.supports_cuda_graphs:
-            if self._decode_step.samples:
-                # one buffer for every graph's logits, rather than one output per captured size
-                self._decode_step.logits = torch.empty(config.max_num_seqs, config.model_config.vocab_size,
-                                                       dtype=self.dtype, device=self.device)
+        if use_graphs:
             self.graphs = DecodeGraphs(self._decode_step, self.decode_buffers, config.max_num_seqs)
 
     def _build_model(self) -> torch.nn.Module:
