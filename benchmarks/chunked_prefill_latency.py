@@ -74,8 +74,9 @@ def measure(llm: LLM, long_prompt: int) -> tuple[list[float], float]:
     for _ in range(STEADY_STEPS):
         counts.update(tokens(step()))
     arrival = last_token_at = time.perf_counter()
-    long = llm.add_request(random_prompt(long_prompt), SamplingParams(temperature=0.6, ignore_eos=True,
-                                                                        max_tokens=STEADY_STEPS + 1))
+    long = llm.add_request(
+        random_prompt(long_prompt), SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=STEADY_STEPS + 1)
+    )
     latencies = []
     first_token_at = long_finished = None
     while not long_finished:
@@ -97,15 +98,15 @@ def run(model_dir: str, chunked: bool, budget: int, long_prompt: int) -> dict:
     max_model_len = long_prompt + 2 * STEADY_STEPS + 8
     if not chunked:
         budget = max_model_len  # a whole prompt must fit one step
-    llm = LLM(model_dir, enable_chunked_prefill=chunked, max_num_batched_tokens=budget,
-              max_model_len=max_model_len, **ENGINE)
+    llm = LLM(
+        model_dir, enable_chunked_prefill=chunked, max_num_batched_tokens=budget, max_model_len=max_model_len, **ENGINE
+    )
     warm_up(llm)
     latencies, ttft = measure(llm, long_prompt)
     del llm
     torch.cuda.empty_cache()
     ms = np.array(latencies) * 1e3
-    return dict(budget=budget, p50=np.percentile(ms, 50), p99=np.percentile(ms, 99), worst=ms.max(),
-                ttft=ttft * 1e3)
+    return dict(budget=budget, p50=np.percentile(ms, 50), p99=np.percentile(ms, 99), worst=ms.max(), ttft=ttft * 1e3)
 
 
 def throughput(model_dir: str, chunked: bool) -> float:
@@ -123,26 +124,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", type=int, default=2048, help="max_num_batched_tokens with chunking on")
     parser.add_argument("--long-prompt", type=int, default=16384, help="tokens of the arriving prompt")
-    parser.add_argument("--skip-throughput", action="store_true",
-                        help="do not compare the throughput workload's tok/s with chunking on and off")
+    parser.add_argument(
+        "--skip-throughput",
+        action="store_true",
+        help="do not compare the throughput workload's tok/s with chunking on and off",
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("this benchmark needs a CUDA GPU")
     random.seed(0)
     model_dir = write_model_dir("0.6b")
     print(f"machine: {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print(f"workload: Qwen3-0.6B shape, bf16, dummy weights; {NUM_DECODING} sequences ({SHORT_PROMPT}-token "
-          f"prompts) decoding when a {args.long_prompt:,}-token prompt arrives")
-    print(f"{'chunked prefill':<16} {'budget':>8} {'ITL p50':>9} {'ITL p99':>9} {'ITL worst':>10} "
-          f"{'long TTFT':>10}")
+    print(
+        f"workload: Qwen3-0.6B shape, bf16, dummy weights; {NUM_DECODING} sequences ({SHORT_PROMPT}-token "
+        f"prompts) decoding when a {args.long_prompt:,}-token prompt arrives"
+    )
+    print(f"{'chunked prefill':<16} {'budget':>8} {'ITL p50':>9} {'ITL p99':>9} {'ITL worst':>10} {'long TTFT':>10}")
     for chunked in (True, False):
         r = run(model_dir, chunked, args.budget, args.long_prompt)
-        print(f"{'on' if chunked else 'off':<16} {r['budget']:>8} {r['p50']:>7.1f}ms {r['p99']:>7.1f}ms "
-              f"{r['worst']:>8.1f}ms {r['ttft']:>8.1f}ms")
+        print(
+            f"{'on' if chunked else 'off':<16} {r['budget']:>8} {r['p50']:>7.1f}ms {r['p99']:>7.1f}ms "
+            f"{r['worst']:>8.1f}ms {r['ttft']:>8.1f}ms"
+        )
     if not args.skip_throughput:
         rates = {chunked: throughput(model_dir, chunked) for chunked in (True, False)}
-        print(f"throughput workload: {rates[True]:,.0f} output tok/s with chunked prefill on (default budget), "
-              f"{rates[False]:,.0f} off ({rates[True] / rates[False] - 1:+.1%})")
+        print(
+            f"throughput workload: {rates[True]:,.0f} output tok/s with chunked prefill on (default budget), "
+            f"{rates[False]:,.0f} off ({rates[True] / rates[False] - 1:+.1%})"
+        )
 
 
 if __name__ == "__main__":

@@ -65,8 +65,7 @@ def matmul_flops(n: int = 2048) -> float:
     return 2 * n**3 / best
 
 
-def nanovllm_decode_tps(llm: LLM, prompt_ids: list[list[int]], max_tokens: int,
-                        repeats: int) -> tuple[float, list]:
+def nanovllm_decode_tps(llm: LLM, prompt_ids: list[list[int]], max_tokens: int, repeats: int) -> tuple[float, list]:
     """Best decode tok/s of `repeats` runs, and the completions."""
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     llm.generate(prompt_ids, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
@@ -107,8 +106,9 @@ def transformers_prefill_tps(model, prompts: list[list[int]]) -> float:
     return len(prompts[0]) / best
 
 
-def transformers_decode_tps(model, tokenizer, prompt_ids: list[list[int]], max_tokens: int,
-                            repeats: int) -> tuple[float, list]:
+def transformers_decode_tps(
+    model, tokenizer, prompt_ids: list[list[int]], max_tokens: int, repeats: int
+) -> tuple[float, list]:
     """Best decode tok/s of `repeats` runs (left-padded batch), and the completions."""
     # Run through end-of-sequence tokens without forbidding them, as ignore_eos does.
     model.generation_config.eos_token_id = None
@@ -117,8 +117,9 @@ def transformers_decode_tps(model, tokenizer, prompt_ids: list[list[int]], max_t
     def timed(new_tokens: int):
         start = time.perf_counter()
         with torch.inference_mode():
-            out = model.generate(**batch, max_new_tokens=new_tokens, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id)
+            out = model.generate(
+                **batch, max_new_tokens=new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+            )
         return time.perf_counter() - start, out
 
     timed(4)
@@ -142,8 +143,9 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
     prompt_ids = [tokenizer.encode(chat_prompt(tokenizer, q), add_special_tokens=False) for q in CHAT_QUESTIONS]
     rng = random.Random(0)
-    long_prompts = [[rng.randint(100, tokenizer.vocab_size - 1) for _ in range(args.prefill_tokens)]
-                    for _ in range(args.repeats)]
+    long_prompts = [
+        [rng.randint(100, tokenizer.vocab_size - 1) for _ in range(args.prefill_tokens)] for _ in range(args.repeats)
+    ]
 
     llm = LLM(model_dir, dtype="float32")
     ours, our_tokens = nanovllm_decode_tps(llm, prompt_ids, args.max_tokens, args.repeats)
@@ -159,18 +161,28 @@ def main() -> None:
     prefill_roofline = flops / (2 * weight_bytes / 4)  # fp32: 4 bytes per weight
 
     print(f"machine: {cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
-    print(f"workload: {len(prompt_ids)} chat prompts, {args.max_tokens} greedy new tokens each, fp32, one batch, "
-          f"best of {args.repeats}")
+    print(
+        f"workload: {len(prompt_ids)} chat prompts, {args.max_tokens} greedy new tokens each, fp32, one batch, "
+        f"best of {args.repeats}"
+    )
     print(f"nanovllm      decode: {ours:8.1f} tok/s")
     print(f"transformers  decode: {peer:8.1f} tok/s   (nanovllm / transformers = {ours / peer:.2f}x)")
-    print(f"memory roofline:      {roofline:8.1f} tok/s   ({weight_bytes / 1e6:.0f} MB of weights per step at "
-          f"{bandwidth / 1e9:.1f} GB/s copy bandwidth; nanovllm at {ours / roofline:.0%})")
-    print(f"nanovllm      prefill: {our_prefill:7.1f} tok/s   ({args.prefill_tokens:,}-token prompt, best of "
-          f"{args.repeats}: {args.prefill_tokens / our_prefill:.1f} s)")
-    print(f"transformers  prefill: {peer_prefill:7.1f} tok/s   ({args.prefill_tokens / peer_prefill:.1f} s; "
-          f"nanovllm takes {peer_prefill / our_prefill:.2f}x its time)")
-    print(f"compute roofline:      {prefill_roofline:7.1f} tok/s   (2 FLOPs per weight per token at "
-          f"{flops / 1e9:.0f} GFLOP/s, a 2048x2048 fp32 matmul; attention left out)")
+    print(
+        f"memory roofline:      {roofline:8.1f} tok/s   ({weight_bytes / 1e6:.0f} MB of weights per step at "
+        f"{bandwidth / 1e9:.1f} GB/s copy bandwidth; nanovllm at {ours / roofline:.0%})"
+    )
+    print(
+        f"nanovllm      prefill: {our_prefill:7.1f} tok/s   ({args.prefill_tokens:,}-token prompt, best of "
+        f"{args.repeats}: {args.prefill_tokens / our_prefill:.1f} s)"
+    )
+    print(
+        f"transformers  prefill: {peer_prefill:7.1f} tok/s   ({args.prefill_tokens / peer_prefill:.1f} s; "
+        f"nanovllm takes {peer_prefill / our_prefill:.2f}x its time)"
+    )
+    print(
+        f"compute roofline:      {prefill_roofline:7.1f} tok/s   (2 FLOPs per weight per token at "
+        f"{flops / 1e9:.0f} GFLOP/s, a 2048x2048 fp32 matmul; attention left out)"
+    )
     same = sum(a == b for a, b in zip(our_tokens, peer_tokens))
     print(f"identical greedy outputs: {same}/{len(prompt_ids)}")
 

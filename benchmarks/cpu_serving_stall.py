@@ -36,8 +36,15 @@ STEADY_CHUNKS = 10  # chunks each stream has before the long prompt arrives
 
 async def stream(client: httpx.AsyncClient, url: str, prompt: str, times: list[float]) -> None:
     """Stream a greedy completion, appending the arrival time of every chunk with text."""
-    body = {"model": "bench", "prompt": prompt, "max_tokens": 4000, "temperature": 0.0,
-            "ignore_eos": True, "skip_special_tokens": False, "stream": True}
+    body = {
+        "model": "bench",
+        "prompt": prompt,
+        "max_tokens": 4000,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "skip_special_tokens": False,
+        "stream": True,
+    }
     async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
@@ -52,8 +59,10 @@ async def measure(url: str, chat_prompts: list[str], long_prompt: list[int]) -> 
         warm = {"model": "bench", "prompt": long_prompt[:600], "max_tokens": 4, "ignore_eos": True}
         (await client.post(f"{url}/v1/completions", json=warm)).raise_for_status()
         times = [[] for _ in range(NUM_STREAMS)]
-        streams = [asyncio.create_task(stream(client, url, chat_prompts[i % len(chat_prompts)], times[i]))
-                   for i in range(NUM_STREAMS)]
+        streams = [
+            asyncio.create_task(stream(client, url, chat_prompts[i % len(chat_prompts)], times[i]))
+            for i in range(NUM_STREAMS)
+        ]
         while min(map(len, times)) < STEADY_CHUNKS:
             await asyncio.sleep(0.05)
         arrival = time.perf_counter()
@@ -86,8 +95,9 @@ def transformers_prefill_seconds(model_dir: str, prompt: list[int]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompt-tokens", type=int, default=4000, help="tokens of the arriving prompt")
-    parser.add_argument("--server-args", default="", help="extra `nanovllm serve` flags, e.g. "
-                        "'--max-num-batched-tokens 512'")
+    parser.add_argument(
+        "--server-args", default="", help="extra `nanovllm serve` flags, e.g. '--max-num-batched-tokens 512'"
+    )
     parser.add_argument("--port", type=int, default=8123)
     args = parser.parse_args()
     model_dir = default_model_dir()
@@ -106,8 +116,10 @@ def main() -> None:
     peer = transformers_prefill_seconds(model_dir, long_prompt)
 
     print(f"machine: {cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
-    print(f"workload: {NUM_STREAMS} greedy streams decoding when a {args.prompt_tokens:,}-token prompt arrives; "
-          f"server flags: {args.server_args or '(defaults)'}")
+    print(
+        f"workload: {NUM_STREAMS} greedy streams decoding when a {args.prompt_tokens:,}-token prompt arrives; "
+        f"server flags: {args.server_args or '(defaults)'}"
+    )
     print(f"worst gap of a decoding stream while it is prefilled (stall): {result['stall']:6.2f} s")
     print(f"median gap before it arrived (one decode step, the floor):   {result['floor']:6.2f} s")
     print(f"its time to first token:                                     {result['ttft']:6.2f} s")

@@ -33,8 +33,13 @@ def projections(shape: str) -> dict[str, tuple[int, int, str]]:
     c = SHAPES[shape]
     q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
     h, inter = c["hidden_size"], c["intermediate_size"]
-    return {"qkv": (q + 2 * kv, h, "norm"), "o": (h, q, "none"), "gate_up": (2 * inter, h, "norm"),
-            "down": (h, inter, "activation"), "lm_head": (VOCAB_SIZE, h, "none")}
+    return {
+        "qkv": (q + 2 * kv, h, "norm"),
+        "o": (h, q, "none"),
+        "gate_up": (2 * inter, h, "norm"),
+        "down": (h, inter, "activation"),
+        "lm_head": (VOCAB_SIZE, h, "none"),
+    }
 
 
 def products(k: int, prologue: str):
@@ -43,8 +48,10 @@ def products(k: int, prologue: str):
     residual = torch.randn_like(x)
     norm_weight = torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5
     if prologue == "norm":
-        return (lambda w: triton_gemv.rms_norm_gemv(x, residual, norm_weight, EPS, w),
-                lambda w: F.linear(rms_norm(x + residual, norm_weight, EPS), w))
+        return (
+            lambda w: triton_gemv.rms_norm_gemv(x, residual, norm_weight, EPS, w),
+            lambda w: F.linear(rms_norm(x + residual, norm_weight, EPS), w),
+        )
     if prologue == "activation":
         return lambda w: triton_gemv.silu_mul_gemv(x, w), lambda w: F.linear(silu_and_mul(x), w)
     return lambda w: triton_gemv.gemv(x, w), lambda w: F.linear(x, w)
@@ -69,9 +76,11 @@ def block_sizes(prologue: str) -> str:
 
 def with_blocks(product, block_n: int, block_k: int):
     """`product` run with the GEMV's BLOCK_N and BLOCK_K set to these (for every prologue)."""
+
     def run(weight: torch.Tensor) -> torch.Tensor:
         triton_gemv.BLOCKS = dict.fromkeys(triton_gemv.BLOCKS, (block_n, block_k))
         return product(weight)
+
     return run
 
 
@@ -80,9 +89,14 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="time every BLOCK_N and BLOCK_K too")
     args = parser.parse_args()
     bandwidth, source = hbm_bandwidth()
-    print(f"machine: {torch.cuda.get_device_name()}, HBM {bandwidth / 1e12:.2f} TB/s ({source}); bf16, one row; "
-          f"products back to back in a CUDA graph, weights not in L2")
-    print("| shape | proj | in front | torch + cuBLAS us | GEMV us | GEMV / cuBLAS | GEMV TB/s | BLOCK_N, BLOCK_K | best (us) |")
+    print(
+        f"machine: {torch.cuda.get_device_name()}, HBM {bandwidth / 1e12:.2f} TB/s ({source}); bf16, one row; "
+        f"products back to back in a CUDA graph, weights not in L2"
+    )
+    print(
+        "| shape | proj | in front | torch + cuBLAS us | GEMV us | GEMV / cuBLAS | GEMV TB/s | BLOCK_N, BLOCK_K "
+        "| best (us) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for shape in SHAPES:
         for name, (n, k, prologue) in projections(shape).items():
@@ -93,12 +107,17 @@ def main() -> None:
             best = ""
             if args.sweep:
                 default = triton_gemv.BLOCKS
-                fastest = min((back_to_back_us(with_blocks(ours, block_n, block_k), weights), block_n, block_k)
-                              for block_n in (1, 2, 4, 8) for block_k in (512, 1024, 2048))
+                fastest = min(
+                    (back_to_back_us(with_blocks(ours, block_n, block_k), weights), block_n, block_k)
+                    for block_n in (1, 2, 4, 8)
+                    for block_k in (512, 1024, 2048)
+                )
                 triton_gemv.BLOCKS = default
                 best = f"{fastest[1]}, {fastest[2]} ({fastest[0]:.2f})"
-            print(f"| {shape} | {name} | {prologue} | {cublas:.2f} | {timed:.2f} | {timed / cublas:.2f} | "
-                  f"{n * k * 2 / timed / 1e6:.2f} | {block_sizes(prologue)} | {best} |")
+            print(
+                f"| {shape} | {name} | {prologue} | {cublas:.2f} | {timed:.2f} | {timed / cublas:.2f} | "
+                f"{n * k * 2 / timed / 1e6:.2f} | {block_sizes(prologue)} | {best} |"
+            )
             del weights
 
 

@@ -22,9 +22,13 @@ def settings(batch: int, vocab: int, device: torch.device) -> dict[str, Sampling
     """Feature sets, each adding to the one before."""
     full = lambda value, dtype=torch.float32: torch.full((batch,), value, dtype=dtype, device=device)
     rows = torch.arange(batch, device=device)
-    penalties = PenaltyTensors(full(1.1), full(0.2), full(0.1),
-                               torch.randint(0, vocab, (batch, 1000), device=device),
-                               torch.randint(0, vocab, (batch, 200), device=device))
+    penalties = PenaltyTensors(
+        full(1.1),
+        full(0.2),
+        full(0.1),
+        torch.randint(0, vocab, (batch, 1000), device=device),
+        torch.randint(0, vocab, (batch, 200), device=device),
+    )
     steps = {
         "greedy (fast path)": None,
         "temperature": dict(temperatures=full(0.8)),

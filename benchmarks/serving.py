@@ -34,13 +34,21 @@ import random
 import shlex
 import subprocess
 import sys
-import urllib.request
 import time
+import urllib.request
 from dataclasses import dataclass, field
 
 import aiohttp
-from throughput import (SHAPES, StepRecorder, add_qwen3_tokenizer, hbm_bandwidth, model_bytes, roofline_seconds,
-                        workload, write_model_dir)
+from throughput import (
+    SHAPES,
+    StepRecorder,
+    add_qwen3_tokenizer,
+    hbm_bandwidth,
+    model_bytes,
+    roofline_seconds,
+    workload,
+    write_model_dir,
+)
 
 
 @dataclass
@@ -56,10 +64,18 @@ class RequestResult:
     error: str = ""
 
 
-async def one_request(session: aiohttp.ClientSession, url: str, model: str, prompt: list[int],
-                      max_tokens: int) -> RequestResult:
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.6,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+async def one_request(
+    session: aiohttp.ClientSession, url: str, model: str, prompt: list[int], max_tokens: int
+) -> RequestResult:
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.6,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     result = RequestResult(prompt_tokens=len(prompt))
     start = last = time.perf_counter()
     finish_reason = None
@@ -94,8 +110,9 @@ async def one_request(session: aiohttp.ClientSession, url: str, model: str, prom
     return result
 
 
-async def run_share(url: str, model: str, requests: list[tuple[list[int], int]], rate: float,
-                    seed: int) -> tuple[list[RequestResult], float, float]:
+async def run_share(
+    url: str, model: str, requests: list[tuple[list[int], int]], rate: float, seed: int
+) -> tuple[list[RequestResult], float, float]:
     """Send the requests with exponential gaps of mean 1/rate; returns results, start and end times."""
     rng = random.Random(seed)
     connector = aiohttp.TCPConnector(limit=0)
@@ -129,8 +146,9 @@ def client_process(job: tuple) -> tuple[list[RequestResult], float, float, float
     return results, start, end, time.process_time() - cpu
 
 
-def run_at_rate(url: str, model: str, requests: list[tuple[list[int], int]], rate: float, seed: int,
-                num_clients: int) -> tuple[list[RequestResult], float, float]:
+def run_at_rate(
+    url: str, model: str, requests: list[tuple[list[int], int]], rate: float, seed: int, num_clients: int
+) -> tuple[list[RequestResult], float, float]:
     """The requests sent from `num_clients` processes, each a Poisson stream of rate/num_clients (together
     one of `rate`), so that parsing the streams does not limit what is measured; returns the results in
     request order, the wall time from the first send to the last answer, and the CPU seconds the
@@ -173,9 +191,15 @@ def summarize(rate: float, results: list[RequestResult], duration: float) -> dic
     itls = [gap for r in done for gap in r.itls]
     output_tokens = sum(r.output_tokens for r in done)
     prompt_tokens = sum(r.prompt_tokens for r in done)
-    row = {"rate": rate, "completed": len(done), "failed": len(results) - len(done), "duration_s": duration,
-           "req_per_s": len(done) / duration, "output_tok_per_s": output_tokens / duration,
-           "total_tok_per_s": (output_tokens + prompt_tokens) / duration}
+    row = {
+        "rate": rate,
+        "completed": len(done),
+        "failed": len(results) - len(done),
+        "duration_s": duration,
+        "req_per_s": len(done) / duration,
+        "output_tok_per_s": output_tokens / duration,
+        "total_tok_per_s": (output_tokens + prompt_tokens) / duration,
+    }
     for name, values in (("ttft_ms", ttfts), ("itl_ms", itls), ("e2e_ms", [r.latency for r in done])):
         row[f"{name}_mean"] = 1000 * sum(values) / len(values) if values else float("nan")
         for q in (50, 90, 99):
@@ -222,8 +246,18 @@ def machine() -> tuple[str, float]:
 
 def start_server(model_dir: str, port: int, extra_args: list[str]) -> subprocess.Popen:
     """`nanovllm serve` in the background, its output (one access-log line per request) in serve.log."""
-    command = [sys.executable, "-m", "nanovllm.cli", "serve", model_dir, "--port", str(port),
-               "--served-model-name", "bench", *extra_args]
+    command = [
+        sys.executable,
+        "-m",
+        "nanovllm.cli",
+        "serve",
+        model_dir,
+        "--port",
+        str(port),
+        "--served-model-name",
+        "bench",
+        *extra_args,
+    ]
     print("starting:", shlex.join(command), "(output in serve.log)", file=sys.stderr)
     with open("serve.log", "w") as log:
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -244,12 +278,21 @@ def wait_for_health(url: str, process: subprocess.Popen | None, timeout: float) 
     sys.exit(f"the server at {url} did not become healthy within {timeout:.0f} s")
 
 
-COLUMNS = [("rate", "rate", "{}"), ("done", "completed", "{}"), ("req/s", "req_per_s", "{:.2f}"),
-           ("out tok/s", "output_tok_per_s", "{:,.0f}"), ("tot tok/s", "total_tok_per_s", "{:,.0f}"),
-           ("TTFT p50", "ttft_ms_p50", "{:.0f}"), ("TTFT p90", "ttft_ms_p90", "{:.0f}"),
-           ("TTFT p99", "ttft_ms_p99", "{:.0f}"), ("ITL p50", "itl_ms_p50", "{:.1f}"),
-           ("ITL p90", "itl_ms_p90", "{:.1f}"), ("ITL p99", "itl_ms_p99", "{:.1f}"),
-           ("E2E p50", "e2e_ms_p50", "{:.0f}"), ("E2E p99", "e2e_ms_p99", "{:.0f}")]
+COLUMNS = [
+    ("rate", "rate", "{}"),
+    ("done", "completed", "{}"),
+    ("req/s", "req_per_s", "{:.2f}"),
+    ("out tok/s", "output_tok_per_s", "{:,.0f}"),
+    ("tot tok/s", "total_tok_per_s", "{:,.0f}"),
+    ("TTFT p50", "ttft_ms_p50", "{:.0f}"),
+    ("TTFT p90", "ttft_ms_p90", "{:.0f}"),
+    ("TTFT p99", "ttft_ms_p99", "{:.0f}"),
+    ("ITL p50", "itl_ms_p50", "{:.1f}"),
+    ("ITL p90", "itl_ms_p90", "{:.1f}"),
+    ("ITL p99", "itl_ms_p99", "{:.1f}"),
+    ("E2E p50", "e2e_ms_p50", "{:.0f}"),
+    ("E2E p99", "e2e_ms_p99", "{:.0f}"),
+]
 
 
 def print_table(rows: list[dict]) -> None:
@@ -263,8 +306,13 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base-url", help="measure this running server instead of starting one (no offline run)")
     parser.add_argument("--served-model-name", default="bench", help="the model name, with --base-url")
-    parser.add_argument("--rates", nargs="+", type=float, default=[4, 16, math.inf],
-                        help="arrival rates in requests/s; inf sends everything at once")
+    parser.add_argument(
+        "--rates",
+        nargs="+",
+        type=float,
+        default=[4, 16, math.inf],
+        help="arrival rates in requests/s; inf sends everything at once",
+    )
     parser.add_argument("--num-prompts", type=int, default=256, help="requests per rate")
     parser.add_argument("--num-clients", type=int, default=4, help="client processes the requests are spread over")
     parser.add_argument("--port", type=int, default=8321)
@@ -282,8 +330,10 @@ def serve_and_measure(args, url: str, requests: list[tuple[list[int], int]], ser
         results, duration, client_cpu = run_at_rate(url, args.served_model_name, requests, rate, i, args.num_clients)
         rows.append(summarize(rate, results, duration))
         used = [process_cpu_seconds(pid) - b for pid, b in zip(pids, before)]
-        rows[-1]["cpu_busy"] = {"clients": client_cpu / duration / args.num_clients,
-                                **{f"pid {pid}": u / duration for pid, u in zip(pids, used)}}
+        rows[-1]["cpu_busy"] = {
+            "clients": client_cpu / duration / args.num_clients,
+            **{f"pid {pid}": u / duration for pid, u in zip(pids, used)},
+        }
         print(json.dumps(rows[-1]), file=sys.stderr)
     return rows
 
@@ -309,19 +359,27 @@ def main() -> None:
     finally:
         process.terminate()
         process.wait(timeout=60)
-    print(f"machine: {name}; workload: {len(prompts)} requests, {sum(max_tokens):,} output tokens, Qwen3-0.6B "
-          f"shape {SHAPES['0.6b']['num_hidden_layers']} layers, bf16 dummy weights, real Qwen3 tokenizer")
-    print(f"memory roofline: {roofline:,.0f} output tok/s; offline LLM.generate: {offline_tok_s:,.0f} output tok/s, "
-          f"decode steps {decode_ms:.2f} ms of GPU time on average")
+    print(
+        f"machine: {name}; workload: {len(prompts)} requests, {sum(max_tokens):,} output tokens, Qwen3-0.6B "
+        f"shape {SHAPES['0.6b']['num_hidden_layers']} layers, bf16 dummy weights, real Qwen3 tokenizer"
+    )
+    print(
+        f"memory roofline: {roofline:,.0f} output tok/s; offline LLM.generate: {offline_tok_s:,.0f} output tok/s, "
+        f"decode steps {decode_ms:.2f} ms of GPU time on average"
+    )
     print_table(rows)
     for row in rows:
         busy = ", ".join(f"{name} {share:.0%}" for name, share in row["cpu_busy"].items())
-        print(f"rate {row['rate']}: CPU busy (of one core) while serving: {busy} (the server first, then its engine core)")
+        print(
+            f"rate {row['rate']}: CPU busy (of one core) while serving: {busy} (the server first, then its engine core)"
+        )
     at_inf = next((row for row in rows if math.isinf(row["rate"])), None)
     if at_inf is not None:
-        print(f"rate inf: serving {at_inf['output_tok_per_s']:,.0f} / offline {offline_tok_s:,.0f} output tok/s = "
-              f"{at_inf['output_tok_per_s'] / offline_tok_s:.3f}; ITL p50 {at_inf['itl_ms_p50']:.2f} ms = "
-              f"{at_inf['itl_ms_p50'] / decode_ms:.2f} x the offline decode step; {at_inf['failed']} failed")
+        print(
+            f"rate inf: serving {at_inf['output_tok_per_s']:,.0f} / offline {offline_tok_s:,.0f} output tok/s = "
+            f"{at_inf['output_tok_per_s'] / offline_tok_s:.3f}; ITL p50 {at_inf['itl_ms_p50']:.2f} ms = "
+            f"{at_inf['itl_ms_p50'] / decode_ms:.2f} x the offline decode step; {at_inf['failed']} failed"
+        )
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"offline_tok_s": offline_tok_s, "offline_decode_ms": decode_ms, "rows": rows}, f, indent=1)

@@ -27,18 +27,33 @@ from throughput import add_qwen3_tokenizer, hbm_bandwidth, workload, write_model
 from transformers import AutoTokenizer
 
 from nanovllm import LLM, SamplingParams, StructuredOutputsParams
-from nanovllm.default_model import default_model_dir
 from nanovllm.core.structured_output import StructuredOutputs, grammar_vocabulary
+from nanovllm.default_model import default_model_dir
 
-SCHEMA = {"type": "object", "properties": {
-    "name": {"type": "string"}, "age": {"type": "integer"}, "height": {"type": "number"},
-    "role": {"enum": ["admin", "user", "guest"]},
-    "tags": {"type": "array", "items": {"type": "string"}},
-    "address": {"type": "object", "properties": {"city": {"type": "string"}, "zip": {"type": "integer"}},
-                "required": ["city", "zip"]}},
-    "required": ["name", "age", "height", "role", "tags", "address"]}
-REPLY = {"name": "Ada Lovelace", "age": 36, "height": 1.65, "role": "admin", "tags": ["math", "engines"],
-         "address": {"city": "London", "zip": 10115}}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "height": {"type": "number"},
+        "role": {"enum": ["admin", "user", "guest"]},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "address": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "zip": {"type": "integer"}},
+            "required": ["city", "zip"],
+        },
+    },
+    "required": ["name", "age", "height", "role", "tags", "address"],
+}
+REPLY = {
+    "name": "Ada Lovelace",
+    "age": 36,
+    "height": 1.65,
+    "role": "admin",
+    "tags": ["math", "engines"],
+    "address": {"city": "London", "zip": 10115},
+}
 
 
 def tokenizer_and_name():
@@ -63,6 +78,7 @@ def mask_cost(tokenizer, batch: int) -> tuple[float, float, int]:
     logits = torch.randn(batch, vocabulary.vocab_size)
     fills, applies = [], []
     from xgrammar import apply_token_bitmask_inplace
+
     for token_id in reply:
         start = time.perf_counter()
         bitmask = structured.bitmasks(ids).fill()
@@ -90,9 +106,15 @@ def throughput(model_dir: str, constrained_every: int | None) -> tuple[float, in
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8), use_tqdm=False)
     prompts, max_tokens = workload()
     spec = StructuredOutputsParams(json_object=True)
-    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m,
-                             structured_outputs=spec if constrained_every and i % constrained_every == 0 else None)
-              for i, m in enumerate(max_tokens)]
+    params = [
+        SamplingParams(
+            temperature=0.6,
+            ignore_eos=True,
+            max_tokens=m,
+            structured_outputs=spec if constrained_every and i % constrained_every == 0 else None,
+        )
+        for i, m in enumerate(max_tokens)
+    ]
     torch.cuda.synchronize()
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -110,24 +132,32 @@ def main() -> None:
     args = parser.parse_args()
     tokenizer, name = tokenizer_and_name()
     print(f"machine: {cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}")
-    print(f"mask cost: a nested JSON schema over the {name} vocabulary ({len(tokenizer):,} tokens), "
-          f"xgrammar matchers advanced through a valid reply")
+    print(
+        f"mask cost: a nested JSON schema over the {name} vocabulary ({len(tokenizer):,} tokens), "
+        f"xgrammar matchers advanced through a valid reply"
+    )
     for batch in (1, 64):
         fill, apply, steps = mask_cost(tokenizer, batch)
-        print(f"  {batch:>2} constrained rows: fill {fill:.3f} ms/step, apply {apply:.3f} ms/step "
-              f"(median of {steps} steps, on this CPU)")
+        print(
+            f"  {batch:>2} constrained rows: fill {fill:.3f} ms/step, apply {apply:.3f} ms/step "
+            f"(median of {steps} steps, on this CPU)"
+        )
     if args.skip_throughput or not torch.cuda.is_available():
         return
     bandwidth, source = hbm_bandwidth()
-    print(f"throughput: {torch.cuda.get_device_name()}, HBM {bandwidth / 1e12:.2f} TB/s ({source}); "
-          f"benchmarks/throughput.py's workload with the Qwen3 tokenizer")
+    print(
+        f"throughput: {torch.cuda.get_device_name()}, HBM {bandwidth / 1e12:.2f} TB/s ({source}); "
+        f"benchmarks/throughput.py's workload with the Qwen3 tokenizer"
+    )
     model_dir = write_model_dir("0.6b")
     add_qwen3_tokenizer(model_dir)
     free, free_tokens = throughput(model_dir, None)
     held, held_tokens = throughput(model_dir, 10)
     print(f"  unconstrained: {free:,.0f} output tok/s ({free_tokens:,} tokens)")
-    print(f"  every tenth request a JSON object: {held:,.0f} output tok/s ({held_tokens:,} tokens; constrained "
-          f"requests end when their object closes); {held / free:.2f}x")
+    print(
+        f"  every tenth request a JSON object: {held:,.0f} output tok/s ({held_tokens:,} tokens; constrained "
+        f"requests end when their object closes); {held / free:.2f}x"
+    )
 
 
 if __name__ == "__main__":

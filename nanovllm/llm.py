@@ -93,8 +93,15 @@ class LLM(EngineFrontend):
         conversations = [messages] if not messages or isinstance(messages[0], dict) else list(messages)
         prompts = []
         for conversation in conversations:
-            text = render_chat(self.tokenizer, conversation, add_generation_prompt, continue_final_message,
-                               chat_template, chat_template_kwargs, tools)
+            text = render_chat(
+                self.tokenizer,
+                conversation,
+                add_generation_prompt,
+                continue_final_message,
+                chat_template,
+                chat_template_kwargs,
+                tools,
+            )
             # the rendered template already holds the special tokens the model expects
             prompts.append(ProcessedPrompt(text, self.input_processor.tokenize(text, add_special_tokens=False)))
         return self._run(prompts, sampling_params, use_tqdm)

@@ -4,7 +4,6 @@ import json
 import math
 from dataclasses import MISSING, dataclass, fields
 
-
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1  # every integer a request carries fits a signed 64-bit one
 
 
@@ -35,8 +34,10 @@ class StructuredOutputsParams:
     def __post_init__(self) -> None:
         given = [f.name for f in fields(self) if getattr(self, f.name) not in (None, False)]
         if len(given) != 1:
-            raise ValueError(f"structured_outputs takes exactly one of json, json_object, regex, choice or grammar, "
-                             f"got {', '.join(given) or 'none'}")
+            raise ValueError(
+                f"structured_outputs takes exactly one of json, json_object, regex, choice or grammar, "
+                f"got {', '.join(given) or 'none'}"
+            )
         if isinstance(self.json, str):
             try:
                 self.json = json.loads(self.json)
@@ -44,8 +45,11 @@ class StructuredOutputsParams:
                 raise ValueError(f"structured_outputs.json is not valid JSON: {e}") from None
         if self.json is not None and not isinstance(self.json, dict):
             raise ValueError(f"structured_outputs.json must be a JSON schema object, got {type(self.json).__name__}")
-        if self.choice is not None and not (isinstance(self.choice, (list, tuple)) and self.choice
-                                            and all(isinstance(c, str) and c for c in self.choice)):
+        if self.choice is not None and not (
+            isinstance(self.choice, (list, tuple))
+            and self.choice
+            and all(isinstance(c, str) and c for c in self.choice)
+        ):
             raise ValueError(f"structured_outputs.choice must be a list of non-empty strings, got {self.choice!r}")
         for name in ("regex", "grammar"):
             value = getattr(self, name)
@@ -120,8 +124,9 @@ class SamplingParams:
         known = {f.name: f.default for f in fields(self)}
         unknown = sorted(set(kwargs) - set(known))
         if unknown:
-            raise ValueError(f"unknown sampling parameter(s) {', '.join(unknown)}; "
-                             f"valid ones are: {', '.join(sorted(known))}")
+            raise ValueError(
+                f"unknown sampling parameter(s) {', '.join(unknown)}; valid ones are: {', '.join(sorted(known))}"
+            )
         for name, default in known.items():
             assert default is not MISSING
             setattr(self, name, kwargs.get(name, default))
@@ -139,13 +144,16 @@ class SamplingParams:
         self._check_penalties()
         self._check_stopping()
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
-            raise ValueError(f"structured_outputs must be a StructuredOutputsParams, "
-                             f"got {type(self.structured_outputs).__name__}")
+            raise ValueError(
+                f"structured_outputs must be a StructuredOutputsParams, got {type(self.structured_outputs).__name__}"
+            )
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and not (_is_int(value) and value >= -1):
-                raise ValueError(f"{name} must be None, an integer >= 0 (how many top alternatives) or -1 (the "
-                                 f"whole vocabulary), got {value!r}")
+                raise ValueError(
+                    f"{name} must be None, an integer >= 0 (how many top alternatives) or -1 (the "
+                    f"whole vocabulary), got {value!r}"
+                )
 
     def _check_int64(self) -> None:
         """Refuse integers beyond signed 64 bits, which the engine core's messages and tensors cannot carry."""
@@ -155,8 +163,10 @@ class SamplingParams:
                 value = list(value)  # logit_bias: its token ids
             for item in value if isinstance(value, (list, tuple)) else [value]:
                 if _is_int(item) and not INT64_MIN <= item <= INT64_MAX:
-                    raise ValueError(f"{f.name} holds {item}, beyond the signed 64-bit range "
-                                     f"[-2**63, 2**63 - 1] that every integer setting must fit")
+                    raise ValueError(
+                        f"{f.name} holds {item}, beyond the signed 64-bit range "
+                        f"[-2**63, 2**63 - 1] that every integer setting must fit"
+                    )
 
     @property
     def is_greedy(self) -> bool:
@@ -164,8 +174,7 @@ class SamplingParams:
 
     @property
     def has_penalties(self) -> bool:
-        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
-                or self.presence_penalty != 0.0)
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
     @property
     def num_completions(self) -> int:
@@ -176,8 +185,9 @@ class SamplingParams:
         if not _is_int(self.n) or self.n < 1:
             raise ValueError(f"n must be an integer >= 1 (completions to return), got {self.n!r}")
         if self.best_of is not None and (not _is_int(self.best_of) or self.best_of < self.n):
-            raise ValueError(f"best_of must be None or an integer >= n={self.n} (completions to make), "
-                             f"got {self.best_of!r}")
+            raise ValueError(
+                f"best_of must be None or an integer >= n={self.n} (completions to make), got {self.best_of!r}"
+            )
         if self.best_of is not None and self.best_of > 1 and self.temperature == 0:
             raise ValueError("best_of > 1 needs sampling (temperature > 0): greedy completions are all the same")
 
@@ -199,29 +209,33 @@ class SamplingParams:
             if not _is_number(value) or not -2 <= value <= 2:
                 raise ValueError(f"{name} must be in [-2, 2] (0 turns it off), got {value!r}")
         if not _is_number(self.repetition_penalty) or self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be a number > 0 (1 turns it off), "
-                             f"got {self.repetition_penalty!r}")
+            raise ValueError(
+                f"repetition_penalty must be a number > 0 (1 turns it off), got {self.repetition_penalty!r}"
+            )
         bias = self.logit_bias
-        if bias is not None and not (isinstance(bias, dict) and all(
-                _is_int(t) and t >= 0 and _is_number(b) and -100 <= b <= 100 for t, b in bias.items())):
+        if bias is not None and not (
+            isinstance(bias, dict)
+            and all(_is_int(t) and t >= 0 and _is_number(b) and -100 <= b <= 100 for t, b in bias.items())
+        ):
             raise ValueError(f"logit_bias must map token ids (integers >= 0) to biases in [-100, 100], got {bias!r}")
 
     def _check_stopping(self) -> None:
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
-            raise ValueError(f"max_tokens must be an integer >= 1, or None for as many as the context holds, "
-                             f"got {self.max_tokens!r}")
+            raise ValueError(
+                f"max_tokens must be an integer >= 1, or None for as many as the context holds, got {self.max_tokens!r}"
+            )
         upper = math.inf if self.max_tokens is None else self.max_tokens
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= upper:
-            raise ValueError(f"min_tokens must be an integer from 0 to max_tokens={self.max_tokens}, "
-                             f"got {self.min_tokens!r}")
+            raise ValueError(
+                f"min_tokens must be an integer from 0 to max_tokens={self.max_tokens}, got {self.min_tokens!r}"
+            )
         stop = [self.stop] if isinstance(self.stop, str) else self.stop or []
         if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
             raise ValueError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
         self.stop = list(stop)
         ids = self.stop_token_ids or []
         if not isinstance(ids, (list, tuple)) or not all(_is_int(t) and t >= 0 for t in ids):
-            raise ValueError(f"stop_token_ids must be a list of token ids (integers >= 0), "
-                             f"got {self.stop_token_ids!r}")
+            raise ValueError(f"stop_token_ids must be a list of token ids (integers >= 0), got {self.stop_token_ids!r}")
         self.stop_token_ids = list(ids)
         for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):

@@ -18,7 +18,12 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import (  # noqa: E402
-    AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 from nanovllm.default_model import default_model_dir  # noqa: E402
@@ -39,20 +44,36 @@ def save_tiny_tokenizer(path) -> None:
 def _common_config(max_positions: int = 1024) -> dict:
     # A large init spread makes the logits peaked, so greedy choices are not
     # near-ties that fp32 rounding differences could flip.
-    return dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                max_position_embeddings=max_positions, initializer_range=0.1, eos_token_id=EOS_ID,
-                bos_token_id=None, pad_token_id=None)
+    return dict(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=max_positions,
+        initializer_range=0.1,
+        eos_token_id=EOS_ID,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
 
 
 def save_tiny_model(path, arch: str = "qwen3", tie: bool = False, seed: int = 0) -> None:
     """Save a random-init tiny model of `arch` ('qwen3' or 'llama') in fp32 with its tokenizer."""
     torch.manual_seed(seed)
     if arch == "qwen3":
-        config = Qwen3Config(**_common_config(), tie_word_embeddings=tie, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+        config = Qwen3Config(
+            **_common_config(), tie_word_embeddings=tie, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}
+        )
         model = Qwen3ForCausalLM(config)
     else:
-        config = LlamaConfig(**_common_config(), tie_word_embeddings=tie, rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+        config = LlamaConfig(
+            **_common_config(),
+            tie_word_embeddings=tie,
+            rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+        )
         model = LlamaForCausalLM(config)
     model.to(torch.float32).save_pretrained(path)
     save_tiny_tokenizer(path)
@@ -66,9 +87,11 @@ def qwen3_dir(tmp_path_factory):
 
 
 # The template's generation prompt is the word 'w3'.
-CHAT_TEMPLATE = ("{% if messages[0]['role'] == 'assistant' %}{{ raise_exception('the assistant cannot speak first') }}"
-                 "{% endif %}{% for m in messages %}{{ m['content'] }} {% endfor %}"
-                 "{% if add_generation_prompt %}w3{% endif %}{% if shout %} w4{% endif %}")
+CHAT_TEMPLATE = (
+    "{% if messages[0]['role'] == 'assistant' %}{{ raise_exception('the assistant cannot speak first') }}"
+    "{% endif %}{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}w3{% endif %}{% if shout %} w4{% endif %}"
+)
 
 
 @pytest.fixture(scope="session")
@@ -159,11 +182,23 @@ def qwen3_06b_shape_dir(tmp_path_factory):
     """config.json of the Qwen3-0.6B shape with a stand-in tokenizer, for dummy weights."""
     path = tmp_path_factory.mktemp("qwen3-0.6b-shape")
     config = {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024,
-        "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
-        "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960,
-        "rms_norm_eps": 1e-6, "rope_theta": 1000000, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
-        "hidden_act": "silu", "attention_bias": False, "eos_token_id": 1,
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "eos_token_id": 1,
     }
     (path / "config.json").write_text(json.dumps(config))
     save_tiny_tokenizer(path)

@@ -20,7 +20,7 @@ def hf_generate(model_dir: str, prompts: list[list[int]], eos_token_id=None, **k
     with torch.inference_mode():
         for prompt in prompts:
             ids = model.generate(torch.tensor([prompt]), do_sample=False, pad_token_id=0, **kwargs)
-            outs.append(ids[0, len(prompt):].tolist())
+            outs.append(ids[0, len(prompt) :].tolist())
     return outs
 
 

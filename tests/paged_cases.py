@@ -11,10 +11,10 @@ from nanovllm.utils.context import Context
 class PagedCase:
     """Sequences whose first `cached[i]` tokens sit in a scattered paged cache and whose rest are new."""
 
-    q: torch.Tensor            # [new tokens, heads, d]
-    k: torch.Tensor            # [new tokens, kv_heads, d]
+    q: torch.Tensor  # [new tokens, heads, d]
+    k: torch.Tensor  # [new tokens, kv_heads, d]
     v: torch.Tensor
-    k_cache: torch.Tensor      # [blocks, block_size, kv_heads, d]
+    k_cache: torch.Tensor  # [blocks, block_size, kv_heads, d]
     v_cache: torch.Tensor
     block_tables: torch.Tensor  # [seqs, max_blocks], -1 pads
     slot_mapping: torch.Tensor  # [new tokens]
@@ -25,19 +25,39 @@ class PagedCase:
         q_lens = [n - c for n, c in zip(self.lengths, self.cached)]
         device = self.q.device
         cumulative = lambda xs: torch.tensor([0] + list(torch.tensor(xs).cumsum(0)), dtype=torch.int32, device=device)
-        return Context(is_prefill=True, slot_mapping=self.slot_mapping, cu_seqlens_q=cumulative(q_lens),
-                       cu_seqlens_k=cumulative(self.lengths), max_seqlen_q=max(q_lens),
-                       max_seqlen_k=max(self.lengths), seqlens_q=q_lens, seqlens_k=list(self.lengths),
-                       block_tables=self.block_tables if any(self.cached) else None)
+        return Context(
+            is_prefill=True,
+            slot_mapping=self.slot_mapping,
+            cu_seqlens_q=cumulative(q_lens),
+            cu_seqlens_k=cumulative(self.lengths),
+            max_seqlen_q=max(q_lens),
+            max_seqlen_k=max(self.lengths),
+            seqlens_q=q_lens,
+            seqlens_k=list(self.lengths),
+            block_tables=self.block_tables if any(self.cached) else None,
+        )
 
     def decode_context(self) -> Context:
-        return Context(is_prefill=False, slot_mapping=self.slot_mapping, max_seqlen_k=max(self.lengths),
-                       context_lens=torch.tensor(self.lengths, dtype=torch.int32, device=self.q.device),
-                       block_tables=self.block_tables)
+        return Context(
+            is_prefill=False,
+            slot_mapping=self.slot_mapping,
+            max_seqlen_k=max(self.lengths),
+            context_lens=torch.tensor(self.lengths, dtype=torch.int32, device=self.q.device),
+            block_tables=self.block_tables,
+        )
 
 
-def paged_case(lengths: list[int], cached: list[int], block_size: int, heads: int, kv_heads: int, head_dim: int,
-               dtype=torch.float32, device="cpu", seed: int = 0) -> PagedCase:
+def paged_case(
+    lengths: list[int],
+    cached: list[int],
+    block_size: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype=torch.float32,
+    device="cpu",
+    seed: int = 0,
+) -> PagedCase:
     """Random q/k/v; the cached prefixes are written into the cache, every other slot holds noise."""
     gen = torch.Generator().manual_seed(seed)
     randn = lambda *shape: torch.randn(*shape, generator=gen).to(dtype=dtype, device=device)
@@ -50,11 +70,24 @@ def paged_case(lengths: list[int], cached: list[int], block_size: int, heads: in
         pool = pool[need:]
     width = max(blocks_needed)
     block_tables = torch.tensor([t + [-1] * (width - len(t)) for t in tables], dtype=torch.int32, device=device)
-    k_cache, v_cache = randn(num_blocks, block_size, kv_heads, head_dim), randn(num_blocks, block_size, kv_heads, head_dim)
-    slots = [table[p // block_size] * block_size + p % block_size
-             for table, n, c in zip(tables, lengths, cached) for p in range(c, n)]
+    k_cache, v_cache = (
+        randn(num_blocks, block_size, kv_heads, head_dim),
+        randn(num_blocks, block_size, kv_heads, head_dim),
+    )
+    slots = [
+        table[p // block_size] * block_size + p % block_size
+        for table, n, c in zip(tables, lengths, cached)
+        for p in range(c, n)
+    ]
     new = len(slots)
-    return PagedCase(q=randn(new, heads, head_dim), k=randn(new, kv_heads, head_dim), v=randn(new, kv_heads, head_dim),
-                     k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
-                     slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-                     lengths=list(lengths), cached=list(cached))
+    return PagedCase(
+        q=randn(new, heads, head_dim),
+        k=randn(new, kv_heads, head_dim),
+        v=randn(new, kv_heads, head_dim),
+        k_cache=k_cache,
+        v_cache=v_cache,
+        block_tables=block_tables,
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        lengths=list(lengths),
+        cached=list(cached),
+    )

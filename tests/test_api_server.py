@@ -12,13 +12,13 @@ import httpx
 import openai
 import pytest
 import uvicorn
-from prometheus_client.parser import text_string_to_metric_families
 from conftest import core_steps
+from prometheus_client.parser import text_string_to_metric_families
 
 from nanovllm import LLM, SamplingParams
-from nanovllm.frontend.online_engine import OnlineEngine
 from nanovllm.entrypoints.api_server import ServerSettings, build_app
 from nanovllm.frontend.chat import load_chat_template
+from nanovllm.frontend.online_engine import OnlineEngine
 
 MODEL = "tiny"
 KEY = "sesame"
@@ -27,13 +27,21 @@ BLOCK = 16
 # 64 blocks of 16 tokens: room for the concurrency test, and a 600-token prompt fills more than half;
 # whole prompts in one step, so a second such prompt waits for blocks instead of starting in chunks
 ENGINE_ARGS = dict(kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=1024, max_num_batched_tokens=1024)
+
+
 class RunningServer:
     """A uvicorn server in a thread, serving an online engine whose core steps take `step_seconds`
     longer (so that tests can act mid-generation) and whose `failing_step`-th step fails; stopped by
     `close`."""
 
-    def __init__(self, model_dir: str, settings: ServerSettings, step_seconds: float = 0.0,
-                 failing_step: int | None = None, **engine_args):
+    def __init__(
+        self,
+        model_dir: str,
+        settings: ServerSettings,
+        step_seconds: float = 0.0,
+        failing_step: int | None = None,
+        **engine_args,
+    ):
         with core_steps(step_seconds, failing_step):
             self.online = OnlineEngine(model_dir, **{**ENGINE_ARGS, **engine_args})
         with socket.socket() as s:
@@ -52,8 +60,12 @@ class RunningServer:
     def metric(self, name: str, headers=None, **labels) -> float:
         """The sum of the /metrics samples called `name` that carry `labels`."""
         text = httpx.get(f"{self.url}/metrics", headers=headers).text
-        return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
-                   if sample.name == name and labels.items() <= sample.labels.items())
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name and labels.items() <= sample.labels.items()
+        )
 
     def close(self) -> None:
         self.server.should_exit = True
@@ -98,8 +110,16 @@ def test_completion_matches_offline_greedy_and_stream_matches_it(server, offline
     assert choice.text == want.outputs[0].text
     assert choice.finish_reason == ("length" if len(want.outputs[0].token_ids) == 12 else "stop")
     assert (response.usage.prompt_tokens, response.usage.completion_tokens) == (3, len(want.outputs[0].token_ids))
-    chunks = list(client.completions.create(model=MODEL, prompt="w5 w6 w7", max_tokens=12, temperature=0,
-                                            stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt="w5 w6 w7",
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == choice.text
     assert len([c for c in chunks if c.choices]) > 1
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == choice.finish_reason
@@ -113,8 +133,11 @@ def test_stop_string_cuts_the_text_streamed_or_not(server, offline):
     want = full[: full.index(stop)]
     response = client.completions.create(model=MODEL, prompt="w5 w6 w7", max_tokens=12, temperature=0, stop=stop)
     assert (response.choices[0].text, response.choices[0].finish_reason) == (want, "stop")
-    chunks = list(client.completions.create(model=MODEL, prompt="w5 w6 w7", max_tokens=12, temperature=0,
-                                            stop=[stop, "w999"], stream=True))
+    chunks = list(
+        client.completions.create(
+            model=MODEL, prompt="w5 w6 w7", max_tokens=12, temperature=0, stop=[stop, "w999"], stream=True
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks) == want and chunks[-1].choices[0].finish_reason == "stop"
 
 
@@ -126,16 +149,19 @@ def test_completion_takes_token_ids(server, offline):
 
 def test_chat_uses_template_and_stream_matches(server, offline):
     client = server.client()
-    messages = [{"role": "system", "content": "w20"},
-                {"role": "user", "content": [{"type": "text", "text": "w5 "}, {"type": "text", "text": "w6"}]}]
+    messages = [
+        {"role": "system", "content": "w20"},
+        {"role": "user", "content": [{"type": "text", "text": "w5 "}, {"type": "text", "text": "w6"}]},
+    ]
     # the template renders 'w20 w5 w6 w3'
     want = greedy_text(offline, [20, 5, 6, 3], 10)
     response = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0)
     message = response.choices[0].message
     assert message.role == "assistant" and message.content == want.outputs[0].text
     assert response.usage.prompt_tokens == 4
-    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0,
-                                                 stream=True))
+    chunks = list(
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0, stream=True)
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == message.content
     assert chunks[-1].choices[0].finish_reason == response.choices[0].finish_reason
@@ -151,8 +177,9 @@ def test_64_concurrent_streams_each_match_their_plain_answer_and_offline_generat
     want = [o.outputs[0].text for o in offline.generate(prompts, params, use_tqdm=False)]
 
     async def streamed(client, prompt, max_tokens):
-        stream = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens,
-                                                 temperature=0, stream=True)
+        stream = await client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True
+        )
         return "".join([chunk.choices[0].text async for chunk in stream])
 
     async def plain(client, prompt, max_tokens):
@@ -161,8 +188,9 @@ def test_64_concurrent_streams_each_match_their_plain_answer_and_offline_generat
 
     async def all_of_them():
         async with openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0) as client:
-            return await asyncio.gather(*(way(client, p, n) for way in (streamed, plain)
-                                          for p, n in zip(prompts, lengths)))
+            return await asyncio.gather(
+                *(way(client, p, n) for way in (streamed, plain) for p, n in zip(prompts, lengths))
+            )
 
     texts = asyncio.run(all_of_them())
     assert texts[:64] == texts[64:] == want
@@ -186,8 +214,9 @@ def test_metrics_count_tokens_and_latencies(server):
     prompt_before = server.metric("nanovllm:prompt_tokens_total")
     generated_before = server.metric("nanovllm:generation_tokens_total")
     ttft_before = server.metric("nanovllm:time_to_first_token_seconds_count")
-    server.client().completions.create(model=MODEL, prompt="w5 w6 w7", max_tokens=6, temperature=0,
-                                       extra_body={"ignore_eos": True})
+    server.client().completions.create(
+        model=MODEL, prompt="w5 w6 w7", max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert server.metric("nanovllm:prompt_tokens_total") == prompt_before + 3
     assert server.metric("nanovllm:generation_tokens_total") == generated_before + 6
     assert server.metric("nanovllm:time_to_first_token_seconds_count") == ttft_before + 1
@@ -207,36 +236,40 @@ def error_of(response: httpx.Response) -> dict:
     return body["error"]
 
 
-@pytest.mark.parametrize("body, message", [
-    ({"model": MODEL, "prompt": "w5 " * 1100}, "max_model_len"),
-    ({"model": MODEL, "prompt": ""}, "empty"),
-    ({"model": MODEL, "prompt": [70000]}, "outside the vocabulary"),
-    ({"model": MODEL, "prompt": ["w5", "w6 \ud800"]}, "lone surrogate"),
-    ({"model": MODEL, "prompt": "w5", "temperature": -1}, "temperature"),
-    ({"model": MODEL, "prompt": "w5", "max_tokens": 0}, "max_tokens"),
-    ({"model": MODEL, "prompt": "w5", "max_tokens": "many"}, "max_tokens"),
-    ({"model": MODEL, "prompt": "w5 w6", "max_tokens": 1_000_000_000}, "maximum context length is 1024"),
-    ({"model": MODEL, "prompt": "w5 w6", "max_tokens": 1e9}, "maximum context length is 1024"),
-    ({"model": MODEL, "prompt": "w5", "n": 129}, "limit of 128"),
-    ({"model": MODEL, "prompt": "w5", "n": 0}, "n must be"),
-    ({"model": MODEL, "prompt": "w5", "n": 3, "best_of": 2}, "best_of"),
-    ({"model": MODEL, "prompt": "w5", "n": 2, "best_of": 3, "stream": True}, "streaming"),
-    ({"model": MODEL, "prompt": "w5", "logprobs": 21}, "at most 20"),
-    ({"model": MODEL, "prompt": "w5", "logit_bias": {"600": 1}}, "outside the vocabulary"),
-    ({"model": MODEL, "prompt": "w5", "logit_bias": {"5": 1000}}, "logit_bias"),
-    ({"model": MODEL, "prompt": "w5", "top_p": 0}, "top_p"),
-    ({"model": MODEL, "prompt": "w5", "stop": [""]}, "stop"),
-    ({"model": MODEL, "prompt": "w5", "stop": ["w6", "\ud800"]}, "a stop string is not valid Unicode"),
-    ({"model": MODEL, "prompt": "w5", "suffix": "w6"}, "suffix is not supported"),
-    ({"model": MODEL, "prompt": "w5", "prompt_logprobs": 1, "stream": True}, "not available when streaming"),
-    ({"model": MODEL, "prompt": "w5", "prompt_logprobs": 21}, "at most 20"),
-    ({"model": MODEL, "prompt": "w5", "stop_token_ids": [600]}, "outside the vocabulary"),
-    ({"model": MODEL}, "prompt"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"model": MODEL, "prompt": "w5 " * 1100}, "max_model_len"),
+        ({"model": MODEL, "prompt": ""}, "empty"),
+        ({"model": MODEL, "prompt": [70000]}, "outside the vocabulary"),
+        ({"model": MODEL, "prompt": ["w5", "w6 \ud800"]}, "lone surrogate"),
+        ({"model": MODEL, "prompt": "w5", "temperature": -1}, "temperature"),
+        ({"model": MODEL, "prompt": "w5", "max_tokens": 0}, "max_tokens"),
+        ({"model": MODEL, "prompt": "w5", "max_tokens": "many"}, "max_tokens"),
+        ({"model": MODEL, "prompt": "w5 w6", "max_tokens": 1_000_000_000}, "maximum context length is 1024"),
+        ({"model": MODEL, "prompt": "w5 w6", "max_tokens": 1e9}, "maximum context length is 1024"),
+        ({"model": MODEL, "prompt": "w5", "n": 129}, "limit of 128"),
+        ({"model": MODEL, "prompt": "w5", "n": 0}, "n must be"),
+        ({"model": MODEL, "prompt": "w5", "n": 3, "best_of": 2}, "best_of"),
+        ({"model": MODEL, "prompt": "w5", "n": 2, "best_of": 3, "stream": True}, "streaming"),
+        ({"model": MODEL, "prompt": "w5", "logprobs": 21}, "at most 20"),
+        ({"model": MODEL, "prompt": "w5", "logit_bias": {"600": 1}}, "outside the vocabulary"),
+        ({"model": MODEL, "prompt": "w5", "logit_bias": {"5": 1000}}, "logit_bias"),
+        ({"model": MODEL, "prompt": "w5", "top_p": 0}, "top_p"),
+        ({"model": MODEL, "prompt": "w5", "stop": [""]}, "stop"),
+        ({"model": MODEL, "prompt": "w5", "stop": ["w6", "\ud800"]}, "a stop string is not valid Unicode"),
+        ({"model": MODEL, "prompt": "w5", "suffix": "w6"}, "suffix is not supported"),
+        ({"model": MODEL, "prompt": "w5", "prompt_logprobs": 1, "stream": True}, "not available when streaming"),
+        ({"model": MODEL, "prompt": "w5", "prompt_logprobs": 21}, "at most 20"),
+        ({"model": MODEL, "prompt": "w5", "stop_token_ids": [600]}, "outside the vocabulary"),
+        ({"model": MODEL}, "prompt"),
+    ],
+)
 def test_bad_completion_requests_get_400(server, body, message):
     # json.dumps escapes a lone surrogate as the JSON text \ud800, which httpx's own encoder refuses to send
-    response = httpx.post(f"{server.url}/v1/completions", content=json.dumps(body),
-                          headers={"content-type": "application/json"})
+    response = httpx.post(
+        f"{server.url}/v1/completions", content=json.dumps(body), headers={"content-type": "application/json"}
+    )
     assert response.status_code == 400
     error = error_of(response)
     assert error["type"] == "invalid_request_error" and message in error["message"]
@@ -251,8 +284,10 @@ def test_bad_chat_requests_get_400(server):
     with pytest.raises(openai.BadRequestError, match="assistant cannot speak first"):
         client.chat.completions.create(model=MODEL, messages=[{"role": "assistant", "content": "w5"}])
     with pytest.raises(openai.BadRequestError, match="image_url"):
-        client.chat.completions.create(model=MODEL, messages=[
-            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}])
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}],
+        )
 
 
 def test_non_finite_numbers_get_400(server):
@@ -262,8 +297,11 @@ def test_non_finite_numbers_get_400(server):
 
 
 def test_malformed_json_gets_400(server):
-    response = httpx.post(f"{server.url}/v1/completions", content=b'{"model": "tiny", "prompt": ',
-                          headers={"content-type": "application/json"})
+    response = httpx.post(
+        f"{server.url}/v1/completions",
+        content=b'{"model": "tiny", "prompt": ',
+        headers={"content-type": "application/json"},
+    )
     assert response.status_code == 400 and "not valid JSON" in error_of(response)["message"]
 
 
@@ -346,10 +384,12 @@ def test_a_burst_the_engine_can_run_at_once_is_not_refused_as_waiting(model_dir)
     # requests in flight to the core are not waiting yet: only those it holds without running them count
     burst = RunningServer(model_dir, ServerSettings(MODEL, max_waiting=2), step_seconds=0.005, max_num_seqs=8)
     try:
+
         async def all_at_once():
             async with openai.AsyncOpenAI(base_url=f"{burst.url}/v1", api_key="unused", max_retries=0) as client:
-                return await asyncio.gather(*(client.completions.create(model=MODEL, prompt=[5 + i], max_tokens=4)
-                                              for i in range(8)))
+                return await asyncio.gather(
+                    *(client.completions.create(model=MODEL, prompt=[5 + i], max_tokens=4) for i in range(8))
+                )
 
         assert all(response.usage.completion_tokens > 0 for response in asyncio.run(all_at_once()))
     finally:
@@ -376,10 +416,12 @@ def test_a_10_mb_body_is_refused_at_once_while_32_streams_go_on(server):
     async def refused(client):
         await asyncio.sleep(0.3)  # while every stream runs
         start = time.monotonic()
-        response = await client.post(f"{server.url}/v1/completions", content=huge,
-                                     headers={"content-type": "application/json"})
-        refusal.update(status=response.status_code, start=start, end=time.monotonic(),
-                       message=error_of(response)["message"])
+        response = await client.post(
+            f"{server.url}/v1/completions", content=huge, headers={"content-type": "application/json"}
+        )
+        refusal.update(
+            status=response.status_code, start=start, end=time.monotonic(), message=error_of(response)["message"]
+        )
 
     async def main():
         async with httpx.AsyncClient(timeout=60) as client:
@@ -392,8 +434,10 @@ def test_a_10_mb_body_is_refused_at_once_while_32_streams_go_on(server):
     assert finish_reasons == ["length"] * 32
     gaps.sort()
     p99 = gaps[int(0.99 * len(gaps))]
-    print(f"10 MB body refused in {(refusal['end'] - refusal['start']) * 1e3:.0f} ms; 32 streams' inter-token p99 "
-          f"{p99 * 1e3:.0f} ms")
+    print(
+        f"10 MB body refused in {(refusal['end'] - refusal['start']) * 1e3:.0f} ms; 32 streams' inter-token p99 "
+        f"{p99 * 1e3:.0f} ms"
+    )
 
 
 def test_a_text_too_long_for_the_context_is_refused_before_tokenizing(server):
@@ -404,8 +448,9 @@ def test_a_text_too_long_for_the_context_is_refused_before_tokenizing(server):
 
 def test_batched_prompts_and_n_choices_are_indexed_as_openai_does(server, offline):
     client = server.client()
-    response = client.completions.create(model=MODEL, prompt=["w5 w6", "w7"], n=2, max_tokens=4, temperature=0,
-                                         extra_body={"ignore_eos": True})
+    response = client.completions.create(
+        model=MODEL, prompt=["w5 w6", "w7"], n=2, max_tokens=4, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert [c.index for c in response.choices] == [0, 1, 2, 3]
     first, second = (greedy_text(offline, p, 4).outputs[0].text for p in ("w5 w6", "w7"))
     assert [c.text for c in response.choices] == [first, first, second, second]
@@ -414,19 +459,24 @@ def test_batched_prompts_and_n_choices_are_indexed_as_openai_does(server, offlin
 
 def test_seeded_n_completions_repeat_and_streams_carry_every_choice(server):
     client = server.client()
-    body = dict(model=MODEL, prompt="w5 w6 w7", n=3, seed=5, temperature=1.0, max_tokens=6,
-                extra_body={"ignore_eos": True})
+    body = dict(
+        model=MODEL, prompt="w5 w6 w7", n=3, seed=5, temperature=1.0, max_tokens=6, extra_body={"ignore_eos": True}
+    )
     first, again = (client.completions.create(**body) for _ in range(2))
     assert [c.text for c in first.choices] == [c.text for c in again.choices]
     assert len({c.text for c in first.choices}) > 1
     chunks = list(client.completions.create(**body, stream=True))
-    streamed = {i: "".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i)
-                for i in range(3)}
+    streamed = {
+        i: "".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i) for i in range(3)
+    }
     assert streamed == {c.index: c.text for c in first.choices}
     messages = [{"role": "user", "content": "w5"}]
     chat = client.chat.completions.create(model=MODEL, messages=messages, n=2, seed=5, temperature=1.0, max_tokens=5)
-    chat_chunks = list(client.chat.completions.create(model=MODEL, messages=messages, n=2, seed=5, temperature=1.0,
-                                                      max_tokens=5, stream=True))
+    chat_chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=messages, n=2, seed=5, temperature=1.0, max_tokens=5, stream=True
+        )
+    )
     for choice in chat.choices:
         mine = [c.choices[0] for c in chat_chunks if c.choices[0].index == choice.index]
         assert mine[0].delta.role == "assistant"
@@ -434,52 +484,86 @@ def test_seeded_n_completions_repeat_and_streams_carry_every_choice(server):
 
 
 def test_best_of_returns_the_most_likely_completions(server, offline):
-    response = server.client().completions.create(model=MODEL, prompt="w5 w6", n=2, best_of=4, seed=1,
-                                                  temperature=1.0, max_tokens=5, extra_body={"ignore_eos": True})
+    response = server.client().completions.create(
+        model=MODEL,
+        prompt="w5 w6",
+        n=2,
+        best_of=4,
+        seed=1,
+        temperature=1.0,
+        max_tokens=5,
+        extra_body={"ignore_eos": True},
+    )
     params = SamplingParams(temperature=1.0, n=2, best_of=4, seed=1, max_tokens=5, ignore_eos=True)
     want = offline.generate("w5 w6", params, use_tqdm=False)[0].outputs
     assert [(c.index, c.text) for c in response.choices] == [(c.index, c.text) for c in want]
 
 
 def test_completion_logprobs_in_the_legacy_shape_match_offline(server, offline):
-    response = server.client().completions.create(model=MODEL, prompt="w5 w6 w7", max_tokens=4, temperature=0,
-                                                  logprobs=2, extra_body={"ignore_eos": True})
+    response = server.client().completions.create(
+        model=MODEL, prompt="w5 w6 w7", max_tokens=4, temperature=0, logprobs=2, extra_body={"ignore_eos": True}
+    )
     choice = response.choices[0]
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2)
     [completion] = offline.generate("w5 w6 w7", params, use_tqdm=False)[0].outputs
     logprobs = choice.logprobs
     assert logprobs.tokens == [f"w{t}" for t in completion.token_ids]
-    assert logprobs.token_logprobs == pytest.approx([p[t].logprob for t, p in zip(completion.token_ids,
-                                                                                   completion.logprobs)])
+    assert logprobs.token_logprobs == pytest.approx(
+        [p[t].logprob for t, p in zip(completion.token_ids, completion.logprobs)]
+    )
     assert [len(top) for top in logprobs.top_logprobs] == [len(p) for p in completion.logprobs]
     assert logprobs.text_offset == [sum(len(t) for t in logprobs.tokens[:i]) for i in range(4)]
 
 
 def test_echo_puts_the_prompt_and_its_logprobs_first(server, offline):
-    response = server.client().completions.create(model=MODEL, prompt="w5 w6 w7", max_tokens=3, temperature=0,
-                                                  echo=True, logprobs=1, extra_body={"ignore_eos": True})
+    response = server.client().completions.create(
+        model=MODEL,
+        prompt="w5 w6 w7",
+        max_tokens=3,
+        temperature=0,
+        echo=True,
+        logprobs=1,
+        extra_body={"ignore_eos": True},
+    )
     choice = response.choices[0]
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, prompt_logprobs=1)
     out = offline.generate("w5 w6 w7", params, use_tqdm=False)[0]
     assert choice.text == "w5 w6 w7" + out.outputs[0].text
     assert choice.logprobs.token_logprobs[0] is None and choice.logprobs.top_logprobs[0] is None
-    assert choice.logprobs.token_logprobs[1:3] == pytest.approx([p[t].logprob for t, p in
-                                                                  zip([6, 7], out.prompt_logprobs[1:])])
+    assert choice.logprobs.token_logprobs[1:3] == pytest.approx(
+        [p[t].logprob for t, p in zip([6, 7], out.prompt_logprobs[1:])]
+    )
     assert len(choice.logprobs.tokens) == 6 and choice.logprobs.text_offset[3] == len("w5 w6 w7")
 
 
 def test_chat_logprobs_with_top_alternatives_streamed_or_not(server):
     client = server.client()
     messages = [{"role": "user", "content": "w5 w6"}]
-    response = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0,
-                                              logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+    response = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={"ignore_eos": True},
+    )
     content = response.choices[0].logprobs.content
     assert len(content) == 4 and all(len(entry.top_logprobs) == 2 for entry in content)
     assert all(entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob for entry in content)
     assert [entry.token for entry in content] == response.choices[0].message.content.split()
-    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0,
-                                                 logprobs=True, top_logprobs=2, stream=True,
-                                                 extra_body={"ignore_eos": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            max_tokens=4,
+            temperature=0,
+            logprobs=True,
+            top_logprobs=2,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+    )
     streamed = [entry for c in chunks if c.choices[0].logprobs for entry in c.choices[0].logprobs.content]
     assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content])
     with pytest.raises(openai.BadRequestError, match="top_logprobs needs logprobs"):
@@ -487,14 +571,22 @@ def test_chat_logprobs_with_top_alternatives_streamed_or_not(server):
 
 
 def test_fields_the_openai_client_sends_as_null_or_false_are_accepted(server):
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "w5"}], "max_tokens": 2,
-            "logit_bias": None, "logprobs": False, "top_logprobs": None, "n": None}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "w5"}],
+        "max_tokens": 2,
+        "logit_bias": None,
+        "logprobs": False,
+        "top_logprobs": None,
+        "n": None,
+    }
     assert httpx.post(f"{server.url}/v1/chat/completions", json=body).status_code == 200
 
 
 def test_logit_bias_forces_a_token(server):
-    response = server.client().completions.create(model=MODEL, prompt="w5", max_tokens=3, temperature=0,
-                                                  logit_bias={"42": 100})
+    response = server.client().completions.create(
+        model=MODEL, prompt="w5", max_tokens=3, temperature=0, logit_bias={"42": 100}
+    )
     assert response.choices[0].text == " w42 w42 w42"
 
 
@@ -509,15 +601,19 @@ def test_completions_without_max_tokens_make_16_tokens_and_chat_fills_the_contex
     assert near_the_end.usage.completion_tokens == 14
     with pytest.raises(openai.BadRequestError, match="maximum context length"):
         client.completions.create(model=MODEL, prompt=[7] * 1010, max_tokens=16)
-    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "w7 " * 1000}],
-                                          extra_body={"ignore_eos": True})
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "w7 " * 1000}], extra_body={"ignore_eos": True}
+    )
     assert chat.usage.prompt_tokens == 1001 and chat.usage.completion_tokens == 23
 
 
 def test_chat_template_options_reach_the_template(server):
     def prompt_tokens(**extra):
-        return server.client().chat.completions.create(model=MODEL, messages=messages, max_tokens=1,
-                                                       extra_body=extra).usage.prompt_tokens
+        return (
+            server.client()
+            .chat.completions.create(model=MODEL, messages=messages, max_tokens=1, extra_body=extra)
+            .usage.prompt_tokens
+        )
 
     messages = [{"role": "user", "content": "w5 w6"}]
     assert prompt_tokens() == 3
@@ -529,9 +625,16 @@ def test_chat_template_options_reach_the_template(server):
 
 def test_unknown_fields_are_ignored_with_a_warning(server, caplog):
     with caplog.at_level(logging.WARNING, logger="nanovllm.entrypoints.protocol"):
-        response = httpx.post(f"{server.url}/v1/completions",
-                              json={"model": MODEL, "prompt": "w5", "max_tokens": 2, "frobnicate": 1,
-                                    "stream_options": {"include_usage": True, "pace": 1}})
+        response = httpx.post(
+            f"{server.url}/v1/completions",
+            json={
+                "model": MODEL,
+                "prompt": "w5",
+                "max_tokens": 2,
+                "frobnicate": 1,
+                "stream_options": {"include_usage": True, "pace": 1},
+            },
+        )
     assert response.status_code == 200
     assert "ignoring unknown field(s) frobnicate, stream_options.pace" in caplog.text
 
@@ -544,9 +647,17 @@ def test_a_reply_sent_back_as_the_openai_library_dumps_it_is_accepted(server, ca
     reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3, temperature=0)
     messages += [reply.choices[0].message.model_dump(), {"role": "user", "content": "w6"}]
     with caplog.at_level(logging.WARNING, logger="nanovllm.entrypoints.protocol"):
-        chunks = list(client.chat.completions.create(
-            model=MODEL, messages=messages, max_tokens=4, temperature=0, stream=True,
-            stream_options={"include_usage": True, "continuous_usage_stats": True}, extra_body={"ignore_eos": True}))
+        chunks = list(
+            client.chat.completions.create(
+                model=MODEL,
+                messages=messages,
+                max_tokens=4,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True, "continuous_usage_stats": True},
+                extra_body={"ignore_eos": True},
+            )
+        )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     [warning] = [r.getMessage() for r in caplog.records if "ignoring unknown" in r.getMessage()]
     assert "messages.1.refusal" in warning and "messages.1.audio" in warning
@@ -562,8 +673,10 @@ def test_an_unknown_model_is_a_404_model_not_found_and_model_may_be_left_out(ser
     assert "'gpt-4'" in error["message"] and "'tiny'" in error["message"]
     with pytest.raises(openai.NotFoundError, match="unknown model"):
         server.client().chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "w5"}])
-    for route, body in (("v1/completions", {"prompt": "w5"}), ("v1/chat/completions", {"messages": [
-            {"role": "user", "content": "w5"}]})):
+    for route, body in (
+        ("v1/completions", {"prompt": "w5"}),
+        ("v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}]}),
+    ):
         answer = httpx.post(f"{server.url}/{route}", json={**body, "max_tokens": 1})
         assert answer.status_code == 200 and answer.json()["model"] == MODEL
 
@@ -575,10 +688,14 @@ def test_echo_with_max_tokens_0_scores_the_prompt(server, offline):
     out = offline.generate("w5 w6 w7", SamplingParams(max_tokens=1, prompt_logprobs=1), use_tqdm=False)[0]
     assert (choice.text, choice.finish_reason, response.usage.completion_tokens) == ("w5 w6 w7", "length", 0)
     assert choice.logprobs.tokens == ["w5", "w6", "w7"] and choice.logprobs.token_logprobs[0] is None
-    assert choice.logprobs.token_logprobs[1:] == pytest.approx([p[t].logprob for t, p in
-                                                                 zip([6, 7], out.prompt_logprobs[1:])])
-    chunks = list(client.completions.create(model=MODEL, prompt="w5 w6 w7", max_tokens=0, echo=True, stream=True,
-                                            stream_options={"include_usage": True}))
+    assert choice.logprobs.token_logprobs[1:] == pytest.approx(
+        [p[t].logprob for t, p in zip([6, 7], out.prompt_logprobs[1:])]
+    )
+    chunks = list(
+        client.completions.create(
+            model=MODEL, prompt="w5 w6 w7", max_tokens=0, echo=True, stream=True, stream_options={"include_usage": True}
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == "w5 w6 w7"
     assert chunks[-1].usage.completion_tokens == 0
 
@@ -586,29 +703,43 @@ def test_echo_with_max_tokens_0_scores_the_prompt(server, offline):
 def test_prompt_logprobs_come_back_as_vllm_shapes_them(server, offline):
     client = server.client()
     out = offline.generate("w5 w6 w7", SamplingParams(max_tokens=1, prompt_logprobs=2), use_tqdm=False)[0]
-    want = [None] + [{str(t): {"logprob": pytest.approx(lp.logprob), "rank": lp.rank, "decoded_token": lp.decoded_token}
-                      for t, lp in position.items()} for position in out.prompt_logprobs[1:]]
-    response = client.completions.create(model=MODEL, prompt="w5 w6 w7", max_tokens=2,
-                                         extra_body={"prompt_logprobs": 2})
+    want = [None] + [
+        {
+            str(t): {"logprob": pytest.approx(lp.logprob), "rank": lp.rank, "decoded_token": lp.decoded_token}
+            for t, lp in position.items()
+        }
+        for position in out.prompt_logprobs[1:]
+    ]
+    response = client.completions.create(
+        model=MODEL, prompt="w5 w6 w7", max_tokens=2, extra_body={"prompt_logprobs": 2}
+    )
     assert response.choices[0].prompt_logprobs == want
-    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "w5 w6"}],
-                                          max_tokens=1, extra_body={"prompt_logprobs": 0})
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "w5 w6"}], max_tokens=1, extra_body={"prompt_logprobs": 0}
+    )
     assert [sorted(p) if p else p for p in chat.prompt_logprobs] == [None, ["6"], ["3"]]  # 'w5 w6 w3'
-    assert not hasattr(client.completions.create(model=MODEL, prompt="w5", max_tokens=1).choices[0],
-                       "prompt_logprobs")
+    assert not hasattr(client.completions.create(model=MODEL, prompt="w5", max_tokens=1).choices[0], "prompt_logprobs")
 
 
 def test_chat_template_per_request_and_tool_calls_in_the_history_reach_it(server):
     """The request's template renders the earlier call's arguments ({"n": 42} as 'w42'), which its prompt
     log-probabilities show."""
-    template = ("{% for m in messages %}{% for c in m.tool_calls or [] %}w{{ c.function.arguments.n }} {% endfor %}"
-                "{{ m.content }} {% endfor %}w3")
-    messages = [{"role": "user", "content": "w5"},
-                {"role": "assistant", "content": None, "tool_calls": [
-                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"n": 42}'}}]},
-                {"role": "tool", "tool_call_id": "c1", "content": "w6"}]
-    chat = server.client().chat.completions.create(model=MODEL, messages=messages, max_tokens=1,
-                                                   extra_body={"chat_template": template, "prompt_logprobs": 0})
+    template = (
+        "{% for m in messages %}{% for c in m.tool_calls or [] %}w{{ c.function.arguments.n }} {% endfor %}"
+        "{{ m.content }} {% endfor %}w3"
+    )
+    messages = [
+        {"role": "user", "content": "w5"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"n": 42}'}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "w6"},
+    ]
+    chat = server.client().chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=1, extra_body={"chat_template": template, "prompt_logprobs": 0}
+    )
     assert [list(p) if p else p for p in chat.prompt_logprobs] == [None, ["42"], ["6"], ["3"]]
 
 
@@ -616,18 +747,25 @@ def test_auto_tool_choice_with_a_template_that_ignores_tools_warns_once(server, 
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     with caplog.at_level(logging.WARNING, logger="nanovllm.entrypoints.generation"):
         for _ in range(2):
-            server.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "w5"}],
-                                                    tools=[tool], max_tokens=1)
+            server.client().chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "w5"}], tools=[tool], max_tokens=1
+            )
     assert len([r for r in caplog.records if "does not show the tools" in r.getMessage()]) == 1
 
 
-@pytest.mark.parametrize("extra", [{"messages": [{"role": "user", "content": "w5 \ud800"}]},
-                                   {"messages": [{"role": "user", "content": "w5"}], "stop": "w6\udfff"}])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"messages": [{"role": "user", "content": "w5 \ud800"}]},
+        {"messages": [{"role": "user", "content": "w5"}], "stop": "w6\udfff"},
+    ],
+)
 def test_surrogate_in_a_chat_message_or_stop_string_is_a_400(server, extra):
     # the openai client cannot send a lone surrogate; json.dumps escapes it as the JSON text \ud800
     body = json.dumps({"model": MODEL, **extra})
-    response = httpx.post(f"{server.url}/v1/chat/completions", content=body,
-                          headers={"content-type": "application/json"})
+    response = httpx.post(
+        f"{server.url}/v1/chat/completions", content=body, headers={"content-type": "application/json"}
+    )
     assert response.status_code == 400 and "lone surrogate" in error_of(response)["message"]
 
 
@@ -662,10 +800,14 @@ def test_the_servers_chat_template_serves_a_tokenizer_without_one(qwen3_dir, tmp
     path.write_text("{% for m in messages %}{{ m['content'] }} {% endfor %}w4")
     running = RunningServer(qwen3_dir, ServerSettings(MODEL, chat_template=load_chat_template(str(path))))
     try:
+
         def prompt_tokens(**extra) -> list[str]:
             chat = running.client().chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": "w5"}], max_tokens=1,
-                extra_body={"prompt_logprobs": 0, **extra})
+                model=MODEL,
+                messages=[{"role": "user", "content": "w5"}],
+                max_tokens=1,
+                extra_body={"prompt_logprobs": 0, **extra},
+            )
             return [next(iter(p)) for p in chat.prompt_logprobs[1:]]
 
         assert prompt_tokens() == ["4"]  # 'w5 w4'
@@ -683,7 +825,10 @@ def test_a_request_is_checked_once(server, monkeypatch):
     real = input_processor.grammar_of
     monkeypatch.setattr(input_processor, "grammar_of", lambda spec: calls.append(spec) or real(spec))
     response = server.client().chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "w5"}], max_tokens=4,
-        extra_body={"structured_outputs": {"choice": ["w5 w6", "w7"]}})
+        model=MODEL,
+        messages=[{"role": "user", "content": "w5"}],
+        max_tokens=4,
+        extra_body={"structured_outputs": {"choice": ["w5 w6", "w7"]}},
+    )
     assert response.choices[0].message.content.strip() in ("w5 w6", "w7")
     assert len(calls) == 1  # the grammar is parsed once in the front end (the core compiles it for itself)

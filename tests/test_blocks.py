@@ -15,9 +15,18 @@ from nanovllm.layers.layernorm import RMSNorm  # noqa: E402
 from nanovllm.models.blocks import DecoderLayer, GatedMLP  # noqa: E402
 from nanovllm.models.model_config import ModelConfig  # noqa: E402
 
-CONFIG = ModelConfig.from_hf(SimpleNamespace(architectures=["Qwen3ForCausalLM"], hidden_size=64, intermediate_size=96,
-                                             num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                             num_hidden_layers=1, max_position_embeddings=64))
+CONFIG = ModelConfig.from_hf(
+    SimpleNamespace(
+        architectures=["Qwen3ForCausalLM"],
+        hidden_size=64,
+        intermediate_size=96,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_hidden_layers=1,
+        max_position_embeddings=64,
+    )
+)
 
 
 @pytest.fixture
@@ -31,6 +40,7 @@ def launches(monkeypatch):
         def launch(*args):
             counts[name] += 1
             return kernel(*args)
+
         return launch
 
     for name in counts:

@@ -24,6 +24,7 @@ def post(content, max_bytes=100) -> httpx.Response:
         transport = httpx.ASGITransport(app=BodyLimit(echo, max_bytes))
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             return await client.post("/", content=content)
+
     return asyncio.run(run())
 
 
@@ -31,6 +32,7 @@ def chunks(*parts: bytes):
     async def generate():
         for part in parts:
             yield part
+
     return generate()
 
 

@@ -78,8 +78,11 @@ def test_mixed_steps_equal_separate_runs(qwen3_dir):
     alone = [unchunked(qwen3_dir, [p], params)[0] for p in short + [long]]
     assert [c.token_ids for c in completions_of(outputs, ids)] == alone
     # decodes first, then a chunk of the long prompt that does not sample yet
-    mixed = [(counts, samples) for counts, samples, is_prefill in batches
-             if is_prefill and counts[:3] == [1, 1, 1] and samples[-1] is False]
+    mixed = [
+        (counts, samples)
+        for counts, samples, is_prefill in batches
+        if is_prefill and counts[:3] == [1, 1, 1] and samples[-1] is False
+    ]
     assert mixed and all(counts[3] == 29 for counts, _ in mixed)
 
 

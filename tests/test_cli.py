@@ -23,8 +23,21 @@ ENGINE_ARGS = dict(kvcache_block_size=16, num_kvcache_blocks=32, max_model_len=2
 
 
 def test_serve_options_cover_config_fields():
-    args = build_parser().parse_args(["serve", "/m", "--port", "9000", "--max-num-seqs", "8", "--enforce-eager",
-                                      "--api-key", "k", "--gpu-memory-utilization", "0.5"])
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "/m",
+            "--port",
+            "9000",
+            "--max-num-seqs",
+            "8",
+            "--enforce-eager",
+            "--api-key",
+            "k",
+            "--gpu-memory-utilization",
+            "0.5",
+        ]
+    )
     assert (args.model, args.port, args.max_num_seqs, args.enforce_eager) == ("/m", 9000, 8, True)
     assert (args.api_key, args.gpu_memory_utilization, args.tensor_parallel_size) == ("k", 0.5, 1)
     assert args.enable_chunked_prefill
@@ -44,13 +57,16 @@ def test_every_serve_flag_says_what_it_does():
         assert action.help and action.help.strip(), f"{action.option_strings or action.dest} has no help"
 
 
-@pytest.mark.parametrize("flag, meaning", [
-    ("--max-model-len", "-1: the model's max_position_embeddings"),
-    ("--num-kvcache-blocks", "-1: as many as memory holds"),
-    ("--max-num-batched-tokens", "-1: 16384 on CUDA, 256 on the CPU"),
-    ("--master-port", "0: $MASTER_PORT if set, else a free port"),
-    ("--shutdown-timeout", "0: end them at once"),
-])
+@pytest.mark.parametrize(
+    "flag, meaning",
+    [
+        ("--max-model-len", "-1: the model's max_position_embeddings"),
+        ("--num-kvcache-blocks", "-1: as many as memory holds"),
+        ("--max-num-batched-tokens", "-1: 16384 on CUDA, 256 on the CPU"),
+        ("--master-port", "0: $MASTER_PORT if set, else a free port"),
+        ("--shutdown-timeout", "0: end them at once"),
+    ],
+)
 def test_flags_say_what_their_special_values_mean(flag, meaning):
     [action] = [a for a in serve_actions() if flag in a.option_strings]
     assert meaning in action.help
@@ -58,20 +74,24 @@ def test_flags_say_what_their_special_values_mean(flag, meaning):
 
 def test_serve_help_imports_neither_torch_nor_transformers():
     # the console script's own module, run as it runs: parse, print the help, exit
-    code = ("import sys\n"
-            "from nanovllm.cli import main\n"
-            "try:\n    main(['serve', '--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
-            "print(sorted(name for name in ('torch', 'transformers') if name in sys.modules))")
+    code = (
+        "import sys\n"
+        "from nanovllm.cli import main\n"
+        "try:\n    main(['serve', '--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
+        "print(sorted(name for name in ('torch', 'transformers') if name in sys.modules))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "--enable-prefix-caching" in result.stdout and result.stdout.splitlines()[-1] == "[]"
 
 
 def test_a_bad_flag_is_refused_before_anything_loads():
-    code = ("import sys\n"
-            "from nanovllm.cli import main\n"
-            "try:\n    main(['serve', '/m', '--max-num-seqs', 'many'])\nexcept SystemExit as e:\n"
-            "    print(e.code, 'torch' in sys.modules)")
+    code = (
+        "import sys\n"
+        "from nanovllm.cli import main\n"
+        "try:\n    main(['serve', '/m', '--max-num-seqs', 'many'])\nexcept SystemExit as e:\n"
+        "    print(e.code, 'torch' in sys.modules)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.stdout.strip() == "2 False" and "invalid int value: 'many'" in result.stderr
 
@@ -103,10 +123,12 @@ def test_serve_answers_completions_then_stops(qwen3_dir):
     process, url = start_server(qwen3_dir)
     try:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-        response = client.completions.create(model="tiny", prompt="w5 w6", max_tokens=4, temperature=0,
-                                             extra_body={"ignore_eos": True})
-        [want] = LLM(qwen3_dir, **ENGINE_ARGS).generate(["w5 w6"], SamplingParams(temperature=0.0, max_tokens=4,
-                                                                                   ignore_eos=True), use_tqdm=False)
+        response = client.completions.create(
+            model="tiny", prompt="w5 w6", max_tokens=4, temperature=0, extra_body={"ignore_eos": True}
+        )
+        [want] = LLM(qwen3_dir, **ENGINE_ARGS).generate(
+            ["w5 w6"], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False
+        )
         assert response.choices[0].text == want.outputs[0].text and response.usage.completion_tokens == 4
     finally:
         process.terminate()
@@ -123,16 +145,22 @@ def test_serve_reports_a_port_in_use_before_loading_the_model(tmp_path):
         taken.listen()
         port = taken.getsockname()[1]
         # the folder does not exist either: the port is checked first
-        result = subprocess.run(nanovllm_command() + ["serve", str(tmp_path / "missing"), "--port", str(port)],
-                                capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            nanovllm_command() + ["serve", str(tmp_path / "missing"), "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert result.returncode == 1
     assert f"nanovllm serve: cannot listen on 127.0.0.1:{port}: Address already in use; pick another --port" in (
-        result.stderr)
+        result.stderr
+    )
 
 
 def test_serve_reports_a_bad_model_folder(tmp_path):
-    result = subprocess.run(nanovllm_command() + ["serve", str(tmp_path / "missing")], capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        nanovllm_command() + ["serve", str(tmp_path / "missing")], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode != 0 and "does not exist" in result.stderr
 
 
@@ -141,10 +169,14 @@ def start_server(model_dir: str, *flags: str, temp_dir: str | None = None) -> tu
     `temp_dir`, the server keeps its temporary files (the core's sockets) there."""
     port = free_port()
     engine_flags = [f"--{name.replace('_', '-')}={value}" for name, value in ENGINE_ARGS.items()]
-    process = subprocess.Popen(nanovllm_command() + ["serve", model_dir, "--port", str(port),
-                                                     "--served-model-name", "tiny", *engine_flags, *flags],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env=None if temp_dir is None else {**os.environ, "TMPDIR": temp_dir})
+    process = subprocess.Popen(
+        nanovllm_command()
+        + ["serve", model_dir, "--port", str(port), "--served-model-name", "tiny", *engine_flags, *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=None if temp_dir is None else {**os.environ, "TMPDIR": temp_dir},
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:
@@ -170,8 +202,7 @@ def stream_body(max_tokens: int) -> dict:
 
 
 def test_serve_is_two_processes_and_a_graceful_stop_lets_a_stream_finish(qwen3_dir, tmp_path):
-    process, url = start_server(qwen3_dir, "--max-model-len=1024", "--num-kvcache-blocks=128",
-                                temp_dir=str(tmp_path))
+    process, url = start_server(qwen3_dir, "--max-model-len=1024", "--num-kvcache-blocks=128", temp_dir=str(tmp_path))
     [core] = child_processes(process.pid)
     assert sorted(path.name for path in tmp_path.glob("nanovllm-*/*")) == ["outputs", "requests"]
     with httpx.stream("POST", f"{url}/v1/completions", json=stream_body(1000), timeout=60) as response:
@@ -210,14 +241,14 @@ def test_serve_reports_the_core_start_up_error(qwen3_dir, tmp_path):
     for name in os.listdir(qwen3_dir):
         if not name.endswith(".safetensors"):
             shutil.copy(os.path.join(qwen3_dir, name), tmp_path / name)
-    result = subprocess.run(nanovllm_command() + ["serve", str(tmp_path)], capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(nanovllm_command() + ["serve", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 1 and "safetensors" in result.stderr
 
 
 def test_serve_takes_vllms_chat_template_and_tool_flags(monkeypatch, capsys):
-    args = build_parser().parse_args(["serve", "/m", "--chat-template", "t.jinja", "--enable-auto-tool-choice",
-                                      "--tool-call-parser", "hermes"])
+    args = build_parser().parse_args(
+        ["serve", "/m", "--chat-template", "t.jinja", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    )
     assert (args.chat_template, args.enable_auto_tool_choice, args.tool_call_parser) == ("t.jinja", True, "hermes")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "/m", "--tool-call-parser", "mistral"])
@@ -228,5 +259,8 @@ def test_serve_takes_vllms_chat_template_and_tool_flags(monkeypatch, capsys):
     seen = {}
     monkeypatch.setattr(api_server, "serve", lambda **kwargs: seen.update(kwargs))
     cli.main(["serve", "/m", "--chat-template", "{{ 'x' }}"])
-    assert (seen["chat_template"], seen["enable_auto_tool_choice"], seen["tool_call_parser"]) == ("{{ 'x' }}", False,
-                                                                                                  "hermes")
+    assert (seen["chat_template"], seen["enable_auto_tool_choice"], seen["tool_call_parser"]) == (
+        "{{ 'x' }}",
+        False,
+        "hermes",
+    )

@@ -18,9 +18,14 @@ GIB = 1 << 30
 
 def test_defaults_follow_the_design(qwen3_dir):
     config = Config(qwen3_dir)
-    assert (config.token_budget, config.max_num_seqs, config.gpu_memory_utilization,
-            config.tensor_parallel_size, config.kvcache_block_size, config.num_kvcache_blocks) == (
-        256, 512, 0.9, 1, 256, -1)
+    assert (
+        config.token_budget,
+        config.max_num_seqs,
+        config.gpu_memory_utilization,
+        config.tensor_parallel_size,
+        config.kvcache_block_size,
+        config.num_kvcache_blocks,
+    ) == (256, 512, 0.9, 1, 256, -1)
     assert (config.device_type, config.attention_impl) == ("cpu", "torch")
     # max_model_len defaults to the model's max_position_embeddings (1024 here), at most 4096
     assert config.context_len == 1024
@@ -29,18 +34,29 @@ def test_defaults_follow_the_design(qwen3_dir):
 def test_the_fields_stay_as_given_and_what_is_derived_is_its_own_value(qwen3_dir):
     config = Config(qwen3_dir)
     assert (config.max_model_len, config.max_num_batched_tokens, config.attention_backend, config.device) == (
-        -1, -1, "auto", "auto")
+        -1,
+        -1,
+        "auto",
+        "auto",
+    )
     assert (config.context_len, config.token_budget, config.attention_impl, config.device_type) == (
-        1024, 256, "torch", "cpu")
+        1024,
+        256,
+        "torch",
+        "cpu",
+    )
 
 
-@pytest.mark.parametrize("kwargs, budget", [
-    ({}, 256),  # the CPU's chunk: a step of it keeps decoding streams' gaps near a second
-    ({"device": "cuda"}, 16384),
-    ({"enable_chunked_prefill": False}, 1024),  # a whole prompt of max_model_len must fit one step
-    ({"enable_chunked_prefill": False, "max_model_len": 128}, 256),
-    ({"max_num_batched_tokens": 100}, 100),
-])
+@pytest.mark.parametrize(
+    "kwargs, budget",
+    [
+        ({}, 256),  # the CPU's chunk: a step of it keeps decoding streams' gaps near a second
+        ({"device": "cuda"}, 16384),
+        ({"enable_chunked_prefill": False}, 1024),  # a whole prompt of max_model_len must fit one step
+        ({"enable_chunked_prefill": False, "max_model_len": 128}, 256),
+        ({"max_num_batched_tokens": 100}, 100),
+    ],
+)
 def test_token_budget_follows_the_device(qwen3_dir, monkeypatch, kwargs, budget):
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
     monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
@@ -53,35 +69,40 @@ def test_unknown_keyword_is_named(qwen3_dir):
         LLM(qwen3_dir, max_num_sequences=4)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"kvcache_block_size": 24}, "power of two >= 16"),
-    ({"kvcache_block_size": 8}, "power of two >= 16"),
-    ({"max_num_seqs": 0}, "max_num_seqs"),
-    ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
-    ({"num_kvcache_blocks": 0}, "num_kvcache_blocks"),
-    ({"dtype": "float8"}, "dtype"),
-    ({"load_format": "pt"}, "load_format"),
-    ({"device": "tpu"}, "device"),
-    ({"max_num_batched_tokens": 100, "max_model_len": 200, "enable_chunked_prefill": False},
-     "max_num_batched_tokens .* must be at least max_model_len"),
-    ({"attention_backend": "xformers"}, "attention_backend must be one of"),
-    ({"attention_backend": "flash_attn"}, "flash_attn"),
-    ({"kv_cache_dtype": "int8"}, r"kv_cache_dtype must be one of auto, fp8, got 'int8'"),
-    ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
-    ({"master_port": 70000}, "master_port"),
-    ({"master_port": -1}, r"master_port must be in \[0, 65535\]"),
-    ({"max_num_batched_tokens": 0}, r"max_num_batched_tokens must be >= 1, or -1 for the device's default, got 0"),
-    ({"max_num_batched_tokens": -2}, r"max_num_batched_tokens must be >= 1, or -1 .*got -2"),
-    ({"max_model_len": 0}, r"max_model_len must be >= 1, or -1 for the model's limit \(at most 4096\), got 0"),
-    ({"max_model_len": -2}, r"max_model_len must be >= 1, or -1 .*got -2"),
-    ({"gpu_memory_utilization": 0}, r"gpu_memory_utilization must be in \(0, 1\], got 0"),
-    ({"num_kvcache_blocks": -2}, r"num_kvcache_blocks must be -1 \(size from memory\) or >= 1, got -2"),
-    ({"cpu_kvcache_gb": 0}, "cpu_kvcache_gb must be a finite number > 0, got 0"),
-    ({"cpu_kvcache_gb": float("inf")}, "cpu_kvcache_gb must be a finite number > 0, got inf"),
-    ({"cpu_kvcache_gb": float("nan")}, "cpu_kvcache_gb must be a finite number > 0, got nan"),
-    ({"seed": 1 << 63}, r"seed must be in \[-2\*\*63, 2\*\*63 - 1\]"),
-    ({"seed": -(1 << 63) - 1}, r"seed must be in \[-2\*\*63, 2\*\*63 - 1\]"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"kvcache_block_size": 24}, "power of two >= 16"),
+        ({"kvcache_block_size": 8}, "power of two >= 16"),
+        ({"max_num_seqs": 0}, "max_num_seqs"),
+        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+        ({"num_kvcache_blocks": 0}, "num_kvcache_blocks"),
+        ({"dtype": "float8"}, "dtype"),
+        ({"load_format": "pt"}, "load_format"),
+        ({"device": "tpu"}, "device"),
+        (
+            {"max_num_batched_tokens": 100, "max_model_len": 200, "enable_chunked_prefill": False},
+            "max_num_batched_tokens .* must be at least max_model_len",
+        ),
+        ({"attention_backend": "xformers"}, "attention_backend must be one of"),
+        ({"attention_backend": "flash_attn"}, "flash_attn"),
+        ({"kv_cache_dtype": "int8"}, r"kv_cache_dtype must be one of auto, fp8, got 'int8'"),
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
+        ({"master_port": 70000}, "master_port"),
+        ({"master_port": -1}, r"master_port must be in \[0, 65535\]"),
+        ({"max_num_batched_tokens": 0}, r"max_num_batched_tokens must be >= 1, or -1 for the device's default, got 0"),
+        ({"max_num_batched_tokens": -2}, r"max_num_batched_tokens must be >= 1, or -1 .*got -2"),
+        ({"max_model_len": 0}, r"max_model_len must be >= 1, or -1 for the model's limit \(at most 4096\), got 0"),
+        ({"max_model_len": -2}, r"max_model_len must be >= 1, or -1 .*got -2"),
+        ({"gpu_memory_utilization": 0}, r"gpu_memory_utilization must be in \(0, 1\], got 0"),
+        ({"num_kvcache_blocks": -2}, r"num_kvcache_blocks must be -1 \(size from memory\) or >= 1, got -2"),
+        ({"cpu_kvcache_gb": 0}, "cpu_kvcache_gb must be a finite number > 0, got 0"),
+        ({"cpu_kvcache_gb": float("inf")}, "cpu_kvcache_gb must be a finite number > 0, got inf"),
+        ({"cpu_kvcache_gb": float("nan")}, "cpu_kvcache_gb must be a finite number > 0, got nan"),
+        ({"seed": 1 << 63}, r"seed must be in \[-2\*\*63, 2\*\*63 - 1\]"),
+        ({"seed": -(1 << 63) - 1}, r"seed must be in \[-2\*\*63, 2\*\*63 - 1\]"),
+    ],
+)
 def test_bad_values_are_refused(qwen3_dir, kwargs, message):
     with pytest.raises(ValueError, match=message):
         Config.from_kwargs(qwen3_dir, **kwargs)
@@ -91,17 +112,20 @@ def test_any_64_bit_seed_is_accepted(qwen3_dir):
     assert [Config(qwen3_dir, seed=s).seed for s in (-(1 << 63), -1, (1 << 63) - 1)] == [-(1 << 63), -1, (1 << 63) - 1]
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"max_model_len": "2048"}, r"^max_model_len must be an integer, got '2048' \(str\)$"),
-    ({"max_num_seqs": True}, r"^max_num_seqs must be an integer, got True \(bool\)$"),
-    ({"tensor_parallel_size": 2.0}, r"^tensor_parallel_size must be an integer, got 2.0 \(float\)$"),
-    ({"seed": None}, r"^seed must be an integer, got None \(NoneType\)$"),
-    ({"gpu_memory_utilization": "0.9"}, r"^gpu_memory_utilization must be a number, got '0.9' \(str\)$"),
-    ({"cpu_kvcache_gb": False}, r"^cpu_kvcache_gb must be a number, got False \(bool\)$"),
-    ({"enforce_eager": "yes"}, r"^enforce_eager must be True or False, got 'yes' \(str\)$"),
-    ({"enable_chunked_prefill": 1}, r"^enable_chunked_prefill must be True or False, got 1 \(int\)$"),
-    ({"device": 3}, r"^device must be a string, got 3 \(int\)$"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"max_model_len": "2048"}, r"^max_model_len must be an integer, got '2048' \(str\)$"),
+        ({"max_num_seqs": True}, r"^max_num_seqs must be an integer, got True \(bool\)$"),
+        ({"tensor_parallel_size": 2.0}, r"^tensor_parallel_size must be an integer, got 2.0 \(float\)$"),
+        ({"seed": None}, r"^seed must be an integer, got None \(NoneType\)$"),
+        ({"gpu_memory_utilization": "0.9"}, r"^gpu_memory_utilization must be a number, got '0.9' \(str\)$"),
+        ({"cpu_kvcache_gb": False}, r"^cpu_kvcache_gb must be a number, got False \(bool\)$"),
+        ({"enforce_eager": "yes"}, r"^enforce_eager must be True or False, got 'yes' \(str\)$"),
+        ({"enable_chunked_prefill": 1}, r"^enable_chunked_prefill must be True or False, got 1 \(int\)$"),
+        ({"device": 3}, r"^device must be a string, got 3 \(int\)$"),
+    ],
+)
 def test_wrongly_typed_values_are_refused(qwen3_dir, kwargs, message):
     with pytest.raises(ValueError, match=message):
         Config.from_kwargs(qwen3_dir, **kwargs)
@@ -109,8 +133,11 @@ def test_wrongly_typed_values_are_refused(qwen3_dir, kwargs, message):
 
 @pytest.mark.parametrize("name", [f.name for f in fields(Config) if f.init and f.name != "model"])
 def test_every_field_refuses_a_value_of_the_wrong_type(qwen3_dir, name):
-    with pytest.raises(ValueError, match=rf"^{name} must be (an integer|a number|True or False|a string), "
-                                         rf"got \[\] \(list\)$"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^{name} must be (an integer|a number|True or False|a string), "
+        rf"got \[\] \(list\)$",
+    ):
         Config.from_kwargs(qwen3_dir, **{name: []})
 
 
@@ -128,9 +155,12 @@ def test_ints_are_numbers_and_paths_are_model_folders(qwen3_dir):
 
 @pytest.mark.parametrize("max_model_len", [1025, 4096, 100000])
 def test_max_model_len_above_the_model_limit_is_refused(qwen3_dir, max_model_len):
-    with pytest.raises(ValueError, match=rf"max_model_len={max_model_len} exceeds the model's limit of 1024 tokens "
-                                         rf"\(max_position_embeddings in config.json\); max_model_len must not "
-                                         rf"exceed 1024: lower it, or leave it out \(-1\) for 1024"):
+    with pytest.raises(
+        ValueError,
+        match=rf"max_model_len={max_model_len} exceeds the model's limit of 1024 tokens "
+        rf"\(max_position_embeddings in config.json\); max_model_len must not "
+        rf"exceed 1024: lower it, or leave it out \(-1\) for 1024",
+    ):
         Config.from_kwargs(qwen3_dir, max_model_len=max_model_len)
 
 
@@ -175,6 +205,7 @@ def test_folder_without_config(tmp_path):
 
 def test_dtype_defaults_to_the_checkpoint(qwen3_dir, tmp_path):
     import torch
+
     assert Config(qwen3_dir).torch_dtype == torch.float32
     assert Config(qwen3_dir, dtype="bfloat16").torch_dtype == torch.bfloat16
     with open(os.path.join(qwen3_dir, "config.json")) as f:
@@ -194,10 +225,13 @@ def test_triton_on_cpu_needs_the_interpreter(qwen3_dir, monkeypatch):
         Config(qwen3_dir, device="cpu", attention_backend="triton")
 
 
-@pytest.mark.parametrize("size, message", [
-    (3, r"attention heads \(num_attention_heads\) = 4"),
-    (4, r"KV heads \(num_key_value_heads\) = 2"),
-])
+@pytest.mark.parametrize(
+    "size, message",
+    [
+        (3, r"attention heads \(num_attention_heads\) = 4"),
+        (4, r"KV heads \(num_key_value_heads\) = 2"),
+    ],
+)
 def test_heads_that_do_not_split_are_refused(qwen3_dir, size, message):
     with pytest.raises(ValueError, match=f"tensor_parallel_size={size} must divide the model's {message}"):
         Config(qwen3_dir, tensor_parallel_size=size)
@@ -214,6 +248,7 @@ def test_vocabulary_that_does_not_split_is_refused(qwen3_dir, tmp_path):
 
 def test_fewer_gpus_than_ranks_is_refused(qwen3_dir, monkeypatch):
     import torch
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(ValueError, match="tensor_parallel_size=2 needs one GPU per rank but 1 is visible"):
@@ -224,10 +259,13 @@ def test_fewer_gpus_than_ranks_is_refused(qwen3_dir, monkeypatch):
 def test_cpu_kv_cache_larger_than_the_available_memory_is_refused(qwen3_dir, monkeypatch):
     # 8192 sequences of 4 blocks could use 4 GiB, so all 3 GiB asked for would be allocated
     monkeypatch.setattr(model_runner, "available_memory_bytes", lambda: 2 * GIB)
-    with pytest.raises(ValueError, match=r"a 3 GiB KV cache \(cpu_kvcache_gb=3\) does not fit in memory: "
-                                         r"2 GiB is available and the cache may take at most 90% of it \(1.8 GiB\), "
-                                         r"leaving the rest for activations; lower cpu_kvcache_gb "
-                                         r"\(or set num_kvcache_blocks\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"a 3 GiB KV cache \(cpu_kvcache_gb=3\) does not fit in memory: "
+        r"2 GiB is available and the cache may take at most 90% of it \(1.8 GiB\), "
+        r"leaving the rest for activations; lower cpu_kvcache_gb "
+        r"\(or set num_kvcache_blocks\)",
+    ):
         LLM(qwen3_dir, cpu_kvcache_gb=3, max_num_seqs=8192)
 
 
@@ -249,8 +287,9 @@ def test_prefix_caching_can_be_turned_off(qwen3_dir):
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     outputs = {}
     for enabled in (True, False):
-        llm = LLM(qwen3_dir, enable_prefix_caching=enabled, kvcache_block_size=16, num_kvcache_blocks=16,
-                  max_model_len=128)
+        llm = LLM(
+            qwen3_dir, enable_prefix_caching=enabled, kvcache_block_size=16, num_kvcache_blocks=16, max_model_len=128
+        )
         first, again = (llm.generate([prompt], params, use_tqdm=False)[0] for _ in range(2))
         outputs[enabled] = again.outputs[0].token_ids
         assert again.num_cached_tokens == (32 if enabled else 0)

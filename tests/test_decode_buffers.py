@@ -3,8 +3,8 @@ two host buffers in turn."""
 
 import torch
 
-from nanovllm.worker.decode_buffers import DecodeBuffers
 from nanovllm.core.scheduler_output import PLACEHOLDER
+from nanovllm.worker.decode_buffers import DecodeBuffers
 
 BLOCK_SIZE = 4
 WIDTH = 8
@@ -22,7 +22,8 @@ def blocks(num_tokens: int, first_block: int) -> list[int]:
 def test_real_rows_hold_token_position_slot_length_temperature_and_table():
     # a request of 6 tokens computes its last one at position 5; one of 9 tokens at position 8
     ids, src, positions, slots, lens, temperatures, _, _, tables = make_buffers().load(
-        [6, 9], [-1, -1], [5, 8], [0.0, 0.7], [blocks(6, first_block=100), blocks(9, first_block=200)], 2)
+        [6, 9], [-1, -1], [5, 8], [0.0, 0.7], [blocks(6, first_block=100), blocks(9, first_block=200)], 2
+    )
     assert ids.tolist() == [6, 9]
     assert temperatures.dtype == torch.float64 and temperatures.tolist() == [0.0, 0.7]
     assert src.tolist() == [-1, -1]
@@ -34,8 +35,9 @@ def test_real_rows_hold_token_position_slot_length_temperature_and_table():
 
 def test_src_rows_of_real_rows_are_kept_and_padding_rows_get_minus_one():
     # both rows' tokens are the previous step's samples, in the other order
-    ids, src, *_ = make_buffers().load([PLACEHOLDER, PLACEHOLDER], [1, 0], [3, 4], [1.0, 1.0],
-                                       [blocks(4, first_block=1), blocks(5, first_block=2)], 4)
+    ids, src, *_ = make_buffers().load(
+        [PLACEHOLDER, PLACEHOLDER], [1, 0], [3, 4], [1.0, 1.0], [blocks(4, first_block=1), blocks(5, first_block=2)], 4
+    )
     assert src.tolist() == [1, 0, -1, -1]
     assert ids[2:].tolist() == [0, 0]
 
@@ -49,7 +51,8 @@ def test_padding_rows_are_valid_indices_after_a_smaller_step_left_other_fields_t
     for _ in range(2):
         buffers.load([30], [-1], [29], [0.5], [blocks(30, first_block=5000)], 1)
     ids, src, positions, slots, lens, temperatures, _, _, tables = buffers.load(
-        [3, 5], [-1, -1], [2, 4], [0.5, 0.5], [blocks(3, first_block=7), blocks(5, first_block=9)], 16)
+        [3, 5], [-1, -1], [2, 4], [0.5, 0.5], [blocks(3, first_block=7), blocks(5, first_block=9)], 16
+    )
     assert ids[2:].tolist() == [0] * 14
     assert src[2:].tolist() == [-1] * 14
     assert positions[2:].tolist() == [0] * 14
@@ -62,7 +65,8 @@ def test_padding_rows_are_valid_indices_after_a_smaller_step_left_other_fields_t
 
 def test_seq_order_lists_the_rows_longest_context_first_and_padding_last():
     *_, lens, _, _, order, _ = make_buffers().load(
-        [1, 2, 3], [-1, -1, -1], [4, 9, 6], [0.0] * 3, [blocks(5, 10), blocks(10, 20), blocks(7, 30)], 4)
+        [1, 2, 3], [-1, -1, -1], [4, 9, 6], [0.0] * 3, [blocks(5, 10), blocks(10, 20), blocks(7, 30)], 4
+    )
     assert lens.tolist() == [5, 10, 7, 0]
     assert order.tolist() == [1, 2, 0, 3]
 
@@ -71,10 +75,14 @@ def test_consecutive_loads_use_different_host_buffers_and_leave_the_previous_one
     buffers = make_buffers()
     # the device views of one size lie end to end at the buffer's start: joined, they are the copied region
     as_int64 = lambda views: torch.cat([view.view(torch.int64).flatten() for view in views])
-    first = as_int64(buffers.load([6, 9], [-1, -1], [5, 8], [0.6, 0.6],
-                                  [blocks(6, first_block=100), blocks(9, first_block=200)], 2))
-    second = as_int64(buffers.load([PLACEHOLDER, 4], [0, -1], [2, 3], [0.6, 0.0],
-                                   [blocks(3, first_block=7), blocks(4, first_block=9)], 2))
+    first = as_int64(
+        buffers.load([6, 9], [-1, -1], [5, 8], [0.6, 0.6], [blocks(6, first_block=100), blocks(9, first_block=200)], 2)
+    )
+    second = as_int64(
+        buffers.load(
+            [PLACEHOLDER, 4], [0, -1], [2, 3], [0.6, 0.0], [blocks(3, first_block=7), blocks(4, first_block=9)], 2
+        )
+    )
     used = len(first)
     assert not torch.equal(first, second)
     # the second step's inputs came from the other host buffer; the first step's copy source is intact
@@ -85,8 +93,10 @@ def test_consecutive_loads_use_different_host_buffers_and_leave_the_previous_one
 def test_each_step_gets_fresh_seeds_that_the_buffers_seed_reproduces():
     def seeds_of_three_steps(seed: int) -> list[list[int]]:
         buffers = DecodeBuffers(16, WIDTH, BLOCK_SIZE, torch.device("cpu"), seed)
-        return [buffers.load([3, 5], [-1, -1], [2, 4], [1.0, 1.0], [blocks(3, 7), blocks(5, 9)], 4)[6].tolist()
-                for _ in range(3)]
+        return [
+            buffers.load([3, 5], [-1, -1], [2, 4], [1.0, 1.0], [blocks(3, 7), blocks(5, 9)], 4)[6].tolist()
+            for _ in range(3)
+        ]
 
     steps = seeds_of_three_steps(seed=1)
     assert len({s for step in steps for s in step}) == 12  # every row of every step its own

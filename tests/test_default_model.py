@@ -31,8 +31,9 @@ def test_greedy_matches_transformers_on_real_weights(smollm_dir, llm):
 
 
 def test_capital_of_france_is_paris(llm):
-    [out] = llm.generate([chat_prompt(llm.tokenizer, QUESTIONS[0])], SamplingParams(temperature=0.0, max_tokens=32),
-                         use_tqdm=False)
+    [out] = llm.generate(
+        [chat_prompt(llm.tokenizer, QUESTIONS[0])], SamplingParams(temperature=0.0, max_tokens=32), use_tqdm=False
+    )
     assert "Paris" in out.outputs[0].text
     assert out.outputs[0].token_ids[-1] in llm.eos_token_ids  # stopped on its own, before max_tokens
 

@@ -17,7 +17,7 @@ def test_deltas_add_up_to_the_text_after_the_prompt(smollm_tokenizer):
     completion = smollm_tokenizer.encode(TEXT)
     deltas = stream(smollm_tokenizer, prompt, completion)
     full = smollm_tokenizer.decode(prompt + completion)
-    assert "".join(deltas) == full[len(smollm_tokenizer.decode(prompt)):] == TEXT
+    assert "".join(deltas) == full[len(smollm_tokenizer.decode(prompt)) :] == TEXT
 
 
 def test_split_characters_are_held_back_until_whole(smollm_tokenizer):
@@ -66,7 +66,7 @@ def test_a_skipped_special_token_mid_completion_keeps_the_next_word_apart(tiny_t
     token_ids = tiny_tokenizer.encode("w5 w6") + [tiny_tokenizer.eos_token_id] + tiny_tokenizer.encode("w7 w8")
     deltas = stream(tiny_tokenizer, token_ids[:1], token_ids[1:])
     assert deltas == [" w6", "", " w7", " w8"]
-    assert "".join(deltas) == tiny_tokenizer.decode(token_ids, skip_special_tokens=True)[len("w5"):]
+    assert "".join(deltas) == tiny_tokenizer.decode(token_ids, skip_special_tokens=True)[len("w5") :]
 
 
 def test_a_character_the_prompt_starts_comes_out_whole_without_prompt_text(smollm_tokenizer):

@@ -47,8 +47,7 @@ def record_order(llm: LLM) -> list[tuple[str, int]]:
 def test_next_step_launches_before_the_previous_is_read_back(qwen3_dir):
     llm = engine(qwen3_dir)
     events = record_order(llm)
-    llm.generate(random_prompts([5, 9]), SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
-                 use_tqdm=False)
+    llm.generate(random_prompts([5, 9]), SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), use_tqdm=False)
     launches = [n for kind, n in events if kind == "launch"]
     assert len(launches) == 6  # the prompt step samples the first token, five decodes the rest
     for n in launches[:-1]:
@@ -69,8 +68,9 @@ def test_stop_tokens_mid_batch_leak_no_token_and_free_every_block(qwen3_dir):
     prompts = random_prompts([5, 17, 3, 30], seed=21)
     free = token_ids(llm.generate(prompts, GREEDY, use_tqdm=False))
     stops = [f[i] for f, i in zip(free, [2, 9, 0, 23])]
-    outputs = llm.generate(prompts, [SamplingParams(temperature=0.0, max_tokens=24, stop_token_ids=[s])
-                                     for s in stops], use_tqdm=False)
+    outputs = llm.generate(
+        prompts, [SamplingParams(temperature=0.0, max_tokens=24, stop_token_ids=[s]) for s in stops], use_tqdm=False
+    )
     assert token_ids(outputs) == [f[: f.index(s) + 1] for f, s in zip(free, stops)]
     assert [o.outputs[0].finish_reason for o in outputs] == ["stop"] * 4
     assert llm.client.core.scheduler.block_manager.num_free_blocks == 64
@@ -79,8 +79,10 @@ def test_stop_tokens_mid_batch_leak_no_token_and_free_every_block(qwen3_dir):
 def test_stop_strings_cut_as_in_the_plain_loop(qwen3_dir, monkeypatch):
     prompts = random_prompts([4, 11, 6], seed=22)
     free = engine(qwen3_dir).generate(prompts, GREEDY, use_tqdm=False)
-    params = [SamplingParams(temperature=0.0, max_tokens=24, stop=" ".join(o.outputs[0].text.split()[k:k + 2]))
-              for o, k in zip(free, [1, 4, 7])]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=24, stop=" ".join(o.outputs[0].text.split()[k : k + 2]))
+        for o, k in zip(free, [1, 4, 7])
+    ]
     overlapped = engine(qwen3_dir).generate(prompts, params, use_tqdm=False)
     plain = plain_loop(engine(qwen3_dir), monkeypatch).generate(prompts, params, use_tqdm=False)
     assert overlapped == plain
@@ -114,13 +116,15 @@ def test_abort_with_a_step_in_flight_drops_its_token_and_frees_its_blocks(qwen3_
     llm.abort(aborted)
     run_steps(llm, outputs)
     assert len(outputs[aborted].outputs[0].token_ids) == seen
-    assert outputs[kept].outputs[0].token_ids == hf_greedy(qwen3_dir, random_prompts([6], seed=25),
-                                                           GREEDY.max_tokens)[0]
+    assert (
+        outputs[kept].outputs[0].token_ids == hf_greedy(qwen3_dir, random_prompts([6], seed=25), GREEDY.max_tokens)[0]
+    )
     assert llm.client.core.scheduler.block_manager.num_free_blocks == 64
 
 
-@pytest.mark.parametrize("kwargs, name", [({}, "float32"), ({"dtype": "bfloat16"}, "bfloat16"),
-                                          ({"kv_cache_dtype": "fp8"}, "fp8_e4m3")])
+@pytest.mark.parametrize(
+    "kwargs, name", [({}, "float32"), ({"dtype": "bfloat16"}, "bfloat16"), ({"kv_cache_dtype": "fp8"}, "fp8_e4m3")]
+)
 def test_info_names_the_kv_cache_dtype_start_up_chose(qwen3_dir, kwargs, name):
     llm = engine(qwen3_dir, **kwargs)
     assert llm.client.info.kv_cache_dtype == name
@@ -129,7 +133,9 @@ def test_info_names_the_kv_cache_dtype_start_up_chose(qwen3_dir, kwargs, name):
 
 def test_the_engine_package_imports_without_torch():
     # the engine core and its clients load the device side only when a core starts
-    code = ("import sys, nanovllm.engine.engine_core, nanovllm.engine.engine_client, nanovllm.engine.core_client, "
-            "nanovllm.engine.core_process; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    code = (
+        "import sys, nanovllm.engine.engine_core, nanovllm.engine.engine_client, nanovllm.engine.core_client, "
+        "nanovllm.engine.core_process; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

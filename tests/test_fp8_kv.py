@@ -10,8 +10,12 @@ from nanovllm import LLM, SamplingParams
 from nanovllm.default_model import chat_prompt
 from nanovllm.kernels.fp8_kv import FP8_DTYPE, FP8_MAX, dequantize_heads, quantize_heads, round_trip
 
-DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+    ),
+]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
 
 
@@ -25,7 +29,7 @@ def test_each_head_spans_the_fp8_range_and_comes_back_within_its_precision():
     assert scales[4, 2] == 1 and not values[4, 2].float().any()
     back = dequantize_heads(values, scales, torch.float32)
     # e4m3 keeps 3 mantissa bits: at most half a step, 2**-4 of the value, for normal values
-    assert ((back - x).abs() <= 2 ** -4 * x.abs() + scales.unsqueeze(-1) * 2 ** -10).all()
+    assert ((back - x).abs() <= 2**-4 * x.abs() + scales.unsqueeze(-1) * 2**-10).all()
     assert torch.equal(round_trip(x), back)
 
 
@@ -39,8 +43,9 @@ def test_preemption_and_prefix_hits_give_the_outputs_of_fresh_engines(qwen3_dir,
     preempted = record_preemptions(crowded)
     outputs = crowded.generate(prompts, GREEDY, use_tqdm=False)
     assert preempted and any(o.num_cached_tokens for o in outputs)
-    alone = [engine(qwen3_dir, device=device, kv_cache_dtype="fp8").generate([p], GREEDY, use_tqdm=False)[0]
-             for p in prompts]
+    alone = [
+        engine(qwen3_dir, device=device, kv_cache_dtype="fp8").generate([p], GREEDY, use_tqdm=False)[0] for p in prompts
+    ]
     assert token_ids(outputs) == token_ids(alone)
 
 
@@ -50,8 +55,15 @@ def test_the_cache_holds_as_many_blocks_as_its_smaller_blocks_fit(qwen3_dir):
     per_block_head = 2 * hf.num_hidden_layers * 16 * hf.num_key_value_heads  # K and V, every layer, 16 slots
     blocks = {}
     for dtype, head_bytes in (("auto", head_dim * 4), ("fp8", head_dim + 4)):  # fp32 values; fp8 values + scale
-        llm = LLM(qwen3_dir, device="cpu", kvcache_block_size=16, cpu_kvcache_gb=0.01, max_num_seqs=512,
-                  max_model_len=1024, kv_cache_dtype=dtype)
+        llm = LLM(
+            qwen3_dir,
+            device="cpu",
+            kvcache_block_size=16,
+            cpu_kvcache_gb=0.01,
+            max_num_seqs=512,
+            max_model_len=1024,
+            kv_cache_dtype=dtype,
+        )
         blocks[dtype] = llm.client.info.num_kvcache_blocks
         assert blocks[dtype] == int(0.01 * (1 << 30)) // (per_block_head * head_bytes)
     assert blocks["fp8"] > 2.5 * blocks["auto"]
@@ -60,8 +72,12 @@ def test_the_cache_holds_as_many_blocks_as_its_smaller_blocks_fit(qwen3_dir):
 def test_bundled_model_answers_as_with_a_full_precision_cache(smollm_dir):
     # FP8 keys move the scores of this 135M model enough to change later greedy picks (see the issue's
     # note: 2 of 16 completions identical over 64 tokens); the first tokens and the facts hold
-    questions = ["What is the capital of France?", "Name three primary colors.", "What is 12 times 7?",
-                 "What does DNA stand for?"]
+    questions = [
+        "What is the capital of France?",
+        "Name three primary colors.",
+        "What is 12 times 7?",
+        "What does DNA stand for?",
+    ]
     runs = {}
     for dtype in ("auto", "fp8"):
         llm = LLM(smollm_dir, kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=512, kv_cache_dtype=dtype)
@@ -73,8 +89,9 @@ def test_bundled_model_answers_as_with_a_full_precision_cache(smollm_dir):
 
 def test_chunked_prefill_and_two_ranks_give_the_outputs_of_one_whole_prefill(qwen3_dir):
     prompts = random_prompts([150, 7, 61], seed=31)
-    whole = engine(qwen3_dir, device="cpu", kv_cache_dtype="fp8", enable_chunked_prefill=False,
-                   max_num_batched_tokens=256).generate(prompts, GREEDY, use_tqdm=False)
+    whole = engine(
+        qwen3_dir, device="cpu", kv_cache_dtype="fp8", enable_chunked_prefill=False, max_num_batched_tokens=256
+    ).generate(prompts, GREEDY, use_tqdm=False)
     chunked = engine(qwen3_dir, device="cpu", kv_cache_dtype="fp8", max_num_batched_tokens=32)
     assert token_ids(chunked.generate(prompts, GREEDY, use_tqdm=False)) == token_ids(whole)
     split = engine(qwen3_dir, device="cpu", kv_cache_dtype="fp8", tensor_parallel_size=2)

@@ -32,8 +32,9 @@ def token_ids(outputs):
 def test_fp32_greedy_on_gpu_matches_transformers(arch_dir, block_size, backend, request):
     model_dir = request.getfixturevalue(arch_dir)
     llm = LLM(model_dir, device="cuda", attention_backend=backend, kvcache_block_size=block_size, max_model_len=512)
-    assert token_ids(llm.generate(prompts(), GREEDY, use_tqdm=False)) == hf_greedy(model_dir, prompts(),
-                                                                                  GREEDY.max_tokens)
+    assert token_ids(llm.generate(prompts(), GREEDY, use_tqdm=False)) == hf_greedy(
+        model_dir, prompts(), GREEDY.max_tokens
+    )
 
 
 def test_cuda_graphs_equal_eager_with_padded_batches(qwen3_dir):
@@ -44,8 +45,9 @@ def test_cuda_graphs_equal_eager_with_padded_batches(qwen3_dir):
         assert graphed.client.core.executor.graphs.sizes == [1, 2, 4, 8, 16, 20]
         eager = LLM(qwen3_dir, kvcache_block_size=16, max_model_len=512, max_num_seqs=20, enforce_eager=True)
         assert eager.client.core.executor.graphs is None
-        assert token_ids(graphed.generate(batch[:n], GREEDY, use_tqdm=False)) == \
-            token_ids(eager.generate(batch[:n], GREEDY, use_tqdm=False))
+        assert token_ids(graphed.generate(batch[:n], GREEDY, use_tqdm=False)) == token_ids(
+            eager.generate(batch[:n], GREEDY, use_tqdm=False)
+        )
 
 
 def test_cuda_graphs_pad_a_batch_that_grows_at_once(qwen3_dir):
@@ -71,8 +73,7 @@ def test_triton_prefix_cache_hit_equals_cold_run(qwen3_dir):
     outputs = llm.generate([shared + [4, 5], shared + [6]], GREEDY, use_tqdm=False)
     assert [o.num_cached_tokens for o in outputs] == [256, 256]
     cold = LLM(qwen3_dir, attention_backend="torch", kvcache_block_size=16, max_model_len=512)
-    assert token_ids(outputs) == token_ids(
-        cold.generate([shared + [4, 5], shared + [6]], GREEDY, use_tqdm=False))
+    assert token_ids(outputs) == token_ids(cold.generate([shared + [4, 5], shared + [6]], GREEDY, use_tqdm=False))
 
 
 def test_triton_chunked_prefill_in_fp32_equals_whole_prompts(qwen3_dir):
@@ -81,8 +82,9 @@ def test_triton_chunked_prefill_in_fp32_equals_whole_prompts(qwen3_dir):
     whole = LLM(qwen3_dir, enable_chunked_prefill=False, **kwargs)
     chunked = LLM(qwen3_dir, max_num_batched_tokens=64, **kwargs)
     batches = record_batches(chunked)
-    assert token_ids(chunked.generate(batch, GREEDY, use_tqdm=False)) == \
-        token_ids(whole.generate(batch, GREEDY, use_tqdm=False))
+    assert token_ids(chunked.generate(batch, GREEDY, use_tqdm=False)) == token_ids(
+        whole.generate(batch, GREEDY, use_tqdm=False)
+    )
     assert sum(samples.count(False) for _, samples, _ in batches) >= 357 // 64
 
 
@@ -148,17 +150,26 @@ def test_sampled_ids_come_back_through_pinned_memory(qwen3_dir):
     original = runner.execute
     runner.execute = lambda out, *grammar: pendings.append(original(out, *grammar)) or pendings[-1]
     llm.generate(prompts()[:2], SamplingParams(temperature=0.0, max_tokens=4, logprobs=2), use_tqdm=False)
-    assert pendings and all(p._token_ids.is_pinned() and all(t.is_pinned() for t in p._logprobs)
-                            for p in pendings if p)
+    assert pendings and all(p._token_ids.is_pinned() and all(t.is_pinned() for t in p._logprobs) for p in pendings if p)
 
 
 def triton_variants() -> dict[str, int]:
     """How many compiled variants each of our Triton kernels holds."""
-    from nanovllm.kernels import (triton_decode_attention, triton_norm_rotary_store, triton_prefill_attention,
-                                  triton_sampling)
-    kernels = [triton_prefill_attention._prefill_kernel, triton_decode_attention._decode_split_kernel,
-               triton_decode_attention._merge_splits_kernel, triton_norm_rotary_store._norm_rotate_store_kernel,
-               triton_sampling._gumbel_max_chunk_kernel, triton_sampling._best_chunk_kernel]
+    from nanovllm.kernels import (
+        triton_decode_attention,
+        triton_norm_rotary_store,
+        triton_prefill_attention,
+        triton_sampling,
+    )
+
+    kernels = [
+        triton_prefill_attention._prefill_kernel,
+        triton_decode_attention._decode_split_kernel,
+        triton_decode_attention._merge_splits_kernel,
+        triton_norm_rotary_store._norm_rotate_store_kernel,
+        triton_sampling._gumbel_max_chunk_kernel,
+        triton_sampling._best_chunk_kernel,
+    ]
     return {k.fn.__name__: sum(len(caches[0]) for caches in k.device_caches.values()) for k in kernels}
 
 
@@ -181,14 +192,20 @@ def test_bf16_triton_equals_torch_path_but_at_near_ties(qwen3_dir, capsys):
     batch = [p for seed in (0, 1, 2) for p in prompts(seed)][:16]
     kwargs = dict(device="cuda", dtype="bfloat16", kvcache_block_size=16, max_model_len=512)
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=2)
-    triton_out = [o.outputs[0] for o in LLM(qwen3_dir, attention_backend="triton", **kwargs).generate(
-        batch, params, use_tqdm=False)]
-    torch_out = [o.outputs[0] for o in LLM(qwen3_dir, attention_backend="torch", **kwargs).generate(
-        batch, params, use_tqdm=False)]
+    triton_out = [
+        o.outputs[0]
+        for o in LLM(qwen3_dir, attention_backend="triton", **kwargs).generate(batch, params, use_tqdm=False)
+    ]
+    torch_out = [
+        o.outputs[0]
+        for o in LLM(qwen3_dir, attention_backend="torch", **kwargs).generate(batch, params, use_tqdm=False)
+    ]
     gaps = gaps_where_greedy_diverges(triton_out, torch_out)
     with capsys.disabled():
-        print(f"\nbf16 Triton vs torch path: {16 - len(gaps)}/16 prompts equal for all {params.max_tokens} "
-              f"tokens; top-2 logprob gaps where the others diverge: {[round(g, 4) for g in gaps]}")
+        print(
+            f"\nbf16 Triton vs torch path: {16 - len(gaps)}/16 prompts equal for all {params.max_tokens} "
+            f"tokens; top-2 logprob gaps where the others diverge: {[round(g, 4) for g in gaps]}"
+        )
     assert all(gap <= NEAR_TIE for gap in gaps)
 
 
@@ -210,10 +227,24 @@ def test_seeded_noise_on_gpu_equals_cpu():
 
 def test_every_sampling_feature_runs_on_gpu_and_seeds_reproduce(qwen3_dir):
     llm = LLM(qwen3_dir, device="cuda", kvcache_block_size=16, max_model_len=512)
-    params = [SamplingParams(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, seed=3, repetition_penalty=1.1,
-                             frequency_penalty=0.2, presence_penalty=0.1, logprobs=2, min_tokens=4,
-                             stop_token_ids=[7], stop=["w9 w9"], max_tokens=24),
-              SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)]
+    params = [
+        SamplingParams(
+            temperature=0.8,
+            top_k=20,
+            top_p=0.9,
+            min_p=0.05,
+            seed=3,
+            repetition_penalty=1.1,
+            frequency_penalty=0.2,
+            presence_penalty=0.1,
+            logprobs=2,
+            min_tokens=4,
+            stop_token_ids=[7],
+            stop=["w9 w9"],
+            max_tokens=24,
+        ),
+        SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
+    ]
     first = llm.generate(prompts()[:2], params, use_tqdm=False)
     again = llm.generate(prompts()[2:4] + prompts()[:1], params[1:] * 2 + params[:1], use_tqdm=False)
     assert again[-1].outputs[0].token_ids == first[0].outputs[0].token_ids
@@ -228,8 +259,9 @@ def test_kv_cache_is_sized_from_gpu_memory_utilization_and_freed_with_the_engine
         free, total = torch.cuda.mem_get_info()
         assert llm.client.info.num_kvcache_blocks > 10 and llm.config.num_kvcache_blocks == -1
         assert (total - free) <= 0.5 * total + (1 << 30)
-        outputs = llm.generate([[5] * 300, [6] * 1000],
-                               SamplingParams(temperature=0.6, max_tokens=20, ignore_eos=True), use_tqdm=False)
+        outputs = llm.generate(
+            [[5] * 300, [6] * 1000], SamplingParams(temperature=0.6, max_tokens=20, ignore_eos=True), use_tqdm=False
+        )
         assert [len(o.outputs[0].token_ids) for o in outputs] == [20, 20]
         del llm, outputs
         torch.cuda.empty_cache()

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from nanovllm.kernels.fp8_kv import FP8_DTYPE, SCALE_DTYPE
-from nanovllm.worker.kv_cache import KVCacheSpec, LayerKVCache
+from nanovllm.worker.kv_cache import KVCacheSpec
 
 LAYERS, BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM = 3, 5, 16, 2, 128
 
@@ -13,8 +13,10 @@ def spec(dtype: torch.dtype) -> KVCacheSpec:
     return KVCacheSpec(dtype, BLOCK_SIZE, KV_HEADS, HEAD_DIM, LAYERS)
 
 
-@pytest.mark.parametrize("dtype, head_bytes, name", [(torch.bfloat16, 256, "bfloat16"), (FP8_DTYPE, 132, "fp8_e4m3"),
-                                                     (torch.float32, 512, "float32")])
+@pytest.mark.parametrize(
+    "dtype, head_bytes, name",
+    [(torch.bfloat16, 256, "bfloat16"), (FP8_DTYPE, 132, "fp8_e4m3"), (torch.float32, 512, "float32")],
+)
 def test_bytes_per_token_count_k_and_v_of_every_layer_and_head_with_the_scales(dtype, head_bytes, name):
     s = spec(dtype)
     assert s.head_bytes == head_bytes  # 128 values, plus a 4-byte scale for FP8
@@ -27,6 +29,7 @@ def test_bytes_per_token_count_k_and_v_of_every_layer_and_head_with_the_scales(d
 
 def test_the_spec_follows_the_config(qwen3_dir):
     from nanovllm.config import Config
+
     for kv_cache_dtype, want in (("auto", torch.float32), ("fp8", FP8_DTYPE)):
         config = Config(qwen3_dir, device="cpu", kv_cache_dtype=kv_cache_dtype, kvcache_block_size=32)
         s = KVCacheSpec.from_config(config, 4, 2, 64)
@@ -75,7 +78,7 @@ def test_a_layers_store_writes_its_slots_of_the_shared_cache(dtype):
     if dtype == FP8_DTYPE:
         scales = cache.scales[0, 1]  # [blocks, kv_heads, block_size]
         got = stored_k[5].float() * scales[1, :, 1, None]
-        torch.testing.assert_close(got, k[0], rtol=2 ** -3, atol=0)
+        torch.testing.assert_close(got, k[0], rtol=2**-3, atol=0)
         assert (scales != 1).sum() == 2 * 2  # two stored slots, two heads each
     else:
         assert torch.equal(stored_k[5], k[0]) and torch.equal(stored_k[11], k[2])

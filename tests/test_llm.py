@@ -62,8 +62,7 @@ def test_triton_backend_matches_transformers(qwen3_dir, prompts):
     pytest.importorskip("triton")
     shared = random_prompts([2 * BLOCK + 5], seed=4)[0]
     batch = prompts[:4] + [shared + [5], shared + [6, 7]]  # the last one reads a cached prefix
-    llm = LLM(qwen3_dir, attention_backend="triton", kvcache_block_size=BLOCK, num_kvcache_blocks=64,
-              max_model_len=256)
+    llm = LLM(qwen3_dir, attention_backend="triton", kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     llm.generate(batch[-2:-1], params, use_tqdm=False)
     ids = [llm.add_request(p, params) for p in batch]
@@ -137,8 +136,14 @@ def test_preemption_keeps_outputs_identical(qwen3_dir):
 
 def test_sampling_with_temperature_runs_and_is_seeded(qwen3_dir, prompts):
     params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
-    runs = [token_ids(LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256,
-                          seed=seed).generate(prompts, params, use_tqdm=False)) for seed in (0, 0, 1)]
+    runs = [
+        token_ids(
+            LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256, seed=seed).generate(
+                prompts, params, use_tqdm=False
+            )
+        )
+        for seed in (0, 0, 1)
+    ]
     assert runs[0] == runs[1]
     assert runs[0] != runs[2]
 
@@ -148,17 +153,20 @@ def small_llm(qwen3_dir):
     return LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=8, max_model_len=100)
 
 
-@pytest.mark.parametrize("prompt, message", [
-    ("", "empty"),
-    ([], "empty"),
-    ([5, 512], "outside the vocabulary"),
-    ([-1], "outside the vocabulary"),
-    (list(range(2, 103)), "max_model_len"),
-    (42, "text, a list of token ids, or a dict"),
-    ({"prompt": [5, 6]}, "exactly one key"),
-    ({"prompt_token_ids": [5], "prompt": "w5"}, "exactly one key"),
-    ("w5 \ud800 w6", "lone surrogate"),
-])
+@pytest.mark.parametrize(
+    "prompt, message",
+    [
+        ("", "empty"),
+        ([], "empty"),
+        ([5, 512], "outside the vocabulary"),
+        ([-1], "outside the vocabulary"),
+        (list(range(2, 103)), "max_model_len"),
+        (42, "text, a list of token ids, or a dict"),
+        ({"prompt": [5, 6]}, "exactly one key"),
+        ({"prompt_token_ids": [5], "prompt": "w5"}, "exactly one key"),
+        ("w5 \ud800 w6", "lone surrogate"),
+    ],
+)
 def test_bad_prompt_is_refused_with_clear_error(small_llm, prompt, message):
     with pytest.raises(ValueError, match=message):
         small_llm.add_request(prompt, GREEDY)
@@ -184,8 +192,9 @@ def test_generate_names_the_bad_prompt_and_engine_stays_usable(small_llm):
 
 
 def test_generation_stops_at_max_model_len(small_llm):
-    [out] = small_llm.generate([list(range(2, 92))], SamplingParams(temperature=0, max_tokens=50, ignore_eos=True),
-                               use_tqdm=False)
+    [out] = small_llm.generate(
+        [list(range(2, 92))], SamplingParams(temperature=0, max_tokens=50, ignore_eos=True), use_tqdm=False
+    )
     assert len(out.outputs[0].token_ids) == 100 - 90
 
 
@@ -202,9 +211,11 @@ def llm(qwen3_dir):
 def test_seeded_request_gives_the_same_output_whatever_the_batch(qwen3_dir, llm, prompts):
     seeded = SamplingParams(temperature=1.0, top_p=0.9, seed=1234, max_tokens=20, ignore_eos=True)
     [alone] = token_ids(llm.generate(prompts[:1], seeded, use_tqdm=False))
-    others = [SamplingParams(temperature=0.7, max_tokens=12, ignore_eos=True),
-              SamplingParams(temperature=0.0, max_tokens=30, repetition_penalty=1.2, ignore_eos=True),
-              SamplingParams(temperature=1.0, top_k=5, seed=99, max_tokens=20, ignore_eos=True, logprobs=2)]
+    others = [
+        SamplingParams(temperature=0.7, max_tokens=12, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=30, repetition_penalty=1.2, ignore_eos=True),
+        SamplingParams(temperature=1.0, top_k=5, seed=99, max_tokens=20, ignore_eos=True, logprobs=2),
+    ]
     mixed = token_ids(llm.generate(prompts[1:4] + prompts[:1], others + [seeded], use_tqdm=False))
     assert mixed[-1] == alone
     # preempted and recomputed midway: the same draws again
@@ -220,13 +231,16 @@ def test_seeded_request_gives_the_same_output_whatever_the_batch(qwen3_dir, llm,
 def test_top_k_one_is_greedy(llm, prompts):
     params = SamplingParams(temperature=1.5, top_k=1, max_tokens=16, ignore_eos=True)
     assert token_ids(llm.generate(prompts, params, use_tqdm=False)) == token_ids(
-        llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False))
+        llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)
+    )
 
 
 def test_logprobs_equal_log_softmax_of_transformers_logits(qwen3_dir, llm, prompts):
-    params = [SamplingParams(temperature=0.9, seed=5, max_tokens=8, ignore_eos=True, logprobs=3),
-              SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=0),
-              SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)]
+    params = [
+        SamplingParams(temperature=0.9, seed=5, max_tokens=8, ignore_eos=True, logprobs=3),
+        SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=0),
+        SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
+    ]
     outputs = llm.generate(prompts[2:5], params, use_tqdm=False)
     assert outputs[2].outputs[0].logprobs is None and outputs[2].outputs[0].cumulative_logprob is None
     for prompt, out, k in zip(prompts[2:4], outputs, (3, 0)):
@@ -239,10 +253,12 @@ def test_logprobs_equal_log_softmax_of_transformers_logits(qwen3_dir, llm, promp
             for t, value in logprob_values(logprobs).items():
                 assert value == pytest.approx(float(reference[step, t]), abs=1e-4)
             assert logprobs[token_id].rank == int((reference[step] > reference[step, token_id]).sum()) + 1
-            assert [logprobs[t].rank for t in top if t != token_id] == [i + 1 for i, t in enumerate(top)
-                                                                          if t != token_id]
+            assert [logprobs[t].rank for t in top if t != token_id] == [
+                i + 1 for i, t in enumerate(top) if t != token_id
+            ]
         assert completion.cumulative_logprob == pytest.approx(
-            sum(float(reference[i, t]) for i, t in enumerate(completion.token_ids)), abs=1e-3)
+            sum(float(reference[i, t]) for i, t in enumerate(completion.token_ids)), abs=1e-3
+        )
 
 
 def test_repetition_penalty_matches_transformers(qwen3_dir, llm, prompts):
@@ -271,11 +287,14 @@ def test_stop_string_cuts_text_and_reports_stop(llm, prompts):
     assert out.outputs[0].token_ids == free.outputs[0].token_ids[:5] and out.outputs[0].finish_reason == "stop"
 
 
-@pytest.mark.parametrize("params, message", [
-    (SamplingParams(stop_token_ids=[512]), "stop_token_ids"),
-    (SamplingParams(logprobs=513), "logprobs"),
-    ({"temperature": 0}, "SamplingParams"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        (SamplingParams(stop_token_ids=[512]), "stop_token_ids"),
+        (SamplingParams(logprobs=513), "logprobs"),
+        ({"temperature": 0}, "SamplingParams"),
+    ],
+)
 def test_params_beyond_the_model_are_refused(llm, params, message):
     with pytest.raises(ValueError, match=message):
         llm.add_request([5, 6], params)
@@ -287,8 +306,9 @@ def test_without_tokenizer_prompts_are_token_ids_and_text_is_empty(qwen3_dir, pr
     model_dir.mkdir()
     for name in ("config.json", "model.safetensors"):
         shutil.copy(os.path.join(qwen3_dir, name), model_dir)
-    llm = LLM(str(model_dir), skip_tokenizer_init=True, kvcache_block_size=BLOCK, num_kvcache_blocks=64,
-              max_model_len=256)
+    llm = LLM(
+        str(model_dir), skip_tokenizer_init=True, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256
+    )
     outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert token_ids(outputs) == hf_greedy(qwen3_dir, prompts, GREEDY.max_tokens)
     assert [o.outputs[0].text for o in outputs] == [""] * len(prompts)

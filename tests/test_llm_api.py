@@ -69,11 +69,15 @@ def test_chat_renders_the_template_for_one_conversation_or_several(chat_llm):
 def test_chat_template_options(chat_llm):
     user = [{"role": "user", "content": "w9"}]
     assert chat_llm.chat(user, GREEDY, add_generation_prompt=False, use_tqdm=False)[0].prompt_token_ids == [9]
-    assert chat_llm.chat(user, GREEDY, chat_template_kwargs={"shout": True},
-                         use_tqdm=False)[0].prompt_token_ids == [9, 3, 4]
+    assert chat_llm.chat(user, GREEDY, chat_template_kwargs={"shout": True}, use_tqdm=False)[0].prompt_token_ids == [
+        9,
+        3,
+        4,
+    ]
     continued = user + [{"role": "assistant", "content": "w11"}]
-    assert chat_llm.chat(continued, GREEDY, add_generation_prompt=False, continue_final_message=True,
-                         use_tqdm=False)[0].prompt_token_ids == [9, 11]
+    assert chat_llm.chat(continued, GREEDY, add_generation_prompt=False, continue_final_message=True, use_tqdm=False)[
+        0
+    ].prompt_token_ids == [9, 11]
     with pytest.raises(ValueError, match="cannot both be true"):
         chat_llm.chat(continued, GREEDY, continue_final_message=True, use_tqdm=False)
     with pytest.raises(ValueError, match="assistant cannot speak first"):
@@ -99,8 +103,7 @@ def test_n_completions_share_the_prompt_and_repeat_with_a_seed(llm):
 
 
 def test_greedy_n_completions_are_all_the_greedy_one(llm):
-    [out] = llm.generate([5, 6, 7], SamplingParams(temperature=0, n=3, max_tokens=6, ignore_eos=True),
-                         use_tqdm=False)
+    [out] = llm.generate([5, 6, 7], SamplingParams(temperature=0, n=3, max_tokens=6, ignore_eos=True), use_tqdm=False)
     assert [c.token_ids for c in out.outputs] == hf_greedy(llm.config.model, [[5, 6, 7]], 6) * 3
 
 
@@ -108,8 +111,11 @@ def test_best_of_returns_the_n_most_likely_completions(llm):
     params = SamplingParams(temperature=1.0, n=2, best_of=5, seed=3, max_tokens=6, ignore_eos=True)
     [out] = llm.generate([5, 6, 7], params, use_tqdm=False)
     assert [c.index for c in out.outputs] == [0, 1] and out.outputs[0].logprobs is None
-    every = llm.generate([5, 6, 7], SamplingParams(temperature=1.0, n=5, seed=3, max_tokens=6, ignore_eos=True,
-                                                   logprobs=0), use_tqdm=False)[0].outputs
+    every = llm.generate(
+        [5, 6, 7],
+        SamplingParams(temperature=1.0, n=5, seed=3, max_tokens=6, ignore_eos=True, logprobs=0),
+        use_tqdm=False,
+    )[0].outputs
     ranked = sorted(every, key=lambda c: -c.cumulative_logprob)[:2]
     assert [c.token_ids for c in out.outputs] == [c.token_ids for c in ranked]
     assert [c.cumulative_logprob for c in out.outputs] == pytest.approx([c.cumulative_logprob for c in ranked])
@@ -118,11 +124,13 @@ def test_best_of_returns_the_n_most_likely_completions(llm):
 @pytest.mark.parametrize("budget", [256, 7])  # whole, and chunks that split the prompt
 def test_prompt_logprobs_equal_transformers(qwen3_dir, budget):
     prompt = random_prompts([20], seed=31)[0]
-    llm = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256,
-              max_num_batched_tokens=budget)
+    llm = LLM(
+        qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256, max_num_batched_tokens=budget
+    )
     llm.generate([prompt], GREEDY, use_tqdm=False)  # its blocks are in the prefix cache now
-    [out] = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True, prompt_logprobs=3),
-                         use_tqdm=False)
+    [out] = llm.generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True, prompt_logprobs=3), use_tqdm=False
+    )
     assert out.num_cached_tokens == 0  # every prompt position's logits are computed again
     reference = hf_logprobs(qwen3_dir, prompt[:1], prompt[1:])  # [19, vocab]: the logits of positions 0..18
     assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
@@ -175,21 +183,32 @@ def test_abort_ends_every_completion_of_a_request(llm):
     assert llm.client.core.stats().num_running == 0
 
 
-@pytest.mark.parametrize("prompt", [
-    {"prompt": "w5 w6 w7", "multi_modal_data": None},
-    {"prompt_token_ids": [5, 6, 7], "multi_modal_data": None, "mm_processor_kwargs": None, "cache_salt": None},
-])
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        {"prompt": "w5 w6 w7", "multi_modal_data": None},
+        {"prompt_token_ids": [5, 6, 7], "multi_modal_data": None, "mm_processor_kwargs": None, "cache_salt": None},
+    ],
+)
 def test_prompt_dicts_take_vllms_other_keys_as_none(llm, prompt):
     [out] = llm.generate(prompt, GREEDY, use_tqdm=False)
     assert out.prompt_token_ids == [5, 6, 7]
 
 
-@pytest.mark.parametrize("prompt, message", [
-    ({"prompt": "w5", "multi_modal_data": {"image": object()}}, "multi_modal_data is not supported: this is a "
-                                                                "text-only model"),
-    ({"prompt": "w5", "mm_processor_kwargs": {"size": 4}}, "mm_processor_kwargs is not supported .* set it to None"),
-    ({"prompt": "w5", "prompt_token_ids": [5]}, "a prompt dict takes exactly one key"),
-])
+@pytest.mark.parametrize(
+    "prompt, message",
+    [
+        (
+            {"prompt": "w5", "multi_modal_data": {"image": object()}},
+            "multi_modal_data is not supported: this is a text-only model",
+        ),
+        (
+            {"prompt": "w5", "mm_processor_kwargs": {"size": 4}},
+            "mm_processor_kwargs is not supported .* set it to None",
+        ),
+        ({"prompt": "w5", "prompt_token_ids": [5]}, "a prompt dict takes exactly one key"),
+    ],
+)
 def test_prompt_dicts_refuse_what_a_text_only_model_cannot_take(llm, prompt, message):
     with pytest.raises(ValueError, match=f"prompt 0: {message}"):
         llm.generate([prompt], GREEDY, use_tqdm=False)
@@ -202,12 +221,17 @@ def test_chat_joins_text_content_parts_one_per_line(chat_llm):
     assert out.prompt == "w5\nw6 w3" and out.prompt_token_ids == [5, 6, 3]
 
 
-@pytest.mark.parametrize("part, message", [
-    ({"type": "image_url", "image_url": {"url": "http://x/cat.png"}},
-     "part 1 is 'image_url': this is a text-only model"),
-    ({"text": "w6"}, "part 1 is a dict without a 'type': this is a text-only model"),
-    ({"type": "text", "text": 6}, "part 1: a text part needs 'text' as a string"),
-])
+@pytest.mark.parametrize(
+    "part, message",
+    [
+        (
+            {"type": "image_url", "image_url": {"url": "http://x/cat.png"}},
+            "part 1 is 'image_url': this is a text-only model",
+        ),
+        ({"text": "w6"}, "part 1 is a dict without a 'type': this is a text-only model"),
+        ({"type": "text", "text": 6}, "part 1: a text part needs 'text' as a string"),
+    ],
+)
 def test_chat_refuses_parts_that_are_not_text(chat_llm, part, message):
     conversation = [{"role": "user", "content": [{"type": "text", "text": "w5"}, part]}]
     with pytest.raises(ValueError, match=f"message 0, {message}"):
@@ -215,11 +239,14 @@ def test_chat_refuses_parts_that_are_not_text(chat_llm, part, message):
 
 
 def test_chat_passes_tools_to_the_template(chat_llm):
-    template = ("{% for tool in tools %}{{ tool['function']['name'] }} {% endfor %}"
-                "{% for m in messages %}{{ m['content'] }} {% endfor %}w3")
+    template = (
+        "{% for tool in tools %}{{ tool['function']['name'] }} {% endfor %}"
+        "{% for m in messages %}{{ m['content'] }} {% endfor %}w3"
+    )
     tools = [{"type": "function", "function": {"name": "w7", "parameters": {"type": "object", "properties": {}}}}]
-    [out] = chat_llm.chat([{"role": "user", "content": "w5"}], GREEDY, chat_template=template, tools=tools,
-                          use_tqdm=False)
+    [out] = chat_llm.chat(
+        [{"role": "user", "content": "w5"}], GREEDY, chat_template=template, tools=tools, use_tqdm=False
+    )
     assert out.prompt_token_ids == [7, 5, 3]
     with pytest.raises(ValueError, match="tools must be a list of OpenAI tool dicts"):
         chat_llm.chat([{"role": "user", "content": "w5"}], GREEDY, tools={"name": "w7"}, use_tqdm=False)
@@ -235,10 +262,12 @@ def test_logprobs_of_minus_one_are_the_whole_vocabulary(llm):
         assert sorted(entry.rank for entry in position.values()) == list(range(1, VOCAB_SIZE + 1))
         assert math.fsum(math.exp(entry.logprob) for entry in position.values()) == pytest.approx(1.0, abs=1e-4)
     # the same draws as without logprobs, and the chosen token's entry is the one of the sampled token
-    plain = llm.generate([5, 6, 7], SamplingParams(temperature=1.0, seed=5, max_tokens=3, ignore_eos=True),
-                         use_tqdm=False)[0].outputs[0]
+    plain = llm.generate(
+        [5, 6, 7], SamplingParams(temperature=1.0, seed=5, max_tokens=3, ignore_eos=True), use_tqdm=False
+    )[0].outputs[0]
     assert completion.token_ids == plain.token_ids
     assert completion.cumulative_logprob == pytest.approx(
-        sum(position[token].logprob for position, token in zip(completion.logprobs, completion.token_ids)))
+        sum(position[token].logprob for position, token in zip(completion.logprobs, completion.token_ids))
+    )
     with pytest.raises(ValueError, match="logprobs=513 asks for more alternatives than the vocabulary's 512"):
         llm.generate([5], SamplingParams(logprobs=VOCAB_SIZE + 1), use_tqdm=False)

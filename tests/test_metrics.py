@@ -11,8 +11,11 @@ from nanovllm.outputs import CompletionOutput, RequestOutput
 
 def samples(metrics: ServerMetrics) -> dict:
     text = metrics.render().decode()
-    return {(s.name, s.labels.get("finished_reason")): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, s.labels.get("finished_reason")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def output(tokens, reason=None):
@@ -21,8 +24,14 @@ def output(tokens, reason=None):
 
 
 def test_render_reads_engine_load_and_counters_now():
-    stats = EngineStats(num_running=3, num_waiting=2, kv_cache_usage=0.25, prefix_cache_queries=40,
-                        prefix_cache_hits=32, num_preemptions=5)
+    stats = EngineStats(
+        num_running=3,
+        num_waiting=2,
+        kv_cache_usage=0.25,
+        prefix_cache_queries=40,
+        prefix_cache_hits=32,
+        num_preemptions=5,
+    )
     got = samples(ServerMetrics(SimpleNamespace(stats=lambda: stats), "m"))
     assert got[("nanovllm:num_requests_running", None)] == 3
     assert got[("nanovllm:num_requests_waiting", None)] == 2

@@ -13,8 +13,9 @@ from nanovllm.models.model_config import ModelConfig
 
 
 def test_fields_left_out_take_the_llama_family_defaults():
-    config = ModelConfig.from_hf(SimpleNamespace(architectures=["LlamaForCausalLM"], hidden_size=64,
-                                                 num_attention_heads=4))
+    config = ModelConfig.from_hf(
+        SimpleNamespace(architectures=["LlamaForCausalLM"], hidden_size=64, num_attention_heads=4)
+    )
     assert (config.hidden_size, config.num_attention_heads) == (64, 4)
     assert config.head_dim == 16 and config.num_key_value_heads == 4  # hidden / heads; as many as the heads
     assert (config.vocab_size, config.intermediate_size, config.num_hidden_layers) == (32000, 11008, 32)
@@ -37,8 +38,9 @@ def test_transformers_defaults_and_ours_agree():
 
 
 def test_head_dim_given_wins_over_hidden_over_heads():
-    config = ModelConfig.from_hf(SimpleNamespace(architectures=["LlamaForCausalLM"], hidden_size=64,
-                                                 num_attention_heads=4, head_dim=32))
+    config = ModelConfig.from_hf(
+        SimpleNamespace(architectures=["LlamaForCausalLM"], hidden_size=64, num_attention_heads=4, head_dim=32)
+    )
     assert config.head_dim == 32
 
 
@@ -63,24 +65,40 @@ def test_tiny_qwen3_fields(qwen3_dir):
 
 
 def test_rope_theta_of_an_older_config_is_read():
-    config = ModelConfig.from_hf(SimpleNamespace(architectures=["LlamaForCausalLM"], rope_theta=500000.0,
-                                                 rope_scaling={"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                                               "high_freq_factor": 4.0,
-                                                               "original_max_position_embeddings": 8192}))
+    config = ModelConfig.from_hf(
+        SimpleNamespace(
+            architectures=["LlamaForCausalLM"],
+            rope_theta=500000.0,
+            rope_scaling={
+                "type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
+        )
+    )
     assert config.rope_parameters["rope_type"] == "llama3" and config.rope_parameters["rope_theta"] == 500000.0
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported; only 'silu'"),
-    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}}, "rope_type 'yarn' is not supported"),
-    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e6, "factor": 8.0}},
-     "rope_type 'llama3' needs low_freq_factor"),
-    ({"use_sliding_window": True}, "use_sliding_window=True is not supported"),
-    ({"quantization_config": {"quant_method": "awq"}}, "quant_method 'awq'"),
-    ({"architectures": ["MysteryForCausalLM"]},
-     r"unsupported architecture \['MysteryForCausalLM'\]; supported: LlamaForCausalLM, Qwen3ForCausalLM"),
-    ({"architectures": None}, r"unsupported architecture \(none in config.json\)"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported; only 'silu'"),
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}}, "rope_type 'yarn' is not supported"),
+        (
+            {"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e6, "factor": 8.0}},
+            "rope_type 'llama3' needs low_freq_factor",
+        ),
+        ({"use_sliding_window": True}, "use_sliding_window=True is not supported"),
+        ({"quantization_config": {"quant_method": "awq"}}, "quant_method 'awq'"),
+        (
+            {"architectures": ["MysteryForCausalLM"]},
+            r"unsupported architecture \['MysteryForCausalLM'\]; supported: LlamaForCausalLM, Qwen3ForCausalLM",
+        ),
+        ({"architectures": None}, r"unsupported architecture \(none in config.json\)"),
+    ],
+)
 def test_what_the_engine_cannot_run_is_refused(fields, message):
     with pytest.raises(ValueError, match=message):
         ModelConfig.from_hf(SimpleNamespace(**{"architectures": ["Qwen3ForCausalLM"], **fields}))

@@ -52,8 +52,14 @@ class _GraphsReplayedEagerly:
 
     def replay(self, size):
         input_ids, src_rows, positions, slots, lens, temperatures, seeds, order, tables = self.buffers.views(size)
-        context = Context(is_prefill=False, slot_mapping=slots, context_lens=lens, block_tables=tables,
-                          seq_order=order, max_seqlen_k=int(lens.max()))
+        context = Context(
+            is_prefill=False,
+            slot_mapping=slots,
+            context_lens=lens,
+            block_tables=tables,
+            seq_order=order,
+            max_seqlen_k=int(lens.max()),
+        )
         with forward_context(context):
             return self.step(input_ids, src_rows, positions, temperatures, seeds)
 
@@ -61,8 +67,10 @@ class _GraphsReplayedEagerly:
         pass
 
 
-TOP_P = [SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=6, ignore_eos=True),
-         SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)]
+TOP_P = [
+    SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=6, ignore_eos=True),
+    SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
+]
 
 
 @pytest.mark.parametrize("graphs", [False, True])
@@ -70,8 +78,7 @@ def test_a_decode_step_that_needs_the_full_sampler_runs_the_lm_head_once(qwen3_d
     # A top-p row takes the full sampler; the decode step (a graph replay, or eager) must hand it the
     # logits it computed rather than the runner scoring the hidden states again. On CPU a stand-in replays
     # the step as a graph would; on a GPU the real graphs replay.
-    llm = LLM(qwen3_dir, kvcache_block_size=16, num_kvcache_blocks=16, max_model_len=128,
-              enforce_eager=not graphs)
+    llm = LLM(qwen3_dir, kvcache_block_size=16, num_kvcache_blocks=16, max_model_len=128, enforce_eager=not graphs)
     runner = llm.client.core.executor
     stand_in = graphs and runner.graphs is None
     if stand_in:

@@ -3,8 +3,16 @@
 import numpy as np
 import torch
 
-from nanovllm.sample.noise import (NOISE_KEY_RANGE, ROW_SEED_RANGE, device_row_seeds, draw_row_seeds, hash32,
-                                  open_uniform, request_noise_key, seeded_exponential)
+from nanovllm.sample.noise import (
+    NOISE_KEY_RANGE,
+    ROW_SEED_RANGE,
+    device_row_seeds,
+    draw_row_seeds,
+    hash32,
+    open_uniform,
+    request_noise_key,
+    seeded_exponential,
+)
 
 
 def test_hash_stays_in_32_bits_and_spreads_neighbours():

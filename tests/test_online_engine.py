@@ -3,8 +3,6 @@
 import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 

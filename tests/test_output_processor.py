@@ -12,14 +12,17 @@ from nanovllm.outputs import Logprob
 EOS = 1
 
 
-def core_outputs(request_id: str, completion: list[int], last_reason: str | None,
-                 last_stop_reason: int | None = None) -> list[EngineCoreOutput]:
+def core_outputs(
+    request_id: str, completion: list[int], last_reason: str | None, last_stop_reason: int | None = None
+) -> list[EngineCoreOutput]:
     """One output per token, as the core sends them; the last one carries `last_reason` (None: still going)
     and `last_stop_reason`."""
     reasons = [None] * (len(completion) - 1) + [last_reason]
     stop_reasons = [None] * (len(completion) - 1) + [last_stop_reason]
-    return [EngineCoreOutput(request_id, [token_id], finish_reason=reason, stop_reason=stop_reason)
-            for token_id, reason, stop_reason in zip(completion, reasons, stop_reasons)]
+    return [
+        EngineCoreOutput(request_id, [token_id], finish_reason=reason, stop_reason=stop_reason)
+        for token_id, reason, stop_reason in zip(completion, reasons, stop_reasons)
+    ]
 
 
 def make_parent(tokenizer, prompt: str, request_id="r", **params) -> ParentRequest:
@@ -28,9 +31,17 @@ def make_parent(tokenizer, prompt: str, request_id="r", **params) -> ParentReque
     params = SamplingParams(**params)
     prompt_token_ids = tokenizer.encode(prompt)
     single = params.num_completions == 1
-    completions = [RequestState(request_id if single else f"{index}_{request_id}", index, prompt_token_ids,
-                                completion_params(params, index), tokenizer, show_logprobs=params.logprobs is not None)
-                   for index in range(params.num_completions)]
+    completions = [
+        RequestState(
+            request_id if single else f"{index}_{request_id}",
+            index,
+            prompt_token_ids,
+            completion_params(params, index),
+            tokenizer,
+            show_logprobs=params.logprobs is not None,
+        )
+        for index in range(params.num_completions)
+    ]
     return ParentRequest(request_id, prompt, prompt_token_ids, params, completions)
 
 
@@ -39,8 +50,9 @@ def make_state(tokenizer, prompt: str, **params) -> RequestState:
     return make_parent(tokenizer, prompt, **params).completions[0]
 
 
-def run(tokenizer, prompt: str, completion: list[int], last_reason="length", last_stop_reason=None,
-        **params) -> tuple[RequestState, list[str]]:
+def run(
+    tokenizer, prompt: str, completion: list[int], last_reason="length", last_stop_reason=None, **params
+) -> tuple[RequestState, list[str]]:
     """Feed `completion` through an OutputProcessor, one step per token; returns the request's state and
     the ids the processor asked the core to abort."""
     parent = make_parent(tokenizer, prompt, **params)
@@ -117,7 +129,11 @@ def test_stop_reason_is_the_stop_string_or_stop_token_and_none_for_eos_or_length
     # the core's last token also reached max_tokens, but the stop string it completes is the reason
     by_string, _ = run(tiny_tokenizer, "w5", [6, 7], "length", stop="w7")
     assert [(s.finish_reason, s.stop_reason) for s in (by_token, by_eos, by_length, by_string)] == [
-        ("stop", 7), ("stop", None), ("length", None), ("stop", "w7")]
+        ("stop", 7),
+        ("stop", None),
+        ("length", None),
+        ("stop", "w7"),
+    ]
     completion = by_string.completion()
     assert (completion.finish_reason, completion.stop_reason, completion.text) == ("stop", "w7", " w6 ")
 
@@ -191,14 +207,21 @@ def test_prompt_logprobs_are_none_for_the_first_token_then_gather_positions_acro
     state = make_state(tiny_tokenizer, "w5 w6 w7 w8", prompt_logprobs=1)
     assert state.prompt_logprobs == [None]
     # a prompt chunk scores the positions before w6 and w7 without sampling; the last chunk the one before w8
-    state.update(EngineCoreOutput("r", [], new_prompt_logprobs=[TokenLogprobs([6, 2], [-1.0, -0.5], 2),
-                                                                 TokenLogprobs([7, 7], [-0.5, -0.5], 1)]))
+    state.update(
+        EngineCoreOutput(
+            "r",
+            [],
+            new_prompt_logprobs=[TokenLogprobs([6, 2], [-1.0, -0.5], 2), TokenLogprobs([7, 7], [-0.5, -0.5], 1)],
+        )
+    )
     assert state.token_ids == [] and not state.finished
     state.update(EngineCoreOutput("r", [9], new_prompt_logprobs=[TokenLogprobs([8, 3], [-3.0, -0.125], 4)]))
-    assert state.prompt_logprobs == [None,
-                                     {6: Logprob(-1.0, 2, "w6"), 2: Logprob(-0.5, 1, "w2")},
-                                     {7: Logprob(-0.5, 1, "w7")},
-                                     {8: Logprob(-3.0, 4, "w8"), 3: Logprob(-0.125, 1, "w3")}]
+    assert state.prompt_logprobs == [
+        None,
+        {6: Logprob(-1.0, 2, "w6"), 2: Logprob(-0.5, 1, "w2")},
+        {7: Logprob(-0.5, 1, "w7")},
+        {8: Logprob(-3.0, 4, "w8"), 3: Logprob(-0.125, 1, "w3")},
+    ]
     assert state.token_ids == [9]
 
 
@@ -212,11 +235,15 @@ def test_n_3_gives_three_completions_indexed_0_to_2_finished_only_when_all_are(t
     processed = processor.process([EngineCoreOutput(f"{index}_r", [6 + index]) for index in range(3)])
     assert processed.updated == [parent]
     output = parent.output()
-    assert [(c.index, c.text, c.token_ids) for c in output.outputs] == [(0, " w6", [6]), (1, " w7", [7]),
-                                                                          (2, " w8", [8])]
+    assert [(c.index, c.text, c.token_ids) for c in output.outputs] == [
+        (0, " w6", [6]),
+        (1, " w7", [7]),
+        (2, " w8", [8]),
+    ]
     assert (output.request_id, output.prompt, output.prompt_token_ids) == ("r", "w5", [5])
-    processor.process([EngineCoreOutput("0_r", [9], finish_reason="length"),
-                       EngineCoreOutput("2_r", [9], finish_reason="length")])
+    processor.process(
+        [EngineCoreOutput("0_r", [9], finish_reason="length"), EngineCoreOutput("2_r", [9], finish_reason="length")]
+    )
     output = parent.output()
     assert [c.finish_reason for c in output.outputs] == ["length", None, "length"]
     assert not output.finished and processor.has_unfinished_requests()
@@ -264,13 +291,21 @@ def test_best_of_shows_nothing_until_all_finish_then_the_n_most_likely_renumbere
     processor.add_request(parent)
     # per completion: its token and the chosen logprob of each of its two steps. Sums: -3.125, -1.0, -0.5,
     # -4.125: completion 2, then 1, are best, though 0 leads after the first step and 3 gains most in the second.
-    steps = {"0_r": (6, [-0.125, -3.0]), "1_r": (7, [-0.5, -0.5]), "2_r": (8, [-0.25, -0.25]),
-             "3_r": (9, [-4.0, -0.125])}
+    steps = {
+        "0_r": (6, [-0.125, -3.0]),
+        "1_r": (7, [-0.5, -0.5]),
+        "2_r": (8, [-0.25, -0.25]),
+        "3_r": (9, [-4.0, -0.125]),
+    }
 
     def output(core_id: str, step: int) -> EngineCoreOutput:
         token_id, logprobs = steps[core_id]
-        return EngineCoreOutput(core_id, [token_id], [TokenLogprobs([token_id], [logprobs[step]], 1)],
-                                finish_reason="length" if step == 1 else None)
+        return EngineCoreOutput(
+            core_id,
+            [token_id],
+            [TokenLogprobs([token_id], [logprobs[step]], 1)],
+            finish_reason="length" if step == 1 else None,
+        )
 
     processor.process([output(core_id, 0) for core_id in steps])
     assert parent.delta() is None
@@ -280,7 +315,9 @@ def test_best_of_shows_nothing_until_all_finish_then_the_n_most_likely_renumbere
     delta = parent.delta()
     assert delta.finished
     assert [(c.index, c.token_ids, c.text, c.cumulative_logprob) for c in delta.outputs] == [
-        (0, [8, 8], " w8 w8", -0.5), (1, [7, 7], " w7 w7", -1.0)]
+        (0, [8, 8], " w8 w8", -0.5),
+        (1, [7, 7], " w7 w7", -1.0),
+    ]
     # logprobs were computed for the ranking, not asked for
     assert [c.logprobs for c in delta.outputs] == [None, None]
     assert parent.output().outputs == delta.outputs
@@ -335,8 +372,9 @@ def test_outputs_of_unknown_or_finished_requests_are_dropped(tiny_tokenizer):
     a, b = (make_parent(tiny_tokenizer, "w5", request_id=request_id) for request_id in ("a", "b"))
     processor.add_request(a)
     processor.add_request(b)
-    processed = processor.process(core_outputs("a", [6], "length") + core_outputs("unknown", [7], None)
-                                  + core_outputs("b", [8], None))
+    processed = processor.process(
+        core_outputs("a", [6], "length") + core_outputs("unknown", [7], None) + core_outputs("b", [8], None)
+    )
     assert processed.updated == [a, b] and processed.to_abort == []
     assert list(processor.parents) == ["b"]
     # a step launched before "a" finished still brings it a token

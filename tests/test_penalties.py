@@ -9,10 +9,20 @@ VOCAB = 10
 PAD = VOCAB
 
 
-def penalties(repetition=(1.0, 1.0), frequency=(0.0, 0.0), presence=(0.0, 0.0),
-              prompt=((2, 3, PAD), (5, 5, 5)), output=((3, 3, 7), (PAD, PAD, PAD))) -> PenaltyTensors:
-    return PenaltyTensors(torch.tensor(repetition), torch.tensor(frequency), torch.tensor(presence),
-                          torch.tensor(prompt), torch.tensor(output))
+def penalties(
+    repetition=(1.0, 1.0),
+    frequency=(0.0, 0.0),
+    presence=(0.0, 0.0),
+    prompt=((2, 3, PAD), (5, 5, 5)),
+    output=((3, 3, 7), (PAD, PAD, PAD)),
+) -> PenaltyTensors:
+    return PenaltyTensors(
+        torch.tensor(repetition),
+        torch.tensor(frequency),
+        torch.tensor(presence),
+        torch.tensor(prompt),
+        torch.tensor(output),
+    )
 
 
 def test_token_counts_ignore_padding():
@@ -54,10 +64,11 @@ def test_repetition_equals_transformers_processor():
     prompts = torch.randint(0, vocab, (3, 20))
     outputs = torch.randint(0, vocab, (3, 15))
     values = [1.3, 0.7, 1.0]
-    mine = apply_penalties(logits, PenaltyTensors(torch.tensor(values), torch.zeros(3), torch.zeros(3),
-                                                  prompts, outputs))
+    mine = apply_penalties(
+        logits, PenaltyTensors(torch.tensor(values), torch.zeros(3), torch.zeros(3), prompts, outputs)
+    )
     for row, value in enumerate(values):
         # transformers looks at every id so far: prompt then output
         ids = torch.cat([prompts[row], outputs[row]]).unsqueeze(0)
-        theirs = RepetitionPenaltyLogitsProcessor(penalty=value)(ids, logits[row:row + 1].clone())
+        theirs = RepetitionPenaltyLogitsProcessor(penalty=value)(ids, logits[row : row + 1].clone())
         assert torch.allclose(mine[row], theirs[0])

@@ -6,8 +6,15 @@ import logging
 import pydantic
 import pytest
 
-from nanovllm.entrypoints.protocol import (ChatCompletionRequest, CompletionRequest, ResponseHeader, Usage,
-                                           chat_logprobs, completion_logprobs, prompt_logprobs_json)
+from nanovllm.entrypoints.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ResponseHeader,
+    Usage,
+    chat_logprobs,
+    completion_logprobs,
+    prompt_logprobs_json,
+)
 from nanovllm.frontend.chat import text_messages
 from nanovllm.outputs import Logprob
 
@@ -21,8 +28,9 @@ def test_sampling_params_take_only_the_fields_sent():
 
 
 def test_logprobs_best_of_and_logit_bias_reach_sampling_params():
-    request = CompletionRequest(model="m", prompt="hi", temperature=1, n=2, best_of=3,
-                                logit_bias={"17": -100, "5": 2.5})
+    request = CompletionRequest(
+        model="m", prompt="hi", temperature=1, n=2, best_of=3, logit_bias={"17": -100, "5": 2.5}
+    )
     params = request.sampling_params(logprobs=2, prompt_logprobs=2, best_of=request.best_of)
     assert (params.logprobs, params.prompt_logprobs, params.best_of) == (2, 2, 3)
     assert params.logit_bias == {17: -100, 5: 2.5}
@@ -65,29 +73,56 @@ def test_unknown_fields_are_kept_aside_and_known_ones_stay_strict():
 
 def test_unknown_fields_are_found_at_every_depth_and_logged_once(caplog):
     # what the openai library's ChatCompletionMessage.model_dump() gives, sent back as history
-    reply = {"role": "assistant", "content": "w7", "refusal": None, "annotations": None, "audio": None,
-             "function_call": None, "tool_calls": [{"id": "c1", "type": "function", "index": 0,
-                                                    "function": {"name": "f", "arguments": "{}", "extra": 1}}]}
+    reply = {
+        "role": "assistant",
+        "content": "w7",
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "index": 0, "function": {"name": "f", "arguments": "{}", "extra": 1}}
+        ],
+    }
     with caplog.at_level(logging.WARNING, logger="nanovllm.entrypoints.protocol"):
-        request = ChatCompletionRequest.model_validate({
-            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {}}]}, reply],
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True, "frob": 1},
-            "tools": [{"type": "function", "defer_loading": False,
-                       "function": {"name": "f", "parameters": {"type": "object"}, "examples": []}}],
-            "tool_choice": {"type": "function", "function": {"name": "f", "x": 1}}})
-    unknown = ["stream_options.frob", "messages.0.content.0.cache_control", "messages.1.refusal",
-               "messages.1.annotations", "messages.1.audio", "messages.1.function_call",
-               "messages.1.tool_calls.0.index",
-               "messages.1.tool_calls.0.function.extra", "tools.0.defer_loading", "tools.0.function.examples",
-               "tool_choice.function.x"]
+        request = ChatCompletionRequest.model_validate(
+            {
+                "messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {}}]}, reply],
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True, "frob": 1},
+                "tools": [
+                    {
+                        "type": "function",
+                        "defer_loading": False,
+                        "function": {"name": "f", "parameters": {"type": "object"}, "examples": []},
+                    }
+                ],
+                "tool_choice": {"type": "function", "function": {"name": "f", "x": 1}},
+            }
+        )
+    unknown = [
+        "stream_options.frob",
+        "messages.0.content.0.cache_control",
+        "messages.1.refusal",
+        "messages.1.annotations",
+        "messages.1.audio",
+        "messages.1.function_call",
+        "messages.1.tool_calls.0.index",
+        "messages.1.tool_calls.0.function.extra",
+        "tools.0.defer_loading",
+        "tools.0.function.examples",
+        "tool_choice.function.x",
+    ]
     assert sorted(request.unknown_fields) == sorted(unknown)
     [record] = caplog.records
     assert all(path in record.getMessage() for path in unknown)
     # the unknown fields reach neither the template nor the tool constraint
     assert request.tool_list() == [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     assert request.effective_tool_choice() == {"type": "function", "function": {"name": "f"}}
-    assert request.conversation()[1] == {"role": "assistant", "content": "w7", "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {}}}]}
+    assert request.conversation()[1] == {
+        "role": "assistant",
+        "content": "w7",
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": {}}}],
+    }
     assert request.continuous_usage
 
 
@@ -100,23 +135,36 @@ def test_a_lone_surrogate_in_a_stop_string_is_a_value_error():
 
 def test_prompt_logprobs_in_vllm_shape():
     positions = [None, {7: Logprob(-0.5, 2, " b"), 9: Logprob(-0.2, 1, " c")}]
-    assert prompt_logprobs_json(positions) == [None, {"7": {"logprob": -0.5, "rank": 2, "decoded_token": " b"},
-                                                      "9": {"logprob": -0.2, "rank": 1, "decoded_token": " c"}}]
+    assert prompt_logprobs_json(positions) == [
+        None,
+        {
+            "7": {"logprob": -0.5, "rank": 2, "decoded_token": " b"},
+            "9": {"logprob": -0.2, "rank": 1, "decoded_token": " c"},
+        },
+    ]
 
 
-@pytest.mark.parametrize("prompt, expected", [("hi", ["hi"]), ([3, 4], [[3, 4]]), (["hi", "yo"], ["hi", "yo"]),
-                                              ([[3, 4], [5]], [[3, 4], [5]])])
+@pytest.mark.parametrize(
+    "prompt, expected",
+    [("hi", ["hi"]), ([3, 4], [[3, 4]]), (["hi", "yo"], ["hi", "yo"]), ([[3, 4], [5]], [[3, 4], [5]])],
+)
 def test_prompts_are_one_or_a_batch(prompt, expected):
     assert CompletionRequest(model="m", prompt=prompt).prompts() == expected
 
 
 def test_chat_max_completion_tokens_takes_precedence_and_text_parts_join():
-    request = ChatCompletionRequest(model="m", max_completion_tokens=9, messages=[
-        {"role": "user", "content": [{"type": "text", "text": "a "}, {"type": "text", "text": "b"}], "name": "u"}])
+    request = ChatCompletionRequest(
+        model="m",
+        max_completion_tokens=9,
+        messages=[
+            {"role": "user", "content": [{"type": "text", "text": "a "}, {"type": "text", "text": "b"}], "name": "u"}
+        ],
+    )
     assert request.sampling_params(None).max_tokens == 9
     # the parts go to render_chat as parts, which joins them one per line as LLM.chat does
-    assert request.conversation() == [{"role": "user", "content": [{"type": "text", "text": "a "},
-                                                                   {"type": "text", "text": "b"}], "name": "u"}]
+    assert request.conversation() == [
+        {"role": "user", "content": [{"type": "text", "text": "a "}, {"type": "text", "text": "b"}], "name": "u"}
+    ]
     assert text_messages(request.conversation())[0]["content"] == "a \nb"
     both = ChatCompletionRequest(model="m", max_tokens=4, max_completion_tokens=9, messages=[])
     assert both.sampling_params(None).max_tokens == 9

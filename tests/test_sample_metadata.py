@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from nanovllm import SamplingParams
-from nanovllm.engine.messages import TokenLogprobs
-from nanovllm.worker.pending_output import PendingOutput, PromptScores
-from nanovllm.sample.metadata import SamplingTensors, needs_full_sampler, sampling_tensors, step_sampling
 from nanovllm.core.scheduler_output import PromptScoring, SchedulerOutput
+from nanovllm.engine.messages import TokenLogprobs
+from nanovllm.sample.metadata import SamplingTensors, needs_full_sampler, sampling_tensors, step_sampling
 from nanovllm.sample.sampler import Sampler, SamplerOutput
+from nanovllm.worker.pending_output import PendingOutput, PromptScores
 
 VOCAB = 50
 EOS = (1,)
@@ -25,10 +25,16 @@ def step_for(*params: SamplingParams, completion=(7, 8)) -> SchedulerOutput:
     req_ids = [f"r{i}" for i in range(n)]
     with_penalties = any(p.has_penalties for p in params)
     return SchedulerOutput(
-        req_ids=req_ids, token_ids=[chunk] * n, num_computed_tokens=[len(token_ids) - len(chunk)] * n,
-        block_tables=[[0]] * n, samples=[True] * n, sampled_req_ids=req_ids, sampling_params=list(params),
+        req_ids=req_ids,
+        token_ids=[chunk] * n,
+        num_computed_tokens=[len(token_ids) - len(chunk)] * n,
+        block_tables=[[0]] * n,
+        samples=[True] * n,
+        sampled_req_ids=req_ids,
+        sampling_params=list(params),
         num_output_tokens=[len(completion)] * n,
-        penalty_token_ids=[(PROMPT, list(completion))] * n if with_penalties else None)
+        penalty_token_ids=[(PROMPT, list(completion))] * n if with_penalties else None,
+    )
 
 
 def to_cpu(values: list, dtype: torch.dtype) -> torch.Tensor:
@@ -44,10 +50,23 @@ def test_plain_greedy_batch_takes_the_fast_path():
 
 
 # one setting each that takes a row off plain temperature sampling, and settings that do not
-OFF_PLAIN = [dict(top_k=5), dict(top_p=0.9), dict(min_p=0.1), dict(seed=4), dict(logprobs=0), dict(logit_bias={3: 1.0}),
-             dict(presence_penalty=0.5), dict(min_tokens=5)]
-PLAIN = [dict(), dict(temperature=0), dict(temperature=1.3, ignore_eos=True), dict(temperature=0, seed=4, top_k=5),
-         dict(temperature=0, min_tokens=1)]
+OFF_PLAIN = [
+    dict(top_k=5),
+    dict(top_p=0.9),
+    dict(min_p=0.1),
+    dict(seed=4),
+    dict(logprobs=0),
+    dict(logit_bias={3: 1.0}),
+    dict(presence_penalty=0.5),
+    dict(min_tokens=5),
+]
+PLAIN = [
+    dict(),
+    dict(temperature=0),
+    dict(temperature=1.3, ignore_eos=True),
+    dict(temperature=0, seed=4, top_k=5),
+    dict(temperature=0, min_tokens=1),
+]
 
 
 @pytest.mark.parametrize("other", PLAIN + OFF_PLAIN)
@@ -104,8 +123,15 @@ def test_a_seeded_rows_position_skips_requests_that_do_not_sample():
     # a prompt chunk that stops short of the prompt's end runs first and samples nothing
     params = SamplingParams(seed=4)
     out = SchedulerOutput(
-        req_ids=["chunk", "decode"], token_ids=[[10, 11], [8]], num_computed_tokens=[0, 6], block_tables=[[0], [1]],
-        samples=[False, True], sampled_req_ids=["decode"], sampling_params=[params], num_output_tokens=[3])
+        req_ids=["chunk", "decode"],
+        token_ids=[[10, 11], [8]],
+        num_computed_tokens=[0, 6],
+        block_tables=[[0], [1]],
+        samples=[False, True],
+        sampled_req_ids=["decode"],
+        sampling_params=[params],
+        num_output_tokens=[3],
+    )
     t = sampling_tensors(out, VOCAB, EOS, to_cpu)
     assert t.seeded_rows.tolist() == [0]
     assert t.positions.tolist() == [7]  # the decode computes position 6 and draws the token at 7
@@ -113,9 +139,11 @@ def test_a_seeded_rows_position_skips_requests_that_do_not_sample():
 
 def test_min_tokens_bans_stop_tokens_until_reached():
     # two completion tokens so far: the rows with min_tokens=3 still ban their stop tokens
-    t = tensors_for(SamplingParams(temperature=0, min_tokens=3, stop_token_ids=[9]),
-                    SamplingParams(temperature=0, min_tokens=3, ignore_eos=True),
-                    SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[9]))
+    t = tensors_for(
+        SamplingParams(temperature=0, min_tokens=3, stop_token_ids=[9]),
+        SamplingParams(temperature=0, min_tokens=3, ignore_eos=True),
+        SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[9]),
+    )
     assert t.banned.T.tolist() == [[0, EOS[0]], [0, 9]]
 
 
@@ -131,8 +159,11 @@ def test_num_logprobs_is_the_most_any_row_asks_for():
 
 
 def test_logit_bias_alone_leaves_the_fast_path_with_row_token_pairs_and_their_biases():
-    t = tensors_for(SamplingParams(temperature=0), SamplingParams(temperature=0, logit_bias={7: 5.0, 3: -100}),
-                    SamplingParams(temperature=0, logit_bias={2: 0.5}))
+    t = tensors_for(
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0, logit_bias={7: 5.0, 3: -100}),
+        SamplingParams(temperature=0, logit_bias={2: 0.5}),
+    )
     assert t.temperatures is None  # every row is still greedy
     assert t.bias_index.tolist() == [[1, 1, 2], [7, 3, 2]]
     assert t.bias_values.tolist() == [5.0, -100.0, 0.5]
@@ -160,13 +191,18 @@ def test_logprob_entries_keep_each_rows_own_count_and_the_chosen_tokens_rank():
 def test_prompt_scores_are_split_per_request_in_job_order_and_cut_to_each_jobs_count():
     # a step that samples nothing: "a" scores two positions with 1 alternative, "b" one with none
     jobs = [PromptScoring("a", 0, 0, 1, [5, 6]), PromptScoring("b", 1, 2, 0, [7])]
-    scores = PromptScores(jobs, torch.tensor([[5, 3], [6, 6], [7, 2]]),
-                          torch.tensor([[-2.0, -0.5], [-0.25, -0.25], [-4.0, -0.125]]), torch.tensor([2, 1, 9]))
+    scores = PromptScores(
+        jobs,
+        torch.tensor([[5, 3], [6, 6], [7, 2]]),
+        torch.tensor([[-2.0, -0.5], [-0.25, -0.25], [-4.0, -0.125]]),
+        torch.tensor([2, 1, 9]),
+    )
     result = PendingOutput(None, [], scores).result()
     assert (result.sampled_token_ids, result.logprobs) == ([], None)
     assert result.prompt_logprobs == {
         "a": [TokenLogprobs([5, 3], [-2.0, -0.5], 2), TokenLogprobs([6, 6], [-0.25, -0.25], 1)],
-        "b": [TokenLogprobs([7], [-4.0], 9)]}
+        "b": [TokenLogprobs([7], [-4.0], 9)],
+    }
 
 
 def test_a_step_without_logprobs_gives_none():

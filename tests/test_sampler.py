@@ -92,8 +92,13 @@ def test_temperature_sampling_replayed_in_a_cuda_graph_draws_from_the_seeds_refi
 
 def test_seeded_frequencies_follow_softmax(logits):
     # one draw per seed: across seeds the hash noise must act as Exp(1) noise
-    ids = draws_of(logits, temperatures=torch.tensor([0.8]), positions=torch.tensor([5]),
-                   seeds=torch.arange(DRAWS) * 7919, seeded_rows=torch.arange(DRAWS))
+    ids = draws_of(
+        logits,
+        temperatures=torch.tensor([0.8]),
+        positions=torch.tensor([5]),
+        seeds=torch.arange(DRAWS) * 7919,
+        seeded_rows=torch.arange(DRAWS),
+    )
     assert chi_square_p_value(ids, torch.softmax(logits / 0.8, -1)) > ALPHA
 
 
@@ -102,9 +107,16 @@ def test_same_seed_and_position_draw_the_same_token_anywhere_in_the_batch(logits
     temperatures = torch.ones(6)
 
     def draw(rows, seeds, positions):
-        return Sampler()(batch, SamplingTensors(temperatures=temperatures, seeded_rows=torch.tensor(rows),
-                                                seeds=torch.tensor(seeds), positions=torch.tensor(positions))
-                         ).token_ids
+        return Sampler()(
+            batch,
+            SamplingTensors(
+                temperatures=temperatures,
+                seeded_rows=torch.tensor(rows),
+                seeds=torch.tensor(seeds),
+                positions=torch.tensor(positions),
+            ),
+        ).token_ids
+
     for seed in range(20):
         alone = draw([0], [seed], [3])[0]
         assert draw([4, 1], [99, seed], [3, 3])[1] == alone
@@ -117,11 +129,14 @@ def renormalised(logits: torch.Tensor, kept: torch.Tensor, temperature: float) -
     return torch.softmax((logits / temperature).masked_fill(~kept, float("-inf")), -1)
 
 
-@pytest.mark.parametrize("setting, kept", [
-    ({"top_k": torch.tensor([4])}, lambda s: s >= s.topk(4).values[-1]),
-    ({"top_p": torch.tensor([0.6])}, None),
-    ({"min_p": torch.tensor([0.2])}, lambda s: s.softmax(-1) >= 0.2 * s.softmax(-1).max()),
-])
+@pytest.mark.parametrize(
+    "setting, kept",
+    [
+        ({"top_k": torch.tensor([4])}, lambda s: s >= s.topk(4).values[-1]),
+        ({"top_p": torch.tensor([0.6])}, None),
+        ({"min_p": torch.tensor([0.2])}, lambda s: s.softmax(-1) >= 0.2 * s.softmax(-1).max()),
+    ],
+)
 def test_truncation_keeps_only_the_allowed_set_and_its_renormalised_distribution(logits, setting, kept):
     temperature = 0.9
     scaled = logits / temperature
@@ -147,8 +162,10 @@ def test_rows_keep_their_own_truncation_settings():
     top_p = torch.tensor([1.0, 0.3, 1.0])
     min_p = torch.tensor([0.0, 0.0, 0.5])
     filtered = apply_top_k_top_p(apply_min_p(logits, min_p), top_k, top_p)
-    expected = [apply_top_k_top_p(apply_min_p(logits[i:i + 1], min_p[i:i + 1]), top_k[i:i + 1], top_p[i:i + 1])
-                for i in range(3)]
+    expected = [
+        apply_top_k_top_p(apply_min_p(logits[i : i + 1], min_p[i : i + 1]), top_k[i : i + 1], top_p[i : i + 1])
+        for i in range(3)
+    ]
     assert torch.equal(filtered, torch.cat(expected))
     assert int(filtered[0].isfinite().sum()) == 1
 
@@ -166,8 +183,9 @@ def test_banned_tokens_are_never_drawn():
 def test_logprobs_come_from_the_raw_logits():
     torch.manual_seed(5)
     logits = torch.randn(3, 30)
-    tensors = SamplingTensors(temperatures=torch.tensor([0.0, 2.0, 0.5]), top_k=torch.tensor([30, 2, 30]),
-                              num_logprobs=4)
+    tensors = SamplingTensors(
+        temperatures=torch.tensor([0.0, 2.0, 0.5]), top_k=torch.tensor([30, 2, 30]), num_logprobs=4
+    )
     out = Sampler()(logits, tensors)
     reference = torch.log_softmax(logits, -1)
     assert torch.equal(out.logprob_token_ids[:, 0], out.token_ids)

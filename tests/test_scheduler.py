@@ -7,22 +7,28 @@ from types import SimpleNamespace
 import pytest
 
 from nanovllm.core.block_manager import chain_hash
-from nanovllm.engine.messages import EngineCoreOutput, EngineStats, TokenLogprobs
 from nanovllm.core.request import Request, RequestStatus
 from nanovllm.core.runner_output import ModelRunnerOutput
 from nanovllm.core.scheduler import Scheduler
 from nanovllm.core.scheduler_output import PLACEHOLDER, PromptScoring
+from nanovllm.engine.messages import EngineCoreOutput, EngineStats, TokenLogprobs
 from nanovllm.sampling_params import SamplingParams
 
 BS = 4
 EOS = 1
 
 
-def make_scheduler(num_blocks=16, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64, chunked=False,
-                   prefix_caching=True):
-    config = SimpleNamespace(max_num_seqs=max_num_seqs, token_budget=max_num_batched_tokens,
-                             context_len=max_model_len, enable_chunked_prefill=chunked, kvcache_block_size=BS,
-                             enable_prefix_caching=prefix_caching)
+def make_scheduler(
+    num_blocks=16, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64, chunked=False, prefix_caching=True
+):
+    config = SimpleNamespace(
+        max_num_seqs=max_num_seqs,
+        token_budget=max_num_batched_tokens,
+        context_len=max_model_len,
+        enable_chunked_prefill=chunked,
+        kvcache_block_size=BS,
+        enable_prefix_caching=prefix_caching,
+    )
     return Scheduler(config, num_blocks, (EOS,))
 
 
@@ -124,8 +130,9 @@ def test_decode_respects_max_num_seqs_and_keeps_running_order():
 
 def test_decode_preempts_from_tail_when_a_block_is_missing():
     sched = make_scheduler(num_blocks=4)
-    a, b, c, d = add_all(sched, make_req("a", [2, 3, 4, 5]), make_req("b", [6, 7]), make_req("c", [8, 9]),
-                         make_req("d", [10, 11]))
+    a, b, c, d = add_all(
+        sched, make_req("a", [2, 3, 4, 5]), make_req("b", [6, 7]), make_req("c", [8, 9]), make_req("d", [10, 11])
+    )
     step(sched)
     e = make_req("e", range(20, 28))
     sched.add_request(e)
@@ -180,7 +187,8 @@ def test_update_reports_logprobs_and_cached_tokens_per_request():
     assert sched.update(sched.schedule(), result) == [
         EngineCoreOutput("a", [50], [a_logprobs], num_cached_tokens=0),
         EngineCoreOutput("b", [60], None, num_cached_tokens=4),
-        EngineCoreOutput("c", [70], [c_logprobs], num_cached_tokens=0)]
+        EngineCoreOutput("c", [70], [c_logprobs], num_cached_tokens=0),
+    ]
 
 
 def test_update_finishes_on_eos_and_frees_blocks():
@@ -229,8 +237,9 @@ def test_update_finishes_at_max_model_len():
 @pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("chunked, budget", [(False, 16), (True, 5)])
 def test_mixed_load_keeps_blocks_consistent_and_finishes_every_request(chunked, budget, overlap):
-    sched = make_scheduler(num_blocks=6, max_num_seqs=3, max_num_batched_tokens=budget, max_model_len=32,
-                           chunked=chunked)
+    sched = make_scheduler(
+        num_blocks=6, max_num_seqs=3, max_num_batched_tokens=budget, max_model_len=32, chunked=chunked
+    )
     shared = [2, 3, 4, 5]
     prompts = [shared + [6, 7], shared + [8], [9, 10, 11], shared + [6, 7], [12] * 7]
     reqs = add_all(sched, *(make_req(str(i), p, max_tokens=6 + i) for i, p in enumerate(prompts)))
@@ -254,11 +263,11 @@ def test_mixed_load_keeps_blocks_consistent_and_finishes_every_request(chunked, 
             assert len(req.block_table) == (req.num_tokens - sampled + BS - 1) // BS
             if end % BS:
                 assert bm.blocks[req.block_table[end // BS]].ref_count == 1
-            assert all(bm.blocks[b].hash != -1 for b in req.block_table[:min(end, len(req.token_ids)) // BS])
-            assert all(bm.blocks[b].hash == -1 for b in req.block_table[end // BS:])
+            assert all(bm.blocks[b].hash != -1 for b in req.block_table[: min(end, len(req.token_ids)) // BS])
+            assert all(bm.blocks[b].hash == -1 for b in req.block_table[end // BS :])
             for i, b in enumerate(req.block_table):
                 if bm.blocks[b].hash != -1:
-                    assert bm.blocks[b].token_ids == req.token_ids[i * BS:(i + 1) * BS] and len(req.block(i)) == BS
+                    assert bm.blocks[b].token_ids == req.token_ids[i * BS : (i + 1) * BS] and len(req.block(i)) == BS
         refs = [0] * len(bm.blocks)
         for req in sched.running:
             for b in req.block_table:
@@ -531,12 +540,19 @@ def test_penalty_steps_carry_every_sampling_request_prompt_and_completion():
 
 def test_stop_reason_is_the_stop_token_id_and_none_for_eos():
     sched = make_scheduler()
-    add_all(sched, make_req("a", [2, 3], stop_token_ids=[9]), make_req("b", [4, 5], stop_token_ids=[9]),
-            make_req("c", [6, 7], stop_token_ids=[9], min_tokens=2))
+    add_all(
+        sched,
+        make_req("a", [2, 3], stop_token_ids=[9]),
+        make_req("b", [4, 5], stop_token_ids=[9]),
+        make_req("c", [6, 7], stop_token_ids=[9], min_tokens=2),
+    )
     outputs = read_back(sched, sched.schedule(), 9, EOS, 9)
     # c's stop token comes before its min_tokens: it goes on, with no reason
     assert [(o.request_id, o.finish_reason, o.stop_reason) for o in outputs] == [
-        ("a", "stop", 9), ("b", "stop", None), ("c", None, None)]
+        ("a", "stop", 9),
+        ("b", "stop", None),
+        ("c", None, None),
+    ]
 
 
 def test_a_request_with_prompt_logprobs_gets_no_prefix_cache_hit():
@@ -561,8 +577,11 @@ def test_prompt_chunks_score_the_positions_before_each_next_prompt_token_once():
     # d's decode goes first each step; a's prompt comes in chunks of 4, 4 and 2 at batch index 1. The last
     # prompt position samples the first completion token, so it is not scored.
     scorings = [step(sched).prompt_scoring for _ in range(3)]
-    assert scorings == [[PromptScoring("a", 1, 0, 2, prompt[1:5])], [PromptScoring("a", 1, 0, 2, prompt[5:9])],
-                        [PromptScoring("a", 1, 0, 2, prompt[9:])]]
+    assert scorings == [
+        [PromptScoring("a", 1, 0, 2, prompt[1:5])],
+        [PromptScoring("a", 1, 0, 2, prompt[5:9])],
+        [PromptScoring("a", 1, 0, 2, prompt[9:])],
+    ]
     assert step(sched).prompt_scoring == []  # decodes score nothing
 
 
@@ -602,13 +621,17 @@ def test_update_reports_the_prompt_logprobs_of_a_chunk_that_samples_nothing_with
     assert out.sampled_req_ids == ["d"]
     first = [TokenLogprobs([11], [-1.0], 2), TokenLogprobs([12], [-0.5], 1), TokenLogprobs([13], [-2.0], 5)]
     assert sched.update(out, ModelRunnerOutput([60], None, {"a": first})) == [
-        EngineCoreOutput("d", [60]), EngineCoreOutput("a", [], new_prompt_logprobs=first)]
+        EngineCoreOutput("d", [60]),
+        EngineCoreOutput("a", [], new_prompt_logprobs=first),
+    ]
     # a's last chunk [13, 14] scores the position before 14 and samples: both come in one output
     out = sched.schedule()
     assert out.sampled_req_ids == ["d", "a"]
     last = [TokenLogprobs([14], [-0.25], 1)]
     assert sched.update(out, ModelRunnerOutput([61, 70], None, {"a": last})) == [
-        EngineCoreOutput("d", [61]), EngineCoreOutput("a", [70], new_prompt_logprobs=last)]
+        EngineCoreOutput("d", [61]),
+        EngineCoreOutput("a", [70], new_prompt_logprobs=last),
+    ]
 
 
 def test_stats_count_prefix_cache_queries_and_hits_and_preemptions():
@@ -616,14 +639,26 @@ def test_stats_count_prefix_cache_queries_and_hits_and_preemptions():
     _, b = add_all(sched, make_req("a", [2, 3, 4, 5, 6]), make_req("b", [2, 3, 4, 5, 7]))
     step(sched)
     # both prompts were looked up, 5 tokens each; b found a's first block
-    assert sched.stats() == EngineStats(num_running=2, num_waiting=0, kv_cache_usage=0.75, prefix_cache_queries=10,
-                                        prefix_cache_hits=4, num_preemptions=0)
+    assert sched.stats() == EngineStats(
+        num_running=2,
+        num_waiting=0,
+        kv_cache_usage=0.75,
+        prefix_cache_queries=10,
+        prefix_cache_hits=4,
+        num_preemptions=0,
+    )
     # three decodes bring each to 9 tokens; the fourth needs a third block each, and one is left
     for _ in range(3):
         step(sched)
     assert step(sched).req_ids == ["a"] and list(sched.waiting) == [b]
-    assert sched.stats() == EngineStats(num_running=1, num_waiting=1, kv_cache_usage=0.75, prefix_cache_queries=10,
-                                        prefix_cache_hits=4, num_preemptions=1)
+    assert sched.stats() == EngineStats(
+        num_running=1,
+        num_waiting=1,
+        kv_cache_usage=0.75,
+        prefix_cache_queries=10,
+        prefix_cache_hits=4,
+        num_preemptions=1,
+    )
     # b's recompute looks up its 9 tokens and finds both its full blocks still cached
     sched.abort(["a"])
     out = sched.schedule()

@@ -16,10 +16,10 @@ import msgspec
 import pytest
 import uvicorn
 import zmq
+from conftest import child_processes, core_steps
 from test_api_server import ENGINE_ARGS, MODEL, RunningServer, error_of, wait_until
 from test_cli import alive, start_server
 
-from conftest import child_processes, core_steps
 from nanovllm import LLM, SamplingParams, StructuredOutputsParams
 from nanovllm.core import structured_output
 from nanovllm.engine.core_client import remove_stale_socket_folders
@@ -71,20 +71,23 @@ def assert_serves(client: httpx.Client, url: str) -> None:
     assert client.get(f"{url}/health").status_code == 200
 
 
-@pytest.mark.parametrize("fields, name", [
-    ({"n": 2, "seed": 2**64 - 1, "temperature": 1}, "seed"),
-    ({"seed": 2**64}, "seed"),
-    ({"seed": -2**63 - 1}, "seed"),
-    ({"top_k": 2**64}, "top_k"),
-    ({"top_k": 2**63}, "top_k"),
-    ({"min_tokens": 2**70}, "min_tokens"),
-    ({"max_tokens": 2**64}, "max_tokens"),
-    ({"stop_token_ids": [2**64]}, "stop_token_ids"),
-    ({"logit_bias": {str(2**64): 1}}, "logit_bias"),
-    ({"n": 2**64}, "n"),
-    ({"best_of": 2**63}, "best_of"),
-    ({"logprobs": 2**64}, "logprob"),
-])
+@pytest.mark.parametrize(
+    "fields, name",
+    [
+        ({"n": 2, "seed": 2**64 - 1, "temperature": 1}, "seed"),
+        ({"seed": 2**64}, "seed"),
+        ({"seed": -(2**63) - 1}, "seed"),
+        ({"top_k": 2**64}, "top_k"),
+        ({"top_k": 2**63}, "top_k"),
+        ({"min_tokens": 2**70}, "min_tokens"),
+        ({"max_tokens": 2**64}, "max_tokens"),
+        ({"stop_token_ids": [2**64]}, "stop_token_ids"),
+        ({"logit_bias": {str(2**64): 1}}, "logit_bias"),
+        ({"n": 2**64}, "n"),
+        ({"best_of": 2**63}, "best_of"),
+        ({"logprobs": 2**64}, "logprob"),
+    ],
+)
 def test_integers_out_of_range_are_a_400_naming_the_field(server, fields, name):
     with httpx.Client(base_url=server.url, timeout=30) as client:
         response = client.post("/v1/completions", json=completion(**fields))
@@ -94,18 +97,21 @@ def test_integers_out_of_range_are_a_400_naming_the_field(server, fields, name):
     wait_until(lambda: server.online.stats().num_running == 0)
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"stop": ["w9"] * 65}, "stop"),
-    ({"stop_token_ids": [5] * 1025}, "stop_token_ids"),
-    ({"prompt": ["w5"] * 600, "n": 2}, "1200 completions"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"stop": ["w9"] * 65}, "stop"),
+        ({"stop_token_ids": [5] * 1025}, "stop_token_ids"),
+        ({"prompt": ["w5"] * 600, "n": 2}, "1200 completions"),
+    ],
+)
 def test_lists_beyond_the_servers_limits_are_a_400(server, fields, message):
     response = httpx.post(f"{server.url}/v1/completions", json=completion(**fields), timeout=30)
     assert response.status_code == 400 and message in error_of(response)["message"]
 
 
 def test_seeds_at_the_64_bit_bounds_are_served_and_repeat(server):
-    for seed in (2**63 - 1, -2**63):
+    for seed in (2**63 - 1, -(2**63)):
         body = completion(n=3, seed=seed, temperature=1.0)
         first = httpx.post(f"{server.url}/v1/completions", json=body, timeout=30)
         again = httpx.post(f"{server.url}/v1/completions", json=body, timeout=30)
@@ -117,8 +123,9 @@ def test_a_fault_in_one_requests_output_ends_only_that_request(server, poisoned_
     results = {}
 
     def long_stream():
-        body = completion(max_tokens=60, ignore_eos=True, temperature=0, stream=True,
-                          stream_options={"include_usage": True})
+        body = completion(
+            max_tokens=60, ignore_eos=True, temperature=0, stream=True, stream_options={"include_usage": True}
+        )
         with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as response:
             results["long"] = events_of(response)
 
@@ -165,8 +172,7 @@ def test_a_fault_in_the_output_thread_turns_health_to_503(chat_model_dir, monkey
             with client.stream("POST", "/v1/completions", json=body) as response:
                 lines = response.iter_lines()
                 assert next(line for line in lines if line.startswith("data:"))
-                monkeypatch.setattr(output_processor.OutputProcessor, "process",
-                                    lambda self, outputs: 1 / 0)
+                monkeypatch.setattr(output_processor.OutputProcessor, "process", lambda self, outputs: 1 / 0)
                 broken = time.monotonic()
                 rest = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
             assert rest[-1]["error"]["code"] == 503
@@ -185,8 +191,13 @@ def test_streams_cut_by_the_shutdown_grace_period_get_an_error_event(chat_model_
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    config = uvicorn.Config(build_app(online, ServerSettings(MODEL)), host="127.0.0.1", port=port,
-                            log_level="warning", timeout_graceful_shutdown=5)
+    config = uvicorn.Config(
+        build_app(online, ServerSettings(MODEL)),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        timeout_graceful_shutdown=5,
+    )
     server = _Server(config, online, shutdown_timeout=0.5)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -225,8 +236,11 @@ def test_stale_socket_folders_of_dead_processes_are_removed(tmp_path, monkeypatc
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     dead = subprocess.Popen(["true"])
     dead.wait()
-    stale, live, other = (tmp_path / f"nanovllm-{dead.pid}-abc", tmp_path / f"nanovllm-{os.getpid()}-def",
-                          tmp_path / "nanovllm-cache")
+    stale, live, other = (
+        tmp_path / f"nanovllm-{dead.pid}-abc",
+        tmp_path / f"nanovllm-{os.getpid()}-def",
+        tmp_path / "nanovllm-cache",
+    )
     for folder in (stale, live, other):
         folder.mkdir()
     remove_stale_socket_folders()
@@ -236,6 +250,7 @@ def test_stale_socket_folders_of_dead_processes_are_removed(tmp_path, monkeypatc
 def test_a_grammar_fault_in_the_core_ends_only_that_request(chat_model_dir, monkeypatch):
     llm = LLM(chat_model_dir, **ENGINE_ARGS)
     try:
+
         def failing_accept(self, request_id, token_id):
             raise RuntimeError("simulated grammar fault")
 

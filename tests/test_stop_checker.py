@@ -25,7 +25,7 @@ def run(completion, prompt=(5,), max_model_len=1000, **params) -> tuple[str | No
         reason = checker.finish_reason(req)
         if reason is not None:
             break
-    return reason, req.token_ids[req.num_prompt_tokens:]
+    return reason, req.token_ids[req.num_prompt_tokens :]
 
 
 def test_runs_to_max_tokens_with_reason_length():

@@ -22,10 +22,15 @@ SCHEMA = {
         "height": {"type": "number", "minimum": 0, "maximum": 3},
         "role": {"enum": ["admin", "user", "guest"]},
         "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3},
-        "address": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
-                                                     "zip": {"type": "integer", "minimum": 10000,
-                                                             "maximum": 99999}},
-                    "required": ["city", "zip"], "additionalProperties": False},
+        "address": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 20},
+                "zip": {"type": "integer", "minimum": 10000, "maximum": 99999},
+            },
+            "required": ["city", "zip"],
+            "additionalProperties": False,
+        },
     },
     "required": ["name", "age", "height", "role", "tags", "address"],
     "additionalProperties": False,
@@ -62,8 +67,9 @@ def test_regex_and_choice_hold_under_sampling(llm):
 
 
 def test_any_json_object_and_an_ebnf_grammar(llm):
-    [obj] = llm.generate(PROMPT, constrained(StructuredOutputsParams(json_object=True), seed=3, max_tokens=300),
-                         use_tqdm=False)[0].outputs
+    [obj] = llm.generate(
+        PROMPT, constrained(StructuredOutputsParams(json_object=True), seed=3, max_tokens=300), use_tqdm=False
+    )[0].outputs
     assert obj.finish_reason == "length" or isinstance(json.loads(obj.text), dict)
     grammar = StructuredOutputsParams(grammar='root ::= "yes" | "no" | "maybe " [0-9]')
     answers = [c.text for c in llm.generate("Answer:", constrained(grammar, n=12, seed=4), use_tqdm=False)[0].outputs]
@@ -74,39 +80,50 @@ def test_greedy_unconstrained_requests_in_the_same_batch_are_unchanged(llm):
     prompts = ["The capital of France is", "List three fruits:", "Once upon a time"]
     greedy = SamplingParams(temperature=0.0, max_tokens=24)
     alone = llm.generate(prompts, greedy, use_tqdm=False)
-    mixed = llm.generate([PROMPT] + prompts + [PROMPT],
-                         [constrained(StructuredOutputsParams(json=SCHEMA), seed=5)] + [greedy] * 3
-                         + [constrained(StructuredOutputsParams(regex=r"\d+"), temperature=0.0)], use_tqdm=False)
+    mixed = llm.generate(
+        [PROMPT] + prompts + [PROMPT],
+        [constrained(StructuredOutputsParams(json=SCHEMA), seed=5)]
+        + [greedy] * 3
+        + [constrained(StructuredOutputsParams(regex=r"\d+"), temperature=0.0)],
+        use_tqdm=False,
+    )
     assert [o.outputs[0].token_ids for o in mixed[1:4]] == [o.outputs[0].token_ids for o in alone]
     jsonschema.validate(json.loads(mixed[0].outputs[0].text), SCHEMA)
     assert re.fullmatch(r"\d+", mixed[4].outputs[0].text)
 
 
 def test_a_grammar_that_cannot_finish_in_max_tokens_ends_with_length(llm):
-    [completion] = llm.generate(PROMPT, constrained(StructuredOutputsParams(json=SCHEMA), max_tokens=6),
-                                use_tqdm=False)[0].outputs
+    [completion] = llm.generate(
+        PROMPT, constrained(StructuredOutputsParams(json=SCHEMA), max_tokens=6), use_tqdm=False
+    )[0].outputs
     assert completion.finish_reason == "length" and len(completion.token_ids) == 6
     with pytest.raises(json.JSONDecodeError):
         json.loads(completion.text)
 
 
-@pytest.mark.parametrize("spec, message", [
-    (StructuredOutputsParams(json={"type": "objekt"}), "json is invalid.*objekt"),
-    (StructuredOutputsParams(regex="a(b"), "regex is invalid.*parenthesis"),
-    (StructuredOutputsParams(grammar="root ::= missing_rule"), "grammar is invalid"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        (StructuredOutputsParams(json={"type": "objekt"}), "json is invalid.*objekt"),
+        (StructuredOutputsParams(regex="a(b"), "regex is invalid.*parenthesis"),
+        (StructuredOutputsParams(grammar="root ::= missing_rule"), "grammar is invalid"),
+    ],
+)
 def test_bad_specs_are_refused_with_what_is_wrong(llm, spec, message):
     with pytest.raises(ValueError, match=message):
         llm.generate(PROMPT, constrained(spec), use_tqdm=False)
     assert not llm.has_unfinished_requests()
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({}, "exactly one of"),
-    ({"json": {"type": "object"}, "regex": "a"}, "exactly one of"),
-    ({"json": "{not json"}, "not valid JSON"),
-    ({"choice": []}, "choice"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({}, "exactly one of"),
+        ({"json": {"type": "object"}, "regex": "a"}, "exactly one of"),
+        ({"json": "{not json"}, "not valid JSON"),
+        ({"choice": []}, "choice"),
+    ],
+)
 def test_specs_take_exactly_one_valid_constraint(kwargs, message):
     with pytest.raises(ValueError, match=message):
         StructuredOutputsParams(**kwargs)
@@ -114,6 +131,7 @@ def test_specs_take_exactly_one_valid_constraint(kwargs, message):
 
 def test_grammar_of_names_a_missing_library(monkeypatch):
     import sys
+
     monkeypatch.setitem(sys.modules, "xgrammar", None)
     with pytest.raises(ValueError, match="pip install 'nanovllm\\[structured\\]'"):
         grammar_of(StructuredOutputsParams(regex="a+"))

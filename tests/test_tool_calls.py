@@ -20,25 +20,43 @@ from nanovllm.frontend.online_engine import OnlineEngine
 
 pytest.importorskip("xgrammar")
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
-                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
-                   "required": ["city", "unit"], "additionalProperties": False}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 20}},
-                                       "required": ["zone"], "additionalProperties": False}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 30}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "maxLength": 20}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
 # Hermes style, as Qwen's templates: tools in the system turn, calls and results in tags
 TOOL_TEMPLATE = (
     "{%- if tools %}<|im_start|>system\nYou may call these functions: {{ tools | tojson }}\n"
-    "Call one as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call><|im_end|>\n{% endif %}"
+    'Call one as <tool_call>{"name": ..., "arguments": {...}}</tool_call><|im_end|>\n{% endif %}'
     "{%- for m in messages %}"
     "{%- if m.role == 'tool' %}<|im_start|>user\n<tool_response>{{ m.content }}</tool_response><|im_end|>\n"
     "{%- elif m.tool_calls %}<|im_start|>assistant\n{%- for c in m.tool_calls %}<tool_call>"
     "{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}</tool_call>{% endfor %}"
     "<|im_end|>\n"
     "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{%- endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
@@ -51,8 +69,10 @@ def test_a_named_function_constrains_the_reply_to_its_parameters():
 
 def test_required_constrains_the_reply_to_a_list_of_calls():
     spec = tool_choice_constraint([WEATHER, TIME], "required")
-    calls = [{"name": "get_weather", "parameters": {"city": "Oslo", "unit": "celsius"}},
-             {"name": "get_time", "parameters": {"zone": "CET"}}]
+    calls = [
+        {"name": "get_weather", "parameters": {"city": "Oslo", "unit": "celsius"}},
+        {"name": "get_time", "parameters": {"zone": "CET"}},
+    ]
     jsonschema.validate(calls, spec.json)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate([{"name": "get_time", "parameters": {"city": "Oslo"}}], spec.json)
@@ -65,12 +85,17 @@ def test_calls_are_parsed_from_each_kind_of_reply():
     named = {"type": "function", "function": {"name": "get_time"}}
     content, [call] = parse_tool_calls('{"zone": "UTC"}', named)
     assert (content, call.name, json.loads(call.arguments)) == (None, "get_time", {"zone": "UTC"})
-    content, calls = parse_tool_calls('[{"name": "get_time", "parameters": {"zone": "UTC"}}, '
-                                      '{"name": "get_weather", "parameters": {"city": "Rome", "unit": "celsius"}}]',
-                                      "required")
+    content, calls = parse_tool_calls(
+        '[{"name": "get_time", "parameters": {"zone": "UTC"}}, '
+        '{"name": "get_weather", "parameters": {"city": "Rome", "unit": "celsius"}}]',
+        "required",
+    )
     assert content is None and [c.name for c in calls] == ["get_time", "get_weather"]
-    content, [call] = parse_tool_calls('Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": '
-                                       '{"city": "Oslo", "unit": "celsius"}}\n</tool_call>', "auto")
+    content, [call] = parse_tool_calls(
+        'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": '
+        '{"city": "Oslo", "unit": "celsius"}}\n</tool_call>',
+        "auto",
+    )
     assert content == "Let me look." and json.loads(call.arguments) == {"city": "Oslo", "unit": "celsius"}
     assert parse_tool_calls("Just text.", "auto") == ("Just text.", [])
     # not cut short by max_tokens, yet not JSON (a stop string, say): no calls claimed
@@ -85,13 +110,18 @@ def test_a_forced_call_cut_short_is_still_a_call_with_the_arguments_so_far():
     content, [call] = parse_tool_calls('{"zone": "U', named, cut=True)
     assert (content, call.name, call.arguments) == (None, "get_time", '{"zone": "U')
     whole = '{"name": "get_time", "parameters": {"zone": "UTC"}}'
-    content, calls = parse_tool_calls(f'[{whole}, {{"name": "get_weather", "parameters": {{"city": "Ro', "required",
-                                      cut=True)
+    content, calls = parse_tool_calls(
+        f'[{whole}, {{"name": "get_weather", "parameters": {{"city": "Ro', "required", cut=True
+    )
     assert content is None and [(c.name, c.arguments) for c in calls] == [
-        ("get_time", '{"zone": "UTC"}'), ("get_weather", '{"city": "Ro')]
+        ("get_time", '{"zone": "UTC"}'),
+        ("get_weather", '{"city": "Ro'),
+    ]
     # the call being written counts once its name is whole; before that only the whole ones do
     assert [c.arguments for c in parse_tool_calls(f'[{whole}, {{"name": "get_time"', "required", cut=True)[1]] == [
-        '{"zone": "UTC"}', ""]
+        '{"zone": "UTC"}',
+        "",
+    ]
     assert [c.name for c in parse_tool_calls(f'[{whole}, {{"name": "get_ti', "required", cut=True)[1]] == ["get_time"]
     assert parse_tool_calls('[{"na', "required", cut=True) == ('[{"na', [])
 
@@ -144,24 +174,42 @@ def client_of(url: str) -> openai.OpenAI:
 def test_a_forced_call_and_its_result_round_trip(server):
     client = client_of(server)
     response = client.chat.completions.create(
-        model="smol", messages=QUESTION, tools=[WEATHER, TIME], temperature=0.7, seed=1, max_tokens=80,
-        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        model="smol",
+        messages=QUESTION,
+        tools=[WEATHER, TIME],
+        temperature=0.7,
+        seed=1,
+        max_tokens=80,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
     choice = response.choices[0]
     [call] = choice.message.tool_calls
     assert choice.finish_reason == "tool_calls" and call.type == "function" and call.function.name == "get_weather"
     jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
-    conversation = QUESTION + [choice.message.model_dump(exclude_none=True),
-                               {"role": "tool", "tool_call_id": call.id, "content": "18 degrees, sunny"}]
-    answer = client.chat.completions.create(model="smol", messages=conversation, tools=[WEATHER, TIME],
-                                            max_tokens=30, temperature=0)
+    conversation = QUESTION + [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "18 degrees, sunny"},
+    ]
+    answer = client.chat.completions.create(
+        model="smol", messages=conversation, tools=[WEATHER, TIME], max_tokens=30, temperature=0
+    )
     assert answer.choices[0].message.content and answer.choices[0].message.tool_calls is None
 
 
 def test_a_required_call_streams_as_tool_call_deltas(server):
     client = client_of(server)
-    chunks = list(client.chat.completions.create(
-        model="smol", messages=QUESTION, tools=[WEATHER, TIME], tool_choice="required", temperature=0.7, seed=2,
-        max_tokens=120, stream=True))
+    chunks = list(
+        client.chat.completions.create(
+            model="smol",
+            messages=QUESTION,
+            tools=[WEATHER, TIME],
+            tool_choice="required",
+            temperature=0.7,
+            seed=2,
+            max_tokens=120,
+            stream=True,
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     deltas = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
     assert deltas and chunks[-1].choices[0].finish_reason == "tool_calls"
@@ -176,30 +224,52 @@ def test_response_format_json_schema_and_guided_fields(server):
     client = client_of(server)
     schema = WEATHER["function"]["parameters"]
     response = client.chat.completions.create(
-        model="smol", messages=QUESTION, temperature=0.9, seed=3, max_tokens=80,
-        response_format={"type": "json_schema", "json_schema": {"name": "weather", "schema": schema, "strict": True}})
+        model="smol",
+        messages=QUESTION,
+        temperature=0.9,
+        seed=3,
+        max_tokens=80,
+        response_format={"type": "json_schema", "json_schema": {"name": "weather", "schema": schema, "strict": True}},
+    )
     jsonschema.validate(json.loads(response.choices[0].message.content), schema)
-    completion = client.completions.create(model="smol", prompt="My phone number:", max_tokens=12, temperature=1.0,
-                                           extra_body={"guided_regex": r"\d{3}-\d{4}"})
+    completion = client.completions.create(
+        model="smol",
+        prompt="My phone number:",
+        max_tokens=12,
+        temperature=1.0,
+        extra_body={"guided_regex": r"\d{3}-\d{4}"},
+    )
     assert completion.choices[0].text.count("-") == 1 and len(completion.choices[0].text) == 8
-    picked = client.completions.create(model="smol", prompt="Yes or no?", max_tokens=5, temperature=1.0,
-                                       extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
+    picked = client.completions.create(
+        model="smol",
+        prompt="Yes or no?",
+        max_tokens=5,
+        temperature=1.0,
+        extra_body={"structured_outputs": {"choice": ["yes", "no"]}},
+    )
     assert picked.choices[0].text in ("yes", "no")
 
 
-@pytest.mark.parametrize("body, message", [
-    ({"guided_json": {"type": "objekt"}}, "json is invalid"),
-    ({"guided_regex": "a(b"}, "regex is invalid"),
-    ({"guided_regex": "a", "guided_choice": ["b"]}, "send one constraint"),
-    ({"structured_outputs": {"jsonn": {}}}, "unknown: jsonn"),
-    ({"response_format": {"type": "json_schema"}}, "needs a json_schema"),
-    ({"tool_choice": "required"}, "tool_choice needs tools"),
-    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "not among the tools"),
-    ({"tools": [WEATHER], "tool_choice": "required", "guided_regex": "a"}, "already constrains"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"guided_json": {"type": "objekt"}}, "json is invalid"),
+        ({"guided_regex": "a(b"}, "regex is invalid"),
+        ({"guided_regex": "a", "guided_choice": ["b"]}, "send one constraint"),
+        ({"structured_outputs": {"jsonn": {}}}, "unknown: jsonn"),
+        ({"response_format": {"type": "json_schema"}}, "needs a json_schema"),
+        ({"tool_choice": "required"}, "tool_choice needs tools"),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "not among the tools",
+        ),
+        ({"tools": [WEATHER], "tool_choice": "required", "guided_regex": "a"}, "already constrains"),
+    ],
+)
 def test_bad_constraints_are_400s_that_say_what_is_wrong(server, body, message):
-    response = httpx.post(f"{server}/v1/chat/completions",
-                          json={"model": "smol", "messages": QUESTION, "max_tokens": 4, **body})
+    response = httpx.post(
+        f"{server}/v1/chat/completions", json={"model": "smol", "messages": QUESTION, "max_tokens": 4, **body}
+    )
     assert response.status_code == 400 and message in response.json()["error"]["message"]
 
 
@@ -211,26 +281,43 @@ def test_a_tool_message_needs_its_call_id(server):
 
 def test_a_streamed_call_goes_back_with_its_result(server):
     client = client_of(server)
-    chunks = list(client.chat.completions.create(
-        model="smol", messages=QUESTION, tools=[WEATHER], temperature=0.7, seed=4, max_tokens=80, stream=True,
-        tool_choice={"type": "function", "function": {"name": "get_weather"}}))
+    chunks = list(
+        client.chat.completions.create(
+            model="smol",
+            messages=QUESTION,
+            tools=[WEATHER],
+            temperature=0.7,
+            seed=4,
+            max_tokens=80,
+            stream=True,
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        )
+    )
     [delta] = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
-    call = {"id": delta.id, "type": "function",
-            "function": {"name": delta.function.name, "arguments": delta.function.arguments}}
-    conversation = QUESTION + [{"role": "assistant", "content": None, "tool_calls": [call]},
-                               {"role": "tool", "tool_call_id": delta.id, "content": "18 degrees, sunny"}]
-    answer = client.chat.completions.create(model="smol", messages=conversation, tools=[WEATHER], max_tokens=20,
-                                            temperature=0, stream=True)
+    call = {
+        "id": delta.id,
+        "type": "function",
+        "function": {"name": delta.function.name, "arguments": delta.function.arguments},
+    }
+    conversation = QUESTION + [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": delta.id, "content": "18 degrees, sunny"},
+    ]
+    answer = client.chat.completions.create(
+        model="smol", messages=conversation, tools=[WEATHER], max_tokens=20, temperature=0, stream=True
+    )
     assert "".join(c.choices[0].delta.content or "" for c in answer)
 
 
 def test_tool_choice_none_leaves_the_tools_out_and_auto_may_answer_in_text(server):
     client = client_of(server)
     plain = client.chat.completions.create(model="smol", messages=QUESTION, max_tokens=1)
-    none = client.chat.completions.create(model="smol", messages=QUESTION, tools=[WEATHER], tool_choice="none",
-                                          max_tokens=1)
-    auto = client.chat.completions.create(model="smol", messages=QUESTION, tools=[WEATHER], max_tokens=16,
-                                          temperature=0)
+    none = client.chat.completions.create(
+        model="smol", messages=QUESTION, tools=[WEATHER], tool_choice="none", max_tokens=1
+    )
+    auto = client.chat.completions.create(
+        model="smol", messages=QUESTION, tools=[WEATHER], max_tokens=16, temperature=0
+    )
     assert none.usage.prompt_tokens == plain.usage.prompt_tokens < auto.usage.prompt_tokens
     message = auto.choices[0].message
     assert (message.tool_calls is None) == (auto.choices[0].finish_reason != "tool_calls")
@@ -240,24 +327,42 @@ def test_tool_choice_none_leaves_the_tools_out_and_auto_may_answer_in_text(serve
 def test_a_forced_call_cut_short_comes_back_as_a_call_streamed_or_not(server):
     client = client_of(server)
     named = {"type": "function", "function": {"name": "get_weather"}}
-    whole = client.chat.completions.create(model="smol", messages=QUESTION, tools=[WEATHER], tool_choice=named,
-                                           max_tokens=5, temperature=0)
+    whole = client.chat.completions.create(
+        model="smol", messages=QUESTION, tools=[WEATHER], tool_choice=named, max_tokens=5, temperature=0
+    )
     choice = whole.choices[0]
     [call] = choice.message.tool_calls
     assert (choice.finish_reason, choice.message.content, call.function.name) == ("length", None, "get_weather")
     assert call.function.arguments.startswith("{") and whole.usage.completion_tokens == 5
-    chunks = list(client.chat.completions.create(model="smol", messages=QUESTION, tools=[WEATHER], tool_choice=named,
-                                                 max_tokens=5, temperature=0, stream=True))
+    chunks = list(
+        client.chat.completions.create(
+            model="smol",
+            messages=QUESTION,
+            tools=[WEATHER],
+            tool_choice=named,
+            max_tokens=5,
+            temperature=0,
+            stream=True,
+        )
+    )
     [delta] = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
     assert delta.function.arguments == call.function.arguments and chunks[-1].choices[0].finish_reason == "length"
-    required = client.chat.completions.create(model="smol", messages=QUESTION, tools=[WEATHER, TIME],
-                                              tool_choice="required", max_tokens=16, temperature=0)
+    required = client.chat.completions.create(
+        model="smol", messages=QUESTION, tools=[WEATHER, TIME], tool_choice="required", max_tokens=16, temperature=0
+    )
     assert required.choices[0].finish_reason == "length"
     assert [c.function.name in ("get_weather", "get_time") for c in required.choices[0].message.tool_calls] == [True]
 
 
 def test_parallel_tool_calls_false_gives_one_call(server):
     response = client_of(server).chat.completions.create(
-        model="smol", messages=QUESTION, tools=[WEATHER, TIME], tool_choice="required", temperature=0.7, seed=2,
-        max_tokens=120, parallel_tool_calls=False)
+        model="smol",
+        messages=QUESTION,
+        tools=[WEATHER, TIME],
+        tool_choice="required",
+        temperature=0.7,
+        seed=2,
+        max_tokens=120,
+        parallel_tool_calls=False,
+    )
     assert len(response.choices[0].message.tool_calls) == 1

@@ -77,8 +77,12 @@ def test_prefill_with_and_without_cached_prefix(caches, cached, order):
     new_v = torch.cat([fv[c:] for fv, c in zip(full_v, cached)])
     slots = torch.tensor(sum((slots_of(tables[i].tolist(), c, n) for i, (n, c) in enumerate(zip(totals, cached))), []))
     store_kvcache(new_k, new_v, k_cache, v_cache, slots)
-    context = Context(is_prefill=True, seqlens_q=[n - c for n, c in zip(totals, cached)], seqlens_k=totals,
-                      block_tables=tables if any(cached) else None)
+    context = Context(
+        is_prefill=True,
+        seqlens_q=[n - c for n, c in zip(totals, cached)],
+        seqlens_k=totals,
+        block_tables=tables if any(cached) else None,
+    )
     out = backend.prefill(torch.cat(q), new_k, new_v, k_cache, v_cache, context, DIM**-0.5)
     expected = torch.cat([dense_attention(qi, fk, fv) for qi, fk, fv in zip(q, full_k, full_v)])
     torch.testing.assert_close(out, expected)
@@ -97,10 +101,11 @@ def test_decode_reads_each_sequence_through_its_blocks(caches, order):
         slots = torch.tensor(slots_of(tables[i].tolist(), 0, n))
         store_kvcache(full_k[i], full_v[i], k_cache, v_cache, slots)
     q = torch.randn(len(lengths), HEADS, DIM)
-    context = Context(context_lens=torch.tensor(lengths, dtype=torch.int32), max_seqlen_k=max(lengths),
-                      block_tables=tables)
+    context = Context(
+        context_lens=torch.tensor(lengths, dtype=torch.int32), max_seqlen_k=max(lengths), block_tables=tables
+    )
     out = backend.decode(q, k_cache, v_cache, context, DIM**-0.5)
-    expected = torch.stack([dense_attention(q[i:i + 1], full_k[i], full_v[i])[0] for i in range(len(lengths))])
+    expected = torch.stack([dense_attention(q[i : i + 1], full_k[i], full_v[i])[0] for i in range(len(lengths))])
     torch.testing.assert_close(out, expected)
 
 

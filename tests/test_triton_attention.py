@@ -8,10 +8,10 @@ import torch
 from paged_cases import paged_case
 
 pytest.importorskip("triton")
+from nanovllm.kernels import triton_decode_attention  # noqa: E402
 from nanovllm.kernels.fp8_kv import quantize_paged_cache  # noqa: E402
 from nanovllm.kernels.torch_attention import TorchAttentionBackend, store_kvcache  # noqa: E402
 from nanovllm.kernels.triton_attention import TritonAttentionBackend  # noqa: E402
-from nanovllm.kernels import triton_decode_attention  # noqa: E402
 from nanovllm.kernels.triton_decode_attention import decode_attention  # noqa: E402
 from nanovllm.kernels.triton_norm_rotary_store import norm_rotate_store  # noqa: E402
 from nanovllm.layers.rotary_embedding import RotaryEmbedding, norm_rotate_qk_reference  # noqa: E402
@@ -50,8 +50,17 @@ def check_decode(case, num_splits=None, fp8=False, longest_first=False):
     context, scale = case.decode_context(), case.q.size(-1) ** -0.5
     want = TorchAttentionBackend().decode(case.q, k_cache, v_cache, context, scale, *scales)
     order = torch.argsort(context.context_lens, descending=True) if longest_first else None
-    got = decode_attention(case.q, k_cache, v_cache, context.block_tables, context.context_lens, scale, num_splits,
-                           seq_order=order, **dict(zip(["k_scale", "v_scale"], scales)))
+    got = decode_attention(
+        case.q,
+        k_cache,
+        v_cache,
+        context.block_tables,
+        context.context_lens,
+        scale,
+        num_splits,
+        seq_order=order,
+        **dict(zip(["k_scale", "v_scale"], scales)),
+    )
     torch.testing.assert_close(got, want, atol=TOLERANCE[case.q.dtype], rtol=TOLERANCE[case.q.dtype])
 
 
@@ -107,8 +116,9 @@ def test_decode_interpreted(num_splits):
 @interpreter
 def test_decode_longest_first_interpreted():
     # one split per sequence: launch row i runs sequence order[i] = 2, 0, 1 and writes that sequence's rows
-    check_decode(decode_case([17, 1, 70], block_size=16, heads=8, kv_heads=2, head_dim=16), num_splits=1,
-                 longest_first=True)
+    check_decode(
+        decode_case([17, 1, 70], block_size=16, heads=8, kv_heads=2, head_dim=16), num_splits=1, longest_first=True
+    )
 
 
 @interpreter
@@ -122,8 +132,9 @@ def test_prefill_over_an_fp8_cache_interpreted(cached, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_decode_over_an_fp8_cache_interpreted(num_splits, dtype):
-    check_decode(decode_case([1, 17, 70], block_size=16, heads=8, kv_heads=2, head_dim=16, dtype=dtype), num_splits,
-                 fp8=True)
+    check_decode(
+        decode_case([1, 17, 70], block_size=16, heads=8, kv_heads=2, head_dim=16, dtype=dtype), num_splits, fp8=True
+    )
 
 
 @interpreter
@@ -153,8 +164,9 @@ GPU_LENGTHS = [1, 15, 16, 17, 255, 256, 257, 1000, 3000]
 @pytest.mark.parametrize("head_dim", [128, 64])
 def test_decode_on_gpu(dtype, block_size, group, num_splits, head_dim):
     torch.manual_seed(0)
-    case = decode_case(GPU_LENGTHS, block_size=block_size, heads=2 * group, kv_heads=2, head_dim=head_dim,
-                       dtype=dtype, device="cuda")
+    case = decode_case(
+        GPU_LENGTHS, block_size=block_size, heads=2 * group, kv_heads=2, head_dim=head_dim, dtype=dtype, device="cuda"
+    )
     check_decode(case, num_splits)
 
 
@@ -172,10 +184,16 @@ def test_decode_on_gpu_longest_first(dtype):
 @requires_gpu
 @pytest.mark.parametrize("num_splits", [None, 1, 32])
 def test_decode_on_gpu_reads_no_output_of_an_empty_split(monkeypatch, num_splits):
-    case = decode_case([1, 15, 64, 65, 129, 1000], block_size=16, heads=16, kv_heads=8, head_dim=128,
-                       dtype=torch.bfloat16, device="cuda")
+    case = decode_case(
+        [1, 15, 64, 65, 129, 1000],
+        block_size=16,
+        heads=16,
+        kv_heads=8,
+        head_dim=128,
+        dtype=torch.bfloat16,
+        device="cuda",
+    )
     check_decode_reads_only_written_splits(monkeypatch, case, num_splits)
-
 
 
 @pytest.mark.gpu
@@ -186,10 +204,17 @@ def test_decode_on_gpu_reads_no_output_of_an_empty_split(monkeypatch, num_splits
 # the last: a chunked-prefill step mixing decodes (one query each) with prompt chunks
 @pytest.mark.parametrize("cached", [[0] * 6, [0, 16, 256, 240, 512, 17], [0, 39, 299, 200, 1099, 512]])
 def test_prefill_on_gpu(dtype, block_size, group, cached):
-    case = paged_case([1, 40, 300, 257, 1100, 700], cached, block_size=block_size, heads=2 * group, kv_heads=2,
-                      head_dim=128, dtype=dtype, device="cuda")
+    case = paged_case(
+        [1, 40, 300, 257, 1100, 700],
+        cached,
+        block_size=block_size,
+        heads=2 * group,
+        kv_heads=2,
+        head_dim=128,
+        dtype=dtype,
+        device="cuda",
+    )
     check_prefill(case)
-
 
 
 @pytest.mark.gpu
@@ -199,8 +224,9 @@ def test_prefill_on_gpu(dtype, block_size, group, cached):
 @pytest.mark.parametrize("group", [1, 8])
 @pytest.mark.parametrize("num_splits", [None, 1])
 def test_decode_over_an_fp8_cache_on_gpu(dtype, block_size, group, num_splits):
-    case = decode_case(GPU_LENGTHS, block_size=block_size, heads=2 * group, kv_heads=2, head_dim=128, dtype=dtype,
-                       device="cuda")
+    case = decode_case(
+        GPU_LENGTHS, block_size=block_size, heads=2 * group, kv_heads=2, head_dim=128, dtype=dtype, device="cuda"
+    )
     check_decode(case, num_splits, fp8=True)
 
 
@@ -210,8 +236,16 @@ def test_decode_over_an_fp8_cache_on_gpu(dtype, block_size, group, num_splits):
 @pytest.mark.parametrize("block_size", [16, 256])
 @pytest.mark.parametrize("cached", [[0] * 6, [0, 39, 299, 200, 1099, 512]])
 def test_prefill_over_an_fp8_cache_on_gpu(dtype, block_size, cached):
-    case = paged_case([1, 40, 300, 257, 1100, 700], cached, block_size=block_size, heads=8, kv_heads=2,
-                      head_dim=128, dtype=dtype, device="cuda")
+    case = paged_case(
+        [1, 40, 300, 257, 1100, 700],
+        cached,
+        block_size=block_size,
+        heads=8,
+        kv_heads=2,
+        head_dim=128,
+        dtype=dtype,
+        device="cuda",
+    )
     check_prefill(case, fp8=True)
 
 
@@ -224,8 +258,7 @@ def test_decode_replayed_in_a_graph_reads_the_key_and_value_stored_just_before_i
     # must read them. Each replay stores new ones, so a stale read would not match the reference.
     torch.manual_seed(0)
     lengths = [1, 17, 64, 65, 300, 1000]  # the newest token first, mid and last in a tile
-    case = decode_case(lengths, block_size=16, heads=16, kv_heads=8, head_dim=128, dtype=torch.bfloat16,
-                       device="cuda")
+    case = decode_case(lengths, block_size=16, heads=16, kv_heads=8, head_dim=128, dtype=torch.bfloat16, device="cuda")
     rotary = RotaryEmbedding(128, 4096, {"rope_theta": 1e6, "rope_type": "default"}).cuda()
     context, scale = case.decode_context(), 128**-0.5
     positions = context.context_lens.long() - 1
@@ -233,10 +266,12 @@ def test_decode_replayed_in_a_graph_reads_the_key_and_value_stored_just_before_i
     k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
 
     def step():
-        q_rotated, _ = norm_rotate_store(positions, q, k, rotary.cos_sin, None, None, 0.0, v, k_cache, v_cache,
-                                         case.slot_mapping)
-        return decode_attention(q_rotated, k_cache, v_cache, context.block_tables, context.context_lens, scale,
-                                num_splits)
+        q_rotated, _ = norm_rotate_store(
+            positions, q, k, rotary.cos_sin, None, None, 0.0, v, k_cache, v_cache, case.slot_mapping
+        )
+        return decode_attention(
+            q_rotated, k_cache, v_cache, context.block_tables, context.context_lens, scale, num_splits
+        )
 
     step()  # compile before capture
     graph = torch.cuda.CUDAGraph()

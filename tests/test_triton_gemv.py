@@ -12,8 +12,11 @@ from nanovllm.layers.layernorm import rms_norm  # noqa: E402
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
 # (features, inputs): uneven sizes leave partial tiles; the GPU shapes are the Qwen3-0.6B projections
-SHAPES = [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072), (1000, 3000), (3, 5000)] if ON_GPU else \
-         [(40, 70), (9, 1030), (2050, 16)]
+SHAPES = (
+    [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072), (1000, 3000), (3, 5000)]
+    if ON_GPU
+    else [(40, 70), (9, 1030), (2050, 16)]
+)
 DTYPES = [torch.float32, torch.bfloat16] if ON_GPU else [torch.float32]
 
 

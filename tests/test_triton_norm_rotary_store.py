@@ -15,8 +15,11 @@ ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
 # (tokens, heads, kv_heads, head_dim): Qwen3-0.6B's heads at one and many tokens; uneven head_dims; up to
 # 16 tokens a program takes one KV head and its query heads, past that one token's heads
-SHAPES = [(1, 16, 8, 128), (300, 16, 8, 128), (7, 4, 2, 64), (5, 3, 1, 24), (40, 6, 2, 24)] if ON_GPU else \
-         [(1, 4, 2, 16), (6, 3, 1, 24), (20, 6, 2, 24)]
+SHAPES = (
+    [(1, 16, 8, 128), (300, 16, 8, 128), (7, 4, 2, 64), (5, 3, 1, 24), (40, 6, 2, 24)]
+    if ON_GPU
+    else [(1, 4, 2, 16), (6, 3, 1, 24), (20, 6, 2, 24)]
+)
 # The interpreter's float8 conversion drops a rounding carry into the next power of two (124.0 -> 64,
 # not 128): on the CPU the FP8 store is checked on the shapes where the draw has no such value.
 FP8_SHAPES = SHAPES if ON_GPU else SHAPES[:2]
@@ -27,9 +30,9 @@ BLOCK_SIZE = 16
 def qkv_views(tokens: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype):
     """q, k and v as the strided views of one QKV projection output that attention passes."""
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, device=DEVICE, dtype=dtype)
-    q = qkv[:, :heads * head_dim].view(tokens, heads, head_dim)
-    k = qkv[:, heads * head_dim:(heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
-    v = qkv[:, (heads + kv_heads) * head_dim:].view(tokens, kv_heads, head_dim)
+    q = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
+    k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
+    v = qkv[:, (heads + kv_heads) * head_dim :].view(tokens, kv_heads, head_dim)
     return q, k, v
 
 
@@ -37,8 +40,11 @@ def rotary_and_weights(head_dim: int, dtype: torch.dtype, norm: bool):
     rotary = RotaryEmbedding(head_dim, 4096, {"rope_theta": 1e6, "rope_type": "default"}).to(DEVICE)
     weights = (None, None, 0.0)
     if norm:
-        weights = (torch.rand(head_dim, device=DEVICE, dtype=dtype) + 0.5,
-                   torch.rand(head_dim, device=DEVICE, dtype=dtype) + 0.5, 1e-6)
+        weights = (
+            torch.rand(head_dim, device=DEVICE, dtype=dtype) + 0.5,
+            torch.rand(head_dim, device=DEVICE, dtype=dtype) + 0.5,
+            1e-6,
+        )
     return rotary, weights
 
 
@@ -71,8 +77,13 @@ def test_equals_the_torch_reference(shape, dtype, norm):
     positions = torch.randint(0, 4096, (tokens,), device=DEVICE)
     positions[0] = 4095  # the table's last row
     got = norm_rotate_store(positions, q, k, rotary.cos_sin, *weights)
-    want = norm_rotate_qk_reference(positions, q.double(), k.double(), rotary.cos_sin.double(),
-                                    *[w if w is None or isinstance(w, float) else w.double() for w in weights])
+    want = norm_rotate_qk_reference(
+        positions,
+        q.double(),
+        k.double(),
+        rotary.cos_sin.double(),
+        *[w if w is None or isinstance(w, float) else w.double() for w in weights],
+    )
     tolerance = 3e-2 if dtype == torch.bfloat16 else 1e-5
     for g, w in zip(got, want):
         assert g.shape == w.shape and g.dtype == dtype and g.is_contiguous()
@@ -101,8 +112,7 @@ def test_quantizes_into_an_fp8_cache_as_the_torch_store_does(shape, dtype):
     tokens, heads, kv_heads, head_dim = shape
     rotary, weights, positions, (q, k, v), num_blocks = store_inputs(shape, dtype, seed=3)
     v[-1] = 0  # an all-zero head gets scale 1
-    caches = [torch.zeros(num_blocks, BLOCK_SIZE, kv_heads, head_dim, device=DEVICE, dtype=FP8_DTYPE)
-              for _ in range(2)]
+    caches = [torch.zeros(num_blocks, BLOCK_SIZE, kv_heads, head_dim, device=DEVICE, dtype=FP8_DTYPE) for _ in range(2)]
     scales = [torch.full((num_blocks, kv_heads, BLOCK_SIZE), -1.0, device=DEVICE) for _ in range(2)]
     slots = scattered_slots(tokens, num_blocks * BLOCK_SIZE)
     want_caches, want_scales = [c.clone() for c in caches], [c.clone() for c in scales]
@@ -114,7 +124,7 @@ def test_quantizes_into_an_fp8_cache_as_the_torch_store_does(shape, dtype):
     for got, want in zip(caches, want_caches):
         differ = got.view(torch.uint8) != want.view(torch.uint8)
         assert differ.float().mean() < 1e-3
-        torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -3, atol=2 ** -9)
+        torch.testing.assert_close(got.float(), want.float(), rtol=2**-3, atol=2**-9)
     assert (scales[1] > 0).sum() == (slots >= 0).sum() * kv_heads
 
 
@@ -140,6 +150,7 @@ def test_the_layers_cpu_path_stores_what_the_kernel_stores():
 def test_no_tokens_gives_empty_outputs():
     q, k, _ = qkv_views(0, 4, 2, 16, torch.float32)
     rotary = RotaryEmbedding(16, 64, {"rope_theta": 1e4, "rope_type": "default"}).to(DEVICE)
-    got_q, got_k = norm_rotate_store(torch.zeros(0, dtype=torch.int64, device=DEVICE), q, k, rotary.cos_sin,
-                                     None, None, 0.0)
+    got_q, got_k = norm_rotate_store(
+        torch.zeros(0, dtype=torch.int64, device=DEVICE), q, k, rotary.cos_sin, None, None, 0.0
+    )
     assert got_q.shape == (0, 4, 16) and got_k.shape == (0, 2, 16)

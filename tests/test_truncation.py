@@ -17,7 +17,7 @@ def logits():
 
 def per_row(logits, warper, values):
     ids = torch.zeros(1, 1, dtype=torch.long)  # the warpers ignore the ids
-    return torch.cat([warper(v)(ids, logits[i:i + 1].clone()) for i, v in enumerate(values)])
+    return torch.cat([warper(v)(ids, logits[i : i + 1].clone()) for i, v in enumerate(values)])
 
 
 def test_top_k_equals_transformers(logits):
@@ -35,8 +35,7 @@ def test_top_p_equals_transformers(logits):
 def test_top_k_then_top_p_equals_transformers_in_that_order(logits):
     ks, ps = [3, 20, VOCAB, 8], [0.5, 0.8, 0.3, 1.0]
     mine = apply_top_k_top_p(logits, torch.tensor(ks), torch.tensor(ps))
-    theirs = per_row(per_row(logits, lambda k: TopKLogitsWarper(top_k=k), ks),
-                     lambda p: TopPLogitsWarper(top_p=p), ps)
+    theirs = per_row(per_row(logits, lambda k: TopKLogitsWarper(top_k=k), ks), lambda p: TopPLogitsWarper(top_p=p), ps)
     assert torch.equal(mine, theirs)
 
 

@@ -15,8 +15,8 @@ from multiprocessing.shared_memory import SharedMemory
 import pytest
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file, save_file
 from conftest import NEAR_TIE, gaps_where_greedy_diverges
+from safetensors.torch import load_file, save_file
 from test_loader import copy_model
 
 from nanovllm import LLM, SamplingParams
@@ -66,8 +66,16 @@ def test_channel_holds_the_largest_step(qwen3_dir):
     # every sequence at full length is sent whole, e.g. a prefill behind a cached prefix
     config = Config(qwen3_dir, max_num_seqs=8, max_model_len=256, kvcache_block_size=16)
     req_ids = [f"request-{2**63}-{i}" for i in range(8)]
-    step = SchedulerOutput(req_ids, [[2**31 - 1] * 256] * 8, [2**31 - 1] * 8, [[2**31 - 1] * 16] * 8, [True] * 8,
-                           req_ids, [GREEDY] * 8, [2**31 - 1] * 8)
+    step = SchedulerOutput(
+        req_ids,
+        [[2**31 - 1] * 256] * 8,
+        [2**31 - 1] * 8,
+        [[2**31 - 1] * 16] * 8,
+        [True] * 8,
+        req_ids,
+        [GREEDY] * 8,
+        [2**31 - 1] * 8,
+    )
     command = pickle.dumps(("execute", (step.without_sampling(),)), protocol=pickle.HIGHEST_PROTOCOL)
     assert len(command) <= channel_capacity(config)
 
@@ -111,8 +119,9 @@ class TestTwoRanks:
 
             monkeypatch.setattr(dist, name, counting)
         steps = 3  # one prefill, two decodes
-        tp_qwen3.generate([[5, 6, 7], [8]], SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True),
-                          use_tqdm=False)
+        tp_qwen3.generate(
+            [[5, 6, 7], [8]], SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True), use_tqdm=False
+        )
         layers = tp_qwen3.config.model_config.num_hidden_layers
         # per step: the embedding's, then attention's and the MLP's in every layer
         assert calls == {"all_reduce": steps * (2 * layers + 1), "gather": steps}
@@ -160,8 +169,7 @@ def test_killed_worker_is_an_error_within_seconds(qwen3_dir, device):
     scheduler.update = kill_after_three_steps
     start = time.monotonic()
     with pytest.raises(RuntimeError, match=r"worker 1 \(pid \d+\) exited unexpectedly with code -9"):
-        llm.generate(random_prompts(), SamplingParams(temperature=0, max_tokens=200, ignore_eos=True),
-                     use_tqdm=False)
+        llm.generate(random_prompts(), SamplingParams(temperature=0, max_tokens=200, ignore_eos=True), use_tqdm=False)
     assert time.monotonic() - start < 10
     assert not segment_exists(segment) and not dist.is_initialized()
     with pytest.raises(RuntimeError, match="shut down"):
@@ -185,8 +193,14 @@ def test_worker_error_is_reported_with_its_message(qwen3_dir, tmp_path):
 def test_two_gpus_match_one_on_a_dummy_qwen3_06b_in_fp32(qwen3_06b_shape_dir):
     rng = random.Random(0)
     prompts = [[rng.randrange(10000) for _ in range(n)] for n in (1, 17, 100, 300, 700)]
-    engine = dict(device="cuda", load_format="dummy", dtype="float32", skip_tokenizer_init=True,
-                  max_model_len=1024, gpu_memory_utilization=0.5)
+    engine = dict(
+        device="cuda",
+        load_format="dummy",
+        dtype="float32",
+        skip_tokenizer_init=True,
+        max_model_len=1024,
+        gpu_memory_utilization=0.5,
+    )
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     one = LLM(qwen3_06b_shape_dir, **engine)
     expected = token_ids(one.generate(prompts, params, use_tqdm=False))
@@ -214,8 +228,10 @@ def test_two_gpus_match_one_in_bf16_but_at_near_ties(qwen3_dir, capsys):
         two.close()
     gaps = gaps_where_greedy_diverges(got, expected)
     with capsys.disabled():
-        print(f"\nbf16, two GPUs vs one: {16 - len(gaps)}/16 prompts equal for all {params.max_tokens} tokens; "
-              f"top-2 logprob gaps where the others diverge: {[round(g, 4) for g in gaps]}")
+        print(
+            f"\nbf16, two GPUs vs one: {16 - len(gaps)}/16 prompts equal for all {params.max_tokens} tokens; "
+            f"top-2 logprob gaps where the others diverge: {[round(g, 4) for g in gaps]}"
+        )
     assert all(gap <= NEAR_TIE for gap in gaps)
 
 
@@ -247,8 +263,9 @@ def test_two_engines_side_by_side_and_workers_exit_with_their_killed_caller(qwen
         caller.kill()
         caller.wait()
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not (all(map(process_gone, other["pids"]))
-                                               and not segment_exists(other["segment"])):
+    while time.monotonic() < deadline and not (
+        all(map(process_gone, other["pids"])) and not segment_exists(other["segment"])
+    ):
         time.sleep(0.1)
     assert all(map(process_gone, other["pids"]))
     assert not segment_exists(other["segment"])

@@ -30,9 +30,21 @@ class Request:
     next-token log-probabilities were computed (for prompt logprobs).
     """
 
-    __slots__ = ("request_id", "params", "block_size", "status", "token_ids", "num_prompt_tokens", "num_tokens",
-                 "num_placeholders", "num_computed_tokens", "num_cached_tokens", "num_prompt_scored", "block_table",
-                 "finish_reason")
+    __slots__ = (
+        "request_id",
+        "params",
+        "block_size",
+        "status",
+        "token_ids",
+        "num_prompt_tokens",
+        "num_tokens",
+        "num_placeholders",
+        "num_computed_tokens",
+        "num_cached_tokens",
+        "num_prompt_scored",
+        "block_table",
+        "finish_reason",
+    )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, block_size: int):
         self.request_id = request_id

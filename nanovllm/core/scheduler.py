@@ -18,12 +18,12 @@ from collections import deque
 
 from nanovllm.config import Config
 from nanovllm.core.block_manager import BlockManager
-from nanovllm.engine.messages import EngineCoreOutput, EngineStats
 from nanovllm.core.request import Request, RequestStatus
 from nanovllm.core.runner_output import ModelRunnerOutput
 from nanovllm.core.scheduler_output import PromptScoring, SchedulerOutput
 from nanovllm.core.stop_checker import StopChecker
 from nanovllm.core.structured_output import StructuredOutputs
+from nanovllm.engine.messages import EngineCoreOutput, EngineStats
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +36,13 @@ class Scheduler:
     queue and gets the next chunk from the budget the decodes ahead of it leave.
     """
 
-    def __init__(self, config: Config, num_kvcache_blocks: int, eos_token_ids: tuple[int, ...],
-                 structured: StructuredOutputs | None = None):
+    def __init__(
+        self,
+        config: Config,
+        num_kvcache_blocks: int,
+        eos_token_ids: tuple[int, ...],
+        structured: StructuredOutputs | None = None,
+    ):
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.token_budget
         self.chunked_prefill = config.enable_chunked_prefill
@@ -71,13 +76,21 @@ class Scheduler:
     def needs_confirmed_tokens(self) -> bool:
         """Whether the next step's inputs need the values of tokens still in flight: penalties read each
         request's completion on the host, and a grammar needs the last token to give the next mask."""
-        return any(req.num_placeholders and (req.params.has_penalties or req.params.structured_outputs is not None)
-                   for req in self.running)
+        return any(
+            req.num_placeholders and (req.params.has_penalties or req.params.structured_outputs is not None)
+            for req in self.running
+        )
 
     def stats(self) -> EngineStats:
         bm = self.block_manager
-        return EngineStats(len(self.running), len(self.waiting), 1.0 - bm.num_free_blocks / len(bm.blocks),
-                           self.prefix_cache_queries, self.prefix_cache_hits, self.num_preemptions)
+        return EngineStats(
+            len(self.running),
+            len(self.waiting),
+            1.0 - bm.num_free_blocks / len(bm.blocks),
+            self.prefix_cache_queries,
+            self.prefix_cache_hits,
+            self.num_preemptions,
+        )
 
     def schedule(self) -> SchedulerOutput:
         """Pick the next step. It is empty only when every live request waits for a token in flight."""
@@ -180,8 +193,9 @@ class Scheduler:
                 out.sampling_params.append(req.params)
                 out.num_output_tokens.append(req.num_output_tokens)
                 if with_penalties:
-                    out.penalty_token_ids.append((req.token_ids[: req.num_prompt_tokens],
-                                                  req.token_ids[req.num_prompt_tokens :]))
+                    out.penalty_token_ids.append(
+                        (req.token_ids[: req.num_prompt_tokens], req.token_ids[req.num_prompt_tokens :])
+                    )
                 req.add_placeholder()
         return out
 
@@ -192,8 +206,11 @@ class Scheduler:
         start = req.num_computed_tokens
         first, end = max(start, req.num_prompt_scored), min(start + n, req.num_prompt_tokens - 1)
         if end > first:
-            out.prompt_scoring.append(PromptScoring(req.request_id, index, first - start, req.params.prompt_logprobs,
-                                                    req.token_ids[first + 1 : end + 1]))
+            out.prompt_scoring.append(
+                PromptScoring(
+                    req.request_id, index, first - start, req.params.prompt_logprobs, req.token_ids[first + 1 : end + 1]
+                )
+            )
             req.num_prompt_scored = end
 
     def update(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
@@ -215,11 +232,23 @@ class Scheduler:
                 self._finish(req, reason)
             stop_reason = token_id if reason == "stop" and token_id in req.params.stop_token_ids else None
             new_logprobs = None if logprobs is None or logprobs[i] is None else [logprobs[i]]
-            outputs.append(EngineCoreOutput(request_id, [token_id], new_logprobs, reason, stop_reason,
-                                            req.num_cached_tokens, prompt_logprobs.pop(request_id, None)))
+            outputs.append(
+                EngineCoreOutput(
+                    request_id,
+                    [token_id],
+                    new_logprobs,
+                    reason,
+                    stop_reason,
+                    req.num_cached_tokens,
+                    prompt_logprobs.pop(request_id, None),
+                )
+            )
         # prompt chunks that scored positions without reaching the prompt's end
-        outputs += [EngineCoreOutput(request_id, [], new_prompt_logprobs=scores)
-                    for request_id, scores in prompt_logprobs.items() if request_id in self.requests]
+        outputs += [
+            EngineCoreOutput(request_id, [], new_prompt_logprobs=scores)
+            for request_id, scores in prompt_logprobs.items()
+            if request_id in self.requests
+        ]
         return outputs
 
     def _grammar_finish_reason(self, req: Request, token_id: int) -> str | None:

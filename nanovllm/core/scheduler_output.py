@@ -16,7 +16,7 @@ class PromptScoring:
     each), with the top `num_logprobs` alternatives."""
 
     request_id: str
-    index: int          # the request's place in the batch
+    index: int  # the request's place in the batch
     offset: int
     num_logprobs: int
     target_ids: list[int]
@@ -66,5 +66,12 @@ class SchedulerOutput:
 
     def without_sampling(self) -> "SchedulerOutput":
         """The same step less what only the sampling rank reads (settings and penalty tokens)."""
-        return SchedulerOutput(self.req_ids, self.token_ids, self.num_computed_tokens, self.block_tables,
-                               self.samples, self.sampled_req_ids, prompt_scoring=self.prompt_scoring)
+        return SchedulerOutput(
+            self.req_ids,
+            self.token_ids,
+            self.num_computed_tokens,
+            self.block_tables,
+            self.samples,
+            self.sampled_req_ids,
+            prompt_scoring=self.prompt_scoring,
+        )

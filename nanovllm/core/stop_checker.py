@@ -16,7 +16,8 @@ class StopChecker:
         num_output = len(req.token_ids) - req.num_prompt_tokens
         last = req.token_ids[-1]
         if num_output >= params.min_tokens and (
-                last in params.stop_token_ids or (not params.ignore_eos and last in self.eos_token_ids)):
+            last in params.stop_token_ids or (not params.ignore_eos and last in self.eos_token_ids)
+        ):
             return "stop"
         if num_output >= params.max_tokens or len(req.token_ids) >= self.max_model_len:
             return "length"

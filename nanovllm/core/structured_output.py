@@ -62,8 +62,9 @@ def grammar_vocabulary(tokenizer, vocab_size: int, stop_token_ids: tuple[int, ..
     except ImportError:
         return None
     # without stop ids of its own the library takes the tokenizer's
-    return xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
-                                                   stop_token_ids=list(stop_token_ids) or None)
+    return xgrammar.TokenizerInfo.from_huggingface(
+        tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids) or None
+    )
 
 
 @dataclass
@@ -124,8 +125,12 @@ class StructuredOutputs:
         rows = [row for row, request_id in enumerate(sampled_req_ids) if request_id in self._matchers]
         if not rows:
             return None
-        return GrammarBitmasks(len(sampled_req_ids), rows, [self._matchers[sampled_req_ids[row]] for row in rows],
-                               self.vocabulary.vocab_size)
+        return GrammarBitmasks(
+            len(sampled_req_ids),
+            rows,
+            [self._matchers[sampled_req_ids[row]] for row in rows],
+            self.vocabulary.vocab_size,
+        )
 
 
 def vocabulary_to_json(vocabulary) -> str | None:

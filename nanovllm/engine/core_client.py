@@ -21,12 +21,20 @@ import msgspec
 import zmq
 
 from nanovllm.config import Config
+from nanovllm.core.structured_output import vocabulary_to_json
 from nanovllm.engine.core_process import run_engine_core
 from nanovllm.engine.engine_client import EngineClient, EngineDeadError
-from nanovllm.engine.messages import (CoreMessage, EngineCoreAbort, EngineCoreFailed, EngineCoreInfo,
-                                      EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, EngineCoreShutdown,
-                                      EngineStats)
-from nanovllm.core.structured_output import vocabulary_to_json
+from nanovllm.engine.messages import (
+    CoreMessage,
+    EngineCoreAbort,
+    EngineCoreFailed,
+    EngineCoreInfo,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    EngineCoreShutdown,
+    EngineStats,
+)
 
 _EXIT_WAIT_S = 10  # how long the core may take to stop after the shutdown message before it is killed
 _FOLDER_PREFIX = "nanovllm-"  # the sockets' folder in the temp directory: nanovllm-<client pid>-<random>
@@ -35,7 +43,7 @@ _FOLDER_PREFIX = "nanovllm-"  # the sockets' folder in the temp directory: nanov
 def remove_stale_socket_folders() -> None:
     """Remove the socket folders of clients that are gone without cleaning up (killed with SIGKILL)."""
     for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{_FOLDER_PREFIX}*-*")):
-        pid = os.path.basename(path)[len(_FOLDER_PREFIX):].split("-", 1)[0]
+        pid = os.path.basename(path)[len(_FOLDER_PREFIX) :].split("-", 1)[0]
         if pid.isdigit() and not _is_running(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
 
@@ -82,8 +90,10 @@ class CoreProcessClient(EngineClient):
         self._failure: str | None = None
         self._stopping = False
         self.process = mp.get_context("spawn").Process(
-            target=run_engine_core, name="nanovllm-engine-core",
-            args=(config, eos_token_ids, vocabulary_to_json(vocabulary), requests_address, outputs_address))
+            target=run_engine_core,
+            name="nanovllm-engine-core",
+            args=(config, eos_token_ids, vocabulary_to_json(vocabulary), requests_address, outputs_address),
+        )
         try:
             self.process.start()
         except BaseException:  # e.g. spawned from a script without the `if __name__ == "__main__":` guard

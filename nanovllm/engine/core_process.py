@@ -18,10 +18,18 @@ import msgspec
 import zmq
 
 from nanovllm.config import Config
-from nanovllm.engine.engine_core import EngineCore
-from nanovllm.engine.messages import (ClientMessage, EngineCoreAbort, EngineCoreFailed, EngineCoreOutput,
-                                      EngineCoreOutputs, EngineCoreReady, EngineCoreRequest, EngineStats)
 from nanovllm.core.structured_output import vocabulary_from_json
+from nanovllm.engine.engine_core import EngineCore
+from nanovllm.engine.messages import (
+    ClientMessage,
+    EngineCoreAbort,
+    EngineCoreFailed,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreReady,
+    EngineCoreRequest,
+    EngineStats,
+)
 from nanovllm.utils.processes import exit_with_parent, ignore_interrupts
 
 logger = logging.getLogger(__name__)
@@ -29,8 +37,13 @@ logger = logging.getLogger(__name__)
 _IDLE_CHECK_MS = 1000  # an idle core checks its tensor-parallel workers this often
 
 
-def run_engine_core(config: Config, eos_token_ids: tuple[int, ...], vocabulary_json: str | None,
-                    requests_address: str, outputs_address: str) -> None:
+def run_engine_core(
+    config: Config,
+    eos_token_ids: tuple[int, ...],
+    vocabulary_json: str | None,
+    requests_address: str,
+    outputs_address: str,
+) -> None:
     """Entry point of the core process: start the core, report, then serve until told to stop."""
     exit_with_parent()
     ignore_interrupts()

@@ -39,16 +39,21 @@ class EngineCore:
         self.executor = make_executor(config, eos_token_ids)
         self.structured = StructuredOutputs(vocabulary)
         self.scheduler = Scheduler(config, self.executor.num_kvcache_blocks, eos_token_ids, self.structured)
-        self.info = EngineCoreInfo(self.executor.num_kvcache_blocks, config.kvcache_block_size,
-                                   config.context_len, config.model_config.vocab_size,
-                                   self.executor.kv_cache_dtype_name)
+        self.info = EngineCoreInfo(
+            self.executor.num_kvcache_blocks,
+            config.kvcache_block_size,
+            config.context_len,
+            config.model_config.vocab_size,
+            self.executor.kv_cache_dtype_name,
+        )
         self._block_size = config.kvcache_block_size
         self._in_flight: _InFlight | None = None
 
     def add_request(self, request: EngineCoreRequest) -> None:
         """Queue a request the front end has checked."""
-        self.scheduler.add_request(Request(request.request_id, request.prompt_token_ids, request.sampling_params,
-                                           self._block_size))
+        self.scheduler.add_request(
+            Request(request.request_id, request.prompt_token_ids, request.sampling_params, self._block_size)
+        )
 
     def abort(self, request_ids: list[str]) -> None:
         """Drop requests; what a step in flight samples for them is discarded."""
@@ -80,8 +85,9 @@ class EngineCore:
             launched = _InFlight(scheduled, self.executor.execute(scheduled, masks))
         if self._in_flight is not None:
             outputs = self._finish(self._in_flight)
-        assert launched is not None or self._in_flight is not None or not self.scheduler.has_requests(), \
+        assert launched is not None or self._in_flight is not None or not self.scheduler.has_requests(), (
             "requests are live but no step could be scheduled"
+        )
         self._in_flight = launched
         return outputs
 

@@ -21,9 +21,8 @@ from nanovllm.entrypoints.body_limit import BodyLimit
 from nanovllm.entrypoints.generation import APIError, GenerationHandler
 from nanovllm.entrypoints.internal_errors import InternalErrors
 from nanovllm.entrypoints.metrics import ServerMetrics
+from nanovllm.entrypoints.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from nanovllm.entrypoints.server_settings import ServerSettings
-from nanovllm.entrypoints.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                                           TokenizeRequest)
 from nanovllm.frontend.chat import load_chat_template, render_chat
 from nanovllm.frontend.input_processor import check_unicode
 from nanovllm.frontend.online_engine import OnlineEngine
@@ -63,8 +62,13 @@ def build_app(engine: OnlineEngine, settings: ServerSettings) -> FastAPI:
 
     # every endpoint but /health
     guarded = [Depends(require_api_key)]
-    card = {"id": settings.model_name, "object": "model", "created": 0, "owned_by": "nanovllm",
-            "max_model_len": engine.client.info.max_model_len}
+    card = {
+        "id": settings.model_name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "nanovllm",
+        "max_model_len": engine.client.info.max_model_len,
+    }
 
     @app.get("/health")
     async def health() -> Response:
@@ -95,9 +99,14 @@ def build_app(engine: OnlineEngine, settings: ServerSettings) -> FastAPI:
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "send either prompt or messages")
         if body.messages is not None:
-            text = render_chat(engine.tokenizer, [m.for_template() for m in body.messages], body.add_generation_prompt,
-                               body.continue_final_message, chat_template=body.chat_template or settings.chat_template,
-                               chat_template_kwargs=body.chat_template_kwargs)
+            text = render_chat(
+                engine.tokenizer,
+                [m.for_template() for m in body.messages],
+                body.add_generation_prompt,
+                body.continue_final_message,
+                chat_template=body.chat_template or settings.chat_template,
+                chat_template_kwargs=body.chat_template_kwargs,
+            )
             tokens = engine.input_processor.tokenize(text, add_special_tokens=False)
         else:
             tokens = engine.input_processor.tokenize(body.prompt, add_special_tokens=body.add_special_tokens)
@@ -200,8 +209,10 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as e:
         sock.close()
-        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}; pick another --port or --host, "
-                         f"or stop the program that uses it") from None
+        raise ValueError(
+            f"cannot listen on {host}:{port}: {e.strerror or e}; pick another --port or --host, "
+            f"or stop the program that uses it"
+        ) from None
     return sock
 
 
@@ -223,16 +234,27 @@ def serve(model: str, served_model_name: str | None = None, **options) -> None:
         server_options["chat_template"] = load_chat_template(server_options["chat_template"])
     settings = ServerSettings(served_model_name or model, **server_options)
     if settings.enable_auto_tool_choice:
-        print("nanovllm serve: --enable-auto-tool-choice: tool_choice 'auto' is always on, with the hermes parser",
-              file=sys.stderr, flush=True)
+        print(
+            "nanovllm serve: --enable-auto-tool-choice: tool_choice 'auto' is always on, with the hermes parser",
+            file=sys.stderr,
+            flush=True,
+        )
     with _bind(settings.host, settings.port) as sock:
         engine = OnlineEngine(model, **options)
         info = engine.client.info
-        print(f"nanovllm serve: KV cache: {info.num_kvcache_blocks} blocks of {info.block_size} tokens "
-              f"({info.num_kvcache_blocks * info.block_size:,} tokens, {info.kv_cache_dtype})", file=sys.stderr,
-              flush=True)
-        config = uvicorn.Config(build_app(engine, settings), host=settings.host, port=settings.port,
-                                log_level="info", timeout_graceful_shutdown=settings.shutdown_timeout + _LAST_EVENTS_S)
+        print(
+            f"nanovllm serve: KV cache: {info.num_kvcache_blocks} blocks of {info.block_size} tokens "
+            f"({info.num_kvcache_blocks * info.block_size:,} tokens, {info.kv_cache_dtype})",
+            file=sys.stderr,
+            flush=True,
+        )
+        config = uvicorn.Config(
+            build_app(engine, settings),
+            host=settings.host,
+            port=settings.port,
+            log_level="info",
+            timeout_graceful_shutdown=settings.shutdown_timeout + _LAST_EVENTS_S,
+        )
         try:
             _Server(config, engine, settings.shutdown_timeout).run(sockets=[sock])  # on uvloop where it is installed
         finally:

@@ -4,7 +4,6 @@ import json
 
 from nanovllm.entrypoints.protocol import error_body
 
-
 # A body over the cap is still read to its end (and dropped), up to this many times the cap, so that
 # the client, which is still sending, can read the 413; a larger one is cut off at once.
 _DRAIN_FACTOR = 8
@@ -56,7 +55,15 @@ class BodyLimit:
     async def _refuse(self, send, size: str) -> None:
         message = f"the request body is {size}; this server takes at most {self.max_bytes} (--max-request-bytes)"
         payload = json.dumps(error_body(message, "invalid_request_error", 413)).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(payload)).encode()), (b"connection", b"close")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(payload)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": payload})

@@ -12,9 +12,17 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from nanovllm.engine.engine_client import EngineDeadError
 from nanovllm.entrypoints.metrics import RequestTimer, ServerMetrics
+from nanovllm.entrypoints.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ResponseHeader,
+    Usage,
+    chat_logprobs,
+    completion_logprobs,
+    error_body,
+    prompt_logprobs_json,
+)
 from nanovllm.entrypoints.server_settings import ServerSettings
-from nanovllm.entrypoints.protocol import (ChatCompletionRequest, CompletionRequest, ResponseHeader, Usage,
-                                           chat_logprobs, completion_logprobs, error_body, prompt_logprobs_json)
 from nanovllm.entrypoints.tool_calls import TOOL_CALL_START, parse_tool_calls, tool_choice_constraint
 from nanovllm.frontend.chat import render_chat
 from nanovllm.frontend.input_processor import ProcessedPrompt
@@ -34,8 +42,14 @@ class APIError(Exception):
 
     _TYPES = {401: "authentication_error", 404: "not_found_error", 503: "service_unavailable_error"}
 
-    def __init__(self, status: int, message: str, code: int | str | None = None, param: str | None = None,
-                 error_type: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: int | str | None = None,
+        param: str | None = None,
+        error_type: str | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -98,9 +112,14 @@ class GenerationHandler:
         """Refuse a model this server does not serve with OpenAI's 404 `model_not_found`; None (left
         out) means the served one."""
         if name is not None and name != self.settings.model_name:
-            raise APIError(404, f"unknown model {name!r}: the model does not exist on this server, which serves "
-                                f"{self.settings.model_name!r}; send that name or leave model out",
-                           code="model_not_found", param="model", error_type="invalid_request_error")
+            raise APIError(
+                404,
+                f"unknown model {name!r}: the model does not exist on this server, which serves "
+                f"{self.settings.model_name!r}; send that name or leave model out",
+                code="model_not_found",
+                param="model",
+                error_type="invalid_request_error",
+            )
 
     def _check_request(self, body, n: int, best_of: int | None, logprobs: int | None) -> None:
         self.check_model(body.model)
@@ -110,19 +129,27 @@ class GenerationHandler:
                 raise APIError(400, f"{name}={value} is above this server's limit of {limit} completions")
         for name, value in (("logprobs", logprobs), ("prompt_logprobs", body.prompt_logprobs)):
             if value is not None and value > self.settings.max_logprobs:
-                raise APIError(400, f"{name}: {value} logprob alternatives asked for; this server gives at most "
-                                    f"{self.settings.max_logprobs}", param=name)
+                raise APIError(
+                    400,
+                    f"{name}: {value} logprob alternatives asked for; this server gives at most "
+                    f"{self.settings.max_logprobs}",
+                    param=name,
+                )
         if body.prompt_logprobs is not None and body.stream:
-            raise APIError(400, "prompt_logprobs are not available when streaming; send stream: false",
-                           param="prompt_logprobs")
+            raise APIError(
+                400, "prompt_logprobs are not available when streaming; send stream: false", param="prompt_logprobs"
+            )
 
     def _check_context(self, prompt: ProcessedPrompt, limit: int | None) -> None:
         # a prompt that alone fills the context is refused later, with the engine's own message
         room = self.info.max_model_len
         if limit is not None and len(prompt.token_ids) < room < len(prompt.token_ids) + limit:
-            raise APIError(400, f"this model's maximum context length is {room} tokens, but {len(prompt.token_ids)} "
-                                f"prompt tokens and {limit} completion tokens were asked for; lower max_tokens "
-                                f"or shorten the prompt")
+            raise APIError(
+                400,
+                f"this model's maximum context length is {room} tokens, but {len(prompt.token_ids)} "
+                f"prompt tokens and {limit} completion tokens were asked for; lower max_tokens "
+                f"or shorten the prompt",
+            )
 
     def _within_context(self, prompt: ProcessedPrompt, params: SamplingParams) -> SamplingParams:
         """`params` whose default completion limit is cut to the room the prompt leaves (as vLLM does)."""
@@ -133,16 +160,22 @@ class GenerationHandler:
         logprobs = body.logprobs
         self._check_request(body, body.n or 1, body.best_of, logprobs)
         if body.suffix is not None:
-            raise APIError(400, "suffix is not supported: this server does not fill in the middle of a text; "
-                                "leave suffix out", param="suffix")
+            raise APIError(
+                400,
+                "suffix is not supported: this server does not fill in the middle of a text; leave suffix out",
+                param="suffix",
+            )
         if body.stream and body.best_of is not None and body.best_of != (body.n or 1):
-            raise APIError(400, "best_of must equal n (or be unset) when streaming: the best completions are "
-                                "only known at the end")
+            raise APIError(
+                400, "best_of must equal n (or be unset) when streaming: the best completions are only known at the end"
+            )
         params = body.sampling_params(logprobs, body.prompt_logprobs_wanted(), body.best_of)
         # tokenizing a long text takes a while: off the event loop, so that other streams go on
         prompts = await asyncio.to_thread(lambda: [self.engine.input_processor.parse(p) for p in body.prompts()])
-        jobs = [_Job(prompt, params if body.max_tokens is not None else self._within_context(prompt, params))
-                for prompt in prompts]
+        jobs = [
+            _Job(prompt, params if body.max_tokens is not None else self._within_context(prompt, params))
+            for prompt in prompts
+        ]
         return await self._generate(jobs, body, request, _Completions(self, body))
 
     async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
@@ -155,10 +188,13 @@ class GenerationHandler:
         prompt = await asyncio.to_thread(self._chat_prompt, body, tools, tool_choice)
         constraint = tool_choice_constraint(tools, tool_choice, not body.one_tool_call) if tools else None
         if constraint is not None and body.structured_spec() is not None:
-            raise APIError(400, f"tool_choice {tool_choice!r} already constrains the reply; drop response_format "
-                                f"and the guided fields")
-        params = body.sampling_params((top or 0) if body.logprobs else None, body.prompt_logprobs,
-                                      structured_outputs=constraint)
+            raise APIError(
+                400,
+                f"tool_choice {tool_choice!r} already constrains the reply; drop response_format and the guided fields",
+            )
+        params = body.sampling_params(
+            (top or 0) if body.logprobs else None, body.prompt_logprobs, structured_outputs=constraint
+        )
         shape = _Chat(self, body, tool_choice if tools else None)
         return await self._generate([_Job(prompt, params)], body, request, shape)
 
@@ -168,27 +204,39 @@ class GenerationHandler:
         if tool_choice == "auto" and body.chat_template is None and self._template_renders_tools is None:
             self._template_renders_tools = self._render(body, template, None) != text
             if not self._template_renders_tools:
-                logger.warning("tool_choice 'auto': the chat template does not show the tools to the model, so it "
-                               "will hardly ever call one; serve a template that renders tools (--chat-template)")
+                logger.warning(
+                    "tool_choice 'auto': the chat template does not show the tools to the model, so it "
+                    "will hardly ever call one; serve a template that renders tools (--chat-template)"
+                )
         # the rendered template already holds the special tokens the model expects
         return ProcessedPrompt(text, self.engine.input_processor.tokenize(text, add_special_tokens=False))
 
     def _render(self, body: ChatCompletionRequest, template: str | None, tools: list | None) -> str:
-        return render_chat(self.tokenizer, body.conversation(), body.add_generation_prompt,
-                           body.continue_final_message, chat_template=template,
-                           chat_template_kwargs=body.chat_template_kwargs, tools=tools)
+        return render_chat(
+            self.tokenizer,
+            body.conversation(),
+            body.add_generation_prompt,
+            body.continue_final_message,
+            chat_template=template,
+            chat_template_kwargs=body.chat_template_kwargs,
+            tools=tools,
+        )
 
     async def _generate(self, jobs: list[_Job], body, request: Request, shape: "_Shape") -> Response:
         completions = sum(job.params.num_completions for job in jobs)
         if completions > self.settings.max_waiting:
-            raise APIError(400, f"this request makes {completions} completions (prompts times n or best_of); this "
-                                f"server queues at most {self.settings.max_waiting}: split it")
+            raise APIError(
+                400,
+                f"this request makes {completions} completions (prompts times n or best_of); this "
+                f"server queues at most {self.settings.max_waiting}: split it",
+            )
         for job in jobs:  # every prompt is checked, once, before any runs
             self._check_context(job.prompt, job.params.max_tokens)
             job.prompt, job.params = self.engine.check(job.prompt, job.params)
         if self.engine.stats().num_waiting >= self.settings.max_waiting:
-            raise APIError(503, f"the server is busy ({self.settings.max_waiting} requests already waiting); "
-                                f"retry later")
+            raise APIError(
+                503, f"the server is busy ({self.settings.max_waiting} requests already waiting); retry later"
+            )
         try:
             for job in jobs:
                 job.stream = self.engine.add_checked(job.prompt, job.params)
@@ -198,8 +246,9 @@ class GenerationHandler:
                     self.engine.abort(job.stream.request_id)
             raise APIError(503, f"the engine is not running ({e}); retry against a healthy server") from None
         if body.stream:
-            return StreamingResponse(self._events(jobs, shape, body.include_usage, body.continuous_usage),
-                                     media_type="text/event-stream")
+            return StreamingResponse(
+                self._events(jobs, shape, body.include_usage, body.continuous_usage), media_type="text/event-stream"
+            )
         return await _cancel_on_disconnect(request, self._complete(jobs, shape))
 
     async def _outputs(self, job: _Job) -> AsyncIterator[list[RequestOutput]]:
@@ -259,12 +308,16 @@ class GenerationHandler:
                         choices.setdefault((index, delta.index), _Choice()).add(delta)
         if any(choice.finish_reason == "error" for choice in choices.values()):
             return self._failure(jobs).response()
-        bodies = [shape.choice(jobs[i], i, k, choice, prompt_logprobs.get(i), final=True)
-                  for (i, k), choice in sorted(choices.items())]
-        usage = Usage.of(sum(len(job.prompt.token_ids) for job in jobs),
-                         sum(len(choice.token_ids) for choice in choices.values()))
-        return JSONResponse({**shape.header.body(shape.object_name, bodies, usage),
-                             **shape.response_fields(prompt_logprobs)})
+        bodies = [
+            shape.choice(jobs[i], i, k, choice, prompt_logprobs.get(i), final=True)
+            for (i, k), choice in sorted(choices.items())
+        ]
+        usage = Usage.of(
+            sum(len(job.prompt.token_ids) for job in jobs), sum(len(choice.token_ids) for choice in choices.values())
+        )
+        return JSONResponse(
+            {**shape.header.body(shape.object_name, bodies, usage), **shape.response_fields(prompt_logprobs)}
+        )
 
     def _failure(self, jobs: list[_Job]) -> APIError:
         """The error of a request that the engine ended with finish_reason "error": 503 when the server
@@ -272,8 +325,9 @@ class GenerationHandler:
         message = next((job.stream.error for job in jobs if job.stream.error), _FAILED)
         return APIError(500 if self.engine.healthy else 503, message)
 
-    async def _events(self, jobs: list[_Job], shape: "_Shape", include_usage: bool,
-                      continuous_usage: bool) -> AsyncIterator[bytes]:
+    async def _events(
+        self, jobs: list[_Job], shape: "_Shape", include_usage: bool, continuous_usage: bool
+    ) -> AsyncIterator[bytes]:
         """The response as server-sent events; with `include_usage` a last chunk carries the token counts,
         with `continuous_usage` every chunk the counts so far too. A fault ends the stream with an error
         event, never a cut connection."""
@@ -287,8 +341,9 @@ class GenerationHandler:
             logger.exception("streaming a response failed")
             yield _sse(error_body(_FAILED, "server_error", 500))
 
-    async def _chunks(self, jobs: list[_Job], shape: "_Shape", include_usage: bool,
-                      continuous_usage: bool) -> AsyncIterator[bytes]:
+    async def _chunks(
+        self, jobs: list[_Job], shape: "_Shape", include_usage: bool, continuous_usage: bool
+    ) -> AsyncIterator[bytes]:
         pending: dict[tuple[int, int], _Choice] = {}
         prompt_logprobs: dict[int, list] = {}
         num_prompt_tokens = sum(len(job.prompt.token_ids) for job in jobs)
@@ -309,8 +364,7 @@ class GenerationHandler:
                             changed[index, delta.index] = choice
                 usage = Usage.of(num_prompt_tokens, num_completion_tokens) if continuous_usage else None
                 for (index, k), choice in changed.items():
-                    body = shape.choice(jobs[index], index, k, choice.take(), prompt_logprobs.get(index),
-                                        final=False)
+                    body = shape.choice(jobs[index], index, k, choice.take(), prompt_logprobs.get(index), final=False)
                     yield _sse(shape.header.body(shape.chunk_object_name, [body], usage))
         if include_usage:
             usage = Usage.of(num_prompt_tokens, num_completion_tokens)
@@ -324,8 +378,7 @@ class _Shape:
     object_name: str
     chunk_object_name: str
 
-    def choice(self, job: _Job, prompt_index: int, index: int, choice: _Choice, prompt_logprobs,
-               final: bool) -> dict:
+    def choice(self, job: _Job, prompt_index: int, index: int, choice: _Choice, prompt_logprobs, final: bool) -> dict:
         raise NotImplementedError
 
     def shown(self, delta: CompletionOutput) -> CompletionOutput:
@@ -363,8 +416,7 @@ class _Completions(_Shape):
         tokenizer = self.handler.tokenizer
         return "" if tokenizer is None else tokenizer.decode(job.prompt.token_ids)
 
-    def choice(self, job: _Job, prompt_index: int, index: int, choice: _Choice, prompt_logprobs,
-               final: bool) -> dict:
+    def choice(self, job: _Job, prompt_index: int, index: int, choice: _Choice, prompt_logprobs, final: bool) -> dict:
         key = (prompt_index, index)
         echo = self.body.echo and not choice.started
         prompt_text = self._prompt_text(job) if echo else ""
@@ -377,8 +429,13 @@ class _Completions(_Shape):
                 echoed = completion_logprobs(job.prompt.token_ids, prompt_logprobs, offset, self._decode)
                 logprobs = {name: echoed[name] + values for name, values in logprobs.items()}
         self._sent_chars[key] = self._sent_chars.get(key, 0) + len(text)
-        body = {"index": prompt_index * self.n + index, "text": text, "logprobs": logprobs,
-                "finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason}
+        body = {
+            "index": prompt_index * self.n + index,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": choice.finish_reason,
+            "stop_reason": choice.stop_reason,
+        }
         if self.body.prompt_logprobs is not None:
             body["prompt_logprobs"] = None if prompt_logprobs is None else prompt_logprobs_json(prompt_logprobs)
         return body
@@ -409,16 +466,19 @@ class _Chat(_Shape):
         self.body = body
         self.tool_choice = tool_choice
         self.header = ResponseHeader.new("chatcmpl", handler.settings.model_name)
-        self._text: dict[int, str] = {}    # per choice: the text so far, when tools are on
-        self._shown: dict[int, int] = {}   # per choice: how much of it went out as content
+        self._text: dict[int, str] = {}  # per choice: the text so far, when tools are on
+        self._shown: dict[int, int] = {}  # per choice: how much of it went out as content
 
-    def choice(self, job: _Job, prompt_index: int, index: int, choice: _Choice, prompt_logprobs,
-               final: bool) -> dict:
+    def choice(self, job: _Job, prompt_index: int, index: int, choice: _Choice, prompt_logprobs, final: bool) -> dict:
         logprobs = None
         if self.body.logprobs:
             logprobs = chat_logprobs(choice.token_ids, choice.logprobs, self.body.top_logprobs or 0)
-        body = {"index": index, "logprobs": logprobs, "finish_reason": choice.finish_reason,
-                "stop_reason": choice.stop_reason}
+        body = {
+            "index": index,
+            "logprobs": logprobs,
+            "finish_reason": choice.finish_reason,
+            "stop_reason": choice.stop_reason,
+        }
         message = {"content": choice.text} if self.tool_choice is None else self._tool_message(index, choice, final)
         if message.get("tool_calls") and choice.finish_reason == "stop":
             body["finish_reason"] = "tool_calls"
@@ -432,14 +492,17 @@ class _Chat(_Shape):
         text = self._text[index] = self._text.get(index, "") + choice.text
         if choice.finish_reason is None:
             return {"content": self._showable(index, text)}
-        content, calls = parse_tool_calls(text, self.tool_choice, cut=choice.finish_reason == "length",
-                                          parallel=not self.body.one_tool_call)
+        content, calls = parse_tool_calls(
+            text, self.tool_choice, cut=choice.finish_reason == "length", parallel=not self.body.one_tool_call
+        )
         shown = self._shown.get(index, 0)
         if not calls:
             return {"content": text[shown:]}
         rest = (content or "")[shown:] if content and content.startswith(text[:shown]) else None
-        return {"content": rest or None,
-                "tool_calls": [call.as_openai(None if final else i) for i, call in enumerate(calls)]}
+        return {
+            "content": rest or None,
+            "tool_calls": [call.as_openai(None if final else i) for i, call in enumerate(calls)],
+        }
 
     def _showable(self, index: int, text: str) -> str:
         """New content that is surely no tool call: none for a forced call, and for "auto" the text
@@ -448,8 +511,10 @@ class _Chat(_Shape):
             return ""
         end = text.find(TOOL_CALL_START)
         if end < 0:
-            end = next((len(text) - k for k in range(len(TOOL_CALL_START) - 1, 0, -1)
-                        if text.endswith(TOOL_CALL_START[:k])), len(text))
+            end = next(
+                (len(text) - k for k in range(len(TOOL_CALL_START) - 1, 0, -1) if text.endswith(TOOL_CALL_START[:k])),
+                len(text),
+            )
         shown = self._shown.get(index, 0)
         self._shown[index] = max(shown, end)
         return text[shown:end]

@@ -12,10 +12,50 @@ from prometheus_client.core import CounterMetricFamily
 from nanovllm.frontend.online_engine import OnlineEngine
 from nanovllm.outputs import RequestOutput
 
-_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-                    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-_REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-                    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+_LATENCY_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+_REQUEST_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 
 
 class _EngineCounters:
@@ -28,10 +68,10 @@ class _EngineCounters:
     def collect(self):
         stats = self.engine.stats()
         for name, doc, value in (
-                ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", stats.prefix_cache_queries),
-                ("prefix_cache_hits", "Prompt tokens the prefix cache held.", stats.prefix_cache_hits),
-                ("num_preemptions", "Requests preempted (their KV blocks freed, to be recomputed).",
-                 stats.num_preemptions)):
+            ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", stats.prefix_cache_queries),
+            ("prefix_cache_hits", "Prompt tokens the prefix cache held.", stats.prefix_cache_hits),
+            ("num_preemptions", "Requests preempted (their KV blocks freed, to be recomputed).", stats.num_preemptions),
+        ):
             family = CounterMetricFamily(f"nanovllm:{name}", doc, labels=["model_name"])
             family.add_metric([self.model_name], value)
             yield family
@@ -53,16 +93,25 @@ class ServerMetrics:
         self.kv_cache_usage = make(Gauge, "kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0 to 1).")
         self.prompt_tokens = make(Counter, "prompt_tokens", "Prompt tokens of admitted requests.")
         self.generation_tokens = make(Counter, "generation_tokens", "Tokens generated.")
-        self.ttft = make(Histogram, "time_to_first_token_seconds", "Time from arrival to the first token.",
-                         buckets=_LATENCY_BUCKETS)
-        self.itl = make(Histogram, "inter_token_latency_seconds",
-                        "Time between successive arrivals of a request's new tokens (one step's, or several "
-                        "when the server lags).", buckets=_LATENCY_BUCKETS)
-        self.e2e = make(Histogram, "e2e_request_latency_seconds", "Time from arrival to the last token.",
-                        buckets=_REQUEST_BUCKETS)
+        self.ttft = make(
+            Histogram, "time_to_first_token_seconds", "Time from arrival to the first token.", buckets=_LATENCY_BUCKETS
+        )
+        self.itl = make(
+            Histogram,
+            "inter_token_latency_seconds",
+            "Time between successive arrivals of a request's new tokens (one step's, or several when the server lags).",
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.e2e = make(
+            Histogram, "e2e_request_latency_seconds", "Time from arrival to the last token.", buckets=_REQUEST_BUCKETS
+        )
         self.model_name = model_name
-        self.finished = Counter("nanovllm:request_success", "Finished requests by finish reason.",
-                                labelnames=["model_name", "finished_reason"], registry=self.registry)
+        self.finished = Counter(
+            "nanovllm:request_success",
+            "Finished requests by finish reason.",
+            labelnames=["model_name", "finished_reason"],
+            registry=self.registry,
+        )
         self.registry.register(_EngineCounters(engine, model_name))
 
     def render(self) -> bytes:

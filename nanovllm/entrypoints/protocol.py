@@ -141,8 +141,9 @@ class _GenerationRequest(_RequestBody):
         if self.structured_outputs is not None:
             unknown = sorted(set(self.structured_outputs) - _STRUCTURED_KEYS)
             if unknown:
-                raise ValueError(f"structured_outputs takes {', '.join(sorted(_STRUCTURED_KEYS))}; "
-                                 f"unknown: {', '.join(unknown)}")
+                raise ValueError(
+                    f"structured_outputs takes {', '.join(sorted(_STRUCTURED_KEYS))}; unknown: {', '.join(unknown)}"
+                )
             specs["structured_outputs"] = StructuredOutputsParams(**self.structured_outputs)
         for name in ("json", "regex", "choice", "grammar"):
             value = getattr(self, f"guided_{name}")
@@ -166,8 +167,13 @@ class _GenerationRequest(_RequestBody):
         """The most tokens each completion may have, None for as many as the context holds."""
         return self.max_tokens
 
-    def sampling_params(self, logprobs: int | None, prompt_logprobs: int | None = None, best_of: int | None = None,
-                        structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
+    def sampling_params(
+        self,
+        logprobs: int | None,
+        prompt_logprobs: int | None = None,
+        best_of: int | None = None,
+        structured_outputs: StructuredOutputsParams | None = None,
+    ) -> SamplingParams:
         """The engine's SamplingParams from the fields the request set; ValueError names a bad value.
         `structured_outputs` replaces what the request's own fields ask for."""
         values = self.model_dump(include=_SAMPLING_FIELDS, exclude_none=True)
@@ -176,15 +182,31 @@ class _GenerationRequest(_RequestBody):
         values["max_tokens"] = self.completion_limit
         if self.logit_bias is not None:
             values["logit_bias"] = _token_biases(self.logit_bias)
-        return SamplingParams(**values, logprobs=logprobs, prompt_logprobs=prompt_logprobs, best_of=best_of,
-                              structured_outputs=structured_outputs or self.structured_spec())
+        return SamplingParams(
+            **values,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            best_of=best_of,
+            structured_outputs=structured_outputs or self.structured_spec(),
+        )
 
 
 _STRUCTURED_KEYS = {"json", "regex", "choice", "grammar", "json_object"}
-_SAMPLING_FIELDS = (set(_GenerationRequest.model_fields)
-                    - {"model", "stream", "stream_options", "user", "max_tokens", "logit_bias", "response_format",
-                       "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                       "prompt_logprobs"})
+_SAMPLING_FIELDS = set(_GenerationRequest.model_fields) - {
+    "model",
+    "stream",
+    "stream_options",
+    "user",
+    "max_tokens",
+    "logit_bias",
+    "response_format",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "prompt_logprobs",
+}
 
 
 def _token_biases(logit_bias: dict[str, float]) -> dict[int, float]:
@@ -251,8 +273,10 @@ class TextPart(_Lenient):
     @classmethod
     def _text_only(cls, data):
         if isinstance(data, dict) and data.get("type") != "text":
-            raise ValueError(f"this model takes text content parts only, not {data.get('type')!r}; send "
-                             f"{{\"type\": \"text\", \"text\": ...}}")
+            raise ValueError(
+                f"this model takes text content parts only, not {data.get('type')!r}; send "
+                f'{{"type": "text", "text": ...}}'
+            )
         return data
 
 
@@ -289,16 +313,24 @@ class ChatMessage(_Lenient):
         if self.role == "tool" and self.tool_call_id is None:
             raise ValueError("a tool message needs the tool_call_id of the call it answers")
         # text parts go to render_chat as parts, which joins them as LLM.chat does
-        content = self.content if isinstance(self.content, str | None) else [
-            {"type": "text", "text": part.text} for part in self.content]
+        content = (
+            self.content
+            if isinstance(self.content, str | None)
+            else [{"type": "text", "text": part.text} for part in self.content]
+        )
         message = {"role": self.role, "content": content or ""}
         for name in ("name", "tool_call_id"):
             if getattr(self, name) is not None:
                 message[name] = getattr(self, name)
         if self.tool_calls:
-            message["tool_calls"] = [{"id": call.id, "type": "function", "function": {
-                "name": call.function.name, "arguments": _arguments(call.function.arguments)}}
-                for call in self.tool_calls]
+            message["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.function.name, "arguments": _arguments(call.function.arguments)},
+                }
+                for call in self.tool_calls
+            ]
         return message
 
 
@@ -377,8 +409,10 @@ class ChatCompletionRequest(_GenerationRequest):
         """The tools as chat templates and the constraint take them (None without tools)."""
         if not self.tools:
             return None
-        return [{"type": "function", "function": t.function.model_dump(exclude_none=True, include=_FUNCTION_FIELDS)}
-                for t in self.tools]
+        return [
+            {"type": "function", "function": t.function.model_dump(exclude_none=True, include=_FUNCTION_FIELDS)}
+            for t in self.tools
+        ]
 
     def effective_tool_choice(self) -> str | dict:
         """The tool choice in force: as sent, else "auto" when tools are given and "none" without."""
@@ -426,8 +460,11 @@ class Usage(BaseModel):
 
     @classmethod
     def of(cls, prompt_tokens: int, completion_tokens: int) -> "Usage":
-        return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                   total_tokens=prompt_tokens + completion_tokens)
+        return cls(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
 
 
 @dataclass(frozen=True)
@@ -444,12 +481,19 @@ class ResponseHeader:
 
     def body(self, object_name: str, choices: list[dict], usage: Usage | None) -> dict:
         """A response or chunk object with these choices; `usage` may be None."""
-        return {"id": self.id, "object": object_name, "created": self.created, "model": self.model,
-                "choices": choices, "usage": usage.model_dump() if usage else None}
+        return {
+            "id": self.id,
+            "object": object_name,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": usage.model_dump() if usage else None,
+        }
 
 
-def completion_logprobs(token_ids: list[int], positions: list[PositionLogprobs | None], start_offset: int,
-                        decode) -> dict:
+def completion_logprobs(
+    token_ids: list[int], positions: list[PositionLogprobs | None], start_offset: int, decode
+) -> dict:
     """The legacy completions `logprobs` object of these tokens: their text, log-probability, top
     alternatives and character offset (None entries: a first prompt token, which has none)."""
     tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
@@ -462,8 +506,7 @@ def completion_logprobs(token_ids: list[int], positions: list[PositionLogprobs |
         top_logprobs.append({lp.decoded_token: lp.logprob for lp in position.values()} if position else None)
         offsets.append(offset)
         offset += len(text)
-    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
-            "text_offset": offsets}
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs, "text_offset": offsets}
 
 
 def _token_entry(token: str, logprob: float) -> dict:
@@ -477,18 +520,27 @@ def chat_logprobs(token_ids: list[int], positions: list[PositionLogprobs], top: 
     for token_id, position in zip(token_ids, positions):
         chosen = position[token_id]
         best = sorted((lp for lp in position.values() if lp.rank <= top), key=lambda lp: lp.rank)
-        content.append({**_token_entry(chosen.decoded_token, chosen.logprob),
-                        "top_logprobs": [_token_entry(lp.decoded_token, lp.logprob) for lp in best]})
+        content.append(
+            {
+                **_token_entry(chosen.decoded_token, chosen.logprob),
+                "top_logprobs": [_token_entry(lp.decoded_token, lp.logprob) for lp in best],
+            }
+        )
     return {"content": content}
 
 
 def prompt_logprobs_json(positions: list[PositionLogprobs | None]) -> list[dict | None]:
     """vLLM's `prompt_logprobs`: None for the first prompt token, then per position {token id as text:
     {"logprob", "rank", "decoded_token"}} for the prompt's token and the top alternatives."""
-    return [None if position is None else
-            {str(token_id): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
-             for token_id, lp in position.items()}
-            for position in positions]
+    return [
+        None
+        if position is None
+        else {
+            str(token_id): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
+            for token_id, lp in position.items()
+        }
+        for position in positions
+    ]
 
 
 def error_body(message: str, error_type: str, code: int | str, param: str | None = None) -> dict:

@@ -23,23 +23,32 @@ class ServerSettings:
     host: str = _setting("127.0.0.1", "address to listen on; 0.0.0.0 for every interface")
     port: int = _setting(8000, "TCP port to listen on")
     api_key: str | None = _setting(
-        None, "require 'Authorization: Bearer KEY' on every endpoint but /health (default: no key)", type=str)
+        None, "require 'Authorization: Bearer KEY' on every endpoint but /health (default: no key)", type=str
+    )
     max_waiting: int = _setting(
-        1024, "answer 503 while the engine holds this many requests it has not scheduled yet; also the most "
-              "completions one request may make")
+        1024,
+        "answer 503 while the engine holds this many requests it has not scheduled yet; also the most "
+        "completions one request may make",
+    )
     max_n: int = _setting(128, "the most completions (n, best_of) one prompt may ask for")
     max_logprobs: int = _setting(20, "the most logprob alternatives (logprobs, top_logprobs, prompt_logprobs)")
     max_request_bytes: int = _setting(8 << 20, "answer 413 to a request body larger than this many bytes")
     shutdown_timeout: float = _setting(
-        30.0, "on SIGINT/SIGTERM, seconds running requests get to finish before they end with an error; 0: end "
-              "them at once")
+        30.0,
+        "on SIGINT/SIGTERM, seconds running requests get to finish before they end with an error; 0: end them at once",
+    )
     chat_template: str | None = _setting(
-        None, "the chat template for requests that bring none: a file, or the template itself (default: the "
-              "tokenizer's)", type=str, metavar="FILE_OR_STRING")
+        None,
+        "the chat template for requests that bring none: a file, or the template itself (default: the tokenizer's)",
+        type=str,
+        metavar="FILE_OR_STRING",
+    )
     enable_auto_tool_choice: bool = _setting(
-        False, "accepted for vLLM's command lines: tool_choice 'auto' is always on")
+        False, "accepted for vLLM's command lines: tool_choice 'auto' is always on"
+    )
     tool_call_parser: str = _setting(
-        "hermes", "how 'auto' tool calls are read from the reply (<tool_call> tags)", choices=TOOL_CALL_PARSERS)
+        "hermes", "how 'auto' tool calls are read from the reply (<tool_call> tags)", choices=TOOL_CALL_PARSERS
+    )
 
     def __post_init__(self) -> None:
         for name in ("max_waiting", "max_n", "max_logprobs", "max_request_bytes"):
@@ -50,5 +59,7 @@ class ServerSettings:
         if self.shutdown_timeout < 0:
             raise ValueError(f"shutdown_timeout must be >= 0 seconds, got {self.shutdown_timeout}")
         if self.tool_call_parser not in TOOL_CALL_PARSERS:
-            raise ValueError(f"tool_call_parser {self.tool_call_parser!r} is not available; this server parses "
-                             f"{', '.join(TOOL_CALL_PARSERS)} calls")
+            raise ValueError(
+                f"tool_call_parser {self.tool_call_parser!r} is not available; this server parses "
+                f"{', '.join(TOOL_CALL_PARSERS)} calls"
+            )

@@ -54,19 +54,29 @@ def tool_choice_constraint(tools: list[dict], tool_choice, parallel: bool = True
     if name is not None:
         tool = next((t for t in tools if t["function"]["name"] == name), None)
         if tool is None:
-            raise ValueError(f"tool_choice names the function {name!r}, which is not among the tools "
-                             f"({', '.join(t['function']['name'] for t in tools)})")
+            raise ValueError(
+                f"tool_choice names the function {name!r}, which is not among the tools "
+                f"({', '.join(t['function']['name'] for t in tools)})"
+            )
         return StructuredOutputsParams(json=_parameters(tool))
     if tool_choice != "required":
         return None
-    calls = [{"type": "object", "properties": {"name": {"enum": [t["function"]["name"]]}, "parameters": _parameters(t)},
-              "required": ["name", "parameters"], "additionalProperties": False} for t in tools]
+    calls = [
+        {
+            "type": "object",
+            "properties": {"name": {"enum": [t["function"]["name"]]}, "parameters": _parameters(t)},
+            "required": ["name", "parameters"],
+            "additionalProperties": False,
+        }
+        for t in tools
+    ]
     array = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
     return StructuredOutputsParams(json=array if parallel else {**array, "maxItems": 1})
 
 
-def parse_tool_calls(text: str, tool_choice, cut: bool = False,
-                     parallel: bool = True) -> tuple[str | None, list[ToolCall]]:
+def parse_tool_calls(
+    text: str, tool_choice, cut: bool = False, parallel: bool = True
+) -> tuple[str | None, list[ToolCall]]:
     """The reply's content (None when it is all calls) and the calls in it; with `parallel` false only
     the first call.
 

@@ -20,8 +20,9 @@ class IncrementalDetokenizer:
     comes out whole and no prompt text comes with it.
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_token_ids: list[int],
-                 skip_special_tokens: bool = True):
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, prompt_token_ids: list[int], skip_special_tokens: bool = True
+    ):
         self._tokenizer = tokenizer.backend_tokenizer
         context = list(prompt_token_ids[-_CONTEXT_TOKENS:])
         split = len(context)

@@ -7,9 +7,9 @@ from itertools import count
 from transformers import PreTrainedTokenizerBase
 
 from nanovllm.config import Config
+from nanovllm.core.structured_output import grammar_vocabulary
 from nanovllm.engine.engine_client import EngineClient, EngineDeadError
 from nanovllm.engine.messages import EngineCoreRequest
-from nanovllm.core.structured_output import grammar_vocabulary
 from nanovllm.frontend.input_processor import InputProcessor, ProcessedPrompt, Prompt
 from nanovllm.frontend.output_processor import OutputProcessor, ParentRequest, RequestState
 from nanovllm.frontend.tokenizer import eos_token_ids, load_tokenizer
@@ -27,10 +27,14 @@ def completion_params(params: SamplingParams, index: int) -> SamplingParams:
     if params.num_completions == 1:
         return params
     ranks = params.num_completions > params.n
-    return replace(params, n=1, best_of=None,
-                   seed=None if params.seed is None else completion_seed(params.seed, index),
-                   logprobs=0 if ranks and params.logprobs is None else params.logprobs,
-                   prompt_logprobs=params.prompt_logprobs if index == 0 else None)
+    return replace(
+        params,
+        n=1,
+        best_of=None,
+        seed=None if params.seed is None else completion_seed(params.seed, index),
+        logprobs=0 if ranks and params.logprobs is None else params.logprobs,
+        prompt_logprobs=params.prompt_logprobs if index == 0 else None,
+    )
 
 
 class EngineFrontend:
@@ -46,8 +50,11 @@ class EngineFrontend:
         self.config = Config.from_kwargs(model, **kwargs)
         self.tokenizer = load_tokenizer(self.config)
         self.eos_token_ids = eos_token_ids(self.config, self.tokenizer)
-        vocabulary = None if self.tokenizer is None else grammar_vocabulary(
-            self.tokenizer, self.config.model_config.vocab_size, self.eos_token_ids)
+        vocabulary = (
+            None
+            if self.tokenizer is None
+            else grammar_vocabulary(self.tokenizer, self.config.model_config.vocab_size, self.eos_token_ids)
+        )
         self.client = client_class(self.config, self.eos_token_ids, vocabulary)
         self.input_processor = InputProcessor(self.tokenizer, self.client.info)
         self.output_processor = OutputProcessor()
@@ -57,8 +64,9 @@ class EngineFrontend:
         """The model folder's tokenizer (None with skip_tokenizer_init)."""
         return self.tokenizer
 
-    def _check(self, prompt: Prompt | ProcessedPrompt,
-               params: SamplingParams) -> tuple[ProcessedPrompt, SamplingParams]:
+    def _check(
+        self, prompt: Prompt | ProcessedPrompt, params: SamplingParams
+    ) -> tuple[ProcessedPrompt, SamplingParams]:
         """The checked prompt and settings; ValueError if the request cannot be served."""
         return self.input_processor.process(prompt, params)
 
@@ -68,8 +76,16 @@ class EngineFrontend:
         completions = []
         for index in range(params.num_completions):
             core_id = request_id if params.num_completions == 1 else f"{index}_{request_id}"
-            completions.append(RequestState(core_id, index, prompt.token_ids, completion_params(params, index),
-                                            self.tokenizer, show_logprobs=params.logprobs is not None))
+            completions.append(
+                RequestState(
+                    core_id,
+                    index,
+                    prompt.token_ids,
+                    completion_params(params, index),
+                    self.tokenizer,
+                    show_logprobs=params.logprobs is not None,
+                )
+            )
         parent = ParentRequest(request_id, prompt.text, prompt.token_ids, params, completions)
         self.output_processor.add_request(parent)
         sent = []

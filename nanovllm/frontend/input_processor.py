@@ -4,8 +4,8 @@ from dataclasses import dataclass, replace
 
 from transformers import PreTrainedTokenizerBase
 
-from nanovllm.engine.messages import EngineCoreInfo
 from nanovllm.core.structured_output import grammar_of
+from nanovllm.engine.messages import EngineCoreInfo
 from nanovllm.sampling_params import SamplingParams
 
 # text, token ids, {"prompt": text} or {"prompt_token_ids": ids}
@@ -59,16 +59,20 @@ class InputProcessor:
             return ProcessedPrompt(prompt, self.tokenize(prompt))
         if _is_token_ids(prompt):
             return ProcessedPrompt(None, self.check_token_ids(list(prompt)))
-        raise ValueError(f"a prompt must be text, a list of token ids, or a dict with 'prompt' or "
-                         f"'prompt_token_ids', got {type(prompt).__name__}")
+        raise ValueError(
+            f"a prompt must be text, a list of token ids, or a dict with 'prompt' or "
+            f"'prompt_token_ids', got {type(prompt).__name__}"
+        )
 
     @staticmethod
     def _unpack(prompt: dict) -> str | list[int]:
         """The text of {"prompt": text} or the ids of {"prompt_token_ids": ids}; vLLM's other keys
         (multi_modal_data ...) are accepted when None."""
         if prompt.get("multi_modal_data") is not None:
-            raise ValueError("multi_modal_data is not supported: this is a text-only model; send the prompt as "
-                             "text or token ids only (multi_modal_data None or left out)")
+            raise ValueError(
+                "multi_modal_data is not supported: this is a text-only model; send the prompt as "
+                "text or token ids only (multi_modal_data None or left out)"
+            )
         for key in _ABSENT_PROMPT_KEYS:
             if prompt.get(key) is not None:
                 raise ValueError(f"{key} is not supported by this text-only engine; leave it out or set it to None")
@@ -77,8 +81,10 @@ class InputProcessor:
             return prompt["prompt"]
         if set(prompt) == {"prompt_token_ids"} and _is_token_ids(prompt["prompt_token_ids"]):
             return list(prompt["prompt_token_ids"])
-        raise ValueError(f"a prompt dict takes exactly one key: 'prompt' (text) or 'prompt_token_ids' (a list "
-                         f"of token ids), got {sorted(prompt)} with {[type(v).__name__ for v in prompt.values()]}")
+        raise ValueError(
+            f"a prompt dict takes exactly one key: 'prompt' (text) or 'prompt_token_ids' (a list "
+            f"of token ids), got {sorted(prompt)} with {[type(v).__name__ for v in prompt.values()]}"
+        )
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of a text prompt (a rendered chat template holds its special tokens already:
@@ -86,8 +92,10 @@ class InputProcessor:
         if self.tokenizer is None:
             raise ValueError("skip_tokenizer_init=True: prompts must be lists of token ids, not text")
         if len(text) > self.max_prompt_chars:
-            raise ValueError(f"the prompt is {len(text)} characters long; no {self.max_prompt_chars}-character text "
-                             f"fits in this model's context of {self.info.max_model_len} tokens; shorten the prompt")
+            raise ValueError(
+                f"the prompt is {len(text)} characters long; no {self.max_prompt_chars}-character text "
+                f"fits in this model's context of {self.info.max_model_len} tokens; shorten the prompt"
+            )
         check_unicode(text, "the prompt")
         return self.check_token_ids(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
@@ -115,8 +123,7 @@ class InputProcessor:
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
             if value is not None and value > vocab_size:
-                raise ValueError(f"{name}={value} asks for more alternatives than the vocabulary's "
-                                 f"{vocab_size} tokens")
+                raise ValueError(f"{name}={value} asks for more alternatives than the vocabulary's {vocab_size} tokens")
         if params.structured_outputs is not None:
             if self.tokenizer is None:
                 raise ValueError("structured outputs need a tokenizer, but skip_tokenizer_init=True")
@@ -144,8 +151,9 @@ class InputProcessor:
         whole = {name: self.info.vocab_size for name in ("logprobs", "prompt_logprobs") if getattr(params, name) == -1}
         return replace(params, **whole) if whole else params
 
-    def process(self, prompt: Prompt | ProcessedPrompt,
-                params: SamplingParams) -> tuple[ProcessedPrompt, SamplingParams]:
+    def process(
+        self, prompt: Prompt | ProcessedPrompt, params: SamplingParams
+    ) -> tuple[ProcessedPrompt, SamplingParams]:
         """The checked prompt and its settings, `max_tokens` filled in where it was None (as many as the
         context holds) and logprobs of -1 as the vocabulary's size; ValueError if the request cannot be
         served."""
@@ -164,5 +172,7 @@ def check_unicode(text: str, what: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise ValueError(f"{what} is not valid Unicode: {text[e.start:e.end]!r} at character {e.start} is a lone "
-                         f"surrogate; send proper UTF-8 text") from None
+        raise ValueError(
+            f"{what} is not valid Unicode: {text[e.start : e.end]!r} at character {e.start} is a lone "
+            f"surrogate; send proper UTF-8 text"
+        ) from None

@@ -100,8 +100,9 @@ class OnlineEngine(EngineFrontend):
         """Queue a request and return its output stream; ValueError if it cannot be served."""
         return self.add_checked(*self.check(prompt, sampling_params))
 
-    def check(self, prompt: Prompt | ProcessedPrompt,
-              sampling_params: SamplingParams) -> tuple[ProcessedPrompt, SamplingParams]:
+    def check(
+        self, prompt: Prompt | ProcessedPrompt, sampling_params: SamplingParams
+    ) -> tuple[ProcessedPrompt, SamplingParams]:
         """The checked prompt and settings that `add_checked` takes; ValueError if the request cannot be
         served. A caller that queues several prompts together checks them all first."""
         return self._check(prompt, sampling_params)
@@ -172,8 +173,9 @@ class OnlineEngine(EngineFrontend):
         except Exception as e:
             # a fault of the front end's own: nothing more would be delivered, so the server must stop
             logger.exception("the output thread failed")
-            self._fail(f"the output thread failed ({type(e).__name__}: {e})", "the server failed while running "
-                                                                              "this request")
+            self._fail(
+                f"the output thread failed ({type(e).__name__}: {e})", "the server failed while running this request"
+            )
 
     def _fail(self, failure: str, error: str) -> None:
         """The engine cannot go on: refuse new requests and end the live ones with an error."""

@@ -23,20 +23,29 @@ class RequestState:
     (a best_of ranking computes them without showing them).
     """
 
-    def __init__(self, request_id: str, index: int, prompt_token_ids: list[int], params: SamplingParams,
-                 tokenizer: PreTrainedTokenizerBase | None, show_logprobs: bool):
+    def __init__(
+        self,
+        request_id: str,
+        index: int,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        tokenizer: PreTrainedTokenizerBase | None,
+        show_logprobs: bool,
+    ):
         self.request_id = request_id
         self.index = index
         self.params = params
         self.tokenizer = tokenizer
-        self.detokenizer = None if tokenizer is None else IncrementalDetokenizer(
-            tokenizer, prompt_token_ids, params.skip_special_tokens)
+        self.detokenizer = (
+            None
+            if tokenizer is None
+            else IncrementalDetokenizer(tokenizer, prompt_token_ids, params.skip_special_tokens)
+        )
         self.token_ids: list[int] = []
         self.text = ""
         self.cumulative_logprob: float | None = None if params.logprobs is None else 0.0
         self.logprobs: list[PositionLogprobs] | None = [] if show_logprobs else None
-        self.prompt_logprobs: list[PositionLogprobs | None] | None = (
-            None if params.prompt_logprobs is None else [None])
+        self.prompt_logprobs: list[PositionLogprobs | None] | None = None if params.prompt_logprobs is None else [None]
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.num_cached_tokens = 0
@@ -114,15 +123,29 @@ class RequestState:
 
     def completion(self, index: int | None = None) -> CompletionOutput:
         """Everything so far (numbered `index`, by default the completion's own)."""
-        return CompletionOutput(self.index if index is None else index, self.text, list(self.token_ids),
-                                self.cumulative_logprob, self.logprobs, self.finish_reason, self.stop_reason)
+        return CompletionOutput(
+            self.index if index is None else index,
+            self.text,
+            list(self.token_ids),
+            self.cumulative_logprob,
+            self.logprobs,
+            self.finish_reason,
+            self.stop_reason,
+        )
 
     def delta(self) -> CompletionOutput:
         """The tokens, showable text and logprobs gained since the previous delta."""
         text, first = self.stream_text, self._num_sent_tokens
         logprobs = None if self.logprobs is None else self.logprobs[first:]
-        output = CompletionOutput(self.index, text[self._num_sent_chars:], self.token_ids[first:],
-                                  self.cumulative_logprob, logprobs, self.finish_reason, self.stop_reason)
+        output = CompletionOutput(
+            self.index,
+            text[self._num_sent_chars :],
+            self.token_ids[first:],
+            self.cumulative_logprob,
+            logprobs,
+            self.finish_reason,
+            self.stop_reason,
+        )
         self._num_sent_tokens, self._num_sent_chars = len(self.token_ids), len(text)
         self._end_sent = self.finished
         return output
@@ -136,8 +159,14 @@ class RequestState:
 class ParentRequest:
     """A user's request: one prompt and its n (or best_of) completions, each a core request of its own."""
 
-    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
-                 completions: list[RequestState]):
+    def __init__(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        completions: list[RequestState],
+    ):
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids
@@ -177,8 +206,15 @@ class ParentRequest:
         return self._request_output(changed, prompt_logprobs)
 
     def _request_output(self, outputs: list[CompletionOutput], prompt_logprobs) -> RequestOutput:
-        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, prompt_logprobs, outputs,
-                             self.finished, self.completions[0].num_cached_tokens)
+        return RequestOutput(
+            self.request_id,
+            self.prompt,
+            self.prompt_token_ids,
+            prompt_logprobs,
+            outputs,
+            self.finished,
+            self.completions[0].num_cached_tokens,
+        )
 
 
 @dataclass
@@ -235,8 +271,7 @@ class OutputProcessor:
                     to_abort.append(output.request_id)
             except Exception:
                 # a fault in one request's text (detokenizer, stop strings) ends that request only
-                logger.exception("processing the output of request %s failed; it ends with an error",
-                                 parent.request_id)
+                logger.exception("processing the output of request %s failed; it ends with an error", parent.request_id)
                 to_abort += self.finish(parent.request_id, "error")[1]
                 continue
             if completion.finished:

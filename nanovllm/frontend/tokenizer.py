@@ -19,8 +19,10 @@ def load_tokenizer(config: Config) -> PreTrainedTokenizerBase | None:
         raise FileNotFoundError(f"no tokenizer files ({', '.join(_TOKENIZER_FILES)}) in {model!r}")
     tokenizer = AutoTokenizer.from_pretrained(model)
     if getattr(tokenizer, "backend_tokenizer", None) is None:
-        raise ValueError(f"the tokenizer in {model!r} has no fast (tokenizers library) version, which "
-                         f"incremental detokenization needs; add a tokenizer.json to the folder")
+        raise ValueError(
+            f"the tokenizer in {model!r} has no fast (tokenizers library) version, which "
+            f"incremental detokenization needs; add a tokenizer.json to the folder"
+        )
     return tokenizer
 
 

@@ -15,18 +15,51 @@ from nanovllm.utils.context import Context
 class FlashAttentionBackend(TritonAttentionBackend):
     """Prefill through flash_attn_varlen_func, decode through flash_attn_with_kvcache."""
 
-    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, context: Context, scale: float, k_scale: None = None,
-                v_scale: None = None) -> torch.Tensor:
+    def prefill(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        context: Context,
+        scale: float,
+        k_scale: None = None,
+        v_scale: None = None,
+    ) -> torch.Tensor:
         if context.block_tables is not None:  # a cached prefix: read every key through the block tables
             k, v = k_cache, v_cache
-        return flash_attn_varlen_func(q, k, v, context.cu_seqlens_q, context.cu_seqlens_k, context.max_seqlen_q,
-                                      context.max_seqlen_k, softmax_scale=scale, causal=True,
-                                      block_table=context.block_tables)
+        return flash_attn_varlen_func(
+            q,
+            k,
+            v,
+            context.cu_seqlens_q,
+            context.cu_seqlens_k,
+            context.max_seqlen_q,
+            context.max_seqlen_k,
+            softmax_scale=scale,
+            causal=True,
+            block_table=context.block_tables,
+        )
 
-    def decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, context: Context, scale: float,
-               k_scale: None = None, v_scale: None = None) -> torch.Tensor:
+    def decode(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        context: Context,
+        scale: float,
+        k_scale: None = None,
+        v_scale: None = None,
+    ) -> torch.Tensor:
         # q: [seqs, heads, d] -> flash-attn's [seqs, 1, heads, d]
-        o = flash_attn_with_kvcache(q.unsqueeze(1), k_cache, v_cache, cache_seqlens=context.context_lens,
-                                    block_table=context.block_tables, softmax_scale=scale, causal=True)
+        o = flash_attn_with_kvcache(
+            q.unsqueeze(1),
+            k_cache,
+            v_cache,
+            cache_seqlens=context.context_lens,
+            block_table=context.block_tables,
+            softmax_scale=scale,
+            causal=True,
+        )
         return o.squeeze(1)

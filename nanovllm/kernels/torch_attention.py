@@ -21,8 +21,9 @@ from nanovllm.kernels.fp8_kv import dequantize_heads, quantize_heads, round_trip
 from nanovllm.utils.context import Context
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-            scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of q over k/v and its log-sum-exp; `causal` aligns q with the last keys.
 
     q: [heads, q_len, d]; k, v: [kv_heads, k_len, d] -> o: [heads, q_len, d], lse: [heads, q_len] (fp32)
@@ -31,15 +32,15 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     if q.device.type == "cpu":
         # PyTorch's fused CPU kernel, which also reports the log-sum-exp and reads
         # grouped K/V heads without repeating them (q_len == k_len when causal)
-        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q4, k4, v4, 0.0, causal, scale=scale)[:2]
+        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q4, k4, v4, 0.0, causal, scale=scale)[:2]
     else:
         o, lse = _attend_written_out(q4, k4, v4, causal, scale)
     return o[0], lse[0]
 
 
-def _attend_written_out(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, causal: bool,
-                        scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _attend_written_out(
+    q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, causal: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     # the textbook formula, for devices without a fused kernel that reports the log-sum-exp
     # (it is the oracle of the GPU kernels' tests): scores and softmax in fp32, the weights in
     # the values' dtype for the product with them, as flash-attention kernels do
@@ -89,14 +90,20 @@ def _view(cache: torch.Tensor, first: int, num_tokens: int) -> torch.Tensor:
     """`num_tokens` tokens of a heads-first cache ([kv_heads, blocks, block_size, ...]) from the start of
     block `first`, without a copy: [kv_heads, num_tokens, ...]."""
     block_size = cache.size(2)
-    return cache[:, first:first + (num_tokens + block_size - 1) // block_size].flatten(1, 2)[:, :num_tokens]
+    return cache[:, first : first + (num_tokens + block_size - 1) // block_size].flatten(1, 2)[:, :num_tokens]
 
 
 class _CacheReader:
     """One layer's paged K/V, read a run of blocks at a time as [kv_heads, tokens, d] in `dtype`."""
 
-    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None,
-                 v_scale: torch.Tensor | None, dtype: torch.dtype):
+    def __init__(
+        self,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        k_scale: torch.Tensor | None,
+        v_scale: torch.Tensor | None,
+        dtype: torch.dtype,
+    ):
         self.k, self.v = _heads_first(k_cache), _heads_first(v_cache)
         # scales: [num_blocks, kv_heads, block_size] -> views [kv_heads, num_blocks, block_size]
         self.scales = None if k_scale is None else (k_scale.transpose(0, 1), v_scale.transpose(0, 1))
@@ -111,12 +118,15 @@ class _CacheReader:
         return dequantize_heads(k, k_scale, self.dtype), dequantize_heads(v, v_scale, self.dtype)
 
 
-def _attend_cached(q: torch.Tensor, cache: _CacheReader, block_ids: list[int], num_tokens: int, scale: float,
-                   row: int) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+def _attend_cached(
+    q: torch.Tensor, cache: _CacheReader, block_ids: list[int], num_tokens: int, scale: float, row: int
+) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
     """Attention of q ([heads, q_len, d], output rows from `row`) over a sequence's first `num_tokens`
     cached tokens, one part per run of blocks, for `_combine`."""
-    return [(*_attend(q, *cache.run(first, tokens), False, scale), row)
-            for first, tokens in _block_runs(block_ids, num_tokens, cache.block_size)]
+    return [
+        (*_attend(q, *cache.run(first, tokens), False, scale), row)
+        for first, tokens in _block_runs(block_ids, num_tokens, cache.block_size)
+    ]
 
 
 def _combine(parts: list[tuple[torch.Tensor, torch.Tensor, int]], num_rows: int) -> torch.Tensor:
@@ -129,20 +139,28 @@ def _combine(parts: list[tuple[torch.Tensor, torch.Tensor, int]], num_rows: int)
     if o.size(0) == num_rows:  # one part per row, appended in row order: nothing to merge
         return o
     lse = torch.cat([p[1] for p in parts], dim=1).transpose(0, 1)  # [R, heads]
-    rows = torch.tensor([row for p, _, first in parts for row in range(first, first + p.size(1))],
-                        device=o.device)  # [R]: the output row of each partial row
+    rows = torch.tensor(
+        [row for p, _, first in parts for row in range(first, first + p.size(1))], device=o.device
+    )  # [R]: the output row of each partial row
     heads, dtype, o = lse.size(1), o.dtype, o.float()
     peak = lse.new_full((num_rows, heads), float("-inf")).scatter_reduce_(
-        0, rows[:, None].expand(-1, heads), lse, "amax")
+        0, rows[:, None].expand(-1, heads), lse, "amax"
+    )
     weight = (lse - peak[rows]).exp()  # [R, heads]
     total = lse.new_zeros(num_rows, heads).index_add_(0, rows, weight)
     merged = o.new_zeros(num_rows, heads, o.size(-1)).index_add_(0, rows, o * weight.unsqueeze(-1))
     return (merged / total.unsqueeze(-1)).to(dtype)
 
 
-def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None,
-                  v_scale: torch.Tensor | None = None) -> None:
+def store_kvcache(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> None:
     """Write k[t], v[t] to flat cache slot `slot_mapping[t]`; slot -1 is skipped. With scales the cache
     is FP8: each head is quantized and its scale written beside it."""
     # k, v: [tokens, kv_heads, d]; slot_mapping: [tokens]
@@ -165,9 +183,18 @@ class TorchAttentionBackend:
 
     supports_cuda_graphs = False
 
-    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, context: Context, scale: float, k_scale: torch.Tensor | None = None,
-                v_scale: torch.Tensor | None = None) -> torch.Tensor:
+    def prefill(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        context: Context,
+        scale: float,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Causal attention of each sequence's new tokens over its cached prefix and themselves."""
         # q: [tokens, heads, d]; k, v: [tokens, kv_heads, d] (this step's, also in the cache)
         tables = None
@@ -186,8 +213,16 @@ class TorchAttentionBackend:
             start += q_len
         return _combine(parts, q.size(0))
 
-    def decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, context: Context, scale: float,
-               k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
+    def decode(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        context: Context,
+        scale: float,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """One query per sequence over its `context_lens[i]` cached tokens."""
         # q: [seqs, heads, d]; block_tables: [seqs, max_blocks]
         cache = _CacheReader(k_cache, v_cache, k_scale, v_scale, q.dtype)

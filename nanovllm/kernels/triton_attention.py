@@ -12,13 +12,51 @@ class TritonAttentionBackend:
 
     supports_cuda_graphs = True
 
-    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, context: Context, scale: float, k_scale: torch.Tensor | None = None,
-                v_scale: torch.Tensor | None = None) -> torch.Tensor:
-        return prefill_attention(q, k, v, k_cache, v_cache, context.block_tables, context.cu_seqlens_q,
-                                 context.cu_seqlens_k, context.max_seqlen_q, scale, k_scale, v_scale)
+    def prefill(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        context: Context,
+        scale: float,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return prefill_attention(
+            q,
+            k,
+            v,
+            k_cache,
+            v_cache,
+            context.block_tables,
+            context.cu_seqlens_q,
+            context.cu_seqlens_k,
+            context.max_seqlen_q,
+            scale,
+            k_scale,
+            v_scale,
+        )
 
-    def decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, context: Context, scale: float,
-               k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
-        return decode_attention(q, k_cache, v_cache, context.block_tables, context.context_lens, scale,
-                                k_scale=k_scale, v_scale=v_scale, seq_order=context.seq_order)
+    def decode(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        context: Context,
+        scale: float,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return decode_attention(
+            q,
+            k_cache,
+            v_cache,
+            context.block_tables,
+            context.context_lens,
+            scale,
+            k_scale=k_scale,
+            v_scale=v_scale,
+            seq_order=context.seq_order,
+        )

@@ -26,9 +26,25 @@ def tile_dtype(q_dtype: torch.dtype, quantized: bool) -> tl.dtype:
 
 
 @triton.jit
-def paged_kv_tile(k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_table_ptr, pos, pos_mask, kv_head,
-                  d, d_mask, stride_cb, stride_ct, stride_ch, stride_sb, dtype: tl.constexpr, PAGE: tl.constexpr,
-                  QUANTIZED: tl.constexpr):
+def paged_kv_tile(
+    k_cache_ptr,
+    v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    block_table_ptr,
+    pos,
+    pos_mask,
+    kv_head,
+    d,
+    d_mask,
+    stride_cb,
+    stride_ct,
+    stride_ch,
+    stride_sb,
+    dtype: tl.constexpr,
+    PAGE: tl.constexpr,
+    QUANTIZED: tl.constexpr,
+):
     """K and V [BLOCK_N, BLOCK_D] in `dtype` at positions `pos` of the sequence whose table row is
     `block_table_ptr`, and for an FP8 cache each position's K and V scales [BLOCK_N] (else 1)."""
     block = tl.load(block_table_ptr + pos // PAGE, mask=pos_mask, other=0).to(tl.int64)
@@ -46,8 +62,9 @@ def paged_kv_tile(k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tabl
 
 
 @triton.jit
-def online_softmax_step(q, k, v, mask, m, l, acc, scale_log2, k_scale, v_scale, PRECISION: tl.constexpr,
-                        QUANTIZED: tl.constexpr):
+def online_softmax_step(
+    q, k, v, mask, m, l, acc, scale_log2, k_scale, v_scale, PRECISION: tl.constexpr, QUANTIZED: tl.constexpr
+):
     """Fold keys k and values v [N, D] into the running max m, sum l and output acc of rows q [M, D].
 
     Scores are in base 2 (`scale_log2` includes log2(e)); `mask` [M, N] or [1, N] marks the keys each row sees.

@@ -32,7 +32,7 @@ import triton.language as tl
 from nanovllm.kernels.triton_attention_tiles import LOG2E, online_softmax_step, paged_kv_tile, tile_dtype
 from nanovllm.kernels.triton_pdl import pdl_launch, wait_for_previous_kernel
 
-_BLOCK_N = 64   # context tokens per tile
+_BLOCK_N = 64  # context tokens per tile
 # an FP8 tile is half the bytes: twice the tokens per tile keep as many bytes in flight (256 sequences,
 # H100: 149 us against 181 us at 64 after prefill, 256 us against 312 us 512 steps later)
 _BLOCK_N_FP8 = 128
@@ -43,14 +43,41 @@ _MAX_SPLITS = 32
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, context_lens_ptr, seq_order_ptr,
-    o_ptr, lse_ptr,
-    stride_qs, stride_qh, stride_kb, stride_kt, stride_kh, stride_sb, stride_bt,
-    stride_os, stride_oh, stride_osp, stride_ls, stride_lh,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    block_tables_ptr,
+    context_lens_ptr,
+    seq_order_ptr,
+    o_ptr,
+    lse_ptr,
+    stride_qs,
+    stride_qh,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_sb,
+    stride_bt,
+    stride_os,
+    stride_oh,
+    stride_osp,
+    stride_ls,
+    stride_lh,
     scale_log2,
-    PAGE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr,
-    QUANTIZED: tl.constexpr, TILE_DTYPE: tl.constexpr, ORDERED: tl.constexpr, PDL: tl.constexpr,
+    PAGE: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    PRECISION: tl.constexpr,
+    QUANTIZED: tl.constexpr,
+    TILE_DTYPE: tl.constexpr,
+    ORDERED: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     wait_for_previous_kernel(PDL)
     kv_head = tl.program_id(0)
@@ -72,8 +99,11 @@ def _decode_split_kernel(
     lse_rows = lse_ptr + seq * stride_ls + heads * stride_lh + split
     if start < end:
         # q: [GROUP_PAD, BLOCK_D]
-        q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + d[None, :],
-                    mask=g_mask[:, None] & d_mask[None, :], other=0.0).to(TILE_DTYPE)
+        q = tl.load(
+            q_ptr + seq * stride_qs + heads[:, None] * stride_qh + d[None, :],
+            mask=g_mask[:, None] & d_mask[None, :],
+            other=0.0,
+        ).to(TILE_DTYPE)
         m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
         l = tl.zeros([GROUP_PAD], tl.float32)
         acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
@@ -81,29 +111,62 @@ def _decode_split_kernel(
             pos = tile + tl.arange(0, BLOCK_N)
             pos_mask = pos < end
             # k, v: [BLOCK_N, BLOCK_D]
-            k, v, k_scale, v_scale = paged_kv_tile(k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
-                                                   block_tables_ptr + seq * stride_bt, pos, pos_mask, kv_head, d,
-                                                   d_mask, stride_kb, stride_kt, stride_kh, stride_sb, q.dtype, PAGE,
-                                                   QUANTIZED)
-            m, l, acc = online_softmax_step(q, k, v, pos_mask[None, :], m, l, acc, scale_log2, k_scale, v_scale,
-                                            PRECISION, QUANTIZED)
-        tl.store(o_ptr + o_rows[:, None] + d[None, :], (acc / l[:, None]).to(o_ptr.dtype.element_ty),
-                 mask=g_mask[:, None] & d_mask[None, :])
+            k, v, k_scale, v_scale = paged_kv_tile(
+                k_cache_ptr,
+                v_cache_ptr,
+                k_scale_ptr,
+                v_scale_ptr,
+                block_tables_ptr + seq * stride_bt,
+                pos,
+                pos_mask,
+                kv_head,
+                d,
+                d_mask,
+                stride_kb,
+                stride_kt,
+                stride_kh,
+                stride_sb,
+                q.dtype,
+                PAGE,
+                QUANTIZED,
+            )
+            m, l, acc = online_softmax_step(
+                q, k, v, pos_mask[None, :], m, l, acc, scale_log2, k_scale, v_scale, PRECISION, QUANTIZED
+            )
+        tl.store(
+            o_ptr + o_rows[:, None] + d[None, :],
+            (acc / l[:, None]).to(o_ptr.dtype.element_ty),
+            mask=g_mask[:, None] & d_mask[None, :],
+        )
         tl.store(lse_rows, m + tl.log2(l), mask=g_mask)
     else:
         # an empty slice (short contexts leave late ones empty) writes only its weight, zero: the
         # merge reads no output from it; with one slice the output is the result and reads zeros
         tl.store(lse_rows, tl.full([GROUP_PAD], float("-inf"), tl.float32), mask=g_mask)
         if NUM_SPLITS == 1:
-            tl.store(o_ptr + o_rows[:, None] + d[None, :], tl.zeros([GROUP_PAD, BLOCK_D], o_ptr.dtype.element_ty),
-                     mask=g_mask[:, None] & d_mask[None, :])
+            tl.store(
+                o_ptr + o_rows[:, None] + d[None, :],
+                tl.zeros([GROUP_PAD, BLOCK_D], o_ptr.dtype.element_ty),
+                mask=g_mask[:, None] & d_mask[None, :],
+            )
 
 
 @triton.jit
 def _merge_splits_kernel(
-    partial_ptr, lse_ptr, o_ptr,
-    stride_ps, stride_ph, stride_psp, stride_ls, stride_lh, stride_os, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    partial_ptr,
+    lse_ptr,
+    o_ptr,
+    stride_ps,
+    stride_ph,
+    stride_psp,
+    stride_ls,
+    stride_lh,
+    stride_os,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
     PDL: tl.constexpr,
 ):
     wait_for_previous_kernel(PDL)
@@ -116,8 +179,11 @@ def _merge_splits_kernel(
     weight = tl.exp2(lse - tl.where(top == float("-inf"), 0.0, top))  # empty slices weigh 0
     total = tl.sum(weight, 0)
     has_keys = lse > float("-inf")  # an empty slice wrote no output
-    partial = tl.load(partial_ptr + seq * stride_ps + head * stride_ph + sp[:, None] * stride_psp + d[None, :],
-                      mask=has_keys[:, None] & (d[None, :] < HEAD_DIM), other=0.0).to(tl.float32)
+    partial = tl.load(
+        partial_ptr + seq * stride_ps + head * stride_ph + sp[:, None] * stride_psp + d[None, :],
+        mask=has_keys[:, None] & (d[None, :] < HEAD_DIM),
+        other=0.0,
+    ).to(tl.float32)
     out = tl.sum(partial * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
     tl.store(o_ptr + seq * stride_os + head * stride_oh + d, out.to(o_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
@@ -133,11 +199,21 @@ def default_num_splits(num_seqs: int, num_kv_heads: int, device: torch.device) -
     return max(1, min(_MAX_SPLITS, triton.cdiv(2 * sms, num_seqs * num_kv_heads)))
 
 
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                     context_lens: torch.Tensor, scale: float, num_splits: int | None = None,
-                     block_n: int | None = None, num_warps: int = _NUM_WARPS, num_stages: int = _NUM_STAGES,
-                     k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-                     seq_order: torch.Tensor | None = None) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    num_splits: int | None = None,
+    block_n: int | None = None,
+    num_warps: int = _NUM_WARPS,
+    num_stages: int = _NUM_STAGES,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    seq_order: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Attention of one query per sequence over its `context_lens[i]` cached tokens -> [seqs, heads, head_dim].
 
     `block_n` (None: `default_block_n`), `num_warps` and `num_stages` are the split
@@ -166,25 +242,62 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     # more, the slices are alike and reading the order would only add a load before the first tile
     ordered = seq_order is not None and num_splits == 1
     _decode_split_kernel[(num_kv_heads, num_seqs, num_splits)](
-        q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, seq_order if ordered else context_lens,
-        partial, lse,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_scale.stride(0),
+        q,
+        k_cache,
+        v_cache,
+        k_scale,
+        v_scale,
+        block_tables,
+        context_lens,
+        seq_order if ordered else context_lens,
+        partial,
+        lse,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        k_scale.stride(0),
         block_tables.stride(0),
-        partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),
+        partial.stride(0),
+        partial.stride(1),
+        partial.stride(2),
+        lse.stride(0),
+        lse.stride(1),
         scale * LOG2E,
-        PAGE=page, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits, PRECISION=precision, QUANTIZED=quantized,
-        TILE_DTYPE=tile_dtype(q.dtype, quantized), ORDERED=ordered, num_warps=num_warps, num_stages=num_stages,
+        PAGE=page,
+        GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        BLOCK_N=block_n,
+        NUM_SPLITS=num_splits,
+        PRECISION=precision,
+        QUANTIZED=quantized,
+        TILE_DTYPE=tile_dtype(q.dtype, quantized),
+        ORDERED=ordered,
+        num_warps=num_warps,
+        num_stages=num_stages,
         **pdl,
     )
     if num_splits == 1:
         return partial.squeeze(2)
     out = torch.empty_like(q)
     _merge_splits_kernel[(num_seqs, num_heads)](
-        partial, lse, out,
-        partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),
-        out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_splits,
-        SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)), **pdl,
+        partial,
+        lse,
+        out,
+        partial.stride(0),
+        partial.stride(1),
+        partial.stride(2),
+        lse.stride(0),
+        lse.stride(1),
+        out.stride(0),
+        out.stride(1),
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        NUM_SPLITS=num_splits,
+        SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
+        **pdl,
     )
     return out

@@ -79,13 +79,28 @@ def _prologue(a, b, g_ptr, h_ptr, k, K, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl
 def _weight_chunk(w_ptr, features, feature_ok, start, columns, K):
     """W[features, start:start + BLOCK_K], zero outside W: [BLOCK_N, BLOCK_K]."""
     k = start + columns
-    return tl.load(w_ptr + features[:, None].to(tl.int64) * K + k[None, :],
-                   mask=feature_ok[:, None] & (k < K)[None, :], other=0.0)
+    return tl.load(
+        w_ptr + features[:, None].to(tl.int64) * K + k[None, :], mask=feature_ok[:, None] & (k < K)[None, :], other=0.0
+    )
 
 
 @triton.jit
-def _gemv_kernel(a_ptr, r_ptr, g_ptr, w_ptr, y_ptr, h_ptr, N, K, eps, PROLOGUE: tl.constexpr,
-                 HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+def _gemv_kernel(
+    a_ptr,
+    r_ptr,
+    g_ptr,
+    w_ptr,
+    y_ptr,
+    h_ptr,
+    N,
+    K,
+    eps,
+    PROLOGUE: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
     features = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     columns = tl.arange(0, BLOCK_K)
     feature_ok = features < N
@@ -111,9 +126,15 @@ def _gemv_kernel(a_ptr, r_ptr, g_ptr, w_ptr, y_ptr, h_ptr, N, K, eps, PROLOGUE: 
     tl.store(y_ptr + features, y.to(y_ptr.dtype.element_ty), mask=feature_ok)
 
 
-def _launch(a: torch.Tensor, weight: torch.Tensor, prologue: tl.constexpr, residual: torch.Tensor | None = None,
-            norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-            out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _launch(
+    a: torch.Tensor,
+    weight: torch.Tensor,
+    prologue: tl.constexpr,
+    residual: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     n, k = weight.shape
     assert a.size(0) == 1 and a.stride(1) == 1 and weight.is_contiguous()
     if out is None:
@@ -124,9 +145,22 @@ def _launch(a: torch.Tensor, weight: torch.Tensor, prologue: tl.constexpr, resid
     h = torch.empty(1, k, dtype=a.dtype, device=a.device) if residual is not None else None
     block_n, block_k = BLOCKS[prologue.value]
     _gemv_kernel[(triton.cdiv(n, block_n),)](
-        a, residual if residual is not None else a, norm_weight if norm_weight is not None else a, weight, y,
-        h if h is not None else y, n, k, eps, PROLOGUE=prologue.value, HAS_RESIDUAL=residual is not None,
-        BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(k)), num_warps=4, **pdl_launch(a.device))
+        a,
+        residual if residual is not None else a,
+        norm_weight if norm_weight is not None else a,
+        weight,
+        y,
+        h if h is not None else y,
+        n,
+        k,
+        eps,
+        PROLOGUE=prologue.value,
+        HAS_RESIDUAL=residual is not None,
+        BLOCK_N=block_n,
+        BLOCK_K=min(block_k, triton.next_power_of_2(k)),
+        num_warps=4,
+        **pdl_launch(a.device),
+    )
     return y, h
 
 
@@ -137,8 +171,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None)
     return _launch(x, weight, PLAIN, out=out)[0]
 
 
-def rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                  weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm_gemv(
+    x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm(x + residual) @ weight^T for a single row, and x + residual (x itself without a
     residual): a pre-norm block's norm and first projection in one launch."""
     # x, residual: [1, K]; norm_weight: [K]; weight: [N, K] -> [1, N], [1, K]

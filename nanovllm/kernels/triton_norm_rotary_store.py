@@ -41,14 +41,27 @@ import triton.language as tl
 from nanovllm.kernels.fp8_kv import FP8_MAX
 from nanovllm.kernels.triton_pdl import pdl_launch, wait_for_previous_kernel
 
-
 _FP8_MAX = tl.constexpr(FP8_MAX)
 _FEW_TOKENS = 16
 
 
 @triton.jit
-def _norm_rotate_heads(source, stride_h, target, heads, head_mask, lanes, mask, cos, sin, w1, w2, eps,
-                       HALF: tl.constexpr, NORM: tl.constexpr):
+def _norm_rotate_heads(
+    source,
+    stride_h,
+    target,
+    heads,
+    head_mask,
+    lanes,
+    mask,
+    cos,
+    sin,
+    w1,
+    w2,
+    eps,
+    HALF: tl.constexpr,
+    NORM: tl.constexpr,
+):
     """Normalise (with NORM) and rotate the heads `heads` [HEADS] of one token at `source`, write them
     contiguously at `target` and return their halves y1, y2 [HEADS, BLOCK] in the model's dtype."""
     dtype = target.dtype.element_ty
@@ -70,8 +83,21 @@ def _norm_rotate_heads(source, stride_h, target, heads, head_mask, lanes, mask, 
 
 
 @triton.jit
-def _store_heads(x1, x2, cache_ptr, scale_ptr, slot, kv_heads, head_mask, lanes, mask, NUM_KV_HEADS: tl.constexpr,
-                 HALF: tl.constexpr, PAGE: tl.constexpr, QUANTIZED: tl.constexpr):
+def _store_heads(
+    x1,
+    x2,
+    cache_ptr,
+    scale_ptr,
+    slot,
+    kv_heads,
+    head_mask,
+    lanes,
+    mask,
+    NUM_KV_HEADS: tl.constexpr,
+    HALF: tl.constexpr,
+    PAGE: tl.constexpr,
+    QUANTIZED: tl.constexpr,
+):
     """Write the KV heads `kv_heads` of one token, halves x1 and x2 [HEADS, BLOCK] in the model's dtype,
     to flat slot `slot` (quantized for an FP8 cache: one scale per head)."""
     target = cache_ptr + (slot * NUM_KV_HEADS + kv_heads[:, None]) * (2 * HALF) + lanes[None, :]
@@ -89,14 +115,42 @@ def _store_heads(x1, x2, cache_ptr, scale_ptr, slot, kv_heads, head_mask, lanes,
 
 
 @triton.jit
-def _norm_rotate_store_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_out_ptr, positions_ptr, cos_sin_ptr, q_weight_ptr,
-                              k_weight_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, slot_mapping_ptr,
-                              eps, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-                              NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, KV_PER_PROGRAM: tl.constexpr,
-                              Q_PER_PROGRAM: tl.constexpr, HEADS_PAD: tl.constexpr, KV_HEADS_PAD: tl.constexpr, HALF: tl.constexpr,
-                              BLOCK: tl.constexpr,
-                              PAGE: tl.constexpr, NORM: tl.constexpr, STORE: tl.constexpr,
-                              QUANTIZED: tl.constexpr, PDL: tl.constexpr):
+def _norm_rotate_store_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    q_out_ptr,
+    k_out_ptr,
+    positions_ptr,
+    cos_sin_ptr,
+    q_weight_ptr,
+    k_weight_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    slot_mapping_ptr,
+    eps,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    NUM_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    KV_PER_PROGRAM: tl.constexpr,
+    Q_PER_PROGRAM: tl.constexpr,
+    HEADS_PAD: tl.constexpr,
+    KV_HEADS_PAD: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PAGE: tl.constexpr,
+    NORM: tl.constexpr,
+    STORE: tl.constexpr,
+    QUANTIZED: tl.constexpr,
+    PDL: tl.constexpr,
+):
     token = tl.program_id(0).to(tl.int64)
     lanes = tl.arange(0, BLOCK)
     mask = lanes < HALF
@@ -122,25 +176,76 @@ def _norm_rotate_store_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_out_ptr, positio
         kw1 = tl.load(k_weight_ptr + lanes, mask=mask, other=0.0).to(tl.float32)
         kw2 = tl.load(k_weight_ptr + HALF + lanes, mask=mask, other=0.0).to(tl.float32)
     wait_for_previous_kernel(PDL)
-    _norm_rotate_heads(q_ptr + token * stride_qt, stride_qh, q_out_ptr + token * NUM_HEADS * (2 * HALF), heads,
-                       q_mask, lanes, mask, cos, sin, qw1, qw2, eps, HALF, NORM)
-    k1, k2 = _norm_rotate_heads(k_ptr + token * stride_kt, stride_kh, k_out_ptr + token * NUM_KV_HEADS * (2 * HALF),
-                                kv_heads, kv_mask, lanes, mask, cos, sin, kw1, kw2, eps, HALF, NORM)
+    _norm_rotate_heads(
+        q_ptr + token * stride_qt,
+        stride_qh,
+        q_out_ptr + token * NUM_HEADS * (2 * HALF),
+        heads,
+        q_mask,
+        lanes,
+        mask,
+        cos,
+        sin,
+        qw1,
+        qw2,
+        eps,
+        HALF,
+        NORM,
+    )
+    k1, k2 = _norm_rotate_heads(
+        k_ptr + token * stride_kt,
+        stride_kh,
+        k_out_ptr + token * NUM_KV_HEADS * (2 * HALF),
+        kv_heads,
+        kv_mask,
+        lanes,
+        mask,
+        cos,
+        sin,
+        kw1,
+        kw2,
+        eps,
+        HALF,
+        NORM,
+    )
     if slot >= 0:  # the rotated k and the v heads into the cache
-        _store_heads(k1, k2, k_cache_ptr, k_scale_ptr, slot, kv_heads, kv_mask, lanes, mask, NUM_KV_HEADS, HALF,
-                     PAGE, QUANTIZED)
+        _store_heads(
+            k1, k2, k_cache_ptr, k_scale_ptr, slot, kv_heads, kv_mask, lanes, mask, NUM_KV_HEADS, HALF, PAGE, QUANTIZED
+        )
         v_rows = v_ptr + token * stride_vt + kv_heads[:, None] * stride_vh + lanes[None, :]
         both = kv_mask[:, None] & mask[None, :]
-        _store_heads(tl.load(v_rows, mask=both), tl.load(v_rows + HALF, mask=both), v_cache_ptr, v_scale_ptr, slot,
-                     kv_heads, kv_mask, lanes, mask, NUM_KV_HEADS, HALF, PAGE, QUANTIZED)
+        _store_heads(
+            tl.load(v_rows, mask=both),
+            tl.load(v_rows + HALF, mask=both),
+            v_cache_ptr,
+            v_scale_ptr,
+            slot,
+            kv_heads,
+            kv_mask,
+            lanes,
+            mask,
+            NUM_KV_HEADS,
+            HALF,
+            PAGE,
+            QUANTIZED,
+        )
 
 
-def norm_rotate_store(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor,
-                      q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
-                      v: torch.Tensor | None = None, k_cache: torch.Tensor | None = None,
-                      v_cache: torch.Tensor | None = None, slot_mapping: torch.Tensor | None = None,
-                      k_scale: torch.Tensor | None = None,
-                      v_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def norm_rotate_store(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    eps: float,
+    v: torch.Tensor | None = None,
+    k_cache: torch.Tensor | None = None,
+    v_cache: torch.Tensor | None = None,
+    slot_mapping: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """q and k rotated at `positions`, each head RMS-normalised first when weights are given; given v and
     the caches, the rotated k and v are also written at `slot_mapping` (-1 skipped), quantized where
     the scales of an FP8 cache are given."""
@@ -164,13 +269,40 @@ def norm_rotate_store(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     kv_per_program = 1 if num_tokens <= _FEW_TOKENS else num_kv_heads
     q_per_program = kv_per_program * num_heads // num_kv_heads
     _norm_rotate_store_kernel[(num_tokens, num_kv_heads // kv_per_program)](
-        q, k, v, q_out, k_out, positions, cos_sin, q_weight if norm else q, k_weight if norm else k,
-        k_cache if store else k, v_cache if store else v, k_scale if quantized else q, v_scale if quantized else q,
-        slot_mapping if store else positions, eps,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), NUM_HEADS=num_heads,
-        NUM_KV_HEADS=num_kv_heads, KV_PER_PROGRAM=kv_per_program, Q_PER_PROGRAM=q_per_program,
+        q,
+        k,
+        v,
+        q_out,
+        k_out,
+        positions,
+        cos_sin,
+        q_weight if norm else q,
+        k_weight if norm else k,
+        k_cache if store else k,
+        v_cache if store else v,
+        k_scale if quantized else q,
+        v_scale if quantized else q,
+        slot_mapping if store else positions,
+        eps,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        NUM_HEADS=num_heads,
+        NUM_KV_HEADS=num_kv_heads,
+        KV_PER_PROGRAM=kv_per_program,
+        Q_PER_PROGRAM=q_per_program,
         HEADS_PAD=triton.next_power_of_2(q_per_program),
-        KV_HEADS_PAD=triton.next_power_of_2(kv_per_program), HALF=head_dim // 2,
-        BLOCK=triton.next_power_of_2(head_dim // 2), PAGE=k_cache.size(1) if store else 1, NORM=norm, STORE=store,
-        QUANTIZED=quantized, num_warps=1 if kv_per_program == 1 else 4, **pdl_launch(q.device))
+        KV_HEADS_PAD=triton.next_power_of_2(kv_per_program),
+        HALF=head_dim // 2,
+        BLOCK=triton.next_power_of_2(head_dim // 2),
+        PAGE=k_cache.size(1) if store else 1,
+        NORM=norm,
+        STORE=store,
+        QUANTIZED=quantized,
+        num_warps=1 if kv_per_program == 1 else 4,
+        **pdl_launch(q.device),
+    )
     return q_out, k_out

@@ -35,14 +35,41 @@ from nanovllm.kernels.triton_attention_tiles import LOG2E, online_softmax_step, 
 # would recompile the kernel for widths of 1 or multiples of 16 in the middle of a run.
 @triton.jit(do_not_specialize=["stride_bt"])
 def _prefill_kernel(
-    q_ptr, k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, cu_q_ptr, cu_k_ptr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    block_tables_ptr,
+    cu_q_ptr,
+    cu_k_ptr,
     o_ptr,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_cb, stride_ct, stride_ch, stride_sb, stride_bt, stride_ot, stride_oh,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cb,
+    stride_ct,
+    stride_ch,
+    stride_sb,
+    stride_bt,
+    stride_ot,
+    stride_oh,
     scale_log2,
-    PAGE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_PREFIX: tl.constexpr, QUANTIZED: tl.constexpr,
-    TILE_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    PAGE: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_PREFIX: tl.constexpr,
+    QUANTIZED: tl.constexpr,
+    TILE_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     m_block = tl.program_id(0)
     seq = tl.program_id(1)
@@ -56,8 +83,11 @@ def _prefill_kernel(
     row_mask = rows < q_len
     d = tl.arange(0, BLOCK_D)
     d_mask = d < HEAD_DIM
-    q = tl.load(q_ptr + (q_start + rows)[:, None].to(tl.int64) * stride_qt + head * stride_qh + d[None, :],
-                mask=row_mask[:, None] & d_mask[None, :], other=0.0).to(TILE_DTYPE)
+    q = tl.load(
+        q_ptr + (q_start + rows)[:, None].to(tl.int64) * stride_qt + head * stride_qh + d[None, :],
+        mask=row_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    ).to(TILE_DTYPE)
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -69,11 +99,28 @@ def _prefill_kernel(
         for tile in range(0, prefix_len, BLOCK_N):
             pos = tile + tl.arange(0, BLOCK_N)
             pos_mask = pos < prefix_len
-            k, v, k_scale, v_scale = paged_kv_tile(k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table, pos,
-                                                   pos_mask, kv_head, d, d_mask, stride_cb, stride_ct, stride_ch,
-                                                   stride_sb, q.dtype, PAGE, QUANTIZED)
-            m, l, acc = online_softmax_step(q, k, v, pos_mask[None, :], m, l, acc, scale_log2, k_scale, v_scale,
-                                            PRECISION, QUANTIZED)
+            k, v, k_scale, v_scale = paged_kv_tile(
+                k_cache_ptr,
+                v_cache_ptr,
+                k_scale_ptr,
+                v_scale_ptr,
+                table,
+                pos,
+                pos_mask,
+                kv_head,
+                d,
+                d_mask,
+                stride_cb,
+                stride_ct,
+                stride_ch,
+                stride_sb,
+                q.dtype,
+                PAGE,
+                QUANTIZED,
+            )
+            m, l, acc = online_softmax_step(
+                q, k, v, pos_mask[None, :], m, l, acc, scale_log2, k_scale, v_scale, PRECISION, QUANTIZED
+            )
 
     last = tl.minimum(q_len, (m_block + 1) * BLOCK_M)
     for tile in range(0, last, BLOCK_N):
@@ -82,29 +129,59 @@ def _prefill_kernel(
         k_scale = 1.0
         v_scale = 1.0
         if QUANTIZED:  # the new tokens as the cache holds them
-            k, v, k_scale, v_scale = paged_kv_tile(k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table,
-                                                   prefix_len + cols, col_mask, kv_head, d, d_mask, stride_cb,
-                                                   stride_ct, stride_ch, stride_sb, q.dtype, PAGE, QUANTIZED)
+            k, v, k_scale, v_scale = paged_kv_tile(
+                k_cache_ptr,
+                v_cache_ptr,
+                k_scale_ptr,
+                v_scale_ptr,
+                table,
+                prefix_len + cols,
+                col_mask,
+                kv_head,
+                d,
+                d_mask,
+                stride_cb,
+                stride_ct,
+                stride_ch,
+                stride_sb,
+                q.dtype,
+                PAGE,
+                QUANTIZED,
+            )
         else:
             kv_rows = (q_start + cols).to(tl.int64)
             kv_mask = col_mask[:, None] & d_mask[None, :]
-            k = tl.load(k_ptr + kv_rows[:, None] * stride_kt + kv_head * stride_kh + d[None, :], mask=kv_mask,
-                        other=0.0)
-            v = tl.load(v_ptr + kv_rows[:, None] * stride_vt + kv_head * stride_vh + d[None, :], mask=kv_mask,
-                        other=0.0)
+            k = tl.load(
+                k_ptr + kv_rows[:, None] * stride_kt + kv_head * stride_kh + d[None, :], mask=kv_mask, other=0.0
+            )
+            v = tl.load(
+                v_ptr + kv_rows[:, None] * stride_vt + kv_head * stride_vh + d[None, :], mask=kv_mask, other=0.0
+            )
         causal = (cols[None, :] <= rows[:, None]) & col_mask[None, :]
-        m, l, acc = online_softmax_step(q, k, v, causal, m, l, acc, scale_log2, k_scale, v_scale, PRECISION,
-                                        QUANTIZED)
+        m, l, acc = online_softmax_step(q, k, v, causal, m, l, acc, scale_log2, k_scale, v_scale, PRECISION, QUANTIZED)
 
     out = acc / l[:, None]
-    tl.store(o_ptr + (q_start + rows)[:, None].to(tl.int64) * stride_ot + head * stride_oh + d[None, :],
-             out.to(o_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
+    tl.store(
+        o_ptr + (q_start + rows)[:, None].to(tl.int64) * stride_ot + head * stride_oh + d[None, :],
+        out.to(o_ptr.dtype.element_ty),
+        mask=row_mask[:, None] & d_mask[None, :],
+    )
 
 
-def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                      v_cache: torch.Tensor, block_tables: torch.Tensor | None, cu_seqlens_q: torch.Tensor,
-                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, scale: float,
-                      k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
+def prefill_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor | None,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its cached prefix and themselves.
 
     `block_tables` None means no sequence has a cached prefix; an FP8 cache (with
@@ -126,15 +203,42 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache
     block_m, block_n = (32, 32) if fp32 else (64, 64)
     grid = (triton.cdiv(max_seqlen_q, block_m), num_seqs, num_heads)
     _prefill_kernel[grid](
-        q, k, v, k_cache, v_cache, k_scale, v_scale, block_tables, cu_seqlens_q, cu_seqlens_k, o,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_scale.stride(0), block_tables.stride(0),
-        o.stride(0), o.stride(1),
+        q,
+        k,
+        v,
+        k_cache,
+        v_cache,
+        k_scale,
+        v_scale,
+        block_tables,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        o,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        k_scale.stride(0),
+        block_tables.stride(0),
+        o.stride(0),
+        o.stride(1),
         scale * LOG2E,
-        PAGE=k_cache.size(1) if has_prefix else 16, GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
-        BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=block_m, BLOCK_N=block_n,
-        HAS_PREFIX=has_prefix, QUANTIZED=quantized, TILE_DTYPE=tile_dtype(q.dtype, quantized),
+        PAGE=k_cache.size(1) if has_prefix else 16,
+        GROUP=num_heads // num_kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        HAS_PREFIX=has_prefix,
+        QUANTIZED=quantized,
+        TILE_DTYPE=tile_dtype(q.dtype, quantized),
         PRECISION="ieee" if fp32 else "tf32",
-        num_warps=4, num_stages=2,
+        num_warps=4,
+        num_stages=2,
     )
     return o

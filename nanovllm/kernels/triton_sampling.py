@@ -36,9 +36,19 @@ def _log2(x, APPROX: tl.constexpr):
 
 
 @triton.jit
-def _gumbel_max_chunk_kernel(logits_ptr, temperatures_ptr, seeds_ptr, best_score_ptr, best_index_ptr, vocab,
-                             stride_row, NUM_CHUNKS: tl.constexpr, BLOCK: tl.constexpr, APPROX: tl.constexpr,
-                             PDL: tl.constexpr):
+def _gumbel_max_chunk_kernel(
+    logits_ptr,
+    temperatures_ptr,
+    seeds_ptr,
+    best_score_ptr,
+    best_index_ptr,
+    vocab,
+    stride_row,
+    NUM_CHUNKS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    APPROX: tl.constexpr,
+    PDL: tl.constexpr,
+):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     offsets = chunk * BLOCK + tl.arange(0, BLOCK)
@@ -63,8 +73,9 @@ def _gumbel_max_chunk_kernel(logits_ptr, temperatures_ptr, seeds_ptr, best_score
 
 
 @triton.jit
-def _best_chunk_kernel(best_score_ptr, best_index_ptr, out_ptr, NUM_CHUNKS: tl.constexpr,
-                       CHUNKS_PAD: tl.constexpr, PDL: tl.constexpr):
+def _best_chunk_kernel(
+    best_score_ptr, best_index_ptr, out_ptr, NUM_CHUNKS: tl.constexpr, CHUNKS_PAD: tl.constexpr, PDL: tl.constexpr
+):
     row = tl.program_id(0)
     wait_for_previous_kernel(PDL)
     chunks = tl.arange(0, CHUNKS_PAD)
@@ -73,8 +84,9 @@ def _best_chunk_kernel(best_score_ptr, best_index_ptr, out_ptr, NUM_CHUNKS: tl.c
     tl.store(out_ptr + row, tl.load(best_index_ptr + row * NUM_CHUNKS + best))
 
 
-def gumbel_max_sample(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor,
-                      out: torch.Tensor | None = None) -> torch.Tensor:
+def gumbel_max_sample(
+    logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """One token id per row: argmax where the temperature is 0, else a draw from softmax(logits / T)
     with noise from the row's seed; written to `out` when given. The seeds are read on the device,
     so a CUDA graph draws afresh at each replay when its seeds are refilled."""
@@ -87,9 +99,20 @@ def gumbel_max_sample(logits: torch.Tensor, temperatures: torch.Tensor, seeds: t
     best_index = torch.empty(rows, num_chunks, dtype=torch.int64, device=logits.device)
     out = torch.empty(rows, dtype=torch.int64, device=logits.device) if out is None else out
     pdl = pdl_launch(logits.device)
-    _gumbel_max_chunk_kernel[(rows, num_chunks)](logits, temperatures, seeds, best_score, best_index, vocab,
-                                                 logits.stride(0), NUM_CHUNKS=num_chunks, BLOCK=block,
-                                                 APPROX=compiled_for_gpu(logits.device), **pdl)
-    _best_chunk_kernel[(rows,)](best_score, best_index, out, NUM_CHUNKS=num_chunks,
-                                CHUNKS_PAD=triton.next_power_of_2(num_chunks), **pdl)
+    _gumbel_max_chunk_kernel[(rows, num_chunks)](
+        logits,
+        temperatures,
+        seeds,
+        best_score,
+        best_index,
+        vocab,
+        logits.stride(0),
+        NUM_CHUNKS=num_chunks,
+        BLOCK=block,
+        APPROX=compiled_for_gpu(logits.device),
+        **pdl,
+    )
+    _best_chunk_kernel[(rows,)](
+        best_score, best_index, out, NUM_CHUNKS=num_chunks, CHUNKS_PAD=triton.next_power_of_2(num_chunks), **pdl
+    )
     return out

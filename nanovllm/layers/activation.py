@@ -11,4 +11,3 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """SiLU(gate) * up; x: [tokens, 2 * intermediate] -> [tokens, intermediate]."""
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
-

@@ -21,21 +21,38 @@ class AttentionBackend(Protocol):
 
     supports_cuda_graphs: bool
 
-    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor | None,
-                v_cache: torch.Tensor | None, context: Context, scale: float,
-                *cache_scales: torch.Tensor | None) -> torch.Tensor: ...
+    def prefill(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor | None,
+        v_cache: torch.Tensor | None,
+        context: Context,
+        scale: float,
+        *cache_scales: torch.Tensor | None,
+    ) -> torch.Tensor: ...
 
-    def decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, context: Context, scale: float,
-               *cache_scales: torch.Tensor | None) -> torch.Tensor: ...
+    def decode(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        context: Context,
+        scale: float,
+        *cache_scales: torch.Tensor | None,
+    ) -> torch.Tensor: ...
 
 
 def make_attention_backend(name: str) -> AttentionBackend:
     """The backend called `name` ('torch', 'triton' or 'flash_attn'); GPU-only ones are imported on demand."""
     if name == "triton":
         from nanovllm.kernels.triton_attention import TritonAttentionBackend
+
         return TritonAttentionBackend()
     if name == "flash_attn":
         from nanovllm.kernels.flash_attention import FlashAttentionBackend
+
         return FlashAttentionBackend()
     return TorchAttentionBackend()
 
@@ -51,8 +68,15 @@ class Attention(nn.Module):
     cache. The runner sets `backend` to the one the config chose.
     """
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, rotary: RotaryEmbedding,
-                 backend: AttentionBackend | None = None):
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        rotary: RotaryEmbedding,
+        backend: AttentionBackend | None = None,
+    ):
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -67,22 +91,48 @@ class Attention(nn.Module):
         assert cache.k.shape[-2:] == (self.num_kv_heads, self.head_dim)
         self.kv_cache = cache
 
-    def _rotate_and_store(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                          q_norm: RMSNorm | None, k_norm: RMSNorm | None, cache: "LayerKVCache",
-                          slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rotate_and_store(
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        q_norm: RMSNorm | None,
+        k_norm: RMSNorm | None,
+        cache: "LayerKVCache",
+        slot_mapping: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """q and k rotated (each head normalised first with q_norm/k_norm), and the rotated k and v written
         to `cache` at `slot_mapping`. On CUDA all of it is one Triton launch, the store fused into the
         rotary kernel; elsewhere the rotary layer's reference, then the cache's own store."""
         if q.is_cuda:
             from nanovllm.kernels.triton_norm_rotary_store import norm_rotate_store  # Triton is needed on CUDA only
-            return norm_rotate_store(positions, q, k, self.rotary_emb.cos_sin, *qk_norm_weights(q_norm, k_norm),
-                                     v, cache.k, cache.v, slot_mapping, *cache.scales)
+
+            return norm_rotate_store(
+                positions,
+                q,
+                k,
+                self.rotary_emb.cos_sin,
+                *qk_norm_weights(q_norm, k_norm),
+                v,
+                cache.k,
+                cache.v,
+                slot_mapping,
+                *cache.scales,
+            )
         q, k = self.rotary_emb(positions, q, k, q_norm, k_norm)
         cache.store(k, v, slot_mapping)
         return q, k
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        q_norm: RMSNorm | None = None,
+        k_norm: RMSNorm | None = None,
+    ) -> torch.Tensor:
         """Attention of each token's q over its sequence's keys; q_norm/k_norm (Qwen3) normalise each
         q and k head before the rotation."""
         # positions: [tokens]; q: [tokens, heads, d]; k, v: [tokens, kv_heads, d] -> [tokens, heads * d]

@@ -39,6 +39,7 @@ class NormedProjection:
             return proj(norm(residual)), residual
         if uses_gemv(x, proj.bias):
             from nanovllm.kernels.triton_gemv import rms_norm_gemv  # Triton is needed on CUDA only
+
             return rms_norm_gemv(x, residual, norm.weight, norm.eps, proj.weight)
         if residual is None:
             return proj(norm(x)), x
@@ -59,5 +60,6 @@ class GatedProjection:
         proj = self.proj
         if self.silu and uses_gemv(gate_up, proj.rank_bias()):
             from nanovllm.kernels.triton_gemv import silu_mul_gemv  # Triton is needed on CUDA only
+
             return proj.all_reduce(silu_mul_gemv(gate_up, proj.weight))
         return proj(self.act_and_mul(gate_up))

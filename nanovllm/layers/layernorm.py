@@ -17,8 +17,9 @@ _rms_norm = fused_on_cuda(rms_norm)
 
 
 @fused_on_cuda
-def _add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     x = x + residual
     return rms_norm(x, weight, eps), x
 

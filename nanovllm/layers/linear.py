@@ -29,12 +29,14 @@ def uses_gemv(x: torch.Tensor, bias: torch.Tensor | None) -> bool:
     return x.is_cuda and x.size(0) == 1 and bias is None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           out: torch.Tensor | None = None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """x W^T (+ b); a single row on CUDA through the Triton GEMV; written to `out` when given."""
     # x: [tokens, in]; weight: [out, in] -> [tokens, out]
     if uses_gemv(x, bias):
         from nanovllm.kernels.triton_gemv import gemv  # Triton is needed on CUDA only
+
         return gemv(x, weight, out)
     if out is None:
         return F.linear(x, weight, bias)

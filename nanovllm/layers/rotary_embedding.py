@@ -37,8 +37,14 @@ class RotaryEmbedding(nn.Module):
         # cos_sin: [max_position, 2, head_dim], fp32; cast at use like the reference does
         self.register_buffer("cos_sin", torch.stack((angles.cos(), angles.sin()), dim=1), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_norm: RMSNorm | None = None,
-                k_norm: RMSNorm | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        q_norm: RMSNorm | None = None,
+        k_norm: RMSNorm | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate q and k at `positions`; with q_norm/k_norm (Qwen3) each head is RMS-normalised first.
         On CUDA it is one Triton launch (the attention layer launches the same kernel with its cache, to
         store K/V in the same pass)."""
@@ -46,12 +52,14 @@ class RotaryEmbedding(nn.Module):
         weights = qk_norm_weights(q_norm, k_norm)
         if q.is_cuda:
             from nanovllm.kernels.triton_norm_rotary_store import norm_rotate_store  # Triton is needed on CUDA only
+
             return norm_rotate_store(positions, q, k, self.cos_sin, *weights)
         return norm_rotate_qk_reference(positions, q, k, self.cos_sin, *weights)
 
 
-def qk_norm_weights(q_norm: RMSNorm | None, k_norm: RMSNorm | None) -> tuple[torch.Tensor | None,
-                                                                             torch.Tensor | None, float]:
+def qk_norm_weights(
+    q_norm: RMSNorm | None, k_norm: RMSNorm | None
+) -> tuple[torch.Tensor | None, torch.Tensor | None, float]:
     """The rotary kernel's norm arguments: q and k norm weights and epsilon, or (None, None, 0.0) for none."""
     return (None, None, 0.0) if q_norm is None else (q_norm.weight, k_norm.weight, q_norm.eps)
 
@@ -61,9 +69,15 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
-def norm_rotate_qk_reference(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor,
-                             q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
-                             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def norm_rotate_qk_reference(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The plain-PyTorch q/k norm and rotation: the CPU path and the Triton kernel's reference."""
     if q_weight is not None:
         q, k = rms_norm(q, q_weight, eps), rms_norm(k, k_weight, eps)

@@ -15,15 +15,33 @@ from dataclasses import dataclass, field
 # head_dim None means hidden_size // num_attention_heads; num_key_value_heads None means
 # num_attention_heads.
 _LLAMA_DEFAULTS = dict(
-    vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-    num_key_value_heads=None, head_dim=None, max_position_embeddings=2048, rms_norm_eps=1e-6, rope_theta=10000.0,
-    attention_bias=False, mlp_bias=False, hidden_act="silu", tie_word_embeddings=False, qk_norm=False,
+    vocab_size=32000,
+    hidden_size=4096,
+    intermediate_size=11008,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=None,
+    head_dim=None,
+    max_position_embeddings=2048,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    attention_bias=False,
+    mlp_bias=False,
+    hidden_act="silu",
+    tie_word_embeddings=False,
+    qk_norm=False,
 )
 _FAMILY_DEFAULTS = {
     "LlamaForCausalLM": _LLAMA_DEFAULTS,
     # Qwen3: RMSNorm on each head's q and k before rotary
-    "Qwen3ForCausalLM": {**_LLAMA_DEFAULTS, "vocab_size": 151936, "intermediate_size": 22016, "head_dim": 128,
-                         "max_position_embeddings": 32768, "qk_norm": True},
+    "Qwen3ForCausalLM": {
+        **_LLAMA_DEFAULTS,
+        "vocab_size": 151936,
+        "intermediate_size": 22016,
+        "head_dim": 128,
+        "max_position_embeddings": 32768,
+        "qk_norm": True,
+    },
 }
 _SUPPORTED_ACTIVATIONS = ("silu",)
 _SUPPORTED_ROPE_TYPES = ("default", "llama3")
@@ -34,7 +52,7 @@ _LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_
 class ModelConfig:
     """A checkpoint's architecture as the engine builds it (whole-model sizes, before any tensor-parallel split)."""
 
-    architecture: str                 # the entry of `architectures` that picks the model class
+    architecture: str  # the entry of `architectures` that picks the model class
     architectures: tuple[str, ...]
     hidden_size: int
     intermediate_size: int
@@ -51,8 +69,8 @@ class ModelConfig:
     mlp_bias: bool
     hidden_act: str
     tie_word_embeddings: bool
-    qk_norm: bool                     # RMSNorm on each q and k head before rotary (Qwen3)
-    dtype: str | None                 # the checkpoint's dtype as torch names it ("bfloat16"), None if unsaid
+    qk_norm: bool  # RMSNorm on each q and k head before rotary (Qwen3)
+    dtype: str | None  # the checkpoint's dtype as torch names it ("bfloat16"), None if unsaid
     eos_token_id: int | tuple[int, ...] | None
 
     @classmethod
@@ -73,13 +91,17 @@ class ModelConfig:
         if hidden_act not in _SUPPORTED_ACTIVATIONS:
             raise ValueError(f"hidden_act {hidden_act!r} is not supported; only 'silu'")
         if _get(hf_config, "use_sliding_window", False):
-            raise ValueError("use_sliding_window=True is not supported: every layer attends over the whole "
-                             "sequence here; use a checkpoint without sliding-window attention")
+            raise ValueError(
+                "use_sliding_window=True is not supported: every layer attends over the whole "
+                "sequence here; use a checkpoint without sliding-window attention"
+            )
         quantization = _get(hf_config, "quantization_config", None)
         if quantization:
             method = quantization.get("quant_method", "?") if isinstance(quantization, dict) else "?"
-            raise ValueError(f"quantized checkpoints (quantization_config, quant_method {method!r}) are not "
-                             f"supported; use an unquantized (bfloat16, float16 or float32) checkpoint")
+            raise ValueError(
+                f"quantized checkpoints (quantization_config, quant_method {method!r}) are not "
+                f"supported; use an unquantized (bfloat16, float16 or float32) checkpoint"
+            )
         dtype = _get(hf_config, "dtype", None)
         eos = _get(hf_config, "eos_token_id", None)
         return cls(
@@ -118,8 +140,9 @@ def _rope_parameters(hf_config, default_theta: float) -> dict:
     params.setdefault("rope_theta", _get(hf_config, "rope_theta", default_theta))
     params["rope_type"] = params.get("rope_type", params.get("type", "default"))
     if params["rope_type"] not in _SUPPORTED_ROPE_TYPES:
-        raise ValueError(f"rope_type {params['rope_type']!r} is not supported; supported: "
-                         f"{', '.join(_SUPPORTED_ROPE_TYPES)}")
+        raise ValueError(
+            f"rope_type {params['rope_type']!r} is not supported; supported: {', '.join(_SUPPORTED_ROPE_TYPES)}"
+        )
     missing = [k for k in _LLAMA3_ROPE_KEYS if k not in params] if params["rope_type"] == "llama3" else []
     if missing:
         raise ValueError(f"rope_type 'llama3' needs {', '.join(missing)} in the config's rope parameters")

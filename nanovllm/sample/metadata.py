@@ -14,8 +14,18 @@ from nanovllm.sampling_params import SamplingParams
 ToDevice = Callable[[list, torch.dtype], torch.Tensor]
 
 
-def needs_full_sampler(*, min_p: bool, top_k: bool, top_p: bool, seeded: bool, penalties: bool, logit_bias: bool,
-                       banned: bool, grammar: bool, logprobs: bool) -> bool:
+def needs_full_sampler(
+    *,
+    min_p: bool,
+    top_k: bool,
+    top_p: bool,
+    seeded: bool,
+    penalties: bool,
+    logit_bias: bool,
+    banned: bool,
+    grammar: bool,
+    logprobs: bool,
+) -> bool:
     """The fast-path predicate, the only one: whether some row of a step needs more than greedy or plain
     temperature sampling, which `sample_with_temperatures` does alone (inside a decode step's CUDA graph
     too). The host side (`StepSampling`, before the forward: may the decode step's own sampling stand?)
@@ -28,29 +38,35 @@ def needs_full_sampler(*, min_p: bool, top_k: bool, top_p: bool, seeded: bool, p
 class SamplingTensors:
     """Per-row settings for one batch of logits; a None field is a feature no row uses."""
 
-    temperatures: torch.Tensor | None = None   # [num_seqs] float32; 0 = greedy; None = all greedy
-    min_p: torch.Tensor | None = None          # [num_seqs] float32; 0 = off
-    top_k: torch.Tensor | None = None          # [num_seqs] int64; vocab size = off
-    top_p: torch.Tensor | None = None          # [num_seqs] float32; 1 = off
-    seeded_rows: torch.Tensor | None = None    # [num_seeded] int64: rows whose noise comes from a seed
-    seeds: torch.Tensor | None = None          # [num_seeded] int64: their noise keys (`request_noise_key`)
-    positions: torch.Tensor | None = None      # [num_seeded] int64: position of the token being drawn
+    temperatures: torch.Tensor | None = None  # [num_seqs] float32; 0 = greedy; None = all greedy
+    min_p: torch.Tensor | None = None  # [num_seqs] float32; 0 = off
+    top_k: torch.Tensor | None = None  # [num_seqs] int64; vocab size = off
+    top_p: torch.Tensor | None = None  # [num_seqs] float32; 1 = off
+    seeded_rows: torch.Tensor | None = None  # [num_seeded] int64: rows whose noise comes from a seed
+    seeds: torch.Tensor | None = None  # [num_seeded] int64: their noise keys (`request_noise_key`)
+    positions: torch.Tensor | None = None  # [num_seeded] int64: position of the token being drawn
     penalties: PenaltyTensors | None = None
-    bias_index: torch.Tensor | None = None     # [2, n] int64: (row, token id) pairs that get a logit bias
-    bias_values: torch.Tensor | None = None    # [n] float32: their biases
-    banned: torch.Tensor | None = None         # [2, n] int64: (row, token id) pairs that may not be drawn
-    bitmask: torch.Tensor | None = None        # [num_seqs, ceil(vocab / 32)] int32: allowed tokens per row
-    bitmask_rows: list[int] | None = None      # the rows the bitmask constrains
-    num_logprobs: int | None = None            # most alternatives any row asks for; None = no logprobs
+    bias_index: torch.Tensor | None = None  # [2, n] int64: (row, token id) pairs that get a logit bias
+    bias_values: torch.Tensor | None = None  # [n] float32: their biases
+    banned: torch.Tensor | None = None  # [2, n] int64: (row, token id) pairs that may not be drawn
+    bitmask: torch.Tensor | None = None  # [num_seqs, ceil(vocab / 32)] int32: allowed tokens per row
+    bitmask_rows: list[int] | None = None  # the rows the bitmask constrains
+    num_logprobs: int | None = None  # most alternatives any row asks for; None = no logprobs
 
     @property
     def temperature_only(self) -> bool:
         """Some row draws, and no row needs the full sampler (`needs_full_sampler`)."""
         return self.temperatures is not None and not needs_full_sampler(
-            min_p=self.min_p is not None, top_k=self.top_k is not None, top_p=self.top_p is not None,
-            seeded=self.seeded_rows is not None, penalties=self.penalties is not None,
-            logit_bias=self.bias_index is not None, banned=self.banned is not None, grammar=self.bitmask is not None,
-            logprobs=self.num_logprobs is not None)
+            min_p=self.min_p is not None,
+            top_k=self.top_k is not None,
+            top_p=self.top_p is not None,
+            seeded=self.seeded_rows is not None,
+            penalties=self.penalties is not None,
+            logit_bias=self.bias_index is not None,
+            banned=self.banned is not None,
+            grammar=self.bitmask is not None,
+            logprobs=self.num_logprobs is not None,
+        )
 
 
 def _banned_tokens(out: SchedulerOutput, eos_token_ids: tuple[int, ...]) -> list[tuple[int, int]]:
@@ -81,31 +97,40 @@ def _penalty_tensors(out: SchedulerOutput, vocab_size: int, to_device: ToDevice)
 
 def _sample_positions(out: SchedulerOutput) -> list[int]:
     """Per sampling row: the position of the token it draws (its chunk's end)."""
-    return [start + len(ids) for start, ids, samples in zip(out.num_computed_tokens, out.token_ids, out.samples)
-            if samples]
+    return [
+        start + len(ids) for start, ids, samples in zip(out.num_computed_tokens, out.token_ids, out.samples) if samples
+    ]
 
 
 @dataclass
 class StepSampling:
     """What a step's rows ask of the sampler beyond plain greedy, read once from their settings."""
 
-    sampled: list[SamplingParams]       # the settings of the rows that draw (temperature > 0)
-    banned: list[tuple[int, int]]       # (row, token) pairs min_tokens forbids
+    sampled: list[SamplingParams]  # the settings of the rows that draw (temperature > 0)
+    banned: list[tuple[int, int]]  # (row, token) pairs min_tokens forbids
     biases: list[tuple[int, int, float]]  # (row, token, bias)
-    logprobs: list[int]                 # the alternatives each row that wants logprobs asks for
+    logprobs: list[int]  # the alternatives each row that wants logprobs asks for
     penalties: bool
-    min_p: bool                         # min-p, top-k, top-p, seeds: among the drawing rows
+    min_p: bool  # min-p, top-k, top-p, seeds: among the drawing rows
     top_k: bool
     top_p: bool
-    seeded: list[int]                   # drawing rows with a seed
-    grammar: bool                       # some row is constrained by a grammar
+    seeded: list[int]  # drawing rows with a seed
+    grammar: bool  # some row is constrained by a grammar
 
     @property
     def needs_full_sampler(self) -> bool:
         """Whether some row needs more than greedy or plain temperature sampling (`needs_full_sampler`)."""
-        return needs_full_sampler(min_p=self.min_p, top_k=self.top_k, top_p=self.top_p, seeded=bool(self.seeded),
-                                  penalties=self.penalties, logit_bias=bool(self.biases), banned=bool(self.banned),
-                                  grammar=self.grammar, logprobs=bool(self.logprobs))
+        return needs_full_sampler(
+            min_p=self.min_p,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            seeded=bool(self.seeded),
+            penalties=self.penalties,
+            logit_bias=bool(self.biases),
+            banned=bool(self.banned),
+            grammar=self.grammar,
+            logprobs=bool(self.logprobs),
+        )
 
 
 def step_sampling(out: SchedulerOutput, eos_token_ids: tuple[int, ...], grammar: bool = False) -> StepSampling:
@@ -115,8 +140,12 @@ def step_sampling(out: SchedulerOutput, eos_token_ids: tuple[int, ...], grammar:
     return StepSampling(
         sampled=sampled,
         banned=_banned_tokens(out, eos_token_ids),
-        biases=[(row, token_id, bias) for row, p in enumerate(params) if p.logit_bias
-                for token_id, bias in p.logit_bias.items()],
+        biases=[
+            (row, token_id, bias)
+            for row, p in enumerate(params)
+            if p.logit_bias
+            for token_id, bias in p.logit_bias.items()
+        ],
         logprobs=[p.logprobs for p in params if p.logprobs is not None],
         penalties=out.penalty_token_ids is not None,
         min_p=any(p.min_p > 0 for p in sampled),
@@ -127,8 +156,9 @@ def step_sampling(out: SchedulerOutput, eos_token_ids: tuple[int, ...], grammar:
     )
 
 
-def sampling_tensors(out: SchedulerOutput, vocab_size: int, eos_token_ids: tuple[int, ...],
-                     to_device: ToDevice) -> SamplingTensors | None:
+def sampling_tensors(
+    out: SchedulerOutput, vocab_size: int, eos_token_ids: tuple[int, ...], to_device: ToDevice
+) -> SamplingTensors | None:
     """The step's sampling settings as tensors; None when every row is plain greedy (the fast path).
     Grammar masks are not among them: the runner adds them once they are filled."""
     params = out.sampling_params
@@ -149,8 +179,9 @@ def sampling_tensors(out: SchedulerOutput, vocab_size: int, eos_token_ids: tuple
     if asked.min_p:
         tensors.min_p = to_device([p.min_p for p in params], torch.float32)
     if asked.top_k:
-        tensors.top_k = to_device([min(p.top_k, vocab_size) if p.top_k > 0 else vocab_size for p in params],
-                                  torch.int64)
+        tensors.top_k = to_device(
+            [min(p.top_k, vocab_size) if p.top_k > 0 else vocab_size for p in params], torch.int64
+        )
     if asked.top_p:
         tensors.top_p = to_device([p.top_p for p in params], torch.float32)
     if asked.seeded:

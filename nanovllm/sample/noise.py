@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 NOISE_KEY_RANGE = 1 << 63  # a seeded request's noise key is its seed mod this: a non-negative int64
-ROW_SEED_RANGE = 1 << 62   # the per-row Philox seeds of unseeded rows are drawn from [0, ROW_SEED_RANGE)
+ROW_SEED_RANGE = 1 << 62  # the per-row Philox seeds of unseeded rows are drawn from [0, ROW_SEED_RANGE)
 
 _MASK32 = 0xFFFFFFFF
 _GOLDEN = 0x9E3779B1

@@ -12,11 +12,11 @@ class PenaltyTensors:
     Token lists are padded with the vocabulary size, an id no logit has.
     """
 
-    repetition: torch.Tensor      # [num_seqs] float32; 1 = off
-    frequency: torch.Tensor       # [num_seqs] float32; 0 = off
-    presence: torch.Tensor        # [num_seqs] float32; 0 = off
-    prompt_ids: torch.Tensor      # [num_seqs, max_prompt_len] int64
-    output_ids: torch.Tensor      # [num_seqs, max_output_len] int64
+    repetition: torch.Tensor  # [num_seqs] float32; 1 = off
+    frequency: torch.Tensor  # [num_seqs] float32; 0 = off
+    presence: torch.Tensor  # [num_seqs] float32; 0 = off
+    prompt_ids: torch.Tensor  # [num_seqs, max_prompt_len] int64
+    output_ids: torch.Tensor  # [num_seqs, max_output_len] int64
 
 
 def token_counts(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -40,5 +40,8 @@ def apply_penalties(logits: torch.Tensor, penalties: PenaltyTensors) -> torch.Te
     seen = (output_counts > 0) | (token_counts(penalties.prompt_ids, vocab_size) > 0)
     repetition = penalties.repetition.unsqueeze(1)
     logits = torch.where(seen, torch.where(logits > 0, logits / repetition, logits * repetition), logits)
-    return (logits - penalties.frequency.unsqueeze(1) * output_counts
-            - penalties.presence.unsqueeze(1) * (output_counts > 0))
+    return (
+        logits
+        - penalties.frequency.unsqueeze(1) * output_counts
+        - penalties.presence.unsqueeze(1) * (output_counts > 0)
+    )

@@ -10,14 +10,15 @@ from nanovllm.sample.noise import device_row_seeds, seeded_exponential
 from nanovllm.sample.penalties import apply_penalties
 from nanovllm.sample.truncation import apply_min_p, apply_top_k_top_p
 
+
 @dataclass
 class SamplerOutput:
     """The chosen tokens and, when asked, log-probabilities from the raw logits."""
 
-    token_ids: torch.Tensor                       # [num_seqs]
+    token_ids: torch.Tensor  # [num_seqs]
     logprob_token_ids: torch.Tensor | None = None  # [num_seqs, 1 + k]: the chosen token, then the top k
-    logprobs: torch.Tensor | None = None           # [num_seqs, 1 + k]
-    ranks: torch.Tensor | None = None              # [num_seqs]: the chosen token's rank, 1 = most likely
+    logprobs: torch.Tensor | None = None  # [num_seqs, 1 + k]
+    ranks: torch.Tensor | None = None  # [num_seqs]: the chosen token's rank, 1 = most likely
 
 
 class Sampler(nn.Module):
@@ -39,15 +40,18 @@ class Sampler(nn.Module):
             return SamplerOutput(sample_with_temperatures(logits, tensors.temperatures))
         processed = logits.float()
         if tensors.bias_index is not None:
-            processed = processed.index_put((tensors.bias_index[0], tensors.bias_index[1]), tensors.bias_values,
-                                            accumulate=True)
+            processed = processed.index_put(
+                (tensors.bias_index[0], tensors.bias_index[1]), tensors.bias_values, accumulate=True
+            )
         if tensors.penalties is not None:
             processed = apply_penalties(processed, tensors.penalties)
         if tensors.banned is not None:
-            processed = processed.index_put((tensors.banned[0], tensors.banned[1]),
-                                            torch.tensor(float("-inf"), device=logits.device))
+            processed = processed.index_put(
+                (tensors.banned[0], tensors.banned[1]), torch.tensor(float("-inf"), device=logits.device)
+            )
         if tensors.bitmask is not None:
             from xgrammar import apply_token_bitmask_inplace  # only constrained requests get here
+
             apply_token_bitmask_inplace(processed, tensors.bitmask, indices=tensors.bitmask_rows)
         token_ids = processed.argmax(dim=-1)
         if tensors.temperatures is not None:
@@ -85,8 +89,9 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tup
     return ids, values, ranks
 
 
-def sample_with_temperatures(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor | None = None,
-                             out: torch.Tensor | None = None) -> torch.Tensor:
+def sample_with_temperatures(
+    logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor | None = None, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """The common case, argmax for temperature 0 and Gumbel-max otherwise, without a softmax:
     argmax(p / E) with E ~ Exp(1) equals argmax(logits / T - log E). On CUDA two Triton launches whose
     noise comes from per-row `seeds` (drawn by the device's generator when not given); the ids are
@@ -94,6 +99,7 @@ def sample_with_temperatures(logits: torch.Tensor, temperatures: torch.Tensor, s
     # logits: [num_seqs, vocab]; temperatures, seeds, out: [num_seqs]
     if logits.is_cuda:
         from nanovllm.kernels.triton_sampling import gumbel_max_sample
+
         if seeds is None:
             seeds = device_row_seeds(logits.size(0), logits.device)
         return gumbel_max_sample(logits, temperatures, seeds, out)

@@ -46,11 +46,13 @@ class CommandChannel:
         """Rank 0: post a command and wake every worker."""
         data = pickle.dumps((method, args), protocol=pickle.HIGHEST_PROTOCOL)
         if len(data) > self.capacity:
-            raise RuntimeError(f"command {method!r} takes {len(data)} bytes, more than the "
-                               f"{self.capacity}-byte channel; this is a bug in sizing the channel")
+            raise RuntimeError(
+                f"command {method!r} takes {len(data)} bytes, more than the "
+                f"{self.capacity}-byte channel; this is a bug in sizing the channel"
+            )
         buf = self.shm.buf
         _LENGTH.pack_into(buf, 0, len(data))
-        buf[_LENGTH.size:_LENGTH.size + len(data)] = data
+        buf[_LENGTH.size : _LENGTH.size + len(data)] = data
         for ready in self.ready:
             ready.release()
 
@@ -58,7 +60,7 @@ class CommandChannel:
         """Worker: block until rank 0 posts a command; returns (method name, args)."""
         self.ready[worker].acquire()
         (length,) = _LENGTH.unpack_from(self.shm.buf, 0)
-        return pickle.loads(self.shm.buf[_LENGTH.size:_LENGTH.size + length])
+        return pickle.loads(self.shm.buf[_LENGTH.size : _LENGTH.size + length])
 
     def mark_done(self, worker: int) -> None:
         """Worker: the command ran."""
@@ -73,16 +75,16 @@ class CommandChannel:
 
     def write_error(self, worker: int, message: str) -> None:
         """Worker: leave a (possibly truncated) error message for rank 0."""
-        data = message.encode()[:_ERROR_SLOT - _LENGTH.size]
+        data = message.encode()[: _ERROR_SLOT - _LENGTH.size]
         start = self._error_slot(worker)
         _LENGTH.pack_into(self.shm.buf, start, len(data))
-        self.shm.buf[start + _LENGTH.size:start + _LENGTH.size + len(data)] = data
+        self.shm.buf[start + _LENGTH.size : start + _LENGTH.size + len(data)] = data
 
     def read_error(self, worker: int) -> str:
         """Rank 0: the message `worker` left, or '' if none."""
         start = self._error_slot(worker)
         (length,) = _LENGTH.unpack_from(self.shm.buf, start)
-        return bytes(self.shm.buf[start + _LENGTH.size:start + _LENGTH.size + length]).decode(errors="replace")
+        return bytes(self.shm.buf[start + _LENGTH.size : start + _LENGTH.size + length]).decode(errors="replace")
 
     def close(self, unlink: bool = False) -> None:
         """Detach from the segment; rank 0 also removes it (`unlink=True`)."""

@@ -25,16 +25,16 @@ class Context:
     """
 
     is_prefill: bool = False
-    slot_mapping: torch.Tensor | None = None      # [num_tokens]; -1 = do not store
-    cu_seqlens_q: torch.Tensor | None = None      # [num_seqs + 1]
-    cu_seqlens_k: torch.Tensor | None = None      # [num_seqs + 1]
+    slot_mapping: torch.Tensor | None = None  # [num_tokens]; -1 = do not store
+    cu_seqlens_q: torch.Tensor | None = None  # [num_seqs + 1]
+    cu_seqlens_k: torch.Tensor | None = None  # [num_seqs + 1]
     max_seqlen_q: int = 0
     max_seqlen_k: int = 0
-    seqlens_q: list[int] | None = None            # host copies, for loops that need them
+    seqlens_q: list[int] | None = None  # host copies, for loops that need them
     seqlens_k: list[int] | None = None
-    context_lens: torch.Tensor | None = None      # [num_seqs]
-    block_tables: torch.Tensor | None = None      # [num_seqs, max_blocks]; -1 pads
-    seq_order: torch.Tensor | None = None         # [num_seqs]
+    context_lens: torch.Tensor | None = None  # [num_seqs]
+    block_tables: torch.Tensor | None = None  # [num_seqs, max_blocks]; -1 pads
+    seq_order: torch.Tensor | None = None  # [num_seqs]
 
 
 # per thread: engines in different threads of one process (an online engine beside

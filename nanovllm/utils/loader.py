@@ -63,7 +63,9 @@ def load_model(model: nn.Module, path: str) -> None:
                     continue
                 param_name, shard_id = _target(model, name)
                 if param_name not in params:
-                    raise ValueError(f"checkpoint tensor {name!r} in {os.path.basename(file)} matches no model parameter")
+                    raise ValueError(
+                        f"checkpoint tensor {name!r} in {os.path.basename(file)} matches no model parameter"
+                    )
                 _load_into(params[param_name], f.get_slice(name), shard_id)
                 loaded.add(f"{param_name}:{shard_id}")
     _check_complete(model, params, loaded, path)
@@ -86,8 +88,9 @@ def _check_complete(model: nn.Module, params: dict, loaded: set[str], path: str)
 class RandomTensor:
     """Stands in for a checkpoint tensor: uniform values drawn from `seed`, whichever slice is read."""
 
-    def __init__(self, shape: tuple[int, ...], seed: int, dtype: torch.dtype, device: torch.device,
-                 low: float, high: float):
+    def __init__(
+        self, shape: tuple[int, ...], seed: int, dtype: torch.dtype, device: torch.device, low: float, high: float
+    ):
         self.shape, self.seed, self.dtype, self.device = shape, seed, dtype, device
         self.low, self.high = low, high
 
@@ -113,5 +116,6 @@ def load_dummy_weights(model: nn.Module, model_config, seed: int = 0, low: float
         # a fused parameter is filled from one full tensor per checkpoint part
         for shard_id, rows in getattr(module, "shard_sizes", {None: shape[0]}).items():
             tensor_seed = seed + zlib.crc32(f"{name}:{shard_id}".encode())
-            _load_into(param, RandomTensor((rows, *shape[1:]), tensor_seed, param.dtype, param.device, low, high),
-                       shard_id)
+            _load_into(
+                param, RandomTensor((rows, *shape[1:]), tensor_seed, param.dtype, param.device, low, high), shard_id
+            )

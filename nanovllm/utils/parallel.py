@@ -82,8 +82,9 @@ def init_process_group(store: dist.Store, rank: int, size: int, device: torch.de
         # On a peer's failure abort the communicators but leave this process alive (PyTorch's
         # default ends it), so that rank 0 can report the failure to its caller.
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
-    dist.init_process_group(backend, store=store, rank=rank, world_size=size,
-                            device_id=device if device.type == "cuda" else None)
+    dist.init_process_group(
+        backend, store=store, rank=rank, world_size=size, device_id=device if device.type == "cuda" else None
+    )
 
 
 def share_cpu_cores(size: int) -> None:

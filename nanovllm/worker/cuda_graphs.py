@@ -4,8 +4,8 @@ from collections.abc import Callable
 
 import torch
 
-from nanovllm.worker.decode_buffers import DecodeBuffers
 from nanovllm.utils.context import Context, forward_context
+from nanovllm.worker.decode_buffers import DecodeBuffers
 
 # (input_ids, src_rows, positions, temperatures, seeds) -> the step's output (logits, or hidden states
 # with several ranks): the runner's DecodeStep
@@ -41,8 +41,9 @@ class DecodeGraphs:
     def _capture_all(self) -> None:
         pool = None
         for size in reversed(self.sizes):  # largest first, so smaller graphs fit in its pool
-            input_ids, src_rows, positions, slot_mapping, context_lens, temperatures, seeds, seq_order, \
-                block_tables = self.buffers.views(size)
+            input_ids, src_rows, positions, slot_mapping, context_lens, temperatures, seeds, seq_order, block_tables = (
+                self.buffers.views(size)
+            )
             # padding rows, as the buffers define them; the views of sizes overlap, so a larger
             # size's -1s would otherwise be read here as token ids and positions
             input_ids.zero_()
@@ -52,8 +53,13 @@ class DecodeGraphs:
             context_lens.zero_()
             temperatures.zero_()
             torch.arange(size, out=seq_order)
-            context = Context(is_prefill=False, slot_mapping=slot_mapping, context_lens=context_lens,
-                              block_tables=block_tables, seq_order=seq_order)
+            context = Context(
+                is_prefill=False,
+                slot_mapping=slot_mapping,
+                context_lens=context_lens,
+                block_tables=block_tables,
+                seq_order=seq_order,
+            )
             inputs = (input_ids, src_rows, positions, temperatures, seeds)
             with forward_context(context):
                 self.step(*inputs)  # compiles the kernels first

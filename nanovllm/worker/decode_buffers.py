@@ -51,7 +51,7 @@ class DecodeBuffers:
 
     def _split(self, buffer, size: int, float64) -> tuple:
         flat = buffer[: size * _FIELDS].reshape(_FIELDS, size)
-        tables = buffer[size * _FIELDS: size * (_FIELDS + self.width)].reshape(size, self.width)
+        tables = buffer[size * _FIELDS : size * (_FIELDS + self.width)].reshape(size, self.width)
         fields = list(flat)
         fields[_TEMPERATURES] = fields[_TEMPERATURES].view(float64)
         return (*fields, tables)
@@ -63,8 +63,15 @@ class DecodeBuffers:
             self._device_views[size] = self._split(self.device, size, torch.float64)
         return self._device_views[size]
 
-    def load(self, input_ids: list[int], src_rows: list[int], positions: list[int], temperatures: list[float],
-             block_tables: list[list[int]], size: int) -> tuple[torch.Tensor, ...]:
+    def load(
+        self,
+        input_ids: list[int],
+        src_rows: list[int],
+        positions: list[int],
+        temperatures: list[float],
+        block_tables: list[list[int]],
+        size: int,
+    ) -> tuple[torch.Tensor, ...]:
         """Write one step's rows, padded to `size`, and queue their copy to the device; returns device views.
 
         Per row: its input token (any value where `src_rows` >= 0), the row of the

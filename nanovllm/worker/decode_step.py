@@ -45,8 +45,15 @@ class DecodeStep:
         self.samples = samples
         self.logits: torch.Tensor | None = None
 
-    def __call__(self, input_ids: torch.Tensor, src_rows: torch.Tensor, positions: torch.Tensor,
-                 temperatures: torch.Tensor, seeds: torch.Tensor, sample: bool = True) -> torch.Tensor:
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        src_rows: torch.Tensor,
+        positions: torch.Tensor,
+        temperatures: torch.Tensor,
+        seeds: torch.Tensor,
+        sample: bool = True,
+    ) -> torch.Tensor:
         """`sample=False` skips the temperature sampling where no graph needs it: an eager step that the
         full sampler samples."""
         # input_ids, src_rows, positions, temperatures, seeds: [rows]

@@ -38,6 +38,8 @@ def make_executor(config: "Config", eos_token_ids: tuple[int, ...]) -> Executor:
     """The executor `config` asks for: tensor-parallel ranks when tensor_parallel_size > 1, else one runner."""
     if config.tensor_parallel_size > 1:
         from nanovllm.worker.tensor_parallel import TensorParallelRunner
+
         return TensorParallelRunner(config, eos_token_ids)
     from nanovllm.worker.model_runner import ModelRunner
+
     return ModelRunner(config, eos_token_ids)

@@ -114,15 +114,32 @@ class KVCacheSpec:
         """The whole cache of `num_blocks` blocks, zeroed (FP8 scales set to 1, so that an unwritten slot
         reads as zeros), with each layer's views."""
         # kv: [2, layers, blocks, block_size, kv_heads, head_dim]
-        kv = torch.zeros(2, self.num_layers, num_blocks, self.block_size, self.num_kv_heads, self.head_dim,
-                         dtype=self.dtype, device=device)
+        kv = torch.zeros(
+            2,
+            self.num_layers,
+            num_blocks,
+            self.block_size,
+            self.num_kv_heads,
+            self.head_dim,
+            dtype=self.dtype,
+            device=device,
+        )
         scales = None
         if self.is_fp8:
             # scales: [2, layers, blocks, kv_heads, block_size]
-            scales = torch.ones(2, self.num_layers, num_blocks, self.num_kv_heads, self.block_size,
-                                dtype=self.scale_dtype, device=device)
-        layers = [LayerKVCache(kv[0, i], kv[1, i], *((scales[0, i], scales[1, i]) if scales is not None else ()))
-                  for i in range(self.num_layers)]
+            scales = torch.ones(
+                2,
+                self.num_layers,
+                num_blocks,
+                self.num_kv_heads,
+                self.block_size,
+                dtype=self.scale_dtype,
+                device=device,
+            )
+        layers = [
+            LayerKVCache(kv[0, i], kv[1, i], *((scales[0, i], scales[1, i]) if scales is not None else ()))
+            for i in range(self.num_layers)
+        ]
         return KVCache(self, kv, scales, layers)
 
 

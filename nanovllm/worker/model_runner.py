@@ -7,23 +7,28 @@ import torch
 import torch.distributed as dist
 
 from nanovllm.config import Config
-from nanovllm.worker.cuda_graphs import DecodeGraphs
-from nanovllm.worker.decode_buffers import DecodeBuffers
-from nanovllm.worker.executor import Executor
-from nanovllm.worker.decode_step import DecodeStep, DeviceInputForward
-from nanovllm.worker.pending_output import PendingOutput, PromptScores
-from nanovllm.sample.metadata import SamplingTensors, sampling_tensors, step_sampling
 from nanovllm.core.scheduler_output import PLACEHOLDER, SchedulerOutput
 from nanovllm.core.structured_output import GrammarBitmasks
 from nanovllm.layers.attention import Attention, make_attention_backend
-from nanovllm.sample.sampler import Sampler, SamplerOutput, token_logprobs
 from nanovllm.models import model_class
+from nanovllm.sample.metadata import SamplingTensors, sampling_tensors, step_sampling
+from nanovllm.sample.sampler import Sampler, SamplerOutput, token_logprobs
 from nanovllm.sampling_params import SamplingParams
 from nanovllm.utils.context import Context, forward_context
 from nanovllm.utils.loader import load_dummy_weights, load_model
-from nanovllm.utils.parallel import (all_ranks_min, destroy_process_group, init_process_group, share_cpu_cores,
-                                     tensor_parallel)
+from nanovllm.utils.parallel import (
+    all_ranks_min,
+    destroy_process_group,
+    init_process_group,
+    share_cpu_cores,
+    tensor_parallel,
+)
+from nanovllm.worker.cuda_graphs import DecodeGraphs
+from nanovllm.worker.decode_buffers import DecodeBuffers
+from nanovllm.worker.decode_step import DecodeStep, DeviceInputForward
+from nanovllm.worker.executor import Executor
 from nanovllm.worker.kv_cache import KVCache, KVCacheSpec
+from nanovllm.worker.pending_output import PendingOutput, PromptScores
 
 _GIB = 1 << 30
 _PROMPT_SCORING_ROWS = 256  # prompt positions whose full-vocabulary logits are held at once
@@ -80,8 +85,9 @@ class ModelRunner(Executor):
         for layer in self.attention_layers:
             layer.backend = backend
         attn = self.attention_layers[0]
-        self.kv_cache_spec = KVCacheSpec.from_config(config, len(self.attention_layers), attn.num_kv_heads,
-                                                     attn.head_dim)
+        self.kv_cache_spec = KVCacheSpec.from_config(
+            config, len(self.attention_layers), attn.num_kv_heads, attn.head_dim
+        )
         self.kv_cache: KVCache | None = None  # allocated once the start-up step has measured activations
         self.sampler = Sampler()
         # [max_num_seqs]: the ids the latest step sampled, in its sampling-row order
@@ -95,16 +101,18 @@ class ModelRunner(Executor):
         if use_graphs and self._decode_step.samples:
             # one buffer for every graph's logits, rather than one output per captured size; taken before
             # the KV cache is sized, so that the cache leaves room for it
-            self._decode_step.logits = torch.empty(config.max_num_seqs, config.model_config.vocab_size,
-                                                   dtype=self.dtype, device=self.device)
+            self._decode_step.logits = torch.empty(
+                config.max_num_seqs, config.model_config.vocab_size, dtype=self.dtype, device=self.device
+            )
         if self.device.type == "cuda":
             self._warm_up()
         self.num_kvcache_blocks = self._allocate_kv_cache()
         self.kv_cache_dtype_name = self.kv_cache_spec.dtype_name
         if self.device.type == "cuda":
             self._warm_up_cached_prefix()
-        self.decode_buffers = DecodeBuffers(config.max_num_seqs, config.max_blocks_per_seq, self.block_size,
-                                            self.device, config.seed)
+        self.decode_buffers = DecodeBuffers(
+            config.max_num_seqs, config.max_blocks_per_seq, self.block_size, self.device, config.seed
+        )
         if use_graphs:
             self.graphs = DecodeGraphs(self._decode_step, self.decode_buffers, config.max_num_seqs)
 
@@ -138,8 +146,9 @@ class ModelRunner(Executor):
         max_len = min(self.config.context_len, self.config.token_budget)
         num_seqs = max(1, min(self.config.token_budget // max_len, self.config.max_num_seqs))
         self._run_start_up_step(start_up_step([[0] * max_len] * num_seqs, [0] * num_seqs, [[]] * num_seqs))
-        logits = torch.zeros(self.config.max_num_seqs, self.config.model_config.vocab_size, dtype=self.dtype,
-                             device=self.device)
+        logits = torch.zeros(
+            self.config.max_num_seqs, self.config.model_config.vocab_size, dtype=self.dtype, device=self.device
+        )
         self.sampler(logits, SamplingTensors(temperatures=torch.ones(self.config.max_num_seqs, device=self.device)))
         del logits
         torch.cuda.empty_cache()
@@ -237,8 +246,9 @@ class ModelRunner(Executor):
         cu_k = list(accumulate(seqlens_k, initial=0))
         # a cache that gives back other keys than it was given is read for the new tokens' keys too, so
         # that they match a cached prefix's
-        reads_cache = any(out.num_computed_tokens) or (self.kv_cache is not None
-                                                       and self.kv_cache_spec.prefill_reads_cache)
+        reads_cache = any(out.num_computed_tokens) or (
+            self.kv_cache is not None and self.kv_cache_spec.prefill_reads_cache
+        )
         width = max(len(table) for table in out.block_tables)
         context = Context(
             is_prefill=True,
@@ -250,29 +260,31 @@ class ModelRunner(Executor):
             seqlens_q=seqlens_q,
             seqlens_k=seqlens_k,
             block_tables=self._to_device([t + [-1] * (width - len(t)) for t in out.block_tables], torch.int32)
-            if reads_cache else None,
+            if reads_cache
+            else None,
         )
         input_ids = self._to_device(list(chain.from_iterable(out.token_ids)), torch.int64)
         with forward_context(context):
-            hidden_states = self._forward(input_ids, self._to_device(src_rows, torch.int64),
-                                          self._to_device(positions, torch.int64))
+            hidden_states = self._forward(
+                input_ids, self._to_device(src_rows, torch.int64), self._to_device(positions, torch.int64)
+            )
         return hidden_states, cu_q
 
-    def _score_prompts(self, out: SchedulerOutput, hidden_states: torch.Tensor,
-                       cu_q: list[int]) -> PromptScores | None:
+    def _score_prompts(self, out: SchedulerOutput, hidden_states: torch.Tensor, cu_q: list[int]) -> PromptScores | None:
         """Log-probabilities of the prompt tokens that follow the positions `out.prompt_scoring` asks for,
         scored from this step's hidden states a slice of rows at a time (full-vocabulary logits of a
         whole chunk would not fit); None on ranks other than 0."""
         jobs = out.prompt_scoring
-        rows = self._to_device([cu_q[job.index] + job.offset + j for job in jobs for j in range(len(job.target_ids))],
-                               torch.int64)
+        rows = self._to_device(
+            [cu_q[job.index] + job.offset + j for job in jobs for j in range(len(job.target_ids))], torch.int64
+        )
         targets = self._to_device([t for job in jobs for t in job.target_ids], torch.int64)
         k = max(job.num_logprobs for job in jobs)
         parts = []
         for start in range(0, rows.numel(), _PROMPT_SCORING_ROWS):
-            logits = self.model.compute_logits(hidden_states[rows[start: start + _PROMPT_SCORING_ROWS]])
+            logits = self.model.compute_logits(hidden_states[rows[start : start + _PROMPT_SCORING_ROWS]])
             if self.rank == 0:
-                parts.append(token_logprobs(logits, targets[start: start + _PROMPT_SCORING_ROWS], k))
+                parts.append(token_logprobs(logits, targets[start : start + _PROMPT_SCORING_ROWS], k))
         if self.rank != 0:
             return None
         return PromptScores(jobs, *(torch.cat(tensors) for tensors in zip(*parts)))
@@ -291,13 +303,25 @@ class ModelRunner(Executor):
         size = self.decode_size(n)
         # workers get steps without sampling settings; only a step that samples reads temperatures
         temperatures = [p.temperature for p in out.sampling_params] if self._decode_step.samples else [0.0] * n
-        inputs = self.decode_buffers.load([ids[0] for ids in out.token_ids], self._src_rows(out),
-                                          out.num_computed_tokens, temperatures, out.block_tables, size)
+        inputs = self.decode_buffers.load(
+            [ids[0] for ids in out.token_ids],
+            self._src_rows(out),
+            out.num_computed_tokens,
+            temperatures,
+            out.block_tables,
+            size,
+        )
         input_ids, src_rows, positions, slots, context_lens, temperatures, seeds, seq_order, block_tables = inputs
         if self.graphs is not None and self.graphs.captured(size):
             return self.graphs.replay(size)[:n]
-        context = Context(is_prefill=False, slot_mapping=slots, max_seqlen_k=max(out.num_computed_tokens) + 1,
-                          context_lens=context_lens, block_tables=block_tables, seq_order=seq_order)
+        context = Context(
+            is_prefill=False,
+            slot_mapping=slots,
+            max_seqlen_k=max(out.num_computed_tokens) + 1,
+            context_lens=context_lens,
+            block_tables=block_tables,
+            seq_order=seq_order,
+        )
         with forward_context(context):
             return self._decode_step(input_ids, src_rows, positions, temperatures, seeds, sample)[:n]
 
@@ -310,7 +334,7 @@ class ModelRunner(Executor):
             tensors.bitmask = grammar.fill().to(self.device, non_blocking=True)
             tensors.bitmask_rows = grammar.rows
         sampled = self.sampler(logits, tensors)
-        self.last_sampled[:logits.size(0)].copy_(sampled.token_ids)
+        self.last_sampled[: logits.size(0)].copy_(sampled.token_ids)
         return sampled
 
     @torch.inference_mode()
@@ -321,8 +345,10 @@ class ModelRunner(Executor):
         filled while the device runs the forward pass."""
         prompt_scores = logits = None
         if out.is_decode:
-            sampled_in_step = (self._decode_step.samples
-                               and not step_sampling(out, self.eos_token_ids, grammar is not None).needs_full_sampler)
+            sampled_in_step = (
+                self._decode_step.samples
+                and not step_sampling(out, self.eos_token_ids, grammar is not None).needs_full_sampler
+            )
             decoded = self._run_decode(out, sampled_in_step)
             # the LM head runs once per step: a rank that samples has the decode step's logits
             logits, hidden_states = (decoded, None) if self._decode_step.samples else (None, decoded)
@@ -339,8 +365,11 @@ class ModelRunner(Executor):
         sampled = None
         if num_sampled:
             if self.rank == 0:
-                sampled = (SamplerOutput(self.last_sampled[:num_sampled]) if sampled_in_step
-                           else self._sample(out, logits, grammar))
+                sampled = (
+                    SamplerOutput(self.last_sampled[:num_sampled])
+                    if sampled_in_step
+                    else self._sample(out, logits, grammar)
+                )
             if self.world_size > 1:
                 dist.broadcast(self.last_sampled[:num_sampled], src=0)
         self._last_sampled_rows = {req_id: row for row, req_id in enumerate(out.sampled_req_ids)}
@@ -363,10 +392,19 @@ class ModelRunner(Executor):
             destroy_process_group()
 
 
-def start_up_step(token_ids: list[list[int]], num_computed_tokens: list[int],
-                  block_tables: list[list[int]]) -> SchedulerOutput:
+def start_up_step(
+    token_ids: list[list[int]], num_computed_tokens: list[int], block_tables: list[list[int]]
+) -> SchedulerOutput:
     """A step of made-up requests that each compute `token_ids[i]` and sample (start-up compiles and sizing)."""
     n = len(token_ids)
     req_ids = [f"start-up-{i}" for i in range(n)]
-    return SchedulerOutput(req_ids, token_ids, num_computed_tokens, block_tables, [True] * n, req_ids,
-                           [SamplingParams(temperature=1.0, max_tokens=1)] * n, [0] * n)
+    return SchedulerOutput(
+        req_ids,
+        token_ids,
+        num_computed_tokens,
+        block_tables,
+        [True] * n,
+        req_ids,
+        [SamplingParams(temperature=1.0, max_tokens=1)] * n,
+        [0] * n,
+    )

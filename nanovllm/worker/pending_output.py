@@ -1,12 +1,12 @@
 """The handle that waits for a launched step's outputs on their way to the host."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from nanovllm.engine.messages import TokenLogprobs
 from nanovllm.core.runner_output import ModelRunnerOutput
 from nanovllm.core.scheduler_output import PromptScoring
+from nanovllm.engine.messages import TokenLogprobs
 from nanovllm.sample.sampler import SamplerOutput
 
 
@@ -15,16 +15,19 @@ class PromptScores:
     """The scored prompt positions of one step, all jobs' rows one after another, on the device."""
 
     jobs: list[PromptScoring]
-    token_ids: torch.Tensor   # [rows, 1 + k]: the actual next token, then the top k
-    logprobs: torch.Tensor    # [rows, 1 + k]
-    ranks: torch.Tensor       # [rows]
+    token_ids: torch.Tensor  # [rows, 1 + k]: the actual next token, then the top k
+    logprobs: torch.Tensor  # [rows, 1 + k]
+    ranks: torch.Tensor  # [rows]
 
 
-def _entries(ids: list[list[int]], values: list[list[float]], ranks: list[int],
-             counts: list[int | None]) -> list[TokenLogprobs | None]:
+def _entries(
+    ids: list[list[int]], values: list[list[float]], ranks: list[int], counts: list[int | None]
+) -> list[TokenLogprobs | None]:
     """One TokenLogprobs per row, cut to the row's own number of alternatives (None: no entry)."""
-    return [None if k is None else TokenLogprobs(row_ids[: 1 + k], row_values[: 1 + k], rank)
-            for k, row_ids, row_values, rank in zip(counts, ids, values, ranks)]
+    return [
+        None if k is None else TokenLogprobs(row_ids[: 1 + k], row_values[: 1 + k], rank)
+        for k, row_ids, row_values, rank in zip(counts, ids, values, ranks)
+    ]
 
 
 class PendingOutput:
@@ -37,8 +40,9 @@ class PendingOutput:
     step does `last_sampled`.
     """
 
-    def __init__(self, sampled: SamplerOutput | None, logprob_counts: list[int | None],
-                 prompt_scores: PromptScores | None = None):
+    def __init__(
+        self, sampled: SamplerOutput | None, logprob_counts: list[int | None], prompt_scores: PromptScores | None = None
+    ):
         host = lambda t: None if t is None else t.to("cpu", non_blocking=True, copy=True)
         self._token_ids = host(sampled.token_ids) if sampled is not None else None
         self._logprobs = None
@@ -47,8 +51,12 @@ class PendingOutput:
         self._logprob_counts = logprob_counts
         self._prompt = None
         if prompt_scores is not None:
-            self._prompt = (prompt_scores.jobs, host(prompt_scores.token_ids), host(prompt_scores.logprobs),
-                            host(prompt_scores.ranks))
+            self._prompt = (
+                prompt_scores.jobs,
+                host(prompt_scores.token_ids),
+                host(prompt_scores.logprobs),
+                host(prompt_scores.ranks),
+            )
         self._event = None
         if (sampled.token_ids if sampled is not None else prompt_scores.token_ids).is_cuda:
             self._event = torch.cuda.Event()
@@ -73,7 +81,8 @@ class PendingOutput:
         scores, row = {}, 0
         for job in jobs:
             n = len(job.target_ids)
-            scores[job.request_id] = _entries(ids[row: row + n], values[row: row + n], ranks[row: row + n],
-                                              [job.num_logprobs] * n)
+            scores[job.request_id] = _entries(
+                ids[row : row + n], values[row : row + n], ranks[row : row + n], [job.num_logprobs] * n
+            )
             row += n
         return scores

@@ -20,17 +20,17 @@ from multiprocessing.connection import wait
 import torch.distributed as dist
 
 from nanovllm.config import Config
-from nanovllm.worker.executor import Executor
-from nanovllm.worker.model_runner import ModelRunner
-from nanovllm.worker.pending_output import PendingOutput
 from nanovllm.core.scheduler_output import SchedulerOutput
 from nanovllm.core.structured_output import GrammarBitmasks
 from nanovllm.utils.command_channel import CommandChannel
 from nanovllm.utils.parallel import destroy_process_group, rendezvous_address, rendezvous_store
 from nanovllm.utils.processes import exit_with_parent, ignore_interrupts
+from nanovllm.worker.executor import Executor
+from nanovllm.worker.model_runner import ModelRunner
+from nanovllm.worker.pending_output import PendingOutput
 
-_POLL_S = 0.2       # how often a waiting rank 0 checks that the workers live
-_EXIT_WAIT_S = 10   # how long a worker may take to leave on "exit" before it is terminated
+_POLL_S = 0.2  # how often a waiting rank 0 checks that the workers live
+_EXIT_WAIT_S = 10  # how long a worker may take to leave on "exit" before it is terminated
 
 
 def channel_capacity(config: Config) -> int:
@@ -139,13 +139,18 @@ class TensorParallelRunner(Executor):
         self._workers = _Workers(CommandChannel(size - 1, channel_capacity(config), context))
         self._finalizer = weakref.finalize(self, _shut_down, self._workers)
         for rank in range(1, size):
-            process = context.Process(target=run_worker, args=(config, rank, host, self.port, self.channel),
-                                      name=f"nanovllm-tp{rank}", daemon=True)
+            process = context.Process(
+                target=run_worker,
+                args=(config, rank, host, self.port, self.channel),
+                name=f"nanovllm-tp{rank}",
+                daemon=True,
+            )
             process.start()
             self._workers.processes.append(process)
         if config.device_type == "cuda":
-            self._workers.watcher = threading.Thread(target=_abort_group_when_a_worker_dies, args=(self._workers,),
-                                                     daemon=True)
+            self._workers.watcher = threading.Thread(
+                target=_abort_group_when_a_worker_dies, args=(self._workers,), daemon=True
+            )
             self._workers.watcher.start()
         self._guarded(lambda: None)  # every worker reached the rendezvous
         self.runner = self._workers.rank0 = self._guarded(lambda: ModelRunner(config, eos_token_ids, 0, store))
