@@ -6,8 +6,8 @@ import random
 import pytest
 import torch
 from conftest import NEAR_TIE, completions_of, gaps_where_greedy_diverges, run_steps
+from engine_probes import record_batches
 from hf_reference import hf_greedy
-from test_chunked_prefill import record_batches
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.sample.noise import seeded_exponential

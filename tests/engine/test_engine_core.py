@@ -7,41 +7,19 @@ import sys
 
 import pytest
 from conftest import run_steps
+from engine_probes import BLOCK, engine, record_order
 from hf_reference import hf_greedy
 from test_llm import random_prompts, record_preemptions, token_ids
 
 from nanovllm import LLM, SamplingParams
 
-BLOCK = 16
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-
-
-def engine(model_dir, **kwargs) -> LLM:
-    return LLM(model_dir, kvcache_block_size=BLOCK, max_model_len=256, **{"num_kvcache_blocks": 64, **kwargs})
 
 
 def plain_loop(llm: LLM, monkeypatch) -> LLM:
     """Make every step synchronous, as for penalties: the in-flight step is read back first."""
     monkeypatch.setattr(llm.client.core.scheduler, "needs_confirmed_tokens", lambda: True)
     return llm
-
-
-def record_order(llm: LLM) -> list[tuple[str, int]]:
-    """A list that fills with ("launch", n) and ("read", n) as the core launches and reads back steps."""
-    runner, events = llm.client.core.executor, []
-    original = runner.execute
-
-    def execute(out, *grammar):
-        n = sum(kind == "launch" for kind, _ in events)
-        events.append(("launch", n))
-        pending = original(out, *grammar)
-        if pending is not None:
-            result = pending.result
-            pending.result = lambda: events.append(("read", n)) or result()
-        return pending
-
-    runner.execute = execute
-    return events
 
 
 def test_next_step_launches_before_the_previous_is_read_back(qwen3_dir):

@@ -827,8 +827,9 @@ def test_a_request_is_checked_once(server, monkeypatch):
     response = server.client().chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "w5"}],
-        max_tokens=4,
-        extra_body={"structured_outputs": {"choice": ["w5 w6", "w7"]}},
+        max_tokens=32,
+        temperature=0,
+        extra_body={"structured_outputs": {"choice": ["w5", "w7"]}},
     )
-    assert response.choices[0].message.content.strip() in ("w5 w6", "w7")
+    assert response.choices[0].message.content.strip() in ("w5", "w7")
     assert len(calls) == 1  # the grammar is parsed once in the front end (the core compiles it for itself)

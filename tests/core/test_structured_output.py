@@ -7,7 +7,7 @@ import re
 
 import jsonschema
 import pytest
-from test_engine_core import record_order
+from engine_probes import record_order
 
 from nanovllm import LLM, SamplingParams, StructuredOutputsParams
 from nanovllm.core.structured_output import grammar_of

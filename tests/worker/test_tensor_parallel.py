@@ -5,6 +5,7 @@ import json
 import os
 import pickle
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,7 +18,6 @@ import torch
 import torch.distributed as dist
 from conftest import NEAR_TIE, gaps_where_greedy_diverges
 from safetensors.torch import load_file, save_file
-from test_loader import copy_model
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.config import Config
@@ -178,7 +178,7 @@ def test_killed_worker_is_an_error_within_seconds(qwen3_dir, device):
 
 def test_worker_error_is_reported_with_its_message(qwen3_dir, tmp_path):
     # rows 0..255 of the embedding (rank 0's half) exist, rank 1's half is cut short
-    model_dir = copy_model(qwen3_dir, tmp_path / "m")
+    model_dir = str(shutil.copytree(qwen3_dir, tmp_path / "m"))
     path = os.path.join(model_dir, "model.safetensors")
     tensors = load_file(path)
     tensors["model.embed_tokens.weight"] = tensors["model.embed_tokens.weight"][:300].clone()

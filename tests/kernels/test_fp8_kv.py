@@ -3,7 +3,7 @@ where there is one)."""
 
 import pytest
 import torch
-from test_engine_core import engine
+from engine_probes import engine
 from test_llm import random_prompts, record_preemptions, token_ids
 
 from nanovllm import LLM, SamplingParams

@@ -3,6 +3,7 @@ prompt chunks, and preemption mid-prompt all give the greedy output of unchunked
 
 import pytest
 from conftest import completions_of, run_steps
+from engine_probes import record_batches
 from test_llm import random_prompts, token_ids
 
 from nanovllm import LLM, SamplingParams
@@ -10,20 +11,6 @@ from nanovllm import LLM, SamplingParams
 BLOCK = 16
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 ENGINE = dict(kvcache_block_size=BLOCK, max_model_len=512)
-
-
-def record_batches(llm) -> list:
-    """A list that fills with (num_scheduled_tokens, samples, is_prefill) of every step the engine runs."""
-    batches = []
-    runner = llm.client.core.executor
-    original = runner.execute
-
-    def recording_execute(out, *grammar):
-        batches.append((out.num_scheduled_tokens, list(out.samples), not out.is_decode))
-        return original(out, *grammar)
-
-    runner.execute = recording_execute
-    return batches
 
 
 def unchunked(model_dir, prompts, params=GREEDY) -> list[list[int]]:
