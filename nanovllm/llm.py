@@ -11,6 +11,7 @@ from nanovllm.frontend.input_processor import ProcessedPrompt, Prompt, is_single
 from nanovllm.frontend.output_processor import ParentRequest
 from nanovllm.outputs import RequestOutput
 from nanovllm.sampling_params import SamplingParams
+from nanovllm.utils.heap import unfreeze_objects
 
 Conversation = list[dict]
 
@@ -30,6 +31,7 @@ class LLM(EngineFrontend):
         """Free the decode graphs and stop tensor-parallel workers now rather than when the engine is
         collected."""
         self.client.shutdown()
+        unfreeze_objects()
 
     def add_request(self, prompt: Prompt, sampling_params: SamplingParams) -> str:
         """Queue one request and return its id; each `step()` advances it. A request that cannot be

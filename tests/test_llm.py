@@ -329,3 +329,19 @@ def test_dropping_the_engine_frees_it_without_the_cycle_collector(qwen3_dir):
         assert runner() is None
     finally:
         gc.enable()
+
+
+def tracked(obj) -> bool:
+    """Whether the cycle collector's generations hold `obj` (frozen objects are outside them)."""
+    return any(o is obj for o in gc.get_objects())
+
+
+def test_start_up_objects_are_frozen_until_the_engine_closes(qwen3_dir):
+    llm = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=16, max_model_len=256)
+    try:
+        assert not tracked(llm.config) and not tracked(llm.client.core.scheduler)
+        outputs = llm.generate([[5, 6]], GREEDY, use_tqdm=False)
+        assert tracked(outputs[0])  # made after start-up: collected as usual
+    finally:
+        llm.close()
+    assert tracked(llm.config)

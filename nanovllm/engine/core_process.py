@@ -30,6 +30,7 @@ from nanovllm.engine.messages import (
     EngineCoreRequest,
     EngineStats,
 )
+from nanovllm.utils.heap import freeze_start_up_objects
 from nanovllm.utils.processes import exit_with_parent, ignore_interrupts
 
 logger = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ def run_engine_core(
         outputs.send(encoder.encode(EngineCoreFailed(f"{type(e).__name__}: {e}")))
         context.destroy(linger=5000)
         sys.exit(1)
+    freeze_start_up_objects()
     outputs.send(encoder.encode(EngineCoreReady(core.info)))
     code = BusyLoop(core, requests, outputs).run()
     context.destroy(linger=5000)  # let the last outputs leave

@@ -14,6 +14,7 @@ from nanovllm.frontend.input_processor import InputProcessor, ProcessedPrompt, P
 from nanovllm.frontend.output_processor import OutputProcessor, ParentRequest, RequestState
 from nanovllm.frontend.tokenizer import eos_token_ids, load_tokenizer
 from nanovllm.sampling_params import INT64_MIN, SamplingParams
+from nanovllm.utils.heap import freeze_start_up_objects
 
 
 def completion_seed(seed: int, index: int) -> int:
@@ -59,6 +60,7 @@ class EngineFrontend:
         self.input_processor = InputProcessor(self.tokenizer, self.client.info)
         self.output_processor = OutputProcessor()
         self._request_ids = count()
+        freeze_start_up_objects()
 
     def get_tokenizer(self) -> PreTrainedTokenizerBase | None:
         """The model folder's tokenizer (None with skip_tokenizer_init)."""

@@ -14,6 +14,7 @@ from nanovllm.frontend.input_processor import ProcessedPrompt, Prompt
 from nanovllm.frontend.output_processor import ParentRequest
 from nanovllm.outputs import CompletionOutput, RequestOutput
 from nanovllm.sampling_params import SamplingParams
+from nanovllm.utils.heap import unfreeze_objects
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +149,7 @@ class OnlineEngine(EngineFrontend):
         self.client.shutdown()
         self._thread.join()
         self.end_all("abort")
+        unfreeze_objects()
 
     def end_all(self, reason: str, error: str | None = None) -> None:
         """End every live request with `reason` ("abort", or "error" saying why in `error`)."""
