@@ -78,6 +78,11 @@ class Config:
     `enable_prefix_caching=False` turns the prefix cache off: no prompt reads
     the K/V of blocks computed for another, and no block is registered for it.
     `device="auto"` (the default) is "cuda" when a GPU is visible, else "cpu".
+    `generation_config="auto"` takes the sampling values of the model folder's
+    generation_config.json (temperature, top_p, top_k, min_p,
+    repetition_penalty) as the defaults of requests that leave them out, as
+    vLLM does; "vllm" keeps the engine's own defaults; a folder path reads that
+    folder's file instead.
     `trust_remote_code` is accepted as vLLM accepts it and changes nothing (a
     warning says so when it is True): only built-in architectures load.
     Each field's one-line help (its metadata) is what `nanovllm serve --help` shows.
@@ -132,6 +137,11 @@ class Config:
         "accepted for vLLM compatibility; changes nothing: only built-in architectures load, and no "
         "code from the model folder runs",
     )
+    generation_config: str = _option(
+        "auto",
+        "sampling defaults for requests that leave them out: 'auto': the model folder's generation_config.json; "
+        "'vllm': none, the engine's own; or a folder that holds a generation_config.json",
+    )
     seed: int = _option(0, "seed of the engine's random numbers: dummy weights, and draws of requests without a seed")
     master_port: int = _option(0, "port where tensor-parallel ranks meet; 0: $MASTER_PORT if set, else a free port")
     hf_config: "PretrainedConfig" = field(init=False, repr=False)
@@ -161,6 +171,7 @@ class Config:
         self.attention_impl = self._resolve_attention_backend()
         self._check_kv_cache_dtype()
         self._check_model_folder()
+        self._check_generation_config()
         if self.trust_remote_code:
             warnings.warn(
                 "trust_remote_code=True changes nothing: nanovllm loads only its built-in architectures "
@@ -338,6 +349,15 @@ class Config:
                 "that is a multiple of 256 (flash-attn's paged layout)"
             )
         return name
+
+    def _check_generation_config(self) -> None:
+        if self.generation_config in ("auto", "vllm"):
+            return
+        if not os.path.isfile(os.path.join(self.generation_config, "generation_config.json")):
+            raise FileNotFoundError(
+                f"generation_config={self.generation_config!r} is neither 'auto', 'vllm' nor a folder that holds "
+                f"a generation_config.json"
+            )
 
     def _check_model_folder(self) -> None:
         if not os.path.isdir(self.model):

@@ -67,7 +67,7 @@ class LLM(EngineFrontend):
         {"prompt_token_ids": ids} dicts. Returns one RequestOutput per prompt, in prompt order.
 
         `sampling_params` is one SamplingParams for all prompts or one per
-        prompt (default: SamplingParams()). Every prompt is checked before any
+        prompt (default: `get_default_sampling_params()`). Every prompt is checked before any
         is queued, so one bad prompt raises ValueError (naming its index)
         without running or losing the others.
         """
@@ -110,7 +110,7 @@ class LLM(EngineFrontend):
 
     def _run(self, prompts: list, sampling_params, use_tqdm: bool) -> list[RequestOutput]:
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.get_default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * len(prompts)
         if len(sampling_params) != len(prompts):

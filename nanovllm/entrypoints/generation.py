@@ -169,7 +169,9 @@ class GenerationHandler:
             raise APIError(
                 400, "best_of must equal n (or be unset) when streaming: the best completions are only known at the end"
             )
-        params = body.sampling_params(logprobs, body.prompt_logprobs_wanted(), body.best_of)
+        params = body.sampling_params(
+            logprobs, body.prompt_logprobs_wanted(), body.best_of, defaults=self.engine.sampling_defaults
+        )
         # tokenizing a long text takes a while: off the event loop, so that other streams go on
         prompts = await asyncio.to_thread(lambda: [self.engine.input_processor.parse(p) for p in body.prompts()])
         jobs = [
@@ -193,7 +195,10 @@ class GenerationHandler:
                 f"tool_choice {tool_choice!r} already constrains the reply; drop response_format and the guided fields",
             )
         params = body.sampling_params(
-            (top or 0) if body.logprobs else None, body.prompt_logprobs, structured_outputs=constraint
+            (top or 0) if body.logprobs else None,
+            body.prompt_logprobs,
+            structured_outputs=constraint,
+            defaults=self.engine.sampling_defaults,
         )
         shape = _Chat(self, body, tool_choice if tools else None)
         return await self._generate([_Job(prompt, params)], body, request, shape)

@@ -173,10 +173,12 @@ class _GenerationRequest(_RequestBody):
         prompt_logprobs: int | None = None,
         best_of: int | None = None,
         structured_outputs: StructuredOutputsParams | None = None,
+        defaults: dict | None = None,
     ) -> SamplingParams:
-        """The engine's SamplingParams from the fields the request set; ValueError names a bad value.
-        `structured_outputs` replaces what the request's own fields ask for."""
-        values = self.model_dump(include=_SAMPLING_FIELDS, exclude_none=True)
+        """The engine's SamplingParams from the fields the request set, `defaults` (the model's generation
+        config) for those it left out; ValueError names a bad value. `structured_outputs` replaces what the
+        request's own fields ask for."""
+        values = {**(defaults or {}), **self.model_dump(include=_SAMPLING_FIELDS, exclude_none=True)}
         for stop in [values["stop"]] if isinstance(values.get("stop"), str) else values.get("stop", []):
             check_unicode(stop, "a stop string")
         values["max_tokens"] = self.completion_limit

@@ -1,5 +1,6 @@
 """What every front end holds: the config, the tokenizer, an engine client and the two processors."""
 
+import logging
 from contextlib import suppress
 from dataclasses import replace
 from itertools import count
@@ -10,6 +11,7 @@ from nanovllm.config import Config
 from nanovllm.core.structured_output import grammar_vocabulary
 from nanovllm.engine.engine_client import EngineClient, EngineDeadError
 from nanovllm.engine.messages import EngineCoreRequest
+from nanovllm.frontend.generation_defaults import generation_config_path, generation_defaults
 from nanovllm.frontend.input_processor import InputProcessor, ProcessedPrompt, Prompt
 from nanovllm.frontend.output_processor import OutputProcessor, ParentRequest, RequestState
 from nanovllm.frontend.tokenizer import eos_token_ids, load_tokenizer
@@ -38,6 +40,9 @@ def completion_params(params: SamplingParams, index: int) -> SamplingParams:
     )
 
 
+logger = logging.getLogger(__name__)
+
+
 class EngineFrontend:
     """Text on this side, token ids on the engine core's.
 
@@ -49,6 +54,15 @@ class EngineFrontend:
 
     def __init__(self, model: str, client_class: type[EngineClient], **kwargs):
         self.config = Config.from_kwargs(model, **kwargs)
+        # what requests that leave a sampling value out get: the generation config's, if it has one
+        self.sampling_defaults = generation_defaults(self.config)
+        if self.sampling_defaults:
+            logger.info(
+                "sampling defaults from %s: %s; requests that set a value keep theirs (generation_config='vllm', "
+                "or --generation-config vllm, turns these off)",
+                generation_config_path(self.config),
+                ", ".join(f"{key}={value}" for key, value in self.sampling_defaults.items()),
+            )
         self.tokenizer = load_tokenizer(self.config)
         self.eos_token_ids = eos_token_ids(self.config, self.tokenizer)
         vocabulary = (
@@ -61,6 +75,11 @@ class EngineFrontend:
         self.output_processor = OutputProcessor()
         self._request_ids = count()
         freeze_start_up_objects()
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The settings of a request that sets none: the engine's defaults, with the generation config's
+        sampling values over them."""
+        return SamplingParams(**self.sampling_defaults)
 
     def get_tokenizer(self) -> PreTrainedTokenizerBase | None:
         """The model folder's tokenizer (None with skip_tokenizer_init)."""

@@ -27,6 +27,15 @@ def test_sampling_params_take_only_the_fields_sent():
     assert CompletionRequest(model="m", prompt="hi", max_tokens=3).sampling_params(None).max_tokens == 3
 
 
+def test_generation_config_defaults_fill_only_the_fields_left_out():
+    defaults = {"temperature": 0.6, "top_k": 20, "top_p": 0.95}
+    request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], top_k=5, temperature=0)
+    params = request.sampling_params(None, defaults=defaults)
+    assert (params.temperature, params.top_k, params.top_p) == (0, 5, 0.95)
+    params = CompletionRequest(model="m", prompt="hi").sampling_params(None, defaults=defaults)
+    assert (params.temperature, params.top_k, params.top_p) == (0.6, 20, 0.95)
+
+
 def test_logprobs_best_of_and_logit_bias_reach_sampling_params():
     request = CompletionRequest(
         model="m", prompt="hi", temperature=1, n=2, best_of=3, logit_bias={"17": -100, "5": 2.5}
