@@ -198,37 +198,40 @@ class StepRecord:
 
 
 class StepRecorder:
-    """Times every step of an engine: CUDA events around what each launch queues, and the host time
-    between one launch and the next (the whole loop: front end, scheduling, inputs) less the time
-    the host waited for the device meanwhile."""
+    """Times every step of an engine: CUDA events around what each launch queues (its forward pass
+    and its sampling), and the host time between one launch and the next (the whole loop: front
+    end, scheduling, inputs) less the time the host waited for the device meanwhile."""
 
     def __init__(self, llm: LLM):
         self.records: list[StepRecord] = []
         self._waited = 0.0
         self._last_launch = None
         self._runner = llm.client.core.executor
-        execute = self._runner.execute
+        launch_forward, launch_sampling = self._runner.launch_forward, self._runner.launch_sampling
 
-        def timed_execute(out, *grammar):
+        def timed_forward(out, *args, **kwargs):
             now = time.perf_counter()
             if self.records:
                 self.records[-1].host_seconds = now - self._last_launch - self._waited
             self._last_launch, self._waited = now, 0.0
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            pending = execute(out, *grammar)
-            end.record()
             self.records.append(StepRecord(len(out.req_ids), out.is_decode, start, end))
+            return launch_forward(out, *args, **kwargs)
+
+        def timed_sampling(step, *grammar):
+            pending = launch_sampling(step, *grammar)
+            self.records[-1].end.record()
             if pending is not None:
                 result = pending.result
                 pending.result = lambda: self._timed_wait(result)
             return pending
 
-        self._runner.execute = timed_execute
+        self._runner.launch_forward, self._runner.launch_sampling = timed_forward, timed_sampling
 
     def detach(self) -> None:
-        """Stop timing: the runner's own method again."""
-        del self._runner.execute
+        """Stop timing: the runner's own methods again."""
+        del self._runner.launch_forward, self._runner.launch_sampling
 
     def _timed_wait(self, result):
         begin = time.perf_counter()

@@ -11,20 +11,25 @@ def engine(model_dir, **kwargs) -> LLM:
 
 
 def record_order(llm: LLM) -> list[tuple[str, int]]:
-    """A list that fills with ("launch", n) and ("read", n) as the core launches and reads back steps."""
+    """A list that fills with ("launch", n) as the core launches step n's forward pass, ("sample", n) as
+    it launches its sampling and ("read", n) as it reads the step back."""
     runner, events = llm.client.core.executor, []
-    original = runner.execute
+    launch_forward, launch_sampling = runner.launch_forward, runner.launch_sampling
 
-    def execute(out, *grammar):
-        n = sum(kind == "launch" for kind, _ in events)
-        events.append(("launch", n))
-        pending = original(out, *grammar)
+    def launching(out, *args, **kwargs):
+        events.append(("launch", sum(kind == "launch" for kind, _ in events)))
+        return launch_forward(out, *args, **kwargs)
+
+    def sampling(step, *grammar):
+        n = sum(kind == "launch" for kind, _ in events) - 1  # a step's sampling follows its own forward pass
+        events.append(("sample", n))
+        pending = launch_sampling(step, *grammar)
         if pending is not None:
             result = pending.result
             pending.result = lambda: events.append(("read", n)) or result()
         return pending
 
-    runner.execute = execute
+    runner.launch_forward, runner.launch_sampling = launching, sampling
     return events
 
 
@@ -32,11 +37,11 @@ def record_batches(llm) -> list:
     """A list that fills with (num_scheduled_tokens, samples, is_prefill) of every step the engine runs."""
     batches = []
     runner = llm.client.core.executor
-    original = runner.execute
+    launch_forward = runner.launch_forward
 
-    def recording_execute(out, *grammar):
+    def recording_launch(out, *args, **kwargs):
         batches.append((out.num_scheduled_tokens, list(out.samples), not out.is_decode))
-        return original(out, *grammar)
+        return launch_forward(out, *args, **kwargs)
 
-    runner.execute = recording_execute
+    runner.launch_forward = recording_launch
     return batches

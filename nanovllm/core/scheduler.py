@@ -75,11 +75,9 @@ class Scheduler:
 
     def needs_confirmed_tokens(self) -> bool:
         """Whether the next step's inputs need the values of tokens still in flight: penalties read each
-        request's completion on the host, and a grammar needs the last token to give the next mask."""
-        return any(
-            req.num_placeholders and (req.params.has_penalties or req.params.structured_outputs is not None)
-            for req in self.running
-        )
+        request's completion on the host. (A grammar needs them only for its mask, which the engine core
+        fills after it has read the step in flight back.)"""
+        return any(req.num_placeholders and req.params.has_penalties for req in self.running)
 
     def stats(self) -> EngineStats:
         bm = self.block_manager

@@ -5,9 +5,10 @@ JSON object, regex, choice, EBNF), compiled once per distinct spec against the
 model's vocabulary. Its matcher advances with each confirmed token; before a
 step samples, the allowed tokens of every constrained row are written into one
 bitmask (a bit per vocabulary id) that the sampler applies to the logits. A
-matcher needs the previous step's token to give the next mask, so while a
-constrained request runs, the engine reads each step back before scheduling
-the next (the synchronous fallback of the overlapped loop).
+matcher needs the previous step's token to give the next mask, so a step with
+constrained rows launches its forward pass, then the engine core reads the
+step before it back, advances the matchers and fills the masks while that
+forward pass runs, and only then launches the sampling.
 """
 
 import json
@@ -117,6 +118,10 @@ class StructuredOutputs:
     def is_terminated(self, request_id: str) -> bool:
         """Whether the grammar is complete and its stop token accepted."""
         return self._matchers[request_id].is_terminated()
+
+    def constrains(self, sampled_req_ids: list[str]) -> bool:
+        """Whether a grammar holds some of a step's sampling rows."""
+        return bool(self._matchers) and any(request_id in self._matchers for request_id in sampled_req_ids)
 
     def bitmasks(self, sampled_req_ids: list[str]) -> GrammarBitmasks | None:
         """The masks of a step whose sampling rows are `sampled_req_ids`; None if none is constrained."""

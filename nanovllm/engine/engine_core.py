@@ -74,25 +74,33 @@ class EngineCore:
         """Schedule and launch the next step, then read back the one before it and return its outputs."""
         outputs = []
         if self._in_flight is not None and self.scheduler.needs_confirmed_tokens():
-            # Synchronous fallback: penalties and grammars need the tokens of the step in
-            # flight on the host to build the next step, so that step is read back first.
-            outputs = self._finish(self._in_flight)
-            self._in_flight = None
+            # Synchronous fallback: penalties need the tokens of the step in flight on the
+            # host to build the next step, so that step is read back first.
+            outputs = self._finish_in_flight()
         scheduled = self.scheduler.schedule()
+        waits_for_tokens = self._in_flight is not None  # an empty step is then expected
         launched = None
         if not scheduled.is_empty:
-            masks = self.structured.bitmasks(scheduled.sampled_req_ids)
-            launched = _InFlight(scheduled, self.executor.execute(scheduled, masks))
+            if self._in_flight is not None and self.structured.constrains(scheduled.sampled_req_ids):
+                # A grammar's mask needs the token in flight: launch this step's forward pass, read
+                # the step in flight back and advance the matchers while it runs, then sample.
+                forward = self.executor.launch_forward(scheduled, constrained=True)
+                outputs = self._finish_in_flight()
+                pending = self.executor.launch_sampling(forward, self.structured.bitmasks(scheduled.sampled_req_ids))
+            else:
+                pending = self.executor.execute(scheduled, self.structured.bitmasks(scheduled.sampled_req_ids))
+            launched = _InFlight(scheduled, pending)
         if self._in_flight is not None:
-            outputs = self._finish(self._in_flight)
-        assert launched is not None or self._in_flight is not None or not self.scheduler.has_requests(), (
+            outputs = self._finish_in_flight()
+        assert launched is not None or waits_for_tokens or not self.scheduler.has_requests(), (
             "requests are live but no step could be scheduled"
         )
         self._in_flight = launched
         return outputs
 
-    def _finish(self, step: _InFlight) -> list[EngineCoreOutput]:
-        """Wait for a launched step's samples and fold them into the requests."""
+    def _finish_in_flight(self) -> list[EngineCoreOutput]:
+        """Wait for the launched step's samples and fold them into the requests."""
+        step, self._in_flight = self._in_flight, None
         result = step.pending.result() if step.pending is not None else ModelRunnerOutput([])
         return self.scheduler.update(step.scheduled, result)
 

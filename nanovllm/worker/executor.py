@@ -7,6 +7,7 @@ if TYPE_CHECKING:  # the engine core imports this module without torch
     from nanovllm.config import Config
     from nanovllm.core.scheduler_output import SchedulerOutput
     from nanovllm.core.structured_output import GrammarBitmasks
+    from nanovllm.worker.model_runner import LaunchedForward
     from nanovllm.worker.pending_output import PendingOutput
 
 
@@ -20,10 +21,23 @@ class Executor(ABC):
     num_kvcache_blocks: int
     kv_cache_dtype_name: str
 
-    @abstractmethod
     def execute(self, out: "SchedulerOutput", grammar: "GrammarBitmasks | None" = None) -> "PendingOutput | None":
         """Launch one step without waiting for the device; the handle of its outputs (None when it samples
         nothing)."""
+        return self.launch_sampling(self.launch_forward(out, grammar is not None), grammar)
+
+    @abstractmethod
+    def launch_forward(self, out: "SchedulerOutput", constrained: bool = False) -> "LaunchedForward":
+        """Launch a step's forward pass alone (`constrained`: some sampling row is held to a grammar), so
+        that its grammar masks can be filled once the step before it is read back; the handle
+        `launch_sampling` takes."""
+
+    @abstractmethod
+    def launch_sampling(
+        self, step: "LaunchedForward", grammar: "GrammarBitmasks | None" = None
+    ) -> "PendingOutput | None":
+        """Launch the sampling of a step `launch_forward` launched; the handle of its outputs (None when
+        it samples nothing)."""
 
     def check_workers(self) -> None:
         """RuntimeError if a process the executor depends on has died; an idle engine calls it, as no step

@@ -1,6 +1,7 @@
 """Runs the model for one rank: builds it, sizes the KV cache, launches each step and its sampling."""
 
 import os
+from dataclasses import dataclass
 from itertools import accumulate, chain
 
 import torch
@@ -45,6 +46,16 @@ def available_memory_bytes() -> int:
                     return int(line.split()[1]) * 1024
     pages = "SC_AVPHYS_PAGES" if "SC_AVPHYS_PAGES" in os.sysconf_names else "SC_PHYS_PAGES"
     return os.sysconf(pages) * os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass
+class LaunchedForward:
+    """A step whose forward pass is queued and whose sampling is not: what `launch_sampling` needs."""
+
+    out: SchedulerOutput
+    logits: torch.Tensor | None  # [sampling rows, vocab]; None where nothing samples, or on a worker rank
+    sampled_in_step: bool  # the decode step drew every row itself
+    prompt_scores: PromptScores | None
 
 
 class ModelRunner(Executor):
@@ -338,16 +349,13 @@ class ModelRunner(Executor):
         return sampled
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput, grammar: GrammarBitmasks | None = None) -> PendingOutput | None:
-        """Launch one step without waiting for the device. Rank 0 returns the handle of the ids sampled
-        for `out.sampled_req_ids` and of the prompt logprobs asked for; other ranks, and a step that
-        samples and scores nothing, return None. `grammar` holds the constrained rows, whose masks are
-        filled while the device runs the forward pass."""
+    def launch_forward(self, out: SchedulerOutput, constrained: bool = False) -> LaunchedForward:
+        """Queue a step's forward pass and LM head (and, in a decode step whose rows need no more, its
+        sampling) without waiting for the device; `constrained`: some sampling row is held to a grammar."""
         prompt_scores = logits = None
         if out.is_decode:
             sampled_in_step = (
-                self._decode_step.samples
-                and not step_sampling(out, self.eos_token_ids, grammar is not None).needs_full_sampler
+                self._decode_step.samples and not step_sampling(out, self.eos_token_ids, constrained).needs_full_sampler
             )
             decoded = self._run_decode(out, sampled_in_step)
             # the LM head runs once per step: a rank that samples has the decode step's logits
@@ -361,14 +369,23 @@ class ModelRunner(Executor):
             sampled_in_step = False
         if out.sampled_req_ids and logits is None:
             logits = self.model.compute_logits(hidden_states)  # every rank joins the gather to rank 0
+        return LaunchedForward(out, logits, sampled_in_step, prompt_scores)
+
+    @torch.inference_mode()
+    def launch_sampling(self, step: LaunchedForward, grammar: GrammarBitmasks | None = None) -> PendingOutput | None:
+        """Queue the sampling of a step whose forward pass is queued. Rank 0 returns the handle of the
+        ids sampled for `out.sampled_req_ids` and of the prompt logprobs asked for; other ranks, and a
+        step that samples and scores nothing, return None. `grammar` holds the constrained rows, whose
+        masks are filled here, while the device runs the forward pass."""
+        out, prompt_scores = step.out, step.prompt_scores
         num_sampled = len(out.sampled_req_ids)
         sampled = None
         if num_sampled:
             if self.rank == 0:
                 sampled = (
                     SamplerOutput(self.last_sampled[:num_sampled])
-                    if sampled_in_step
-                    else self._sample(out, logits, grammar)
+                    if step.sampled_in_step
+                    else self._sample(out, step.logits, grammar)
                 )
             if self.world_size > 1:
                 dist.broadcast(self.last_sampled[:num_sampled], src=0)

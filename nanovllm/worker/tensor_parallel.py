@@ -26,7 +26,7 @@ from nanovllm.utils.command_channel import CommandChannel
 from nanovllm.utils.parallel import destroy_process_group, rendezvous_address, rendezvous_store
 from nanovllm.utils.processes import exit_with_parent, ignore_interrupts
 from nanovllm.worker.executor import Executor
-from nanovllm.worker.model_runner import ModelRunner
+from nanovllm.worker.model_runner import LaunchedForward, ModelRunner
 from nanovllm.worker.pending_output import PendingOutput
 
 _POLL_S = 0.2  # how often a waiting rank 0 checks that the workers live
@@ -165,18 +165,23 @@ class TensorParallelRunner(Executor):
     def processes(self) -> list[mp.Process]:
         return self._workers.processes
 
-    def execute(self, out: SchedulerOutput, grammar: GrammarBitmasks | None = None) -> PendingOutput | None:
-        """Launch one step on every rank; rank 0's handle of the sampled ids. Only rank 0 samples,
-        so the workers get the step without the sampling settings and grammar masks."""
+    def launch_forward(self, out: SchedulerOutput, constrained: bool = False) -> LaunchedForward:
+        """Launch a step on every rank, rank 0's forward pass alone; the workers run all of their part
+        (only rank 0 samples, so they get the step without the sampling settings) and are waited for
+        once rank 0 has launched the sampling too."""
         if not self._finalizer.alive:
             raise RuntimeError("this engine's tensor-parallel workers were shut down; create a new LLM")
-        pending = self._guarded(lambda: self._post_and_execute(out, grammar))
-        return None if pending is None else _GuardedOutput(self, pending)
+        return self._guarded(lambda: self._post_and_launch(out, constrained), wait_for_workers=False)
 
-    def _post_and_execute(self, out: SchedulerOutput, grammar: GrammarBitmasks | None) -> PendingOutput | None:
+    def _post_and_launch(self, out: SchedulerOutput, constrained: bool) -> LaunchedForward:
         self._raise_if_a_worker_exited()
         self.channel.send("execute", out.without_sampling())
-        return self.runner.execute(out, grammar)
+        return self.runner.launch_forward(out, constrained)
+
+    def launch_sampling(self, step: LaunchedForward, grammar: GrammarBitmasks | None = None) -> PendingOutput | None:
+        """Rank 0 samples (and sends the ids to the workers); rank 0's handle of the sampled ids."""
+        pending = self._guarded(lambda: self.runner.launch_sampling(step, grammar))
+        return None if pending is None else _GuardedOutput(self, pending)
 
     def check_workers(self) -> None:
         """RuntimeError naming the first worker that has exited, after stopping the others; for an

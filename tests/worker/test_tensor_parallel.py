@@ -19,7 +19,7 @@ import torch.distributed as dist
 from conftest import NEAR_TIE, gaps_where_greedy_diverges
 from safetensors.torch import load_file, save_file
 
-from nanovllm import LLM, SamplingParams
+from nanovllm import LLM, SamplingParams, StructuredOutputsParams
 from nanovllm.config import Config
 from nanovllm.core.scheduler_output import SchedulerOutput
 from nanovllm.worker.tensor_parallel import channel_capacity
@@ -102,6 +102,20 @@ class TestTwoRanks:
         expected = token_ids(one.generate(random_prompts(1), params, use_tqdm=False))
         torch.manual_seed(3)
         assert token_ids(tp_qwen3.generate(random_prompts(1), params, use_tqdm=False)) == expected
+
+    def test_a_constrained_request_beside_free_ones_matches_one_rank(self, qwen3_dir, tp_qwen3):
+        # its steps launch rank 0's forward pass, read the step before back, then sample: the workers
+        # must not be waited for in between
+        pytest.importorskip("xgrammar")
+        choice = SamplingParams(
+            temperature=0.0, max_tokens=8, structured_outputs=StructuredOutputsParams(choice=["w5", "w7"])
+        )
+        params = [GREEDY, choice, GREEDY]
+        prompts = random_prompts()[1:4]
+        expected = LLM(qwen3_dir, **ENGINE).generate(prompts, params, use_tqdm=False)
+        outputs = tp_qwen3.generate(prompts, params, use_tqdm=False)
+        assert token_ids(outputs) == token_ids(expected)
+        assert outputs[1].outputs[0].text.strip() in ("w5", "w7") and outputs[1].outputs[0].finish_reason == "stop"
 
     def test_a_second_split_engine_in_the_same_process_is_refused(self, qwen3_dir, tp_qwen3):
         with pytest.raises(RuntimeError, match="another engine with tensor_parallel_size > 1 is running"):
