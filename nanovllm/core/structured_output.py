@@ -71,20 +71,20 @@ def grammar_vocabulary(tokenizer, vocab_size: int, stop_token_ids: tuple[int, ..
 @dataclass
 class GrammarBitmasks:
     """The constrained rows among a step's `num_rows` sampling rows, and their matchers; `fill()` writes
-    their allowed tokens (run while the device computes the step's forward pass)."""
+    their allowed tokens (run while the device computes the step's forward pass), the rows on several
+    threads (`filler`, an xgrammar BatchGrammarMatcher)."""
 
     num_rows: int
     rows: list[int]
     matchers: list
     vocab_size: int
+    filler: object
 
     def fill(self) -> "torch.Tensor":
         """[num_rows, ceil(vocab / 32)] int32, a row per sampling row: bit j of word w allows token
         32 w + j; the rows of unconstrained requests allow everything."""
-        xgr = _xgrammar()
-        bitmask = xgr.allocate_token_bitmask(self.num_rows, self.vocab_size)
-        for row, matcher in zip(self.rows, self.matchers):
-            matcher.fill_next_token_bitmask(bitmask, row)
+        bitmask = _xgrammar().allocate_token_bitmask(self.num_rows, self.vocab_size)
+        self.filler.batch_fill_next_token_bitmask(self.matchers, bitmask, indices=self.rows)
         return bitmask
 
 
@@ -94,6 +94,7 @@ class StructuredOutputs:
     def __init__(self, vocabulary):
         self.vocabulary = vocabulary
         self._compiler = None
+        self._filler = None  # fills many rows' masks on several threads
         self._matchers: dict[str, object] = {}
 
     def add(self, request_id: str, spec: StructuredOutputsParams) -> None:
@@ -103,6 +104,7 @@ class StructuredOutputs:
         xgr = _xgrammar()
         if self._compiler is None:
             self._compiler = xgr.GrammarCompiler(self.vocabulary)
+            self._filler = xgr.BatchGrammarMatcher()
         self._matchers[request_id] = xgr.GrammarMatcher(self._compiler.compile_grammar(grammar_of(spec)))
 
     def remove(self, request_id: str) -> None:
@@ -135,6 +137,7 @@ class StructuredOutputs:
             rows,
             [self._matchers[sampled_req_ids[row]] for row in rows],
             self.vocabulary.vocab_size,
+            self._filler,
         )
 
 
