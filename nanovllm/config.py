@@ -180,6 +180,7 @@ class Config:
             )
         self.hf_config, self.model_config = self._load_model_config()
         self.context_len = self._resolve_max_model_len()
+        self._check_sliding_window()
         self.token_budget = self._resolve_token_budget()
         if not self.enable_chunked_prefill and self.token_budget < self.context_len:
             raise ValueError(
@@ -349,6 +350,15 @@ class Config:
                 "that is a multiple of 256 (flash-attn's paged layout)"
             )
         return name
+
+    def _check_sliding_window(self) -> None:
+        window = self.model_config.sliding_window
+        if window is not None and self.context_len > window:
+            raise ValueError(
+                f"the model attends over a sliding window of {window} tokens, which this engine does not "
+                f"implement: within the window it equals full attention, so set max_model_len <= {window} "
+                f"(it is {self.context_len})"
+            )
 
     def _check_generation_config(self) -> None:
         if self.generation_config in ("auto", "vllm"):

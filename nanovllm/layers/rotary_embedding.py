@@ -22,20 +22,60 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     return torch.where(is_medium, blended, scaled)
 
 
+def _yarn_inv_freq(inv_freq: torch.Tensor, head_dim: int, params: dict) -> torch.Tensor:
+    # YaRN: frequencies that turn many times within the original context keep their value
+    # (extrapolation), those that turn less than once are divided by `factor` (interpolation), and a
+    # linear ramp over the dimensions in between blends the two.
+    base, factor = params["rope_theta"], params["factor"]
+    old_len = params["original_max_position_embeddings"]
+    fast, slow = params.get("beta_fast") or 32, params.get("beta_slow") or 1
+
+    def dimension(rotations: float) -> float:  # the dimension that turns `rotations` times in old_len
+        return head_dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = dimension(fast), dimension(slow)
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    high = high + 0.001 if high == low else high
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    return inv_freq / factor * ramp + inv_freq * (1 - ramp)
+
+
+def _yarn_attention_factor(params: dict) -> float:
+    """YaRN's scale on cos and sin, which sharpens attention at long range: 0.1 ln(factor) + 1 unless given."""
+    if params.get("attention_factor") is not None:
+        return params["attention_factor"]
+
+    def mscale(scale: float) -> float:
+        return 1.0 if params["factor"] <= 1 else 0.1 * scale * math.log(params["factor"]) + 1.0
+
+    if params.get("mscale") and params.get("mscale_all_dim"):
+        return mscale(params["mscale"]) / mscale(params["mscale_all_dim"])
+    return mscale(1.0)
+
+
 class RotaryEmbedding(nn.Module):
     """Applies rotary embedding to q and k at given positions."""
 
     def __init__(self, head_dim: int, max_position: int, params: dict):
-        """`params`: ModelConfig.rope_parameters (rope_type 'default' or 'llama3', rope_theta, llama3's scaling)."""
+        """`params`: ModelConfig.rope_parameters (rope_type 'default', 'linear', 'llama3' or 'yarn', rope_theta,
+        the type's scaling keys)."""
         super().__init__()
         exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
         inv_freq = 1.0 / (params["rope_theta"] ** exponents)
-        if params["rope_type"] == "llama3":
+        scale = 1.0
+        if params["rope_type"] == "linear":
+            inv_freq = inv_freq / params["factor"]  # positions divided by the factor
+        elif params["rope_type"] == "llama3":
             inv_freq = _llama3_inv_freq(inv_freq, params)
+        elif params["rope_type"] == "yarn":
+            inv_freq, scale = _yarn_inv_freq(inv_freq, head_dim, params), _yarn_attention_factor(params)
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float), inv_freq)
         angles = torch.cat((freqs, freqs), dim=-1)
         # cos_sin: [max_position, 2, head_dim], fp32; cast at use like the reference does
-        self.register_buffer("cos_sin", torch.stack((angles.cos(), angles.sin()), dim=1), persistent=False)
+        cos_sin = torch.stack((angles.cos() * scale, angles.sin() * scale), dim=1)
+        self.register_buffer("cos_sin", cos_sin, persistent=False)
 
     def forward(
         self,

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 # architecture -> "module:class"
 MODEL_REGISTRY: dict[str, str] = {
     "LlamaForCausalLM": "nanovllm.models.llama:LlamaForCausalLM",
+    "MistralForCausalLM": "nanovllm.models.mistral:MistralForCausalLM",
+    "Qwen2ForCausalLM": "nanovllm.models.qwen2:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "nanovllm.models.qwen3:Qwen3ForCausalLM",
 }
 

@@ -29,11 +29,16 @@ class AttentionBlock(nn.Module):
         self.head_dim = config.head_dim
         self.num_heads = config.num_attention_heads // tp_size()
         self.num_kv_heads = config.num_key_value_heads // tp_size()
-        bias = config.attention_bias
         self.qkv_proj = QKVParallelLinear(
-            config.hidden_size, self.head_dim, config.num_attention_heads, config.num_key_value_heads, bias=bias
+            config.hidden_size,
+            self.head_dim,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            bias=config.qkv_bias,
         )
-        self.o_proj = RowParallelLinear(config.num_attention_heads * self.head_dim, config.hidden_size, bias=bias)
+        self.o_proj = RowParallelLinear(
+            config.num_attention_heads * self.head_dim, config.hidden_size, bias=config.o_proj_bias
+        )
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         rotary = RotaryEmbedding(self.head_dim, config.max_position_embeddings, config.rope_parameters)

@@ -11,9 +11,9 @@ This module imports neither torch nor transformers.
 
 from dataclasses import dataclass, field
 
-# Family defaults: transformers' LlamaConfig / Qwen3Config values for fields a config.json may leave out.
-# head_dim None means hidden_size // num_attention_heads; num_key_value_heads None means
-# num_attention_heads.
+# Family defaults: the values of transformers' config class of each family for fields a config.json may
+# leave out. head_dim None means hidden_size // num_attention_heads; num_key_value_heads None means
+# num_attention_heads; qkv_bias None means attention_bias (which then also puts a bias on o_proj).
 _LLAMA_DEFAULTS = dict(
     vocab_size=32000,
     hidden_size=4096,
@@ -30,9 +30,27 @@ _LLAMA_DEFAULTS = dict(
     hidden_act="silu",
     tie_word_embeddings=False,
     qk_norm=False,
+    qkv_bias=None,
+    sliding_window=None,
 )
 _FAMILY_DEFAULTS = {
     "LlamaForCausalLM": _LLAMA_DEFAULTS,
+    # Mistral: Llama's layers; v0.1 attends over a 4096-token sliding window, later versions say null
+    "MistralForCausalLM": {
+        **_LLAMA_DEFAULTS,
+        "intermediate_size": 14336,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 131072,
+        "sliding_window": 4096,
+    },
+    # Qwen2 / Qwen2.5: a bias on q, k and v (none on o_proj)
+    "Qwen2ForCausalLM": {
+        **_LLAMA_DEFAULTS,
+        "vocab_size": 151936,
+        "intermediate_size": 22016,
+        "max_position_embeddings": 32768,
+        "qkv_bias": True,
+    },
     # Qwen3: RMSNorm on each head's q and k before rotary
     "Qwen3ForCausalLM": {
         **_LLAMA_DEFAULTS,
@@ -44,8 +62,14 @@ _FAMILY_DEFAULTS = {
     },
 }
 _SUPPORTED_ACTIVATIONS = ("silu",)
-_SUPPORTED_ROPE_TYPES = ("default", "llama3")
-_LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+_SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+# the keys each rope type needs besides rope_theta
+_ROPE_KEYS = {
+    "default": (),
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": ("factor",),
+}
 
 
 @dataclass(frozen=True)
@@ -63,13 +87,15 @@ class ModelConfig:
     vocab_size: int
     max_position_embeddings: int
     rms_norm_eps: float
-    # at least rope_type ('default' or 'llama3') and rope_theta; llama3 also its scaling keys
+    # at least rope_type (one of _SUPPORTED_ROPE_TYPES) and rope_theta, and the keys the type needs
     rope_parameters: dict = field(hash=False)
-    attention_bias: bool
+    qkv_bias: bool  # a bias on the q, k and v projections
+    o_proj_bias: bool  # a bias on the attention's output projection
     mlp_bias: bool
     hidden_act: str
     tie_word_embeddings: bool
     qk_norm: bool  # RMSNorm on each q and k head before rotary (Qwen3)
+    sliding_window: int | None  # every layer attends over at most this many tokens (None: the whole sequence)
     dtype: str | None  # the checkpoint's dtype as torch names it ("bfloat16"), None if unsaid
     eos_token_id: int | tuple[int, ...] | None
 
@@ -104,6 +130,8 @@ class ModelConfig:
             )
         dtype = _get(hf_config, "dtype", None)
         eos = _get(hf_config, "eos_token_id", None)
+        attention_bias = bool(read("attention_bias"))
+        qkv_bias = defaults["qkv_bias"]
         return cls(
             architecture=architecture,
             architectures=architectures,
@@ -116,12 +144,17 @@ class ModelConfig:
             vocab_size=read("vocab_size"),
             max_position_embeddings=read("max_position_embeddings"),
             rms_norm_eps=read("rms_norm_eps"),
-            rope_parameters=_rope_parameters(hf_config, defaults["rope_theta"]),
-            attention_bias=bool(read("attention_bias")),
+            rope_parameters=_rope_parameters(hf_config, defaults["rope_theta"], read("max_position_embeddings")),
+            qkv_bias=attention_bias if qkv_bias is None else qkv_bias,
+            o_proj_bias=attention_bias and qkv_bias is None,
             mlp_bias=bool(read("mlp_bias")),
             hidden_act=hidden_act,
             tie_word_embeddings=bool(read("tie_word_embeddings")),
             qk_norm=defaults["qk_norm"],
+            # a config that says null has no window: only one that leaves the field out takes the default
+            sliding_window=getattr(hf_config, "sliding_window", defaults["sliding_window"])
+            if defaults["sliding_window"]
+            else None,
             dtype=None if dtype is None else str(dtype).removeprefix("torch."),
             eos_token_id=tuple(eos) if isinstance(eos, (list, tuple)) else eos,
         )
@@ -133,9 +166,10 @@ def _get(hf_config, name: str, default):
     return default if value is None else value
 
 
-def _rope_parameters(hf_config, default_theta: float) -> dict:
+def _rope_parameters(hf_config, default_theta: float, max_position_embeddings: int) -> dict:
     """The rope settings as one dict with at least `rope_type` and `rope_theta`, whichever of
-    rope_parameters (transformers 5), rope_scaling and rope_theta the config holds them in."""
+    rope_parameters (transformers 5), rope_scaling and rope_theta the config holds them in; yarn's
+    original context is the model's when the config leaves it out."""
     params = dict(_get(hf_config, "rope_parameters", None) or _get(hf_config, "rope_scaling", None) or {})
     params.setdefault("rope_theta", _get(hf_config, "rope_theta", default_theta))
     params["rope_type"] = params.get("rope_type", params.get("type", "default"))
@@ -143,7 +177,11 @@ def _rope_parameters(hf_config, default_theta: float) -> dict:
         raise ValueError(
             f"rope_type {params['rope_type']!r} is not supported; supported: {', '.join(_SUPPORTED_ROPE_TYPES)}"
         )
-    missing = [k for k in _LLAMA3_ROPE_KEYS if k not in params] if params["rope_type"] == "llama3" else []
+    missing = [k for k in _ROPE_KEYS[params["rope_type"]] if params.get(k) is None]
     if missing:
-        raise ValueError(f"rope_type 'llama3' needs {', '.join(missing)} in the config's rope parameters")
+        raise ValueError(
+            f"rope_type {params['rope_type']!r} needs {', '.join(missing)} in the config's rope parameters"
+        )
+    if params["rope_type"] == "yarn" and params.get("original_max_position_embeddings") is None:
+        params["original_max_position_embeddings"] = max_position_embeddings
     return params

@@ -5,7 +5,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from transformers import AutoConfig, LlamaConfig, Qwen3Config
+from transformers import AutoConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 from nanovllm.config import Config
 from nanovllm.models import model_class
@@ -21,7 +21,8 @@ def test_fields_left_out_take_the_llama_family_defaults():
     assert (config.vocab_size, config.intermediate_size, config.num_hidden_layers) == (32000, 11008, 32)
     assert (config.max_position_embeddings, config.rms_norm_eps) == (2048, 1e-6)
     assert config.rope_parameters == {"rope_type": "default", "rope_theta": 10000.0}
-    assert not (config.attention_bias or config.mlp_bias or config.tie_word_embeddings or config.qk_norm)
+    assert not (config.qkv_bias or config.o_proj_bias or config.mlp_bias or config.tie_word_embeddings or config.qk_norm)
+    assert config.sliding_window is None
     assert config.hidden_act == "silu" and config.dtype is None and config.eos_token_id is None
 
 
@@ -32,9 +33,28 @@ def test_qwen3_family_defaults_include_its_head_dim_and_q_k_norm():
 
 
 def test_transformers_defaults_and_ours_agree():
-    for hf in (LlamaConfig(architectures=["LlamaForCausalLM"]), Qwen3Config(architectures=["Qwen3ForCausalLM"])):
+    for hf in (
+        LlamaConfig(architectures=["LlamaForCausalLM"]),
+        MistralConfig(architectures=["MistralForCausalLM"]),
+        Qwen2Config(architectures=["Qwen2ForCausalLM"]),
+        Qwen3Config(architectures=["Qwen3ForCausalLM"]),
+    ):
         family = ModelConfig.from_hf(SimpleNamespace(architectures=hf.architectures, eos_token_id=hf.eos_token_id))
         assert ModelConfig.from_hf(hf) == family
+
+
+def test_qwen2_has_a_bias_on_q_k_v_only_and_qwen3_llama_on_all_four_when_asked():
+    qwen2 = ModelConfig.from_hf(SimpleNamespace(architectures=["Qwen2ForCausalLM"]))
+    assert qwen2.qkv_bias and not qwen2.o_proj_bias
+    for arch in ("Qwen3ForCausalLM", "LlamaForCausalLM"):
+        config = ModelConfig.from_hf(SimpleNamespace(architectures=[arch], attention_bias=True))
+        assert config.qkv_bias and config.o_proj_bias
+
+
+def test_mistral_takes_its_window_unless_the_config_says_null():
+    assert ModelConfig.from_hf(SimpleNamespace(architectures=["MistralForCausalLM"])).sliding_window == 4096
+    config = ModelConfig.from_hf(SimpleNamespace(architectures=["MistralForCausalLM"], sliding_window=None))
+    assert config.sliding_window is None
 
 
 def test_head_dim_given_wins_over_hidden_over_heads():
@@ -85,7 +105,8 @@ def test_rope_theta_of_an_older_config_is_read():
     "fields, message",
     [
         ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported; only 'silu'"),
-        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}}, "rope_type 'yarn' is not supported"),
+        ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e6}}, "rope_type 'dynamic' is not supported"),
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}}, "rope_type 'yarn' needs factor"),
         (
             {"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e6, "factor": 8.0}},
             "rope_type 'llama3' needs low_freq_factor",
@@ -94,7 +115,8 @@ def test_rope_theta_of_an_older_config_is_read():
         ({"quantization_config": {"quant_method": "awq"}}, "quant_method 'awq'"),
         (
             {"architectures": ["MysteryForCausalLM"]},
-            r"unsupported architecture \['MysteryForCausalLM'\]; supported: LlamaForCausalLM, Qwen3ForCausalLM",
+            r"unsupported architecture \['MysteryForCausalLM'\]; supported: LlamaForCausalLM, MistralForCausalLM, "
+            r"Qwen2ForCausalLM, Qwen3ForCausalLM",
         ),
         ({"architectures": None}, r"unsupported architecture \(none in config.json\)"),
     ],

@@ -1,0 +1,100 @@
+"""Qwen2, Mistral, and the rotary scalings (linear, yarn): token-exact greedy against transformers' own
+class on a tiny random model of each, and the rotary tables against transformers' rotary embedding."""
+
+import random
+
+import pytest
+import torch
+from conftest import _common_config, save_tiny_tokenizer
+from hf_reference import hf_greedy
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+from nanovllm import LLM, SamplingParams
+from nanovllm.layers.rotary_embedding import RotaryEmbedding
+from nanovllm.models.model_config import ModelConfig
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+ENGINE = dict(kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=256)
+
+
+def save_model(path, config_class, model_class, randomize_biases: bool = False, **fields) -> str:
+    torch.manual_seed(0)
+    model = model_class(config_class(**{**_common_config(), **fields}))
+    if randomize_biases:  # transformers starts biases at zero, which would hide a bias left out
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias"):
+                parameter.data.normal_(0.0, 0.5)
+    model.to(torch.float32).save_pretrained(path)
+    save_tiny_tokenizer(path)
+    return str(path)
+
+
+def random_prompts(lengths, seed=0):
+    rng = random.Random(seed)
+    return [[rng.randrange(2, 512) for _ in range(n)] for n in lengths]
+
+
+def greedy(model_dir: str, prompts, **engine) -> list[list[int]]:
+    llm = LLM(model_dir, **{**ENGINE, **engine})
+    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    llm.close()
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+def test_qwen2_with_its_q_k_v_biases_matches_transformers(tmp_path):
+    model_dir = save_model(tmp_path / "qwen2", Qwen2Config, Qwen2ForCausalLM, randomize_biases=True)
+    prompts = random_prompts([3, 20, 45])
+    expected = hf_greedy(model_dir, prompts, GREEDY.max_tokens)
+    assert greedy(model_dir, prompts) == expected
+    # two ranks split the q, k and v biases with their heads
+    assert greedy(model_dir, prompts, tensor_parallel_size=2, device="cpu") == expected
+
+
+@pytest.mark.parametrize("window", [None, 96])
+def test_mistral_matches_transformers_within_its_window(tmp_path, window):
+    model_dir = save_model(tmp_path / "mistral", MistralConfig, MistralForCausalLM, sliding_window=window)
+    prompts = random_prompts([4, 30, 60])  # up to 84 tokens: inside a 96-token window
+    assert greedy(model_dir, prompts, max_model_len=96) == hf_greedy(model_dir, prompts, GREEDY.max_tokens)
+
+
+def test_a_context_longer_than_the_sliding_window_is_refused(tmp_path):
+    model_dir = save_model(tmp_path / "mistral", MistralConfig, MistralForCausalLM, sliding_window=96)
+    with pytest.raises(ValueError, match="sliding window of 96 tokens.*set max_model_len <= 96"):
+        LLM(model_dir, **ENGINE)
+
+
+SCALINGS = [
+    {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
+    {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32},
+    {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 8.0,
+        "original_max_position_embeddings": 64,
+        "beta_fast": 16,
+        "beta_slow": 2,
+        "truncate": False,
+        "mscale": 1.2,
+        "mscale_all_dim": 0.8,
+    },
+]
+
+
+@pytest.mark.parametrize("scaling", SCALINGS, ids=["linear", "yarn", "yarn-mscale"])
+def test_rotary_tables_equal_transformers_beyond_the_original_context(scaling):
+    hf = LlamaConfig(
+        **{**_common_config(max_positions=512), "rope_parameters": dict(scaling), "architectures": ["LlamaForCausalLM"]}
+    )
+    ours = RotaryEmbedding(16, 512, ModelConfig.from_hf(hf).rope_parameters)
+    positions = torch.arange(512)
+    cos, sin = LlamaRotaryEmbedding(hf)(torch.zeros(1, 512, 16), positions[None])
+    torch.testing.assert_close(ours.cos_sin[:, 0], cos[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours.cos_sin[:, 1], sin[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("scaling", SCALINGS[:2], ids=["linear", "yarn"])
+def test_scaled_rotary_models_match_transformers_past_the_original_context(tmp_path, scaling):
+    model_dir = save_model(tmp_path / "llama", LlamaConfig, LlamaForCausalLM, rope_parameters=dict(scaling))
+    prompts = random_prompts([10, 50])  # positions up to 73, past yarn's original 32
+    assert greedy(model_dir, prompts) == hf_greedy(model_dir, prompts, GREEDY.max_tokens)
