@@ -21,7 +21,9 @@ def test_fields_left_out_take_the_llama_family_defaults():
     assert (config.vocab_size, config.intermediate_size, config.num_hidden_layers) == (32000, 11008, 32)
     assert (config.max_position_embeddings, config.rms_norm_eps) == (2048, 1e-6)
     assert config.rope_parameters == {"rope_type": "default", "rope_theta": 10000.0}
-    assert not (config.qkv_bias or config.o_proj_bias or config.mlp_bias or config.tie_word_embeddings or config.qk_norm)
+    assert not (
+        config.qkv_bias or config.o_proj_bias or config.mlp_bias or config.tie_word_embeddings or config.qk_norm
+    )
     assert config.sliding_window is None
     assert config.hidden_act == "silu" and config.dtype is None and config.eos_token_id is None
 
