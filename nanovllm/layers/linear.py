@@ -100,14 +100,19 @@ class FusedColumnParallelLinear(ColumnParallelLinear):
         self.shard_sizes = shard_sizes
 
     def weight_loader(self, param: nn.Parameter, loaded, shard_id=None) -> None:
-        offset = 0
+        """Load one shard's checkpoint tensor, or with `shard_id` None a checkpoint tensor that holds every
+        shard one after another (Phi-3 stores q|k|v and gate|up so): each shard's slice for this rank."""
+        offset, start = 0, 0  # where each shard begins in this rank's weight, and in the whole fused tensor
         for sid, full_size in self.shard_sizes.items():
             size = full_size // self.tp_size
-            if sid == shard_id:
-                param.data.narrow(0, offset, size).copy_(shard(loaded, 0, self.tp_rank * size, size))
-                return
-            offset += size
-        raise KeyError(f"unknown shard {shard_id!r}; expected one of {list(self.shard_sizes)}")
+            if shard_id is None or sid == shard_id:
+                source = (start if shard_id is None else 0) + self.tp_rank * size
+                param.data.narrow(0, offset, size).copy_(shard(loaded, 0, source, size))
+                if shard_id is not None:
+                    return
+            offset, start = offset + size, start + full_size
+        if shard_id is not None:
+            raise KeyError(f"unknown shard {shard_id!r}; expected one of {list(self.shard_sizes)}")
 
 
 class MergedColumnParallelLinear(FusedColumnParallelLinear):

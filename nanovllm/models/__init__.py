@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 MODEL_REGISTRY: dict[str, str] = {
     "LlamaForCausalLM": "nanovllm.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "nanovllm.models.mistral:MistralForCausalLM",
+    "Phi3ForCausalLM": "nanovllm.models.phi3:Phi3ForCausalLM",
     "Qwen2ForCausalLM": "nanovllm.models.qwen2:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "nanovllm.models.qwen3:Qwen3ForCausalLM",
 }

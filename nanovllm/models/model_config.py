@@ -43,6 +43,15 @@ _FAMILY_DEFAULTS = {
         "max_position_embeddings": 131072,
         "sliding_window": 4096,
     },
+    # Phi-3 / Phi-4: Llama's layers, with q|k|v and gate|up stored fused in the checkpoint
+    "Phi3ForCausalLM": {
+        **_LLAMA_DEFAULTS,
+        "vocab_size": 32064,
+        "hidden_size": 3072,
+        "intermediate_size": 8192,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5,
+    },
     # Qwen2 / Qwen2.5: a bias on q, k and v (none on o_proj)
     "Qwen2ForCausalLM": {
         **_LLAMA_DEFAULTS,
@@ -61,6 +70,9 @@ _FAMILY_DEFAULTS = {
         "qk_norm": True,
     },
 }
+# families whose every layer attends over `sliding_window` tokens when the config sets it (Qwen2 and
+# Qwen3 only with use_sliding_window, which is refused)
+_WINDOWED = ("MistralForCausalLM", "Phi3ForCausalLM")
 _SUPPORTED_ACTIVATIONS = ("silu",)
 _SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 # the keys each rope type needs besides rope_theta
@@ -153,7 +165,7 @@ class ModelConfig:
             qk_norm=defaults["qk_norm"],
             # a config that says null has no window: only one that leaves the field out takes the default
             sliding_window=getattr(hf_config, "sliding_window", defaults["sliding_window"])
-            if defaults["sliding_window"]
+            if architecture in _WINDOWED
             else None,
             dtype=None if dtype is None else str(dtype).removeprefix("torch."),
             eos_token_id=tuple(eos) if isinstance(eos, (list, tuple)) else eos,
@@ -181,6 +193,11 @@ def _rope_parameters(hf_config, default_theta: float, max_position_embeddings: i
     if missing:
         raise ValueError(
             f"rope_type {params['rope_type']!r} needs {', '.join(missing)} in the config's rope parameters"
+        )
+    partial = params.get("partial_rotary_factor", _get(hf_config, "partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise ValueError(
+            f"partial_rotary_factor {partial} is not supported: the rotary kernels turn every dimension of a head"
         )
     if params["rope_type"] == "yarn" and params.get("original_max_position_embeddings") is None:
         params["original_max_position_embeddings"] = max_position_embeddings

@@ -1,5 +1,5 @@
-"""Qwen2, Mistral, and the rotary scalings (linear, yarn): token-exact greedy against transformers' own
-class on a tiny random model of each, and the rotary tables against transformers' rotary embedding."""
+"""Qwen2, Mistral, Phi-3 and the rotary scalings (linear, yarn): token-exact greedy against transformers'
+own class on a tiny random model of each, and the rotary tables against transformers' rotary embedding."""
 
 import random
 
@@ -7,7 +7,16 @@ import pytest
 import torch
 from conftest import _common_config, save_tiny_tokenizer
 from hf_reference import hf_greedy
-from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from nanovllm import LLM, SamplingParams
@@ -56,6 +65,23 @@ def test_mistral_matches_transformers_within_its_window(tmp_path, window):
     model_dir = save_model(tmp_path / "mistral", MistralConfig, MistralForCausalLM, sliding_window=window)
     prompts = random_prompts([4, 30, 60])  # up to 84 tokens: inside a 96-token window
     assert greedy(model_dir, prompts, max_model_len=96) == hf_greedy(model_dir, prompts, GREEDY.max_tokens)
+
+
+def test_phi3_from_its_fused_q_k_v_and_gate_up_tensors_matches_transformers(tmp_path):
+    model_dir = save_model(tmp_path / "phi3", Phi3Config, Phi3ForCausalLM)
+    prompts = random_prompts([3, 20, 45])
+    expected = hf_greedy(model_dir, prompts, GREEDY.max_tokens)
+    assert greedy(model_dir, prompts) == expected
+    # two ranks each take their heads' slices of q, k and v (and of gate and up) from the fused tensors
+    assert greedy(model_dir, prompts, tensor_parallel_size=2, device="cpu") == expected
+
+
+def test_a_partial_rotary_factor_is_refused(tmp_path):
+    model_dir = save_model(
+        tmp_path / "phi3", Phi3Config, Phi3ForCausalLM, partial_rotary_factor=0.75, architectures=["Phi3ForCausalLM"]
+    )
+    with pytest.raises(ValueError, match="partial_rotary_factor 0.75 is not supported"):
+        LLM(model_dir, **ENGINE)
 
 
 def test_a_context_longer_than_the_sliding_window_is_refused(tmp_path):
