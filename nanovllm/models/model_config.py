@@ -194,7 +194,7 @@ def _rope_parameters(hf_config, default_theta: float, max_position_embeddings: i
         raise ValueError(
             f"rope_type {params['rope_type']!r} needs {', '.join(missing)} in the config's rope parameters"
         )
-    partial = params.get("partial_rotary_factor", _get(hf_config, "partial_rotary_factor", 1.0))
+    partial = params.pop("partial_rotary_factor", None) or _get(hf_config, "partial_rotary_factor", 1.0)
     if partial != 1.0:
         raise ValueError(
             f"partial_rotary_factor {partial} is not supported: the rotary kernels turn every dimension of a head"

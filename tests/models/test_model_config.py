@@ -5,7 +5,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from transformers import AutoConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+from transformers import AutoConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
 
 from nanovllm.config import Config
 from nanovllm.models import model_class
@@ -38,6 +38,7 @@ def test_transformers_defaults_and_ours_agree():
     for hf in (
         LlamaConfig(architectures=["LlamaForCausalLM"]),
         MistralConfig(architectures=["MistralForCausalLM"]),
+        Phi3Config(architectures=["Phi3ForCausalLM"]),
         Qwen2Config(architectures=["Qwen2ForCausalLM"]),
         Qwen3Config(architectures=["Qwen3ForCausalLM"]),
     ):
@@ -55,6 +56,8 @@ def test_qwen2_has_a_bias_on_q_k_v_only_and_qwen3_llama_on_all_four_when_asked()
 
 def test_mistral_takes_its_window_unless_the_config_says_null():
     assert ModelConfig.from_hf(SimpleNamespace(architectures=["MistralForCausalLM"])).sliding_window == 4096
+    phi3 = SimpleNamespace(architectures=["Phi3ForCausalLM"], sliding_window=2047)
+    assert ModelConfig.from_hf(phi3).sliding_window == 2047
     config = ModelConfig.from_hf(SimpleNamespace(architectures=["MistralForCausalLM"], sliding_window=None))
     assert config.sliding_window is None
 
@@ -118,7 +121,7 @@ def test_rope_theta_of_an_older_config_is_read():
         (
             {"architectures": ["MysteryForCausalLM"]},
             r"unsupported architecture \['MysteryForCausalLM'\]; supported: LlamaForCausalLM, MistralForCausalLM, "
-            r"Qwen2ForCausalLM, Qwen3ForCausalLM",
+            r"Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM",
         ),
         ({"architectures": None}, r"unsupported architecture \(none in config.json\)"),
     ],
