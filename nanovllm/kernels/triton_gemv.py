@@ -26,6 +26,10 @@ inputs that stay in cache (a launch costs more than the redundant arithmetic):
   two; the normalised values are not rounded to the dtype in between.
 - SILU_MUL: x = SiLU(gate) * up, from gate_up [2K] = gate | up, rounded to the
   dtype like `layers/activation.py`'s.
+
+A bias b [N], when given, is added to the fp32 sums before they are rounded to
+the dtype (the epilogue HAS_BIAS): biased layers (Qwen2's q, k, v) keep the
+one-launch path.
 """
 
 import torch
@@ -90,6 +94,7 @@ def _gemv_kernel(
     r_ptr,
     g_ptr,
     w_ptr,
+    bias_ptr,
     y_ptr,
     h_ptr,
     N,
@@ -97,6 +102,7 @@ def _gemv_kernel(
     eps,
     PROLOGUE: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
@@ -123,6 +129,8 @@ def _gemv_kernel(
     y = tl.sum(acc, axis=1)
     if PROLOGUE == RMS_NORM:
         y = y * tl.rsqrt(tl.sum(squares, axis=0) / K + eps)
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + features, mask=feature_ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + features, y.to(y_ptr.dtype.element_ty), mask=feature_ok)
 
 
@@ -134,6 +142,7 @@ def _launch(
     norm_weight: torch.Tensor | None = None,
     eps: float = 0.0,
     out: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     n, k = weight.shape
     assert a.size(0) == 1 and a.stride(1) == 1 and weight.is_contiguous()
@@ -149,6 +158,7 @@ def _launch(
         residual if residual is not None else a,
         norm_weight if norm_weight is not None else a,
         weight,
+        bias if bias is not None else weight,
         y,
         h if h is not None else y,
         n,
@@ -156,6 +166,7 @@ def _launch(
         eps,
         PROLOGUE=prologue.value,
         HAS_RESIDUAL=residual is not None,
+        HAS_BIAS=bias is not None,
         BLOCK_N=block_n,
         BLOCK_K=min(block_k, triton.next_power_of_2(k)),
         num_warps=4,
@@ -164,27 +175,34 @@ def _launch(
     return y, h
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight^T for a single row x, written to `out` when given."""
-    # x: [1, K]; weight: [N, K] -> [1, N]
+def gemv(
+    x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x @ weight^T (+ bias) for a single row x, written to `out` when given."""
+    # x: [1, K]; weight: [N, K]; bias: [N] -> [1, N]
     assert x.shape == (1, weight.size(1))
-    return _launch(x, weight, PLAIN, out=out)[0]
+    return _launch(x, weight, PLAIN, out=out, bias=bias)[0]
 
 
 def rms_norm_gemv(
-    x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """RMSNorm(x + residual) @ weight^T for a single row, and x + residual (x itself without a
+    """RMSNorm(x + residual) @ weight^T (+ bias) for a single row, and x + residual (x itself without a
     residual): a pre-norm block's norm and first projection in one launch."""
-    # x, residual: [1, K]; norm_weight: [K]; weight: [N, K] -> [1, N], [1, K]
+    # x, residual: [1, K]; norm_weight: [K]; weight: [N, K]; bias: [N] -> [1, N], [1, K]
     assert x.shape == (1, weight.size(1)) and (residual is None or residual.is_contiguous())
-    y, h = _launch(x, weight, RMS_NORM, residual, norm_weight, eps)
+    y, h = _launch(x, weight, RMS_NORM, residual, norm_weight, eps, bias=bias)
     return y, x if h is None else h
 
 
-def silu_mul_gemv(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """(SiLU(gate) * up) @ weight^T for a single row gate_up = gate | up: an MLP's activation and
+def silu_mul_gemv(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """(SiLU(gate) * up) @ weight^T (+ bias) for a single row gate_up = gate | up: an MLP's activation and
     down projection in one launch."""
-    # gate_up: [1, 2K]; weight: [N, K] -> [1, N]
+    # gate_up: [1, 2K]; weight: [N, K]; bias: [N] -> [1, N]
     assert gate_up.shape == (1, 2 * weight.size(1))
-    return _launch(gate_up, weight, SILU_MUL)[0]
+    return _launch(gate_up, weight, SILU_MUL, bias=bias)[0]

@@ -37,10 +37,10 @@ class NormedProjection:
         if not self.rms_norm:
             residual = x if residual is None else x + residual
             return proj(norm(residual)), residual
-        if uses_gemv(x, proj.bias):
+        if uses_gemv(x):
             from nanovllm.kernels.triton_gemv import rms_norm_gemv  # Triton is needed on CUDA only
 
-            return rms_norm_gemv(x, residual, norm.weight, norm.eps, proj.weight)
+            return rms_norm_gemv(x, residual, norm.weight, norm.eps, proj.weight, proj.bias)
         if residual is None:
             return proj(norm(x)), x
         x, residual = norm(x, residual)
@@ -58,8 +58,8 @@ class GatedProjection:
     def __call__(self, gate_up: torch.Tensor) -> torch.Tensor:
         # gate_up: [tokens, 2 * in] -> [tokens, out]
         proj = self.proj
-        if self.silu and uses_gemv(gate_up, proj.rank_bias()):
+        if self.silu and uses_gemv(gate_up):
             from nanovllm.kernels.triton_gemv import silu_mul_gemv  # Triton is needed on CUDA only
 
-            return proj.all_reduce(silu_mul_gemv(gate_up, proj.weight))
+            return proj.all_reduce(silu_mul_gemv(gate_up, proj.weight, proj.rank_bias()))
         return proj(self.act_and_mul(gate_up))

@@ -23,10 +23,10 @@ def divide(numerator: int, denominator: int, what: str) -> int:
     return numerator // denominator
 
 
-def uses_gemv(x: torch.Tensor, bias: torch.Tensor | None) -> bool:
+def uses_gemv(x: torch.Tensor) -> bool:
     """Whether x W^T (+ bias) goes through the Triton GEMV: a single row on CUDA (a one-sequence decode
-    step) without bias, where it reads W faster than cuBLAS does for products of a decoder layer's size."""
-    return x.is_cuda and x.size(0) == 1 and bias is None
+    step), where it reads W faster than cuBLAS does for products of a decoder layer's size."""
+    return x.is_cuda and x.size(0) == 1
 
 
 def linear(
@@ -34,10 +34,10 @@ def linear(
 ) -> torch.Tensor:
     """x W^T (+ b); a single row on CUDA through the Triton GEMV; written to `out` when given."""
     # x: [tokens, in]; weight: [out, in] -> [tokens, out]
-    if uses_gemv(x, bias):
+    if uses_gemv(x):
         from nanovllm.kernels.triton_gemv import gemv  # Triton is needed on CUDA only
 
-        return gemv(x, weight, out)
+        return gemv(x, weight, out, bias)
     if out is None:
         return F.linear(x, weight, bias)
     return torch.mm(x, weight.T, out=out) if bias is None else torch.addmm(bias, x, weight.T, out=out)

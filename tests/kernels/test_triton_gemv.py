@@ -32,6 +32,27 @@ def test_equals_torch_matmul(shape, dtype):
     torch.testing.assert_close(gemv(x, weight), want, atol=tolerance, rtol=tolerance)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_each_product_adds_its_bias_before_rounding(dtype):
+    torch.manual_seed(4)
+    features, inputs = SHAPES[0]
+    x = torch.randn(1, inputs, device=DEVICE, dtype=dtype)
+    gate_up = torch.randn(1, 2 * inputs, device=DEVICE, dtype=dtype)
+    norm_weight = torch.rand(inputs, device=DEVICE, dtype=dtype) + 0.5
+    weight = torch.randn(features, inputs, device=DEVICE, dtype=dtype) / inputs**0.5
+    bias = torch.randn(features, device=DEVICE, dtype=dtype)
+    gate, up = gate_up.double().chunk(2, dim=-1)
+    normed = rms_norm(x, norm_weight, 1e-6).double()
+    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    for got, product in (
+        (gemv(x, weight, bias=bias), x.double()),
+        (rms_norm_gemv(x, None, norm_weight, 1e-6, weight, bias)[0], normed),
+        (silu_mul_gemv(gate_up, weight, bias), torch.nn.functional.silu(gate) * up),
+    ):
+        want = (product @ weight.double().T + bias.double()).to(dtype)
+        torch.testing.assert_close(got, want, atol=tolerance, rtol=tolerance)
+
+
 def test_writes_into_the_row_it_is_given():
     # the LM head of a decode graph writes its logits into one buffer the graphs share
     torch.manual_seed(3)

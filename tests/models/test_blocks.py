@@ -15,18 +15,17 @@ from nanovllm.layers.layernorm import RMSNorm  # noqa: E402
 from nanovllm.models.blocks import DecoderLayer, GatedMLP  # noqa: E402
 from nanovllm.models.model_config import ModelConfig  # noqa: E402
 
-CONFIG = ModelConfig.from_hf(
-    SimpleNamespace(
-        architectures=["Qwen3ForCausalLM"],
-        hidden_size=64,
-        intermediate_size=96,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        num_hidden_layers=1,
-        max_position_embeddings=64,
-    )
+CONFIG_FIELDS = SimpleNamespace(
+    architectures=["Qwen3ForCausalLM"],
+    hidden_size=64,
+    intermediate_size=96,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_hidden_layers=1,
+    max_position_embeddings=64,
 )
+CONFIG = ModelConfig.from_hf(CONFIG_FIELDS)
 
 
 @pytest.fixture
@@ -45,7 +44,7 @@ def launches(monkeypatch):
 
     for name in counts:
         monkeypatch.setattr(triton_gemv, name, counting(name))
-    monkeypatch.setattr(fused_projection, "uses_gemv", lambda x, bias: x.size(0) == 1 and bias is None)
+    monkeypatch.setattr(fused_projection, "uses_gemv", lambda x: x.size(0) == 1)
     return counts
 
 
@@ -89,6 +88,21 @@ def test_a_norm_without_a_fused_kernel_takes_the_plain_path(launches):
     assert launches["rms_norm_gemv"] == 0 and launches["silu_mul_gemv"] == 1
     torch.testing.assert_close(y, plain_mlp(mlp, norm, x, residual), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(next_residual, x + residual, atol=0, rtol=0)
+
+
+def test_a_biased_projection_keeps_the_fused_kernels_and_adds_its_bias(launches):
+    config = ModelConfig.from_hf(SimpleNamespace(**{**vars(CONFIG_FIELDS), "mlp_bias": True}))
+    norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+    torch.manual_seed(0)
+    mlp = GatedMLP(config, norm)
+    for p in [*mlp.parameters(), *norm.parameters()]:
+        p.data.uniform_(-0.5, 0.5)
+    x, residual = torch.randn(1, 64), torch.randn(1, 64)
+    y, _ = mlp(x, residual)
+    assert launches == {"rms_norm_gemv": 1, "silu_mul_gemv": 1}
+    gate, up = (norm(x + residual) @ mlp.gate_up_proj.weight.T + mlp.gate_up_proj.bias).chunk(2, dim=-1)
+    want = (nn.functional.silu(gate) * up) @ mlp.down_proj.weight.T + mlp.down_proj.bias
+    torch.testing.assert_close(y, want, atol=1e-5, rtol=1e-5)
 
 
 def test_a_layer_owns_its_norms_under_the_checkpoint_names():
