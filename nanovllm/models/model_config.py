@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 # Family defaults: the values of transformers' config class of each family for fields a config.json may
 # leave out. head_dim None means hidden_size // num_attention_heads; num_key_value_heads None means
 # num_attention_heads; qkv_bias None means attention_bias (which then also puts a bias on o_proj).
+# `windowed` marks the families whose every layer attends over `sliding_window` tokens when the config
+# sets it (Qwen2 and Qwen3 only with use_sliding_window, which is refused).
 _LLAMA_DEFAULTS = dict(
     vocab_size=32000,
     hidden_size=4096,
@@ -31,6 +33,7 @@ _LLAMA_DEFAULTS = dict(
     tie_word_embeddings=False,
     qk_norm=False,
     qkv_bias=None,
+    windowed=False,
     sliding_window=None,
 )
 _FAMILY_DEFAULTS = {
@@ -41,6 +44,7 @@ _FAMILY_DEFAULTS = {
         "intermediate_size": 14336,
         "num_key_value_heads": 8,
         "max_position_embeddings": 131072,
+        "windowed": True,
         "sliding_window": 4096,
     },
     # Phi-3 / Phi-4: Llama's layers, with q|k|v and gate|up stored fused in the checkpoint
@@ -51,6 +55,7 @@ _FAMILY_DEFAULTS = {
         "intermediate_size": 8192,
         "max_position_embeddings": 4096,
         "rms_norm_eps": 1e-5,
+        "windowed": True,
     },
     # Qwen2 / Qwen2.5: a bias on q, k and v (none on o_proj)
     "Qwen2ForCausalLM": {
@@ -70,9 +75,6 @@ _FAMILY_DEFAULTS = {
         "qk_norm": True,
     },
 }
-# families whose every layer attends over `sliding_window` tokens when the config sets it (Qwen2 and
-# Qwen3 only with use_sliding_window, which is refused)
-_WINDOWED = ("MistralForCausalLM", "Phi3ForCausalLM")
 _SUPPORTED_ACTIVATIONS = ("silu",)
 _SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 # the keys each rope type needs besides rope_theta
@@ -165,7 +167,7 @@ class ModelConfig:
             qk_norm=defaults["qk_norm"],
             # a config that says null has no window: only one that leaves the field out takes the default
             sliding_window=getattr(hf_config, "sliding_window", defaults["sliding_window"])
-            if architecture in _WINDOWED
+            if defaults["windowed"]
             else None,
             dtype=None if dtype is None else str(dtype).removeprefix("torch."),
             eos_token_id=tuple(eos) if isinstance(eos, (list, tuple)) else eos,
