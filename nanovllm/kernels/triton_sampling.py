@@ -40,6 +40,7 @@ def _gumbel_max_chunk_kernel(
     logits_ptr,
     temperatures_ptr,
     seeds_ptr,
+    thresholds_ptr,
     best_score_ptr,
     best_index_ptr,
     vocab,
@@ -47,6 +48,7 @@ def _gumbel_max_chunk_kernel(
     NUM_CHUNKS: tl.constexpr,
     BLOCK: tl.constexpr,
     APPROX: tl.constexpr,
+    HAS_THRESHOLDS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -57,6 +59,8 @@ def _gumbel_max_chunk_kernel(
     seed = tl.load(seeds_ptr + row)
     wait_for_previous_kernel(PDL)  # for the logits
     x = tl.load(logits_ptr + row.to(tl.int64) * stride_row + offsets, mask=mask, other=0.0).to(tl.float32)
+    if HAS_THRESHOLDS:  # truncation: only logits at or above the row's threshold may be drawn
+        x = tl.where(x >= tl.load(thresholds_ptr + row), x, float("-inf"))
     score = x
     if temperature > 0:  # greedy rows draw no noise
         # u: [BLOCK], the four draws of counter c go to logits 4c .. 4c + 3 of the chunk
@@ -85,12 +89,18 @@ def _best_chunk_kernel(
 
 
 def gumbel_max_sample(
-    logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor, out: torch.Tensor | None = None
+    logits: torch.Tensor,
+    temperatures: torch.Tensor,
+    seeds: torch.Tensor,
+    out: torch.Tensor | None = None,
+    thresholds: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One token id per row: argmax where the temperature is 0, else a draw from softmax(logits / T)
-    with noise from the row's seed; written to `out` when given. The seeds are read on the device,
-    so a CUDA graph draws afresh at each replay when its seeds are refilled."""
-    # logits: [rows, vocab]; temperatures: [rows] (any float dtype); seeds: [rows] int64 -> [rows] int64
+    with noise from the row's seed, among the logits at or above the row's threshold when
+    `thresholds` are given (`truncation_thresholds`); written to `out` when given. The seeds are read
+    on the device, so a CUDA graph draws afresh at each replay when its seeds are refilled."""
+    # logits: [rows, vocab]; temperatures: [rows] (any float dtype); seeds: [rows] int64;
+    # thresholds: [rows] float32 -> [rows] int64
     rows, vocab = logits.shape
     assert logits.stride(1) == 1
     block = min(_BLOCK, max(4, triton.next_power_of_2(vocab)))  # four logits per draw
@@ -103,6 +113,7 @@ def gumbel_max_sample(
         logits,
         temperatures,
         seeds,
+        thresholds,
         best_score,
         best_index,
         vocab,
@@ -110,6 +121,7 @@ def gumbel_max_sample(
         NUM_CHUNKS=num_chunks,
         BLOCK=block,
         APPROX=compiled_for_gpu(logits.device),
+        HAS_THRESHOLDS=thresholds is not None,
         **pdl,
     )
     _best_chunk_kernel[(rows,)](
