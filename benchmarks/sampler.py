@@ -2,8 +2,9 @@
 
 Each row times `Sampler` on random logits [batch, vocab] (Qwen3's vocabulary by
 default) with one more feature switched on than the row before, so the
-difference between rows is what that feature costs. Runs on CUDA when there
-is a GPU, else on CPU.
+difference between rows is what that feature costs. On CUDA a last row times
+top-k 20 and top-p 0.95 drawn by threshold search instead of a sort
+(`kernels/triton_truncation.py`). Runs on CUDA when there is a GPU, else on CPU.
 
     .venv/bin/python benchmarks/sampler.py [--vocab 151936] [--batch 1 64 256] [--repeats 20]
 """
@@ -46,6 +47,19 @@ def settings(batch: int, vocab: int, device: torch.device) -> dict[str, Sampling
     return out
 
 
+def truncated_draw(logits: torch.Tensor) -> torch.Tensor:
+    """Temperature 0.6, top-k 20 and top-p 0.95 on every row, drawn on the device without a sort
+    (`truncation_thresholds`, then the Gumbel-max kernel among the logits at or above them)."""
+    from nanovllm.kernels.triton_sampling import gumbel_max_sample
+    from nanovllm.kernels.triton_truncation import truncation_thresholds
+
+    rows = logits.size(0)
+    full = lambda value, dtype=torch.float32: torch.full((rows,), value, dtype=dtype, device=logits.device)
+    temperatures = full(0.6)
+    thresholds = truncation_thresholds(logits, temperatures, full(20, torch.int64), full(0.95), full(0.0))
+    return gumbel_max_sample(logits, temperatures, full(7, torch.int64), thresholds=thresholds)
+
+
 def time_ms(fn, repeats: int, device: torch.device) -> float:
     fn()
     if device.type == "cuda":
@@ -75,6 +89,9 @@ def main() -> None:
             for label, tensors in settings(batch, args.vocab, device).items():
                 ms = time_ms(lambda: sampler(logits, tensors).token_ids.tolist(), args.repeats, device)
                 print(f"  {label:<48} {ms:8.3f}")
+            if device.type == "cuda":
+                ms = time_ms(lambda: truncated_draw(logits).tolist(), args.repeats, device)
+                print(f"  {'top_k 20, top_p 0.95 by threshold search':<48} {ms:8.3f}")
 
 
 if __name__ == "__main__":
