@@ -2,9 +2,10 @@
 
 Each row times `Sampler` on random logits [batch, vocab] (Qwen3's vocabulary by
 default) with one more feature switched on than the row before, so the
-difference between rows is what that feature costs. On CUDA a last row times
-top-k 20 and top-p 0.95 drawn by threshold search instead of a sort
-(`kernels/triton_truncation.py`). Runs on CUDA when there is a GPU, else on CPU.
+difference between rows is what that feature costs. Truncation and logprobs
+come first: on CUDA they are drawn by threshold search from the raw logits
+(`kernels/triton_truncation.py`); seeds and penalties then take the full
+sampler. Runs on CUDA when there is a GPU, else on CPU.
 
     .venv/bin/python benchmarks/sampler.py [--vocab 151936] [--batch 1 64 256] [--repeats 20]
 """
@@ -33,11 +34,13 @@ def settings(batch: int, vocab: int, device: torch.device) -> dict[str, Sampling
     steps = {
         "greedy (fast path)": None,
         "temperature": dict(temperatures=full(0.8)),
-        "+ min_p": dict(min_p=full(0.05)),
-        "+ top_k, top_p (one sort)": dict(top_k=full(50, torch.int64), top_p=full(0.9)),
-        "+ seeds on every row": dict(seeded_rows=rows, seeds=rows * 31, positions=full(1200, torch.int64)),
-        "+ penalties (1000 prompt, 200 output tokens)": dict(penalties=penalties),
         "+ logprobs=5": dict(num_logprobs=5),
+        "+ min_p": dict(min_p=full(0.05)),
+        "+ top_k 20, top_p 0.95": dict(top_k=full(20, torch.int64), top_p=full(0.95)),
+        "+ seeds on every row (full sampler)": dict(
+            seeded_rows=rows, seeds=rows * 31, positions=full(1200, torch.int64)
+        ),
+        "+ penalties (1000 prompt, 200 output tokens)": dict(penalties=penalties),
     }
     out, accumulated = {}, {}
     for name, extra in steps.items():
@@ -45,19 +48,6 @@ def settings(batch: int, vocab: int, device: torch.device) -> dict[str, Sampling
             accumulated.update(extra)
         out[name] = SamplingTensors(**accumulated) if extra is not None else None
     return out
-
-
-def truncated_draw(logits: torch.Tensor) -> torch.Tensor:
-    """Temperature 0.6, top-k 20 and top-p 0.95 on every row, drawn on the device without a sort
-    (`truncation_thresholds`, then the Gumbel-max kernel among the logits at or above them)."""
-    from nanovllm.kernels.triton_sampling import gumbel_max_sample
-    from nanovllm.kernels.triton_truncation import truncation_thresholds
-
-    rows = logits.size(0)
-    full = lambda value, dtype=torch.float32: torch.full((rows,), value, dtype=dtype, device=logits.device)
-    temperatures = full(0.6)
-    thresholds = truncation_thresholds(logits, temperatures, full(20, torch.int64), full(0.95), full(0.0))
-    return gumbel_max_sample(logits, temperatures, full(7, torch.int64), thresholds=thresholds)
 
 
 def time_ms(fn, repeats: int, device: torch.device) -> float:
@@ -89,9 +79,6 @@ def main() -> None:
             for label, tensors in settings(batch, args.vocab, device).items():
                 ms = time_ms(lambda: sampler(logits, tensors).token_ids.tolist(), args.repeats, device)
                 print(f"  {label:<48} {ms:8.3f}")
-            if device.type == "cuda":
-                ms = time_ms(lambda: truncated_draw(logits).tolist(), args.repeats, device)
-                print(f"  {'top_k 20, top_p 0.95 by threshold search':<48} {ms:8.3f}")
 
 
 if __name__ == "__main__":

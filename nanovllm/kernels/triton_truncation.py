@@ -1,363 +1,394 @@
-"""Triton kernels: each row's truncation threshold for min-p, top-k and top-p, found without a sort.
+"""Triton kernels: each row's truncation threshold for min-p, top-k and top-p, without sorting the vocabulary.
 
 Every truncation keeps an upper set of a row's logits, so one number says what
 a row keeps: its smallest kept logit, the threshold. The sampler then draws
-only among logits at or above it (`gumbel_max_sample(..., thresholds)`).
+only among logits at or above it (`gumbel_max_sample(..., thresholds)`). With m
+the row's largest logit, T its temperature and w(x) = exp((x - m) / T):
 
-- min-p keeps x >= m + T ln(min_p) (m the row's largest logit): that is a count
-  of logits, c, so min-p and top-k together keep the top min(k, c) logits.
-- top-k's threshold is the largest logit value t with count(x >= t) >= k
-  (logits tied with it are kept).
-- top-p, applied after them as vLLM does, is the largest value t with
-  mass(x >= t) >= p * mass(x >= the top-k threshold), where mass sums
-  exp((x - m) / T).
+- min-p keeps x >= m + T ln(min_p);
+- top-k keeps the logits at or above the k-th largest (logits tied with it too);
+- top-p, applied after them as vLLM does, keeps the fewest largest logits whose
+  w, summed, reaches p times the sum of w over what min-p and top-k keep.
 
-Both are found by the same search, over an order-preserving integer key of
-each logit (the float's bits, negative ones flipped, less the low bits that
-the logits' dtype leaves zero: 16 bits for bf16), so the answer is exact. A
-row keeps an interval [lo, hi) of keys with f(lo) >= target > f(hi); each pass
-reads the row once and totals f at `_PIVOTS` keys spread over the interval,
-then narrows it to the two neighbouring pivots: 17 times narrower per pass, 4
-passes for bf16 keys. A row whose interval is down to one key reads nothing.
-The number of passes is fixed by the dtype, so a CUDA graph captures them.
+What a row keeps is almost always a few dozen logits, so it is found among few
+candidates rather than by a sort of the vocabulary:
 
-Layout: logits [rows, vocab] (last dim contiguous); temperatures [rows] (0 =
-greedy: no truncation), top_k [rows] int64 (>= vocab: off), top_p [rows]
-float32 (1: off), min_p [rows] float32 (0: off). Grid (rows, chunks) for the
-passes over the logits, each program `_BLOCK` logits of one row; grid (rows,)
-for the steps that combine a row's chunks.
+1. `_chunk_stats_kernel` (rows x chunks): each chunk's largest logit and sum of
+   w, and the largest logit of each run of `_RUN` logits.
+2. `_lower_bound_kernel` (rows): the bound L, the k-th largest run maximum
+   (k = top-k, else `_BOUND_K`), raised to min-p's value where that is larger.
+   At least k logits are >= L, so top-k's threshold is >= L.
+3. `_gather_kernel` (rows x chunks): every logit >= L into a buffer of
+   `candidates` entries per row (value and index packed in one int64).
+4. `_select_kernel` (rows): the buffer sorted and each threshold read from it.
+   This is exact whenever the buffer holds every logit >= L and the kept set
+   lies within them.
+5. `_fallback_kernel` (rows): the rare rows where that fails (top-p alone over a
+   flat distribution, a top-k larger than the runs bound, more logits tied at L
+   than the buffer holds) find their threshold by bisection over the logits'
+   order keys, one read of the row per step; the other rows return at once.
+
+Every launch has a fixed grid, so a CUDA graph can capture the five. Layout:
+logits [rows, vocab] (last dim contiguous; bf16, fp16 or fp32); temperatures
+[rows] (0 = greedy: no truncation), top_k [rows] int64 (>= vocab: off), top_p
+[rows] float32 (1: off), min_p [rows] float32 (0: off).
 """
 
 import torch
 import triton
 import triton.language as tl
 
-_BLOCK = 1024
-_PIVOTS = 16
+_CHUNK = 2048  # logits per program of the passes over the vocabulary
+_RUN = 128  # logits per run whose maximum bounds top-k from below
+_BOUND_K = 256  # the bound for rows without top-k: top-p and min-p rarely keep more logits
+_CANDIDATES = 1024  # buffer entries per row
+_FALLBACK_BLOCK = 4096
 _LOG2E = tl.constexpr(1.4426950408889634)
 # low bits of a float32's pattern that are always zero for values of each dtype
 _ZERO_BITS = {torch.bfloat16: 16, torch.float16: 13, torch.float32: 0}
-_KEY_BITS = {torch.bfloat16: 16, torch.float16: 19, torch.float32: 32}
 
 
 @triton.jit
 def _order_key(x, ZERO_BITS: tl.constexpr):
-    """An int64 that orders as the float32 `x` does (negative patterns flipped), less its always-zero bits."""
+    """An int32 that orders as the float32 `x` does (negative patterns flipped), less its always-zero bits."""
     bits = x.to(tl.int32, bitcast=True)
-    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-    return (key >> ZERO_BITS).to(tl.int64)
+    return (bits ^ ((bits >> 31) & 0x7FFFFFFF)) >> ZERO_BITS
 
 
 @triton.jit
 def _key_value(key, ZERO_BITS: tl.constexpr):
     """The float32 whose `_order_key` is `key`."""
-    key32 = key.to(tl.int32)
-    low = tl.where(key32 < 0, (1 << ZERO_BITS) - 1, 0)  # a negative pattern's flipped zero bits
-    full = (key32 << ZERO_BITS) | low
-    bits = full ^ ((full >> 31) & 0x7FFFFFFF)
-    return bits.to(tl.float32, bitcast=True)
+    low = tl.where(key < 0, (1 << ZERO_BITS) - 1, 0)  # a negative pattern's flipped zero bits
+    full = (key << ZERO_BITS) | low
+    return (full ^ ((full >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _load_row_chunk(logits_ptr, row, chunk, vocab, stride_row, BLOCK: tl.constexpr):
-    offsets = chunk * BLOCK + tl.arange(0, BLOCK)
+def _settings(temperatures_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab):
+    """A row's temperature, top-k, top-p and min-p, and whether any of the three truncates."""
+    temperature = tl.load(temperatures_ptr + row).to(tl.float32)
+    top_k = tl.load(top_k_ptr + row)
+    top_p = tl.load(top_p_ptr + row)
+    min_p = tl.load(min_p_ptr + row)
+    truncates = (temperature > 0) & ((top_k < vocab) | (top_p < 1) | (min_p > 0))
+    return temperature, top_k, top_p, min_p, truncates
+
+
+@triton.jit
+def _load_chunk(logits_ptr, row, start, vocab, stride_row, BLOCK: tl.constexpr):
+    """Logits start .. start + BLOCK of a row as float32 (-inf past the vocabulary), their offsets and mask."""
+    offsets = start + tl.arange(0, BLOCK)
     mask = offsets < vocab
     x = tl.load(logits_ptr + row.to(tl.int64) * stride_row + offsets, mask=mask, other=float("-inf"))
-    return x.to(tl.float32), mask
+    return x.to(tl.float32), offsets, mask
+
+
+@triton.jit
+def _weights(x, m, scale):
+    """w = 2^((x - m) scale), 0 for -inf logits (also where m is -inf, which would give NaN)."""
+    return tl.where(x > float("-inf"), tl.exp2((x - m) * scale), 0.0)
 
 
 @triton.jit
 def _chunk_stats_kernel(
     logits_ptr,
     temperatures_ptr,
-    max_ptr,
-    sum_ptr,
-    min_key_ptr,
-    vocab,
-    stride_row,
-    NUM_CHUNKS: tl.constexpr,
-    ZERO_BITS: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    # max, sum, min_key: [rows, chunks]: the chunk's largest logit, its sum of exp((x - that) / T), its least key
-    row, chunk = tl.program_id(0), tl.program_id(1)
-    x, mask = _load_row_chunk(logits_ptr, row, chunk, vocab, stride_row, BLOCK)
-    temperature = tl.load(temperatures_ptr + row).to(tl.float32)
-    scale = tl.where(temperature > 0, _LOG2E / temperature, 0.0)
-    chunk_max = tl.max(x, 0)
-    slot = row * NUM_CHUNKS + chunk
-    tl.store(max_ptr + slot, chunk_max)
-    tl.store(sum_ptr + slot, tl.sum(tl.where(mask, tl.exp2((x - chunk_max) * scale), 0.0), 0))
-    tl.store(min_key_ptr + slot, tl.min(tl.where(mask, _order_key(x, ZERO_BITS), 1 << 40), 0))
-
-
-@triton.jit
-def _init_search_kernel(
+    top_k_ptr,
+    top_p_ptr,
+    min_p_ptr,
     chunk_max_ptr,
     chunk_sum_ptr,
-    min_key_ptr,
+    run_max_ptr,
+    vocab,
+    stride_row,
+    NUM_CHUNKS: tl.constexpr,
+    CHUNK: tl.constexpr,
+    RUNS: tl.constexpr,
+):
+    # chunk_max, chunk_sum: [rows, chunks]; run_max: [rows, chunks * RUNS], the maxima of RUNS runs per chunk
+    row, chunk = tl.program_id(0), tl.program_id(1)
+    temperature, top_k, top_p, min_p, truncates = _settings(
+        temperatures_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab
+    )
+    if truncates:
+        x, offsets, mask = _load_chunk(logits_ptr, row, chunk * CHUNK, vocab, stride_row, CHUNK)
+        chunk_max = tl.max(x, 0)
+        tl.store(chunk_max_ptr + row * NUM_CHUNKS + chunk, chunk_max)
+        tl.store(chunk_sum_ptr + row * NUM_CHUNKS + chunk, tl.sum(_weights(x, chunk_max, _LOG2E / temperature), 0))
+        run_max = tl.max(tl.reshape(x, [RUNS, CHUNK // RUNS]), 1)
+        tl.store(run_max_ptr + (row * NUM_CHUNKS + chunk) * RUNS + tl.arange(0, RUNS), run_max)
+
+
+@triton.jit
+def _lower_bound_kernel(
+    chunk_max_ptr,
+    chunk_sum_ptr,
+    run_max_ptr,
     temperatures_ptr,
     top_k_ptr,
-    min_p_ptr,
-    max_ptr,
-    scale_ptr,
-    lo_ptr,
-    hi_ptr,
-    lo_mass_ptr,
-    max_key_ptr,
-    count_target_ptr,
-    min_p_value_ptr,
-    vocab,
-    NUM_CHUNKS: tl.constexpr,
-    CHUNKS_PAD: tl.constexpr,
-    ZERO_BITS: tl.constexpr,
-):
-    # per row: the largest logit, log2(e) / T, the top-k search's interval [lo, hi), the mass at lo
-    # (all of it) and the target
-    row = tl.program_id(0)
-    chunks = tl.arange(0, CHUNKS_PAD)
-    valid = chunks < NUM_CHUNKS
-    chunk_max = tl.load(chunk_max_ptr + row * NUM_CHUNKS + chunks, mask=valid, other=float("-inf"))
-    m = tl.max(chunk_max, 0)
-    min_key = tl.min(tl.load(min_key_ptr + row * NUM_CHUNKS + chunks, mask=valid, other=1 << 40), 0)
-    max_key = _order_key(m, ZERO_BITS)
-    temperature = tl.load(temperatures_ptr + row).to(tl.float32)
-    scale = tl.where(temperature > 0, _LOG2E / temperature, 0.0)
-    chunk_sum = tl.load(chunk_sum_ptr + row * NUM_CHUNKS + chunks, mask=valid, other=0.0)
-    top_k = tl.load(top_k_ptr + row)
-    min_p = tl.load(min_p_ptr + row)
-    truncates = (temperature > 0) & ((top_k < vocab) | (min_p > 0))
-    tl.store(max_ptr + row, m)
-    tl.store(scale_ptr + row, scale)
-    tl.store(lo_mass_ptr + row, tl.sum(tl.where(valid, chunk_sum * tl.exp2((chunk_max - m) * scale), 0.0), 0))
-    tl.store(lo_ptr + row, min_key)
-    tl.store(hi_ptr + row, tl.where(truncates, max_key + 1, min_key + 1))
-    tl.store(max_key_ptr + row, max_key)
-    tl.store(count_target_ptr + row, tl.minimum(top_k, vocab))
-    # min-p keeps x >= m + T ln(min_p) = m + log2(min_p) / scale
-    tl.store(min_p_value_ptr + row, tl.where(min_p > 0, m + tl.log2(min_p) * temperature / _LOG2E, float("-inf")))
-
-
-@triton.jit
-def _count_at_least_kernel(
-    logits_ptr,
-    value_ptr,
-    partial_ptr,
-    vocab,
-    stride_row,
-    NUM_CHUNKS: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    # partial: [rows, chunks] int64, each chunk's count of logits >= the row's value (min-p's bound)
-    row, chunk = tl.program_id(0), tl.program_id(1)
-    value = tl.load(value_ptr + row)
-    offsets = chunk * BLOCK + tl.arange(0, BLOCK)
-    mask = offsets < tl.where(value > float("-inf"), vocab, 0)  # rows without min-p read nothing
-    x = tl.load(logits_ptr + row.to(tl.int64) * stride_row + offsets, mask=mask, other=float("-inf"))
-    tl.store(partial_ptr + row * NUM_CHUNKS + chunk, tl.sum((mask & (x.to(tl.float32) >= value)).to(tl.int64), 0))
-
-
-@triton.jit
-def _min_p_target_kernel(partial_ptr, value_ptr, count_target_ptr, NUM_CHUNKS: tl.constexpr, CHUNKS_PAD: tl.constexpr):
-    # min-p and top-k together keep the top min(k, count(x >= min-p's bound)) logits
-    row = tl.program_id(0)
-    chunks = tl.arange(0, CHUNKS_PAD)
-    count = tl.sum(tl.load(partial_ptr + row * NUM_CHUNKS + chunks, mask=chunks < NUM_CHUNKS, other=0), 0)
-    if tl.load(value_ptr + row) > float("-inf"):
-        tl.store(count_target_ptr + row, tl.minimum(tl.load(count_target_ptr + row), count))
-
-
-@triton.jit
-def _pivot_totals_kernel(
-    logits_ptr,
-    max_ptr,
-    scale_ptr,
-    lo_ptr,
-    hi_ptr,
-    counts_ptr,
-    masses_ptr,
-    vocab,
-    stride_row,
-    NUM_CHUNKS: tl.constexpr,
-    PIVOTS: tl.constexpr,
-    ZERO_BITS: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    # counts, masses: [rows, chunks, PIVOTS], the chunk's count and mass of logits at or above each pivot key
-    row, chunk = tl.program_id(0), tl.program_id(1)
-    lo = tl.load(lo_ptr + row)
-    hi = tl.load(hi_ptr + row)
-    if hi - lo > 1:  # a row whose search is done reads nothing
-        pivots = lo + ((hi - lo) * (tl.arange(0, PIVOTS) + 1)) // (PIVOTS + 1)  # [PIVOTS], ascending
-        x, mask = _load_row_chunk(logits_ptr, row, chunk, vocab, stride_row, BLOCK)
-        weights = tl.where(mask, tl.exp2((x - tl.load(max_ptr + row)) * tl.load(scale_ptr + row)), 0.0)
-        above = (_order_key(x, ZERO_BITS)[None, :] >= pivots[:, None]) & mask[None, :]  # [PIVOTS, BLOCK]
-        out = (row * NUM_CHUNKS + chunk) * PIVOTS + tl.arange(0, PIVOTS)
-        tl.store(counts_ptr + out, tl.sum(above.to(tl.int64), 1))
-        tl.store(masses_ptr + out, tl.sum(tl.where(above, weights[None, :], 0.0), 1))
-
-
-@triton.jit
-def _narrow_kernel(
-    counts_ptr,
-    masses_ptr,
-    lo_ptr,
-    hi_ptr,
-    lo_mass_ptr,
-    count_target_ptr,
-    mass_target_ptr,
-    NUM_CHUNKS: tl.constexpr,
-    CHUNKS_PAD: tl.constexpr,
-    PIVOTS: tl.constexpr,
-    BY_MASS: tl.constexpr,
-):
-    # the row's interval narrowed to the pivots around its target (a count, or with BY_MASS a mass),
-    # and the mass at its new lo
-    row = tl.program_id(0)
-    lo = tl.load(lo_ptr + row)
-    hi = tl.load(hi_ptr + row)
-    if hi - lo > 1:
-        j = tl.arange(0, PIVOTS)
-        chunks = tl.arange(0, CHUNKS_PAD)
-        slots = (row * NUM_CHUNKS + chunks[:, None]) * PIVOTS + j[None, :]  # [CHUNKS_PAD, PIVOTS]
-        valid = (chunks < NUM_CHUNKS)[:, None]
-        counts = tl.sum(tl.load(counts_ptr + slots, mask=valid, other=0), 0)
-        masses = tl.sum(tl.load(masses_ptr + slots, mask=valid, other=0.0), 0)
-        if BY_MASS:
-            reached = masses >= tl.load(mass_target_ptr + row)
-        else:
-            reached = counts >= tl.load(count_target_ptr + row)
-        pivots = lo + ((hi - lo) * (j + 1)) // (PIVOTS + 1)
-        tl.store(lo_ptr + row, tl.max(tl.where(reached, pivots, lo), 0))
-        tl.store(hi_ptr + row, tl.min(tl.where(reached, hi, pivots), 0))
-        # mass falls as the key rises: the highest pivot reached has the least mass among those reached
-        tl.store(lo_mass_ptr + row, tl.min(tl.where(reached, masses, tl.load(lo_mass_ptr + row)), 0))
-
-
-@triton.jit
-def _top_p_search_kernel(
-    lo_ptr,
-    hi_ptr,
-    lo_mass_ptr,
-    max_key_ptr,
-    temperatures_ptr,
     top_p_ptr,
-    mass_target_ptr,
+    min_p_ptr,
+    row_max_ptr,
+    row_sum_ptr,
+    bound_ptr,
+    count_ptr,
+    vocab,
+    NUM_CHUNKS: tl.constexpr,
+    CHUNKS_PAD: tl.constexpr,
+    NUM_RUNS: tl.constexpr,
+    RUNS_PAD: tl.constexpr,
+    BOUND_K: tl.constexpr,
 ):
-    # top-p searches from the top-k threshold up: it keeps mass >= p times the mass kept so far
+    # per row: m, the sum of w over the row, the bound L, and the gather's count set to 0
     row = tl.program_id(0)
-    top_p = tl.load(top_p_ptr + row)
-    lo = tl.load(lo_ptr + row)
-    active = (top_p < 1) & (tl.load(temperatures_ptr + row).to(tl.float32) > 0)
-    tl.store(hi_ptr + row, tl.where(active, tl.load(max_key_ptr + row) + 1, lo + 1))
-    tl.store(mass_target_ptr + row, top_p * tl.load(lo_mass_ptr + row))
+    temperature, top_k, top_p, min_p, truncates = _settings(
+        temperatures_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab
+    )
+    if truncates:
+        scale = _LOG2E / temperature
+        chunks = tl.arange(0, CHUNKS_PAD)
+        valid = chunks < NUM_CHUNKS
+        chunk_max = tl.load(chunk_max_ptr + row * NUM_CHUNKS + chunks, mask=valid, other=float("-inf"))
+        m = tl.max(chunk_max, 0)
+        chunk_sum = tl.load(chunk_sum_ptr + row * NUM_CHUNKS + chunks, mask=valid, other=0.0)
+        tl.store(row_max_ptr + row, m)
+        tl.store(row_sum_ptr + row, tl.sum(chunk_sum * _weights(chunk_max, m, scale), 0))
+        k = tl.where(top_k < vocab, top_k, BOUND_K)
+        runs = tl.arange(0, RUNS_PAD)
+        run_max = tl.load(run_max_ptr + row * NUM_RUNS + runs, mask=runs < NUM_RUNS, other=float("-inf"))
+        ordered = tl.sort(run_max, descending=True)
+        kth = tl.max(tl.where(runs == k - 1, ordered, float("-inf")), 0)  # -inf where k > NUM_RUNS: no bound
+        min_p_value = tl.where(min_p > 0, m + tl.log2(min_p) * temperature / _LOG2E, float("-inf"))
+        tl.store(bound_ptr + row, tl.maximum(kth, min_p_value))
+        tl.store(count_ptr + row, 0)
 
 
 @triton.jit
-def _threshold_kernel(lo_ptr, temperatures_ptr, thresholds_ptr, ZERO_BITS: tl.constexpr):
+def _gather_kernel(
+    logits_ptr,
+    temperatures_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    min_p_ptr,
+    bound_ptr,
+    count_ptr,
+    candidates_ptr,
+    vocab,
+    stride_row,
+    CHUNK: tl.constexpr,
+    CANDIDATES: tl.constexpr,
+):
+    # candidates: [rows, CANDIDATES] int64, each the logit's order key << 32 | its index; count: [rows]
+    # int32, how many logits are >= L (more than the buffer holds when it overflows)
+    row, chunk = tl.program_id(0), tl.program_id(1)
+    temperature, top_k, top_p, min_p, truncates = _settings(
+        temperatures_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab
+    )
+    if truncates:
+        x, offsets, mask = _load_chunk(logits_ptr, row, chunk * CHUNK, vocab, stride_row, CHUNK)
+        take = mask & (x >= tl.load(bound_ptr + row))
+        taken = take.to(tl.int32)
+        n = tl.sum(taken, 0)
+        if n > 0:
+            slots = tl.atomic_add(count_ptr + row, n) + tl.cumsum(taken, 0) - 1
+            packed = (_order_key(x, 0).to(tl.int64) << 32) | offsets.to(tl.int64)
+            tl.store(candidates_ptr + row * CANDIDATES + slots, packed, mask=take & (slots < CANDIDATES))
+
+
+@triton.jit
+def _select_kernel(
+    candidates_ptr,
+    count_ptr,
+    row_max_ptr,
+    row_sum_ptr,
+    bound_ptr,
+    temperatures_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    min_p_ptr,
+    thresholds_ptr,
+    unresolved_ptr,
+    vocab,
+    CANDIDATES: tl.constexpr,
+):
+    # thresholds: [rows] float32 (-inf: keep every logit); unresolved: [rows] int32, 1 where the
+    # buffer cannot tell the threshold and the fallback must search it
     row = tl.program_id(0)
-    value = _key_value(tl.load(lo_ptr + row), ZERO_BITS)
-    tl.store(thresholds_ptr + row, tl.where(tl.load(temperatures_ptr + row).to(tl.float32) > 0, value, float("-inf")))
+    temperature, top_k, top_p, min_p, truncates = _settings(
+        temperatures_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab
+    )
+    threshold = float("-inf")
+    unresolved = 0
+    if truncates:
+        scale = _LOG2E / temperature
+        m = tl.load(row_max_ptr + row)
+        n = tl.load(count_ptr + row)
+        slots = tl.arange(0, CANDIDATES)
+        held = slots < n
+        packed = tl.load(candidates_ptr + row * CANDIDATES + slots, mask=held, other=-(1 << 63))
+        packed = tl.sort(packed, descending=True)
+        values = tl.where(held, _key_value((packed >> 32).to(tl.int32), 0), float("-inf"))
+        weights = _weights(values, m, scale)
+        # the buffer holds the row's n largest logits, every logit >= L, unless it overflowed
+        complete = n <= CANDIDATES
+        top_k_value = tl.max(tl.where(slots == top_k - 1, values, float("-inf")), 0)
+        min_p_value = tl.where(min_p > 0, m + tl.log2(min_p) * temperature / _LOG2E, float("-inf"))
+        kept = tl.maximum(tl.where(top_k < vocab, top_k_value, float("-inf")), min_p_value)
+        # what min-p and top-k keep lies in the buffer, or they keep the whole row (top-p alone)
+        known = complete & (kept >= tl.load(bound_ptr + row)) & ((top_k >= vocab) | (top_k <= n))
+        whole_row = kept == float("-inf")
+        kept_sum = tl.where(whole_row, tl.load(row_sum_ptr + row), tl.sum(tl.where(values >= kept, weights, 0.0), 0))
+        reached = held & (tl.cumsum(weights, 0) >= top_p * kept_sum)
+        top_p_value = tl.max(tl.where(reached, values, float("-inf")), 0)  # the first reached, the largest
+        if top_p < 1:
+            threshold = tl.maximum(kept, top_p_value)
+            unresolved = (~(complete & (known | whole_row) & (top_p_value > float("-inf")))).to(tl.int32)
+        else:
+            threshold = kept
+            unresolved = (~known).to(tl.int32)
+    tl.store(thresholds_ptr + row, threshold)
+    tl.store(unresolved_ptr + row, unresolved)
 
 
-def _passes(dtype: torch.dtype) -> int:
-    """Passes that narrow any interval of keys of `dtype` to one key."""
-    passes, width = 0, 1 << _KEY_BITS[dtype]
-    while width > 1:
-        width = -(-width // (_PIVOTS + 1))
-        passes += 1
-    return passes
+@triton.jit
+def _totals_at_least(logits_ptr, row, key, m, scale, vocab, stride_row, ZERO_BITS: tl.constexpr, BLOCK: tl.constexpr):
+    """How many of the row's logits have an order key >= `key`, and their sum of w."""
+    count = 0
+    total = 0.0
+    for start in range(0, vocab, BLOCK):
+        x, offsets, mask = _load_chunk(logits_ptr, row, start, vocab, stride_row, BLOCK)
+        above = mask & (_order_key(x, ZERO_BITS) >= key)
+        count += tl.sum(above.to(tl.int32), 0)
+        total += tl.sum(tl.where(above, _weights(x, m, scale), 0.0), 0)
+    return count, total
+
+
+@triton.jit
+def _fallback_kernel(
+    logits_ptr,
+    unresolved_ptr,
+    row_max_ptr,
+    temperatures_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    min_p_ptr,
+    thresholds_ptr,
+    vocab,
+    stride_row,
+    ZERO_BITS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    # an unresolved row's threshold by bisection: the largest key whose count (top-k, min-p), then
+    # whose sum of w (top-p), still reaches the target; the interval [lo, hi) always has lo reaching it
+    row = tl.program_id(0)
+    if tl.load(unresolved_ptr + row) != 0:
+        temperature, top_k, top_p, min_p, truncates = _settings(
+            temperatures_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab
+        )
+        scale = _LOG2E / temperature
+        m = tl.load(row_max_ptr + row)
+        # int64: an fp32 interval of keys is wider than an int32 holds
+        top_key = _order_key(m, ZERO_BITS).to(tl.int64)
+        lo = _order_key(tl.full([], float("-inf"), tl.float32), ZERO_BITS).to(tl.int64)
+        target = tl.minimum(top_k, vocab)
+        if min_p > 0:
+            min_p_value = m + tl.log2(min_p) * temperature / _LOG2E
+            min_p_key = _order_key(min_p_value, ZERO_BITS)
+            # the key of the smallest value of the logits' dtype at or above min-p's bound
+            min_p_key = tl.where(_key_value(min_p_key, ZERO_BITS) < min_p_value, min_p_key + 1, min_p_key)
+            min_p_key = min_p_key.to(tl.int64)
+            count, total = _totals_at_least(logits_ptr, row, min_p_key, m, scale, vocab, stride_row, ZERO_BITS, BLOCK)
+            target = tl.minimum(target, count)
+        if target < vocab:
+            hi = top_key + 1
+            while hi - lo > 1:
+                mid = lo + (hi - lo) // 2
+                count, total = _totals_at_least(logits_ptr, row, mid, m, scale, vocab, stride_row, ZERO_BITS, BLOCK)
+                if count >= target:
+                    lo = mid
+                else:
+                    hi = mid
+        if top_p < 1:
+            count, kept_sum = _totals_at_least(logits_ptr, row, lo, m, scale, vocab, stride_row, ZERO_BITS, BLOCK)
+            hi = top_key + 1
+            while hi - lo > 1:
+                mid = lo + (hi - lo) // 2
+                count, total = _totals_at_least(logits_ptr, row, mid, m, scale, vocab, stride_row, ZERO_BITS, BLOCK)
+                if total >= top_p * kept_sum:
+                    lo = mid
+                else:
+                    hi = mid
+        tl.store(thresholds_ptr + row, _key_value(lo.to(tl.int32), ZERO_BITS))
 
 
 def truncation_thresholds(
-    logits: torch.Tensor, temperatures: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
+    logits: torch.Tensor,
+    temperatures: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    candidates: int = _CANDIDATES,
 ) -> torch.Tensor:
-    """Per row, the smallest logit that min-p, top-k and top-p keep at the row's temperature (-inf for
-    greedy rows); logits tied with it are kept too."""
+    """Per row, the smallest logit that min-p, top-k and top-p keep at the row's temperature (-inf for rows
+    that keep every logit, greedy rows among them); logits tied with it are kept too. `candidates`, a power
+    of two, is the buffer a row's threshold is read from; rows it cannot settle are searched."""
     # logits: [rows, vocab]; temperatures, top_p, min_p: [rows] float; top_k: [rows] int64 -> [rows] float32
     rows, vocab = logits.shape
     assert logits.stride(1) == 1 and logits.dtype in _ZERO_BITS
-    zero_bits = _ZERO_BITS[logits.dtype]
-    num_chunks = triton.cdiv(vocab, _BLOCK)
-    chunks_pad = triton.next_power_of_2(num_chunks)
+    num_chunks = triton.cdiv(vocab, _CHUNK)
+    num_runs = num_chunks * (_CHUNK // _RUN)
     device = logits.device
-    f32, i64 = dict(dtype=torch.float32, device=device), dict(dtype=torch.int64, device=device)
+    f32, i32 = dict(dtype=torch.float32, device=device), dict(dtype=torch.int32, device=device)
     chunk_max, chunk_sum = torch.empty(rows, num_chunks, **f32), torch.empty(rows, num_chunks, **f32)
-    chunk_min_key = torch.empty(rows, num_chunks, **i64)
-    row_max, scale, min_p_value, mass_target, lo_mass = (torch.empty(rows, **f32) for _ in range(5))
-    lo, hi, max_key, count_target = (torch.empty(rows, **i64) for _ in range(4))
-    counts = torch.empty(rows, num_chunks, _PIVOTS, **i64)
-    masses = torch.empty(rows, num_chunks, _PIVOTS, **f32)
+    run_max = torch.empty(rows, num_runs, **f32)
+    row_max, row_sum, bound, thresholds = (torch.empty(rows, **f32) for _ in range(4))
+    count, unresolved = torch.empty(rows, **i32), torch.empty(rows, **i32)
+    buffer = torch.empty(rows, candidates, dtype=torch.int64, device=device)
+    settings = (temperatures, top_k, top_p, min_p)
     grid = (rows, num_chunks)
     _chunk_stats_kernel[grid](
         logits,
-        temperatures,
+        *settings,
         chunk_max,
         chunk_sum,
-        chunk_min_key,
+        run_max,
         vocab,
         logits.stride(0),
         NUM_CHUNKS=num_chunks,
-        ZERO_BITS=zero_bits,
-        BLOCK=_BLOCK,
+        CHUNK=_CHUNK,
+        RUNS=_CHUNK // _RUN,
     )
-    _init_search_kernel[(rows,)](
+    _lower_bound_kernel[(rows,)](
         chunk_max,
         chunk_sum,
-        chunk_min_key,
-        temperatures,
-        top_k,
-        min_p,
+        run_max,
+        *settings,
         row_max,
-        scale,
-        lo,
-        hi,
-        lo_mass,
-        max_key,
-        count_target,
-        min_p_value,
+        row_sum,
+        bound,
+        count,
         vocab,
         NUM_CHUNKS=num_chunks,
-        CHUNKS_PAD=chunks_pad,
-        ZERO_BITS=zero_bits,
+        CHUNKS_PAD=triton.next_power_of_2(num_chunks),
+        NUM_RUNS=num_runs,
+        RUNS_PAD=triton.next_power_of_2(num_runs),
+        BOUND_K=_BOUND_K,
     )
-    min_p_counts = torch.empty(rows, num_chunks, **i64)
-    _count_at_least_kernel[grid](
-        logits, min_p_value, min_p_counts, vocab, logits.stride(0), NUM_CHUNKS=num_chunks, BLOCK=_BLOCK
+    _gather_kernel[grid](
+        logits, *settings, bound, count, buffer, vocab, logits.stride(0), CHUNK=_CHUNK, CANDIDATES=candidates
     )
-    _min_p_target_kernel[(rows,)](min_p_counts, min_p_value, count_target, NUM_CHUNKS=num_chunks, CHUNKS_PAD=chunks_pad)
-    for by_mass in (False, True):
-        if by_mass:
-            _top_p_search_kernel[(rows,)](lo, hi, lo_mass, max_key, temperatures, top_p, mass_target)
-        for _ in range(_passes(logits.dtype)):
-            _pivot_totals_kernel[grid](
-                logits,
-                row_max,
-                scale,
-                lo,
-                hi,
-                counts,
-                masses,
-                vocab,
-                logits.stride(0),
-                NUM_CHUNKS=num_chunks,
-                PIVOTS=_PIVOTS,
-                ZERO_BITS=zero_bits,
-                BLOCK=_BLOCK,
-            )
-            _narrow_kernel[(rows,)](
-                counts,
-                masses,
-                lo,
-                hi,
-                lo_mass,
-                count_target,
-                mass_target,
-                NUM_CHUNKS=num_chunks,
-                CHUNKS_PAD=chunks_pad,
-                PIVOTS=_PIVOTS,
-                BY_MASS=by_mass,
-            )
-    thresholds = torch.empty(rows, **f32)
-    _threshold_kernel[(rows,)](lo, temperatures, thresholds, ZERO_BITS=zero_bits)
+    _select_kernel[(rows,)](
+        buffer, count, row_max, row_sum, bound, *settings, thresholds, unresolved, vocab, CANDIDATES=candidates
+    )
+    _fallback_kernel[(rows,)](
+        logits,
+        unresolved,
+        row_max,
+        *settings,
+        thresholds,
+        vocab,
+        logits.stride(0),
+        ZERO_BITS=_ZERO_BITS[logits.dtype],
+        BLOCK=min(_FALLBACK_BLOCK, triton.next_power_of_2(vocab)),
+    )
     return thresholds

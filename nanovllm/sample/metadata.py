@@ -24,14 +24,14 @@ def needs_full_sampler(
     logit_bias: bool,
     banned: bool,
     grammar: bool,
-    logprobs: bool,
 ) -> bool:
     """The fast-path predicate, the only one: whether some row of a step needs more than greedy or plain
     temperature sampling, which `sample_with_temperatures` does alone (inside a decode step's CUDA graph
     too). The host side (`StepSampling`, before the forward: may the decode step's own sampling stand?)
     and the device side (`SamplingTensors.temperature_only`: the Sampler's branch) both ask it; every
-    feature is a required keyword, so a new feature must be named by both."""
-    return min_p or top_k or top_p or seeded or penalties or logit_bias or banned or grammar or logprobs
+    feature is a required keyword, so a new feature must be named by both. Logprobs are not among them:
+    they are read from the raw logits after any draw."""
+    return min_p or top_k or top_p or seeded or penalties or logit_bias or banned or grammar
 
 
 @dataclass
@@ -54,9 +54,28 @@ class SamplingTensors:
     num_logprobs: int | None = None  # most alternatives any row asks for; None = no logprobs
 
     @property
+    def truncates(self) -> bool:
+        """Some row asks for min-p, top-k or top-p."""
+        return self.min_p is not None or self.top_k is not None or self.top_p is not None
+
+    @property
+    def drawn_by_threshold(self) -> bool:
+        """Some row draws, and beyond its temperature each row asks at most for truncation and logprobs: the
+        Gumbel-max kernel draws them from the raw logits, each among the logits at or above its row's
+        truncation threshold (no seed, penalty, logit bias, banned token or grammar mask to apply first)."""
+        return self.temperatures is not None and not (
+            self.seeded_rows is not None
+            or self.penalties is not None
+            or self.bias_index is not None
+            or self.banned is not None
+            or self.bitmask is not None
+        )
+
+    @property
     def temperature_only(self) -> bool:
-        """Some row draws, and no row needs the full sampler (`needs_full_sampler`)."""
-        return self.temperatures is not None and not needs_full_sampler(
+        """No row needs the full sampler (`needs_full_sampler`): every row is greedy or plain temperature
+        sampling, with or without logprobs."""
+        return not needs_full_sampler(
             min_p=self.min_p is not None,
             top_k=self.top_k is not None,
             top_p=self.top_p is not None,
@@ -65,7 +84,6 @@ class SamplingTensors:
             logit_bias=self.bias_index is not None,
             banned=self.banned is not None,
             grammar=self.bitmask is not None,
-            logprobs=self.num_logprobs is not None,
         )
 
 
@@ -129,7 +147,6 @@ class StepSampling:
             logit_bias=bool(self.biases),
             banned=bool(self.banned),
             grammar=self.grammar,
-            logprobs=bool(self.logprobs),
         )
 
 
@@ -159,11 +176,11 @@ def step_sampling(out: SchedulerOutput, eos_token_ids: tuple[int, ...], grammar:
 def sampling_tensors(
     out: SchedulerOutput, vocab_size: int, eos_token_ids: tuple[int, ...], to_device: ToDevice
 ) -> SamplingTensors | None:
-    """The step's sampling settings as tensors; None when every row is plain greedy (the fast path).
+    """The step's sampling settings as tensors; None when every row is plain greedy without logprobs.
     Grammar masks are not among them: the runner adds them once they are filled."""
     params = out.sampling_params
     asked = step_sampling(out, eos_token_ids)
-    if not (asked.sampled or asked.needs_full_sampler):
+    if not (asked.sampled or asked.needs_full_sampler or asked.logprobs):
         return None
     tensors = SamplingTensors(
         penalties=_penalty_tensors(out, vocab_size, to_device) if asked.penalties else None,

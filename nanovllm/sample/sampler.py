@@ -8,7 +8,7 @@ from torch import nn
 from nanovllm.sample.metadata import SamplingTensors
 from nanovllm.sample.noise import device_row_seeds, seeded_exponential
 from nanovllm.sample.penalties import apply_penalties
-from nanovllm.sample.truncation import apply_min_p, apply_top_k_top_p
+from nanovllm.sample.truncation import apply_truncation, truncation_thresholds
 
 
 @dataclass
@@ -30,6 +30,9 @@ class Sampler(nn.Module):
     take the argmax, which samples from the distribution without a multinomial.
     Unseeded rows take noise from the device's generator (one kernel); seeded
     rows from a hash of (seed, position, token), independent of the batch.
+    On CUDA a step that asks for no more than truncation and logprobs reads the
+    raw logits in place: a threshold search per row, then the Gumbel-max kernel
+    among the logits at or above each threshold (`SamplingTensors.drawn_by_threshold`).
     """
 
     def forward(self, logits: torch.Tensor, tensors: SamplingTensors | None = None) -> SamplerOutput:
@@ -37,7 +40,13 @@ class Sampler(nn.Module):
         if tensors is None:
             return SamplerOutput(logits.argmax(dim=-1))
         if tensors.temperature_only:
-            return SamplerOutput(sample_with_temperatures(logits, tensors.temperatures))
+            greedy = tensors.temperatures is None
+            token_ids = logits.argmax(dim=-1) if greedy else sample_with_temperatures(logits, tensors.temperatures)
+            return self._with_logprobs(logits, token_ids, tensors)
+        if logits.is_cuda and tensors.drawn_by_threshold:
+            thresholds = truncation_thresholds(logits, tensors) if tensors.truncates else None
+            token_ids = sample_with_temperatures(logits, tensors.temperatures, thresholds=thresholds)
+            return self._with_logprobs(logits, token_ids, tensors)
         processed = logits.float()
         if tensors.bias_index is not None:
             processed = processed.index_put(
@@ -56,27 +65,25 @@ class Sampler(nn.Module):
         token_ids = processed.argmax(dim=-1)
         if tensors.temperatures is not None:
             token_ids = torch.where(tensors.temperatures == 0, token_ids, self._draw(processed, tensors))
+        return self._with_logprobs(logits, token_ids, tensors)
+
+    @staticmethod
+    def _with_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, tensors: SamplingTensors) -> SamplerOutput:
         if tensors.num_logprobs is None:
             return SamplerOutput(token_ids)
-        return SamplerOutput(token_ids, *self._logprobs(logits, token_ids, tensors.num_logprobs))
+        return SamplerOutput(token_ids, *token_logprobs(logits, token_ids, tensors.num_logprobs))
 
     @staticmethod
     def _draw(logits: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
         temperatures = tensors.temperatures
         scaled = logits / torch.where(temperatures == 0, 1.0, temperatures).unsqueeze(1)
-        if tensors.min_p is not None:
-            scaled = apply_min_p(scaled, tensors.min_p)
-        if tensors.top_k is not None or tensors.top_p is not None:
-            scaled = apply_top_k_top_p(scaled, tensors.top_k, tensors.top_p)
+        if tensors.truncates:
+            scaled = apply_truncation(scaled, logits, tensors)
         probs = torch.softmax(scaled, dim=-1)
         noise = torch.empty_like(probs).exponential_(1).clamp_min_(1e-10)
         if tensors.seeded_rows is not None:
             noise[tensors.seeded_rows] = seeded_exponential(tensors.seeds, tensors.positions, probs.shape[1])
         return (probs / noise).argmax(dim=-1)
-
-    @staticmethod
-    def _logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
-        return token_logprobs(logits, token_ids, k)
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
@@ -90,19 +97,26 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tup
 
 
 def sample_with_temperatures(
-    logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor | None = None, out: torch.Tensor | None = None
+    logits: torch.Tensor,
+    temperatures: torch.Tensor,
+    seeds: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    thresholds: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The common case, argmax for temperature 0 and Gumbel-max otherwise, without a softmax:
     argmax(p / E) with E ~ Exp(1) equals argmax(logits / T - log E). On CUDA two Triton launches whose
     noise comes from per-row `seeds` (drawn by the device's generator when not given); the ids are
-    written to `out` when given."""
-    # logits: [num_seqs, vocab]; temperatures, seeds, out: [num_seqs]
+    written to `out` when given. With `thresholds` a row draws only among its logits at or above its
+    threshold (`truncation_thresholds`)."""
+    # logits: [num_seqs, vocab]; temperatures, seeds, thresholds, out: [num_seqs]
     if logits.is_cuda:
         from nanovllm.kernels.triton_sampling import gumbel_max_sample
 
         if seeds is None:
             seeds = device_row_seeds(logits.size(0), logits.device)
-        return gumbel_max_sample(logits, temperatures, seeds, out)
+        return gumbel_max_sample(logits, temperatures, seeds, out, thresholds)
+    if thresholds is not None:
+        logits = logits.masked_fill(logits < thresholds.unsqueeze(1), float("-inf"))
     is_greedy = temperatures == 0
     if is_greedy.all():  # a host tensor: no device to wait for
         ids = logits.argmax(dim=-1)

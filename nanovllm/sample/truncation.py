@@ -1,6 +1,42 @@
-"""Truncation sampling: min-p, top-k and top-p keep a head of the distribution, row by row."""
+"""Truncation sampling: min-p, top-k and top-p keep a head of the distribution, row by row.
+
+On CUDA one threshold per row says what it keeps, found by the Triton kernels
+of `kernels/triton_truncation.py`; on the CPU a sort finds the same sets.
+"""
 
 import torch
+
+from nanovllm.sample.metadata import SamplingTensors
+
+
+def truncation_thresholds(logits: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
+    """Per row, the smallest logit that its min-p, top-k and top-p keep at its temperature (-inf: every
+    logit), on CUDA; a feature no row uses is off for every row."""
+    # logits: [num_seqs, vocab] -> [num_seqs] float32
+    from nanovllm.kernels.triton_truncation import truncation_thresholds as search
+
+    rows, vocab = logits.shape
+    off = lambda value, dtype=torch.float32: torch.full((rows,), value, dtype=dtype, device=logits.device)
+    return search(
+        logits,
+        tensors.temperatures,
+        off(vocab, torch.int64) if tensors.top_k is None else tensors.top_k,
+        off(1.0) if tensors.top_p is None else tensors.top_p,
+        off(0.0) if tensors.min_p is None else tensors.min_p,
+    )
+
+
+def apply_truncation(scaled: torch.Tensor, logits: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
+    """`scaled` (the logits over each row's temperature) with -inf where min-p, top-k or top-p drop a token:
+    on CUDA below each row's threshold in `logits`, on the CPU by a sort of `scaled`."""
+    # scaled, logits: [num_seqs, vocab]
+    if logits.is_cuda:
+        return scaled.masked_fill(logits < truncation_thresholds(logits, tensors).unsqueeze(1), float("-inf"))
+    if tensors.min_p is not None:
+        scaled = apply_min_p(scaled, tensors.min_p)
+    if tensors.top_k is not None or tensors.top_p is not None:
+        scaled = apply_top_k_top_p(scaled, tensors.top_k, tensors.top_p)
+    return scaled
 
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:

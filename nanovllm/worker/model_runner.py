@@ -160,7 +160,10 @@ class ModelRunner(Executor):
         logits = torch.zeros(
             self.config.max_num_seqs, self.config.model_config.vocab_size, dtype=self.dtype, device=self.device
         )
-        self.sampler(logits, SamplingTensors(temperatures=torch.ones(self.config.max_num_seqs, device=self.device)))
+        ones = torch.ones(self.config.max_num_seqs, device=self.device)
+        self.sampler(logits, SamplingTensors(temperatures=ones))
+        # the truncation kernels compile now rather than under the first request that asks for them
+        self.sampler(logits, SamplingTensors(temperatures=ones, top_k=ones.long(), top_p=ones / 2, min_p=ones / 10))
         del logits
         torch.cuda.empty_cache()
 
@@ -348,6 +351,14 @@ class ModelRunner(Executor):
         self.last_sampled[: logits.size(0)].copy_(sampled.token_ids)
         return sampled
 
+    def _sampled_in_step(self, out: SchedulerOutput, logits: torch.Tensor) -> SamplerOutput:
+        """The ids the decode step drew, with the logprobs its rows ask for read from its logits."""
+        token_ids = self.last_sampled[: logits.size(0)]
+        asked = [p.logprobs for p in out.sampling_params if p.logprobs is not None]
+        if not asked:
+            return SamplerOutput(token_ids)
+        return SamplerOutput(token_ids, *token_logprobs(logits, token_ids, max(asked)))
+
     @torch.inference_mode()
     def launch_forward(self, out: SchedulerOutput, constrained: bool = False) -> LaunchedForward:
         """Queue a step's forward pass and LM head (and, in a decode step whose rows need no more, its
@@ -383,7 +394,7 @@ class ModelRunner(Executor):
         if num_sampled:
             if self.rank == 0:
                 sampled = (
-                    SamplerOutput(self.last_sampled[:num_sampled])
+                    self._sampled_in_step(out, step.logits)
                     if step.sampled_in_step
                     else self._sample(out, step.logits, grammar)
                 )

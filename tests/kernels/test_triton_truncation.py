@@ -56,11 +56,13 @@ def distinct_logits(rows: int, dtype: torch.dtype, seed: int = 0) -> torch.Tenso
     return torch.stack([values[order] for order in orders]).to(dtype).to(DEVICE)
 
 
+# a buffer of 16 candidates settles almost no row: the rest are searched by the fallback's bisection
+@pytest.mark.parametrize("candidates", [1024, 16])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_thresholds_keep_what_the_sort_based_sampler_keeps(dtype):
+def test_thresholds_keep_what_the_sort_based_sampler_keeps(dtype, candidates):
     logits = distinct_logits(len(ROWS), dtype)
     temperature, top_k, top_p, min_p = settings(ROWS)
-    thresholds = truncation_thresholds(logits, temperature, top_k, top_p, min_p)
+    thresholds = truncation_thresholds(logits, temperature, top_k, top_p, min_p, candidates)
     kept = logits.float() >= thresholds.unsqueeze(1)
     expected = reference_kept(logits, temperature, top_k, top_p, min_p)
     assert kept.sum(1).tolist() == expected.sum(1).tolist()
@@ -93,3 +95,15 @@ def test_draws_follow_the_truncated_softmax():
     ).cpu()
     assert kept.cpu()[ids].all()
     assert chi_square_p_value(ids, probs.cpu()) > 1e-3
+
+
+def test_a_full_size_vocabulary_settles_top_p_and_min_p_alone_from_the_candidates():
+    # 40,000 logits make 320 runs, more than the 256 whose maximum bounds a row without top-k
+    generator = torch.Generator().manual_seed(2)
+    rows = [(0.7, 40000, 0.9, 0.0), (1.0, 40000, 1.0, 0.1), (0.6, 20, 0.95, 0.0), (1.0, 40000, 0.5, 0.02)]
+    temperature, top_k, top_p, min_p = settings(rows)
+    logits = (torch.randn(len(rows), 40000, generator=generator) * 4).to(DEVICE)
+    thresholds = truncation_thresholds(logits, temperature, top_k, top_p, min_p)
+    kept = logits >= thresholds.unsqueeze(1)
+    assert torch.equal(kept, reference_kept(logits, temperature, top_k, top_p, min_p))
+    assert 1 < kept[0].sum() < 256 and 1 < kept[1].sum() < 256

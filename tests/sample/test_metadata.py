@@ -55,7 +55,6 @@ OFF_PLAIN = [
     dict(top_p=0.9),
     dict(min_p=0.1),
     dict(seed=4),
-    dict(logprobs=0),
     dict(logit_bias={3: 1.0}),
     dict(presence_penalty=0.5),
     dict(min_tokens=5),
@@ -66,6 +65,8 @@ PLAIN = [
     dict(temperature=1.3, ignore_eos=True),
     dict(temperature=0, seed=4, top_k=5),
     dict(temperature=0, min_tokens=1),
+    dict(logprobs=0),
+    dict(temperature=0, logprobs=2),
 ]
 
 
@@ -90,7 +91,7 @@ def test_a_grammar_takes_a_step_off_the_temperature_only_path_on_both_sides():
 
 def test_one_predicate_names_every_feature_beyond_temperature():
     # both sides call it with every feature by keyword: one left out is an error, not a silent disagreement
-    features = ["min_p", "top_k", "top_p", "seeded", "penalties", "logit_bias", "banned", "grammar", "logprobs"]
+    features = ["min_p", "top_k", "top_p", "seeded", "penalties", "logit_bias", "banned", "grammar"]
     assert not needs_full_sampler(**dict.fromkeys(features, False))
     for feature in features:
         assert needs_full_sampler(**{**dict.fromkeys(features, False), feature: True})

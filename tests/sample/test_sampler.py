@@ -14,11 +14,21 @@ DRAWS = 40000
 ALPHA = 1e-3
 
 
-def draws_of(logits: torch.Tensor, **settings) -> torch.Tensor:
-    """Sample DRAWS times from one row of logits, as DRAWS rows of a batch."""
+# the CPU's sort-based truncation, and on CUDA the threshold search and the Gumbel-max kernel
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")],
+    ),
+]
+
+
+def draws_of(logits: torch.Tensor, device: str = "cpu", **settings) -> torch.Tensor:
+    """Sample DRAWS times from one row of logits, as DRAWS rows of a batch on `device`."""
     # one-element settings apply to every row; longer ones are given per row
-    tensors = SamplingTensors(**{k: v.repeat(DRAWS) if v.numel() == 1 else v for k, v in settings.items()})
-    return Sampler()(logits.repeat(DRAWS, 1), tensors).token_ids
+    tensors = SamplingTensors(**{k: (v.repeat(DRAWS) if v.numel() == 1 else v).to(device) for k, v in settings.items()})
+    return Sampler()(logits.repeat(DRAWS, 1).to(device), tensors).token_ids.cpu()
 
 
 @pytest.fixture
@@ -137,7 +147,8 @@ def renormalised(logits: torch.Tensor, kept: torch.Tensor, temperature: float) -
         ({"min_p": torch.tensor([0.2])}, lambda s: s.softmax(-1) >= 0.2 * s.softmax(-1).max()),
     ],
 )
-def test_truncation_keeps_only_the_allowed_set_and_its_renormalised_distribution(logits, setting, kept):
+@pytest.mark.parametrize("device", DEVICES)
+def test_truncation_keeps_only_the_allowed_set_and_its_renormalised_distribution(logits, setting, kept, device):
     temperature = 0.9
     scaled = logits / temperature
     if kept is None:
@@ -150,7 +161,7 @@ def test_truncation_keeps_only_the_allowed_set_and_its_renormalised_distribution
         allowed = kept(scaled)
     assert 1 < int(allowed.sum()) < VOCAB
     torch.manual_seed(2)
-    ids = draws_of(logits, temperatures=torch.tensor([temperature]), **setting)
+    ids = draws_of(logits, device, temperatures=torch.tensor([temperature]), **setting)
     assert allowed[ids].all()
     assert chi_square_p_value(ids, renormalised(logits, allowed, temperature)) > ALPHA
 
@@ -180,13 +191,17 @@ def test_banned_tokens_are_never_drawn():
             assert ids[0] not in (banned[1, 0], 2) and ids[1] != banned[1, 2]
 
 
-def test_logprobs_come_from_the_raw_logits():
+@pytest.mark.parametrize("device", DEVICES)
+def test_logprobs_come_from_the_raw_logits(device):
     torch.manual_seed(5)
-    logits = torch.randn(3, 30)
+    logits = torch.randn(3, 30, device=device)
     tensors = SamplingTensors(
-        temperatures=torch.tensor([0.0, 2.0, 0.5]), top_k=torch.tensor([30, 2, 30]), num_logprobs=4
+        temperatures=torch.tensor([0.0, 2.0, 0.5], device=device),
+        top_k=torch.tensor([30, 2, 30], device=device),
+        num_logprobs=4,
     )
     out = Sampler()(logits, tensors)
+    assert out.token_ids[0] == logits[0].argmax() and out.token_ids[1] in logits[1].topk(2).indices
     reference = torch.log_softmax(logits, -1)
     assert torch.equal(out.logprob_token_ids[:, 0], out.token_ids)
     assert torch.equal(out.logprob_token_ids[:, 1:], reference.topk(4).indices)
