@@ -4,7 +4,7 @@ Each row times `Sampler` on random logits [batch, vocab] (Qwen3's vocabulary by
 default) with one more feature switched on than the row before, so the
 difference between rows is what that feature costs. Truncation and logprobs
 come first: on CUDA they are drawn by threshold search from the raw logits
-(`kernels/triton_truncation.py`); seeds and penalties then take the full
+(`kernels/triton_top_logits.py`); seeds and penalties then take the full
 sampler. Runs on CUDA when there is a GPU, else on CPU.
 
     .venv/bin/python benchmarks/sampler.py [--vocab 151936] [--batch 1 64 256] [--repeats 20]

@@ -88,12 +88,26 @@ class Sampler(nn.Module):
 
 def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
     """From raw logits [rows, vocab]: ids [rows, 1 + k] (`token_ids`, then the top k), their
-    log-probabilities [rows, 1 + k], and the rank of `token_ids` [rows] (1 = the most likely)."""
+    log-probabilities [rows, 1 + k], and the rank of `token_ids` [rows] (1 = the most likely). On CUDA
+    the top k are found among few candidates per row (`top_logprobs`), with no log-softmax of the
+    vocabulary."""
+    if logits.is_cuda:
+        return _token_logprobs_on_device(logits, token_ids, k)
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     ids = torch.cat([token_ids.unsqueeze(1), logprobs.topk(k, dim=-1).indices], dim=1)
     values = logprobs.gather(1, ids)
     ranks = (logprobs > values[:, :1]).sum(dim=1) + 1
     return ids, values, ranks
+
+
+def _token_logprobs_on_device(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
+    from nanovllm.kernels.triton_top_logits import top_logprobs
+
+    top_ids, top_values, log_sum_exp = top_logprobs(logits, max(k, 1))  # k = 0 still needs the log-sum-exp
+    chosen = logits.gather(1, token_ids.unsqueeze(1))  # [rows, 1]
+    ids = torch.cat([token_ids.unsqueeze(1), top_ids[:, :k]], dim=1)
+    values = torch.cat([chosen.float() - log_sum_exp.unsqueeze(1), top_values[:, :k]], dim=1)
+    return ids, values, (logits > chosen).sum(dim=1) + 1
 
 
 def sample_with_temperatures(

@@ -1,7 +1,7 @@
 """Truncation sampling: min-p, top-k and top-p keep a head of the distribution, row by row.
 
 On CUDA one threshold per row says what it keeps, found by the Triton kernels
-of `kernels/triton_truncation.py`; on the CPU a sort finds the same sets.
+of `kernels/triton_top_logits.py`; on the CPU a sort finds the same sets.
 """
 
 import torch
@@ -13,7 +13,7 @@ def truncation_thresholds(logits: torch.Tensor, tensors: SamplingTensors) -> tor
     """Per row, the smallest logit that its min-p, top-k and top-p keep at its temperature (-inf: every
     logit), on CUDA; a feature no row uses is off for every row."""
     # logits: [num_seqs, vocab] -> [num_seqs] float32
-    from nanovllm.kernels.triton_truncation import truncation_thresholds as search
+    from nanovllm.kernels.triton_top_logits import truncation_thresholds as search
 
     rows, vocab = logits.shape
     off = lambda value, dtype=torch.float32: torch.full((rows,), value, dtype=dtype, device=logits.device)

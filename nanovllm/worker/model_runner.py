@@ -162,8 +162,9 @@ class ModelRunner(Executor):
         )
         ones = torch.ones(self.config.max_num_seqs, device=self.device)
         self.sampler(logits, SamplingTensors(temperatures=ones))
-        # the truncation kernels compile now rather than under the first request that asks for them
-        self.sampler(logits, SamplingTensors(temperatures=ones, top_k=ones.long(), top_p=ones / 2, min_p=ones / 10))
+        # the truncation and logprobs kernels compile now rather than under the first request that asks for them
+        truncating = dict(top_k=ones.long(), top_p=ones / 2, min_p=ones / 10, num_logprobs=1)
+        self.sampler(logits, SamplingTensors(temperatures=ones, **truncating))
         del logits
         torch.cuda.empty_cache()
 

@@ -1,6 +1,6 @@
-"""Truncation thresholds found by search: the same kept sets as the sort-based reference
-(`sample.truncation`), and draws among them distributed as the truncated softmax (on the CPU under the
-Triton interpreter, which conftest selects)."""
+"""The largest logits of each row without a sort: truncation thresholds that keep the same sets as the
+sort-based reference (`sample.truncation`), draws among them distributed as the truncated softmax, and the
+top-k logprobs equal to a log-softmax's (on the CPU under the Triton interpreter, which conftest selects)."""
 
 import pytest
 import torch
@@ -8,7 +8,7 @@ from chi_square import chi_square_p_value
 
 pytest.importorskip("triton")
 from nanovllm.kernels.triton_sampling import gumbel_max_sample  # noqa: E402
-from nanovllm.kernels.triton_truncation import truncation_thresholds  # noqa: E402
+from nanovllm.kernels.triton_top_logits import top_logprobs, truncation_thresholds  # noqa: E402
 from nanovllm.sample.truncation import apply_min_p, apply_top_k_top_p  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -107,3 +107,24 @@ def test_a_full_size_vocabulary_settles_top_p_and_min_p_alone_from_the_candidate
     kept = logits >= thresholds.unsqueeze(1)
     assert torch.equal(kept, reference_kept(logits, temperature, top_k, top_p, min_p))
     assert 1 < kept[0].sum() < 256 and 1 < kept[1].sum() < 256
+
+
+@pytest.mark.parametrize("candidates", [1024, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_top_logprobs_are_the_log_softmax_top_k(dtype, candidates):
+    logits = distinct_logits(3, dtype)
+    for k in (1, 5, 20):
+        ids, logprobs, log_sum_exp = top_logprobs(logits, k, candidates)
+        reference = torch.log_softmax(logits.float(), -1)
+        assert torch.equal(ids, reference.topk(k).indices)
+        assert torch.allclose(logprobs, reference.gather(1, ids), atol=1e-5)
+        assert torch.allclose(log_sum_exp, torch.logsumexp(logits.float(), -1), atol=1e-5)
+
+
+def test_top_logprobs_of_tied_logits_past_the_buffer_still_come_out_exact():
+    logits = torch.zeros(2, VOCAB, device=DEVICE)
+    logits[1, 7] = 1.0
+    ids, logprobs, _ = top_logprobs(logits, 3, candidates=16)  # every logit ties: the buffer overflows
+    assert ids.tolist() == [[VOCAB - 1, VOCAB - 2, VOCAB - 3], [7, VOCAB - 1, VOCAB - 2]]
+    expected = -torch.log(torch.tensor(float(VOCAB)))
+    assert torch.allclose(logprobs[0], expected.expand(3).to(DEVICE), atol=1e-5)

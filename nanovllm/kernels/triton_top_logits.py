@@ -1,4 +1,7 @@
-"""Triton kernels: each row's truncation threshold for min-p, top-k and top-p, without sorting the vocabulary.
+"""Triton kernels: the largest logits of each row, found without sorting the vocabulary.
+
+Two uses: truncation thresholds for min-p, top-k and top-p (`truncation_thresholds`),
+and the k most likely tokens with their log-probabilities (`top_logprobs`).
 
 Every truncation keeps an upper set of a row's logits, so one number says what
 a row keeps: its smallest kept logit, the threshold. The sampler then draws
@@ -28,11 +31,18 @@ candidates rather than by a sort of the vocabulary:
    than the buffer holds) find their threshold by bisection over the logits'
    order keys, one read of the row per step; the other rows return at once.
 
-Every launch has a fixed grid, so a CUDA graph can capture the five. Layout:
+The top-k logprobs take steps 1 to 3 at temperature 1 with top-k k, then
+`_top_k_kernel` reads the k largest from the sorted buffer (or, where it
+overflowed, by k passes over the row) and subtracts the row's log-sum-exp,
+m + ln(sum of w).
+
+Every launch has a fixed grid, so a CUDA graph can capture them. Layout:
 logits [rows, vocab] (last dim contiguous; bf16, fp16 or fp32); temperatures
 [rows] (0 = greedy: no truncation), top_k [rows] int64 (>= vocab: off), top_p
 [rows] float32 (1: off), min_p [rows] float32 (0: off).
 """
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -321,30 +331,74 @@ def _fallback_kernel(
         tl.store(thresholds_ptr + row, _key_value(lo.to(tl.int32), ZERO_BITS))
 
 
-def truncation_thresholds(
-    logits: torch.Tensor,
-    temperatures: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    min_p: torch.Tensor,
-    candidates: int = _CANDIDATES,
-) -> torch.Tensor:
-    """Per row, the smallest logit that min-p, top-k and top-p keep at the row's temperature (-inf for rows
-    that keep every logit, greedy rows among them); logits tied with it are kept too. `candidates`, a power
-    of two, is the buffer a row's threshold is read from; rows it cannot settle are searched."""
-    # logits: [rows, vocab]; temperatures, top_p, min_p: [rows] float; top_k: [rows] int64 -> [rows] float32
+@triton.jit(do_not_specialize=["k"])  # one compiled kernel for every k a request asks for
+def _top_k_kernel(
+    logits_ptr,
+    candidates_ptr,
+    count_ptr,
+    row_max_ptr,
+    row_sum_ptr,
+    ids_ptr,
+    logprobs_ptr,
+    log_sum_exp_ptr,
+    k,
+    vocab,
+    stride_row,
+    CANDIDATES: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    # ids: [rows, k] int64 and logprobs: [rows, k] float32, most likely first (ties: the higher index first);
+    # log_sum_exp: [rows] float32
+    row = tl.program_id(0)
+    log_sum_exp = tl.load(row_max_ptr + row) + tl.log2(tl.load(row_sum_ptr + row)) / _LOG2E
+    tl.store(log_sum_exp_ptr + row, log_sum_exp)
+    n = tl.load(count_ptr + row)
+    out = row * k
+    if n <= CANDIDATES:
+        slots = tl.arange(0, CANDIDATES)
+        packed = tl.load(candidates_ptr + row * CANDIDATES + slots, mask=slots < n, other=-(1 << 63))
+        packed = tl.sort(packed, descending=True)
+        tl.store(ids_ptr + out + slots, packed & 0xFFFFFFFF, mask=slots < k)
+        value = _key_value((packed >> 32).to(tl.int32), 0)
+        tl.store(logprobs_ptr + out + slots, value - log_sum_exp, mask=slots < k)
+    else:  # the buffer overflowed: each next largest (value, index) below the last, by a pass over the row
+        last = tl.full([], (1 << 63) - 1, tl.int64)
+        for j in range(0, k):
+            best = tl.full([], -(1 << 63), tl.int64)
+            for start in range(0, vocab, BLOCK):
+                x, offsets, mask = _load_chunk(logits_ptr, row, start, vocab, stride_row, BLOCK)
+                packed = (_order_key(x, 0).to(tl.int64) << 32) | offsets.to(tl.int64)
+                best = tl.maximum(best, tl.max(tl.where(mask & (packed < last), packed, -(1 << 63)), 0))
+            tl.store(ids_ptr + out + j, best & 0xFFFFFFFF)
+            tl.store(logprobs_ptr + out + j, _key_value((best >> 32).to(tl.int32), 0) - log_sum_exp)
+            last = best
+
+
+@dataclass
+class _Candidates:
+    """Steps 1 to 3 for every row: its largest logit and sum of w, its bound and the gathered logits."""
+
+    row_max: torch.Tensor  # [rows] float32
+    row_sum: torch.Tensor  # [rows] float32
+    bound: torch.Tensor  # [rows] float32
+    count: torch.Tensor  # [rows] int32: logits >= the bound, more than the buffer holds when it overflowed
+    buffer: torch.Tensor  # [rows, candidates] int64: order key << 32 | index
+
+
+def _gather_candidates(logits: torch.Tensor, settings: tuple[torch.Tensor, ...], candidates: int) -> _Candidates:
     rows, vocab = logits.shape
     assert logits.stride(1) == 1 and logits.dtype in _ZERO_BITS
     num_chunks = triton.cdiv(vocab, _CHUNK)
     num_runs = num_chunks * (_CHUNK // _RUN)
     device = logits.device
-    f32, i32 = dict(dtype=torch.float32, device=device), dict(dtype=torch.int32, device=device)
+    f32 = dict(dtype=torch.float32, device=device)
     chunk_max, chunk_sum = torch.empty(rows, num_chunks, **f32), torch.empty(rows, num_chunks, **f32)
     run_max = torch.empty(rows, num_runs, **f32)
-    row_max, row_sum, bound, thresholds = (torch.empty(rows, **f32) for _ in range(4))
-    count, unresolved = torch.empty(rows, **i32), torch.empty(rows, **i32)
-    buffer = torch.empty(rows, candidates, dtype=torch.int64, device=device)
-    settings = (temperatures, top_k, top_p, min_p)
+    found = _Candidates(
+        *(torch.empty(rows, **f32) for _ in range(3)),
+        torch.empty(rows, dtype=torch.int32, device=device),
+        torch.empty(rows, candidates, dtype=torch.int64, device=device),
+    )
     grid = (rows, num_chunks)
     _chunk_stats_kernel[grid](
         logits,
@@ -363,10 +417,10 @@ def truncation_thresholds(
         chunk_sum,
         run_max,
         *settings,
-        row_max,
-        row_sum,
-        bound,
-        count,
+        found.row_max,
+        found.row_sum,
+        found.bound,
+        found.count,
         vocab,
         NUM_CHUNKS=num_chunks,
         CHUNKS_PAD=triton.next_power_of_2(num_chunks),
@@ -375,20 +429,97 @@ def truncation_thresholds(
         BOUND_K=_BOUND_K,
     )
     _gather_kernel[grid](
-        logits, *settings, bound, count, buffer, vocab, logits.stride(0), CHUNK=_CHUNK, CANDIDATES=candidates
+        logits,
+        *settings,
+        found.bound,
+        found.count,
+        found.buffer,
+        vocab,
+        logits.stride(0),
+        CHUNK=_CHUNK,
+        CANDIDATES=candidates,
     )
+    return found
+
+
+def _row_block(vocab: int) -> int:
+    return min(_FALLBACK_BLOCK, triton.next_power_of_2(vocab))
+
+
+def truncation_thresholds(
+    logits: torch.Tensor,
+    temperatures: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    candidates: int = _CANDIDATES,
+) -> torch.Tensor:
+    """Per row, the smallest logit that min-p, top-k and top-p keep at the row's temperature (-inf for rows
+    that keep every logit, greedy rows among them); logits tied with it are kept too. `candidates`, a power
+    of two, is the buffer a row's threshold is read from; rows it cannot settle are searched."""
+    # logits: [rows, vocab]; temperatures, top_p, min_p: [rows] float; top_k: [rows] int64 -> [rows] float32
+    rows, vocab = logits.shape
+    settings = (temperatures, top_k, top_p, min_p)
+    found = _gather_candidates(logits, settings, candidates)
+    thresholds = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    unresolved = torch.empty(rows, dtype=torch.int32, device=logits.device)
     _select_kernel[(rows,)](
-        buffer, count, row_max, row_sum, bound, *settings, thresholds, unresolved, vocab, CANDIDATES=candidates
+        found.buffer,
+        found.count,
+        found.row_max,
+        found.row_sum,
+        found.bound,
+        *settings,
+        thresholds,
+        unresolved,
+        vocab,
+        CANDIDATES=candidates,
     )
     _fallback_kernel[(rows,)](
         logits,
         unresolved,
-        row_max,
+        found.row_max,
         *settings,
         thresholds,
         vocab,
         logits.stride(0),
         ZERO_BITS=_ZERO_BITS[logits.dtype],
-        BLOCK=min(_FALLBACK_BLOCK, triton.next_power_of_2(vocab)),
+        BLOCK=_row_block(vocab),
     )
     return thresholds
+
+
+def top_logprobs(
+    logits: torch.Tensor, k: int, candidates: int = _CANDIDATES
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row, the ids of its k largest logits, largest first, their log-probabilities (log-softmax of the
+    logits at temperature 1) and the row's log-sum-exp, for 1 <= k < vocab."""
+    # logits: [rows, vocab] -> ids [rows, k] int64, logprobs [rows, k] float32, log_sum_exp [rows] float32
+    rows, vocab = logits.shape
+    device = logits.device
+    settings = (
+        torch.ones(rows, dtype=torch.float32, device=device),
+        torch.full((rows,), k, dtype=torch.int64, device=device),
+        torch.ones(rows, dtype=torch.float32, device=device),
+        torch.zeros(rows, dtype=torch.float32, device=device),
+    )
+    found = _gather_candidates(logits, settings, candidates)
+    ids = torch.empty(rows, k, dtype=torch.int64, device=device)
+    logprobs = torch.empty(rows, k, dtype=torch.float32, device=device)
+    log_sum_exp = torch.empty(rows, dtype=torch.float32, device=device)
+    _top_k_kernel[(rows,)](
+        logits,
+        found.buffer,
+        found.count,
+        found.row_max,
+        found.row_sum,
+        ids,
+        logprobs,
+        log_sum_exp,
+        k,
+        vocab,
+        logits.stride(0),
+        CANDIDATES=candidates,
+        BLOCK=_row_block(vocab),
+    )
+    return ids, logprobs, log_sum_exp
