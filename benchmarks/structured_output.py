@@ -8,8 +8,11 @@ apply it to the logits (the fill runs while the device computes the forward
 pass; the application is part of sampling).
 
 Throughput (CUDA only): benchmarks/throughput.py's standard workload through
-LLM.generate with the real tokenizer, once as it is and once with every tenth
-request constrained to a JSON object, in the same run.
+LLM.generate with the real tokenizer, in the same run: as it is, with every
+tenth request constrained to a JSON object, and with every request held to
+the nested JSON schema. Constrained requests end when their JSON closes, so
+the rates are output tokens over wall time; every constrained reply that ends
+with "stop" is parsed and validated (jsonschema), and the count printed.
 
     python benchmarks/structured_output.py [--skip-throughput]
 """
@@ -21,7 +24,9 @@ import platform
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 
+import jsonschema
 import torch
 from throughput import add_qwen3_tokenizer, hbm_bandwidth, workload, write_model_dir
 from transformers import AutoTokenizer
@@ -99,21 +104,43 @@ def cpu_name() -> str:
         return platform.processor() or platform.machine()
 
 
-def throughput(model_dir: str, constrained_every: int | None) -> tuple[float, int]:
-    """Output tok/s of the standard workload, every `constrained_every`-th request held to a JSON
-    object (None: none), and how many output tokens it made."""
+@dataclass
+class Run:
+    """One pass of the workload: its output tok/s and tokens, and its constrained replies that ended
+    with "stop", with how many of them parse and validate."""
+
+    rate: float
+    tokens: int
+    stopped: int = 0
+    valid: int = 0
+
+
+def validates(text: str, schema: dict | None) -> bool:
+    """Whether `text` is a JSON object (matching `schema` where one is given)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    if schema is None:
+        return isinstance(value, dict)
+    try:
+        jsonschema.validate(value, schema)
+    except jsonschema.ValidationError:
+        return False
+    return True
+
+
+def throughput(model_dir: str, constrained_every: int | None, schema: dict | None = None) -> Run:
+    """The standard workload with every `constrained_every`-th request (None: none) held to `schema`, or
+    to any JSON object without one."""
     llm = LLM(model_dir, load_format="dummy")
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8), use_tqdm=False)
     prompts, max_tokens = workload()
-    spec = StructuredOutputsParams(json_object=True)
+    spec = StructuredOutputsParams(json=schema) if schema else StructuredOutputsParams(json_object=True)
+    held = [bool(constrained_every) and i % constrained_every == 0 for i in range(len(prompts))]
     params = [
-        SamplingParams(
-            temperature=0.6,
-            ignore_eos=True,
-            max_tokens=m,
-            structured_outputs=spec if constrained_every and i % constrained_every == 0 else None,
-        )
-        for i, m in enumerate(max_tokens)
+        SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m, structured_outputs=spec if h else None)
+        for m, h in zip(max_tokens, held)
     ]
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -123,7 +150,12 @@ def throughput(model_dir: str, constrained_every: int | None) -> tuple[float, in
     llm.close()
     del llm
     torch.cuda.empty_cache()
-    return tokens / elapsed, tokens
+    run = Run(tokens / elapsed, tokens)
+    for output, h in zip(outputs, held):
+        if h and output.outputs[0].finish_reason == "stop":
+            run.stopped += 1
+            run.valid += validates(output.outputs[0].text, schema)
+    return run
 
 
 def main() -> None:
@@ -151,13 +183,17 @@ def main() -> None:
     )
     model_dir = write_model_dir("0.6b")
     add_qwen3_tokenizer(model_dir)
-    free, free_tokens = throughput(model_dir, None)
-    held, held_tokens = throughput(model_dir, 10)
-    print(f"  unconstrained: {free:,.0f} output tok/s ({free_tokens:,} tokens)")
-    print(
-        f"  every tenth request a JSON object: {held:,.0f} output tok/s ({held_tokens:,} tokens; constrained "
-        f"requests end when their object closes); {held / free:.2f}x"
-    )
+    free = throughput(model_dir, None)
+    print(f"  unconstrained: {free.rate:,.0f} output tok/s ({free.tokens:,} tokens)")
+    for label, every, schema in (
+        ("every tenth request a JSON object", 10, None),
+        ("every request held to the JSON schema", 1, SCHEMA),
+    ):
+        held = throughput(model_dir, every, schema)
+        print(
+            f"  {label}: {held.rate:,.0f} output tok/s ({held.tokens:,} tokens); {held.rate / free.rate:.2f}x; "
+            f"{held.valid} of the {held.stopped} constrained replies that ended with stop parse and validate"
+        )
 
 
 if __name__ == "__main__":

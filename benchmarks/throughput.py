@@ -30,7 +30,7 @@ cache, then with the FP8 cache, and prints the ratio (the FP8 run's roofline
 counts its smaller KV reads).
 
     python benchmarks/throughput.py [--peer hf] [--skip-tokenizer-init | --compare-tokenizer]
-                                    [--enforce-eager] [--no-chunked-prefill] [--profile]
+                                    [--enforce-eager] [--no-chunked-prefill] [--profile] [--kvcache-block-size N]
                                     [--model-shape 0.6b|8b] [--tensor-parallel-size N [N ...]]
                                     [--kv-cache-dtype auto|fp8] [--sampling NAME=VALUE ...]
 """
@@ -279,6 +279,7 @@ def make_llm(model_dir: str, args, skip_tokenizer_init: bool, tensor_parallel_si
         tensor_parallel_size=tensor_parallel_size,
         enable_chunked_prefill=not args.no_chunked_prefill,
         kv_cache_dtype=kv_cache_dtype,
+        **({} if args.kvcache_block_size is None else {"kvcache_block_size": args.kvcache_block_size}),
     )
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8), use_tqdm=False)
     return llm
@@ -505,6 +506,7 @@ def main() -> None:
         "--compare-tokenizer", action="store_true", help="run with the tokenizer, then without, and print the ratio"
     )
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    parser.add_argument("--kvcache-block-size", type=int, help="tokens per KV-cache block (default: the engine's)")
     parser.add_argument(
         "--no-chunked-prefill", action="store_true", help="whole-prompt prefill steps (enable_chunked_prefill=False)"
     )
