@@ -18,14 +18,16 @@ candidates rather than by a sort of the vocabulary:
 
 1. `_chunk_stats_kernel` (rows x chunks): each chunk's largest logit and sum of
    w, and the largest logit of each run of `_RUN` logits.
-2. `_lower_bound_kernel` (rows): the bound L, the k-th largest run maximum
-   (k = top-k, else `_BOUND_K`), raised to min-p's value where that is larger.
-   At least k logits are >= L, so top-k's threshold is >= L.
+2. `_lower_bound_kernel` (rows): the bound L, a value just below the k-th
+   largest run maximum (k = top-k, else `_BOUND_K`) found by a few rounds of
+   counting against pivots, raised to min-p's value where that is larger. At
+   least k logits are >= L, so top-k's threshold is >= L.
 3. `_gather_kernel` (rows x chunks): every logit >= L into a buffer of
    `candidates` entries per row (value and index packed in one int64).
-4. `_select_kernel` (rows): the buffer sorted and each threshold read from it.
-   This is exact whenever the buffer holds every logit >= L and the kept set
-   lies within them.
+4. `_select_kernel` (rows): the buffer sorted (its first `_FEW_CANDIDATES`
+   entries only, where no more were gathered, as is usual) and each threshold
+   read from it. This is exact whenever the buffer holds every logit >= L and
+   the kept set lies within them.
 5. `_fallback_kernel` (rows): the rare rows where that fails (top-p alone over a
    flat distribution, a top-k larger than the runs bound, more logits tied at L
    than the buffer holds) find their threshold by bisection over the logits'
@@ -52,6 +54,9 @@ _CHUNK = 2048  # logits per program of the passes over the vocabulary
 _RUN = 128  # logits per run whose maximum bounds top-k from below
 _BOUND_K = 256  # the bound for rows without top-k: top-p and min-p rarely keep more logits
 _CANDIDATES = 1024  # buffer entries per row
+_FEW_CANDIDATES = 128  # rows that gathered no more sort this much of the buffer only
+_BOUND_PIVOTS = tl.constexpr(8)  # the bound's search: pivots per round and rounds
+_BOUND_ROUNDS = tl.constexpr(4)
 _FALLBACK_BLOCK = 4096
 _LOG2E = tl.constexpr(1.4426950408889634)
 # low bits of a float32's pattern that are always zero for values of each dtype
@@ -130,6 +135,24 @@ def _chunk_stats_kernel(
 
 
 @triton.jit
+def _run_bound(run_max, m, k):
+    """A value with at least k run maxima at or above it, close below the k-th largest: an interval [lo, hi]
+    with k maxima >= lo and fewer >= hi, narrowed `_BOUND_ROUNDS` times to its pivots around the k-th
+    (-inf when fewer than k runs hold a finite logit)."""
+    finite = run_max > float("-inf")
+    lo = tl.min(tl.where(finite, run_max, float("inf")), 0)
+    hi = m
+    pivot = tl.arange(0, _BOUND_PIVOTS)
+    for _ in tl.static_range(_BOUND_ROUNDS):
+        pivots = lo + (hi - lo) * (pivot + 1).to(tl.float32) / (_BOUND_PIVOTS + 1)  # [PIVOTS], ascending
+        counts = tl.sum((run_max[None, :] >= pivots[:, None]).to(tl.int32), 1)
+        reached = counts >= k
+        lo = tl.maximum(lo, tl.max(tl.where(reached, pivots, float("-inf")), 0))
+        hi = tl.minimum(hi, tl.min(tl.where(reached, float("inf"), pivots), 0))
+    return tl.where(tl.sum(finite.to(tl.int32), 0) >= k, lo, float("-inf"))
+
+
+@triton.jit
 def _lower_bound_kernel(
     chunk_max_ptr,
     chunk_sum_ptr,
@@ -166,10 +189,8 @@ def _lower_bound_kernel(
         k = tl.where(top_k < vocab, top_k, BOUND_K)
         runs = tl.arange(0, RUNS_PAD)
         run_max = tl.load(run_max_ptr + row * NUM_RUNS + runs, mask=runs < NUM_RUNS, other=float("-inf"))
-        ordered = tl.sort(run_max, descending=True)
-        kth = tl.max(tl.where(runs == k - 1, ordered, float("-inf")), 0)  # -inf where k > NUM_RUNS: no bound
         min_p_value = tl.where(min_p > 0, m + tl.log2(min_p) * temperature / _LOG2E, float("-inf"))
-        tl.store(bound_ptr + row, tl.maximum(kth, min_p_value))
+        tl.store(bound_ptr + row, tl.maximum(_run_bound(run_max, m, k), min_p_value))
         tl.store(count_ptr + row, 0)
 
 
@@ -206,6 +227,45 @@ def _gather_kernel(
 
 
 @triton.jit
+def _sorted_buffer(candidates_ptr, row, n, CANDIDATES: tl.constexpr, SIZE: tl.constexpr):
+    """The first SIZE entries of a row's buffer, largest first ([SIZE] int64), and which of them hold a logit."""
+    slots = tl.arange(0, SIZE)
+    held = slots < n
+    packed = tl.load(candidates_ptr + row * CANDIDATES + slots, mask=held, other=-(1 << 63))
+    return tl.sort(packed, descending=True), held
+
+
+@triton.jit
+def _threshold_from_buffer(
+    candidates_ptr, row, n, m, bound, row_sum, temperature, top_k, top_p, min_p, vocab, CANDIDATES, SIZE
+):
+    """A row's threshold read from its buffer's first SIZE entries (all it holds), and 1 where the buffer
+    cannot tell it."""
+    packed, held = _sorted_buffer(candidates_ptr, row, n, CANDIDATES, SIZE)
+    slots = tl.arange(0, SIZE)
+    scale = _LOG2E / temperature
+    values = tl.where(held, _key_value((packed >> 32).to(tl.int32), 0), float("-inf"))
+    weights = _weights(values, m, scale)
+    # the buffer holds the row's n largest logits, every logit >= L, unless it overflowed
+    complete = n <= CANDIDATES
+    top_k_value = tl.max(tl.where(slots == top_k - 1, values, float("-inf")), 0)
+    min_p_value = tl.where(min_p > 0, m + tl.log2(min_p) * temperature / _LOG2E, float("-inf"))
+    kept = tl.maximum(tl.where(top_k < vocab, top_k_value, float("-inf")), min_p_value)
+    # what min-p and top-k keep lies in the buffer, or they keep the whole row (top-p alone)
+    known = complete & (kept >= bound) & ((top_k >= vocab) | (top_k <= n))
+    whole_row = kept == float("-inf")
+    kept_sum = tl.where(whole_row, row_sum, tl.sum(tl.where(values >= kept, weights, 0.0), 0))
+    reached = held & (tl.cumsum(weights, 0) >= top_p * kept_sum)
+    top_p_value = tl.max(tl.where(reached, values, float("-inf")), 0)  # the first reached, the largest
+    threshold = kept
+    unresolved = (~known).to(tl.int32)
+    if top_p < 1:
+        threshold = tl.maximum(kept, top_p_value)
+        unresolved = (~(complete & (known | whole_row) & (top_p_value > float("-inf")))).to(tl.int32)
+    return threshold, unresolved
+
+
+@triton.jit
 def _select_kernel(
     candidates_ptr,
     count_ptr,
@@ -220,6 +280,7 @@ def _select_kernel(
     unresolved_ptr,
     vocab,
     CANDIDATES: tl.constexpr,
+    FEW: tl.constexpr,
 ):
     # thresholds: [rows] float32 (-inf: keep every logit); unresolved: [rows] int32, 1 where the
     # buffer cannot tell the threshold and the fallback must search it
@@ -230,32 +291,17 @@ def _select_kernel(
     threshold = float("-inf")
     unresolved = 0
     if truncates:
-        scale = _LOG2E / temperature
-        m = tl.load(row_max_ptr + row)
         n = tl.load(count_ptr + row)
-        slots = tl.arange(0, CANDIDATES)
-        held = slots < n
-        packed = tl.load(candidates_ptr + row * CANDIDATES + slots, mask=held, other=-(1 << 63))
-        packed = tl.sort(packed, descending=True)
-        values = tl.where(held, _key_value((packed >> 32).to(tl.int32), 0), float("-inf"))
-        weights = _weights(values, m, scale)
-        # the buffer holds the row's n largest logits, every logit >= L, unless it overflowed
-        complete = n <= CANDIDATES
-        top_k_value = tl.max(tl.where(slots == top_k - 1, values, float("-inf")), 0)
-        min_p_value = tl.where(min_p > 0, m + tl.log2(min_p) * temperature / _LOG2E, float("-inf"))
-        kept = tl.maximum(tl.where(top_k < vocab, top_k_value, float("-inf")), min_p_value)
-        # what min-p and top-k keep lies in the buffer, or they keep the whole row (top-p alone)
-        known = complete & (kept >= tl.load(bound_ptr + row)) & ((top_k >= vocab) | (top_k <= n))
-        whole_row = kept == float("-inf")
-        kept_sum = tl.where(whole_row, tl.load(row_sum_ptr + row), tl.sum(tl.where(values >= kept, weights, 0.0), 0))
-        reached = held & (tl.cumsum(weights, 0) >= top_p * kept_sum)
-        top_p_value = tl.max(tl.where(reached, values, float("-inf")), 0)  # the first reached, the largest
-        if top_p < 1:
-            threshold = tl.maximum(kept, top_p_value)
-            unresolved = (~(complete & (known | whole_row) & (top_p_value > float("-inf")))).to(tl.int32)
+        row_state = (tl.load(row_max_ptr + row), tl.load(bound_ptr + row), tl.load(row_sum_ptr + row))
+        settings = (temperature, top_k, top_p, min_p, vocab)
+        if n <= FEW:  # the usual case: a sort of few entries
+            threshold, unresolved = _threshold_from_buffer(
+                candidates_ptr, row, n, *row_state, *settings, CANDIDATES, FEW
+            )
         else:
-            threshold = kept
-            unresolved = (~known).to(tl.int32)
+            threshold, unresolved = _threshold_from_buffer(
+                candidates_ptr, row, n, *row_state, *settings, CANDIDATES, CANDIDATES
+            )
     tl.store(thresholds_ptr + row, threshold)
     tl.store(unresolved_ptr + row, unresolved)
 
@@ -331,6 +377,15 @@ def _fallback_kernel(
         tl.store(thresholds_ptr + row, _key_value(lo.to(tl.int32), ZERO_BITS))
 
 
+@triton.jit
+def _store_top_k(candidates_ptr, row, n, k, log_sum_exp, ids_ptr, logprobs_ptr, CANDIDATES, SIZE):
+    """The k largest of a row's buffer (all of it in its first SIZE entries): ids and log-probabilities."""
+    packed, held = _sorted_buffer(candidates_ptr, row, n, CANDIDATES, SIZE)
+    slots = tl.arange(0, SIZE)
+    tl.store(ids_ptr + slots, packed & 0xFFFFFFFF, mask=slots < k)
+    tl.store(logprobs_ptr + slots, _key_value((packed >> 32).to(tl.int32), 0) - log_sum_exp, mask=slots < k)
+
+
 @triton.jit(do_not_specialize=["k"])  # one compiled kernel for every k a request asks for
 def _top_k_kernel(
     logits_ptr,
@@ -345,6 +400,7 @@ def _top_k_kernel(
     vocab,
     stride_row,
     CANDIDATES: tl.constexpr,
+    FEW: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     # ids: [rows, k] int64 and logprobs: [rows, k] float32, most likely first (ties: the higher index first);
@@ -354,13 +410,10 @@ def _top_k_kernel(
     tl.store(log_sum_exp_ptr + row, log_sum_exp)
     n = tl.load(count_ptr + row)
     out = row * k
-    if n <= CANDIDATES:
-        slots = tl.arange(0, CANDIDATES)
-        packed = tl.load(candidates_ptr + row * CANDIDATES + slots, mask=slots < n, other=-(1 << 63))
-        packed = tl.sort(packed, descending=True)
-        tl.store(ids_ptr + out + slots, packed & 0xFFFFFFFF, mask=slots < k)
-        value = _key_value((packed >> 32).to(tl.int32), 0)
-        tl.store(logprobs_ptr + out + slots, value - log_sum_exp, mask=slots < k)
+    if n <= FEW:  # the usual case: a sort of few entries
+        _store_top_k(candidates_ptr, row, n, k, log_sum_exp, ids_ptr + out, logprobs_ptr + out, CANDIDATES, FEW)
+    elif n <= CANDIDATES:
+        _store_top_k(candidates_ptr, row, n, k, log_sum_exp, ids_ptr + out, logprobs_ptr + out, CANDIDATES, CANDIDATES)
     else:  # the buffer overflowed: each next largest (value, index) below the last, by a pass over the row
         last = tl.full([], (1 << 63) - 1, tl.int64)
         for j in range(0, k):
@@ -474,6 +527,7 @@ def truncation_thresholds(
         unresolved,
         vocab,
         CANDIDATES=candidates,
+        FEW=min(_FEW_CANDIDATES, candidates),
     )
     _fallback_kernel[(rows,)](
         logits,
@@ -520,6 +574,7 @@ def top_logprobs(
         vocab,
         logits.stride(0),
         CANDIDATES=candidates,
+        FEW=min(_FEW_CANDIDATES, candidates),
         BLOCK=_row_block(vocab),
     )
     return ids, logprobs, log_sum_exp

@@ -60,15 +60,15 @@ class SamplingTensors:
 
     @property
     def drawn_by_threshold(self) -> bool:
-        """Some row draws, and beyond its temperature each row asks at most for truncation and logprobs: the
-        Gumbel-max kernel draws them from the raw logits, each among the logits at or above its row's
-        truncation threshold (no seed, penalty, logit bias, banned token or grammar mask to apply first)."""
-        return self.temperatures is not None and not (
+        """No row asks for a seed, a penalty or a logit bias, and grammar masks and banned tokens come without
+        logprobs (which read the raw logits): masks and bans can then be applied to the logits in place, and
+        the Gumbel-max kernel draws each row among its logits at or above its truncation threshold."""
+        masked = self.bitmask is not None or self.banned is not None
+        return not (
             self.seeded_rows is not None
             or self.penalties is not None
             or self.bias_index is not None
-            or self.banned is not None
-            or self.bitmask is not None
+            or (masked and self.num_logprobs is not None)
         )
 
     @property

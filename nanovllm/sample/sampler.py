@@ -30,13 +30,15 @@ class Sampler(nn.Module):
     take the argmax, which samples from the distribution without a multinomial.
     Unseeded rows take noise from the device's generator (one kernel); seeded
     rows from a hash of (seed, position, token), independent of the batch.
-    On CUDA a step that asks for no more than truncation and logprobs reads the
-    raw logits in place: a threshold search per row, then the Gumbel-max kernel
-    among the logits at or above each threshold (`SamplingTensors.drawn_by_threshold`).
+    On CUDA a step without seeds, penalties or logit biases works on the logits
+    in place, with no copy: bans and grammar masks set them to -inf, a threshold
+    search per row finds what truncation keeps, and the Gumbel-max kernel draws
+    among the logits at or above each threshold (`SamplingTensors.drawn_by_threshold`);
+    the logits may then have changed.
     """
 
     def forward(self, logits: torch.Tensor, tensors: SamplingTensors | None = None) -> SamplerOutput:
-        """Tokens for logits [num_seqs, vocab]; no tensors means every row is plain greedy."""
+        """Tokens for logits [num_seqs, vocab] (on CUDA they may be overwritten); no tensors: every row greedy."""
         if tensors is None:
             return SamplerOutput(logits.argmax(dim=-1))
         if tensors.temperature_only:
@@ -44,9 +46,7 @@ class Sampler(nn.Module):
             token_ids = logits.argmax(dim=-1) if greedy else sample_with_temperatures(logits, tensors.temperatures)
             return self._with_logprobs(logits, token_ids, tensors)
         if logits.is_cuda and tensors.drawn_by_threshold:
-            thresholds = truncation_thresholds(logits, tensors) if tensors.truncates else None
-            token_ids = sample_with_temperatures(logits, tensors.temperatures, thresholds=thresholds)
-            return self._with_logprobs(logits, token_ids, tensors)
+            return self._draw_by_threshold(logits, tensors)
         processed = logits.float()
         if tensors.bias_index is not None:
             processed = processed.index_put(
@@ -54,17 +54,19 @@ class Sampler(nn.Module):
             )
         if tensors.penalties is not None:
             processed = apply_penalties(processed, tensors.penalties)
-        if tensors.banned is not None:
-            processed = processed.index_put(
-                (tensors.banned[0], tensors.banned[1]), torch.tensor(float("-inf"), device=logits.device)
-            )
-        if tensors.bitmask is not None:
-            from xgrammar import apply_token_bitmask_inplace  # only constrained requests get here
-
-            apply_token_bitmask_inplace(processed, tensors.bitmask, indices=tensors.bitmask_rows)
+        ban_and_mask_(processed, tensors)
         token_ids = processed.argmax(dim=-1)
         if tensors.temperatures is not None:
             token_ids = torch.where(tensors.temperatures == 0, token_ids, self._draw(processed, tensors))
+        return self._with_logprobs(logits, token_ids, tensors)
+
+    def _draw_by_threshold(self, logits: torch.Tensor, tensors: SamplingTensors) -> SamplerOutput:
+        ban_and_mask_(logits, tensors)
+        thresholds = truncation_thresholds(logits, tensors) if tensors.truncates else None
+        temperatures = tensors.temperatures
+        if temperatures is None:  # every row greedy: temperature 0 takes the argmax
+            temperatures = torch.zeros(logits.size(0), device=logits.device)
+        token_ids = sample_with_temperatures(logits, temperatures, thresholds=thresholds)
         return self._with_logprobs(logits, token_ids, tensors)
 
     @staticmethod
@@ -84,6 +86,17 @@ class Sampler(nn.Module):
         if tensors.seeded_rows is not None:
             noise[tensors.seeded_rows] = seeded_exponential(tensors.seeds, tensors.positions, probs.shape[1])
         return (probs / noise).argmax(dim=-1)
+
+
+def ban_and_mask_(logits: torch.Tensor, tensors: SamplingTensors) -> None:
+    """Set to -inf, in place, the logits of tokens that min_tokens bans and that grammar masks forbid."""
+    # logits: [num_seqs, vocab]
+    if tensors.banned is not None:
+        logits.index_put_((tensors.banned[0], tensors.banned[1]), torch.tensor(float("-inf"), device=logits.device))
+    if tensors.bitmask is not None:
+        from xgrammar import apply_token_bitmask_inplace  # only constrained requests get here
+
+        apply_token_bitmask_inplace(logits, tensors.bitmask, indices=tensors.bitmask_rows)
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:

@@ -1,5 +1,6 @@
 """The sampler: greedy rows, Gumbel-max frequencies (chi-square), truncation, seeds, bans, logprobs."""
 
+import numpy as np
 import pytest
 import torch
 from chi_square import chi_square_p_value
@@ -189,6 +190,30 @@ def test_banned_tokens_are_never_drawn():
         for _ in range(200):
             ids = Sampler()(logits, SamplingTensors(temperatures=temperatures, banned=banned)).token_ids
             assert ids[0] not in (banned[1, 0], 2) and ids[1] != banned[1, 2]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_grammar_masks_and_bans_hold_beside_truncation(device):
+    pytest.importorskip("xgrammar")
+    torch.manual_seed(6)
+    logits = torch.randn(3, 40, device=device)
+    allowed = [[3, 7, 30], [], [5]]  # row 1 is not constrained
+    words = np.zeros((3, 2), dtype=np.uint32)
+    for row, ids in enumerate(allowed):
+        for token_id in ids:
+            words[row, token_id // 32] |= np.uint32(1 << (token_id % 32))
+    banned = int(logits[1].argmax())
+    tensors = SamplingTensors(
+        temperatures=torch.tensor([1.0, 1.0, 0.0], device=device),
+        top_k=torch.tensor([2, 40, 40], device=device),
+        banned=torch.tensor([[1], [banned]], device=device),
+        bitmask=torch.from_numpy(words.view(np.int32)).to(device),
+        bitmask_rows=[0, 2],
+    )
+    top_two_allowed = set(logits[0, allowed[0]].topk(2).indices.tolist())
+    for _ in range(100):
+        ids = Sampler()(logits.clone(), tensors).token_ids.tolist()
+        assert allowed[0].index(ids[0]) in top_two_allowed and ids[1] != banned and ids[2] == 5
 
 
 @pytest.mark.parametrize("device", DEVICES)
