@@ -251,8 +251,9 @@ def _threshold_from_buffer(
     top_k_value = tl.max(tl.where(slots == top_k - 1, values, float("-inf")), 0)
     min_p_value = tl.where(min_p > 0, m + tl.log2(min_p) * temperature / _LOG2E, float("-inf"))
     kept = tl.maximum(tl.where(top_k < vocab, top_k_value, float("-inf")), min_p_value)
-    # what min-p and top-k keep lies in the buffer, or they keep the whole row (top-p alone)
-    known = complete & (kept >= bound) & ((top_k >= vocab) | (top_k <= n))
+    # what min-p and top-k keep lies in the buffer, or they keep the whole row (top-p alone); fewer than
+    # top-k logits >= L happens only where min-p's bound raised L, and then min-p keeps fewer than top-k
+    known = complete & (kept >= bound)
     whole_row = kept == float("-inf")
     kept_sum = tl.where(whole_row, row_sum, tl.sum(tl.where(values >= kept, weights, 0.0), 0))
     reached = held & (tl.cumsum(weights, 0) >= top_p * kept_sum)
