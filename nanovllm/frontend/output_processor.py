@@ -7,6 +7,7 @@ from transformers import PreTrainedTokenizerBase
 
 from nanovllm.engine.messages import EngineCoreOutput, TokenLogprobs
 from nanovllm.frontend.detokenizer import IncrementalDetokenizer
+from nanovllm.frontend.token_texts import TokenTexts
 from nanovllm.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from nanovllm.sampling_params import SamplingParams
 
@@ -20,7 +21,9 @@ class RequestState:
     be shown before the completion ends, less a tail that may still turn out
     to be the start of a stop string. `params` are the completion's own (the
     core request's); `show_logprobs` says whether the user asked for logprobs
-    (a best_of ranking computes them without showing them).
+    (a best_of ranking computes them without showing them). `token_texts`
+    gives the logprobs' token texts (the front end's one, shared by all its
+    requests; None without a tokenizer).
     """
 
     def __init__(
@@ -31,11 +34,12 @@ class RequestState:
         params: SamplingParams,
         tokenizer: PreTrainedTokenizerBase | None,
         show_logprobs: bool,
+        token_texts: TokenTexts | None,
     ):
         self.request_id = request_id
         self.index = index
         self.params = params
-        self.tokenizer = tokenizer
+        self.token_texts = token_texts
         self.detokenizer = (
             None
             if tokenizer is None
@@ -98,11 +102,11 @@ class RequestState:
     def _position(self, entry: TokenLogprobs) -> PositionLogprobs:
         """{token id: Logprob}: the chosen token first with its own rank, then the top alternatives
         (ranks 1, 2, ...) that are not the chosen one."""
-        decode = (lambda t: None) if self.tokenizer is None else (lambda t: self.tokenizer.decode([t]))
-        chosen, alternatives = entry.token_ids[0], entry.token_ids[1:]
-        position = {chosen: Logprob(entry.logprobs[0], entry.rank, decode(chosen))}
-        for rank, (token_id, logprob) in enumerate(zip(alternatives, entry.logprobs[1:]), start=1):
-            position.setdefault(token_id, Logprob(logprob, rank, decode(token_id)))
+        ids, logprobs = entry.token_ids, entry.logprobs
+        texts = [None] * len(ids) if self.token_texts is None else self.token_texts(ids)
+        position = {ids[0]: Logprob(logprobs[0], entry.rank, texts[0])}
+        for rank, (token_id, logprob, text) in enumerate(zip(ids[1:], logprobs[1:], texts[1:]), start=1):
+            position.setdefault(token_id, Logprob(logprob, rank, text))
         return position
 
     def _cut_at_stop_string(self, num_new_chars: int) -> str | None:
