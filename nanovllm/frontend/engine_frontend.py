@@ -14,6 +14,7 @@ from nanovllm.engine.messages import EngineCoreRequest
 from nanovllm.frontend.generation_defaults import generation_config_path, generation_defaults
 from nanovllm.frontend.input_processor import InputProcessor, ProcessedPrompt, Prompt
 from nanovllm.frontend.output_processor import OutputProcessor, ParentRequest, RequestState
+from nanovllm.frontend.token_texts import TokenTexts
 from nanovllm.frontend.tokenizer import eos_token_ids, load_tokenizer
 from nanovllm.sampling_params import INT64_MIN, SamplingParams
 from nanovllm.utils.heap import freeze_start_up_objects
@@ -72,6 +73,7 @@ class EngineFrontend:
         )
         self.client = client_class(self.config, self.eos_token_ids, vocabulary)
         self.input_processor = InputProcessor(self.tokenizer, self.client.info)
+        self.token_texts = None if self.tokenizer is None else TokenTexts(self.tokenizer)
         self.output_processor = OutputProcessor()
         self._request_ids = count()
         freeze_start_up_objects()
@@ -105,6 +107,7 @@ class EngineFrontend:
                     completion_params(params, index),
                     self.tokenizer,
                     show_logprobs=params.logprobs is not None,
+                    token_texts=self.token_texts,
                 )
             )
         parent = ParentRequest(request_id, prompt.text, prompt.token_ids, params, completions)

@@ -7,6 +7,7 @@ from nanovllm import SamplingParams
 from nanovllm.engine.messages import EngineCoreOutput, TokenLogprobs
 from nanovllm.frontend.engine_frontend import completion_params
 from nanovllm.frontend.output_processor import OutputProcessor, ParentRequest, RequestState
+from nanovllm.frontend.token_texts import TokenTexts
 from nanovllm.outputs import Logprob
 
 EOS = 1
@@ -39,6 +40,7 @@ def make_parent(tokenizer, prompt: str, request_id="r", **params) -> ParentReque
             completion_params(params, index),
             tokenizer,
             show_logprobs=params.logprobs is not None,
+            token_texts=TokenTexts(tokenizer),
         )
         for index in range(params.num_completions)
     ]
@@ -190,15 +192,45 @@ def test_logprobs_put_the_chosen_token_first_with_its_rank_then_the_alternatives
     assert completion.cumulative_logprob == -0.25 + -2.0
 
 
+def test_logprob_tokens_carry_the_text_of_each_token_decoded_alone(smollm_tokenizer):
+    # byte-level tokens: pieces of split characters decode to U+FFFD; the end-of-sequence token shows its text
+    text_ids = smollm_tokenizer.encode(" 東京 🙂 naïve")
+    rows = [text_ids[i : i + 3] for i in range(0, len(text_ids) - 2, 2)] + [[smollm_tokenizer.eos_token_id, 0, 17]]
+    state = make_state(smollm_tokenizer, "Say:", logprobs=2, prompt_logprobs=2)
+    for row in rows:
+        entry = TokenLogprobs(row, [-1.0, -0.5, -2.0], 2)
+        state.update(EngineCoreOutput("r", row[:1], [entry], new_prompt_logprobs=[entry]))
+    expected = [{token_id: smollm_tokenizer.decode([token_id]) for token_id in row} for row in rows]
+    shown = [
+        {token_id: lp.decoded_token for token_id, lp in position.items()} for position in state.completion().logprobs
+    ]
+    assert shown == expected
+    assert [{t: lp.decoded_token for t, lp in position.items()} for position in state.prompt_logprobs[1:]] == expected
+    # without a tokenizer the tokens have no text
+    bare = RequestState("r", 0, [5], SamplingParams(logprobs=2), None, show_logprobs=True, token_texts=None)
+    bare.update(EngineCoreOutput("r", rows[0][:1], [TokenLogprobs(rows[0], [-1.0, -0.5, -2.0], 2)]))
+    assert [lp.decoded_token for lp in bare.completion().logprobs[0].values()] == [None] * 3
+
+
 def test_logprobs_computed_for_ranking_only_keep_the_cumulative_sum_but_show_no_positions(tiny_tokenizer):
-    state = RequestState("r", 0, [5], SamplingParams(logprobs=0), tiny_tokenizer, show_logprobs=False)
+    state = RequestState(
+        "r",
+        0,
+        [5],
+        SamplingParams(logprobs=0),
+        tiny_tokenizer,
+        show_logprobs=False,
+        token_texts=TokenTexts(tiny_tokenizer),
+    )
     state.update(EngineCoreOutput("r", [6], [TokenLogprobs([6], [-0.75], 2)]))
     state.update(EngineCoreOutput("r", [7], [TokenLogprobs([7], [-0.5], 1)]))
     completion = state.completion()
     assert (completion.logprobs, completion.cumulative_logprob) == (None, -1.25)
     assert state.delta().logprobs is None
     # nothing computed at all: no sum either
-    plain = RequestState("r", 0, [5], SamplingParams(), tiny_tokenizer, show_logprobs=False)
+    plain = RequestState(
+        "r", 0, [5], SamplingParams(), tiny_tokenizer, show_logprobs=False, token_texts=TokenTexts(tiny_tokenizer)
+    )
     plain.update(EngineCoreOutput("r", [6]))
     assert (plain.completion().logprobs, plain.completion().cumulative_logprob) == (None, None)
 
