@@ -24,11 +24,11 @@ import platform
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import jsonschema
 import torch
-from throughput import add_qwen3_tokenizer, hbm_bandwidth, workload, write_model_dir
+from throughput import StepRecorder, add_qwen3_tokenizer, hbm_bandwidth, workload, write_model_dir
 from transformers import AutoTokenizer
 
 from nanovllm import LLM, SamplingParams, StructuredOutputsParams
@@ -111,8 +111,10 @@ class Run:
 
     rate: float
     tokens: int
+    steps: str  # the step recorder's summary: host and GPU time per step
     stopped: int = 0
     valid: int = 0
+    invalid: list[str] = field(default_factory=list)  # the replies that stopped but do not validate
 
 
 def validates(text: str, schema: dict | None) -> bool:
@@ -142,19 +144,23 @@ def throughput(model_dir: str, constrained_every: int | None, schema: dict | Non
         SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m, structured_outputs=spec if h else None)
         for m, h in zip(max_tokens, held)
     ]
+    recorder = StepRecorder(llm)
     torch.cuda.synchronize()
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    run = Run(tokens / elapsed, tokens, recorder.summary(len(prompts), elapsed))
     llm.close()
     del llm
     torch.cuda.empty_cache()
-    run = Run(tokens / elapsed, tokens)
     for output, h in zip(outputs, held):
         if h and output.outputs[0].finish_reason == "stop":
             run.stopped += 1
-            run.valid += validates(output.outputs[0].text, schema)
+            if validates(output.outputs[0].text, schema):
+                run.valid += 1
+            else:
+                run.invalid.append(output.outputs[0].text)
     return run
 
 
@@ -185,6 +191,7 @@ def main() -> None:
     add_qwen3_tokenizer(model_dir)
     free = throughput(model_dir, None)
     print(f"  unconstrained: {free.rate:,.0f} output tok/s ({free.tokens:,} tokens)")
+    print(free.steps)
     for label, every, schema in (
         ("every tenth request a JSON object", 10, None),
         ("every request held to the JSON schema", 1, SCHEMA),
@@ -194,6 +201,9 @@ def main() -> None:
             f"  {label}: {held.rate:,.0f} output tok/s ({held.tokens:,} tokens); {held.rate / free.rate:.2f}x; "
             f"{held.valid} of the {held.stopped} constrained replies that ended with stop parse and validate"
         )
+        print(held.steps)
+        for text in held.invalid[:3]:
+            print(f"    does not validate: {text[:400]!r}")
 
 
 if __name__ == "__main__":
