@@ -5,7 +5,6 @@ from array import array
 from nanovllm.engine.messages import TokenLogprobs
 from nanovllm.frontend.token_texts import TokenTexts
 from nanovllm.outputs import Logprob, PositionLogprobs
-from nanovllm.utils.heap import collector_paused
 
 
 class LazyLogprobs:
@@ -43,8 +42,7 @@ class LazyLogprobs:
         """Every position so far, after the leading entries; the same list each time, grown by the positions
         added since the last call."""
         if self._ends:
-            with collector_paused():
-                self._built += self._positions()
+            self._built += self._positions()
             for pending in (self._token_ids, self._logprobs, self._ranks, self._ends):
                 del pending[:]
         return self._built

@@ -1,8 +1,6 @@
-"""The cycle collector: the objects that start-up leaves behind, and bursts of objects without cycles."""
+"""The cycle collector and the objects that start-up leaves behind."""
 
 import gc
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 
 def freeze_start_up_objects() -> None:
@@ -23,16 +21,3 @@ def unfreeze_objects() -> None:
     """Give the frozen objects back to the collector, so that cycles among a closed engine's objects
     are collected."""
     gc.unfreeze()
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """Pause the cycle collector for a block that makes many objects without cycles (such as a finished
-    request's logprob dicts): the passes it would start as they pile up could free none of them."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()

@@ -1,8 +1,6 @@
-"""The cycle collector: start-up objects frozen out of its reach, and paused for bursts of acyclic objects."""
-
 import gc
 
-from nanovllm.utils.heap import collector_paused, freeze_start_up_objects, unfreeze_objects
+from nanovllm.utils.heap import freeze_start_up_objects, unfreeze_objects
 
 
 class Node:
@@ -29,17 +27,3 @@ def test_freezing_collects_garbage_first_then_hides_the_live_objects_until_unfro
         unfreeze_objects()
     assert tracked(live)
     assert gc.get_freeze_count() == 0
-
-
-def test_the_collector_is_paused_inside_the_block_and_restored_after():
-    assert gc.isenabled()
-    with collector_paused():
-        assert not gc.isenabled()
-    assert gc.isenabled()
-    gc.disable()
-    try:
-        with collector_paused():
-            pass
-        assert not gc.isenabled()  # a collector that was off stays off
-    finally:
-        gc.enable()
