@@ -80,10 +80,11 @@ class GrammarBitmasks:
     vocab_size: int
     filler: object
 
-    def fill(self) -> "torch.Tensor":
+    def fill(self, out: "torch.Tensor | None" = None) -> "torch.Tensor":
         """[num_rows, ceil(vocab / 32)] int32, a row per sampling row: bit j of word w allows token
-        32 w + j; the rows of unconstrained requests allow everything."""
-        bitmask = _xgrammar().allocate_token_bitmask(self.num_rows, self.vocab_size)
+        32 w + j. Written into `out` when given (the rows of unconstrained requests are then left as they
+        were: only `rows` are applied), else into a new tensor whose other rows allow everything."""
+        bitmask = _xgrammar().allocate_token_bitmask(self.num_rows, self.vocab_size) if out is None else out
         self.filler.batch_fill_next_token_bitmask(self.matchers, bitmask, indices=self.rows)
         return bitmask
 

@@ -107,6 +107,8 @@ class ModelRunner(Executor):
         # with several ranks the LM head gathers to rank 0, which samples outside the graphs
         self._decode_step = DecodeStep(self._forward, samples=self.world_size == 1)
         self._last_sampled_rows: dict[str, int] = {}  # request id -> its row in last_sampled
+        self._bitmask_hosts: list[torch.Tensor] = []  # pinned grammar masks, made at the first constrained step
+        self._bitmask_turn = 0
         self.graphs = None
         use_graphs = self.device.type == "cuda" and not config.enforce_eager and backend.supports_cuda_graphs
         if use_graphs and self._decode_step.samples:
@@ -340,13 +342,26 @@ class ModelRunner(Executor):
         with forward_context(context):
             return self._decode_step(input_ids, src_rows, positions, temperatures, seeds, sample)[:n]
 
+    def _bitmask_on_device(self, grammar: GrammarBitmasks) -> torch.Tensor:
+        """The grammar masks filled into pinned host memory (two buffers, used in turn, so that a fill never
+        touches memory whose copy the device may still have queued) and queued for the device: a copy
+        from pageable memory would make the host wait for the forward pass in flight."""
+        words = (grammar.vocab_size + 31) // 32
+        if not self._bitmask_hosts or self._bitmask_hosts[0].size(1) != words:
+            pin = self.device.type == "cuda"
+            rows = self.config.max_num_seqs
+            self._bitmask_hosts = [torch.empty(rows, words, dtype=torch.int32, pin_memory=pin) for _ in range(2)]
+        host = self._bitmask_hosts[self._bitmask_turn][: grammar.num_rows]
+        self._bitmask_turn ^= 1
+        return grammar.fill(host).to(self.device, non_blocking=True)
+
     def _sample(self, out: SchedulerOutput, logits: torch.Tensor, grammar: GrammarBitmasks | None) -> SamplerOutput:
         """Rank 0: the step's sampling settings and grammar masks applied to its logits, the ids put in
         `last_sampled`."""
         tensors = sampling_tensors(out, logits.shape[-1], self.eos_token_ids, self._to_device)
         if grammar is not None:
             tensors = tensors or SamplingTensors()
-            tensors.bitmask = grammar.fill().to(self.device, non_blocking=True)
+            tensors.bitmask = self._bitmask_on_device(grammar)
             tensors.bitmask_rows = grammar.rows
         sampled = self.sampler(logits, tensors)
         self.last_sampled[: logits.size(0)].copy_(sampled.token_ids)
