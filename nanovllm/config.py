@@ -111,7 +111,11 @@ class Config:
     )
     tensor_parallel_size: int = _option(1, "split the model over this many GPUs (processes on the CPU)")
     enforce_eager: bool = _option(False, "run decode steps eagerly instead of replaying CUDA graphs")
-    kvcache_block_size: int = _option(256, "tokens per KV-cache block, a power of two >= 16")
+    kvcache_block_size: int = _option(
+        16,
+        "tokens per KV-cache block, a power of two >= 16; also the prefix cache's unit: a prompt shares only "
+        "whole blocks with an earlier one",
+    )
     kv_cache_dtype: str = _option(
         "auto",
         "'auto': K/V in the model's dtype; 'fp8': float8 (e4m3) with a scale per token and KV head, "
