@@ -24,6 +24,7 @@ class IncrementalDetokenizer:
         self, tokenizer: PreTrainedTokenizerBase, prompt_token_ids: list[int], skip_special_tokens: bool = True
     ):
         self._tokenizer = tokenizer.backend_tokenizer
+        self._skip_special_tokens = skip_special_tokens
         context = list(prompt_token_ids[-_CONTEXT_TOKENS:])
         split = len(context)
         while split and self._tokenizer.decode(context[:split], skip_special_tokens).endswith(_INCOMPLETE):
@@ -36,5 +37,15 @@ class IncrementalDetokenizer:
         if not token_ids:
             return ""
         if self._pending:
-            token_ids, self._pending = self._pending + token_ids, []
+            token_ids = self._after_pending(token_ids)
         return self._stream.step(self._tokenizer, token_ids) or ""
+
+    def _after_pending(self, token_ids: list[int]) -> list[int]:
+        """The first completion tokens, after the prompt's unfinished character where they continue it.
+        Where they begin a character of their own (the prompt's then never finishes), that character's
+        bytes stay out: decoded with them they would put a replacement character into the completion."""
+        pending, self._pending = self._pending, []
+        decode = self._tokenizer.decode
+        with_prompt_bytes = decode(pending + token_ids, self._skip_special_tokens)
+        continues = not with_prompt_bytes.startswith(_INCOMPLETE) or decode(token_ids).startswith(_INCOMPLETE)
+        return pending + token_ids if continues else token_ids

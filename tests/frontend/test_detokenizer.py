@@ -74,3 +74,11 @@ def test_a_character_the_prompt_starts_comes_out_whole_without_prompt_text(smoll
     assert len(emoji) > 1
     detok = IncrementalDetokenizer(smollm_tokenizer, smollm_tokenizer.encode("Hi") + emoji[:1])
     assert detok.step(emoji[1:]) + detok.step(smollm_tokenizer.encode(" ok")) == "🙂 ok"
+
+
+def test_a_completion_that_does_not_finish_the_prompts_character_leaves_its_bytes_out(smollm_tokenizer):
+    emoji = smollm_tokenizer.encode("🙂")
+    brace = smollm_tokenizer.encode("{")
+    assert smollm_tokenizer.decode(emoji[:1] + brace).startswith(INCOMPLETE)  # what the bytes would add
+    detok = IncrementalDetokenizer(smollm_tokenizer, smollm_tokenizer.encode("Hi") + emoji[:1])
+    assert detok.step(brace) + detok.step(smollm_tokenizer.encode('"a": 1}')) == '{"a": 1}'
