@@ -5,10 +5,11 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from nanovllm.engine.messages import EngineCoreOutput, TokenLogprobs
+from nanovllm.engine.messages import EngineCoreOutput
 from nanovllm.frontend.detokenizer import IncrementalDetokenizer
+from nanovllm.frontend.lazy_logprobs import LazyLogprobs
 from nanovllm.frontend.token_texts import TokenTexts
-from nanovllm.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
+from nanovllm.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from nanovllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -21,9 +22,10 @@ class RequestState:
     be shown before the completion ends, less a tail that may still turn out
     to be the start of a stop string. `params` are the completion's own (the
     core request's); `show_logprobs` says whether the user asked for logprobs
-    (a best_of ranking computes them without showing them). `token_texts`
-    gives the logprobs' token texts (the front end's one, shared by all its
-    requests; None without a tokenizer).
+    (a best_of ranking computes them without showing them); they and the
+    prompt logprobs are kept flat and become {token id: Logprob} dicts when
+    read. `token_texts` gives the logprobs' token texts (the front end's one,
+    shared by all its requests; None without a tokenizer).
     """
 
     def __init__(
@@ -39,7 +41,6 @@ class RequestState:
         self.request_id = request_id
         self.index = index
         self.params = params
-        self.token_texts = token_texts
         self.detokenizer = (
             None
             if tokenizer is None
@@ -48,8 +49,8 @@ class RequestState:
         self.token_ids: list[int] = []
         self.text = ""
         self.cumulative_logprob: float | None = None if params.logprobs is None else 0.0
-        self.logprobs: list[PositionLogprobs] | None = [] if show_logprobs else None
-        self.prompt_logprobs: list[PositionLogprobs | None] | None = None if params.prompt_logprobs is None else [None]
+        self._logprobs = LazyLogprobs(token_texts) if show_logprobs else None
+        self._prompt_logprobs = None if params.prompt_logprobs is None else LazyLogprobs(token_texts, leading=(None,))
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.num_cached_tokens = 0
@@ -62,6 +63,17 @@ class RequestState:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def logprobs(self) -> list[PositionLogprobs] | None:
+        """Per completion token, {token id: Logprob} (None when not shown)."""
+        return None if self._logprobs is None else self._logprobs.built()
+
+    @property
+    def prompt_logprobs(self) -> list[PositionLogprobs | None] | None:
+        """None for the first prompt token, then per prompt token scored so far {token id: Logprob} (None
+        when not asked for)."""
+        return None if self._prompt_logprobs is None else self._prompt_logprobs.built()
 
     @property
     def stream_text(self) -> str:
@@ -94,20 +106,10 @@ class RequestState:
     def _add_logprobs(self, output: EngineCoreOutput) -> None:
         for entry in output.new_logprobs or ():
             self.cumulative_logprob += entry.logprobs[0]
-            if self.logprobs is not None:
-                self.logprobs.append(self._position(entry))
-        if output.new_prompt_logprobs:
-            self.prompt_logprobs += [self._position(entry) for entry in output.new_prompt_logprobs]
-
-    def _position(self, entry: TokenLogprobs) -> PositionLogprobs:
-        """{token id: Logprob}: the chosen token first with its own rank, then the top alternatives
-        (ranks 1, 2, ...) that are not the chosen one."""
-        ids, logprobs = entry.token_ids, entry.logprobs
-        texts = [None] * len(ids) if self.token_texts is None else self.token_texts(ids)
-        position = {ids[0]: Logprob(logprobs[0], entry.rank, texts[0])}
-        for rank, (token_id, logprob, text) in enumerate(zip(ids[1:], logprobs[1:], texts[1:]), start=1):
-            position.setdefault(token_id, Logprob(logprob, rank, text))
-        return position
+            if self._logprobs is not None:
+                self._logprobs.add(entry)
+        for entry in output.new_prompt_logprobs or ():
+            self._prompt_logprobs.add(entry)
 
     def _cut_at_stop_string(self, num_new_chars: int) -> str | None:
         """Cut the text at the earliest stop string that the new characters complete; returns it, or None."""
