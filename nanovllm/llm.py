@@ -122,10 +122,18 @@ class LLM(EngineFrontend):
             except ValueError as e:
                 raise ValueError(f"prompt {i}: {e}") from None
         parents = [self._submit(prompt, params) for prompt, params in checked]
-        self._run_until_done(len(parents), use_tqdm)
-        return [parent.output() for parent in parents]
+        return self._run_until_done(parents, use_tqdm)
 
-    def _run_until_done(self, total: int, use_tqdm: bool) -> None:
-        with tqdm(total=total, desc="Generating", dynamic_ncols=True, disable=not use_tqdm) as bar:
+    def _run_until_done(self, parents: list[ParentRequest], use_tqdm: bool) -> list[RequestOutput]:
+        """Step until every request has finished; each request's output is made as it finishes (its
+        logprob dicts among it), while the device runs the next step, rather than all at the end."""
+        index = {id(parent): i for i, parent in enumerate(parents)}
+        outputs: list[RequestOutput | None] = [None] * len(parents)
+        with tqdm(total=len(parents), desc="Generating", dynamic_ncols=True, disable=not use_tqdm) as bar:
             while self.has_unfinished_requests():
-                bar.update(sum(parent.finished for parent in self._advance()))
+                finished = [parent for parent in self._advance() if parent.finished]
+                for parent in finished:
+                    outputs[index[id(parent)]] = parent.output()
+                bar.update(len(finished))
+        # any request that finished without a step of its own still gets its output
+        return [output or parent.output() for output, parent in zip(outputs, parents)]
