@@ -112,9 +112,10 @@ class Config:
     tensor_parallel_size: int = _option(1, "split the model over this many GPUs (processes on the CPU)")
     enforce_eager: bool = _option(False, "run decode steps eagerly instead of replaying CUDA graphs")
     kvcache_block_size: int = _option(
-        16,
-        "tokens per KV-cache block, a power of two >= 16; also the prefix cache's unit: a prompt shares only "
-        "whole blocks with an earlier one",
+        -1,
+        "tokens per KV-cache block, a power of two >= 16, and the prefix cache's unit (a prompt shares only whole "
+        "blocks with an earlier one); -1: 16 on CUDA (256 with attention_backend='flash_attn'), 256 on the CPU, "
+        "whose PyTorch attention makes one call per run of consecutive blocks",
     )
     kv_cache_dtype: str = _option(
         "auto",
@@ -156,6 +157,7 @@ class Config:
     attention_impl: str = field(init=False)  # "triton", "torch" or "flash_attn" (attention_backend resolved)
     context_len: int = field(init=False)  # max_model_len resolved: the longest sequence in tokens
     token_budget: int = field(init=False)  # max_num_batched_tokens resolved: the most tokens per step
+    block_size: int = field(init=False)  # kvcache_block_size resolved: tokens per KV-cache block
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs) -> "Config":
@@ -172,6 +174,7 @@ class Config:
         self._check_types()
         self._check_ranges()
         self.device_type = self._resolve_device()
+        self.block_size = self._resolve_block_size()
         self.attention_impl = self._resolve_attention_backend()
         self._check_kv_cache_dtype()
         self._check_model_folder()
@@ -196,7 +199,7 @@ class Config:
     @property
     def max_blocks_per_seq(self) -> int:
         """KV blocks a sequence at `context_len` tokens holds."""
-        return (self.context_len + self.kvcache_block_size - 1) // self.kvcache_block_size
+        return (self.context_len + self.block_size - 1) // self.block_size
 
     @property
     def torch_dtype(self) -> "torch.dtype":
@@ -240,7 +243,10 @@ class Config:
             f"master_port must be in [0, 65535] (0 = pick a free one), got {self.master_port}",
         )
         bs = self.kvcache_block_size
-        require(bs >= 16 and bs & (bs - 1) == 0, f"kvcache_block_size must be a power of two >= 16, got {bs}")
+        require(
+            bs == -1 or (bs >= 16 and bs & (bs - 1) == 0),
+            f"kvcache_block_size must be a power of two >= 16 (or -1 for the device's default), got {bs}",
+        )
         require(
             self.num_kvcache_blocks == -1 or self.num_kvcache_blocks >= 1,
             f"num_kvcache_blocks must be -1 (size from memory) or >= 1, got {self.num_kvcache_blocks}",
@@ -326,6 +332,12 @@ class Config:
             )
         return self.max_model_len
 
+    def _resolve_block_size(self) -> int:
+        if self.kvcache_block_size != -1:
+            return self.kvcache_block_size
+        # small blocks let chats share their prefixes; the CPU's attention pays per run of blocks
+        return 16 if self.device_type == "cuda" and self.attention_backend != "flash_attn" else 256
+
     def _resolve_token_budget(self) -> int:
         if self.max_num_batched_tokens != -1:
             return self.max_num_batched_tokens
@@ -348,7 +360,7 @@ class Config:
                 f"attention_backend={name!r} needs the {name} package, which is not installed; "
                 f"install it or use attention_backend='auto'"
             )
-        if name == "flash_attn" and (self.device_type != "cuda" or self.kvcache_block_size % 256):
+        if name == "flash_attn" and (self.device_type != "cuda" or self.block_size % 256):
             raise ValueError(
                 "attention_backend='flash_attn' needs device='cuda' and a kvcache_block_size "
                 "that is a multiple of 256 (flash-attn's paged layout)"

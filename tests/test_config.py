@@ -7,6 +7,7 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
+import torch
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.cli import build_parser
@@ -23,9 +24,10 @@ def test_defaults_follow_the_design(qwen3_dir):
         config.max_num_seqs,
         config.gpu_memory_utilization,
         config.tensor_parallel_size,
-        config.kvcache_block_size,
+        config.block_size,
         config.num_kvcache_blocks,
     ) == (256, 512, 0.9, 1, 256, -1)
+    assert config.kvcache_block_size == -1  # the device's default, resolved into block_size
     assert (config.device_type, config.attention_impl) == ("cpu", "torch")
     # max_model_len defaults to the model's max_position_embeddings (1024 here), at most 4096
     assert config.context_len == 1024
@@ -190,7 +192,15 @@ def test_chunked_prefill_is_on_by_default_and_lets_prompts_exceed_the_token_budg
 
 
 def test_small_power_of_two_blocks_are_accepted(qwen3_dir):
-    assert Config(qwen3_dir, kvcache_block_size=16).kvcache_block_size == 16
+    config = Config(qwen3_dir, kvcache_block_size=16)
+    assert (config.kvcache_block_size, config.block_size) == (16, 16)
+
+
+def test_the_block_size_default_is_16_tokens_on_cuda_and_256_on_the_cpu(qwen3_dir, monkeypatch):
+    assert Config(qwen3_dir, device="cpu").block_size == 256
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert Config(qwen3_dir, device="cuda").block_size == 16
 
 
 def test_missing_model_folder(tmp_path):

@@ -41,12 +41,12 @@ class EngineCore:
         self.scheduler = Scheduler(config, self.executor.num_kvcache_blocks, eos_token_ids, self.structured)
         self.info = EngineCoreInfo(
             self.executor.num_kvcache_blocks,
-            config.kvcache_block_size,
+            config.block_size,
             config.context_len,
             config.model_config.vocab_size,
             self.executor.kv_cache_dtype_name,
         )
-        self._block_size = config.kvcache_block_size
+        self._block_size = config.block_size
         self._in_flight: _InFlight | None = None
 
     def add_request(self, request: EngineCoreRequest) -> None:

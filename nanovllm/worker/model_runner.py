@@ -78,7 +78,7 @@ class ModelRunner(Executor):
     def __init__(self, config: Config, eos_token_ids: tuple[int, ...] = (), rank: int = 0, store=None):
         self.config = config
         self.eos_token_ids = eos_token_ids
-        self.block_size = config.kvcache_block_size
+        self.block_size = config.block_size
         self.rank = rank
         self.world_size = config.tensor_parallel_size
         self.device = torch.device("cuda", rank) if config.device_type == "cuda" else torch.device("cpu")
