@@ -26,7 +26,7 @@ def make_scheduler(
         token_budget=max_num_batched_tokens,
         context_len=max_model_len,
         enable_chunked_prefill=chunked,
-        kvcache_block_size=BS,
+        block_size=BS,
         enable_prefix_caching=prefix_caching,
     )
     return Scheduler(config, num_blocks, (EOS,))
