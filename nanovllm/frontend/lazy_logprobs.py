@@ -15,8 +15,8 @@ class LazyLogprobs:
     which then live as long as the request and which every full pass of the
     cycle collector walks again. Until an output is read the positions wait
     here in flat arrays, which the collector does not track; reading turns
-    those waiting into dicts, each once (offline generation reads once, at
-    the end). `built()` starts with `leading` (prompt logprobs have None for
+    those waiting into dicts, each once (offline generation reads a request
+    once, as it finishes). `built()` starts with `leading` (prompt logprobs have None for
     the first prompt token). `token_texts` gives the tokens' texts (None
     without a tokenizer: no text).
     """

@@ -56,6 +56,7 @@ class LaunchedForward:
     logits: torch.Tensor | None  # [sampling rows, vocab]; None where nothing samples, or on a worker rank
     sampled_in_step: bool  # the decode step drew every row itself
     prompt_scores: PromptScores | None
+    num_logprobs: int | None = None  # with `sampled_in_step`: the most alternatives a row's logprobs list
 
 
 class ModelRunner(Executor):
@@ -367,23 +368,22 @@ class ModelRunner(Executor):
         self.last_sampled[: logits.size(0)].copy_(sampled.token_ids)
         return sampled
 
-    def _sampled_in_step(self, out: SchedulerOutput, logits: torch.Tensor) -> SamplerOutput:
+    def _sampled_in_step(self, step: LaunchedForward) -> SamplerOutput:
         """The ids the decode step drew, with the logprobs its rows ask for read from its logits."""
-        token_ids = self.last_sampled[: logits.size(0)]
-        asked = [p.logprobs for p in out.sampling_params if p.logprobs is not None]
-        if not asked:
+        token_ids = self.last_sampled[: step.logits.size(0)]
+        if step.num_logprobs is None:
             return SamplerOutput(token_ids)
-        return SamplerOutput(token_ids, *token_logprobs(logits, token_ids, max(asked)))
+        return SamplerOutput(token_ids, *token_logprobs(step.logits, token_ids, step.num_logprobs))
 
     @torch.inference_mode()
     def launch_forward(self, out: SchedulerOutput, constrained: bool = False) -> LaunchedForward:
         """Queue a step's forward pass and LM head (and, in a decode step whose rows need no more, its
         sampling) without waiting for the device; `constrained`: some sampling row is held to a grammar."""
-        prompt_scores = logits = None
+        prompt_scores = logits = num_logprobs = None
         if out.is_decode:
-            sampled_in_step = (
-                self._decode_step.samples and not step_sampling(out, self.eos_token_ids, constrained).needs_full_sampler
-            )
+            asked = step_sampling(out, self.eos_token_ids, constrained) if self._decode_step.samples else None
+            sampled_in_step = asked is not None and not asked.needs_full_sampler
+            num_logprobs = max(asked.logprobs) if asked is not None and asked.logprobs else None
             decoded = self._run_decode(out, sampled_in_step)
             # the LM head runs once per step: a rank that samples has the decode step's logits
             logits, hidden_states = (decoded, None) if self._decode_step.samples else (None, decoded)
@@ -396,7 +396,7 @@ class ModelRunner(Executor):
             sampled_in_step = False
         if out.sampled_req_ids and logits is None:
             logits = self.model.compute_logits(hidden_states)  # every rank joins the gather to rank 0
-        return LaunchedForward(out, logits, sampled_in_step, prompt_scores)
+        return LaunchedForward(out, logits, sampled_in_step, prompt_scores, num_logprobs)
 
     @torch.inference_mode()
     def launch_sampling(self, step: LaunchedForward, grammar: GrammarBitmasks | None = None) -> PendingOutput | None:
@@ -410,9 +410,7 @@ class ModelRunner(Executor):
         if num_sampled:
             if self.rank == 0:
                 sampled = (
-                    self._sampled_in_step(out, step.logits)
-                    if step.sampled_in_step
-                    else self._sample(out, step.logits, grammar)
+                    self._sampled_in_step(step) if step.sampled_in_step else self._sample(out, step.logits, grammar)
                 )
             if self.world_size > 1:
                 dist.broadcast(self.last_sampled[:num_sampled], src=0)
