@@ -13,7 +13,16 @@ An FP8 cache (`fp8_kv`) comes with its scales, k_scale, v_scale: [num_blocks,
 kv_heads, block_size]; each run is dequantized to the queries' dtype as it is
 read, and a prefill's new tokens are attended as the cache gives them back, so
 a prompt attends the same keys whether its prefix was cached or computed.
+
+A sliding window (`window` W: a query at position p sees keys p - W + 1 .. p)
+bounds what is read: a decode reads its last W keys only, and a prefill the
+prefix from the first query's window on, in position order, masking each query's
+keys by position. A soft-cap (`softcap` c) turns each score s into c * tanh(s / c)
+before the softmax. Either takes the written-out formula, as PyTorch's fused CPU
+kernel has neither.
 """
+
+from dataclasses import dataclass
 
 import torch
 
@@ -21,39 +30,77 @@ from nanovllm.kernels.fp8_kv import dequantize_heads, quantize_heads, round_trip
 from nanovllm.utils.context import Context
 
 
-def _attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of q over k/v and its log-sum-exp; `causal` aligns q with the last keys.
+@dataclass(frozen=True)
+class _Scoring:
+    """How a layer scores keys: the scale, the soft-cap (None: none) and the sliding window (None: every earlier
+    key is seen)."""
 
-    q: [heads, q_len, d]; k, v: [kv_heads, k_len, d] -> o: [heads, q_len, d], lse: [heads, q_len] (fp32)
+    scale: float
+    softcap: float | None = None
+    window: int | None = None
+
+
+def _attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    scoring: _Scoring,
+    visible: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of q over k/v and its log-sum-exp; `causal` aligns q with the last keys, `visible` (instead)
+    marks the keys each query sees. A query that sees none of the keys gets zeros and a log-sum-exp of -inf,
+    which weighs nothing in `_combine`.
+
+    q: [heads, q_len, d]; k, v: [kv_heads, k_len, d]; visible: [q_len, k_len] bool or None
+    -> o: [heads, q_len, d], lse: [heads, q_len] (fp32)
     """
     q4, k4, v4 = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
-    if q.device.type == "cpu":
+    if q.device.type == "cpu" and scoring.softcap is None and visible is None:
         # PyTorch's fused CPU kernel, which also reports the log-sum-exp and reads
         # grouped K/V heads without repeating them (q_len == k_len when causal)
-        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q4, k4, v4, 0.0, causal, scale=scale)[:2]
+        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q4, k4, v4, 0.0, causal, scale=scoring.scale
+        )[:2]
     else:
-        o, lse = _attend_written_out(q4, k4, v4, causal, scale)
+        o, lse = _attend_written_out(q4, k4, v4, causal, scoring.scale, scoring.softcap, visible)
     return o[0], lse[0]
 
 
 def _attend_written_out(
-    q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, causal: bool, scale: float
+    q4: torch.Tensor,
+    k4: torch.Tensor,
+    v4: torch.Tensor,
+    causal: bool,
+    scale: float,
+    softcap: float | None = None,
+    visible: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    # the textbook formula, for devices without a fused kernel that reports the log-sum-exp
-    # (it is the oracle of the GPU kernels' tests): scores and softmax in fp32, the weights in
-    # the values' dtype for the product with them, as flash-attention kernels do
-    # q4: [1, heads, q_len, d]; k4, v4: [1, kv_heads, k_len, d]
+    # the textbook formula, for devices without a fused kernel that reports the log-sum-exp and for
+    # soft-capped or windowed scores (it is the oracle of the GPU kernels' tests): scores and softmax in
+    # fp32, the weights in the values' dtype for the product with them, as flash-attention kernels do
+    # q4: [1, heads, q_len, d]; k4, v4: [1, kv_heads, k_len, d]; visible: [q_len, k_len]
     group = q4.size(1) // k4.size(1)
     k4, v4 = k4.repeat_interleave(group, 1), v4.repeat_interleave(group, 1)
     scores = (q4.float() @ k4.float().transpose(-1, -2)) * scale  # [1, heads, q_len, k_len]
-    if causal:
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if visible is not None:
+        scores = scores.masked_fill(~visible, float("-inf"))
+    elif causal:
         q_len, k_len = scores.shape[-2:]
         scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(k_len - q_len + 1), float("-inf"))
     lse = scores.logsumexp(-1)  # [1, heads, q_len]
-    o = (scores - lse.unsqueeze(-1)).exp().to(v4.dtype) @ v4
+    # a row that sees no key has lse -inf: subtracting 0 instead makes its weights exp(-inf) = 0, not NaN
+    o = (scores - lse.masked_fill(lse == float("-inf"), 0.0).unsqueeze(-1)).exp().to(v4.dtype) @ v4
     return o, lse
+
+
+def _visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int) -> torch.Tensor:
+    """Which keys each query sees: those at or before it and fewer than `window` positions behind it."""
+    # q_pos: [q_len]; k_pos: [k_len] -> [q_len, k_len] bool
+    behind = q_pos[:, None] - k_pos[None, :]
+    return (behind >= 0) & (behind < window)
 
 
 def _heads_first(cache: torch.Tensor) -> torch.Tensor:
@@ -61,36 +108,38 @@ def _heads_first(cache: torch.Tensor) -> torch.Tensor:
     return cache.permute(2, 0, 1, 3)
 
 
-def _block_runs(block_ids: list[int], num_tokens: int, block_size: int) -> list[tuple[int, int]]:
-    """The first `num_tokens` cached tokens of a sequence as runs of blocks that are one strided
-    view each: (first block id, tokens from its start).
+def _block_runs(
+    block_ids: list[int], start: int, end: int, block_size: int, in_order: bool = False
+) -> list[tuple[int, int, int]]:
+    """Positions start .. end - 1 of a sequence as runs of blocks that are one strided view each:
+    (first block id, offset in it, tokens).
 
-    Keys read without a mask may come in any order, so the full blocks are sorted and
-    each range of consecutive ids is one run; a partly filled last block closes the
-    range just below it, or is a run of its own.
+    Keys read without a mask may come in any order, so by default the blocks are sorted and each
+    range of consecutive ids is one run (blocks handed out in descending order then make one run, not
+    one each). `in_order` keeps position order, for keys masked by position: the runs then follow
+    one another from `start`.
     """
-    num_full, rest = divmod(num_tokens, block_size)
-    runs: list[list[int]] = []  # [first id, tokens]
-    for block_id in sorted(block_ids[:num_full]):
-        if runs and runs[-1][0] + runs[-1][1] // block_size == block_id:
-            runs[-1][1] += block_size
+    pieces = []  # (block id, offset, tokens) of each block the positions touch
+    for index in range(start // block_size, (end + block_size - 1) // block_size):
+        first, last = max(start, index * block_size), min(end, (index + 1) * block_size)
+        pieces.append((block_ids[index], first - index * block_size, last - first))
+    if not in_order:
+        pieces.sort()
+    runs: list[list[int]] = []
+    for block_id, offset, tokens in pieces:
+        if runs and runs[-1][0] * block_size + runs[-1][1] + runs[-1][2] == block_id * block_size + offset:
+            runs[-1][2] += tokens  # it starts where the run ends in the cache
         else:
-            runs.append([block_id, block_size])
-    if rest:
-        last = block_ids[num_full]
-        below = next((run for run in runs if run[0] + run[1] // block_size == last), None)
-        if below is None:
-            runs.append([last, rest])
-        else:
-            below[1] += rest
-    return [(first, tokens) for first, tokens in runs]
+            runs.append([block_id, offset, tokens])
+    return [(first, offset, tokens) for first, offset, tokens in runs]
 
 
-def _view(cache: torch.Tensor, first: int, num_tokens: int) -> torch.Tensor:
-    """`num_tokens` tokens of a heads-first cache ([kv_heads, blocks, block_size, ...]) from the start of
+def _view(cache: torch.Tensor, first: int, offset: int, num_tokens: int) -> torch.Tensor:
+    """`num_tokens` tokens of a heads-first cache ([kv_heads, blocks, block_size, ...]) from `offset` in
     block `first`, without a copy: [kv_heads, num_tokens, ...]."""
     block_size = cache.size(2)
-    return cache[:, first : first + (num_tokens + block_size - 1) // block_size].flatten(1, 2)[:, :num_tokens]
+    blocks = (offset + num_tokens + block_size - 1) // block_size
+    return cache[:, first : first + blocks].flatten(1, 2)[:, offset : offset + num_tokens]
 
 
 class _CacheReader:
@@ -110,23 +159,36 @@ class _CacheReader:
         self.dtype = dtype
         self.block_size = k_cache.size(1)
 
-    def run(self, first: int, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-        k, v = _view(self.k, first, num_tokens), _view(self.v, first, num_tokens)
+    def run(self, first: int, offset: int, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = _view(self.k, first, offset, num_tokens), _view(self.v, first, offset, num_tokens)
         if self.scales is None:
             return k, v
-        k_scale, v_scale = (_view(s, first, num_tokens) for s in self.scales)
+        k_scale, v_scale = (_view(s, first, offset, num_tokens) for s in self.scales)
         return dequantize_heads(k, k_scale, self.dtype), dequantize_heads(v, v_scale, self.dtype)
 
 
 def _attend_cached(
-    q: torch.Tensor, cache: _CacheReader, block_ids: list[int], num_tokens: int, scale: float, row: int
+    q: torch.Tensor,
+    cache: _CacheReader,
+    block_ids: list[int],
+    start: int,
+    end: int,
+    scoring: _Scoring,
+    row: int,
+    q_pos: torch.Tensor | None = None,
 ) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
-    """Attention of q ([heads, q_len, d], output rows from `row`) over a sequence's first `num_tokens`
-    cached tokens, one part per run of blocks, for `_combine`."""
-    return [
-        (*_attend(q, *cache.run(first, tokens), False, scale), row)
-        for first, tokens in _block_runs(block_ids, num_tokens, cache.block_size)
-    ]
+    """Attention of q ([heads, q_len, d], output rows from `row`) over a sequence's cached positions
+    start .. end - 1, one part per run of blocks, for `_combine`. With `q_pos` (the queries' positions
+    [q_len]) each query sees only the keys in its window; without, every query sees every key."""
+    runs = _block_runs(block_ids, start, end, cache.block_size, in_order=q_pos is not None)
+    parts, position = [], start
+    for first, offset, tokens in runs:
+        visible = None
+        if q_pos is not None:
+            visible = _visible(q_pos, torch.arange(position, position + tokens, device=q_pos.device), scoring.window)
+        parts.append((*_attend(q, *cache.run(first, offset, tokens), False, scoring, visible), row))
+        position += tokens
+    return parts
 
 
 def _combine(parts: list[tuple[torch.Tensor, torch.Tensor, int]], num_rows: int) -> torch.Tensor:
@@ -194,8 +256,12 @@ class TorchAttentionBackend:
         scale: float,
         k_scale: torch.Tensor | None = None,
         v_scale: torch.Tensor | None = None,
+        *,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
-        """Causal attention of each sequence's new tokens over its cached prefix and themselves."""
+        """Causal attention of each sequence's new tokens over its cached prefix and themselves (the last
+        `window` positions of each query's, when given; scores soft-capped at `softcap`, when given)."""
         # q: [tokens, heads, d]; k, v: [tokens, kv_heads, d] (this step's, also in the cache)
         tables = None
         if context.block_tables is not None:  # some sequence reads a cached prefix (else the cache may be unset)
@@ -207,9 +273,21 @@ class TorchAttentionBackend:
         for i, (q_len, k_len) in enumerate(zip(context.seqlens_q, context.seqlens_k)):
             new = slice(start, start + q_len)
             q_new = q[new].transpose(0, 1)  # [heads, q_len, d]
-            if tables is not None:
-                parts += _attend_cached(q_new, cache, tables[i], k_len - q_len, scale, start)
-            parts.append((*_attend(q_new, k[new].transpose(0, 1), v[new].transpose(0, 1), True, scale), start))
+            k_new, v_new = k[new].transpose(0, 1), v[new].transpose(0, 1)  # [kv_heads, q_len, d]
+            # a window that holds the whole sequence changes nothing: the plain causal path then
+            scoring = _Scoring(scale, softcap, window if window is not None and window < k_len else None)
+            prefix_len = k_len - q_len
+            if scoring.window is None:
+                if tables is not None:
+                    parts += _attend_cached(q_new, cache, tables[i], 0, prefix_len, scoring, start)
+                parts.append((*_attend(q_new, k_new, v_new, True, scoring), start))
+            else:
+                q_pos = torch.arange(prefix_len, k_len, device=q.device)  # [q_len]
+                if tables is not None:  # from the first query's window on
+                    first = max(0, prefix_len - scoring.window + 1)
+                    parts += _attend_cached(q_new, cache, tables[i], first, prefix_len, scoring, start, q_pos)
+                visible = _visible(q_pos, q_pos, scoring.window)
+                parts.append((*_attend(q_new, k_new, v_new, True, scoring, visible), start))
             start += q_len
         return _combine(parts, q.size(0))
 
@@ -222,12 +300,18 @@ class TorchAttentionBackend:
         scale: float,
         k_scale: torch.Tensor | None = None,
         v_scale: torch.Tensor | None = None,
+        *,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
-        """One query per sequence over its `context_lens[i]` cached tokens."""
+        """One query per sequence over its `context_lens[i]` cached tokens (the last `window` of them, when
+        given; scores soft-capped at `softcap`, when given)."""
         # q: [seqs, heads, d]; block_tables: [seqs, max_blocks]
         cache = _CacheReader(k_cache, v_cache, k_scale, v_scale, q.dtype)
+        scoring = _Scoring(scale, softcap, window)
         queries = q.unsqueeze(2)  # [seqs, heads, 1, d]
         parts = []
         for i, (table, length) in enumerate(zip(context.block_tables.tolist(), context.context_lens.tolist())):
-            parts += _attend_cached(queries[i], cache, table, length, scale, i)
+            first = 0 if window is None else max(0, length - window)  # the query sees every key read
+            parts += _attend_cached(queries[i], cache, table, first, length, scoring, i)
         return _combine(parts, q.size(0))

@@ -11,13 +11,17 @@ from nanovllm.utils.context import Context
 HEADS, KV_HEADS, DIM, BLOCK = 4, 2, 8, 16
 
 
-def dense_attention(q, k, v):
-    """Causal attention of the last len(q) positions over all len(k), by the textbook formula."""
+def dense_attention(q, k, v, window=None, softcap=None):
+    """Causal attention of the last len(q) positions over all len(k), by the textbook formula: each query
+    sees the keys at most `window` - 1 positions behind it, each score s becomes softcap * tanh(s / softcap)."""
     q_len, k_len = q.size(0), k.size(0)
     group = q.size(1) // k.size(1)
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(q.size(-1))
-    allowed = torch.arange(k_len)[None, :] <= torch.arange(q_len)[:, None] + (k_len - q_len)
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    q_pos, k_pos = torch.arange(q_len)[:, None] + (k_len - q_len), torch.arange(k_len)[None, :]
+    allowed = (k_pos <= q_pos) & (k_pos > q_pos - (window or k_len))
     scores = scores.masked_fill(~allowed, float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
@@ -58,10 +62,17 @@ def test_store_writes_slots_and_skips_minus_one(caches):
     assert k_cache.flatten(0, 1).abs().sum(-1).sum(-1).nonzero().flatten().tolist() == [5, 40]
 
 
+# (window, softcap): plain; a 20-token window (shorter than some sequences, longer than others); a soft-cap
+# of 1.5 (the scores of these random heads reach about 3); both
+SCORINGS = [(None, None), (20, None), (None, 1.5), (20, 1.5)]
+
+
+@pytest.mark.parametrize("scoring", SCORINGS, ids=["plain", "window", "softcap", "window-softcap"])
 @pytest.mark.parametrize("order", ["scattered", "ascending", "descending"])
 @pytest.mark.parametrize("cached", [[0, 0, 0], [16, 0, 32], [16, 10, 3], [40, 0, 35]])
-def test_prefill_with_and_without_cached_prefix(caches, cached, order):
+def test_prefill_with_and_without_cached_prefix(caches, cached, order, scoring):
     torch.manual_seed(0)
+    window, softcap = scoring
     k_cache, v_cache = caches
     backend = TorchAttentionBackend()
     totals = [56, 17, 50]
@@ -83,14 +94,18 @@ def test_prefill_with_and_without_cached_prefix(caches, cached, order):
         seqlens_k=totals,
         block_tables=tables if any(cached) else None,
     )
-    out = backend.prefill(torch.cat(q), new_k, new_v, k_cache, v_cache, context, DIM**-0.5)
-    expected = torch.cat([dense_attention(qi, fk, fv) for qi, fk, fv in zip(q, full_k, full_v)])
+    out = backend.prefill(
+        torch.cat(q), new_k, new_v, k_cache, v_cache, context, DIM**-0.5, window=window, softcap=softcap
+    )
+    expected = torch.cat([dense_attention(qi, fk, fv, window, softcap) for qi, fk, fv in zip(q, full_k, full_v)])
     torch.testing.assert_close(out, expected)
 
 
+@pytest.mark.parametrize("scoring", SCORINGS, ids=["plain", "window", "softcap", "window-softcap"])
 @pytest.mark.parametrize("order", ["scattered", "ascending", "descending"])
-def test_decode_reads_each_sequence_through_its_blocks(caches, order):
+def test_decode_reads_each_sequence_through_its_blocks(caches, order, scoring):
     torch.manual_seed(0)
+    window, softcap = scoring
     k_cache, v_cache = caches
     backend = TorchAttentionBackend()
     lengths = [1, 16, 17, 45]
@@ -104,8 +119,56 @@ def test_decode_reads_each_sequence_through_its_blocks(caches, order):
     context = Context(
         context_lens=torch.tensor(lengths, dtype=torch.int32), max_seqlen_k=max(lengths), block_tables=tables
     )
-    out = backend.decode(q, k_cache, v_cache, context, DIM**-0.5)
-    expected = torch.stack([dense_attention(q[i : i + 1], full_k[i], full_v[i])[0] for i in range(len(lengths))])
+    out = backend.decode(q, k_cache, v_cache, context, DIM**-0.5, window=window, softcap=softcap)
+    expected = torch.stack(
+        [dense_attention(q[i : i + 1], full_k[i], full_v[i], window, softcap)[0] for i in range(len(lengths))]
+    )
+    torch.testing.assert_close(out, expected)
+
+
+def nan_outside_windows(tables, lengths, first_seen, full_k, full_v):
+    """Caches that hold each sequence's keys and values from position first_seen[i] on and NaN everywhere
+    else: attention that reads a key outside every query's window returns NaN."""
+    shape = (32, BLOCK, KV_HEADS, DIM)
+    k_cache, v_cache = torch.full(shape, float("nan")), torch.full(shape, float("nan"))
+    for i, (n, first) in enumerate(zip(lengths, first_seen)):
+        slots = torch.tensor(slots_of(tables[i].tolist(), first, n))
+        store_kvcache(full_k[i][first:], full_v[i][first:], k_cache, v_cache, slots)
+    return k_cache, v_cache
+
+
+@pytest.mark.parametrize("order", ["scattered", "descending"])
+def test_windowed_decode_reads_only_the_keys_in_the_window(order):
+    torch.manual_seed(0)
+    lengths, window = [5, 30, 45], 20
+    tables = block_tables(lengths, 32, order=order)
+    full_k = [torch.randn(n, KV_HEADS, DIM) for n in lengths]
+    full_v = [torch.randn(n, KV_HEADS, DIM) for n in lengths]
+    k_cache, v_cache = nan_outside_windows(tables, lengths, [max(0, n - window) for n in lengths], full_k, full_v)
+    q = torch.randn(len(lengths), HEADS, DIM)
+    context = Context(context_lens=torch.tensor(lengths, dtype=torch.int32), block_tables=tables)
+    out = TorchAttentionBackend().decode(q, k_cache, v_cache, context, DIM**-0.5, window=window)
+    expected = torch.stack([dense_attention(q[i : i + 1], full_k[i], full_v[i], window)[0] for i in range(3)])
+    torch.testing.assert_close(out, expected)
+
+
+def test_windowed_prefill_reads_only_the_prefix_in_the_first_querys_window():
+    torch.manual_seed(0)
+    lengths, cached, window = [50, 40], [37, 10], 20  # prefixes longer and shorter than the window
+    tables = block_tables(lengths, 32)
+    full_k = [torch.randn(n, KV_HEADS, DIM) for n in lengths]
+    full_v = [torch.randn(n, KV_HEADS, DIM) for n in lengths]
+    k_cache, v_cache = nan_outside_windows(tables, lengths, [max(0, c - window + 1) for c in cached], full_k, full_v)
+    q = [torch.randn(n - c, HEADS, DIM) for n, c in zip(lengths, cached)]
+    context = Context(
+        is_prefill=True, seqlens_q=[n - c for n, c in zip(lengths, cached)], seqlens_k=lengths, block_tables=tables
+    )
+    new_k = torch.cat([fk[c:] for fk, c in zip(full_k, cached)])
+    new_v = torch.cat([fv[c:] for fv, c in zip(full_v, cached)])
+    out = TorchAttentionBackend().prefill(
+        torch.cat(q), new_k, new_v, k_cache, v_cache, context, DIM**-0.5, window=window, softcap=1.5
+    )
+    expected = torch.cat([dense_attention(qi, fk, fv, window, 1.5) for qi, fk, fv in zip(q, full_k, full_v)])
     torch.testing.assert_close(out, expected)
 
 
