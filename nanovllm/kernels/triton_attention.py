@@ -23,6 +23,9 @@ class TritonAttentionBackend:
         scale: float,
         k_scale: torch.Tensor | None = None,
         v_scale: torch.Tensor | None = None,
+        *,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         return prefill_attention(
             q,
@@ -37,6 +40,8 @@ class TritonAttentionBackend:
             scale,
             k_scale,
             v_scale,
+            window,
+            softcap,
         )
 
     def decode(
@@ -48,6 +53,9 @@ class TritonAttentionBackend:
         scale: float,
         k_scale: torch.Tensor | None = None,
         v_scale: torch.Tensor | None = None,
+        *,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         return decode_attention(
             q,
@@ -59,4 +67,6 @@ class TritonAttentionBackend:
             k_scale=k_scale,
             v_scale=v_scale,
             seq_order=context.seq_order,
+            window=window,
+            softcap=softcap,
         )

@@ -6,7 +6,8 @@ a tile is BLOCK_N consecutive positions of one sequence and one KV head. An
 FP8 cache (QUANTIZED) has scales k_scale, v_scale: [num_blocks, kv_heads,
 PAGE] fp32 beside it; the tile read converts the values and loads their
 scales, and the softmax step applies the scales, so no full-precision copy of
-the cache exists outside registers.
+the cache exists outside registers. A soft-cap (SOFTCAP) turns each score s into
+c * tanh(s / c) in the softmax step; without it that step compiles as before.
 """
 
 import torch
@@ -62,23 +63,52 @@ def paged_kv_tile(
 
 
 @triton.jit
+def _tanh(x):
+    # from exp2 (the interpreter has no libdevice); e^(-2|x|) <= 1 neither overflows nor loses x's sign
+    e = tl.exp2(-2.8853900817779268 * tl.abs(x))  # 2 * log2(e)
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
 def online_softmax_step(
-    q, k, v, mask, m, l, acc, scale_log2, k_scale, v_scale, PRECISION: tl.constexpr, QUANTIZED: tl.constexpr
+    q,
+    k,
+    v,
+    mask,
+    m,
+    l,
+    acc,
+    scale_log2,
+    k_scale,
+    v_scale,
+    softcap_log2,
+    PRECISION: tl.constexpr,
+    QUANTIZED: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    EMPTY_ROWS: tl.constexpr,
 ):
     """Fold keys k and values v [N, D] into the running max m, sum l and output acc of rows q [M, D].
 
     Scores are in base 2 (`scale_log2` includes log2(e)); `mask` [M, N] or [1, N] marks the keys each row sees.
     An FP8 cache's scales [N] multiply the scores and the weights rather than the tiles: a few hundred
     products per tile instead of one per cached value. Every tile has a key to see, so its largest
-    value scale is > 0.
+    value scale is > 0. With SOFTCAP each score s becomes c * tanh(s / c); `softcap_log2` is c * log2(e),
+    as the scores are in base 2. EMPTY_ROWS says a row may see none of the keys of a tile before it has
+    seen any (a sliding window's first tiles): its weights are then kept at 0 rather than NaN.
     """
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
     if QUANTIZED:
         s = s * k_scale[None, :]
+    if SOFTCAP:
+        s = softcap_log2 * _tanh(s / softcap_log2)
     s = tl.where(mask, s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, 1))
-    p = tl.exp2(s - m_new[:, None])
-    alpha = tl.exp2(m - m_new)
+    m_ref = m_new
+    if EMPTY_ROWS:  # exp2(-inf - -inf) would be NaN: weigh a row that has seen no key against 0
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_ref[:, None])
+    alpha = tl.exp2(m - m_ref)
     l = l * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
     if QUANTIZED:

@@ -19,6 +19,11 @@ slice's normalised output and log-sum-exp (base 2).
 Pass 2, grid (seqs, heads): merges the slices, weighting each by exp2(lse - max).
 With one split pass 1 writes the final output and pass 2 is skipped.
 
+With a sliding window (SLIDING, `window` W) a sequence's slices cover only its
+last W positions, all of which its query sees: the cost is bounded by the window,
+not the context. A soft-cap (SOFTCAP) is applied to each score in the softmax
+step. With both off the kernel compiles as without them.
+
 The split count depends only on the batch shape, never on the context lengths,
 so a captured CUDA graph stays valid: short contexts leave late splits empty.
 An empty split writes only its log-sum-exp, -inf, and pass 2 reads no output
@@ -41,7 +46,9 @@ _NUM_STAGES = 2
 _MAX_SPLITS = 32
 
 
-@triton.jit
+# the window is a value, not a variant: specialising on it would compile one kernel for windows that are
+# multiples of 16 and another for the rest
+@triton.jit(do_not_specialize=["window"])
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,
@@ -66,6 +73,8 @@ def _decode_split_kernel(
     stride_ls,
     stride_lh,
     scale_log2,
+    window,
+    softcap_log2,
     PAGE: tl.constexpr,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
@@ -77,6 +86,8 @@ def _decode_split_kernel(
     QUANTIZED: tl.constexpr,
     TILE_DTYPE: tl.constexpr,
     ORDERED: tl.constexpr,
+    SLIDING: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     PDL: tl.constexpr,
 ):
     wait_for_previous_kernel(PDL)
@@ -86,8 +97,11 @@ def _decode_split_kernel(
         seq = tl.load(seq_order_ptr + seq)
     split = tl.program_id(2)
     context_len = tl.load(context_lens_ptr + seq)
-    tiles_per_split = tl.cdiv(tl.cdiv(context_len, BLOCK_N), NUM_SPLITS)
-    start = split * tiles_per_split * BLOCK_N
+    first = 0  # the first position the query sees
+    if SLIDING:
+        first = tl.maximum(context_len - window, 0)
+    tiles_per_split = tl.cdiv(tl.cdiv(context_len - first, BLOCK_N), NUM_SPLITS)
+    start = first + split * tiles_per_split * BLOCK_N
     end = tl.minimum(start + tiles_per_split * BLOCK_N, context_len)
 
     g = tl.arange(0, GROUP_PAD)
@@ -131,7 +145,21 @@ def _decode_split_kernel(
                 QUANTIZED,
             )
             m, l, acc = online_softmax_step(
-                q, k, v, pos_mask[None, :], m, l, acc, scale_log2, k_scale, v_scale, PRECISION, QUANTIZED
+                q,
+                k,
+                v,
+                pos_mask[None, :],
+                m,
+                l,
+                acc,
+                scale_log2,
+                k_scale,
+                v_scale,
+                softcap_log2,
+                PRECISION,
+                QUANTIZED,
+                SOFTCAP,
+                False,  # the query sees every position of its slice
             )
         tl.store(
             o_ptr + o_rows[:, None] + d[None, :],
@@ -213,13 +241,16 @@ def decode_attention(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     seq_order: torch.Tensor | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Attention of one query per sequence over its `context_lens[i]` cached tokens -> [seqs, heads, head_dim].
 
     `block_n` (None: `default_block_n`), `num_warps` and `num_stages` are the split
     kernel's tile and launch settings (benchmarks/decode_attention.py sweeps them). `k_scale`/`v_scale`
     come with an FP8 cache. `seq_order` (None: batch order) is the order the sequences start in,
-    best longest context first; it is followed where the batch takes one split per sequence.
+    best longest context first; it is followed where the batch takes one split per sequence. `window`:
+    the query sees only the last `window` positions; `softcap`: each score s becomes softcap * tanh(s / softcap).
     """
     num_seqs, num_heads, head_dim = q.shape
     page, num_kv_heads = k_cache.size(1), k_cache.size(2)
@@ -265,6 +296,8 @@ def decode_attention(
         lse.stride(0),
         lse.stride(1),
         scale * LOG2E,
+        window or 0,
+        (softcap or 0.0) * LOG2E,
         PAGE=page,
         GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
@@ -276,6 +309,8 @@ def decode_attention(
         QUANTIZED=quantized,
         TILE_DTYPE=tile_dtype(q.dtype, quantized),
         ORDERED=ordered,
+        SLIDING=window is not None,
+        SOFTCAP=softcap is not None,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl,

@@ -17,6 +17,12 @@ rows of one head of one sequence: it first sweeps the prefix tiles (no mask),
 then the new-token tiles up to its last row (causal mask), with an online
 softmax in fp32.
 
+With a sliding window (SLIDING, `window` W: a query at position p sees keys
+p - W + 1 .. p) both sweeps start at the window of the program's first row and
+each row masks the keys behind its own window, so nothing before the first
+row's window is read. A soft-cap (SOFTCAP) is applied to each score in the
+softmax step. With both off the kernel compiles as without them.
+
 A chunked-prefill step runs its decodes here too, as queries of length 1 over
 their cached prefix: their programs past the first row tile return at once,
 and the first computes a BLOCK_M-row tile for its one real row. That wasted
@@ -32,8 +38,9 @@ from nanovllm.kernels.triton_attention_tiles import LOG2E, online_softmax_step, 
 
 
 # The block-table width follows the batch's longest sequence; specialising on it
-# would recompile the kernel for widths of 1 or multiples of 16 in the middle of a run.
-@triton.jit(do_not_specialize=["stride_bt"])
+# would recompile the kernel for widths of 1 or multiples of 16 in the middle of a run
+# (and on the window, for windows that are or are not multiples of 16).
+@triton.jit(do_not_specialize=["stride_bt", "window"])
 def _prefill_kernel(
     q_ptr,
     k_ptr,
@@ -60,6 +67,8 @@ def _prefill_kernel(
     stride_ot,
     stride_oh,
     scale_log2,
+    window,
+    softcap_log2,
     PAGE: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -70,6 +79,8 @@ def _prefill_kernel(
     QUANTIZED: tl.constexpr,
     TILE_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
+    SLIDING: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     m_block = tl.program_id(0)
     seq = tl.program_id(1)
@@ -96,9 +107,15 @@ def _prefill_kernel(
     table = block_tables_ptr + seq * stride_bt
     if HAS_PREFIX:
         prefix_len = tl.load(cu_k_ptr + seq + 1) - tl.load(cu_k_ptr + seq) - q_len
-        for tile in range(0, prefix_len, BLOCK_N):
+        prefix_start = 0
+        if SLIDING:  # from the window of the program's first row, at position prefix_len + m_block * BLOCK_M
+            prefix_start = tl.maximum(prefix_len + m_block * BLOCK_M - window + 1, 0)
+        for tile in range(prefix_start, prefix_len, BLOCK_N):
             pos = tile + tl.arange(0, BLOCK_N)
             pos_mask = pos < prefix_len
+            seen = pos_mask[None, :]
+            if SLIDING:  # each row's window starts at its own position - window + 1
+                seen = seen & (pos[None, :] > prefix_len + rows[:, None] - window)
             k, v, k_scale, v_scale = paged_kv_tile(
                 k_cache_ptr,
                 v_cache_ptr,
@@ -119,11 +136,28 @@ def _prefill_kernel(
                 QUANTIZED,
             )
             m, l, acc = online_softmax_step(
-                q, k, v, pos_mask[None, :], m, l, acc, scale_log2, k_scale, v_scale, PRECISION, QUANTIZED
+                q,
+                k,
+                v,
+                seen,
+                m,
+                l,
+                acc,
+                scale_log2,
+                k_scale,
+                v_scale,
+                softcap_log2,
+                PRECISION,
+                QUANTIZED,
+                SOFTCAP,
+                SLIDING,
             )
 
     last = tl.minimum(q_len, (m_block + 1) * BLOCK_M)
-    for tile in range(0, last, BLOCK_N):
+    first = 0
+    if SLIDING:
+        first = tl.maximum(m_block * BLOCK_M - window + 1, 0)
+    for tile in range(first, last, BLOCK_N):
         cols = tile + tl.arange(0, BLOCK_N)
         col_mask = cols < q_len
         k_scale = 1.0
@@ -158,7 +192,25 @@ def _prefill_kernel(
                 v_ptr + kv_rows[:, None] * stride_vt + kv_head * stride_vh + d[None, :], mask=kv_mask, other=0.0
             )
         causal = (cols[None, :] <= rows[:, None]) & col_mask[None, :]
-        m, l, acc = online_softmax_step(q, k, v, causal, m, l, acc, scale_log2, k_scale, v_scale, PRECISION, QUANTIZED)
+        if SLIDING:
+            causal = causal & (cols[None, :] > rows[:, None] - window)
+        m, l, acc = online_softmax_step(
+            q,
+            k,
+            v,
+            causal,
+            m,
+            l,
+            acc,
+            scale_log2,
+            k_scale,
+            v_scale,
+            softcap_log2,
+            PRECISION,
+            QUANTIZED,
+            SOFTCAP,
+            SLIDING,
+        )
 
     out = acc / l[:, None]
     tl.store(
@@ -181,11 +233,14 @@ def prefill_attention(
     scale: float,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its cached prefix and themselves.
 
     `block_tables` None means no sequence has a cached prefix; an FP8 cache (with
-    `k_scale`, `v_scale`) needs them always, as every key is read from it.
+    `k_scale`, `v_scale`) needs them always, as every key is read from it. `window`: each query sees
+    only its last `window` positions; `softcap`: each score s becomes softcap * tanh(s / softcap).
     """
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.size(1)
@@ -228,6 +283,8 @@ def prefill_attention(
         o.stride(0),
         o.stride(1),
         scale * LOG2E,
+        window or 0,
+        (softcap or 0.0) * LOG2E,
         PAGE=k_cache.size(1) if has_prefix else 16,
         GROUP=num_heads // num_kv_heads,
         HEAD_DIM=head_dim,
@@ -238,6 +295,8 @@ def prefill_attention(
         QUANTIZED=quantized,
         TILE_DTYPE=tile_dtype(q.dtype, quantized),
         PRECISION="ieee" if fp32 else "tf32",
+        SLIDING=window is not None,
+        SOFTCAP=softcap is not None,
         num_warps=4,
         num_stages=2,
     )

@@ -34,21 +34,43 @@ def stored(case, fp8=False):
     return k_cache, v_cache, k_scale, v_scale
 
 
-def check_prefill(case, fp8=False):
+def nan_before(case, caches, first_seen):
+    """The caches (and an FP8 cache's scales, as the interpreter reads an FP8 NaN as 480) with every slot
+    of sequence i before position first_seen[i] set to NaN, in place."""
+    block_size = caches[0].size(1)
+    for table, first in zip(case.block_tables.tolist(), first_seen):
+        for pos in range(first):
+            block, offset = table[pos // block_size], pos % block_size
+            for cache in caches[:2]:
+                cache[block, offset] = float("nan")
+            for scales in caches[2:]:  # [num_blocks, kv_heads, block_size]
+                scales[block, :, offset] = float("nan")
+    return caches
+
+
+def check_prefill(case, fp8=False, nan_outside=False, **scoring):
+    """`scoring`: window and softcap, passed to both backends; `nan_outside`: the cache holds NaN before
+    each sequence's first query's window, which neither may read."""
     caches = stored(case, fp8)
+    if nan_outside:
+        nan_before(case, caches, [max(0, c - scoring["window"] + 1) for c in case.cached])
     context, scale = case.prefill_context(), case.q.size(-1) ** -0.5
     if fp8:  # every key is read through the block tables
         context = replace(context, block_tables=case.block_tables)
-    want = TorchAttentionBackend().prefill(case.q, case.k, case.v, *caches[:2], context, scale, *caches[2:])
-    got = TritonAttentionBackend().prefill(case.q, case.k, case.v, *caches[:2], context, scale, *caches[2:])
+    args = (case.q, case.k, case.v, *caches[:2], context, scale, *caches[2:])
+    want = TorchAttentionBackend().prefill(*args, **scoring)
+    got = TritonAttentionBackend().prefill(*args, **scoring)
     torch.testing.assert_close(got, want, atol=TOLERANCE[case.q.dtype], rtol=TOLERANCE[case.q.dtype])
 
 
-def check_decode(case, num_splits=None, fp8=False, longest_first=False):
-    """`longest_first`: the sequences start in the order the engine gives, longest context first."""
+def check_decode(case, num_splits=None, fp8=False, longest_first=False, nan_outside=False, **scoring):
+    """`longest_first`: the sequences start in the order the engine gives, longest context first.
+    `scoring`: window and softcap; `nan_outside`: the cache holds NaN before each sequence's window."""
     k_cache, v_cache, *scales = stored(case, fp8)
+    if nan_outside:
+        nan_before(case, (k_cache, v_cache), [max(0, n - scoring["window"]) for n in case.lengths])
     context, scale = case.decode_context(), case.q.size(-1) ** -0.5
-    want = TorchAttentionBackend().decode(case.q, k_cache, v_cache, context, scale, *scales)
+    want = TorchAttentionBackend().decode(case.q, k_cache, v_cache, context, scale, *scales, **scoring)
     order = torch.argsort(context.context_lens, descending=True) if longest_first else None
     got = decode_attention(
         case.q,
@@ -60,6 +82,7 @@ def check_decode(case, num_splits=None, fp8=False, longest_first=False):
         num_splits,
         seq_order=order,
         **dict(zip(["k_scale", "v_scale"], scales)),
+        **scoring,
     )
     torch.testing.assert_close(got, want, atol=TOLERANCE[case.q.dtype], rtol=TOLERANCE[case.q.dtype])
 
@@ -135,6 +158,47 @@ def test_decode_over_an_fp8_cache_interpreted(num_splits, dtype):
     check_decode(
         decode_case([1, 17, 70], block_size=16, heads=8, kv_heads=2, head_dim=16, dtype=dtype), num_splits, fp8=True
     )
+
+
+# a 12-token window, shorter than the fp32 kernel's 32-row query tiles, so some rows of a tile see no key
+# of the first tiles swept; a soft-cap of 2 (these random scores reach about 4)
+SCORINGS = [dict(window=12), dict(softcap=2.0), dict(window=12, softcap=2.0)]
+SCORING_IDS = ["window", "softcap", "window-softcap"]
+
+
+@interpreter
+@pytest.mark.parametrize("scoring", SCORINGS, ids=SCORING_IDS)
+@pytest.mark.parametrize("cached", [[0, 0], [17, 5]])
+def test_prefill_with_window_and_softcap_interpreted(cached, scoring):
+    check_prefill(paged_case([40, 21], cached, block_size=16, **TINY), **scoring)
+
+
+@interpreter
+def test_prefill_of_a_mixed_batch_with_window_and_softcap_interpreted():
+    case = paged_case([17, 40, 33, 1, 50], [16, 21, 32, 0, 32], block_size=16, **TINY)
+    check_prefill(case, window=12, softcap=2.0)
+
+
+@interpreter
+@pytest.mark.parametrize("fp8", [False, True])
+def test_windowed_prefill_reads_nothing_before_the_first_querys_window_interpreted(fp8):
+    # prefixes of 30 and 17 tokens: the NaN before positions 19 and 6 must never be read
+    check_prefill(paged_case([45, 21], [30, 17], block_size=16, **TINY), fp8=fp8, nan_outside=True, window=12)
+
+
+@interpreter
+@pytest.mark.parametrize("scoring", SCORINGS, ids=SCORING_IDS)
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_with_window_and_softcap_interpreted(num_splits, scoring):
+    check_decode(decode_case([1, 17, 70], block_size=16, heads=8, kv_heads=2, head_dim=16), num_splits, **scoring)
+
+
+@interpreter
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_windowed_decode_reads_only_its_window_interpreted(num_splits):
+    # everything before each sequence's last 12 positions is NaN
+    case = decode_case([1, 17, 70], block_size=16, heads=8, kv_heads=2, head_dim=16)
+    check_decode(case, num_splits, nan_outside=True, window=12, softcap=2.0)
 
 
 @interpreter
