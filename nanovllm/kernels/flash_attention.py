@@ -2,7 +2,9 @@
 
 flash-attn reads the same paged layout ([num_blocks, block_size, kv_heads,
 head_dim], block size a multiple of 256), which the rotary kernel writes; it
-reads no FP8 cache (the config refuses that pair, so the scales are always None).
+reads no FP8 cache (the config refuses that pair, so the scales are always None),
+and is given no sliding window or soft-cap (the config refuses models that need
+them with this backend, so `window` and `softcap` are always None).
 """
 
 import torch
@@ -26,7 +28,11 @@ class FlashAttentionBackend(TritonAttentionBackend):
         scale: float,
         k_scale: None = None,
         v_scale: None = None,
+        *,
+        window: None = None,
+        softcap: None = None,
     ) -> torch.Tensor:
+        assert window is None and softcap is None, "Config refuses windows and soft-caps with flash_attn"
         if context.block_tables is not None:  # a cached prefix: read every key through the block tables
             k, v = k_cache, v_cache
         return flash_attn_varlen_func(
@@ -51,7 +57,11 @@ class FlashAttentionBackend(TritonAttentionBackend):
         scale: float,
         k_scale: None = None,
         v_scale: None = None,
+        *,
+        window: None = None,
+        softcap: None = None,
     ) -> torch.Tensor:
+        assert window is None and softcap is None, "Config refuses windows and soft-caps with flash_attn"
         # q: [seqs, heads, d] -> flash-attn's [seqs, 1, heads, d]
         o = flash_attn_with_kvcache(
             q.unsqueeze(1),

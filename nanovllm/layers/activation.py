@@ -1,4 +1,4 @@
-"""Gated activation of the MLP."""
+"""Gated activations of the MLP."""
 
 import torch
 import torch.nn.functional as F
@@ -11,3 +11,11 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """SiLU(gate) * up; x: [tokens, 2 * intermediate] -> [tokens, intermediate]."""
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+@fused_on_cuda
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """GELU(gate) * up with GELU's tanh approximation (GeGLU, `gelu_pytorch_tanh`);
+    x: [tokens, 2 * intermediate] -> [tokens, intermediate]."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up

@@ -17,7 +17,9 @@ if TYPE_CHECKING:
 class AttentionBackend(Protocol):
     """What an attention implementation provides; caches are [blocks, block_size, kv_heads, d] and hold
     this step's K/V already. `cache_scales` are the cache's own (`LayerKVCache.scales`), passed on as
-    they are: None, None for a cache in the model's dtype."""
+    they are: None, None for a cache in the model's dtype. `window` (a query at position p sees keys
+    p - window + 1 .. p) and `softcap` (each score s becomes softcap * tanh(s / softcap)) are the layer's;
+    None turns each off."""
 
     supports_cuda_graphs: bool
 
@@ -31,6 +33,8 @@ class AttentionBackend(Protocol):
         context: Context,
         scale: float,
         *cache_scales: torch.Tensor | None,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor: ...
 
     def decode(
@@ -41,6 +45,8 @@ class AttentionBackend(Protocol):
         context: Context,
         scale: float,
         *cache_scales: torch.Tensor | None,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor: ...
 
 
@@ -65,7 +71,9 @@ class Attention(nn.Module):
     that (the start-up step that sizes it) prompts attend only themselves and
     nothing is stored. On CUDA the store is fused into the rotation: one kernel
     normalises and rotates q and k and writes k, already rotated, and v to the
-    cache. The runner sets `backend` to the one the config chose.
+    cache. The runner sets `backend` to the one the config chose. `window` (the
+    layer's sliding window) and `softcap` (its score soft-cap) go to the backend
+    with every call; None turns each off.
     """
 
     def __init__(
@@ -76,12 +84,15 @@ class Attention(nn.Module):
         scale: float,
         rotary: RotaryEmbedding,
         backend: AttentionBackend | None = None,
+        window: int | None = None,
+        softcap: float | None = None,
     ):
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
+        self.scoring = dict(window=window, softcap=softcap)
         self.rotary_emb = rotary
         self.backend = backend or TorchAttentionBackend()
         self.kv_cache: LayerKVCache | None = None
@@ -140,10 +151,10 @@ class Attention(nn.Module):
         cache = self.kv_cache
         if cache is None:  # the start-up step before the cache exists: no prefix to read, nothing stored
             q, k = self.rotary_emb(positions, q, k, q_norm, k_norm)
-            return self.backend.prefill(q, k, v, None, None, context, self.scale).flatten(1)
+            return self.backend.prefill(q, k, v, None, None, context, self.scale, **self.scoring).flatten(1)
         q, k = self._rotate_and_store(positions, q, k, v, q_norm, k_norm, cache, context.slot_mapping)
         if context.is_prefill:
-            o = self.backend.prefill(q, k, v, cache.k, cache.v, context, self.scale, *cache.scales)
+            o = self.backend.prefill(q, k, v, cache.k, cache.v, context, self.scale, *cache.scales, **self.scoring)
         else:
-            o = self.backend.decode(q, cache.k, cache.v, context, self.scale, *cache.scales)
+            o = self.backend.decode(q, cache.k, cache.v, context, self.scale, *cache.scales, **self.scoring)
         return o.flatten(1)

@@ -16,12 +16,15 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from nanovllm.layers.activation import silu_and_mul
+from nanovllm.layers.activation import gelu_tanh_and_mul, silu_and_mul
 from nanovllm.layers.layernorm import RMSNorm
 from nanovllm.layers.linear import ColumnParallelLinear, RowParallelLinear, uses_gemv
 
 # hidden_act -> act(gate) * up over gate_up = gate | up
-GATED_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"silu": silu_and_mul}
+GATED_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": silu_and_mul,
+    "gelu_pytorch_tanh": gelu_tanh_and_mul,
+}
 
 
 class NormedProjection:
@@ -29,7 +32,8 @@ class NormedProjection:
 
     def __init__(self, norm: nn.Module, proj: ColumnParallelLinear):
         self.norm, self.proj = norm, proj
-        self.rms_norm = isinstance(norm, RMSNorm)  # the fused kernels compute an RMSNorm
+        # the fused kernels compute an RMSNorm that scales by its weight (not Gemma's 1 + weight)
+        self.rms_norm = isinstance(norm, RMSNorm) and not norm.unit_offset
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         # x, residual: [tokens, in] -> [tokens, out], [tokens, in]
