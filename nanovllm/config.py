@@ -187,7 +187,7 @@ class Config:
             )
         self.hf_config, self.model_config = self._load_model_config()
         self.context_len = self._resolve_max_model_len()
-        self._check_sliding_window()
+        self._check_attention_features()
         self.token_budget = self._resolve_token_budget()
         if not self.enable_chunked_prefill and self.token_budget < self.context_len:
             raise ValueError(
@@ -367,13 +367,22 @@ class Config:
             )
         return name
 
-    def _check_sliding_window(self) -> None:
-        window = self.model_config.sliding_window
-        if window is not None and self.context_len > window:
+    def _check_attention_features(self) -> None:
+        """flash_attn is called without a sliding window or a soft-cap: refuse a model that needs either."""
+        if self.attention_impl != "flash_attn":
+            return
+        model = self.model_config
+        if model.attn_logit_softcapping is not None:
             raise ValueError(
-                f"the model attends over a sliding window of {window} tokens, which this engine does not "
-                f"implement: within the window it equals full attention, so set max_model_len <= {window} "
-                f"(it is {self.context_len})"
+                f"attention_backend='flash_attn' cannot soft-cap attention scores, which this model does "
+                f"(attn_logit_softcapping {model.attn_logit_softcapping}); use attention_backend 'triton' or 'auto'"
+            )
+        # a window no context reaches changes nothing
+        if model.sliding_window is not None and self.context_len > model.sliding_window:
+            raise ValueError(
+                f"attention_backend='flash_attn' cannot apply this model's sliding window of "
+                f"{model.sliding_window} tokens; use attention_backend 'triton' or 'auto', or set "
+                f"max_model_len <= {model.sliding_window} (it is {self.context_len}), where the window changes nothing"
             )
 
     def _check_generation_config(self) -> None:

@@ -5,7 +5,8 @@ from transformers import AutoModelForCausalLM
 
 
 def _model(model_dir: str):
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    # eager: transformers' sdpa attention leaves out Gemma 2's attention soft-cap
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
 
 
 def hf_generate(model_dir: str, prompts: list[list[int]], eos_token_id=None, **kwargs) -> list[list[int]]:

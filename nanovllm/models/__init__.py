@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 # architecture -> "module:class"
 MODEL_REGISTRY: dict[str, str] = {
+    "Gemma2ForCausalLM": "nanovllm.models.gemma2:Gemma2ForCausalLM",
     "LlamaForCausalLM": "nanovllm.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "nanovllm.models.mistral:MistralForCausalLM",
     "Phi3ForCausalLM": "nanovllm.models.phi3:Phi3ForCausalLM",

@@ -1,11 +1,17 @@
 """The pre-norm decoder the model families are built from: attention and gated-MLP blocks, the decoder
 layer that owns their norms, the decoder stack and the causal-LM head.
 
+What families add is an option of these parts, set by `ModelConfig`: a layer's
+sliding window and score soft-cap, norms on the blocks' outputs too (Gemma 2's
+"sandwich"), scaled embeddings and soft-capped logits.
+
 Each residual add is deferred into the next norm. Each block is given, when it
 is built, the norm in front of it (its decoder layer owns the norm, so the
 weight keeps the checkpoint's name) and chooses itself how to run it with its
 first projection, and its activation with its last one (`fused_projection`).
 """
+
+import functools
 
 import torch
 from torch import nn
@@ -22,9 +28,9 @@ from nanovllm.utils.parallel import tp_size
 
 class AttentionBlock(nn.Module):
     """input_norm(x + residual) -> fused QKV projection -> q/k RMSNorm per head (config.qk_norm) and rotary
-    -> paged attention -> output projection."""
+    -> paged attention (over the last `window` tokens when given) -> output projection."""
 
-    def __init__(self, config: ModelConfig, input_norm: nn.Module):
+    def __init__(self, config: ModelConfig, input_norm: nn.Module, window: int | None = None):
         super().__init__()
         self.head_dim = config.head_dim
         self.num_heads = config.num_attention_heads // tp_size()
@@ -42,7 +48,15 @@ class AttentionBlock(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         rotary = RotaryEmbedding(self.head_dim, config.max_position_embeddings, config.rope_parameters)
-        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5, rotary)
+        self.attn = Attention(
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            config.attention_scale,
+            rotary,
+            window=window,
+            softcap=config.attn_logit_softcapping,
+        )
         self.normed_qkv = NormedProjection(input_norm, self.qkv_proj)
 
     def forward(
@@ -76,44 +90,69 @@ class GatedMLP(nn.Module):
         return self.gated_down(gate_up), residual
 
 
-class DecoderLayer(nn.Module):
-    """Pre-norm layer: attention, then the MLP, each behind its RMSNorm."""
+def _norm(config: ModelConfig) -> RMSNorm:
+    return RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_unit_offset)
 
-    def __init__(self, config: ModelConfig):
+
+class DecoderLayer(nn.Module):
+    """Pre-norm layer `index`: attention, then the MLP, each behind its RMSNorm. With config.sandwich_norms
+    each block's output is normalised too before it joins the residual stream (Gemma 2); the checkpoint
+    then names the norms input_layernorm, post_attention_layernorm (on the attention's output),
+    pre_feedforward_layernorm and post_feedforward_layernorm."""
+
+    def __init__(self, config: ModelConfig, index: int):
         super().__init__()
-        input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = AttentionBlock(config, input_layernorm)
-        self.mlp = GatedMLP(config, post_attention_layernorm)
-        self.input_layernorm = input_layernorm
-        self.post_attention_layernorm = post_attention_layernorm
+        self.input_layernorm = _norm(config)
+        self.post_attention_layernorm = _norm(config)
+        mlp_norm = self.post_attention_layernorm
+        self.sandwich_norms = config.sandwich_norms
+        if self.sandwich_norms:
+            self.pre_feedforward_layernorm = mlp_norm = _norm(config)
+            self.post_feedforward_layernorm = _norm(config)
+        self.self_attn = AttentionBlock(config, self.input_layernorm, config.layer_window(index))
+        self.mlp = GatedMLP(config, mlp_norm)
 
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         x, residual = self.self_attn(positions, x, residual)
-        return self.mlp(x, residual)
+        if not self.sandwich_norms:
+            return self.mlp(x, residual)
+        # the residual add stays deferred into the next norm: it adds the normalised output
+        x, residual = self.mlp(self.post_attention_layernorm(x), residual)
+        return self.post_feedforward_layernorm(x), residual
 
 
 class DecoderModel(nn.Module):
-    """Embedding, decoder layers, final norm."""
+    """Embedding (times config.embed_scale when set), decoder layers, final norm."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.embed_scale = config.embed_scale
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = _norm(config)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None
+        if self.embed_scale is not None:
+            x = x * _rounded_to(self.embed_scale, x.dtype)
         for layer in self.layers:
             x, residual = layer(positions, x, residual)
         x, _ = self.norm(x, residual)
         return x
 
 
+@functools.cache
+def _rounded_to(value: float, dtype: torch.dtype) -> float:
+    """`value` as `dtype` holds it: Gemma's embedding scale is applied in the model's dtype (sqrt(3584) is
+    59.75 in bfloat16), and the checkpoints expect that."""
+    return torch.tensor(value, dtype=dtype).item()
+
+
 class DecoderForCausalLM(nn.Module):
-    """Decoder plus LM head (tied to the embedding when the config says so)."""
+    """Decoder plus LM head (tied to the embedding when the config says so); logits soft-capped where the
+    config says (config.final_logit_softcapping)."""
 
     # checkpoint name -> (our fused parameter, shard id)
     packed_modules_mapping = {
@@ -131,6 +170,7 @@ class DecoderForCausalLM(nn.Module):
         self.tie_word_embeddings = config.tie_word_embeddings
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.final_logit_softcapping = config.final_logit_softcapping
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         # input_ids, positions: [tokens] -> hidden states [tokens, hidden]
@@ -138,4 +178,8 @@ class DecoderForCausalLM(nn.Module):
 
     def compute_logits(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor | None:
         """Logits [rows, vocab] of the hidden states (written into `out` when given; None off rank 0)."""
-        return self.lm_head(hidden_states, out)
+        logits = self.lm_head(hidden_states, out)
+        cap = self.final_logit_softcapping
+        if logits is not None and cap is not None:
+            logits.div_(cap).tanh_().mul_(cap)  # in place, so that `out` holds the capped logits
+        return logits

@@ -13,9 +13,13 @@ from dataclasses import dataclass, field
 
 # Family defaults: the values of transformers' config class of each family for fields a config.json may
 # leave out. head_dim None means hidden_size // num_attention_heads; num_key_value_heads None means
-# num_attention_heads; qkv_bias None means attention_bias (which then also puts a bias on o_proj).
-# `windowed` marks the families whose every layer attends over `sliding_window` tokens when the config
-# sets it (Qwen2 and Qwen3 only with use_sliding_window, which is refused).
+# num_attention_heads; qkv_bias None means attention_bias (which then also puts a bias on o_proj);
+# query_pre_attn_scalar None means head_dim (the attention scale is its inverse square root).
+# `window_layers` says which layers attend over `sliding_window` tokens when the config sets it: None
+# (none: Qwen2 and Qwen3 only with use_sliding_window, which is refused), "all", or "layer_types" (as
+# the config's layer_types say, else every even layer, Gemma 2's pattern). `activation_key` names the
+# config field that holds the MLP's activation. The last three are fixed by the family: RMSNorm scaling
+# by 1 + weight, the extra norms after attention and after the MLP, and embeddings times sqrt(hidden).
 _LLAMA_DEFAULTS = dict(
     vocab_size=32000,
     hidden_size=4096,
@@ -33,8 +37,15 @@ _LLAMA_DEFAULTS = dict(
     tie_word_embeddings=False,
     qk_norm=False,
     qkv_bias=None,
-    windowed=False,
+    window_layers=None,
     sliding_window=None,
+    query_pre_attn_scalar=None,
+    attn_logit_softcapping=None,
+    final_logit_softcapping=None,
+    activation_key="hidden_act",
+    norm_unit_offset=False,
+    sandwich_norms=False,
+    scaled_embeddings=False,
 )
 _FAMILY_DEFAULTS = {
     "LlamaForCausalLM": _LLAMA_DEFAULTS,
@@ -44,7 +55,7 @@ _FAMILY_DEFAULTS = {
         "intermediate_size": 14336,
         "num_key_value_heads": 8,
         "max_position_embeddings": 131072,
-        "windowed": True,
+        "window_layers": "all",
         "sliding_window": 4096,
     },
     # Phi-3 / Phi-4: Llama's layers, with q|k|v and gate|up stored fused in the checkpoint
@@ -55,7 +66,7 @@ _FAMILY_DEFAULTS = {
         "intermediate_size": 8192,
         "max_position_embeddings": 4096,
         "rms_norm_eps": 1e-5,
-        "windowed": True,
+        "window_layers": "all",
     },
     # Qwen2 / Qwen2.5: a bias on q, k and v (none on o_proj)
     "Qwen2ForCausalLM": {
@@ -74,8 +85,33 @@ _FAMILY_DEFAULTS = {
         "max_position_embeddings": 32768,
         "qk_norm": True,
     },
+    # Gemma 2: sliding-window and global layers alternating, soft-capped attention and final logits,
+    # q scaled by query_pre_attn_scalar, norms before and after attention and the MLP, GeGLU
+    "Gemma2ForCausalLM": {
+        **_LLAMA_DEFAULTS,
+        "vocab_size": 256000,
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": True,
+        "window_layers": "layer_types",
+        "sliding_window": 4096,
+        "query_pre_attn_scalar": 256,
+        "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0,
+        "activation_key": "hidden_activation",
+        "hidden_activation": "gelu_pytorch_tanh",
+        "norm_unit_offset": True,
+        "sandwich_norms": True,
+        "scaled_embeddings": True,
+    },
 }
-_SUPPORTED_ACTIVATIONS = ("silu",)
+_SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+_LAYER_TYPES = ("full_attention", "sliding_attention")
 _SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 # the keys each rope type needs besides rope_theta
 _ROPE_KEYS = {
@@ -109,9 +145,21 @@ class ModelConfig:
     hidden_act: str
     tie_word_embeddings: bool
     qk_norm: bool  # RMSNorm on each q and k head before rotary (Qwen3)
-    sliding_window: int | None  # every layer attends over at most this many tokens (None: the whole sequence)
+    sliding_window: int | None  # the sliding layers attend over at most this many tokens (None: no layer slides)
+    # per layer, "sliding_attention" (over sliding_window tokens) or "full_attention" (the whole sequence)
+    layer_types: tuple[str, ...]
+    attention_scale: float  # multiplies q.k: query_pre_attn_scalar ** -0.5 (head_dim ** -0.5 but for Gemma 2)
+    attn_logit_softcapping: float | None  # each attention score s becomes c * tanh(s / c) (None: uncapped)
+    final_logit_softcapping: float | None  # each logit likewise
+    norm_unit_offset: bool  # RMSNorm scales by 1 + weight, in fp32 (Gemma)
+    sandwich_norms: bool  # RMSNorm also on the attention's and the MLP's outputs (Gemma 2)
+    embed_scale: float | None  # token embeddings are multiplied by it, in the model's dtype (Gemma: sqrt(hidden))
     dtype: str | None  # the checkpoint's dtype as torch names it ("bfloat16"), None if unsaid
     eos_token_id: int | tuple[int, ...] | None
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of decoder layer `layer` (None: it attends over the whole sequence)."""
+        return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None
 
     @classmethod
     def from_hf(cls, hf_config) -> "ModelConfig":
@@ -127,9 +175,17 @@ class ModelConfig:
             return _get(hf_config, name, defaults[name])
 
         hidden_size, num_heads = read("hidden_size"), read("num_attention_heads")
-        hidden_act = read("hidden_act")
+        activation_key = defaults["activation_key"]
+        hidden_act = read(activation_key)
         if hidden_act not in _SUPPORTED_ACTIVATIONS:
-            raise ValueError(f"hidden_act {hidden_act!r} is not supported; only 'silu'")
+            raise ValueError(
+                f"{activation_key} {hidden_act!r} is not supported; supported: {', '.join(_SUPPORTED_ACTIVATIONS)}"
+            )
+        if _get(hf_config, "use_bidirectional_attention", False):
+            raise ValueError(
+                "use_bidirectional_attention=True is not supported: a causal LM attends only to earlier "
+                "tokens; use a checkpoint without it"
+            )
         if _get(hf_config, "use_sliding_window", False):
             raise ValueError(
                 "use_sliding_window=True is not supported: every layer attends over the whole "
@@ -146,15 +202,18 @@ class ModelConfig:
         eos = _get(hf_config, "eos_token_id", None)
         attention_bias = bool(read("attention_bias"))
         qkv_bias = defaults["qkv_bias"]
+        num_layers = read("num_hidden_layers")
+        head_dim = read("head_dim") or hidden_size // num_heads
+        sliding_window, layer_types = _sliding_layers(hf_config, defaults, num_layers)
         return cls(
             architecture=architecture,
             architectures=architectures,
             hidden_size=hidden_size,
             intermediate_size=read("intermediate_size"),
-            num_hidden_layers=read("num_hidden_layers"),
+            num_hidden_layers=num_layers,
             num_attention_heads=num_heads,
             num_key_value_heads=read("num_key_value_heads") or num_heads,
-            head_dim=read("head_dim") or hidden_size // num_heads,
+            head_dim=head_dim,
             vocab_size=read("vocab_size"),
             max_position_embeddings=read("max_position_embeddings"),
             rms_norm_eps=read("rms_norm_eps"),
@@ -165,10 +224,14 @@ class ModelConfig:
             hidden_act=hidden_act,
             tie_word_embeddings=bool(read("tie_word_embeddings")),
             qk_norm=defaults["qk_norm"],
-            # a config that says null has no window: only one that leaves the field out takes the default
-            sliding_window=getattr(hf_config, "sliding_window", defaults["sliding_window"])
-            if defaults["windowed"]
-            else None,
+            sliding_window=sliding_window,
+            layer_types=layer_types,
+            attention_scale=_positive("query_pre_attn_scalar", read("query_pre_attn_scalar") or head_dim) ** -0.5,
+            attn_logit_softcapping=_softcap(hf_config, "attn_logit_softcapping", defaults),
+            final_logit_softcapping=_softcap(hf_config, "final_logit_softcapping", defaults),
+            norm_unit_offset=defaults["norm_unit_offset"],
+            sandwich_norms=defaults["sandwich_norms"],
+            embed_scale=hidden_size**0.5 if defaults["scaled_embeddings"] else None,
             dtype=None if dtype is None else str(dtype).removeprefix("torch."),
             eos_token_id=tuple(eos) if isinstance(eos, (list, tuple)) else eos,
         )
@@ -178,6 +241,49 @@ def _get(hf_config, name: str, default):
     """`hf_config.name`, or `default` where it is missing or None (transformers keeps unset fields as None)."""
     value = getattr(hf_config, name, None)
     return default if value is None else value
+
+
+def _positive(name: str, value):
+    """`value` (read from the config's `name`), or a ValueError unless it is a positive number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r} in the model's config")
+    return value
+
+
+def _softcap(hf_config, name: str, defaults: dict) -> float | None:
+    """The soft-cap `name` of the config, None where the family has none or the config says null."""
+    if defaults[name] is None:
+        return None
+    # a config that says null caps nothing: only one that leaves the field out takes the default
+    value = getattr(hf_config, name, defaults[name])
+    return None if value is None else float(_positive(name, value))
+
+
+def _sliding_layers(hf_config, defaults: dict, num_layers: int) -> tuple[int | None, tuple[str, ...]]:
+    """The sliding window and each layer's type (see `window_layers` above); every layer is full
+    attention where the family or the config has no window."""
+    full = ("full_attention",) * num_layers
+    if defaults["window_layers"] is None:
+        return None, full
+    # a config that says null has no window: only one that leaves the field out takes the default
+    window = getattr(hf_config, "sliding_window", defaults["sliding_window"])
+    if window is None:
+        return None, full
+    window = _positive("sliding_window", window)
+    if not isinstance(window, int):
+        raise ValueError(f"sliding_window must be a whole number of tokens, got {window!r} in the model's config")
+    if defaults["window_layers"] == "all":
+        return window, ("sliding_attention",) * num_layers
+    layer_types = _get(hf_config, "layer_types", None) or [
+        "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)
+    ]
+    unknown = sorted(set(layer_types) - set(_LAYER_TYPES))
+    if unknown or len(layer_types) != num_layers:
+        raise ValueError(
+            f"layer_types must name {num_layers} layers (num_hidden_layers), each one of "
+            f"{', '.join(_LAYER_TYPES)}; got {list(layer_types)}"
+        )
+    return window, tuple(layer_types)
 
 
 def _rope_parameters(hf_config, default_theta: float, max_position_embeddings: int) -> dict:

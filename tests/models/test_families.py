@@ -20,6 +20,7 @@ from transformers import (
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from nanovllm import LLM, SamplingParams
+from nanovllm.config import Config
 from nanovllm.layers.rotary_embedding import RotaryEmbedding
 from nanovllm.models.model_config import ModelConfig
 
@@ -84,10 +85,24 @@ def test_a_partial_rotary_factor_is_refused(tmp_path):
         LLM(model_dir, **ENGINE)
 
 
-def test_a_context_longer_than_the_sliding_window_is_refused(tmp_path):
+@pytest.mark.parametrize(
+    "config_class, model_class",
+    [(MistralConfig, MistralForCausalLM), (Phi3Config, Phi3ForCausalLM)],
+    ids=["mistral", "phi3"],
+)
+def test_a_context_longer_than_the_sliding_window_matches_transformers(tmp_path, config_class, model_class):
+    # every layer attends over 24 tokens; prompts and their 24 new tokens run past it
+    model_dir = save_model(tmp_path / "model", config_class, model_class, sliding_window=24)
+    prompts = random_prompts([10, 30, 60])
+    assert greedy(model_dir, prompts) == hf_greedy(model_dir, prompts, GREEDY.max_tokens)
+
+
+def test_flash_attn_which_gets_no_window_is_refused_past_the_window(tmp_path, monkeypatch):
     model_dir = save_model(tmp_path / "mistral", MistralConfig, MistralForCausalLM, sliding_window=96)
-    with pytest.raises(ValueError, match="sliding window of 96 tokens.*set max_model_len <= 96"):
-        LLM(model_dir, **ENGINE)
+    monkeypatch.setattr(Config, "_resolve_attention_backend", lambda self: "flash_attn")  # as on a GPU with it
+    with pytest.raises(ValueError, match="'flash_attn' cannot apply this model's sliding window of 96 tokens"):
+        Config(model_dir, max_model_len=256)
+    assert Config(model_dir, max_model_len=96).attention_impl == "flash_attn"  # the window changes nothing
 
 
 SCALINGS = [

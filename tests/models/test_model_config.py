@@ -5,7 +5,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from transformers import AutoConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
+from transformers import AutoConfig, Gemma2Config, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
 
 from nanovllm.config import Config
 from nanovllm.models import model_class
@@ -24,7 +24,10 @@ def test_fields_left_out_take_the_llama_family_defaults():
     assert not (
         config.qkv_bias or config.o_proj_bias or config.mlp_bias or config.tie_word_embeddings or config.qk_norm
     )
-    assert config.sliding_window is None
+    assert config.sliding_window is None and config.layer_types == ("full_attention",) * 32
+    assert config.attention_scale == 16**-0.5 and config.layer_window(0) is None
+    assert config.attn_logit_softcapping is None and config.final_logit_softcapping is None
+    assert not (config.norm_unit_offset or config.sandwich_norms) and config.embed_scale is None
     assert config.hidden_act == "silu" and config.dtype is None and config.eos_token_id is None
 
 
@@ -36,6 +39,7 @@ def test_qwen3_family_defaults_include_its_head_dim_and_q_k_norm():
 
 def test_transformers_defaults_and_ours_agree():
     for hf in (
+        Gemma2Config(architectures=["Gemma2ForCausalLM"]),
         LlamaConfig(architectures=["LlamaForCausalLM"]),
         MistralConfig(architectures=["MistralForCausalLM"]),
         Phi3Config(architectures=["Phi3ForCausalLM"]),
@@ -60,6 +64,39 @@ def test_mistral_takes_its_window_unless_the_config_says_null():
     assert ModelConfig.from_hf(phi3).sliding_window == 2047
     config = ModelConfig.from_hf(SimpleNamespace(architectures=["MistralForCausalLM"], sliding_window=None))
     assert config.sliding_window is None
+
+
+def test_gemma2_family_defaults():
+    config = ModelConfig.from_hf(SimpleNamespace(architectures=["Gemma2ForCausalLM"]))
+    assert (config.head_dim, config.attention_scale, config.hidden_act) == (256, 256**-0.5, "gelu_pytorch_tanh")
+    assert (config.attn_logit_softcapping, config.final_logit_softcapping) == (50.0, 30.0)
+    assert config.norm_unit_offset and config.sandwich_norms and config.tie_word_embeddings
+    assert config.embed_scale == 2304**0.5
+    # Gemma 2's convention where the config has no layer_types: even layers slide, odd ones are global
+    assert [config.layer_window(i) for i in range(4)] == [4096, None, 4096, None]
+
+
+def test_gemma2_reads_layer_types_its_scalar_and_null_soft_caps():
+    config = ModelConfig.from_hf(
+        SimpleNamespace(
+            architectures=["Gemma2ForCausalLM"],
+            num_hidden_layers=3,
+            sliding_window=512,
+            layer_types=["full_attention", "sliding_attention", "sliding_attention"],
+            query_pre_attn_scalar=144,
+            attn_logit_softcapping=None,
+            final_logit_softcapping=None,
+        )
+    )
+    assert [config.layer_window(i) for i in range(3)] == [None, 512, 512]
+    assert config.attention_scale == 144**-0.5
+    assert config.attn_logit_softcapping is None and config.final_logit_softcapping is None
+
+
+def test_mistral_and_phi3_slide_on_every_layer():
+    config = ModelConfig.from_hf(SimpleNamespace(architectures=["MistralForCausalLM"], num_hidden_layers=2))
+    assert [config.layer_window(i) for i in range(2)] == [4096, 4096]
+    assert ModelConfig.from_hf(SimpleNamespace(architectures=["Phi3ForCausalLM"])).layer_window(5) is None
 
 
 def test_head_dim_given_wins_over_hidden_over_heads():
@@ -109,7 +146,7 @@ def test_rope_theta_of_an_older_config_is_read():
 @pytest.mark.parametrize(
     "fields, message",
     [
-        ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported; only 'silu'"),
+        ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported; supported: silu, gelu_pytorch_tanh"),
         ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e6}}, "rope_type 'dynamic' is not supported"),
         ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}}, "rope_type 'yarn' needs factor"),
         (
@@ -120,8 +157,8 @@ def test_rope_theta_of_an_older_config_is_read():
         ({"quantization_config": {"quant_method": "awq"}}, "quant_method 'awq'"),
         (
             {"architectures": ["MysteryForCausalLM"]},
-            r"unsupported architecture \['MysteryForCausalLM'\]; supported: LlamaForCausalLM, MistralForCausalLM, "
-            r"Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM",
+            r"unsupported architecture \['MysteryForCausalLM'\]; supported: Gemma2ForCausalLM, LlamaForCausalLM, "
+            r"MistralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM",
         ),
         ({"architectures": None}, r"unsupported architecture \(none in config.json\)"),
     ],
@@ -133,9 +170,31 @@ def test_what_the_engine_cannot_run_is_refused(fields, message):
 
 def test_an_unsupported_activation_is_refused_when_the_config_loads(qwen3_dir):
     hf = AutoConfig.from_pretrained(qwen3_dir)
-    hf.hidden_act = "gelu_pytorch_tanh"
-    with pytest.raises(ValueError, match="hidden_act 'gelu_pytorch_tanh'"):
+    hf.hidden_act = "relu"
+    with pytest.raises(ValueError, match="hidden_act 'relu'"):
         ModelConfig.from_hf(hf)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"hidden_activation": "gelu"}, "hidden_activation 'gelu' is not supported"),
+        ({"use_bidirectional_attention": True}, "use_bidirectional_attention=True is not supported"),
+        (
+            {"num_hidden_layers": 2, "layer_types": ["sliding_attention", "chunked_attention"]},
+            r"layer_types must name 2 layers .* got \['sliding_attention', 'chunked_attention'\]",
+        ),
+        ({"num_hidden_layers": 2, "layer_types": ["full_attention"]}, "layer_types must name 2 layers"),
+        ({"sliding_window": 0}, "sliding_window must be a positive number, got 0"),
+        ({"sliding_window": 4.5}, "sliding_window must be a whole number of tokens, got 4.5"),
+        ({"query_pre_attn_scalar": -1}, "query_pre_attn_scalar must be a positive number, got -1"),
+        ({"attn_logit_softcapping": 0.0}, "attn_logit_softcapping must be a positive number, got 0.0"),
+        ({"final_logit_softcapping": "30"}, "final_logit_softcapping must be a positive number, got '30'"),
+    ],
+)
+def test_a_gemma2_setting_the_engine_cannot_honour_is_refused(fields, message):
+    with pytest.raises(ValueError, match=message):
+        ModelConfig.from_hf(SimpleNamespace(architectures=["Gemma2ForCausalLM"], **fields))
 
 
 def test_importing_the_models_package_imports_no_family_until_one_is_asked_for(qwen3_dir):

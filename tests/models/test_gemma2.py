@@ -1,0 +1,98 @@
+"""Gemma 2 against transformers' own Gemma2ForCausalLM on a tiny random model whose sliding layers attend
+over 24 tokens: greedy tokens across the window, with prefix-cache hits, chunked prefill and two ranks, and
+the soft-capped logits' log-probabilities."""
+
+import pytest
+import torch
+from conftest import _common_config, save_tiny_tokenizer
+from hf_reference import hf_greedy, hf_logprobs
+from test_families import ENGINE, GREEDY, random_prompts
+from transformers import Gemma2Config, Gemma2ForCausalLM
+
+from nanovllm import LLM, SamplingParams
+from nanovllm.config import Config
+
+WINDOW = 24
+
+
+@pytest.fixture(scope="module")
+def gemma2_dir(tmp_path_factory):
+    """Four layers (sliding, full, sliding, full); a soft-cap of 4 that these attention scores reach, and
+    a query scale (query_pre_attn_scalar 24) other than head_dim's; norm weights drawn at random, as
+    transformers starts them at 0 (a scale of 1 + 0), which would hide a norm read as `weight`."""
+    path = tmp_path_factory.mktemp("tiny-gemma2")
+    fields = dict(
+        _common_config(),
+        num_hidden_layers=4,
+        sliding_window=WINDOW,
+        attn_logit_softcapping=4.0,
+        final_logit_softcapping=5.0,
+        query_pre_attn_scalar=24,
+    )
+    torch.manual_seed(0)
+    model = Gemma2ForCausalLM(Gemma2Config(**fields))
+    for name, parameter in model.named_parameters():
+        if name.endswith("norm.weight"):
+            parameter.data.normal_(0.0, 0.3)
+    model.to(torch.float32).save_pretrained(path)
+    save_tiny_tokenizer(path)
+    return str(path)
+
+
+def generate(model_dir, prompts, params=GREEDY, **engine):
+    llm = LLM(model_dir, **{**ENGINE, **engine})
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    llm.close()
+    return outputs
+
+
+def token_ids(outputs):
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+# shorter than the window, around it, and three windows long; 24 new tokens each cross the window
+PROMPTS = random_prompts([5, 20, 30, 75])
+
+
+def test_greedy_across_the_window_matches_transformers(gemma2_dir):
+    assert token_ids(generate(gemma2_dir, PROMPTS)) == hf_greedy(gemma2_dir, PROMPTS, GREEDY.max_tokens)
+
+
+def test_chunks_that_split_a_prompt_inside_the_window_match_transformers(gemma2_dir):
+    # 10-token chunks: later chunks attend over the window partly in the cache, partly in themselves
+    outputs = generate(gemma2_dir, PROMPTS, max_num_batched_tokens=10, max_num_seqs=1)
+    assert token_ids(outputs) == hf_greedy(gemma2_dir, PROMPTS, GREEDY.max_tokens)
+
+
+def test_prompts_with_a_cached_prefix_match_transformers(gemma2_dir):
+    # the second prompt shares three 16-token blocks with the first, one of them outside its last window
+    first = random_prompts([60], seed=1)[0]
+    second = first[:48] + random_prompts([13], seed=2)[0]
+    llm = LLM(gemma2_dir, **ENGINE)
+    llm.generate([first], GREEDY, use_tqdm=False)
+    [output] = llm.generate([second], GREEDY, use_tqdm=False)
+    llm.close()
+    assert output.num_cached_tokens == 48
+    assert output.outputs[0].token_ids == hf_greedy(gemma2_dir, [second], GREEDY.max_tokens)[0]
+
+
+def test_two_ranks_equal_one(gemma2_dir):
+    expected = hf_greedy(gemma2_dir, PROMPTS, GREEDY.max_tokens)
+    assert token_ids(generate(gemma2_dir, PROMPTS, tensor_parallel_size=2, device="cpu")) == expected
+
+
+def test_logprobs_of_the_soft_capped_logits_match_transformers(gemma2_dir):
+    # greedy choices do not see the final soft-cap (tanh keeps the order); log-probabilities do
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=3)
+    prompt = PROMPTS[3]
+    [output] = generate(gemma2_dir, [prompt], params)
+    completion = output.outputs[0].token_ids
+    want = hf_logprobs(gemma2_dir, prompt, completion)  # [len(completion), vocab]
+    for step, (token, logprobs) in enumerate(zip(completion, output.outputs[0].logprobs)):
+        assert logprobs[token].logprob == pytest.approx(want[step, token].item(), abs=1e-4)
+
+
+def test_flash_attn_which_cannot_soft_cap_is_refused_at_load(gemma2_dir, monkeypatch):
+    monkeypatch.setattr(Config, "_resolve_attention_backend", lambda self: "flash_attn")  # as on a GPU with it
+    with pytest.raises(ValueError, match=r"attention_backend='flash_attn' cannot soft-cap .*attn_logit_softcapping 4"):
+        Config(gemma2_dir, max_model_len=WINDOW)
