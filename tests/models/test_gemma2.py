@@ -96,3 +96,10 @@ def test_flash_attn_which_cannot_soft_cap_is_refused_at_load(gemma2_dir, monkeyp
     monkeypatch.setattr(Config, "_resolve_attention_backend", lambda self: "flash_attn")  # as on a GPU with it
     with pytest.raises(ValueError, match=r"attention_backend='flash_attn' cannot soft-cap .*attn_logit_softcapping 4"):
         Config(gemma2_dir, max_model_len=WINDOW)
+
+
+def test_the_triton_kernels_interpreted_match_transformers(gemma2_dir):
+    # the Triton backend's window and soft-cap switches inside the model, under the interpreter on the CPU
+    prompts = PROMPTS[1::2]  # 20 and 75 tokens
+    outputs = generate(gemma2_dir, prompts, attention_backend="triton", max_num_batched_tokens=32)
+    assert token_ids(outputs) == hf_greedy(gemma2_dir, prompts, GREEDY.max_tokens)
