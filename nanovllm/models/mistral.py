@@ -1,5 +1,5 @@
-"""Mistral: Llama's decoder. Version 0.1's sliding window comes in as ModelConfig.sliding_window, which the
-engine honours by refusing a context longer than the window (where the window changes nothing)."""
+"""Mistral: Llama's decoder. Version 0.1's sliding window comes in as ModelConfig.sliding_window, on every
+layer, and each attention layer passes it to the attention backend."""
 
 from nanovllm.models.blocks import DecoderForCausalLM
 
