@@ -188,8 +188,8 @@ class ModelConfig:
             )
         if _get(hf_config, "use_sliding_window", False):
             raise ValueError(
-                "use_sliding_window=True is not supported: every layer attends over the whole "
-                "sequence here; use a checkpoint without sliding-window attention"
+                "use_sliding_window=True is not supported: the windows it puts on the layers from "
+                "max_window_layers on (Qwen2, Qwen3) are not read here; use a checkpoint without it"
             )
         quantization = _get(hf_config, "quantization_config", None)
         if quantization:
