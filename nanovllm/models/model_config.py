@@ -98,6 +98,7 @@ class ModelConfig:
     num_attention_heads: int
     num_key_value_heads: int
     head_dim: int
+    rotary_dim: int  # the leading dimensions of each head that rotary turns (partial_rotary_factor); the rest pass
     vocab_size: int
     max_position_embeddings: int
     rms_norm_eps: float
@@ -127,6 +128,7 @@ class ModelConfig:
             return _get(hf_config, name, defaults[name])
 
         hidden_size, num_heads = read("hidden_size"), read("num_attention_heads")
+        head_dim = read("head_dim") or hidden_size // num_heads
         hidden_act = read("hidden_act")
         if hidden_act not in _SUPPORTED_ACTIVATIONS:
             raise ValueError(f"hidden_act {hidden_act!r} is not supported; only 'silu'")
@@ -154,7 +156,8 @@ class ModelConfig:
             num_hidden_layers=read("num_hidden_layers"),
             num_attention_heads=num_heads,
             num_key_value_heads=read("num_key_value_heads") or num_heads,
-            head_dim=read("head_dim") or hidden_size // num_heads,
+            head_dim=head_dim,
+            rotary_dim=_rotary_dim(hf_config, head_dim),
             vocab_size=read("vocab_size"),
             max_position_embeddings=read("max_position_embeddings"),
             rms_norm_eps=read("rms_norm_eps"),
@@ -180,11 +183,32 @@ def _get(hf_config, name: str, default):
     return default if value is None else value
 
 
+def _given_rope_parameters(hf_config) -> dict:
+    """A copy of the config's rope dict: rope_parameters (transformers 5) or rope_scaling (older configs)."""
+    return dict(_get(hf_config, "rope_parameters", None) or _get(hf_config, "rope_scaling", None) or {})
+
+
+def _rotary_dim(hf_config, head_dim: int) -> int:
+    """The leading dimensions of each head that rotary turns, int(head_dim * partial_rotary_factor), the factor
+    read where transformers 5 reads it: from the rope dict, else from the config's top level."""
+    factor = _given_rope_parameters(hf_config).get("partial_rotary_factor")
+    factor = _get(hf_config, "partial_rotary_factor", 1.0) if factor is None else factor
+    rotary_dim = int(head_dim * factor)
+    if not 0 < factor <= 1 or rotary_dim % 2:
+        raise ValueError(
+            f"partial_rotary_factor {factor} turns {rotary_dim} of the {head_dim} dimensions of a head; it must "
+            f"be above 0 and at most 1 and turn an even number of them"
+        )
+    return rotary_dim
+
+
 def _rope_parameters(hf_config, default_theta: float, max_position_embeddings: int) -> dict:
     """The rope settings as one dict with at least `rope_type` and `rope_theta`, whichever of
     rope_parameters (transformers 5), rope_scaling and rope_theta the config holds them in; yarn's
-    original context is the model's when the config leaves it out."""
-    params = dict(_get(hf_config, "rope_parameters", None) or _get(hf_config, "rope_scaling", None) or {})
+    original context is the model's when the config leaves it out. The partial rotary factor is read
+    apart (`_rotary_dim`)."""
+    params = _given_rope_parameters(hf_config)
+    params.pop("partial_rotary_factor", None)
     params.setdefault("rope_theta", _get(hf_config, "rope_theta", default_theta))
     params["rope_type"] = params.get("rope_type", params.get("type", "default"))
     if params["rope_type"] not in _SUPPORTED_ROPE_TYPES:
@@ -195,11 +219,6 @@ def _rope_parameters(hf_config, default_theta: float, max_position_embeddings: i
     if missing:
         raise ValueError(
             f"rope_type {params['rope_type']!r} needs {', '.join(missing)} in the config's rope parameters"
-        )
-    partial = params.pop("partial_rotary_factor", None) or _get(hf_config, "partial_rotary_factor", 1.0)
-    if partial != 1.0:
-        raise ValueError(
-            f"partial_rotary_factor {partial} is not supported: the rotary kernels turn every dimension of a head"
         )
     if params["rope_type"] == "yarn" and params.get("original_max_position_embeddings") is None:
         params["original_max_position_embeddings"] = max_position_embeddings

@@ -76,12 +76,30 @@ def test_phi3_from_its_fused_q_k_v_and_gate_up_tensors_matches_transformers(tmp_
     assert greedy(model_dir, prompts, tensor_parallel_size=2, device="cpu") == expected
 
 
-def test_a_partial_rotary_factor_is_refused(tmp_path):
-    model_dir = save_model(
-        tmp_path / "phi3", Phi3Config, Phi3ForCausalLM, partial_rotary_factor=0.75, architectures=["Phi3ForCausalLM"]
-    )
-    with pytest.raises(ValueError, match="partial_rotary_factor 0.75 is not supported"):
-        LLM(model_dir, **ENGINE)
+def assert_matches_transformers(model_dir: str, prompts: list[list[int]]) -> None:
+    """Greedy tokens equal transformers' with the prompts prefilled in 16-token chunks, the later two reading
+    the blocks they share from the prefix cache, and at two ranks."""
+    expected = hf_greedy(model_dir, prompts, GREEDY.max_tokens)
+    llm = LLM(model_dir, **{**ENGINE, "max_num_batched_tokens": 16})
+    llm.generate(prompts[1:2], GREEDY, use_tqdm=False)  # caches the prefix the later prompts share
+    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    llm.close()
+    assert [o.num_cached_tokens for o in outputs] == [0, 32, 32]
+    assert [o.outputs[0].token_ids for o in outputs] == expected
+    assert greedy(model_dir, prompts, tensor_parallel_size=2, device="cpu") == expected
+
+
+def prompts_with_a_shared_prefix() -> list[list[int]]:
+    """A short prompt, then two that share their first 33 tokens (two 16-token blocks to reuse)."""
+    short, shared = random_prompts([5, 33], seed=3)
+    return [short, shared + [7, 8, 9], shared + [10]]
+
+
+def test_phi4_mini_partial_rotary_matches_transformers(tmp_path):
+    # Phi-4-mini turns the first 0.75 of each head (12 of 16 here) and passes the rest through
+    model_dir = save_model(tmp_path / "phi4", Phi3Config, Phi3ForCausalLM, partial_rotary_factor=0.75)
+    assert ModelConfig.from_hf(Phi3Config.from_pretrained(model_dir)).rotary_dim == 12
+    assert_matches_transformers(model_dir, prompts_with_a_shared_prefix())
 
 
 def test_a_context_longer_than_the_sliding_window_is_refused(tmp_path):

@@ -106,6 +106,18 @@ def test_rope_theta_of_an_older_config_is_read():
     assert config.rope_parameters["rope_type"] == "llama3" and config.rope_parameters["rope_theta"] == 500000.0
 
 
+def test_the_partial_rotary_factor_is_read_where_transformers_reads_it():
+    # Phi-4-mini: 0.75 of a 128-dimension head at the config's top level (transformers 5 moves it into
+    # the rope dict, which wins when both say)
+    phi4 = dict(architectures=["Phi3ForCausalLM"], hidden_size=3072, num_attention_heads=24)
+    assert ModelConfig.from_hf(SimpleNamespace(**phi4, partial_rotary_factor=0.75)).rotary_dim == 96
+    rope = {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}
+    config = ModelConfig.from_hf(SimpleNamespace(**phi4, partial_rotary_factor=0.75, rope_parameters=rope))
+    assert config.rotary_dim == 64 and "partial_rotary_factor" not in config.rope_parameters
+    assert ModelConfig.from_hf(Phi3Config(**phi4, partial_rotary_factor=0.75)).rotary_dim == 96
+    assert ModelConfig.from_hf(SimpleNamespace(**phi4)).rotary_dim == 128
+
+
 @pytest.mark.parametrize(
     "fields, message",
     [
@@ -116,6 +128,9 @@ def test_rope_theta_of_an_older_config_is_read():
             {"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e6, "factor": 8.0}},
             "rope_type 'llama3' needs low_freq_factor",
         ),
+        ({"partial_rotary_factor": 1.5}, "partial_rotary_factor 1.5 turns 192 of the 128 dimensions"),
+        ({"partial_rotary_factor": 0.0}, "partial_rotary_factor 0.0 turns 0 of the 128 dimensions"),
+        ({"head_dim": 20, "partial_rotary_factor": 0.25}, "turns 5 of the 20 dimensions of a head; it must"),
         ({"use_sliding_window": True}, "use_sliding_window=True is not supported"),
         ({"quantization_config": {"quant_method": "awq"}}, "quant_method 'awq'"),
         (
