@@ -55,10 +55,42 @@ def _yarn_attention_factor(params: dict) -> float:
     return mscale(1.0)
 
 
+def _longrope_attention_factor(params: dict) -> float:
+    """LongRoPE's scale on cos and sin: sqrt(1 + ln(factor) / ln(original context)) unless given, 1 for a
+    factor of at most 1."""
+    if params.get("attention_factor") is not None:
+        return params["attention_factor"]
+    factor, old_len = params["factor"], params["original_max_position_embeddings"]
+    return 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(old_len))
+
+
+def _longrope_angles(positions: torch.Tensor, powers: torch.Tensor, params: dict) -> torch.Tensor:
+    """LongRoPE's angles [positions, rotary_dim / 2] (`powers`: rope_theta ** (2i / rotary_dim)): positions
+    inside the original context turn at the frequencies of `short_factor`, those past it at those of
+    `long_factor`.
+
+    transformers rotates a whole sequence with one of the lists: the short one
+    while it fits in original_max_position_embeddings, the long one once it
+    does not (Phi-3's generate drops its cache on the first token past it and
+    encodes the whole sequence again). A paged cache keeps each key as it was
+    rotated when stored, and a token must get the same key whether it came in
+    one prefill, in chunks or from the prefix cache; so the list is chosen per
+    position, as vLLM does. A sequence within the original context is rotated
+    exactly as in transformers; past it, the new positions are too, but the
+    keys before the boundary keep their short-factor rotation.
+    """
+    old_len = params["original_max_position_embeddings"]
+    short = 1.0 / (torch.tensor(params["short_factor"], dtype=torch.float32) * powers)
+    long = 1.0 / (torch.tensor(params["long_factor"], dtype=torch.float32) * powers)
+    return torch.cat((torch.outer(positions[:old_len], short), torch.outer(positions[old_len:], long)))
+
+
 def _angles_and_scale(positions: torch.Tensor, rotary_dim: int, params: dict) -> tuple[torch.Tensor, float]:
     """The rotation angles [positions, rotary_dim / 2] of each scaling type, and its scale on cos and sin."""
     exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
     powers = params["rope_theta"] ** exponents  # 1 / the unscaled inverse frequencies
+    if params["rope_type"] == "longrope":
+        return _longrope_angles(positions, powers, params), _longrope_attention_factor(params)
     inv_freq = 1.0 / powers
     scale = 1.0
     if params["rope_type"] == "linear":
@@ -79,8 +111,8 @@ class RotaryEmbedding(nn.Module):
     """
 
     def __init__(self, head_dim: int, max_position: int, params: dict, rotary_dim: int | None = None):
-        """`params`: ModelConfig.rope_parameters (rope_type 'default', 'linear', 'llama3' or 'yarn', rope_theta,
-        the type's scaling keys); `rotary_dim`: ModelConfig.rotary_dim, every dimension if None."""
+        """`params`: ModelConfig.rope_parameters (rope_type 'default', 'linear', 'llama3', 'yarn' or 'longrope',
+        rope_theta, the type's scaling keys); `rotary_dim`: ModelConfig.rotary_dim, every dimension if None."""
         super().__init__()
         rotary_dim = head_dim if rotary_dim is None else rotary_dim
         assert rotary_dim % 2 == 0 and 0 < rotary_dim <= head_dim
