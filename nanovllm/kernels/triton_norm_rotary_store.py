@@ -49,14 +49,15 @@ _FEW_TOKENS = 16
 
 
 @triton.jit
-def _load_heads(source, rows, both, pass_rows, pass_both, HEAD_DIM: tl.constexpr, HALF: tl.constexpr):
-    """The heads' rotated halves x1, x2 [HEADS, BLOCK] and, for a partial rotary, the dimensions that pass
-    through, x3 [HEADS, PASS_BLOCK] (x1 again for a full one: unread), in the source's dtype."""
-    x1 = tl.load(source + rows, mask=both, other=0.0)
-    x2 = tl.load(source + rows + HALF, mask=both, other=0.0)
+def _load_heads(rows, both, pass_rows, pass_both, other, dtype, HEAD_DIM: tl.constexpr, HALF: tl.constexpr):
+    """The heads' rotated halves x1, x2 [HEADS, BLOCK] from `rows` (pointers to the first half) and, for a
+    partial rotary, the dimensions that pass through, x3 [HEADS, PASS_BLOCK] from `pass_rows` (x1 again for
+    a full one: unread), as `dtype`; masked lanes read `other`."""
+    x1 = tl.load(rows, mask=both, other=other).to(dtype)
+    x2 = tl.load(rows + HALF, mask=both, other=other).to(dtype)
     x3 = x1
     if HEAD_DIM > 2 * HALF:
-        x3 = tl.load(source + pass_rows + 2 * HALF, mask=pass_both, other=0.0)
+        x3 = tl.load(pass_rows, mask=pass_both, other=other).to(dtype)
     return x1, x2, x3
 
 
@@ -88,18 +89,17 @@ def _norm_rotate_heads(
     partial: tl.constexpr = HEAD_DIM > 2 * HALF
     both = head_mask[:, None] & mask[None, :]
     pass_both = head_mask[:, None] & pass_mask[None, :]
+    # offsets summed before the pointer, as before partial rotary: a full rotary compiles to the same code
     x1, x2, x3 = _load_heads(
-        source,
-        heads[:, None] * stride_h + lanes[None, :],
+        source + (heads[:, None] * stride_h + lanes[None, :]),
         both,
-        heads[:, None] * stride_h + pass_lanes[None, :],
+        source + (heads[:, None] * stride_h + 2 * HALF + pass_lanes[None, :]),
         pass_both,
+        0.0,
+        tl.float32,
         HEAD_DIM,
         HALF,
     )
-    x1 = x1.to(tl.float32)
-    x2 = x2.to(tl.float32)
-    x3 = x3.to(tl.float32)
     if NORM:
         squares = tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)
         if partial:
@@ -112,11 +112,11 @@ def _norm_rotate_heads(
     y1 = (x1 * cos[None, :] - x2 * sin[None, :]).to(dtype)
     y2 = (x2 * cos[None, :] + x1 * sin[None, :]).to(dtype)
     y3 = x3.to(dtype)
-    out = heads[:, None] * HEAD_DIM
-    tl.store(target + out + lanes[None, :], y1, mask=both)
-    tl.store(target + out + HALF + lanes[None, :], y2, mask=both)
+    out = heads[:, None] * HEAD_DIM + lanes[None, :]
+    tl.store(target + out, y1, mask=both)
+    tl.store(target + out + HALF, y2, mask=both)
     if partial:
-        tl.store(target + out + 2 * HALF + pass_lanes[None, :], y3, mask=pass_both)
+        tl.store(target + heads[:, None] * HEAD_DIM + 2 * HALF + pass_lanes[None, :], y3, mask=pass_both)
     return y1, y2, y3
 
 
@@ -144,7 +144,7 @@ def _store_heads(
     rotary) the rest x3 [HEADS, PASS_BLOCK] in the model's dtype, to flat slot `slot` (quantized for an FP8
     cache: one scale per head)."""
     partial: tl.constexpr = HEAD_DIM > 2 * HALF
-    target = cache_ptr + (slot * NUM_KV_HEADS + kv_heads[:, None]) * HEAD_DIM
+    target = cache_ptr + (slot * NUM_KV_HEADS + kv_heads[:, None]) * HEAD_DIM + lanes[None, :]
     both = head_mask[:, None] & mask[None, :]
     pass_both = head_mask[:, None] & pass_mask[None, :]
     if QUANTIZED:
@@ -159,10 +159,11 @@ def _store_heads(
         x1 = x1 / scale[:, None]
         x2 = x2 / scale[:, None]
         x3 = x3 / scale[:, None]
-    tl.store(target + lanes[None, :], x1.to(cache_ptr.dtype.element_ty), mask=both)
-    tl.store(target + HALF + lanes[None, :], x2.to(cache_ptr.dtype.element_ty), mask=both)
+    tl.store(target, x1.to(cache_ptr.dtype.element_ty), mask=both)
+    tl.store(target + HALF, x2.to(cache_ptr.dtype.element_ty), mask=both)
     if partial:
-        tl.store(target + 2 * HALF + pass_lanes[None, :], x3.to(cache_ptr.dtype.element_ty), mask=pass_both)
+        pass_target = cache_ptr + (slot * NUM_KV_HEADS + kv_heads[:, None]) * HEAD_DIM + 2 * HALF + pass_lanes[None, :]
+        tl.store(pass_target, x3.to(cache_ptr.dtype.element_ty), mask=pass_both)
 
 
 @triton.jit
@@ -227,10 +228,12 @@ def _norm_rotate_store_kernel(
     sin = tl.load(table + 2 * HALF + lanes, mask=mask, other=0.0).to(dtype).to(tl.float32)
     qw1, qw2, qw3, kw1, kw2, kw3 = cos, cos, cos, cos, cos, cos  # read only with NORM
     if NORM:
-        qw1, qw2, qw3 = _load_heads(q_weight_ptr, lanes, mask, pass_lanes, pass_mask, HEAD_DIM, HALF)
-        kw1, kw2, kw3 = _load_heads(k_weight_ptr, lanes, mask, pass_lanes, pass_mask, HEAD_DIM, HALF)
-        qw1, qw2, qw3 = qw1.to(tl.float32), qw2.to(tl.float32), qw3.to(tl.float32)
-        kw1, kw2, kw3 = kw1.to(tl.float32), kw2.to(tl.float32), kw3.to(tl.float32)
+        qw1, qw2, qw3 = _load_heads(
+            q_weight_ptr + lanes, mask, q_weight_ptr + 2 * HALF + pass_lanes, pass_mask, 0.0, tl.float32, HEAD_DIM, HALF
+        )
+        kw1, kw2, kw3 = _load_heads(
+            k_weight_ptr + lanes, mask, k_weight_ptr + 2 * HALF + pass_lanes, pass_mask, 0.0, tl.float32, HEAD_DIM, HALF
+        )
     wait_for_previous_kernel(PDL)
     _norm_rotate_heads(
         q_ptr + token * stride_qt,
@@ -292,12 +295,14 @@ def _norm_rotate_store_kernel(
             PAGE,
             QUANTIZED,
         )
+        v_rows = v_ptr + token * stride_vt + kv_heads[:, None] * stride_vh
         v1, v2, v3 = _load_heads(
-            v_ptr + token * stride_vt,
-            kv_heads[:, None] * stride_vh + lanes[None, :],
+            v_rows + lanes[None, :],
             kv_mask[:, None] & mask[None, :],
-            kv_heads[:, None] * stride_vh + pass_lanes[None, :],
+            v_rows + 2 * HALF + pass_lanes[None, :],
             kv_mask[:, None] & pass_mask[None, :],
+            None,  # masked lanes are not stored
+            v_ptr.dtype.element_ty,
             HEAD_DIM,
             HALF,
         )
