@@ -107,7 +107,7 @@ class ModelConfig:
     num_attention_heads: int
     num_key_value_heads: int
     head_dim: int
-    rotary_dim: int  # the leading dimensions of each head that rotary turns (partial_rotary_factor); the rest pass
+    rotary_dim: int  # the leading dims of each head that rotary turns (partial_rotary_factor); the others pass through
     vocab_size: int
     max_position_embeddings: int
     rms_norm_eps: float
