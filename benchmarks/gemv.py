@@ -18,7 +18,8 @@ import argparse
 import torch
 import torch.nn.functional as F
 import triton
-from throughput import SHAPES, VOCAB_SIZE, hbm_bandwidth
+from model_shapes import SHAPES, VOCAB_SIZE
+from throughput import hbm_bandwidth
 
 from nanovllm.kernels import triton_gemv
 from nanovllm.layers.activation import silu_and_mul
@@ -98,7 +99,7 @@ def main() -> None:
         "| best (us) |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
-    for shape in SHAPES:
+    for shape in ("0.6b", "8b"):
         for name, (n, k, prologue) in projections(shape).items():
             weights = weight_copies(n, k)
             ours, reference = products(k, prologue)

@@ -34,6 +34,7 @@ from transformers import AutoTokenizer
 from nanovllm import LLM, SamplingParams, StructuredOutputsParams
 from nanovllm.core.structured_output import StructuredOutputs, grammar_vocabulary
 from nanovllm.default_model import default_model_dir
+from nanovllm.sample.bitmask import apply_bitmask_
 
 SCHEMA = {
     "type": "object",
@@ -82,14 +83,13 @@ def mask_cost(tokenizer, batch: int) -> tuple[float, float, int]:
     reply = tokenizer.encode(json.dumps(REPLY, separators=(", ", ": ")), add_special_tokens=False)
     logits = torch.randn(batch, vocabulary.vocab_size)
     fills, applies = [], []
-    from xgrammar import apply_token_bitmask_inplace
-
+    rows = torch.arange(batch, dtype=torch.int32)
     for token_id in reply:
         start = time.perf_counter()
         bitmask = structured.bitmasks(ids).fill()
         fills.append(time.perf_counter() - start)
         start = time.perf_counter()
-        apply_token_bitmask_inplace(logits, bitmask)
+        apply_bitmask_(logits, bitmask, rows)
         applies.append(time.perf_counter() - start)
         for request_id in ids:
             assert structured.accept(request_id, token_id), tokenizer.decode([token_id])

@@ -22,6 +22,13 @@ and the fraction of wall time the GPU was busy (CUDA events around each
 launched step), and one sequence's decode latency (128-token prompt, 1024 new
 tokens, prefill excluded).
 
+Several model shapes (`--model-shape 8b qwen2.5-7b mistral-7b gemma-2-9b
+gemma-3-4b phi-4-mini`: Qwen3-8B and a model of each other family, from
+`model_shapes.py`) run one after another in the same call; each is then
+compared with the first: its roofline fraction over the first's, and its
+single-sequence ms/token over its own roofline. A sliding-window layer's KV
+read counts only its window.
+
 Several tensor-parallel sizes (`--tensor-parallel-size 1 2`) run one after
 another in the same call; each later size is then compared with the first:
 its throughput ratio, and how many of 16 workload prompts give the same 64
@@ -31,7 +38,7 @@ counts its smaller KV reads).
 
     python benchmarks/throughput.py [--peer hf] [--skip-tokenizer-init | --compare-tokenizer]
                                     [--enforce-eager] [--no-chunked-prefill] [--profile] [--kvcache-block-size N]
-                                    [--model-shape 0.6b|8b] [--tensor-parallel-size N [N ...]]
+                                    [--model-shape SHAPE [SHAPE ...]] [--tensor-parallel-size N [N ...]]
                                     [--kv-cache-dtype auto|fp8] [--sampling NAME=VALUE ...]
 """
 
@@ -44,33 +51,13 @@ import random
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+from model_shapes import SHAPES, KVRead, model_bytes, model_config
 
 from nanovllm import LLM, SamplingParams
 
-VOCAB_SIZE = 151936
-SHAPES = {
-    "0.6b": dict(
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_hidden_layers=28,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-        tie_word_embeddings=True,
-    ),
-    "8b": dict(
-        hidden_size=4096,
-        intermediate_size=12288,
-        num_hidden_layers=36,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        tie_word_embeddings=False,
-    ),
-}
 # HBM bandwidth from the vendors' data sheets, bytes/s, by a substring of the device name
 HBM_BANDWIDTH = {
     "H100 80GB HBM3": 3.35e12,
@@ -83,27 +70,9 @@ HBM_BANDWIDTH = {
 }
 
 
-def model_config(shape: str) -> dict:
-    """config.json of a Qwen3 model of this shape."""
-    return {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
-        "vocab_size": VOCAB_SIZE,
-        "max_position_embeddings": 40960,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000,
-        "torch_dtype": "bfloat16",
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "bos_token_id": 151643,
-        "eos_token_id": 151645,
-        **SHAPES[shape],
-    }
-
-
 def write_model_dir(shape: str) -> str:
     """A folder holding only config.json: weights are dummy and prompts are token ids."""
-    path = tempfile.mkdtemp(prefix=f"qwen3-{shape}-shape-")
+    path = tempfile.mkdtemp(prefix=f"{shape}-shape-")
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(model_config(shape), f)
     return path
@@ -138,9 +107,10 @@ def copy_bandwidth(size_bytes: int = 1 << 32) -> float:
 
 
 def roofline_seconds(
-    prompts: list[list[int]], max_tokens: list[int], weight_bytes: int, kv_bytes_per_token: int, bandwidth: float
+    prompts: list[list[int]], max_tokens: list[int], weight_bytes: int, kv_read: KVRead, bandwidth: float
 ) -> float:
-    """Time of every decode step reading all weights and every running sequence's KV once.
+    """Time of every decode step reading all weights and every running sequence's KV once (within each
+    layer's window).
 
     The first token of each request comes from its prefill; decode step s runs the
     requests with max_tokens > s, each holding prompt + s tokens.
@@ -148,21 +118,8 @@ def roofline_seconds(
     prompt_lens = [len(p) for p in prompts]
     total = 0
     for step in range(1, max(max_tokens)):
-        context = sum(p + step for p, m in zip(prompt_lens, max_tokens) if m > step)
-        total += weight_bytes + context * kv_bytes_per_token
+        total += weight_bytes + sum(kv_read.bytes(p + step) for p, m in zip(prompt_lens, max_tokens) if m > step)
     return total / bandwidth
-
-
-def model_bytes(shape: str, kv_cache_dtype: str = "auto") -> tuple[int, int]:
-    """(weight bytes, KV bytes per token) of the bf16 model, the KV in bf16 or in FP8 with a 4-byte
-    scale per head."""
-    s = SHAPES[shape]
-    h, layers, d = s["hidden_size"], s["num_hidden_layers"], s["head_dim"]
-    q, kv = s["num_attention_heads"] * d, s["num_key_value_heads"] * d
-    per_layer = h * (q + 2 * kv) + q * h + 3 * h * s["intermediate_size"] + 2 * h + 2 * d
-    embeddings = VOCAB_SIZE * h * (1 if s["tie_word_embeddings"] else 2)
-    kv_bytes = 2 * layers * (kv + 4 * s["num_key_value_heads"] if kv_cache_dtype == "fp8" else 2 * kv)
-    return 2 * (embeddings + layers * per_layer + h), kv_bytes
 
 
 def add_qwen3_tokenizer(model_dir: str) -> None:
@@ -334,7 +291,7 @@ def print_profile(label: str, steps) -> None:
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=70))
 
 
-def profile_steps(llm: LLM, num_seqs: int, weight_bytes: int, kv_bytes_per_token: int, bandwidth: float) -> None:
+def profile_steps(llm: LLM, num_seqs: int, weight_bytes: int, kv_read: KVRead, bandwidth: float) -> None:
     """Profiles the prefill of `num_seqs` workload prompts, then times 32 of their decode steps
     (GPU time beside those steps' roofline) and profiles 32 more."""
     prompts, _ = workload()
@@ -356,7 +313,8 @@ def profile_steps(llm: LLM, num_seqs: int, weight_bytes: int, kv_bytes_per_token
     torch.cuda.synchronize()
     # decode step j of a sequence with a p-token prompt reads p + 1 + j cached tokens
     context = statistics.mean(sum(len(p) + 1 + j for p in prompts[:num_seqs]) for j in range(32))
-    roofline_ms = (weight_bytes + context * kv_bytes_per_token) / bandwidth * 1e3
+    kv_bytes = statistics.mean(sum(kv_read.bytes(len(p) + 1 + j) for p in prompts[:num_seqs]) for j in range(32))
+    roofline_ms = (weight_bytes + kv_bytes) / bandwidth * 1e3
     gpu_ms = statistics.median(r.gpu_ms for r in recorder.records)
     print(
         f"decode step of {num_seqs} sequences ({context / num_seqs:,.0f} cached tokens each on average): GPU "
@@ -431,7 +389,20 @@ def sampling_label(sampling: dict) -> str:
     return ", ".join(f"{name}={value}" for name, value in sampling.items())
 
 
+@dataclass
+class EngineRun:
+    """One engine's figures: output tok/s and the fraction of the roofline it reached; for the first engine
+    of a size also one sequence's ms/token beside its roofline, and the greedy tokens of 16 prompts."""
+
+    rate: float
+    fraction: float
+    single_ms: float | None = None
+    single_roofline_ms: float | None = None
+    greedy: list = field(default_factory=list)
+
+
 def run_engine(
+    shape: str,
     model_dir: str,
     args,
     prompts: list[list[int]],
@@ -442,13 +413,13 @@ def run_engine(
     kv_cache_dtype: str,
     first: bool,
     sampling: dict | None = None,
-) -> tuple[float, list]:
-    """Output tokens per second of the workload on one engine (`sampling` added to every request),
-    with its step summary printed; on the first engine of a size also one sequence's latency (and
-    the profile, if asked for) and the greedy tokens of 16 prompts, which are returned."""
+) -> EngineRun:
+    """The workload on one engine of `shape` (`sampling` added to every request), with its step summary
+    printed; on the first engine of a size also one sequence's latency (and the profile, if asked for) and
+    the greedy tokens of 16 prompts."""
     total_out = sum(max_tokens)
-    weight_bytes, kv_bytes = (n // size for n in model_bytes(args.model_shape, kv_cache_dtype))
-    roofline = total_out / roofline_seconds(prompts, max_tokens, weight_bytes, kv_bytes, bandwidth)
+    weight_bytes, kv_read = model_bytes(shape, kv_cache_dtype, size)
+    roofline = total_out / roofline_seconds(prompts, max_tokens, weight_bytes, kv_read, bandwidth)
     llm = make_llm(model_dir, args, skip_tokenizer_init, size, kv_cache_dtype)
     elapsed, recorder = run_workload(llm, prompts, max_tokens, sampling)
     rate = total_out / elapsed
@@ -460,23 +431,25 @@ def run_engine(
         f"({elapsed:.2f} s); roofline {roofline:,.0f} tok/s; reached {rate / roofline:.0%}  [{describe(llm)}]"
     )
     print(recorder.summary(len(prompts), elapsed))
-    greedy = []
+    run = EngineRun(rate, rate / roofline)
     if first:
         step, steps = single_sequence_latency(llm)
+        run.single_ms, run.single_roofline_ms = step * 1e3, weight_bytes / bandwidth * 1e3
         print(
-            f"single sequence decode: {step * 1e3:.3f} ms/token ({1 / step:,.0f} tok/s); "
-            f"roofline {weight_bytes / bandwidth * 1e3:.3f} ms/token (weights once per token)"
+            f"single sequence decode: {run.single_ms:.3f} ms/token ({1 / step:,.0f} tok/s); "
+            f"roofline {run.single_roofline_ms:.3f} ms/token (weights once per token); "
+            f"{run.single_ms / run.single_roofline_ms:.2f}x the roofline"
         )
         print(steps)
-        greedy = greedy_token_ids(llm, prompts[:16])
+        run.greedy = greedy_token_ids(llm, prompts[:16])
         if args.profile:
             for num_seqs in (1, 256):
-                profile_steps(llm, num_seqs, weight_bytes, kv_bytes, bandwidth)
+                profile_steps(llm, num_seqs, weight_bytes, kv_read, bandwidth)
     llm.close()
     del llm, recorder
     gc.collect()  # the recorders' wrappers around pending outputs form cycles that hold the engine
     torch.cuda.empty_cache()
-    return rate, greedy
+    return run
 
 
 def print_tensor_parallel_comparison(rates: dict, greedy: dict) -> None:
@@ -493,7 +466,13 @@ def print_tensor_parallel_comparison(rates: dict, greedy: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--peer", choices=["hf"], help="also run the workload through this peer")
-    parser.add_argument("--model-shape", choices=sorted(SHAPES), default="0.6b")
+    parser.add_argument(
+        "--model-shape",
+        choices=list(SHAPES),
+        nargs="+",
+        default=["0.6b"],
+        help="one shape, or several to run one after another and compare with the first",
+    )
     parser.add_argument(
         "--tensor-parallel-size",
         type=int,
@@ -526,36 +505,53 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    model_dir = write_model_dir(args.model_shape)
-    variants = [False, True] if args.compare_tokenizer else [args.skip_tokenizer_init]
-    if not all(variants):
-        add_qwen3_tokenizer(model_dir)
     prompts, max_tokens = workload()
-    total_out = sum(max_tokens)
     bandwidth, source = hbm_bandwidth()
     print(
         f"machine: {torch.cuda.get_device_name()} x{torch.cuda.device_count()} visible, torch {torch.__version__}, "
         f"HBM {bandwidth / 1e12:.2f} TB/s per GPU ({source})"
     )
+    firsts = {shape: run_shape(shape, args, prompts, max_tokens, bandwidth) for shape in args.model_shape}
+    if len(firsts) > 1:
+        print_shape_comparison(firsts)
+
+
+def run_shape(shape: str, args, prompts: list[list[int]], max_tokens: list[int], bandwidth: float) -> EngineRun:
+    """Every engine the options ask for on one model shape; returns the first one's run."""
+    model_dir = write_model_dir(shape)
+    variants = [False, True] if args.compare_tokenizer else [args.skip_tokenizer_init]
+    if not all(variants):
+        add_qwen3_tokenizer(model_dir)
+    total_out = sum(max_tokens)
     print(
-        f"workload: Qwen3-{args.model_shape} shape, bf16, dummy weights, {len(prompts)} requests, "
-        f"{sum(map(len, prompts)):,} prompt tokens, {total_out:,} output tokens, temperature 0.6"
+        f"workload: {shape} shape ({SHAPES[shape]['architectures'][0]}), bf16, dummy weights, {len(prompts)} "
+        f"requests, {sum(map(len, prompts)):,} prompt tokens, {total_out:,} output tokens, temperature 0.6"
     )
 
     kv_cache_dtypes = ["auto", "fp8"] if args.kv_cache_dtype == "fp8" else ["auto"]
-    rates, greedy, kv_rates = {}, {}, {}
+    rates, greedy, kv_rates, runs = {}, {}, {}, []
     for size in args.tensor_parallel_size:
         for kv_cache_dtype in kv_cache_dtypes:
             for skip_tokenizer_init in variants:
                 first = skip_tokenizer_init == variants[0] and kv_cache_dtype == "auto"
-                rate, tokens = run_engine(
-                    model_dir, args, prompts, max_tokens, bandwidth, skip_tokenizer_init, size, kv_cache_dtype, first
+                run = run_engine(
+                    shape,
+                    model_dir,
+                    args,
+                    prompts,
+                    max_tokens,
+                    bandwidth,
+                    skip_tokenizer_init,
+                    size,
+                    kv_cache_dtype,
+                    first,
                 )
-                kv_rates[size, kv_cache_dtype, skip_tokenizer_init] = rate
+                runs.append(run)
+                kv_rates[size, kv_cache_dtype, skip_tokenizer_init] = run.rate
                 if kv_cache_dtype == "auto":
-                    rates[size, tokenizer_label(skip_tokenizer_init)] = rate
+                    rates[size, tokenizer_label(skip_tokenizer_init)] = run.rate
                 if first:
-                    greedy[size] = tokens
+                    greedy[size] = run.greedy
         if len(variants) == 2:
             print(
                 f"with / without tokenizer (TP={size}): "
@@ -571,12 +567,12 @@ def main() -> None:
     if args.sampling:
         sampling = dict(args.sampling)
         size, skip = args.tensor_parallel_size[0], variants[0]
-        rate, _ = run_engine(
-            model_dir, args, prompts, max_tokens, bandwidth, skip, size, "auto", first=False, sampling=sampling
+        run = run_engine(
+            shape, model_dir, args, prompts, max_tokens, bandwidth, skip, size, "auto", first=False, sampling=sampling
         )
         print(
             f"with {sampling_label(sampling)} / temperature 0.6 only (TP={size}, {tokenizer_label(skip)}): "
-            f"{rate / rates[size, tokenizer_label(skip)]:.3f}"
+            f"{run.rate / rates[size, tokenizer_label(skip)]:.3f}"
         )
     if args.peer == "hf":
         peer = run_hf_peer(model_dir, prompts, max_tokens)
@@ -584,6 +580,19 @@ def main() -> None:
         print(
             f"transformers continuous batching (paged|sdpa): {total_out / peer:,.0f} output tok/s "
             f"({peer:.2f} s); nanovllm is {nanovllm * peer / total_out:.1f}x faster"
+        )
+    return runs[0]
+
+
+def print_shape_comparison(firsts: dict[str, EngineRun]) -> None:
+    """Each shape's roofline fraction beside the first shape's, and its single sequence beside its roofline."""
+    base_shape, base = next(iter(firsts.items()))
+    print(f"shape comparison (the first engine of each shape; roofline fractions against {base_shape}'s):")
+    for shape, run in firsts.items():
+        print(
+            f"  {shape:>12}: {run.rate:8,.0f} tok/s, {run.fraction:.0%} of its roofline "
+            f"({run.fraction / base.fraction:.2f}x {base_shape}'s); single sequence {run.single_ms:.3f} ms/token, "
+            f"{run.single_ms / run.single_roofline_ms:.2f}x its roofline"
         )
 
 

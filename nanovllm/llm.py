@@ -125,8 +125,8 @@ class LLM(EngineFrontend):
         return self._run_until_done(parents, use_tqdm)
 
     def _run_until_done(self, parents: list[ParentRequest], use_tqdm: bool) -> list[RequestOutput]:
-        """Step until every request has finished; each request's output is made as it finishes (its
-        logprob dicts among it), while the device runs the next step, rather than all at the end."""
+        """Step until every request has finished; each request's output is made as it finishes, while the
+        device runs the next step, rather than all at the end."""
         index = {id(parent): i for i, parent in enumerate(parents)}
         outputs: list[RequestOutput | None] = [None] * len(parents)
         with tqdm(total=len(parents), desc="Generating", dynamic_ncols=True, disable=not use_tqdm) as bar:

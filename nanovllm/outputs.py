@@ -2,11 +2,18 @@
 
 from dataclasses import dataclass
 
+import msgspec
 
-@dataclass
-class Logprob:
+
+class Logprob(msgspec.Struct, gc=False):
     """A token's log-probability from the raw logits, its rank over the vocabulary (1 = the most likely)
-    and its text (None without a tokenizer)."""
+    and its text (None without a tokenizer).
+
+    A request with logprobs=k holds 1 + k of these per completion token: hundreds of thousands in a
+    batch. They hold only numbers and text, so they are kept out of the cycle collector's reach
+    (gc=False), and so are the position dicts that hold only them: otherwise every full pass of the
+    collector walks all of them again, which took more host time than building them.
+    """
 
     logprob: float
     rank: int | None = None

@@ -73,7 +73,9 @@ class EngineFrontend:
         )
         self.client = client_class(self.config, self.eos_token_ids, vocabulary)
         self.input_processor = InputProcessor(self.tokenizer, self.client.info)
-        self.token_texts = None if self.tokenizer is None else TokenTexts(self.tokenizer)
+        self.token_texts = (
+            None if self.tokenizer is None else TokenTexts(self.tokenizer, self.config.model_config.vocab_size)
+        )
         self.output_processor = OutputProcessor()
         self._request_ids = count()
         freeze_start_up_objects()

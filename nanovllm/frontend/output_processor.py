@@ -7,7 +7,7 @@ from transformers import PreTrainedTokenizerBase
 
 from nanovllm.engine.messages import EngineCoreOutput
 from nanovllm.frontend.detokenizer import IncrementalDetokenizer
-from nanovllm.frontend.lazy_logprobs import LazyLogprobs
+from nanovllm.frontend.request_logprobs import RequestLogprobs
 from nanovllm.frontend.token_texts import TokenTexts
 from nanovllm.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from nanovllm.sampling_params import SamplingParams
@@ -22,10 +22,9 @@ class RequestState:
     be shown before the completion ends, less a tail that may still turn out
     to be the start of a stop string. `params` are the completion's own (the
     core request's); `show_logprobs` says whether the user asked for logprobs
-    (a best_of ranking computes them without showing them); they and the
-    prompt logprobs are kept flat and become {token id: Logprob} dicts when
-    read. `token_texts` gives the logprobs' token texts (the front end's one,
-    shared by all its requests; None without a tokenizer).
+    (a best_of ranking computes them without showing them). `token_texts`
+    gives the logprobs' token texts (the front end's one, shared by all its
+    requests; None without a tokenizer).
     """
 
     def __init__(
@@ -49,8 +48,10 @@ class RequestState:
         self.token_ids: list[int] = []
         self.text = ""
         self.cumulative_logprob: float | None = None if params.logprobs is None else 0.0
-        self._logprobs = LazyLogprobs(token_texts) if show_logprobs else None
-        self._prompt_logprobs = None if params.prompt_logprobs is None else LazyLogprobs(token_texts, leading=(None,))
+        self._logprobs = RequestLogprobs(token_texts) if show_logprobs else None
+        self._prompt_logprobs = (
+            None if params.prompt_logprobs is None else RequestLogprobs(token_texts, leading=(None,))
+        )
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.num_cached_tokens = 0
@@ -67,13 +68,13 @@ class RequestState:
     @property
     def logprobs(self) -> list[PositionLogprobs] | None:
         """Per completion token, {token id: Logprob} (None when not shown)."""
-        return None if self._logprobs is None else self._logprobs.built()
+        return None if self._logprobs is None else self._logprobs.positions
 
     @property
     def prompt_logprobs(self) -> list[PositionLogprobs | None] | None:
         """None for the first prompt token, then per prompt token scored so far {token id: Logprob} (None
         when not asked for)."""
-        return None if self._prompt_logprobs is None else self._prompt_logprobs.built()
+        return None if self._prompt_logprobs is None else self._prompt_logprobs.positions
 
     @property
     def stream_text(self) -> str:

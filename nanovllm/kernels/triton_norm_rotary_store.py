@@ -4,15 +4,18 @@ store of this step's K/V into the paged cache, one launch.
 Layout: q [tokens, heads, head_dim], k and v [tokens, kv_heads, head_dim]
 (rows and heads may be strided, each head's values contiguous, as views of the
 QKV projection's output are); positions [tokens] (int); cos_sin
-[max_position, 2, head_dim] fp32, the rotate-half table; q_weight, k_weight
+[max_position, 2, rotary_dim] fp32, the rotate-half table over each head's
+first rotary_dim dimensions (all of them, or fewer for a partial rotary
+factor, whose remaining dimensions pass through unrotated); q_weight, k_weight
 [head_dim]; k_cache, v_cache [num_blocks, block_size, kv_heads, head_dim]
 contiguous, so flat slot s of head h starts at (s * kv_heads + h) * head_dim;
 slot_mapping [tokens], -1 = store nothing (a padded CUDA-graph row, or a token
 whose K/V is already cached). The rotated q and k are new contiguous tensors of
 q's and k's shapes. Grid: (tokens, kv_heads / KV_PER_PROGRAM): a program
 takes KV_PER_PROGRAM KV heads of one token and their query heads; it
-normalises and rotates the q heads and then the k heads, [heads, head_dim / 2]
-halves at a time, and with a cache writes the rotated k heads and the v heads
+normalises and rotates the q heads and then the k heads, [heads, rotary_dim / 2]
+halves at a time (and, for a partial rotary, the pass-through part, which
+HEAD_DIM > 2 * HALF compiles in), and with a cache writes the rotated k heads and the v heads
 to the token's slot. Up to 16 tokens a program takes one KV head, so that a
 small decode step's heads run side by side; past that it takes all of them,
 reading the position's cos/sin row and the norm weights once per token and
@@ -46,6 +49,19 @@ _FEW_TOKENS = 16
 
 
 @triton.jit
+def _load_heads(rows, both, pass_rows, pass_both, other, dtype, HEAD_DIM: tl.constexpr, HALF: tl.constexpr):
+    """The heads' rotated halves x1, x2 [HEADS, BLOCK] from `rows` (pointers to the first half) and, for a
+    partial rotary, the dimensions that pass through, x3 [HEADS, PASS_BLOCK] from `pass_rows` (x1 again for
+    a full one: unread), as `dtype`; masked lanes read `other`."""
+    x1 = tl.load(rows, mask=both, other=other).to(dtype)
+    x2 = tl.load(rows + HALF, mask=both, other=other).to(dtype)
+    x3 = x1
+    if HEAD_DIM > 2 * HALF:
+        x3 = tl.load(pass_rows, mask=pass_both, other=other).to(dtype)
+    return x1, x2, x3
+
+
+@triton.jit
 def _norm_rotate_heads(
     source,
     stride_h,
@@ -54,38 +70,61 @@ def _norm_rotate_heads(
     head_mask,
     lanes,
     mask,
+    pass_lanes,
+    pass_mask,
     cos,
     sin,
     w1,
     w2,
+    w3,
     eps,
+    HEAD_DIM: tl.constexpr,
     HALF: tl.constexpr,
     NORM: tl.constexpr,
 ):
     """Normalise (with NORM) and rotate the heads `heads` [HEADS] of one token at `source`, write them
-    contiguously at `target` and return their halves y1, y2 [HEADS, BLOCK] in the model's dtype."""
+    contiguously at `target` and return their rotated halves y1, y2 [HEADS, BLOCK] and their pass-through
+    dimensions y3 [HEADS, PASS_BLOCK] (partial rotary only) in the model's dtype."""
     dtype = target.dtype.element_ty
-    rows = heads[:, None] * stride_h + lanes[None, :]
+    partial: tl.constexpr = HEAD_DIM > 2 * HALF
     both = head_mask[:, None] & mask[None, :]
-    # x1, x2: the heads' two halves [HEADS, BLOCK], fp32
-    x1 = tl.load(source + rows, mask=both, other=0.0).to(tl.float32)
-    x2 = tl.load(source + rows + HALF, mask=both, other=0.0).to(tl.float32)
+    pass_both = head_mask[:, None] & pass_mask[None, :]
+    # offsets summed before the pointer, as before partial rotary: a full rotary compiles to the same code
+    x1, x2, x3 = _load_heads(
+        source + (heads[:, None] * stride_h + lanes[None, :]),
+        both,
+        source + (heads[:, None] * stride_h + 2 * HALF + pass_lanes[None, :]),
+        pass_both,
+        0.0,
+        tl.float32,
+        HEAD_DIM,
+        HALF,
+    )
     if NORM:
-        rstd = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)[:, None]
+        squares = tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)
+        if partial:
+            squares += tl.sum(x3 * x3, 1)
+        rstd = tl.rsqrt(squares / HEAD_DIM + eps)[:, None]
         x1 = (w1[None, :] * (x1 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
         x2 = (w2[None, :] * (x2 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+        if partial:
+            x3 = (w3[None, :] * (x3 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
     y1 = (x1 * cos[None, :] - x2 * sin[None, :]).to(dtype)
     y2 = (x2 * cos[None, :] + x1 * sin[None, :]).to(dtype)
-    out = heads[:, None] * (2 * HALF) + lanes[None, :]
+    y3 = x3.to(dtype)
+    out = heads[:, None] * HEAD_DIM + lanes[None, :]
     tl.store(target + out, y1, mask=both)
     tl.store(target + out + HALF, y2, mask=both)
-    return y1, y2
+    if partial:
+        tl.store(target + heads[:, None] * HEAD_DIM + 2 * HALF + pass_lanes[None, :], y3, mask=pass_both)
+    return y1, y2, y3
 
 
 @triton.jit
 def _store_heads(
     x1,
     x2,
+    x3,
     cache_ptr,
     scale_ptr,
     slot,
@@ -93,25 +132,38 @@ def _store_heads(
     head_mask,
     lanes,
     mask,
+    pass_lanes,
+    pass_mask,
     NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
     HALF: tl.constexpr,
     PAGE: tl.constexpr,
     QUANTIZED: tl.constexpr,
 ):
-    """Write the KV heads `kv_heads` of one token, halves x1 and x2 [HEADS, BLOCK] in the model's dtype,
-    to flat slot `slot` (quantized for an FP8 cache: one scale per head)."""
-    target = cache_ptr + (slot * NUM_KV_HEADS + kv_heads[:, None]) * (2 * HALF) + lanes[None, :]
+    """Write the KV heads `kv_heads` of one token, halves x1 and x2 [HEADS, BLOCK] and (for a partial
+    rotary) the rest x3 [HEADS, PASS_BLOCK] in the model's dtype, to flat slot `slot` (quantized for an FP8
+    cache: one scale per head)."""
+    partial: tl.constexpr = HEAD_DIM > 2 * HALF
+    target = cache_ptr + (slot * NUM_KV_HEADS + kv_heads[:, None]) * HEAD_DIM + lanes[None, :]
     both = head_mask[:, None] & mask[None, :]
+    pass_both = head_mask[:, None] & pass_mask[None, :]
     if QUANTIZED:
         x1 = x1.to(tl.float32)
         x2 = x2.to(tl.float32)
+        x3 = x3.to(tl.float32)
         amax = tl.maximum(tl.max(tl.where(both, tl.abs(x1), 0.0), 1), tl.max(tl.where(both, tl.abs(x2), 0.0), 1))
+        if partial:
+            amax = tl.maximum(amax, tl.max(tl.where(pass_both, tl.abs(x3), 0.0), 1))
         scale = tl.where(amax > 0, amax / _FP8_MAX, 1.0)  # [HEADS]
         tl.store(scale_ptr + ((slot // PAGE) * NUM_KV_HEADS + kv_heads) * PAGE + slot % PAGE, scale, mask=head_mask)
         x1 = x1 / scale[:, None]
         x2 = x2 / scale[:, None]
+        x3 = x3 / scale[:, None]
     tl.store(target, x1.to(cache_ptr.dtype.element_ty), mask=both)
     tl.store(target + HALF, x2.to(cache_ptr.dtype.element_ty), mask=both)
+    if partial:
+        pass_target = cache_ptr + (slot * NUM_KV_HEADS + kv_heads[:, None]) * HEAD_DIM + 2 * HALF + pass_lanes[None, :]
+        tl.store(pass_target, x3.to(cache_ptr.dtype.element_ty), mask=pass_both)
 
 
 @triton.jit
@@ -143,8 +195,10 @@ def _norm_rotate_store_kernel(
     Q_PER_PROGRAM: tl.constexpr,
     HEADS_PAD: tl.constexpr,
     KV_HEADS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
     HALF: tl.constexpr,
     BLOCK: tl.constexpr,
+    PASS_BLOCK: tl.constexpr,
     PAGE: tl.constexpr,
     NORM: tl.constexpr,
     STORE: tl.constexpr,
@@ -154,6 +208,9 @@ def _norm_rotate_store_kernel(
     token = tl.program_id(0).to(tl.int64)
     lanes = tl.arange(0, BLOCK)
     mask = lanes < HALF
+    # a partial rotary's dimensions after the rotated ones, which pass through (counted from 2 * HALF)
+    pass_lanes = tl.arange(0, PASS_BLOCK)
+    pass_mask = pass_lanes < HEAD_DIM - 2 * HALF
     # this program's KV heads and their query heads
     heads = tl.program_id(1) * Q_PER_PROGRAM + tl.arange(0, HEADS_PAD)
     q_mask = (tl.arange(0, HEADS_PAD) < Q_PER_PROGRAM) & (heads < NUM_HEADS)
@@ -169,54 +226,90 @@ def _norm_rotate_store_kernel(
     dtype = q_out_ptr.dtype.element_ty
     cos = tl.load(table + lanes, mask=mask, other=0.0).to(dtype).to(tl.float32)
     sin = tl.load(table + 2 * HALF + lanes, mask=mask, other=0.0).to(dtype).to(tl.float32)
-    qw1, qw2, kw1, kw2 = cos, cos, cos, cos  # read only with NORM
+    qw1, qw2, qw3, kw1, kw2, kw3 = cos, cos, cos, cos, cos, cos  # read only with NORM
     if NORM:
-        qw1 = tl.load(q_weight_ptr + lanes, mask=mask, other=0.0).to(tl.float32)
-        qw2 = tl.load(q_weight_ptr + HALF + lanes, mask=mask, other=0.0).to(tl.float32)
-        kw1 = tl.load(k_weight_ptr + lanes, mask=mask, other=0.0).to(tl.float32)
-        kw2 = tl.load(k_weight_ptr + HALF + lanes, mask=mask, other=0.0).to(tl.float32)
+        qw1, qw2, qw3 = _load_heads(
+            q_weight_ptr + lanes, mask, q_weight_ptr + 2 * HALF + pass_lanes, pass_mask, 0.0, tl.float32, HEAD_DIM, HALF
+        )
+        kw1, kw2, kw3 = _load_heads(
+            k_weight_ptr + lanes, mask, k_weight_ptr + 2 * HALF + pass_lanes, pass_mask, 0.0, tl.float32, HEAD_DIM, HALF
+        )
     wait_for_previous_kernel(PDL)
     _norm_rotate_heads(
         q_ptr + token * stride_qt,
         stride_qh,
-        q_out_ptr + token * NUM_HEADS * (2 * HALF),
+        q_out_ptr + token * NUM_HEADS * HEAD_DIM,
         heads,
         q_mask,
         lanes,
         mask,
+        pass_lanes,
+        pass_mask,
         cos,
         sin,
         qw1,
         qw2,
+        qw3,
         eps,
+        HEAD_DIM,
         HALF,
         NORM,
     )
-    k1, k2 = _norm_rotate_heads(
+    k1, k2, k3 = _norm_rotate_heads(
         k_ptr + token * stride_kt,
         stride_kh,
-        k_out_ptr + token * NUM_KV_HEADS * (2 * HALF),
+        k_out_ptr + token * NUM_KV_HEADS * HEAD_DIM,
         kv_heads,
         kv_mask,
         lanes,
         mask,
+        pass_lanes,
+        pass_mask,
         cos,
         sin,
         kw1,
         kw2,
+        kw3,
         eps,
+        HEAD_DIM,
         HALF,
         NORM,
     )
     if slot >= 0:  # the rotated k and the v heads into the cache
         _store_heads(
-            k1, k2, k_cache_ptr, k_scale_ptr, slot, kv_heads, kv_mask, lanes, mask, NUM_KV_HEADS, HALF, PAGE, QUANTIZED
+            k1,
+            k2,
+            k3,
+            k_cache_ptr,
+            k_scale_ptr,
+            slot,
+            kv_heads,
+            kv_mask,
+            lanes,
+            mask,
+            pass_lanes,
+            pass_mask,
+            NUM_KV_HEADS,
+            HEAD_DIM,
+            HALF,
+            PAGE,
+            QUANTIZED,
         )
-        v_rows = v_ptr + token * stride_vt + kv_heads[:, None] * stride_vh + lanes[None, :]
-        both = kv_mask[:, None] & mask[None, :]
+        v_rows = v_ptr + token * stride_vt + kv_heads[:, None] * stride_vh
+        v1, v2, v3 = _load_heads(
+            v_rows + lanes[None, :],
+            kv_mask[:, None] & mask[None, :],
+            v_rows + 2 * HALF + pass_lanes[None, :],
+            kv_mask[:, None] & pass_mask[None, :],
+            None,  # masked lanes are not stored
+            v_ptr.dtype.element_ty,
+            HEAD_DIM,
+            HALF,
+        )
         _store_heads(
-            tl.load(v_rows, mask=both),
-            tl.load(v_rows + HALF, mask=both),
+            v1,
+            v2,
+            v3,
             v_cache_ptr,
             v_scale_ptr,
             slot,
@@ -224,7 +317,10 @@ def _norm_rotate_store_kernel(
             kv_mask,
             lanes,
             mask,
+            pass_lanes,
+            pass_mask,
             NUM_KV_HEADS,
+            HEAD_DIM,
             HALF,
             PAGE,
             QUANTIZED,
@@ -254,8 +350,9 @@ def norm_rotate_store(
     num_kv_heads = k.size(1)
     store = k_cache is not None
     v = v if store else k
-    assert q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1 and head_dim % 2 == 0
-    assert cos_sin.is_contiguous()
+    rotary_dim = cos_sin.size(-1)  # the leading dimensions of each head that turn; the rest pass through
+    assert q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1 and rotary_dim % 2 == 0
+    assert cos_sin.is_contiguous() and rotary_dim <= head_dim
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     if num_tokens == 0:
@@ -296,8 +393,10 @@ def norm_rotate_store(
         Q_PER_PROGRAM=q_per_program,
         HEADS_PAD=triton.next_power_of_2(q_per_program),
         KV_HEADS_PAD=triton.next_power_of_2(kv_per_program),
-        HALF=head_dim // 2,
-        BLOCK=triton.next_power_of_2(head_dim // 2),
+        HEAD_DIM=head_dim,
+        HALF=rotary_dim // 2,
+        BLOCK=triton.next_power_of_2(rotary_dim // 2),
+        PASS_BLOCK=triton.next_power_of_2(max(head_dim - rotary_dim, 1)),
         PAGE=k_cache.size(1) if store else 1,
         NORM=norm,
         STORE=store,

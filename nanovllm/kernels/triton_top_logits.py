@@ -33,7 +33,8 @@ candidates rather than by a sort of the vocabulary:
    than the buffer holds) find their threshold by bisection over the logits'
    order keys, one read of the row per step; the other rows return at once.
 
-The top-k logprobs take steps 1 to 3 at temperature 1 with top-k k, then
+The top-k logprobs take steps 1 to 3 at temperature 1 with top-k k (the gather
+also counts the logits above the chosen token's, its rank), then
 `_top_k_kernel` reads the k largest from the sorted buffer (or, where it
 overflowed, by k passes over the row) and subtracts the row's log-sum-exp,
 m + ln(sum of w).
@@ -204,19 +205,27 @@ def _gather_kernel(
     bound_ptr,
     count_ptr,
     candidates_ptr,
+    chosen_ptr,
+    rank_ptr,
     vocab,
     stride_row,
     CHUNK: tl.constexpr,
     CANDIDATES: tl.constexpr,
+    RANK: tl.constexpr,
 ):
     # candidates: [rows, CANDIDATES] int64, each the logit's order key << 32 | its index; count: [rows]
-    # int32, how many logits are >= L (more than the buffer holds when it overflows)
+    # int32, how many logits are >= L (more than the buffer holds when it overflows). With RANK, this pass
+    # over the logits also counts those above the chosen token's (chosen: [rows] int64) into rank: [rows]
+    # int32, which starts at 1
     row, chunk = tl.program_id(0), tl.program_id(1)
     temperature, top_k, top_p, min_p, truncates = _settings(
         temperatures_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab
     )
     if truncates:
         x, offsets, mask = _load_chunk(logits_ptr, row, chunk * CHUNK, vocab, stride_row, CHUNK)
+        if RANK:
+            chosen = tl.load(logits_ptr + row.to(tl.int64) * stride_row + tl.load(chosen_ptr + row)).to(tl.float32)
+            tl.atomic_add(rank_ptr + row, tl.sum((mask & (x > chosen)).to(tl.int32), 0))
         take = mask & (x >= tl.load(bound_ptr + row))
         taken = take.to(tl.int32)
         n = tl.sum(taken, 0)
@@ -439,7 +448,15 @@ class _Candidates:
     buffer: torch.Tensor  # [rows, candidates] int64: order key << 32 | index
 
 
-def _gather_candidates(logits: torch.Tensor, settings: tuple[torch.Tensor, ...], candidates: int) -> _Candidates:
+def _gather_candidates(
+    logits: torch.Tensor,
+    settings: tuple[torch.Tensor, ...],
+    candidates: int,
+    chosen: torch.Tensor | None = None,
+    ranks: torch.Tensor | None = None,
+) -> _Candidates:
+    """Steps 1 to 3; with `chosen` ids [rows], the gather also adds to `ranks` [rows] int32 how many logits
+    lie above each chosen token's."""
     rows, vocab = logits.shape
     assert logits.stride(1) == 1 and logits.dtype in _ZERO_BITS
     num_chunks = triton.cdiv(vocab, _CHUNK)
@@ -488,10 +505,13 @@ def _gather_candidates(logits: torch.Tensor, settings: tuple[torch.Tensor, ...],
         found.bound,
         found.count,
         found.buffer,
+        chosen,
+        ranks,
         vocab,
         logits.stride(0),
         CHUNK=_CHUNK,
         CANDIDATES=candidates,
+        RANK=chosen is not None,
     )
     return found
 
@@ -545,11 +565,13 @@ def truncation_thresholds(
 
 
 def top_logprobs(
-    logits: torch.Tensor, k: int, candidates: int = _CANDIDATES
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    logits: torch.Tensor, chosen: torch.Tensor, k: int, candidates: int = _CANDIDATES
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per row, the ids of its k largest logits, largest first, their log-probabilities (log-softmax of the
-    logits at temperature 1) and the row's log-sum-exp, for 1 <= k < vocab."""
-    # logits: [rows, vocab] -> ids [rows, k] int64, logprobs [rows, k] float32, log_sum_exp [rows] float32
+    logits at temperature 1), the row's log-sum-exp, and the rank of its `chosen` token (1 + how many
+    logits lie above it, counted in the same pass over the logits), for 1 <= k < vocab."""
+    # logits: [rows, vocab]; chosen: [rows] int64 -> ids [rows, k] int64, logprobs [rows, k] float32,
+    # log_sum_exp [rows] float32, ranks [rows] int32
     rows, vocab = logits.shape
     device = logits.device
     settings = (
@@ -558,7 +580,8 @@ def top_logprobs(
         torch.ones(rows, dtype=torch.float32, device=device),
         torch.zeros(rows, dtype=torch.float32, device=device),
     )
-    found = _gather_candidates(logits, settings, candidates)
+    ranks = torch.ones(rows, dtype=torch.int32, device=device)
+    found = _gather_candidates(logits, settings, candidates, chosen, ranks)
     ids = torch.empty(rows, k, dtype=torch.int64, device=device)
     logprobs = torch.empty(rows, k, dtype=torch.float32, device=device)
     log_sum_exp = torch.empty(rows, dtype=torch.float32, device=device)
@@ -578,4 +601,4 @@ def top_logprobs(
         FEW=min(_FEW_CANDIDATES, candidates),
         BLOCK=_row_block(vocab),
     )
-    return ids, logprobs, log_sum_exp
+    return ids, logprobs, log_sum_exp, ranks

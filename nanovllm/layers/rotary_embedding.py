@@ -22,7 +22,7 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     return torch.where(is_medium, blended, scaled)
 
 
-def _yarn_inv_freq(inv_freq: torch.Tensor, head_dim: int, params: dict) -> torch.Tensor:
+def _yarn_inv_freq(inv_freq: torch.Tensor, rotary_dim: int, params: dict) -> torch.Tensor:
     # YaRN: frequencies that turn many times within the original context keep their value
     # (extrapolation), those that turn less than once are divided by `factor` (interpolation), and a
     # linear ramp over the dimensions in between blends the two.
@@ -31,14 +31,14 @@ def _yarn_inv_freq(inv_freq: torch.Tensor, head_dim: int, params: dict) -> torch
     fast, slow = params.get("beta_fast") or 32, params.get("beta_slow") or 1
 
     def dimension(rotations: float) -> float:  # the dimension that turns `rotations` times in old_len
-        return head_dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+        return rotary_dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
 
     low, high = dimension(fast), dimension(slow)
     if params.get("truncate", True):
         low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, head_dim - 1)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
     high = high + 0.001 if high == low else high
-    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
     return inv_freq / factor * ramp + inv_freq * (1 - ramp)
 
 
@@ -55,25 +55,70 @@ def _yarn_attention_factor(params: dict) -> float:
     return mscale(1.0)
 
 
-class RotaryEmbedding(nn.Module):
-    """Applies rotary embedding to q and k at given positions."""
+def _longrope_attention_factor(params: dict) -> float:
+    """LongRoPE's scale on cos and sin: sqrt(1 + ln(factor) / ln(original context)) unless given, 1 for a
+    factor of at most 1."""
+    if params.get("attention_factor") is not None:
+        return params["attention_factor"]
+    factor, old_len = params["factor"], params["original_max_position_embeddings"]
+    return 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(old_len))
 
-    def __init__(self, head_dim: int, max_position: int, params: dict):
-        """`params`: ModelConfig.rope_parameters (rope_type 'default', 'linear', 'llama3' or 'yarn', rope_theta,
-        the type's scaling keys)."""
+
+def _longrope_angles(positions: torch.Tensor, powers: torch.Tensor, params: dict) -> torch.Tensor:
+    """LongRoPE's angles [positions, rotary_dim / 2] (`powers`: rope_theta ** (2i / rotary_dim)): positions
+    inside the original context turn at the frequencies of `short_factor`, those past it at those of
+    `long_factor`.
+
+    transformers rotates a whole sequence with one of the lists: the short one
+    while it fits in original_max_position_embeddings, the long one once it
+    does not (Phi-3's generate drops its cache on the first token past it and
+    encodes the whole sequence again). A paged cache keeps each key as it was
+    rotated when stored, and a token must get the same key whether it came in
+    one prefill, in chunks or from the prefix cache; so the list is chosen per
+    position, as vLLM does. A sequence within the original context is rotated
+    exactly as in transformers; past it, the new positions are too, but the
+    keys before the boundary keep their short-factor rotation.
+    """
+    old_len = params["original_max_position_embeddings"]
+    short = 1.0 / (torch.tensor(params["short_factor"], dtype=torch.float32) * powers)
+    long = 1.0 / (torch.tensor(params["long_factor"], dtype=torch.float32) * powers)
+    return torch.cat((torch.outer(positions[:old_len], short), torch.outer(positions[old_len:], long)))
+
+
+def _angles_and_scale(positions: torch.Tensor, rotary_dim: int, params: dict) -> tuple[torch.Tensor, float]:
+    """The rotation angles [positions, rotary_dim / 2] of each scaling type, and its scale on cos and sin."""
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+    powers = params["rope_theta"] ** exponents  # 1 / the unscaled inverse frequencies
+    if params["rope_type"] == "longrope":
+        return _longrope_angles(positions, powers, params), _longrope_attention_factor(params)
+    inv_freq = 1.0 / powers
+    scale = 1.0
+    if params["rope_type"] == "linear":
+        inv_freq = inv_freq / params["factor"]  # positions divided by the factor
+    elif params["rope_type"] == "llama3":
+        inv_freq = _llama3_inv_freq(inv_freq, params)
+    elif params["rope_type"] == "yarn":
+        inv_freq, scale = _yarn_inv_freq(inv_freq, rotary_dim, params), _yarn_attention_factor(params)
+    return torch.outer(positions, inv_freq), scale
+
+
+class RotaryEmbedding(nn.Module):
+    """Applies rotary embedding to q and k at given positions.
+
+    Rotate-half (neox) layout over the first `rotary_dim` dimensions of each
+    head (Phi-4-mini's partial_rotary_factor turns 96 of 128); the dimensions
+    after them pass through unchanged.
+    """
+
+    def __init__(self, head_dim: int, max_position: int, params: dict, rotary_dim: int | None = None):
+        """`params`: ModelConfig.rope_parameters (rope_type 'default', 'linear', 'llama3', 'yarn' or 'longrope',
+        rope_theta, the type's scaling keys); `rotary_dim`: ModelConfig.rotary_dim, every dimension if None."""
         super().__init__()
-        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-        inv_freq = 1.0 / (params["rope_theta"] ** exponents)
-        scale = 1.0
-        if params["rope_type"] == "linear":
-            inv_freq = inv_freq / params["factor"]  # positions divided by the factor
-        elif params["rope_type"] == "llama3":
-            inv_freq = _llama3_inv_freq(inv_freq, params)
-        elif params["rope_type"] == "yarn":
-            inv_freq, scale = _yarn_inv_freq(inv_freq, head_dim, params), _yarn_attention_factor(params)
-        freqs = torch.outer(torch.arange(max_position, dtype=torch.float), inv_freq)
+        rotary_dim = head_dim if rotary_dim is None else rotary_dim
+        assert rotary_dim % 2 == 0 and 0 < rotary_dim <= head_dim
+        freqs, scale = _angles_and_scale(torch.arange(max_position, dtype=torch.float), rotary_dim, params)
         angles = torch.cat((freqs, freqs), dim=-1)
-        # cos_sin: [max_position, 2, head_dim], fp32; cast at use like the reference does
+        # cos_sin: [max_position, 2, rotary_dim], fp32; cast at use like the reference does
         cos_sin = torch.stack((angles.cos() * scale, angles.sin() * scale), dim=1)
         self.register_buffer("cos_sin", cos_sin, persistent=False)
 
@@ -105,8 +150,11 @@ def qk_norm_weights(
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+    """x [tokens, heads, head_dim] with its first cos.size(-1) dimensions rotated, the others as they are."""
+    rotary_dim = cos.size(-1)
+    x1, x2 = x[..., :rotary_dim].chunk(2, dim=-1)
+    rotated = x[..., :rotary_dim] * cos + torch.cat((-x2, x1), dim=-1) * sin
+    return rotated if rotary_dim == x.size(-1) else torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
 
 
 def norm_rotate_qk_reference(

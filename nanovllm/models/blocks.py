@@ -47,7 +47,9 @@ class AttentionBlock(nn.Module):
         )
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
-        rotary = RotaryEmbedding(self.head_dim, config.max_position_embeddings, config.rope_parameters)
+        rotary = RotaryEmbedding(
+            self.head_dim, config.max_position_embeddings, config.rope_parameters, config.rotary_dim
+        )
         self.attn = Attention(
             self.num_heads,
             self.num_kv_heads,

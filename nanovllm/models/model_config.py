@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 # the config's layer_types say, else every even layer, Gemma 2's pattern). `activation_key` names the
 # config field that holds the MLP's activation. The last three are fixed by the family: RMSNorm scaling
 # by 1 + weight, the extra norms after attention and after the MLP, and embeddings times sqrt(hidden).
+# original_max_position_embeddings None means the rope dict's or else max_position_embeddings;
+# rope_type_aliases maps a type's other names.
 _LLAMA_DEFAULTS = dict(
     vocab_size=32000,
     hidden_size=4096,
@@ -46,6 +48,8 @@ _LLAMA_DEFAULTS = dict(
     norm_unit_offset=False,
     sandwich_norms=False,
     scaled_embeddings=False,
+    original_max_position_embeddings=None,
+    rope_type_aliases={},
 )
 _FAMILY_DEFAULTS = {
     "LlamaForCausalLM": _LLAMA_DEFAULTS,
@@ -67,6 +71,9 @@ _FAMILY_DEFAULTS = {
         "max_position_embeddings": 4096,
         "rms_norm_eps": 1e-5,
         "window_layers": "all",
+        "original_max_position_embeddings": 4096,
+        # LongRoPE's earlier names, which transformers' Phi3Config reads as longrope
+        "rope_type_aliases": {"su": "longrope", "yarn": "longrope"},
     },
     # Qwen2 / Qwen2.5: a bias on q, k and v (none on o_proj)
     "Qwen2ForCausalLM": {
@@ -112,14 +119,17 @@ _FAMILY_DEFAULTS = {
 }
 _SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 _LAYER_TYPES = ("full_attention", "sliding_attention")
-_SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-# the keys each rope type needs besides rope_theta
+_SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+# the keys each rope type needs besides rope_theta (and original_max_position_embeddings, which defaults)
 _ROPE_KEYS = {
     "default": (),
     "linear": ("factor",),
-    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
     "yarn": ("factor",),
+    "longrope": ("short_factor", "long_factor"),
 }
+# the types that stretch a model trained at original_max_position_embeddings
+_EXTENDED_CONTEXT_TYPES = ("llama3", "yarn", "longrope")
 
 
 @dataclass(frozen=True)
@@ -134,6 +144,7 @@ class ModelConfig:
     num_attention_heads: int
     num_key_value_heads: int
     head_dim: int
+    rotary_dim: int  # the leading dims of each head that rotary turns (partial_rotary_factor); the others pass through
     vocab_size: int
     max_position_embeddings: int
     rms_norm_eps: float
@@ -175,6 +186,8 @@ class ModelConfig:
             return _get(hf_config, name, defaults[name])
 
         hidden_size, num_heads = read("hidden_size"), read("num_attention_heads")
+        head_dim = read("head_dim") or hidden_size // num_heads
+        rotary_dim = _rotary_dim(hf_config, head_dim)
         activation_key = defaults["activation_key"]
         hidden_act = read(activation_key)
         if hidden_act not in _SUPPORTED_ACTIVATIONS:
@@ -203,7 +216,6 @@ class ModelConfig:
         attention_bias = bool(read("attention_bias"))
         qkv_bias = defaults["qkv_bias"]
         num_layers = read("num_hidden_layers")
-        head_dim = read("head_dim") or hidden_size // num_heads
         sliding_window, layer_types = _sliding_layers(hf_config, defaults, num_layers)
         return cls(
             architecture=architecture,
@@ -214,10 +226,11 @@ class ModelConfig:
             num_attention_heads=num_heads,
             num_key_value_heads=read("num_key_value_heads") or num_heads,
             head_dim=head_dim,
+            rotary_dim=rotary_dim,
             vocab_size=read("vocab_size"),
             max_position_embeddings=read("max_position_embeddings"),
             rms_norm_eps=read("rms_norm_eps"),
-            rope_parameters=_rope_parameters(hf_config, defaults["rope_theta"], read("max_position_embeddings")),
+            rope_parameters=_rope_parameters(hf_config, defaults, read("max_position_embeddings"), rotary_dim),
             qkv_bias=attention_bias if qkv_bias is None else qkv_bias,
             o_proj_bias=attention_bias and qkv_bias is None,
             mlp_bias=bool(read("mlp_bias")),
@@ -286,27 +299,69 @@ def _sliding_layers(hf_config, defaults: dict, num_layers: int) -> tuple[int | N
     return window, tuple(layer_types)
 
 
-def _rope_parameters(hf_config, default_theta: float, max_position_embeddings: int) -> dict:
+def _given_rope_parameters(hf_config) -> dict:
+    """A copy of the config's rope dict: rope_parameters (transformers 5) or rope_scaling (older configs)."""
+    return dict(_get(hf_config, "rope_parameters", None) or _get(hf_config, "rope_scaling", None) or {})
+
+
+def _rotary_dim(hf_config, head_dim: int) -> int:
+    """The leading dimensions of each head that rotary turns, int(head_dim * partial_rotary_factor), the factor
+    read where transformers 5 reads it: from the rope dict, else from the config's top level."""
+    factor = _given_rope_parameters(hf_config).get("partial_rotary_factor")
+    factor = _get(hf_config, "partial_rotary_factor", 1.0) if factor is None else factor
+    rotary_dim = int(head_dim * factor)
+    if not 0 < factor <= 1 or rotary_dim % 2:
+        raise ValueError(
+            f"partial_rotary_factor {factor} turns {rotary_dim} of the {head_dim} dimensions of a head; it must "
+            f"be above 0 and at most 1 and turn an even number of them"
+        )
+    return rotary_dim
+
+
+def _rope_parameters(hf_config, defaults: dict, max_position_embeddings: int, rotary_dim: int) -> dict:
     """The rope settings as one dict with at least `rope_type` and `rope_theta`, whichever of
-    rope_parameters (transformers 5), rope_scaling and rope_theta the config holds them in; yarn's
-    original context is the model's when the config leaves it out."""
-    params = dict(_get(hf_config, "rope_parameters", None) or _get(hf_config, "rope_scaling", None) or {})
-    params.setdefault("rope_theta", _get(hf_config, "rope_theta", default_theta))
-    params["rope_type"] = params.get("rope_type", params.get("type", "default"))
+    rope_parameters (transformers 5), rope_scaling and rope_theta the config holds them in, and the keys
+    the type needs, those the config may leave out filled in as transformers fills them. The partial
+    rotary factor is read apart (`_rotary_dim`)."""
+    params = _given_rope_parameters(hf_config)
+    params.pop("partial_rotary_factor", None)
+    params.setdefault("rope_theta", _get(hf_config, "rope_theta", defaults["rope_theta"]))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    params["rope_type"] = defaults["rope_type_aliases"].get(rope_type, rope_type)
     if params["rope_type"] not in _SUPPORTED_ROPE_TYPES:
         raise ValueError(
             f"rope_type {params['rope_type']!r} is not supported; supported: {', '.join(_SUPPORTED_ROPE_TYPES)}"
+        )
+    if params["rope_type"] in _EXTENDED_CONTEXT_TYPES:
+        params["original_max_position_embeddings"] = _original_context(
+            hf_config, params, defaults, max_position_embeddings
         )
     missing = [k for k in _ROPE_KEYS[params["rope_type"]] if params.get(k) is None]
     if missing:
         raise ValueError(
             f"rope_type {params['rope_type']!r} needs {', '.join(missing)} in the config's rope parameters"
         )
-    partial = params.pop("partial_rotary_factor", None) or _get(hf_config, "partial_rotary_factor", 1.0)
-    if partial != 1.0:
-        raise ValueError(
-            f"partial_rotary_factor {partial} is not supported: the rotary kernels turn every dimension of a head"
-        )
-    if params["rope_type"] == "yarn" and params.get("original_max_position_embeddings") is None:
-        params["original_max_position_embeddings"] = max_position_embeddings
+    if params["rope_type"] == "longrope":
+        _complete_longrope(params, max_position_embeddings, rotary_dim)
     return params
+
+
+def _original_context(hf_config, params: dict, defaults: dict, max_position_embeddings: int) -> int:
+    """The context a scaled rotary extends, where transformers 5 finds it: the config's top-level
+    original_max_position_embeddings (Phi-3's class has one, 4096 unless given), else the rope dict's,
+    else max_position_embeddings."""
+    top_level = _get(hf_config, "original_max_position_embeddings", defaults["original_max_position_embeddings"])
+    return top_level or params.get("original_max_position_embeddings") or max_position_embeddings
+
+
+def _complete_longrope(params: dict, max_position_embeddings: int, rotary_dim: int) -> None:
+    """Check LongRoPE's factor lists (one value per rotated frequency) and fill in its `factor`, the model's
+    context over the original one unless the config gives it (its attention factor derives from it)."""
+    for key in ("short_factor", "long_factor"):
+        if len(params[key]) != rotary_dim // 2:
+            raise ValueError(
+                f"rope_type 'longrope' needs one {key} value per rotated frequency, {rotary_dim // 2} "
+                f"({rotary_dim} dimensions of each head turn); the config gives {len(params[key])}"
+            )
+    if params.get("factor") is None:
+        params["factor"] = max_position_embeddings / params["original_max_position_embeddings"]

@@ -6,6 +6,7 @@ from nanovllm.models.blocks import DecoderForCausalLM
 
 
 class Phi3ForCausalLM(DecoderForCausalLM):
-    """Phi-3 (mini, small, medium) and Phi-4 with full rotary embedding and without LongRoPE."""
+    """Phi-3 (mini, small, medium), Phi-3.5, Phi-4 and Phi-4-mini (whose rotary turns the first 0.75 of each
+    head: ModelConfig.rotary_dim), with LongRoPE for the 128k-context versions (rope_type 'longrope')."""
 
     packed_modules_mapping = {}

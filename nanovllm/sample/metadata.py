@@ -50,7 +50,7 @@ class SamplingTensors:
     bias_values: torch.Tensor | None = None  # [n] float32: their biases
     banned: torch.Tensor | None = None  # [2, n] int64: (row, token id) pairs that may not be drawn
     bitmask: torch.Tensor | None = None  # [num_seqs, ceil(vocab / 32)] int32: allowed tokens per row
-    bitmask_rows: list[int] | None = None  # the rows the bitmask constrains
+    bitmask_rows: torch.Tensor | None = None  # [n] int32: the rows the bitmask constrains
     num_logprobs: int | None = None  # most alternatives any row asks for; None = no logprobs
 
     @property

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from nanovllm.sample.bitmask import apply_bitmask_
 from nanovllm.sample.metadata import SamplingTensors
 from nanovllm.sample.noise import device_row_seeds, seeded_exponential
 from nanovllm.sample.penalties import apply_penalties
@@ -94,9 +95,7 @@ def ban_and_mask_(logits: torch.Tensor, tensors: SamplingTensors) -> None:
     if tensors.banned is not None:
         logits.index_put_((tensors.banned[0], tensors.banned[1]), torch.tensor(float("-inf"), device=logits.device))
     if tensors.bitmask is not None:
-        from xgrammar import apply_token_bitmask_inplace  # only constrained requests get here
-
-        apply_token_bitmask_inplace(logits, tensors.bitmask, indices=tensors.bitmask_rows)
+        apply_bitmask_(logits, tensors.bitmask, tensors.bitmask_rows)
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
@@ -116,11 +115,12 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tup
 def _token_logprobs_on_device(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
     from nanovllm.kernels.triton_top_logits import top_logprobs
 
-    top_ids, top_values, log_sum_exp = top_logprobs(logits, max(k, 1))  # k = 0 still needs the log-sum-exp
+    # k = 0 still needs the log-sum-exp and the rank
+    top_ids, top_values, log_sum_exp, ranks = top_logprobs(logits, token_ids, max(k, 1))
     chosen = logits.gather(1, token_ids.unsqueeze(1))  # [rows, 1]
     ids = torch.cat([token_ids.unsqueeze(1), top_ids[:, :k]], dim=1)
     values = torch.cat([chosen.float() - log_sum_exp.unsqueeze(1), top_values[:, :k]], dim=1)
-    return ids, values, (logits > chosen).sum(dim=1) + 1
+    return ids, values, ranks
 
 
 def sample_with_temperatures(

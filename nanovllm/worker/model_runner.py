@@ -108,7 +108,8 @@ class ModelRunner(Executor):
         # with several ranks the LM head gathers to rank 0, which samples outside the graphs
         self._decode_step = DecodeStep(self._forward, samples=self.world_size == 1)
         self._last_sampled_rows: dict[str, int] = {}  # request id -> its row in last_sampled
-        self._bitmask_hosts: list[torch.Tensor] = []  # pinned grammar masks, made at the first constrained step
+        # pinned grammar masks and their rows, made at the first constrained step
+        self._bitmask_hosts: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._bitmask_turn = 0
         self.graphs = None
         use_graphs = self.device.type == "cuda" and not config.enforce_eager and backend.supports_cuda_graphs
@@ -165,9 +166,16 @@ class ModelRunner(Executor):
         )
         ones = torch.ones(self.config.max_num_seqs, device=self.device)
         self.sampler(logits, SamplingTensors(temperatures=ones))
-        # the truncation and logprobs kernels compile now rather than under the first request that asks for them
+        # the truncation, logprobs and grammar-mask kernels compile now rather than under the first request
+        # that asks for them (a compile takes a few hundred milliseconds, with the device idle)
         truncating = dict(top_k=ones.long(), top_p=ones / 2, min_p=ones / 10, num_logprobs=1)
         self.sampler(logits, SamplingTensors(temperatures=ones, **truncating))
+        words = (self.config.model_config.vocab_size + 31) // 32
+        masking = dict(
+            bitmask=torch.full((logits.size(0), words), -1, dtype=torch.int32, device=self.device),
+            bitmask_rows=torch.zeros(1, dtype=torch.int32, device=self.device),
+        )
+        self.sampler(logits, SamplingTensors(temperatures=ones, **masking))
         del logits
         torch.cuda.empty_cache()
 
@@ -343,18 +351,27 @@ class ModelRunner(Executor):
         with forward_context(context):
             return self._decode_step(input_ids, src_rows, positions, temperatures, seeds, sample)[:n]
 
-    def _bitmask_on_device(self, grammar: GrammarBitmasks) -> torch.Tensor:
-        """The grammar masks filled into pinned host memory (two buffers, used in turn, so that a fill never
-        touches memory whose copy the device may still have queued) and queued for the device: a copy
-        from pageable memory would make the host wait for the forward pass in flight."""
+    def _bitmask_on_device(self, grammar: GrammarBitmasks) -> tuple[torch.Tensor, torch.Tensor]:
+        """The grammar masks and the rows they hold, filled into pinned host memory (two buffers, used in
+        turn, so that a fill never touches memory whose copy the device may still have queued) and queued
+        for the device: a copy from pageable memory would make the host wait for the forward pass in flight."""
+        # masks: [num_rows, words] int32; rows: [len(grammar.rows)] int32
         words = (grammar.vocab_size + 31) // 32
-        if not self._bitmask_hosts or self._bitmask_hosts[0].size(1) != words:
+        if not self._bitmask_hosts or self._bitmask_hosts[0][0].size(1) != words:
             pin = self.device.type == "cuda"
             rows = self.config.max_num_seqs
-            self._bitmask_hosts = [torch.empty(rows, words, dtype=torch.int32, pin_memory=pin) for _ in range(2)]
-        host = self._bitmask_hosts[self._bitmask_turn][: grammar.num_rows]
+            self._bitmask_hosts = [
+                (
+                    torch.empty(rows, words, dtype=torch.int32, pin_memory=pin),
+                    torch.empty(rows, dtype=torch.int32, pin_memory=pin),
+                )
+                for _ in range(2)
+            ]
+        masks, rows = self._bitmask_hosts[self._bitmask_turn]
         self._bitmask_turn ^= 1
-        return grammar.fill(host).to(self.device, non_blocking=True)
+        masks, rows = grammar.fill(masks[: grammar.num_rows]), rows[: len(grammar.rows)]
+        rows.numpy()[:] = grammar.rows
+        return masks.to(self.device, non_blocking=True), rows.to(self.device, non_blocking=True)
 
     def _sample(self, out: SchedulerOutput, logits: torch.Tensor, grammar: GrammarBitmasks | None) -> SamplerOutput:
         """Rank 0: the step's sampling settings and grammar masks applied to its logits, the ids put in
@@ -362,8 +379,7 @@ class ModelRunner(Executor):
         tensors = sampling_tensors(out, logits.shape[-1], self.eos_token_ids, self._to_device)
         if grammar is not None:
             tensors = tensors or SamplingTensors()
-            tensors.bitmask = self._bitmask_on_device(grammar)
-            tensors.bitmask_rows = grammar.rows
+            tensors.bitmask, tensors.bitmask_rows = self._bitmask_on_device(grammar)
         sampled = self.sampler(logits, tensors)
         self.last_sampled[: logits.size(0)].copy_(sampled.token_ids)
         return sampled

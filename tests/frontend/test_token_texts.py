@@ -36,3 +36,18 @@ def test_each_id_is_decoded_once(smollm_tokenizer):
     assert sorted(tokenizer.decoded) == [5, 6, 7]
     assert texts([7, 6, 8, 5]) == [smollm_tokenizer.decode([t]) for t in (7, 6, 8, 5)]
     assert sorted(tokenizer.decoded) == [5, 6, 7, 8]
+
+
+def test_a_tokenizer_that_cleans_up_spaces_decodes_through_its_own_decode(smollm_tokenizer):
+    tokenizer = CountingTokenizer(smollm_tokenizer)
+    tokenizer.backend_tokenizer = smollm_tokenizer.backend_tokenizer  # a fast tokenizer ...
+    tokenizer.clean_up_tokenization_spaces = True  # ... whose decode changes the backend's text
+    assert TokenTexts(tokenizer)([5, 6]) == [smollm_tokenizer.decode([t]) for t in (5, 6)]
+    assert sorted(tokenizer.decoded) == [5, 6]
+
+
+def test_the_whole_vocabulary_is_decoded_in_the_background(smollm_tokenizer):
+    texts = TokenTexts(smollm_tokenizer, vocab_size=len(smollm_tokenizer))
+    assert texts.whole_vocabulary.wait(timeout=60)
+    ids = smollm_tokenizer.encode(TEXT) + [smollm_tokenizer.eos_token_id, len(smollm_tokenizer) - 1]
+    assert texts(ids) == [smollm_tokenizer.decode([token_id]) for token_id in ids]

@@ -20,10 +20,17 @@ SHAPES = (
     if ON_GPU
     else [(1, 4, 2, 16), (6, 3, 1, 24), (20, 6, 2, 24)]
 )
-# The interpreter's float8 conversion drops a rounding carry into the next power of two (124.0 -> 64,
-# not 128): on the CPU the FP8 store is checked on the shapes where the draw has no such value.
-FP8_SHAPES = SHAPES if ON_GPU else SHAPES[:2]
 DTYPES = [torch.float32, torch.bfloat16] if ON_GPU else [torch.float32]
+# the share of each head that turns: all of it, or Phi-4-mini's 0.75 (12 of 16, 18 of 24: an odd half,
+# 96 of 128), whose other dimensions pass through
+ROTARY_FACTORS = [1.0, 0.75]
+# (shape, rotary factor, seed). The interpreter's float8 conversion drops a rounding carry into the next
+# power of two (124.0 -> 64, not 128): on the CPU the FP8 store is checked on draws with no such value.
+FP8_CASES = (
+    [(shape, factor, 3) for shape in SHAPES for factor in ROTARY_FACTORS]
+    if ON_GPU
+    else [(SHAPES[0], 1.0, 3), (SHAPES[1], 1.0, 3), (SHAPES[0], 0.75, 3), (SHAPES[1], 0.75, 5)]
+)
 BLOCK_SIZE = 16
 
 
@@ -36,8 +43,9 @@ def qkv_views(tokens: int, heads: int, kv_heads: int, head_dim: int, dtype: torc
     return q, k, v
 
 
-def rotary_and_weights(head_dim: int, dtype: torch.dtype, norm: bool):
-    rotary = RotaryEmbedding(head_dim, 4096, {"rope_theta": 1e6, "rope_type": "default"}).to(DEVICE)
+def rotary_and_weights(head_dim: int, dtype: torch.dtype, norm: bool, rotary_factor: float = 1.0):
+    params = {"rope_theta": 1e6, "rope_type": "default"}
+    rotary = RotaryEmbedding(head_dim, 4096, params, rotary_dim=int(head_dim * rotary_factor)).to(DEVICE)
     weights = (None, None, 0.0)
     if norm:
         weights = (
@@ -55,24 +63,25 @@ def scattered_slots(tokens: int, num_slots: int) -> torch.Tensor:
     return slots
 
 
-def store_inputs(shape: tuple, dtype: torch.dtype, seed: int):
+def store_inputs(shape: tuple, dtype: torch.dtype, seed: int, rotary_factor: float):
     """A normalising rotary layer, positions, q/k/v views, and how many blocks of BLOCK_SIZE hold twice
     the tokens."""
     tokens, heads, kv_heads, head_dim = shape
     torch.manual_seed(seed)
-    rotary, weights = rotary_and_weights(head_dim, dtype, norm=True)
+    rotary, weights = rotary_and_weights(head_dim, dtype, norm=True, rotary_factor=rotary_factor)
     qkv = qkv_views(tokens, heads, kv_heads, head_dim, dtype)
     positions = torch.randint(0, 4096, (tokens,), device=DEVICE)
     return rotary, weights, positions, qkv, (2 * tokens + BLOCK_SIZE - 1) // BLOCK_SIZE
 
 
+@pytest.mark.parametrize("rotary_factor", ROTARY_FACTORS)
 @pytest.mark.parametrize("norm", [True, False])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_equals_the_torch_reference(shape, dtype, norm):
+def test_equals_the_torch_reference(shape, dtype, norm, rotary_factor):
     tokens, heads, kv_heads, head_dim = shape
     torch.manual_seed(0)
-    rotary, weights = rotary_and_weights(head_dim, dtype, norm)
+    rotary, weights = rotary_and_weights(head_dim, dtype, norm, rotary_factor)
     q, k, _ = qkv_views(tokens, heads, kv_heads, head_dim, dtype)
     positions = torch.randint(0, 4096, (tokens,), device=DEVICE)
     positions[0] = 4095  # the table's last row
@@ -90,11 +99,12 @@ def test_equals_the_torch_reference(shape, dtype, norm):
         torch.testing.assert_close(g, w.to(dtype), atol=tolerance, rtol=tolerance)
 
 
+@pytest.mark.parametrize("rotary_factor", ROTARY_FACTORS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_stores_the_rotated_k_and_v_at_their_slots_and_nothing_else(shape, dtype):
+def test_stores_the_rotated_k_and_v_at_their_slots_and_nothing_else(shape, dtype, rotary_factor):
     tokens, heads, kv_heads, head_dim = shape
-    rotary, weights, positions, (q, k, v), num_blocks = store_inputs(shape, dtype, seed=1)
+    rotary, weights, positions, (q, k, v), num_blocks = store_inputs(shape, dtype, 1, rotary_factor)
     k_cache = torch.randn(num_blocks, BLOCK_SIZE, kv_heads, head_dim, device=DEVICE, dtype=dtype)
     v_cache = torch.randn_like(k_cache)
     slots = scattered_slots(tokens, num_blocks * BLOCK_SIZE)
@@ -107,10 +117,10 @@ def test_stores_the_rotated_k_and_v_at_their_slots_and_nothing_else(shape, dtype
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", FP8_SHAPES)
-def test_quantizes_into_an_fp8_cache_as_the_torch_store_does(shape, dtype):
+@pytest.mark.parametrize("shape, rotary_factor, seed", FP8_CASES)
+def test_quantizes_into_an_fp8_cache_as_the_torch_store_does(shape, rotary_factor, seed, dtype):
     tokens, heads, kv_heads, head_dim = shape
-    rotary, weights, positions, (q, k, v), num_blocks = store_inputs(shape, dtype, seed=3)
+    rotary, weights, positions, (q, k, v), num_blocks = store_inputs(shape, dtype, seed, rotary_factor)
     v[-1] = 0  # an all-zero head gets scale 1
     caches = [torch.zeros(num_blocks, BLOCK_SIZE, kv_heads, head_dim, device=DEVICE, dtype=FP8_DTYPE) for _ in range(2)]
     scales = [torch.full((num_blocks, kv_heads, BLOCK_SIZE), -1.0, device=DEVICE) for _ in range(2)]
@@ -126,6 +136,27 @@ def test_quantizes_into_an_fp8_cache_as_the_torch_store_does(shape, dtype):
         assert differ.float().mean() < 1e-3
         torch.testing.assert_close(got.float(), want.float(), rtol=2**-3, atol=2**-9)
     assert (scales[1] > 0).sum() == (slots >= 0).sum() * kv_heads
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_partial_rotary_turns_the_leading_dimensions_as_a_full_rotary_of_their_size(shape):
+    # independent of the reference: the first rotary_dim dimensions of each head come out as a whole
+    # head of that size does from a full rotary with the same frequencies, the others unchanged
+    tokens, heads, kv_heads, head_dim = shape
+    rotary_dim = int(head_dim * 0.75)
+    torch.manual_seed(4)
+    partial, _ = rotary_and_weights(head_dim, torch.float32, norm=False, rotary_factor=0.75)
+    full, _ = rotary_and_weights(rotary_dim, torch.float32, norm=False)
+    q, k, _ = qkv_views(tokens, heads, kv_heads, head_dim, torch.float32)
+    positions = torch.randint(0, 4096, (tokens,), device=DEVICE)
+    got_q, got_k = norm_rotate_store(positions, q, k, partial.cos_sin, None, None, 0.0)
+    want_q, want_k = norm_rotate_store(
+        positions, q[..., :rotary_dim], k[..., :rotary_dim], full.cos_sin, None, None, 0.0
+    )
+    for got, want, given in ((got_q, want_q, q), (got_k, want_k, k)):
+        assert torch.equal(got[..., rotary_dim:], given[..., rotary_dim:])
+        torch.testing.assert_close(got[..., :rotary_dim], want, atol=1e-6, rtol=1e-6)
+        assert not torch.allclose(got[..., :rotary_dim], given[..., :rotary_dim])
 
 
 def test_the_layers_cpu_path_stores_what_the_kernel_stores():

@@ -114,18 +114,24 @@ def test_a_full_size_vocabulary_settles_top_p_and_min_p_alone_from_the_candidate
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_top_logprobs_are_the_log_softmax_top_k(dtype, candidates):
     logits = distinct_logits(3, dtype)
+    reference = torch.log_softmax(logits.float(), -1)
+    # the most likely token, one of middling rank, the least likely
+    chosen = torch.stack([reference[0].argmax(), reference[1].argsort()[VOCAB // 2], reference[2].argmin()])
     for k in (1, 5, 20):
-        ids, logprobs, log_sum_exp = top_logprobs(logits, k, candidates)
-        reference = torch.log_softmax(logits.float(), -1)
+        ids, logprobs, log_sum_exp, ranks = top_logprobs(logits, chosen, k, candidates)
         assert torch.equal(ids, reference.topk(k).indices)
         assert torch.allclose(logprobs, reference.gather(1, ids), atol=1e-5)
         assert torch.allclose(log_sum_exp, torch.logsumexp(logits.float(), -1), atol=1e-5)
+        assert ranks.tolist() == [1, VOCAB - VOCAB // 2, VOCAB]
 
 
 def test_top_logprobs_of_tied_logits_past_the_buffer_still_come_out_exact():
     logits = torch.zeros(2, VOCAB, device=DEVICE)
     logits[1, 7] = 1.0
-    ids, logprobs, _ = top_logprobs(logits, 3, candidates=16)  # every logit ties: the buffer overflows
+    chosen = torch.tensor([5, 9], device=DEVICE)
+    # every logit ties: the buffer overflows
+    ids, logprobs, _, ranks = top_logprobs(logits, chosen, 3, candidates=16)
     assert ids.tolist() == [[VOCAB - 1, VOCAB - 2, VOCAB - 3], [7, VOCAB - 1, VOCAB - 2]]
+    assert ranks.tolist() == [1, 2]  # tied logits are not above the chosen one
     expected = -torch.log(torch.tensor(float(VOCAB)))
     assert torch.allclose(logprobs[0], expected.expand(3).to(DEVICE), atol=1e-5)

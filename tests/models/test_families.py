@@ -18,6 +18,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.config import Config
@@ -77,12 +78,30 @@ def test_phi3_from_its_fused_q_k_v_and_gate_up_tensors_matches_transformers(tmp_
     assert greedy(model_dir, prompts, tensor_parallel_size=2, device="cpu") == expected
 
 
-def test_a_partial_rotary_factor_is_refused(tmp_path):
-    model_dir = save_model(
-        tmp_path / "phi3", Phi3Config, Phi3ForCausalLM, partial_rotary_factor=0.75, architectures=["Phi3ForCausalLM"]
-    )
-    with pytest.raises(ValueError, match="partial_rotary_factor 0.75 is not supported"):
-        LLM(model_dir, **ENGINE)
+def assert_matches_transformers(model_dir: str, prompts: list[list[int]]) -> None:
+    """Greedy tokens equal transformers' with the prompts prefilled in 16-token chunks, the later two reading
+    the blocks they share from the prefix cache, and at two ranks."""
+    expected = hf_greedy(model_dir, prompts, GREEDY.max_tokens)
+    llm = LLM(model_dir, **{**ENGINE, "max_num_batched_tokens": 16})
+    llm.generate(prompts[1:2], GREEDY, use_tqdm=False)  # caches the prefix the later prompts share
+    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    llm.close()
+    assert [o.num_cached_tokens for o in outputs] == [0, 32, 32]
+    assert [o.outputs[0].token_ids for o in outputs] == expected
+    assert greedy(model_dir, prompts, tensor_parallel_size=2, device="cpu") == expected
+
+
+def prompts_with_a_shared_prefix() -> list[list[int]]:
+    """A short prompt, then two that share their first 33 tokens (two 16-token blocks to reuse)."""
+    short, shared = random_prompts([5, 33], seed=3)
+    return [short, shared + [7, 8, 9], shared + [10]]
+
+
+def test_phi4_mini_partial_rotary_matches_transformers(tmp_path):
+    # Phi-4-mini turns the first 0.75 of each head (12 of 16 here) and passes the rest through
+    model_dir = save_model(tmp_path / "phi4", Phi3Config, Phi3ForCausalLM, partial_rotary_factor=0.75)
+    assert ModelConfig.from_hf(Phi3Config.from_pretrained(model_dir)).rotary_dim == 12
+    assert_matches_transformers(model_dir, prompts_with_a_shared_prefix())
 
 
 @pytest.mark.parametrize(
@@ -139,3 +158,57 @@ def test_scaled_rotary_models_match_transformers_past_the_original_context(tmp_p
     model_dir = save_model(tmp_path / "llama", LlamaConfig, LlamaForCausalLM, rope_parameters=dict(scaling))
     prompts = random_prompts([10, 50])  # positions up to 73, past yarn's original 32
     assert greedy(model_dir, prompts) == hf_greedy(model_dir, prompts, GREEDY.max_tokens)
+
+
+def longrope(n: int, **extra) -> dict:
+    """LongRoPE parameters with n distinct short factors (near 1) and long ones (2 to 9)."""
+    short = [1.0 + 0.05 * i for i in range(n)]
+    long = [2.0 + 7.0 * i / (n - 1) for i in range(n)]
+    return {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": short, "long_factor": long, **extra}
+
+
+# Phi-3 configs past a 32-token original context (128 positions): LongRoPE over whole heads (Phi-3.5-mini),
+# over 0.75 of each head with a given attention factor (Phi-4-mini's shape), and a partial rotary alone
+PHI3_ROTARIES = {
+    "longrope": dict(rope_parameters=longrope(8)),
+    "longrope-partial": dict(partial_rotary_factor=0.75, rope_parameters=longrope(6, attention_factor=1.3)),
+    "partial": dict(partial_rotary_factor=0.75),
+}
+
+
+@pytest.mark.parametrize("fields", PHI3_ROTARIES.values(), ids=PHI3_ROTARIES.keys())
+def test_phi3_rotary_tables_equal_transformers_short_within_and_long_past_the_original_context(fields):
+    hf = Phi3Config(
+        **{**_common_config(max_positions=128), "original_max_position_embeddings": 32, **fields},
+        architectures=["Phi3ForCausalLM"],
+    )
+    config = ModelConfig.from_hf(hf)
+    ours = RotaryEmbedding(16, 128, config.rope_parameters, config.rotary_dim).cos_sin
+    reference = Phi3RotaryEmbedding(hf)
+    # transformers rotates a pass over positions below 32 with the short factors, one that reaches
+    # past them with the long ones throughout: each half of our table against the pass it matches
+    short = reference(torch.zeros(1), torch.arange(32)[None])
+    long = reference(torch.zeros(1), torch.arange(128)[None])
+    for i, (within, past) in enumerate(zip(short, long)):
+        assert within.shape[-1] == config.rotary_dim
+        torch.testing.assert_close(ours[:32, i], within[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ours[32:, i], past[0, 32:], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("partial_rotary_factor", [1.0, 0.75], ids=["phi3.5-mini", "phi4-mini"])
+def test_phi3_longrope_matches_transformers_within_the_original_context(tmp_path, partial_rotary_factor):
+    # prompts of up to 36 tokens and 24 generated: every position below the 64-token original context, where
+    # transformers too rotates with the short factors (past it, it re-encodes the whole sequence with the
+    # long ones, which a paged cache does not: see rotary_embedding._longrope_angles)
+    model_dir = save_model(
+        tmp_path / "phi3",
+        Phi3Config,
+        Phi3ForCausalLM,
+        max_position_embeddings=256,
+        original_max_position_embeddings=64,
+        partial_rotary_factor=partial_rotary_factor,
+        rope_parameters=longrope(int(16 * partial_rotary_factor) // 2),
+    )
+    rope = ModelConfig.from_hf(Phi3Config.from_pretrained(model_dir)).rope_parameters
+    assert (rope["rope_type"], rope["original_max_position_embeddings"], rope["factor"]) == ("longrope", 64, 4.0)
+    assert_matches_transformers(model_dir, prompts_with_a_shared_prefix())

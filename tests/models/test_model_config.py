@@ -143,6 +143,52 @@ def test_rope_theta_of_an_older_config_is_read():
     assert config.rope_parameters["rope_type"] == "llama3" and config.rope_parameters["rope_theta"] == 500000.0
 
 
+def test_the_partial_rotary_factor_is_read_where_transformers_reads_it():
+    # Phi-4-mini: 0.75 of a 128-dimension head at the config's top level (transformers 5 moves it into
+    # the rope dict, which wins when both say)
+    phi4 = dict(architectures=["Phi3ForCausalLM"], hidden_size=3072, num_attention_heads=24)
+    assert ModelConfig.from_hf(SimpleNamespace(**phi4, partial_rotary_factor=0.75)).rotary_dim == 96
+    rope = {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}
+    config = ModelConfig.from_hf(SimpleNamespace(**phi4, partial_rotary_factor=0.75, rope_parameters=rope))
+    assert config.rotary_dim == 64 and "partial_rotary_factor" not in config.rope_parameters
+    assert ModelConfig.from_hf(Phi3Config(**phi4, partial_rotary_factor=0.75)).rotary_dim == 96
+    assert ModelConfig.from_hf(SimpleNamespace(**phi4)).rotary_dim == 128
+
+
+def longrope(n: int, **extra) -> dict:
+    """A longrope dict with n short and n long factors (transformers keeps it in rope_parameters)."""
+    return {"rope_type": "longrope", "short_factor": [1.0] * n, "long_factor": [4.0] * n, **extra}
+
+
+def test_phi4_mini_longrope_takes_its_original_context_from_the_top_level_and_derives_its_factor():
+    # Phi-4-mini's config: 131072 positions, 4096 of them original, a quarter of each head not rotated
+    phi4 = dict(
+        architectures=["Phi3ForCausalLM"],
+        hidden_size=3072,
+        num_attention_heads=24,
+        max_position_embeddings=131072,
+        original_max_position_embeddings=4096,
+        partial_rotary_factor=0.75,
+    )
+    rope = ModelConfig.from_hf(SimpleNamespace(**phi4, rope_scaling=longrope(48))).rope_parameters
+    assert rope["original_max_position_embeddings"] == 4096 and rope["factor"] == 32.0
+    # transformers' Phi3Config puts the top-level value over the rope dict's, and reads "su" as longrope
+    given = longrope(48, type="su", original_max_position_embeddings=1024, factor=8.0)
+    hf = Phi3Config(**phi4, rope_scaling=given)
+    assert hf.rope_parameters["original_max_position_embeddings"] == 4096
+    rope = ModelConfig.from_hf(hf).rope_parameters
+    assert (rope["rope_type"], rope["original_max_position_embeddings"], rope["factor"]) == ("longrope", 4096, 8.0)
+
+
+def test_a_llama_longrope_takes_its_original_context_from_the_rope_dict_else_its_own():
+    llama = dict(architectures=["LlamaForCausalLM"], hidden_size=64, num_attention_heads=4)
+    params = longrope(8, rope_theta=1e4, original_max_position_embeddings=512)
+    rope = ModelConfig.from_hf(SimpleNamespace(**llama, rope_parameters=params)).rope_parameters
+    assert rope["original_max_position_embeddings"] == 512 and rope["factor"] == 2048 / 512
+    rope = ModelConfig.from_hf(SimpleNamespace(**llama, rope_parameters=longrope(8))).rope_parameters
+    assert rope["original_max_position_embeddings"] == 2048 and rope["factor"] == 1.0
+
+
 @pytest.mark.parametrize(
     "fields, message",
     [
@@ -152,6 +198,15 @@ def test_rope_theta_of_an_older_config_is_read():
         (
             {"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e6, "factor": 8.0}},
             "rope_type 'llama3' needs low_freq_factor",
+        ),
+        ({"partial_rotary_factor": 1.5}, "partial_rotary_factor 1.5 turns 192 of the 128 dimensions"),
+        ({"partial_rotary_factor": 0.0}, "partial_rotary_factor 0.0 turns 0 of the 128 dimensions"),
+        ({"head_dim": 20, "partial_rotary_factor": 0.25}, "turns 5 of the 20 dimensions of a head; it must"),
+        ({"rope_parameters": {"rope_type": "longrope"}}, "rope_type 'longrope' needs short_factor, long_factor"),
+        (
+            {"rope_parameters": longrope(64), "partial_rotary_factor": 0.75},
+            r"needs one short_factor value per rotated frequency, 48 \(96 dimensions of each head turn\); the "
+            "config gives 64",
         ),
         ({"use_sliding_window": True}, "use_sliding_window=True is not supported"),
         ({"quantization_config": {"quant_method": "awq"}}, "quant_method 'awq'"),

@@ -208,7 +208,7 @@ def test_grammar_masks_and_bans_hold_beside_truncation(device):
         top_k=torch.tensor([2, 40, 40], device=device),
         banned=torch.tensor([[1], [banned]], device=device),
         bitmask=torch.from_numpy(words.view(np.int32)).to(device),
-        bitmask_rows=[0, 2],
+        bitmask_rows=torch.tensor([0, 2], dtype=torch.int32, device=device),
     )
     top_two_allowed = set(logits[0, allowed[0]].topk(2).indices.tolist())
     for _ in range(100):

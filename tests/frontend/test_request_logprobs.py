@@ -1,10 +1,11 @@
-"""LazyLogprobs: positions kept as they come and built into {token id: Logprob} dicts when read, with the
-values and token texts they came with, in order, however the reads fall between the additions."""
+"""RequestLogprobs: each position a {token id: Logprob} dict with the values and token texts it came with,
+the chosen token first, in order; out of the cycle collector's reach."""
 
+import gc
 import math
 
 from nanovllm.engine.messages import TokenLogprobs
-from nanovllm.frontend.lazy_logprobs import LazyLogprobs
+from nanovllm.frontend.request_logprobs import RequestLogprobs
 from nanovllm.frontend.token_texts import TokenTexts
 from nanovllm.outputs import Logprob
 
@@ -27,27 +28,24 @@ def expected(decode) -> list[dict]:
     ]
 
 
-def test_positions_read_at_once_or_between_additions_are_the_same_list(tiny_tokenizer):
+def test_positions_are_made_as_they_come_the_chosen_token_first(tiny_tokenizer):
     decode = lambda token_id: tiny_tokenizer.decode([token_id])
-    at_once = LazyLogprobs(TokenTexts(tiny_tokenizer))
-    for entry in ENTRIES:
-        at_once.add(entry)
-    assert at_once.built() == expected(decode)
-
-    step_by_step = LazyLogprobs(TokenTexts(tiny_tokenizer))
-    first_read = step_by_step.built()
-    assert first_read == []
+    logprobs = RequestLogprobs(TokenTexts(tiny_tokenizer))
+    read_first = logprobs.positions
     for n, entry in enumerate(ENTRIES, start=1):
-        step_by_step.add(entry)
-        assert step_by_step.built() == expected(decode)[:n]
+        logprobs.add(entry)
+        assert logprobs.positions == expected(decode)[:n]
     # the list read first has grown with the later positions, and the chosen token leads each position
-    assert first_read is step_by_step.built()
-    assert [list(position) for position in first_read] == [[6, 9], [9, 7, 8], [511, 2, 3]]
+    assert read_first is logprobs.positions
+    assert [list(position) for position in read_first] == [[6, 9], [9, 7, 8], [511, 2, 3]]
+    # numbers and text only: neither the positions nor their Logprobs are walked by the cycle collector
+    assert not any(gc.is_tracked(position) for position in read_first)
+    assert not gc.is_tracked(read_first[0][6])
 
 
 def test_leading_entries_come_first_and_no_token_texts_give_no_text():
-    logprobs = LazyLogprobs(None, leading=(None,))
-    assert logprobs.built() == [None]
+    logprobs = RequestLogprobs(None, leading=(None,))
+    assert logprobs.positions == [None]
     for entry in ENTRIES:
         logprobs.add(entry)
-    assert logprobs.built() == [None, *expected(lambda token_id: None)]
+    assert logprobs.positions == [None, *expected(lambda token_id: None)]

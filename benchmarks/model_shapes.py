@@ -1,0 +1,191 @@
+"""The model shapes the GPU benchmarks run with dummy weights: each shape's config.json, and what one decode
+step of it reads from memory (every weight once, and each sequence's KV cache within each layer's window).
+
+Qwen3-0.6B ("0.6b") and Qwen3-8B ("8b"), and one model of each other family
+the engine loads, at the size people run: Qwen2.5-7B, Mistral-7B (v0.3: no
+sliding window), Gemma-2-9B (every other layer over a 4,096-token window,
+soft-capped attention and logits), Gemma-3-4B (five 1,024-token sliding layers
+to one global), Phi-4-mini (partial rotary, LongRoPE). The values are those of
+the published config.json files; LongRoPE's factor lists are placeholders of
+the right length, which change no speed.
+"""
+
+from dataclasses import dataclass
+
+VOCAB_SIZE = 151936  # Qwen3's
+
+
+def _qwen3(**shape) -> dict:
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": VOCAB_SIZE,
+        "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        **shape,
+    }
+
+
+SHAPES = {
+    "0.6b": _qwen3(
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=True,
+    ),
+    "8b": _qwen3(
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=False,
+    ),
+    "qwen2.5-7b": {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "vocab_size": 152064,
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+    },
+    "mistral-7b": {
+        "architectures": ["MistralForCausalLM"],
+        "model_type": "mistral",
+        "vocab_size": 32768,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 1000000.0,
+        "sliding_window": None,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+    },
+    "gemma-2-9b": {
+        "architectures": ["Gemma2ForCausalLM"],
+        "model_type": "gemma2",
+        "vocab_size": 256000,
+        "hidden_size": 3584,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 42,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 256,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "query_pre_attn_scalar": 256,
+        "sliding_window": 4096,
+        "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "tie_word_embeddings": True,
+    },
+    "gemma-3-4b": {
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "vocab_size": 262208,
+        "hidden_size": 2560,
+        "intermediate_size": 10240,
+        "num_hidden_layers": 34,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0,
+        "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+        "query_pre_attn_scalar": 256,
+        "sliding_window": 1024,
+        "sliding_window_pattern": 6,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "tie_word_embeddings": True,
+    },
+    "phi-4-mini": {
+        "architectures": ["Phi3ForCausalLM"],
+        "model_type": "phi3",
+        "vocab_size": 200064,
+        "hidden_size": 3072,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 131072,
+        "original_max_position_embeddings": 4096,
+        "partial_rotary_factor": 0.75,
+        "rope_theta": 10000.0,
+        "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 48, "long_factor": [4.0] * 48},
+        "rms_norm_eps": 1e-5,
+        "sliding_window": None,
+        "hidden_act": "silu",
+        "tie_word_embeddings": True,
+    },
+}
+
+
+def model_config(shape: str) -> dict:
+    """config.json of a model of this shape, in bf16."""
+    return {"torch_dtype": "bfloat16", "bos_token_id": 151643, "eos_token_id": 151645, **SHAPES[shape]}
+
+
+@dataclass
+class KVRead:
+    """The KV bytes a decode step reads per cached token of a sequence, by layer window (None: the layers
+    that read the whole context)."""
+
+    per_token: dict[int | None, int]
+
+    def bytes(self, context: int) -> int:
+        """What one sequence with `context` cached tokens reads."""
+        return sum(b * (context if w is None else min(context, w)) for w, b in self.per_token.items())
+
+
+def layer_windows(shape: str) -> list[int | None]:
+    """Each layer's sliding window (None: global attention), as the engine reads the config."""
+    s = SHAPES[shape]
+    layers, window = s["num_hidden_layers"], s.get("sliding_window")
+    if s["model_type"] == "gemma2":
+        return [window if i % 2 == 0 else None for i in range(layers)]
+    if s["model_type"] == "gemma3_text":
+        return [None if (i + 1) % s["sliding_window_pattern"] == 0 else window for i in range(layers)]
+    return [window] * layers
+
+
+def model_bytes(shape: str, kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1) -> tuple[int, KVRead]:
+    """(weight bytes, KV read) of one rank of the bf16 model, the KV in bf16 or in FP8 with a 4-byte scale
+    per head."""
+    s = SHAPES[shape]
+    h, d = s["hidden_size"], s.get("head_dim") or s["hidden_size"] // s["num_attention_heads"]
+    q, kv = s["num_attention_heads"] * d, s["num_key_value_heads"] * d
+    gemma = s["model_type"].startswith("gemma")
+    norms = (4 if gemma else 2) * h + (2 * d if s["model_type"] in ("qwen3", "gemma3_text") else 0)
+    biases = q + 2 * kv if s["model_type"] == "qwen2" else 0
+    per_layer = h * (q + 2 * kv) + q * h + 3 * h * s["intermediate_size"] + norms + biases
+    embeddings = s["vocab_size"] * h * (1 if s["tie_word_embeddings"] else 2)
+    per_head = s["num_key_value_heads"] * (d + 4 if kv_cache_dtype == "fp8" else 2 * d)
+    read: dict[int | None, int] = {}
+    for window in layer_windows(shape):
+        read[window] = read.get(window, 0) + 2 * per_head // tensor_parallel_size
+    weights = 2 * (embeddings + s["num_hidden_layers"] * per_layer + h) // tensor_parallel_size
+    return weights, KVRead(read)
