@@ -32,8 +32,7 @@ class NormedProjection:
 
     def __init__(self, norm: nn.Module, proj: ColumnParallelLinear):
         self.norm, self.proj = norm, proj
-        # the fused kernels compute an RMSNorm that scales by its weight (not Gemma's 1 + weight)
-        self.rms_norm = isinstance(norm, RMSNorm) and not norm.unit_offset
+        self.rms_norm = isinstance(norm, RMSNorm)  # the fused kernels compute an RMSNorm
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         # x, residual: [tokens, in] -> [tokens, out], [tokens, in]

@@ -12,7 +12,7 @@ pytest.importorskip("triton")
 from nanovllm.kernels import triton_gemv  # noqa: E402
 from nanovllm.layers import fused_projection  # noqa: E402
 from nanovllm.layers.layernorm import RMSNorm  # noqa: E402
-from nanovllm.models.blocks import DecoderLayer, GatedMLP  # noqa: E402
+from nanovllm.models.blocks import DecoderLayer, GatedMLP, rotary_embeddings  # noqa: E402
 from nanovllm.models.model_config import ModelConfig  # noqa: E402
 
 CONFIG_FIELDS = SimpleNamespace(
@@ -106,20 +106,24 @@ def test_a_biased_projection_keeps_the_fused_kernels_and_adds_its_bias(launches)
 
 
 def test_a_layer_owns_its_norms_under_the_checkpoint_names():
-    names = [name for name, _ in DecoderLayer(CONFIG, 0).named_parameters()]
+    names = [
+        name for name, _ in DecoderLayer(CONFIG, 0, rotary_embeddings(CONFIG)["full_attention"]).named_parameters()
+    ]
     assert [n for n in names if "layernorm" in n] == ["input_layernorm.weight", "post_attention_layernorm.weight"]
     assert "self_attn.q_norm.weight" in names and "self_attn.k_norm.weight" in names  # Qwen3's q/k norm
 
 
-def test_a_norm_scaling_by_one_plus_its_weight_takes_the_plain_path(launches):
-    # the fused kernel scales by the weight itself, Gemma's norm by 1 + weight
+def test_a_norm_scaling_by_one_plus_its_weight_loads_as_that_scale_and_stays_fused(launches):
+    # Gemma's checkpoint weight w scales by 1 + w: loaded as 1 + w, the fused kernels compute it as any norm
     norm = RMSNorm(CONFIG.hidden_size, CONFIG.rms_norm_eps, unit_offset=True)
     mlp = random_mlp(norm)
+    checkpoint_weight = torch.rand(CONFIG.hidden_size) - 0.5
+    norm.weight.weight_loader(norm.weight, checkpoint_weight)
     x, residual = torch.randn(1, 64), torch.randn(1, 64)
     y, _ = mlp(x, residual)
-    assert launches["rms_norm_gemv"] == 0 and launches["silu_mul_gemv"] == 1
+    assert launches == {"rms_norm_gemv": 1, "silu_mul_gemv": 1}
     s = x + residual
-    normed = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + CONFIG.rms_norm_eps) * (1 + norm.weight)
+    normed = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + CONFIG.rms_norm_eps) * (1 + checkpoint_weight)
     gate, up = (normed @ mlp.gate_up_proj.weight.T).chunk(2, dim=-1)
     want = (nn.functional.silu(gate) * up) @ mlp.down_proj.weight.T
     torch.testing.assert_close(y, want, atol=1e-5, rtol=1e-5)
@@ -127,7 +131,9 @@ def test_a_norm_scaling_by_one_plus_its_weight_takes_the_plain_path(launches):
 
 def test_a_gemma2_layer_owns_four_norms_under_the_checkpoint_names():
     config = ModelConfig.from_hf(SimpleNamespace(**{**vars(CONFIG_FIELDS), "architectures": ["Gemma2ForCausalLM"]}))
-    names = [name for name, _ in DecoderLayer(config, 0).named_parameters()]
+    names = [
+        name for name, _ in DecoderLayer(config, 0, rotary_embeddings(config)["sliding_attention"]).named_parameters()
+    ]
     assert sorted(n for n in names if "layernorm" in n) == [
         "input_layernorm.weight",
         "post_attention_layernorm.weight",
