@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 # architecture -> "module:class"
 MODEL_REGISTRY: dict[str, str] = {
     "Gemma2ForCausalLM": "nanovllm.models.gemma2:Gemma2ForCausalLM",
+    "Gemma3ForCausalLM": "nanovllm.models.gemma3:Gemma3ForCausalLM",
+    "Gemma3ForConditionalGeneration": "nanovllm.models.gemma3:Gemma3ForConditionalGeneration",
     "LlamaForCausalLM": "nanovllm.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "nanovllm.models.mistral:MistralForCausalLM",
     "Phi3ForCausalLM": "nanovllm.models.phi3:Phi3ForCausalLM",

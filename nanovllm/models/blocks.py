@@ -30,7 +30,7 @@ class AttentionBlock(nn.Module):
     """input_norm(x + residual) -> fused QKV projection -> q/k RMSNorm per head (config.qk_norm) and rotary
     -> paged attention (over the last `window` tokens when given) -> output projection."""
 
-    def __init__(self, config: ModelConfig, input_norm: nn.Module, window: int | None = None):
+    def __init__(self, config: ModelConfig, input_norm: nn.Module, rotary: RotaryEmbedding, window: int | None = None):
         super().__init__()
         self.head_dim = config.head_dim
         self.num_heads = config.num_attention_heads // tp_size()
@@ -45,11 +45,9 @@ class AttentionBlock(nn.Module):
         self.o_proj = RowParallelLinear(
             config.num_attention_heads * self.head_dim, config.hidden_size, bias=config.o_proj_bias
         )
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
-        rotary = RotaryEmbedding(
-            self.head_dim, config.max_position_embeddings, config.rope_parameters, config.rotary_dim
-        )
+        qk_norm = functools.partial(RMSNorm, self.head_dim, config.rms_norm_eps, config.norm_unit_offset)
+        self.q_norm = qk_norm() if config.qk_norm else None
+        self.k_norm = qk_norm() if config.qk_norm else None
         self.attn = Attention(
             self.num_heads,
             self.num_kv_heads,
@@ -102,7 +100,7 @@ class DecoderLayer(nn.Module):
     then names the norms input_layernorm, post_attention_layernorm (on the attention's output),
     pre_feedforward_layernorm and post_feedforward_layernorm."""
 
-    def __init__(self, config: ModelConfig, index: int):
+    def __init__(self, config: ModelConfig, index: int, rotary: RotaryEmbedding):
         super().__init__()
         self.input_layernorm = _norm(config)
         self.post_attention_layernorm = _norm(config)
@@ -111,7 +109,7 @@ class DecoderLayer(nn.Module):
         if self.sandwich_norms:
             self.pre_feedforward_layernorm = mlp_norm = _norm(config)
             self.post_feedforward_layernorm = _norm(config)
-        self.self_attn = AttentionBlock(config, self.input_layernorm, config.layer_window(index))
+        self.self_attn = AttentionBlock(config, self.input_layernorm, rotary, config.layer_window(index))
         self.mlp = GatedMLP(config, mlp_norm)
 
     def forward(
@@ -125,6 +123,18 @@ class DecoderLayer(nn.Module):
         return self.post_feedforward_layernorm(x), residual
 
 
+def rotary_embeddings(config: ModelConfig) -> dict[str, RotaryEmbedding]:
+    """One rotary embedding per layer type, which the layers of that type share: its cos/sin table holds
+    max_position_embeddings rows (268 MB in fp32 for Gemma 3's 131,072 positions and 256 dimensions), too
+    much to repeat in every layer."""
+    return {
+        layer_type: RotaryEmbedding(
+            config.head_dim, config.max_position_embeddings, config.rope_parameters_of(layer_type), config.rotary_dim
+        )
+        for layer_type in dict.fromkeys(config.layer_types)
+    }
+
+
 class DecoderModel(nn.Module):
     """Embedding (times config.embed_scale when set), decoder layers, final norm."""
 
@@ -132,7 +142,10 @@ class DecoderModel(nn.Module):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.embed_scale = config.embed_scale
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        rotary = rotary_embeddings(config)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i, rotary[layer_type]) for i, layer_type in enumerate(config.layer_types)
+        )
         self.norm = _norm(config)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

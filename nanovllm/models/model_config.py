@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 # query_pre_attn_scalar None means head_dim (the attention scale is its inverse square root).
 # `window_layers` says which layers attend over `sliding_window` tokens when the config sets it: None
 # (none: Qwen2 and Qwen3 only with use_sliding_window, which is refused), "all", or "layer_types" (as
-# the config's layer_types say, else every even layer, Gemma 2's pattern). `activation_key` names the
+# the config's layer_types say, else every sliding_window_pattern-th layer is global: Gemma 2's 2,
+# Gemma 3's 6). `activation_key` names the
 # config field that holds the MLP's activation. The last three are fixed by the family: RMSNorm scaling
 # by 1 + weight, the extra norms after attention and after the MLP, and embeddings times sqrt(hidden).
 # original_max_position_embeddings None means the rope dict's or else max_position_embeddings;
-# rope_type_aliases maps a type's other names.
+# rope_type_aliases maps a type's other names; sliding_rope_theta, where set, is the rotary base of the
+# sliding layers (which are then unscaled), the config's rope_local_base_freq overriding it.
 _LLAMA_DEFAULTS = dict(
     vocab_size=32000,
     hidden_size=4096,
@@ -50,7 +52,48 @@ _LLAMA_DEFAULTS = dict(
     scaled_embeddings=False,
     original_max_position_embeddings=None,
     rope_type_aliases={},
+    sliding_window_pattern=2,
+    sliding_rope_theta=None,
 )
+# Gemma 2: sliding-window and global layers alternating, soft-capped attention and final logits,
+# q scaled by query_pre_attn_scalar, norms before and after attention and the MLP, GeGLU
+_GEMMA2_DEFAULTS = {
+    **_LLAMA_DEFAULTS,
+    "vocab_size": 256000,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": True,
+    "window_layers": "layer_types",
+    "sliding_window": 4096,
+    "query_pre_attn_scalar": 256,
+    "attn_logit_softcapping": 50.0,
+    "final_logit_softcapping": 30.0,
+    "activation_key": "hidden_activation",
+    "hidden_activation": "gelu_pytorch_tanh",
+    "norm_unit_offset": True,
+    "sandwich_norms": True,
+    "scaled_embeddings": True,
+}
+
+# Gemma 3: Gemma 2's layers with a norm on each q and k head and no soft-caps; five sliding layers to
+# one global, the sliding ones rotated at a base of their own (rope_local_base_freq), only the global
+# ones scaled (rope_scaling)
+_GEMMA3_DEFAULTS = {
+    **_GEMMA2_DEFAULTS,
+    "vocab_size": 262208,
+    "max_position_embeddings": 131072,
+    "rope_theta": 1000000.0,
+    "attn_logit_softcapping": None,
+    "final_logit_softcapping": None,
+    "qk_norm": True,
+    "sliding_window_pattern": 6,
+    "sliding_rope_theta": 10000.0,
+}
 _FAMILY_DEFAULTS = {
     "LlamaForCausalLM": _LLAMA_DEFAULTS,
     # Mistral: Llama's layers; v0.1 attends over a 4096-token sliding window, later versions say null
@@ -92,31 +135,13 @@ _FAMILY_DEFAULTS = {
         "max_position_embeddings": 32768,
         "qk_norm": True,
     },
-    # Gemma 2: sliding-window and global layers alternating, soft-capped attention and final logits,
-    # q scaled by query_pre_attn_scalar, norms before and after attention and the MLP, GeGLU
-    "Gemma2ForCausalLM": {
-        **_LLAMA_DEFAULTS,
-        "vocab_size": 256000,
-        "hidden_size": 2304,
-        "intermediate_size": 9216,
-        "num_hidden_layers": 26,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 4,
-        "head_dim": 256,
-        "max_position_embeddings": 8192,
-        "tie_word_embeddings": True,
-        "window_layers": "layer_types",
-        "sliding_window": 4096,
-        "query_pre_attn_scalar": 256,
-        "attn_logit_softcapping": 50.0,
-        "final_logit_softcapping": 30.0,
-        "activation_key": "hidden_activation",
-        "hidden_activation": "gelu_pytorch_tanh",
-        "norm_unit_offset": True,
-        "sandwich_norms": True,
-        "scaled_embeddings": True,
-    },
+    "Gemma2ForCausalLM": _GEMMA2_DEFAULTS,
+    "Gemma3ForCausalLM": _GEMMA3_DEFAULTS,
+    # the language model of Gemma 3's image-text checkpoints, read from their text_config
+    "Gemma3ForConditionalGeneration": _GEMMA3_DEFAULTS,
 }
+# the architectures whose language model's settings are in the config's text_config
+_TEXT_CONFIG_ARCHITECTURES = ("Gemma3ForConditionalGeneration",)
 _SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 _SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
@@ -150,12 +175,13 @@ class ModelConfig:
     rms_norm_eps: float
     # at least rope_type (one of _SUPPORTED_ROPE_TYPES) and rope_theta, and the keys the type needs
     rope_parameters: dict = field(hash=False)
+    sliding_rope_parameters: dict = field(hash=False)  # the same for the sliding layers
     qkv_bias: bool  # a bias on the q, k and v projections
     o_proj_bias: bool  # a bias on the attention's output projection
     mlp_bias: bool
     hidden_act: str
     tie_word_embeddings: bool
-    qk_norm: bool  # RMSNorm on each q and k head before rotary (Qwen3)
+    qk_norm: bool  # RMSNorm on each q and k head before rotary (Qwen3, Gemma 3)
     sliding_window: int | None  # the sliding layers attend over at most this many tokens (None: no layer slides)
     # per layer, "sliding_attention" (over sliding_window tokens) or "full_attention" (the whole sequence)
     layer_types: tuple[str, ...]
@@ -172,6 +198,10 @@ class ModelConfig:
         """The sliding window of decoder layer `layer` (None: it attends over the whole sequence)."""
         return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None
 
+    def rope_parameters_of(self, layer_type: str) -> dict:
+        """The rope settings of the layers of `layer_type` (one of layer_types)."""
+        return self.sliding_rope_parameters if layer_type == "sliding_attention" else self.rope_parameters
+
     @classmethod
     def from_hf(cls, hf_config) -> "ModelConfig":
         """The fields of `hf_config` (a transformers PretrainedConfig or anything with its attributes),
@@ -181,6 +211,8 @@ class ModelConfig:
         architectures = tuple(_get(hf_config, "architectures", None) or ())
         architecture = supported_architecture(architectures)
         defaults = _FAMILY_DEFAULTS[architecture]
+        if architecture in _TEXT_CONFIG_ARCHITECTURES:
+            hf_config = _get(hf_config, "text_config", hf_config)
 
         def read(name: str):
             return _get(hf_config, name, defaults[name])
@@ -217,6 +249,8 @@ class ModelConfig:
         qkv_bias = defaults["qkv_bias"]
         num_layers = read("num_hidden_layers")
         sliding_window, layer_types = _sliding_layers(hf_config, defaults, num_layers)
+        max_position_embeddings = read("max_position_embeddings")
+        rope, sliding_rope = _layer_rope_parameters(hf_config, defaults, max_position_embeddings, rotary_dim)
         return cls(
             architecture=architecture,
             architectures=architectures,
@@ -228,9 +262,10 @@ class ModelConfig:
             head_dim=head_dim,
             rotary_dim=rotary_dim,
             vocab_size=read("vocab_size"),
-            max_position_embeddings=read("max_position_embeddings"),
+            max_position_embeddings=max_position_embeddings,
             rms_norm_eps=read("rms_norm_eps"),
-            rope_parameters=_rope_parameters(hf_config, defaults, read("max_position_embeddings"), rotary_dim),
+            rope_parameters=rope,
+            sliding_rope_parameters=sliding_rope,
             qkv_bias=attention_bias if qkv_bias is None else qkv_bias,
             o_proj_bias=attention_bias and qkv_bias is None,
             mlp_bias=bool(read("mlp_bias")),
@@ -287,8 +322,9 @@ def _sliding_layers(hf_config, defaults: dict, num_layers: int) -> tuple[int | N
         raise ValueError(f"sliding_window must be a whole number of tokens, got {window!r} in the model's config")
     if defaults["window_layers"] == "all":
         return window, ("sliding_attention",) * num_layers
+    pattern = _get(hf_config, "sliding_window_pattern", defaults["sliding_window_pattern"])
     layer_types = _get(hf_config, "layer_types", None) or [
-        "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)
+        "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)
     ]
     unknown = sorted(set(layer_types) - set(_LAYER_TYPES))
     if unknown or len(layer_types) != num_layers:
@@ -318,12 +354,35 @@ def _rotary_dim(hf_config, head_dim: int) -> int:
     return rotary_dim
 
 
-def _rope_parameters(hf_config, defaults: dict, max_position_embeddings: int, rotary_dim: int) -> dict:
-    """The rope settings as one dict with at least `rope_type` and `rope_theta`, whichever of
-    rope_parameters (transformers 5), rope_scaling and rope_theta the config holds them in, and the keys
+def _layer_rope_parameters(
+    hf_config, defaults: dict, max_position_embeddings: int, rotary_dim: int
+) -> tuple[dict, dict]:
+    """The rope settings of the full-attention layers and of the sliding ones: one dict per layer type where
+    the config gives them so (transformers 5's Gemma 3), else the config's for the full layers and, for the
+    sliding ones, the same unless the family rotates them at a base of its own (sliding_rope_theta)."""
+    given = _given_rope_parameters(hf_config)
+    if given and set(given) <= set(_LAYER_TYPES):
+        full = dict(given.get("full_attention") or {})
+        sliding = dict(given.get("sliding_attention") or full)
+        return tuple(
+            _rope_parameters(hf_config, defaults, max_position_embeddings, rotary_dim, params)
+            for params in (full, sliding)
+        )
+    full = _rope_parameters(hf_config, defaults, max_position_embeddings, rotary_dim, given)
+    if defaults["sliding_rope_theta"] is None:
+        return full, full
+    local = {
+        "rope_type": "default",
+        "rope_theta": _get(hf_config, "rope_local_base_freq", defaults["sliding_rope_theta"]),
+    }
+    return full, _rope_parameters(hf_config, defaults, max_position_embeddings, rotary_dim, local)
+
+
+def _rope_parameters(hf_config, defaults: dict, max_position_embeddings: int, rotary_dim: int, params: dict) -> dict:
+    """The rope settings `params` (a copy of a rope dict of the config) as one dict with at least `rope_type`
+    and `rope_theta`, the latter from the config's top level where the dict leaves it out, and the keys
     the type needs, those the config may leave out filled in as transformers fills them. The partial
     rotary factor is read apart (`_rotary_dim`)."""
-    params = _given_rope_parameters(hf_config)
     params.pop("partial_rotary_factor", None)
     params.setdefault("rope_theta", _get(hf_config, "rope_theta", defaults["rope_theta"]))
     rope_type = params.get("rope_type", params.get("type", "default"))

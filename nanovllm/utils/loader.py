@@ -36,6 +36,15 @@ def _load_into(param: nn.Parameter, loaded, shard_id) -> None:
         param.weight_loader(param, loaded, shard_id)
 
 
+def _renamed(model: nn.Module, name: str) -> str | None:
+    """Checkpoint tensor `name` under our prefix (the model's `checkpoint_prefixes`), None for a tensor the
+    model does not load (such as an image-text checkpoint's vision tower)."""
+    for prefix, ours in getattr(model, "checkpoint_prefixes", {}).items():
+        if name.startswith(prefix):
+            return None if ours is None else ours + name[len(prefix) :]
+    return name
+
+
 def _target(model: nn.Module, name: str) -> tuple[str, object]:
     """Our parameter name and shard id for checkpoint tensor `name`."""
     for checkpoint_part, (fused_part, shard_id) in getattr(model, "packed_modules_mapping", {}).items():
@@ -58,15 +67,16 @@ def load_model(model: nn.Module, path: str) -> None:
     loaded: set[str] = set()
     for file in files:
         with safe_open(file, framework="pt", device="cpu") as f:
-            for name in f.keys():
-                if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
+            for checkpoint_name in f.keys():
+                name = _renamed(model, checkpoint_name)
+                if name is None or name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
                     continue
                 param_name, shard_id = _target(model, name)
                 if param_name not in params:
                     raise ValueError(
-                        f"checkpoint tensor {name!r} in {os.path.basename(file)} matches no model parameter"
+                        f"checkpoint tensor {checkpoint_name!r} in {os.path.basename(file)} matches no model parameter"
                     )
-                _load_into(params[param_name], f.get_slice(name), shard_id)
+                _load_into(params[param_name], f.get_slice(checkpoint_name), shard_id)
                 loaded.add(f"{param_name}:{shard_id}")
     _check_complete(model, params, loaded, path)
 

@@ -1,0 +1,124 @@
+"""Gemma 3 against transformers' own classes on tiny random models: a text model (five sliding layers over
+24 tokens to one global, the sliding ones rotated at their own base, the global one scaled) and an image-text
+checkpoint run as its language model, greedy tokens across the window, with prefix-cache hits, chunked
+prefill, two ranks and the Triton kernels interpreted."""
+
+import pytest
+import torch
+from conftest import _common_config, save_tiny_tokenizer
+from hf_reference import hf_greedy
+from test_families import ENGINE, GREEDY, random_prompts
+from transformers import Gemma3Config, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma3TextConfig
+
+from nanovllm import LLM
+from nanovllm.models.model_config import ModelConfig
+
+WINDOW = 24
+TEXT_FIELDS = dict(
+    _common_config(),
+    num_hidden_layers=6,  # layers 0-4 slide, layer 5 is global
+    sliding_window=WINDOW,
+    query_pre_attn_scalar=24,
+    rope_theta=10000.0,
+    rope_local_base_freq=500.0,
+    rope_scaling={"rope_type": "linear", "factor": 4.0},
+)
+
+
+def randomize_norms(model: torch.nn.Module) -> None:
+    """Norm weights drawn at random: transformers starts them at 0 (a scale of 1 + 0), which would hide a
+    norm read as `weight`, q/k norms among them."""
+    for name, parameter in model.named_parameters():
+        if name.endswith("norm.weight"):
+            parameter.data.normal_(0.0, 0.3)
+
+
+@pytest.fixture(scope="module")
+def gemma3_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-gemma3")
+    torch.manual_seed(0)
+    model = Gemma3ForCausalLM(Gemma3TextConfig(**TEXT_FIELDS))
+    randomize_norms(model)
+    model.to(torch.float32).save_pretrained(path)
+    save_tiny_tokenizer(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def gemma3_image_text_dir(tmp_path_factory):
+    """An image-text checkpoint with a tiny vision tower, which the engine does not load."""
+    path = tmp_path_factory.mktemp("tiny-gemma3-image-text")
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
+    config = Gemma3Config(
+        text_config=TEXT_FIELDS,
+        vision_config=dict(vision, image_size=28, patch_size=14),
+        mm_tokens_per_image=4,
+        image_token_index=TEXT_FIELDS["vocab_size"] - 1,
+        boi_token_index=TEXT_FIELDS["vocab_size"] - 2,
+        eoi_token_index=TEXT_FIELDS["vocab_size"] - 3,
+    )
+    torch.manual_seed(1)
+    model = Gemma3ForConditionalGeneration(config)
+    randomize_norms(model)
+    model.to(torch.float32).save_pretrained(path)
+    save_tiny_tokenizer(path)
+    return str(path)
+
+
+def greedy(model_dir, prompts, **engine):
+    llm = LLM(model_dir, **{**ENGINE, **engine})
+    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    llm.close()
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+# shorter than the window, around it, and three windows long; 24 new tokens each cross the window
+PROMPTS = random_prompts([5, 20, 30, 75])
+
+
+def test_layer_types_and_rotary_bases_are_read_per_layer(gemma3_dir):
+    from transformers import AutoConfig
+
+    config = ModelConfig.from_hf(AutoConfig.from_pretrained(gemma3_dir))
+    assert config.layer_types == ("sliding_attention",) * 5 + ("full_attention",)
+    assert config.sliding_rope_parameters == {"rope_type": "default", "rope_theta": 500.0}
+    assert config.rope_parameters["rope_type"] == "linear" and config.rope_parameters["rope_theta"] == 10000.0
+    assert config.qk_norm and config.attn_logit_softcapping is None and config.final_logit_softcapping is None
+
+
+def test_greedy_across_the_window_matches_transformers(gemma3_dir):
+    assert greedy(gemma3_dir, PROMPTS) == hf_greedy(gemma3_dir, PROMPTS, GREEDY.max_tokens)
+
+
+def test_chunks_and_a_cached_prefix_match_transformers(gemma3_dir):
+    first = random_prompts([60], seed=1)[0]
+    second = first[:48] + random_prompts([13], seed=2)[0]
+    llm = LLM(gemma3_dir, **ENGINE, max_num_batched_tokens=10, max_num_seqs=1)
+    llm.generate([first], GREEDY, use_tqdm=False)
+    [output] = llm.generate([second], GREEDY, use_tqdm=False)
+    llm.close()
+    assert output.num_cached_tokens == 48
+    assert output.outputs[0].token_ids == hf_greedy(gemma3_dir, [second], GREEDY.max_tokens)[0]
+
+
+def test_two_ranks_equal_transformers(gemma3_dir):
+    expected = hf_greedy(gemma3_dir, PROMPTS, GREEDY.max_tokens)
+    assert greedy(gemma3_dir, PROMPTS, tensor_parallel_size=2, device="cpu") == expected
+
+
+def test_the_triton_kernels_interpreted_match_transformers(gemma3_dir):
+    prompts = PROMPTS[1::2]  # 20 and 75 tokens
+    expected = hf_greedy(gemma3_dir, prompts, GREEDY.max_tokens)
+    assert greedy(gemma3_dir, prompts, attention_backend="triton", max_num_batched_tokens=32) == expected
+
+
+def test_an_image_text_checkpoint_runs_as_its_language_model(gemma3_image_text_dir):
+    expected = hf_greedy(gemma3_image_text_dir, PROMPTS, GREEDY.max_tokens)
+    assert greedy(gemma3_image_text_dir, PROMPTS) == expected
+
+
+def test_an_image_in_a_request_is_refused(gemma3_image_text_dir):
+    llm = LLM(gemma3_image_text_dir, **ENGINE)
+    with pytest.raises(ValueError, match="multi_modal_data is not supported"):
+        llm.generate({"prompt_token_ids": PROMPTS[0], "multi_modal_data": {"image": object()}}, GREEDY)
+    llm.close()
