@@ -212,8 +212,9 @@ def test_a_llama_longrope_takes_its_original_context_from_the_rope_dict_else_its
         ({"quantization_config": {"quant_method": "awq"}}, "quant_method 'awq'"),
         (
             {"architectures": ["MysteryForCausalLM"]},
-            r"unsupported architecture \['MysteryForCausalLM'\]; supported: Gemma2ForCausalLM, LlamaForCausalLM, "
-            r"MistralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM",
+            r"unsupported architecture \['MysteryForCausalLM'\]; supported: Gemma2ForCausalLM, Gemma3ForCausalLM, "
+            r"Gemma3ForConditionalGeneration, LlamaForCausalLM, MistralForCausalLM, Phi3ForCausalLM, "
+            r"Qwen2ForCausalLM, Qwen3ForCausalLM",
         ),
         ({"architectures": None}, r"unsupported architecture \(none in config.json\)"),
     ],
