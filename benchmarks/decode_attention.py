@@ -10,12 +10,18 @@ default tile is also timed at 1 to 32 context splits. Beside the data sheet's
 HBM figure, a plain streaming read (torch's sum of 2 GB) shows what reads can
 reach on the machine.
 
+With `--sliding SHAPE` it times instead the decode attention of a sliding layer
+of that model shape (its heads, head_dim, window and soft-cap) at contexts of
+the window's length, 4,000 tokens and longer, for 1, 64 and 256 sequences: a
+sliding layer reads only its window, so its time should not grow with the
+context.
+
 With `--kv-cache-dtype fp8` the same cache is quantized to FP8 (values and
 per-head scales) and the settings are timed over it; each case also prints the
 bf16 cache's default-tile time and the speed-up, and bandwidth counts the bytes
 an FP8 cache holds (values and scales).
 
-    python benchmarks/decode_attention.py [--kv-cache-dtype fp8]
+    python benchmarks/decode_attention.py [--kv-cache-dtype fp8] [--sliding gemma-3-4b]
 """
 
 import argparse
@@ -24,6 +30,7 @@ import random
 
 import torch
 import triton.testing
+from model_shapes import SHAPES
 from throughput import hbm_bandwidth, workload
 
 from nanovllm.kernels.fp8_kv import quantize_paged_cache
@@ -47,7 +54,9 @@ def cases() -> dict[str, list[int]]:
     }
 
 
-def paged_inputs(context_lens: list[int]) -> tuple:
+def paged_inputs(
+    context_lens: list[int], heads: int = HEADS, kv_heads: int = KV_HEADS, head_dim: int = HEAD_DIM
+) -> tuple:
     """A query per sequence, a cache whose blocks are handed out in random order, and the order the
     engine starts the sequences in."""
     blocks_per_seq = [(n + PAGE - 1) // PAGE for n in context_lens]
@@ -58,8 +67,8 @@ def paged_inputs(context_lens: list[int]) -> tuple:
     for n in blocks_per_seq:
         tables.append(order[used : used + n] + [-1] * (width - n))
         used += n
-    q = torch.randn(len(context_lens), HEADS, HEAD_DIM, dtype=DTYPE, device="cuda")
-    k_cache = torch.randn(num_blocks, PAGE, KV_HEADS, HEAD_DIM, dtype=DTYPE, device="cuda")
+    q = torch.randn(len(context_lens), heads, head_dim, dtype=DTYPE, device="cuda")
+    k_cache = torch.randn(num_blocks, PAGE, kv_heads, head_dim, dtype=DTYPE, device="cuda")
     v_cache = torch.randn_like(k_cache)
     block_tables = torch.tensor(tables, dtype=torch.int32, device="cuda")
     lens = torch.tensor(context_lens, dtype=torch.int32, device="cuda")
@@ -72,12 +81,54 @@ def streaming_read_bandwidth(size_bytes: int = 1 << 31) -> float:
     return size_bytes / (triton.testing.do_bench(lambda: data.sum(dtype=torch.float32)) * 1e-3)
 
 
+def sliding_layer(shape: str) -> None:
+    """The decode attention of one sliding layer of `shape` at contexts up to 16,384 tokens."""
+    c = SHAPES[shape]
+    heads, kv_heads, head_dim, window = (
+        c["num_attention_heads"],
+        c["num_key_value_heads"],
+        c["head_dim"],
+        c["sliding_window"],
+    )
+    softcap = c.get("attn_logit_softcapping")
+    print(
+        f"{shape} sliding layer: {heads} heads, {kv_heads} KV heads, head_dim {head_dim}, window {window}, "
+        f"soft-cap {softcap}; bf16 cache; time in a CUDA graph by context"
+    )
+
+    def time_at(num_seqs: int, context: int) -> float:
+        q, k_cache, v_cache, block_tables, lens, order = paged_inputs([context] * num_seqs, heads, kv_heads, head_dim)
+        # in a CUDA graph, as the engine runs it: one sequence's kernels take less time than their launch
+        return triton.testing.do_bench_cudagraph(
+            lambda: decode_attention(
+                q, k_cache, v_cache, block_tables, lens, head_dim**-0.5, seq_order=order, window=window, softcap=softcap
+            )
+        )
+
+    for num_seqs in (1, 64, 256):
+        # 256 sequences of 16,384 tokens would not fit beside their window-length copy
+        contexts = sorted({window, 4000, 2 * window, 16384 if num_seqs <= 64 else 8192})
+        times = {n: time_at(num_seqs, n) for n in contexts}
+        window_bytes = 2 * num_seqs * window * kv_heads * head_dim * 2
+        print(
+            f"  {num_seqs:3d} seqs: "
+            + ", ".join(f"{n:,} tokens {ms * 1e3:.1f} us ({ms / times[window]:.2f}x)" for n, ms in times.items())
+            + f"; the window's KV read at HBM peak {window_bytes / hbm_bandwidth()[0] * 1e6:.1f} us"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto")
-    fp8 = parser.parse_args().kv_cache_dtype == "fp8"
+    parser.add_argument("--sliding", choices=[s for s in SHAPES if SHAPES[s].get("sliding_window")])
+    args = parser.parse_args()
+    fp8 = args.kv_cache_dtype == "fp8"
     random.seed(0)
     torch.manual_seed(0)
+    if args.sliding:
+        print(f"machine: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+        sliding_layer(args.sliding)
+        return
     bandwidth, source = hbm_bandwidth()
     read = streaming_read_bandwidth()
     print(

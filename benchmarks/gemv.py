@@ -1,50 +1,59 @@
 """One-sequence decode's matrix products: nanovllm's Triton GEMV beside cuBLAS (F.linear).
 
-For each projection of a Qwen3-0.6B- and a Qwen3-8B-shaped decoder layer and the
-LM head (bf16, one row) it times the product as a decode step runs it, with the
+For each projection of a decoder layer of each model shape asked for (Qwen3-0.6B
+and Qwen3-8B by default) and its LM head (bf16, one row) it times the product as a decode step runs it, with the
 step that makes its input fused in front (the norm before qkv and gate/up, the
 activation before down), beside the same step in torch followed by cuBLAS. It
 prints the HBM bandwidth that reading the weight once at that speed means,
 beside the data-sheet peak. As in a decode step, products run back to back in
 a CUDA graph, each on a different copy of the weight (copies of 256 MB in all,
 so none is read from L2), and the time includes the gaps between them.
-`--sweep` also times each BLOCK_N and BLOCK_K and prints the best per shape.
+`--sweep` also times each BLOCK_N, BLOCK_K and warp count and prints the best per shape.
 
-    python benchmarks/gemv.py [--sweep]
+    python benchmarks/gemv.py [--sweep] [--shapes 0.6b 8b gemma-2-9b ...]
 """
 
 import argparse
+import itertools
 
 import torch
 import torch.nn.functional as F
 import triton
-from model_shapes import SHAPES, VOCAB_SIZE
+from model_shapes import SHAPES
 from throughput import hbm_bandwidth
 
 from nanovllm.kernels import triton_gemv
-from nanovllm.layers.activation import silu_and_mul
+from nanovllm.layers.activation import gated_activation
 from nanovllm.layers.layernorm import rms_norm
 
 EPS = 1e-6
+
+
+def hidden_act(shape: str) -> str:
+    """The MLP's gated activation of `shape` (Gemma's configs name it hidden_activation)."""
+    c = SHAPES[shape]
+    return c.get("hidden_activation") or c["hidden_act"]
 
 
 def projections(shape: str) -> dict[str, tuple[int, int, str]]:
     """(output features, input features, what is fused in front) of each projection of one decoder
     layer, and of the LM head."""
     c = SHAPES[shape]
-    q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
+    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    q, kv = c["num_attention_heads"] * head_dim, c["num_key_value_heads"] * head_dim
     h, inter = c["hidden_size"], c["intermediate_size"]
     return {
         "qkv": (q + 2 * kv, h, "norm"),
         "o": (h, q, "none"),
         "gate_up": (2 * inter, h, "norm"),
         "down": (h, inter, "activation"),
-        "lm_head": (VOCAB_SIZE, h, "none"),
+        "lm_head": (c["vocab_size"], h, "none"),
     }
 
 
-def products(k: int, prologue: str):
-    """(ours, torch + cuBLAS): functions of a weight that run the product with its prologue on fixed inputs."""
+def products(k: int, prologue: str, act: str):
+    """(ours, torch + cuBLAS): functions of a weight that run the product with its prologue (the gated
+    activation `act` for "activation") on fixed inputs."""
     x = torch.randn(1, 2 * k if prologue == "activation" else k, device="cuda", dtype=torch.bfloat16)
     residual = torch.randn_like(x)
     norm_weight = torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5
@@ -54,7 +63,7 @@ def products(k: int, prologue: str):
             lambda w: F.linear(rms_norm(x + residual, norm_weight, EPS), w),
         )
     if prologue == "activation":
-        return lambda w: triton_gemv.silu_mul_gemv(x, w), lambda w: F.linear(silu_and_mul(x), w)
+        return lambda w: triton_gemv.gated_gemv(x, w, act), lambda w: F.linear(gated_activation(x, act), w)
     return lambda w: triton_gemv.gemv(x, w), lambda w: F.linear(x, w)
 
 
@@ -70,16 +79,16 @@ def weight_copies(n: int, k: int) -> list[torch.Tensor]:
 
 
 def block_sizes(prologue: str) -> str:
-    """The GEMV's BLOCK_N, BLOCK_K for products with `prologue` in front."""
-    constant = {"norm": triton_gemv.RMS_NORM, "activation": triton_gemv.SILU_MUL}.get(prologue, triton_gemv.PLAIN)
+    """The GEMV's BLOCK_N, BLOCK_K and warps for products with `prologue` in front."""
+    constant = {"norm": triton_gemv.RMS_NORM, "activation": triton_gemv.GATED}.get(prologue, triton_gemv.PLAIN)
     return ", ".join(map(str, triton_gemv.BLOCKS[constant.value]))
 
 
-def with_blocks(product, block_n: int, block_k: int):
-    """`product` run with the GEMV's BLOCK_N and BLOCK_K set to these (for every prologue)."""
+def with_blocks(product, blocks: tuple[int, int, int]):
+    """`product` run with the GEMV's BLOCK_N, BLOCK_K and warps set to `blocks` (for every prologue)."""
 
     def run(weight: torch.Tensor) -> torch.Tensor:
-        triton_gemv.BLOCKS = dict.fromkeys(triton_gemv.BLOCKS, (block_n, block_k))
+        triton_gemv.BLOCKS = dict.fromkeys(triton_gemv.BLOCKS, blocks)
         return product(weight)
 
     return run
@@ -87,7 +96,8 @@ def with_blocks(product, block_n: int, block_k: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sweep", action="store_true", help="time every BLOCK_N and BLOCK_K too")
+    parser.add_argument("--sweep", action="store_true", help="time every BLOCK_N, BLOCK_K and warp count too")
+    parser.add_argument("--shapes", nargs="+", choices=SHAPES, default=["0.6b", "8b"], help="model shapes")
     args = parser.parse_args()
     bandwidth, source = hbm_bandwidth()
     print(
@@ -95,26 +105,26 @@ def main() -> None:
         f"products back to back in a CUDA graph, weights not in L2"
     )
     print(
-        "| shape | proj | in front | torch + cuBLAS us | GEMV us | GEMV / cuBLAS | GEMV TB/s | BLOCK_N, BLOCK_K "
+        "| shape | proj | in front | torch + cuBLAS us | GEMV us | GEMV / cuBLAS | GEMV TB/s | BLOCK_N, BLOCK_K, warps "
         "| best (us) |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
-    for shape in ("0.6b", "8b"):
+    for shape in args.shapes:
+        act = hidden_act(shape)
         for name, (n, k, prologue) in projections(shape).items():
             weights = weight_copies(n, k)
-            ours, reference = products(k, prologue)
+            ours, reference = products(k, prologue, act)
             cublas = back_to_back_us(reference, weights)
             timed = back_to_back_us(ours, weights)
             best = ""
             if args.sweep:
                 default = triton_gemv.BLOCKS
                 fastest = min(
-                    (back_to_back_us(with_blocks(ours, block_n, block_k), weights), block_n, block_k)
-                    for block_n in (1, 2, 4, 8)
-                    for block_k in (512, 1024, 2048)
+                    (back_to_back_us(with_blocks(ours, blocks), weights), blocks)
+                    for blocks in itertools.product((4, 8, 16), (512, 1024, 2048), (4, 8))
                 )
                 triton_gemv.BLOCKS = default
-                best = f"{fastest[1]}, {fastest[2]} ({fastest[0]:.2f})"
+                best = f"{', '.join(map(str, fastest[1]))} ({fastest[0]:.2f})"
             print(
                 f"| {shape} | {name} | {prologue} | {cublas:.2f} | {timed:.2f} | {timed / cublas:.2f} | "
                 f"{n * k * 2 / timed / 1e6:.2f} | {block_sizes(prologue)} | {best} |"

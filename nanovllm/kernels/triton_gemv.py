@@ -10,7 +10,7 @@ cuBLAS's kernels do at one row. Each program issues its first chunk of W
 before it waits for the kernel before it (programmatic dependent launch,
 `triton_pdl.py`), and the next chunk of W and of the inputs while it
 multiplies the current one: one pass, no load waited on inside the loop.
-`BLOCKS` holds BLOCK_N, BLOCK_K per prologue: more features per program read
+`BLOCKS` holds BLOCK_N, BLOCK_K and the warps per prologue: more features per program read
 the inputs fewer times, which pays most where the prologue reads three
 vectors. `benchmarks/gemv.py --sweep` times the choices; these were the
 fastest in decode steps of both Qwen3 shapes on an H100.
@@ -24,8 +24,9 @@ inputs that stay in cache (a launch costs more than the redundant arithmetic):
   every column, so the loop sums W (g * h) and the mean square of h together
   and scales the sum once at the end: one pass over the inputs instead of
   two; the normalised values are not rounded to the dtype in between.
-- SILU_MUL: x = SiLU(gate) * up, from gate_up [2K] = gate | up, rounded to the
-  dtype like `layers/activation.py`'s.
+- GATED: x = act(gate) * up, from gate_up [2K] = gate | up, act being the
+  constexpr ACT (SiLU or GELU's tanh approximation), computed and rounded to
+  the dtype as `triton_gated_activation.py` does for several rows.
 
 A bias b [N], when given, is added to the fp32 sums before they are rounded to
 the dtype (the epilogue HAS_BIAS): biased layers (Qwen2's q, k, v) keep the
@@ -36,21 +37,23 @@ import torch
 import triton
 import triton.language as tl
 
+from nanovllm.kernels.triton_gated_activation import ACTIVATIONS, SILU, gated
 from nanovllm.kernels.triton_pdl import pdl_launch, wait_for_previous_kernel
 
-PLAIN, RMS_NORM, SILU_MUL = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # PROLOGUE
-BLOCKS = {PLAIN.value: (4, 2048), RMS_NORM.value: (8, 512), SILU_MUL.value: (8, 2048)}  # (BLOCK_N, BLOCK_K)
+PLAIN, RMS_NORM, GATED = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # PROLOGUE
+# PROLOGUE -> (BLOCK_N, BLOCK_K, num_warps)
+BLOCKS = {PLAIN.value: (4, 2048, 4), RMS_NORM.value: (8, 512, 4), GATED.value: (8, 2048, 4)}
 
 
 @triton.jit
 def _input_loads(a_ptr, b_ptr, start, columns, K, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
     """The input values chunk `start` is made of: (a, b) [BLOCK_K] each, b = r (RMS_NORM with a
-    residual), up (SILU_MUL) or a again."""
+    residual), up (a gated prologue) or a again."""
     k = start + columns
     k_ok = k < K
     a = tl.load(a_ptr + k, mask=k_ok, other=0.0)
     b = a
-    if PROLOGUE == SILU_MUL:
+    if PROLOGUE == GATED:
         b = tl.load(a_ptr + K + k, mask=k_ok, other=0.0)
     elif PROLOGUE == RMS_NORM and HAS_RESIDUAL:
         b = tl.load(b_ptr + k, mask=k_ok, other=0.0)
@@ -58,7 +61,7 @@ def _input_loads(a_ptr, b_ptr, start, columns, K, PROLOGUE: tl.constexpr, HAS_RE
 
 
 @triton.jit
-def _prologue(a, b, g_ptr, h_ptr, k, K, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+def _prologue(a, b, g_ptr, h_ptr, k, K, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ACT: tl.constexpr):
     """x at columns k from the loaded inputs (a, b), fp32 [BLOCK_K], and what the columns add to the
     sum of squares of the norm's input (zero unless RMS_NORM)."""
     k_ok = k < K
@@ -71,9 +74,8 @@ def _prologue(a, b, g_ptr, h_ptr, k, K, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl
         h = h.to(tl.float32)
         # without 1/rms, which is common to every column: the kernel scales the sum once, at the end
         return tl.load(g_ptr + k, mask=k_ok, other=0.0).to(tl.float32) * h, h * h
-    if PROLOGUE == SILU_MUL:
-        gate = a.to(tl.float32)
-        x = (gate / (1.0 + tl.exp(-gate)) * b.to(tl.float32)).to(a.dtype).to(tl.float32)
+    if PROLOGUE == GATED:
+        x = gated(a, b, ACT).to(a.dtype).to(tl.float32)
         return x, tl.zeros_like(x)
     x = a.to(tl.float32)
     return x, tl.zeros_like(x)
@@ -102,6 +104,7 @@ def _gemv_kernel(
     eps,
     PROLOGUE: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    ACT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -120,7 +123,7 @@ def _gemv_kernel(
         # the next chunk's weights and inputs are in flight while this one is multiplied
         w_next = _weight_chunk(w_ptr, features, feature_ok, start + BLOCK_K, columns, K)
         a_next, b_next = _input_loads(a_ptr, r_ptr, start + BLOCK_K, columns, K, PROLOGUE, HAS_RESIDUAL)
-        x, squared = _prologue(a, b, g_ptr, h_ptr, start + columns, K, PROLOGUE, HAS_RESIDUAL)
+        x, squared = _prologue(a, b, g_ptr, h_ptr, start + columns, K, PROLOGUE, HAS_RESIDUAL, ACT)
         if PROLOGUE == RMS_NORM:
             squares += squared
         # w: [BLOCK_N, BLOCK_K]; x: [BLOCK_K]
@@ -143,6 +146,7 @@ def _launch(
     eps: float = 0.0,
     out: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
+    act: tl.constexpr = SILU,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     n, k = weight.shape
     assert a.size(0) == 1 and a.stride(1) == 1 and weight.is_contiguous()
@@ -152,7 +156,7 @@ def _launch(
         assert out.shape == (1, n) and out.dtype == a.dtype and out.stride(1) == 1
         y = out
     h = torch.empty(1, k, dtype=a.dtype, device=a.device) if residual is not None else None
-    block_n, block_k = BLOCKS[prologue.value]
+    block_n, block_k, num_warps = BLOCKS[prologue.value]
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         a,
         residual if residual is not None else a,
@@ -166,10 +170,11 @@ def _launch(
         eps,
         PROLOGUE=prologue.value,
         HAS_RESIDUAL=residual is not None,
+        ACT=act.value,
         HAS_BIAS=bias is not None,
         BLOCK_N=block_n,
         BLOCK_K=min(block_k, triton.next_power_of_2(k)),
-        num_warps=4,
+        num_warps=num_warps,
         **pdl_launch(a.device),
     )
     return y, h
@@ -200,9 +205,11 @@ def rms_norm_gemv(
     return y, x if h is None else h
 
 
-def silu_mul_gemv(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """(SiLU(gate) * up) @ weight^T (+ bias) for a single row gate_up = gate | up: an MLP's activation and
-    down projection in one launch."""
+def gated_gemv(
+    gate_up: torch.Tensor, weight: torch.Tensor, hidden_act: str, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(act(gate) * up) @ weight^T (+ bias) for a single row gate_up = gate | up, act being `hidden_act`
+    (a key of `triton_gated_activation.ACTIVATIONS`): an MLP's activation and down projection in one launch."""
     # gate_up: [1, 2K]; weight: [N, K]; bias: [N] -> [1, N]
     assert gate_up.shape == (1, 2 * weight.size(1))
-    return _launch(gate_up, weight, SILU_MUL, bias=bias)[0]
+    return _launch(gate_up, weight, GATED, bias=bias, act=ACTIVATIONS[hidden_act])[0]

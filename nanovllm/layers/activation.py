@@ -1,21 +1,27 @@
-"""Gated activations of the MLP."""
+"""Gated activations of the MLP: act(gate) * up over gate_up = gate | up."""
 
 import torch
 import torch.nn.functional as F
 
-from nanovllm.layers.fusion import fused_on_cuda
+
+def _silu(gate: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate)
 
 
-@fused_on_cuda
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """SiLU(gate) * up; x: [tokens, 2 * intermediate] -> [tokens, intermediate]."""
-    gate, up = x.chunk(2, dim=-1)
-    return F.silu(gate) * up
+def _gelu_tanh(gate: torch.Tensor) -> torch.Tensor:
+    return F.gelu(gate, approximate="tanh")
 
 
-@fused_on_cuda
-def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """GELU(gate) * up with GELU's tanh approximation (GeGLU, `gelu_pytorch_tanh`);
-    x: [tokens, 2 * intermediate] -> [tokens, intermediate]."""
-    gate, up = x.chunk(2, dim=-1)
-    return F.gelu(gate, approximate="tanh") * up
+# hidden_act -> act; "gelu_pytorch_tanh" is GELU's tanh approximation (GeGLU)
+ACTIVATIONS = {"silu": _silu, "gelu_pytorch_tanh": _gelu_tanh}
+
+
+def gated_activation(gate_up: torch.Tensor, hidden_act: str) -> torch.Tensor:
+    """act(gate) * up, act being `hidden_act`: one Triton kernel on CUDA, PyTorch (the reference) elsewhere."""
+    # gate_up: [tokens, 2 * intermediate] -> [tokens, intermediate]
+    if gate_up.is_cuda:
+        from nanovllm.kernels import triton_gated_activation  # Triton is needed on CUDA only
+
+        return triton_gated_activation.gated_activation(gate_up, hidden_act)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return ACTIVATIONS[hidden_act](gate) * up

@@ -2,7 +2,7 @@
 
 For a single row on CUDA (a one-sequence decode step) each pairing is one Triton
 GEMV launch: "residual add + RMSNorm + projection" and "SiLU(gate) * up + down
-projection". Elsewhere, and for a norm or an activation without such a kernel,
+projection" (SiLU or GeGLU). Elsewhere, and for a norm without such a kernel,
 each part runs as its own layer (the add and the RMSNorm still as one
 torch.compile kernel on CUDA).
 
@@ -11,20 +11,12 @@ modules, so the norm and the projection stay registered (and named for the
 checkpoint) where they belong.
 """
 
-from collections.abc import Callable
-
 import torch
 from torch import nn
 
-from nanovllm.layers.activation import gelu_tanh_and_mul, silu_and_mul
+from nanovllm.layers.activation import ACTIVATIONS, gated_activation
 from nanovllm.layers.layernorm import RMSNorm
 from nanovllm.layers.linear import ColumnParallelLinear, RowParallelLinear, uses_gemv
-
-# hidden_act -> act(gate) * up over gate_up = gate | up
-GATED_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "silu": silu_and_mul,
-    "gelu_pytorch_tanh": gelu_tanh_and_mul,
-}
 
 
 class NormedProjection:
@@ -54,15 +46,14 @@ class GatedProjection:
     """proj(act(gate) * up) for gate_up = gate | up, act being `hidden_act`."""
 
     def __init__(self, hidden_act: str, proj: RowParallelLinear):
-        self.proj = proj
-        self.act_and_mul = GATED_ACTIVATIONS[hidden_act]
-        self.silu = hidden_act == "silu"  # the fused kernel computes SiLU
+        assert hidden_act in ACTIVATIONS  # ModelConfig refuses the others
+        self.proj, self.hidden_act = proj, hidden_act
 
     def __call__(self, gate_up: torch.Tensor) -> torch.Tensor:
         # gate_up: [tokens, 2 * in] -> [tokens, out]
         proj = self.proj
-        if self.silu and uses_gemv(gate_up):
-            from nanovllm.kernels.triton_gemv import silu_mul_gemv  # Triton is needed on CUDA only
+        if uses_gemv(gate_up):
+            from nanovllm.kernels.triton_gemv import gated_gemv  # Triton is needed on CUDA only
 
-            return proj.all_reduce(silu_mul_gemv(gate_up, proj.weight, proj.rank_bias()))
-        return proj(self.act_and_mul(gate_up))
+            return proj.all_reduce(gated_gemv(gate_up, proj.weight, self.hidden_act, proj.rank_bias()))
+        return proj(gated_activation(gate_up, self.hidden_act))

@@ -207,6 +207,16 @@ def test_decode_interpreted_reads_no_output_of_an_empty_split(monkeypatch):
 
 
 @interpreter
+def test_decode_leaves_the_merge_counters_at_zero_for_the_next_launch():
+    # the last slice of each sequence and KV head merges, then sets its counter back
+    case = decode_case([1, 17, 70], block_size=16, **TINY)
+    args = (case.q, case.k_cache, case.v_cache, case.block_tables, case.decode_context().context_lens, 0.25, 3)
+    first = decode_attention(*args)
+    assert not triton_decode_attention._merge_counters(case.q.device).any()
+    torch.testing.assert_close(decode_attention(*args), first, atol=0, rtol=0)
+
+
+@interpreter
 def test_decode_padded_slot_gives_zeros_not_nan():
     case = decode_case([20, 3], block_size=16, **TINY)
     context_lens = torch.tensor([20, 0], dtype=torch.int32)
@@ -313,18 +323,61 @@ def test_prefill_over_an_fp8_cache_on_gpu(dtype, block_size, cached):
     check_prefill(case, fp8=True)
 
 
+# Gemma's scoring at GPU sizes: a 100-token window, which most contexts reach far past, and a soft-cap of
+# 2, which these random scores exceed; with neither, head_dim 256 alone
+GPU_SCORINGS = [dict(), dict(window=100), dict(softcap=2.0), dict(window=100, softcap=2.0)]
+GPU_SCORING_IDS = ["plain", "window", "softcap", "window-softcap"]
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [128, 256])
+@pytest.mark.parametrize("num_splits", [None, 1, 7])
+@pytest.mark.parametrize("scoring", GPU_SCORINGS, ids=GPU_SCORING_IDS)
+def test_decode_with_window_and_softcap_on_gpu(dtype, head_dim, num_splits, scoring):
+    torch.manual_seed(0)
+    case = decode_case(GPU_LENGTHS, block_size=16, heads=8, kv_heads=4, head_dim=head_dim, dtype=dtype, device="cuda")
+    check_decode(case, num_splits, nan_outside="window" in scoring, **scoring)
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [128, 256])
+@pytest.mark.parametrize("scoring", GPU_SCORINGS, ids=GPU_SCORING_IDS)
+@pytest.mark.parametrize("cached", [[0] * 6, [0, 39, 299, 200, 1099, 512]])
+def test_prefill_with_window_and_softcap_on_gpu(dtype, head_dim, scoring, cached):
+    case = paged_case(
+        [1, 40, 300, 257, 1100, 700],
+        cached,
+        block_size=16,
+        heads=8,
+        kv_heads=4,
+        head_dim=head_dim,
+        dtype=dtype,
+        device="cuda",
+    )
+    check_prefill(case, **scoring)
+
+
 @pytest.mark.gpu
 @requires_gpu
 @pytest.mark.parametrize("num_splits", [None, 1])
-def test_decode_replayed_in_a_graph_reads_the_key_and_value_stored_just_before_it(num_splits):
+@pytest.mark.parametrize(
+    "head_dim, scoring", [(128, {}), (256, dict(window=100, softcap=2.0))], ids=["plain", "gemma-window-softcap"]
+)
+def test_decode_replayed_in_a_graph_reads_the_key_and_value_stored_just_before_it(num_splits, head_dim, scoring):
     # The decode step's chain as the graphs run it: the rotary kernel stores each sequence's newest
     # key and value, and the decode kernels (launched early under programmatic dependent launch)
     # must read them. Each replay stores new ones, so a stale read would not match the reference.
     torch.manual_seed(0)
     lengths = [1, 17, 64, 65, 300, 1000]  # the newest token first, mid and last in a tile
-    case = decode_case(lengths, block_size=16, heads=16, kv_heads=8, head_dim=128, dtype=torch.bfloat16, device="cuda")
-    rotary = RotaryEmbedding(128, 4096, {"rope_theta": 1e6, "rope_type": "default"}).cuda()
-    context, scale = case.decode_context(), 128**-0.5
+    case = decode_case(
+        lengths, block_size=16, heads=16, kv_heads=8, head_dim=head_dim, dtype=torch.bfloat16, device="cuda"
+    )
+    rotary = RotaryEmbedding(head_dim, 4096, {"rope_theta": 1e6, "rope_type": "default"}).cuda()
+    context, scale = case.decode_context(), head_dim**-0.5
     positions = context.context_lens.long() - 1
     q, k, v = case.q.clone(), case.k.clone(), case.v.clone()
     k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
@@ -334,7 +387,7 @@ def test_decode_replayed_in_a_graph_reads_the_key_and_value_stored_just_before_i
             positions, q, k, rotary.cos_sin, None, None, 0.0, v, k_cache, v_cache, case.slot_mapping
         )
         return decode_attention(
-            q_rotated, k_cache, v_cache, context.block_tables, context.context_lens, scale, num_splits
+            q_rotated, k_cache, v_cache, context.block_tables, context.context_lens, scale, num_splits, **scoring
         )
 
     step()  # compile before capture
@@ -348,5 +401,5 @@ def test_decode_replayed_in_a_graph_reads_the_key_and_value_stored_just_before_i
         want_q, want_k = norm_rotate_qk_reference(positions, q, k, rotary.cos_sin, None, None, 0.0)
         want_k_cache, want_v_cache = k_cache.clone(), v_cache.clone()
         store_kvcache(want_k, v, want_k_cache, want_v_cache, case.slot_mapping)
-        want = TorchAttentionBackend().decode(want_q, want_k_cache, want_v_cache, context, scale)
+        want = TorchAttentionBackend().decode(want_q, want_k_cache, want_v_cache, context, scale, **scoring)
         torch.testing.assert_close(out, want, atol=TOLERANCE[torch.bfloat16], rtol=TOLERANCE[torch.bfloat16])

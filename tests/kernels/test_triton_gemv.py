@@ -6,7 +6,7 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
-from nanovllm.kernels.triton_gemv import gemv, rms_norm_gemv, silu_mul_gemv  # noqa: E402
+from nanovllm.kernels.triton_gemv import gated_gemv, gemv, rms_norm_gemv  # noqa: E402
 from nanovllm.layers.layernorm import rms_norm  # noqa: E402
 
 ON_GPU = torch.cuda.is_available()
@@ -18,6 +18,11 @@ SHAPES = (
     else [(40, 70), (9, 1030), (2050, 16)]
 )
 DTYPES = [torch.float32, torch.bfloat16] if ON_GPU else [torch.float32]
+# hidden_act -> the activation in float64
+ACTIVATIONS = {
+    "silu": torch.nn.functional.silu,
+    "gelu_pytorch_tanh": lambda gate: torch.nn.functional.gelu(gate, approximate="tanh"),
+}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -47,7 +52,7 @@ def test_each_product_adds_its_bias_before_rounding(dtype):
     for got, product in (
         (gemv(x, weight, bias=bias), x.double()),
         (rms_norm_gemv(x, None, norm_weight, 1e-6, weight, bias)[0], normed),
-        (silu_mul_gemv(gate_up, weight, bias), torch.nn.functional.silu(gate) * up),
+        (gated_gemv(gate_up, weight, "silu", bias), torch.nn.functional.silu(gate) * up),
     ):
         want = (product @ weight.double().T + bias.double()).to(dtype)
         torch.testing.assert_close(got, want, atol=tolerance, rtol=tolerance)
@@ -83,17 +88,20 @@ def test_rms_norm_in_front_equals_the_norm_then_the_product(shape, dtype, with_r
     torch.testing.assert_close(got_sum, want_sum, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("hidden_act", ACTIVATIONS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_silu_mul_in_front_equals_the_activation_then_the_product(shape, dtype):
+def test_gated_activation_in_front_equals_the_activation_then_the_product(shape, dtype, hidden_act):
     features, inputs = shape
     torch.manual_seed(2)
-    gate_up = torch.randn(1, 2 * inputs, device=DEVICE, dtype=dtype)
+    # gates out to +-12, where GELU's tanh saturates and SiLU's exp is far from 1
+    gate_up = torch.randn(1, 2 * inputs, device=DEVICE, dtype=dtype) * 4
     weight = torch.randn(features, inputs, device=DEVICE, dtype=dtype) / inputs**0.5
     gate, up = gate_up.double().chunk(2, dim=-1)
-    want = ((torch.nn.functional.silu(gate) * up) @ weight.double().T).to(dtype)
+    want = ((ACTIVATIONS[hidden_act](gate) * up) @ weight.double().T).to(dtype)
     tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
-    torch.testing.assert_close(silu_mul_gemv(gate_up, weight), want, atol=tolerance, rtol=tolerance)
+    got = gated_gemv(gate_up, weight, hidden_act)
+    torch.testing.assert_close(got, want, atol=tolerance * 4, rtol=tolerance)
 
 
 @pytest.mark.gpu

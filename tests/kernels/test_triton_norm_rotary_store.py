@@ -13,10 +13,18 @@ from nanovllm.worker.kv_cache import LayerKVCache  # noqa: E402
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
-# (tokens, heads, kv_heads, head_dim): Qwen3-0.6B's heads at one and many tokens; uneven head_dims; up to
-# 16 tokens a program takes one KV head and its query heads, past that one token's heads
+# (tokens, heads, kv_heads, head_dim): Qwen3-0.6B's heads at one and many tokens, Gemma 2's head_dim 256;
+# uneven head_dims; up to 16 tokens a program takes one KV head and its query heads, past that one token's heads
 SHAPES = (
-    [(1, 16, 8, 128), (300, 16, 8, 128), (7, 4, 2, 64), (5, 3, 1, 24), (40, 6, 2, 24)]
+    [
+        (1, 16, 8, 128),
+        (300, 16, 8, 128),
+        (1, 16, 8, 256),
+        (40, 16, 8, 256),
+        (7, 4, 2, 64),
+        (5, 3, 1, 24),
+        (40, 6, 2, 24),
+    ]
     if ON_GPU
     else [(1, 4, 2, 16), (6, 3, 1, 24), (20, 6, 2, 24)]
 )

@@ -1,6 +1,6 @@
 """The blocks choose their fusions themselves: for a one-row step (what goes through the Triton GEMV on
 CUDA; here forced on the CPU, under the Triton interpreter) an RMSNorm goes into the first projection
-and SiLU into the down projection, one kernel each; another norm takes the plain path."""
+and the gated activation into the down projection, one kernel each; another norm takes the plain path."""
 
 from types import SimpleNamespace
 
@@ -31,7 +31,7 @@ CONFIG = ModelConfig.from_hf(CONFIG_FIELDS)
 @pytest.fixture
 def launches(monkeypatch):
     """Counts of the fused kernels launched, with one-row products sent to them on the CPU too."""
-    counts = {"rms_norm_gemv": 0, "silu_mul_gemv": 0}
+    counts = {"rms_norm_gemv": 0, "gated_gemv": 0}
 
     def counting(name):
         kernel = getattr(triton_gemv, name)
@@ -48,9 +48,9 @@ def launches(monkeypatch):
     return counts
 
 
-def random_mlp(norm: nn.Module) -> GatedMLP:
+def random_mlp(norm: nn.Module, config: ModelConfig = CONFIG) -> GatedMLP:
     torch.manual_seed(0)
-    mlp = GatedMLP(CONFIG, norm)
+    mlp = GatedMLP(config, norm)
     for p in [*mlp.parameters(), *norm.parameters()]:
         p.data.uniform_(-0.5, 0.5)
     return mlp
@@ -66,9 +66,21 @@ def test_rms_norm_and_silu_are_fused_into_the_projections_of_a_one_row_step(laun
     mlp = random_mlp(norm)
     x, residual = torch.randn(1, 64), torch.randn(1, 64)
     y, next_residual = mlp(x, residual)
-    assert launches == {"rms_norm_gemv": 1, "silu_mul_gemv": 1}
+    assert launches == {"rms_norm_gemv": 1, "gated_gemv": 1}
     torch.testing.assert_close(y, plain_mlp(mlp, norm, x, residual), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(next_residual, x + residual, atol=0, rtol=0)
+
+
+def test_geglu_is_fused_into_the_down_projection_too(launches):
+    config = ModelConfig.from_hf(SimpleNamespace(**{**vars(CONFIG_FIELDS), "hidden_act": "gelu_pytorch_tanh"}))
+    norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+    mlp = random_mlp(norm, config)
+    x, residual = torch.randn(1, 64), torch.randn(1, 64)
+    y, _ = mlp(x, residual)
+    assert launches == {"rms_norm_gemv": 1, "gated_gemv": 1}
+    gate, up = (norm(x + residual) @ mlp.gate_up_proj.weight.T).chunk(2, dim=-1)
+    want = (nn.functional.gelu(gate, approximate="tanh") * up) @ mlp.down_proj.weight.T
+    torch.testing.assert_close(y, want, atol=1e-5, rtol=1e-5)
 
 
 def test_several_rows_take_the_plain_path_with_the_same_result(launches):
@@ -76,7 +88,7 @@ def test_several_rows_take_the_plain_path_with_the_same_result(launches):
     mlp = random_mlp(norm)
     x, residual = torch.randn(3, 64), torch.randn(3, 64)
     y, _ = mlp(x, residual)
-    assert launches == {"rms_norm_gemv": 0, "silu_mul_gemv": 0}
+    assert launches == {"rms_norm_gemv": 0, "gated_gemv": 0}
     torch.testing.assert_close(y, plain_mlp(mlp, norm, x, residual), atol=1e-5, rtol=1e-5)
 
 
@@ -85,7 +97,7 @@ def test_a_norm_without_a_fused_kernel_takes_the_plain_path(launches):
     mlp = random_mlp(norm)
     x, residual = torch.randn(1, 64), torch.randn(1, 64)
     y, next_residual = mlp(x, residual)
-    assert launches["rms_norm_gemv"] == 0 and launches["silu_mul_gemv"] == 1
+    assert launches["rms_norm_gemv"] == 0 and launches["gated_gemv"] == 1
     torch.testing.assert_close(y, plain_mlp(mlp, norm, x, residual), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(next_residual, x + residual, atol=0, rtol=0)
 
@@ -93,13 +105,10 @@ def test_a_norm_without_a_fused_kernel_takes_the_plain_path(launches):
 def test_a_biased_projection_keeps_the_fused_kernels_and_adds_its_bias(launches):
     config = ModelConfig.from_hf(SimpleNamespace(**{**vars(CONFIG_FIELDS), "mlp_bias": True}))
     norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-    torch.manual_seed(0)
-    mlp = GatedMLP(config, norm)
-    for p in [*mlp.parameters(), *norm.parameters()]:
-        p.data.uniform_(-0.5, 0.5)
+    mlp = random_mlp(norm, config)
     x, residual = torch.randn(1, 64), torch.randn(1, 64)
     y, _ = mlp(x, residual)
-    assert launches == {"rms_norm_gemv": 1, "silu_mul_gemv": 1}
+    assert launches == {"rms_norm_gemv": 1, "gated_gemv": 1}
     gate, up = (norm(x + residual) @ mlp.gate_up_proj.weight.T + mlp.gate_up_proj.bias).chunk(2, dim=-1)
     want = (nn.functional.silu(gate) * up) @ mlp.down_proj.weight.T + mlp.down_proj.bias
     torch.testing.assert_close(y, want, atol=1e-5, rtol=1e-5)
@@ -121,7 +130,7 @@ def test_a_norm_scaling_by_one_plus_its_weight_loads_as_that_scale_and_stays_fus
     norm.weight.weight_loader(norm.weight, checkpoint_weight)
     x, residual = torch.randn(1, 64), torch.randn(1, 64)
     y, _ = mlp(x, residual)
-    assert launches == {"rms_norm_gemv": 1, "silu_mul_gemv": 1}
+    assert launches == {"rms_norm_gemv": 1, "gated_gemv": 1}
     s = x + residual
     normed = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + CONFIG.rms_norm_eps) * (1 + checkpoint_weight)
     gate, up = (normed @ mlp.gate_up_proj.weight.T).chunk(2, dim=-1)
