@@ -195,11 +195,11 @@ def _decode_split_kernel(
         counter = counters_ptr + seq * tl.num_programs(0) + kv_head
         # acquire-release: the last to count sees the other slices' stores, which came before their counts
         if tl.atomic_add(counter, 1, sem="acq_rel") == NUM_SPLITS - 1:
-            for g in range(GROUP):
+            for head in range(kv_head * GROUP, (kv_head + 1) * GROUP):
                 _merge_head(
-                    o_ptr + seq * stride_os + (kv_head * GROUP + g) * stride_oh,
-                    lse_ptr + seq * stride_ls + (kv_head * GROUP + g) * stride_lh,
-                    out_ptr + seq * stride_out_s + (kv_head * GROUP + g) * stride_out_h,
+                    o_ptr + seq * stride_os + head * stride_oh,
+                    lse_ptr + seq * stride_ls + head * stride_lh,
+                    out_ptr + seq * stride_out_s + head * stride_out_h,
                     stride_osp,
                     HEAD_DIM,
                     BLOCK_D,
