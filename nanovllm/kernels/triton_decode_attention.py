@@ -6,7 +6,7 @@ cache, with k_scale, v_scale: [num_blocks, kv_heads, block_size] fp32);
 block_tables: [seqs, max_blocks] (int32); context_lens: [seqs] (0 = padded slot);
 seq_order: [seqs], optional, the sequences longest context first.
 
-Grid (kv_heads, seqs, num_splits): a program takes one KV head, one
+Pass 1, grid (kv_heads, seqs, num_splits): a program takes one KV head, one
 sequence and one slice of the context. Programs start in launch order; with
 one split, launch row i takes sequence seq_order[i]: longest context first, so
 that short ones fill the SMs at the end rather than one long context running
@@ -16,13 +16,8 @@ read the interleaved head rows of the same pages at about the same time. All
 query heads of that KV head (the GQA group, padded to 16 rows for tl.dot)
 share each K/V tile it loads. It keeps an online softmax and writes its
 slice's normalised output and log-sum-exp (base 2).
-The slices are merged, each weighted by exp2(lse - max), by the last program of
-the sequence and KV head to finish its slice: each program counts itself in a
-counter per (sequence, KV head), and the one that brings it to the split count
-merges the GROUP heads and sets the counter back to zero for the next launch.
-A second kernel launch for the merge cost a one-sequence decode step of the
-Qwen3 shapes about 2.3 us per layer (H100). With one split the program writes
-the final output and nothing is merged.
+Pass 2, grid (seqs, heads): merges the slices, weighting each by exp2(lse - max).
+With one split pass 1 writes the final output and pass 2 is skipped.
 
 With a sliding window (SLIDING, `window` W) a sequence's slices cover only its
 last W positions, all of which its query sees: the cost is bounded by the window,
@@ -31,11 +26,9 @@ step. With both off the kernel compiles as without them.
 
 The split count depends only on the batch shape, never on the context lengths,
 so a captured CUDA graph stays valid: short contexts leave late splits empty.
-An empty split writes only its log-sum-exp, -inf, and the merge reads no output
+An empty split writes only its log-sum-exp, -inf, and pass 2 reads no output
 from it, so the empty splits of a short context cost next to nothing.
 """
-
-import functools
 
 import torch
 import triton
@@ -51,7 +44,6 @@ _BLOCK_N_FP8 = 128
 _NUM_WARPS = 4
 _NUM_STAGES = 2
 _MAX_SPLITS = 32
-_MAX_COUNTERS = 1 << 16  # (sequence, KV head) pairs of a launch with several splits
 
 
 # the window is a value, not a variant: specialising on it would compile one kernel for windows that are
@@ -68,8 +60,6 @@ def _decode_split_kernel(
     seq_order_ptr,
     o_ptr,
     lse_ptr,
-    counters_ptr,
-    out_ptr,
     stride_qs,
     stride_qh,
     stride_kb,
@@ -82,8 +72,6 @@ def _decode_split_kernel(
     stride_osp,
     stride_ls,
     stride_lh,
-    stride_out_s,
-    stride_out_h,
     scale_log2,
     window,
     softcap_log2,
@@ -94,7 +82,6 @@ def _decode_split_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,
     PRECISION: tl.constexpr,
     QUANTIZED: tl.constexpr,
     TILE_DTYPE: tl.constexpr,
@@ -190,67 +177,48 @@ def _decode_split_kernel(
                 tl.zeros([GROUP_PAD, BLOCK_D], o_ptr.dtype.element_ty),
                 mask=g_mask[:, None] & d_mask[None, :],
             )
-    if NUM_SPLITS > 1:
-        tl.debug_barrier()  # every thread's stores of this slice come before its count
-        counter = counters_ptr + seq * tl.num_programs(0) + kv_head
-        # acquire-release: the last to count sees the other slices' stores, which came before their counts
-        if tl.atomic_add(counter, 1, sem="acq_rel") == NUM_SPLITS - 1:
-            for head in range(kv_head * GROUP, (kv_head + 1) * GROUP):
-                _merge_head(
-                    o_ptr + seq * stride_os + head * stride_oh,
-                    lse_ptr + seq * stride_ls + head * stride_lh,
-                    out_ptr + seq * stride_out_s + head * stride_out_h,
-                    stride_osp,
-                    HEAD_DIM,
-                    BLOCK_D,
-                    NUM_SPLITS,
-                    SPLITS_PAD,
-                )
-            tl.store(counter, 0)  # ready for the next launch
 
 
 @triton.jit
-def _merge_head(
+def _merge_splits_kernel(
     partial_ptr,
     lse_ptr,
-    out_ptr,
+    o_ptr,
+    stride_ps,
+    stride_ph,
     stride_psp,
+    stride_ls,
+    stride_lh,
+    stride_os,
+    stride_oh,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    """One head's output from its slices' outputs at partial_ptr [splits, head_dim] (stride_psp apart)
-    and their log-sum-exps at lse_ptr [splits]. The loads bypass L1 (.cg): other programs wrote these."""
+    wait_for_previous_kernel(PDL)
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
     sp = tl.arange(0, SPLITS_PAD)
     d = tl.arange(0, BLOCK_D)
-    lse = tl.load(lse_ptr + sp, mask=sp < NUM_SPLITS, other=float("-inf"), cache_modifier=".cg")
+    lse = tl.load(lse_ptr + seq * stride_ls + head * stride_lh + sp, mask=sp < NUM_SPLITS, other=float("-inf"))
     top = tl.max(lse, 0)
     weight = tl.exp2(lse - tl.where(top == float("-inf"), 0.0, top))  # empty slices weigh 0
     total = tl.sum(weight, 0)
     has_keys = lse > float("-inf")  # an empty slice wrote no output
     partial = tl.load(
-        partial_ptr + sp[:, None] * stride_psp + d[None, :],
+        partial_ptr + seq * stride_ps + head * stride_ph + sp[:, None] * stride_psp + d[None, :],
         mask=has_keys[:, None] & (d[None, :] < HEAD_DIM),
         other=0.0,
-        cache_modifier=".cg",
     ).to(tl.float32)
     out = tl.sum(partial * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
-    tl.store(out_ptr + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+    tl.store(o_ptr + seq * stride_os + head * stride_oh + d, out.to(o_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
 
 def default_block_n(quantized: bool) -> int:
     """Context tokens per tile of the split kernel for a model-dtype or an FP8 cache."""
     return _BLOCK_N_FP8 if quantized else _BLOCK_N
-
-
-@functools.cache
-def _merge_counters(device: torch.device) -> torch.Tensor:
-    """The merge counters of `device`, one per (sequence, KV head): zero between launches, since the last
-    program of each sets its counter back. Allocated at the first decode, which runs eagerly before
-    any graph is captured, so that every graph shares them."""
-    assert device.type != "cuda" or not torch.cuda.is_current_stream_capturing()
-    return torch.zeros(_MAX_COUNTERS, dtype=torch.int32, device=device)
 
 
 def default_num_splits(num_seqs: int, num_kv_heads: int, device: torch.device) -> int:
@@ -304,9 +272,6 @@ def decode_attention(
     # the order decides the tail when one split per sequence fills the SMs several times over; with
     # more, the slices are alike and reading the order would only add a load before the first tile
     ordered = seq_order is not None and num_splits == 1
-    counters = _merge_counters(q.device)
-    assert num_seqs * num_kv_heads <= counters.numel() or num_splits == 1
-    out = partial.squeeze(2) if num_splits == 1 else torch.empty_like(q)
     _decode_split_kernel[(num_kv_heads, num_seqs, num_splits)](
         q,
         k_cache,
@@ -318,8 +283,6 @@ def decode_attention(
         seq_order if ordered else context_lens,
         partial,
         lse,
-        counters,
-        out,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -332,8 +295,6 @@ def decode_attention(
         partial.stride(2),
         lse.stride(0),
         lse.stride(1),
-        out.stride(0),
-        out.stride(1),
         scale * LOG2E,
         window or 0,
         (softcap or 0.0) * LOG2E,
@@ -344,7 +305,6 @@ def decode_attention(
         BLOCK_D=block_d,
         BLOCK_N=block_n,
         NUM_SPLITS=num_splits,
-        SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
         PRECISION=precision,
         QUANTIZED=quantized,
         TILE_DTYPE=tile_dtype(q.dtype, quantized),
@@ -353,6 +313,26 @@ def decode_attention(
         SOFTCAP=softcap is not None,
         num_warps=num_warps,
         num_stages=num_stages,
+        **pdl,
+    )
+    if num_splits == 1:
+        return partial.squeeze(2)
+    out = torch.empty_like(q)
+    _merge_splits_kernel[(num_seqs, num_heads)](
+        partial,
+        lse,
+        out,
+        partial.stride(0),
+        partial.stride(1),
+        partial.stride(2),
+        lse.stride(0),
+        lse.stride(1),
+        out.stride(0),
+        out.stride(1),
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        NUM_SPLITS=num_splits,
+        SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
         **pdl,
     )
     return out

@@ -207,16 +207,6 @@ def test_decode_interpreted_reads_no_output_of_an_empty_split(monkeypatch):
 
 
 @interpreter
-def test_decode_leaves_the_merge_counters_at_zero_for_the_next_launch():
-    # the last slice of each sequence and KV head merges, then sets its counter back
-    case = decode_case([1, 17, 70], block_size=16, **TINY)
-    args = (case.q, case.k_cache, case.v_cache, case.block_tables, case.decode_context().context_lens, 0.25, 3)
-    first = decode_attention(*args)
-    assert not triton_decode_attention._merge_counters(case.q.device).any()
-    torch.testing.assert_close(decode_attention(*args), first, atol=0, rtol=0)
-
-
-@interpreter
 def test_decode_padded_slot_gives_zeros_not_nan():
     case = decode_case([20, 3], block_size=16, **TINY)
     context_lens = torch.tensor([20, 0], dtype=torch.int32)
