@@ -24,10 +24,6 @@ inputs that stay in cache (a launch costs more than the redundant arithmetic):
   every column, so the loop sums W (g * h) and the mean square of h together
   and scales the sum once at the end: one pass over the inputs instead of
   two; the normalised values are not rounded to the dtype in between.
-  With OUTPUT_NORM, a is first normalised by an RMSNorm of its own (weight
-  g0 [K]; Gemma's norm on each block's output before it joins the residual
-  stream), rounded as that layer rounds it: each program reads the whole of
-  a once more before its loop for that norm's 1/rms, in place of a launch.
 - GATED: x = act(gate) * up, from gate_up [2K] = gate | up, act being the
   constexpr ACT (SiLU or GELU's tanh approximation), computed and rounded to
   the dtype as `triton_gated_activation.py` does for several rows.
@@ -65,27 +61,11 @@ def _input_loads(a_ptr, b_ptr, start, columns, K, PROLOGUE: tl.constexpr, HAS_RE
 
 
 @triton.jit
-def _prologue(
-    a,
-    b,
-    g_ptr,
-    g0_ptr,
-    rstd0,
-    h_ptr,
-    k,
-    K,
-    PROLOGUE: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
-    OUTPUT_NORM: tl.constexpr,
-    ACT: tl.constexpr,
-):
+def _prologue(a, b, g_ptr, h_ptr, k, K, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ACT: tl.constexpr):
     """x at columns k from the loaded inputs (a, b), fp32 [BLOCK_K], and what the columns add to the
     sum of squares of the norm's input (zero unless RMS_NORM)."""
     k_ok = k < K
     if PROLOGUE == RMS_NORM:
-        if OUTPUT_NORM:  # a's own RMSNorm, rounded as `layers/layernorm.rms_norm` rounds it
-            g0 = tl.load(g0_ptr + k, mask=k_ok, other=0.0)
-            a = (g0.to(tl.float32) * (a.to(tl.float32) * rstd0).to(a.dtype).to(tl.float32)).to(a.dtype)
         h = a
         if HAS_RESIDUAL:
             h = (a.to(tl.float32) + b.to(tl.float32)).to(h_ptr.dtype.element_ty)
@@ -111,19 +91,10 @@ def _weight_chunk(w_ptr, features, feature_ok, start, columns, K):
 
 
 @triton.jit
-def _mean_square_rstd(a_ptr, K, eps, K_PAD: tl.constexpr):
-    """rsqrt(mean(a^2) + eps) over a [K], in one load."""
-    k = tl.arange(0, K_PAD)
-    a = tl.load(a_ptr + k, mask=k < K, other=0.0).to(tl.float32)
-    return tl.rsqrt(tl.sum(a * a, axis=0) / K + eps)
-
-
-@triton.jit
 def _gemv_kernel(
     a_ptr,
     r_ptr,
     g_ptr,
-    g0_ptr,
     w_ptr,
     bias_ptr,
     y_ptr,
@@ -133,12 +104,10 @@ def _gemv_kernel(
     eps,
     PROLOGUE: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
-    OUTPUT_NORM: tl.constexpr,
     ACT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    K_PAD: tl.constexpr,
     PDL: tl.constexpr,
 ):
     features = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -147,9 +116,6 @@ def _gemv_kernel(
     # the weights depend on no earlier kernel: the first chunk is read while that kernel finishes
     w = _weight_chunk(w_ptr, features, feature_ok, 0, columns, K)
     wait_for_previous_kernel(PDL)
-    rstd0 = 1.0
-    if OUTPUT_NORM:
-        rstd0 = _mean_square_rstd(a_ptr, K, eps, K_PAD)
     a, b = _input_loads(a_ptr, r_ptr, 0, columns, K, PROLOGUE, HAS_RESIDUAL)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
@@ -157,9 +123,7 @@ def _gemv_kernel(
         # the next chunk's weights and inputs are in flight while this one is multiplied
         w_next = _weight_chunk(w_ptr, features, feature_ok, start + BLOCK_K, columns, K)
         a_next, b_next = _input_loads(a_ptr, r_ptr, start + BLOCK_K, columns, K, PROLOGUE, HAS_RESIDUAL)
-        x, squared = _prologue(
-            a, b, g_ptr, g0_ptr, rstd0, h_ptr, start + columns, K, PROLOGUE, HAS_RESIDUAL, OUTPUT_NORM, ACT
-        )
+        x, squared = _prologue(a, b, g_ptr, h_ptr, start + columns, K, PROLOGUE, HAS_RESIDUAL, ACT)
         if PROLOGUE == RMS_NORM:
             squares += squared
         # w: [BLOCK_N, BLOCK_K]; x: [BLOCK_K]
@@ -183,7 +147,6 @@ def _launch(
     out: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
     act: tl.constexpr = SILU,
-    output_norm_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     n, k = weight.shape
     assert a.size(0) == 1 and a.stride(1) == 1 and weight.is_contiguous()
@@ -198,7 +161,6 @@ def _launch(
         a,
         residual if residual is not None else a,
         norm_weight if norm_weight is not None else a,
-        output_norm_weight if output_norm_weight is not None else a,
         weight,
         bias if bias is not None else weight,
         y,
@@ -208,12 +170,10 @@ def _launch(
         eps,
         PROLOGUE=prologue.value,
         HAS_RESIDUAL=residual is not None,
-        OUTPUT_NORM=output_norm_weight is not None,
         ACT=act.value,
         HAS_BIAS=bias is not None,
         BLOCK_N=block_n,
         BLOCK_K=min(block_k, triton.next_power_of_2(k)),
-        K_PAD=triton.next_power_of_2(k) if output_norm_weight is not None else 1,
         num_warps=num_warps,
         **pdl_launch(a.device),
     )
@@ -236,15 +196,12 @@ def rms_norm_gemv(
     eps: float,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
-    output_norm_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """RMSNorm(x' + residual) @ weight^T (+ bias) for a single row, and x' + residual (x' itself without a
-    residual): a pre-norm block's norm and first projection in one launch. x' is x, or with
-    `output_norm_weight` x's own RMSNorm (the previous block's output norm, same eps)."""
-    # x, residual: [1, K]; norm_weight, output_norm_weight: [K]; weight: [N, K]; bias: [N] -> [1, N], [1, K]
+    """RMSNorm(x + residual) @ weight^T (+ bias) for a single row, and x + residual (x itself without a
+    residual): a pre-norm block's norm and first projection in one launch."""
+    # x, residual: [1, K]; norm_weight: [K]; weight: [N, K]; bias: [N] -> [1, N], [1, K]
     assert x.shape == (1, weight.size(1)) and (residual is None or residual.is_contiguous())
-    assert output_norm_weight is None or residual is not None
-    y, h = _launch(x, weight, RMS_NORM, residual, norm_weight, eps, bias=bias, output_norm_weight=output_norm_weight)
+    y, h = _launch(x, weight, RMS_NORM, residual, norm_weight, eps, bias=bias)
     return y, x if h is None else h
 
 

@@ -1,8 +1,8 @@
 """A norm, or a gated activation, fused into the projection that follows it where a kernel does both.
 
 For a single row on CUDA (a one-sequence decode step) each pairing is one Triton
-GEMV launch: "(output norm +) residual add + RMSNorm + projection" and
-"act(gate) * up + down projection" (SiLU or GeGLU). Elsewhere, and for a norm without such a kernel,
+GEMV launch: "residual add + RMSNorm + projection" and "SiLU(gate) * up + down
+projection" (SiLU or GeGLU). Elsewhere, and for a norm without such a kernel,
 each part runs as its own layer (the add and the RMSNorm still as one
 torch.compile kernel on CUDA).
 
@@ -20,28 +20,22 @@ from nanovllm.layers.linear import ColumnParallelLinear, RowParallelLinear, uses
 
 
 class NormedProjection:
-    """proj(norm(x' + residual)), and x' + residual, the next residual (x' itself when there is none yet);
-    x' is x, or with `output_norm` its own norm: the output norm of the block x came from (Gemma's
-    sandwich), applied here so that a one-row step runs it inside the same launch."""
+    """proj(norm(x + residual)), and x + residual, the next residual (x itself when there is none yet)."""
 
-    def __init__(self, norm: nn.Module, proj: ColumnParallelLinear, output_norm: RMSNorm | None = None):
-        self.norm, self.proj, self.output_norm = norm, proj, output_norm
+    def __init__(self, norm: nn.Module, proj: ColumnParallelLinear):
+        self.norm, self.proj = norm, proj
         self.rms_norm = isinstance(norm, RMSNorm)  # the fused kernels compute an RMSNorm
-        assert output_norm is None or (self.rms_norm and output_norm.eps == norm.eps)
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         # x, residual: [tokens, in] -> [tokens, out], [tokens, in]
-        norm, proj, output_norm = self.norm, self.proj, self.output_norm
-        if self.rms_norm and uses_gemv(x):
-            from nanovllm.kernels.triton_gemv import rms_norm_gemv  # Triton is needed on CUDA only
-
-            output_norm_weight = None if output_norm is None else output_norm.weight
-            return rms_norm_gemv(x, residual, norm.weight, norm.eps, proj.weight, proj.bias, output_norm_weight)
-        if output_norm is not None:
-            x = output_norm(x)
+        norm, proj = self.norm, self.proj
         if not self.rms_norm:
             residual = x if residual is None else x + residual
             return proj(norm(residual)), residual
+        if uses_gemv(x):
+            from nanovllm.kernels.triton_gemv import rms_norm_gemv  # Triton is needed on CUDA only
+
+            return rms_norm_gemv(x, residual, norm.weight, norm.eps, proj.weight, proj.bias)
         if residual is None:
             return proj(norm(x)), x
         x, residual = norm(x, residual)

@@ -27,18 +27,10 @@ from nanovllm.utils.parallel import tp_size
 
 
 class AttentionBlock(nn.Module):
-    """input_norm(x' + residual), x' being x or output_norm(x) (the previous block's output norm, when it
-    has one) -> fused QKV projection -> q/k RMSNorm per head (config.qk_norm) and rotary
+    """input_norm(x + residual) -> fused QKV projection -> q/k RMSNorm per head (config.qk_norm) and rotary
     -> paged attention (over the last `window` tokens when given) -> output projection."""
 
-    def __init__(
-        self,
-        config: ModelConfig,
-        input_norm: nn.Module,
-        rotary: RotaryEmbedding,
-        window: int | None = None,
-        output_norm: RMSNorm | None = None,
-    ):
+    def __init__(self, config: ModelConfig, input_norm: nn.Module, rotary: RotaryEmbedding, window: int | None = None):
         super().__init__()
         self.head_dim = config.head_dim
         self.num_heads = config.num_attention_heads // tp_size()
@@ -65,12 +57,12 @@ class AttentionBlock(nn.Module):
             window=window,
             softcap=config.attn_logit_softcapping,
         )
-        self.normed_qkv = NormedProjection(input_norm, self.qkv_proj, output_norm)
+        self.normed_qkv = NormedProjection(input_norm, self.qkv_proj)
 
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Attention over input_norm(x' + residual), and x' + residual, the next residual."""
+        """Attention over input_norm(x + residual), and x + residual, the next residual."""
         # x, residual: [tokens, hidden]
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         qkv, residual = self.normed_qkv(x, residual)
@@ -82,19 +74,18 @@ class AttentionBlock(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    """down(act(gate(y)) * up(y)) for y = input_norm(x' + residual), x' being x or output_norm(x) (the
-    attention's output norm, when it has one), with gate and up in one projection."""
+    """down(act(gate(y)) * up(y)) for y = input_norm(x + residual), with gate and up in one projection."""
 
-    def __init__(self, config: ModelConfig, input_norm: nn.Module, output_norm: RMSNorm | None = None):
+    def __init__(self, config: ModelConfig, input_norm: nn.Module):
         super().__init__()
         bias = config.mlp_bias
         self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [config.intermediate_size] * 2, bias=bias)
         self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, bias=bias)
-        self.normed_gate_up = NormedProjection(input_norm, self.gate_up_proj, output_norm)
+        self.normed_gate_up = NormedProjection(input_norm, self.gate_up_proj)
         self.gated_down = GatedProjection(config.hidden_act, self.down_proj)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The MLP of input_norm(x' + residual), and x' + residual, the next residual."""
+        """The MLP of input_norm(x + residual), and x + residual, the next residual."""
         gate_up, residual = self.normed_gate_up(x, residual)
         return self.gated_down(gate_up), residual
 
@@ -107,42 +98,29 @@ class DecoderLayer(nn.Module):
     """Pre-norm layer `index`: attention, then the MLP, each behind its RMSNorm. With config.sandwich_norms
     each block's output is normalised too before it joins the residual stream (Gemma 2); the checkpoint
     then names the norms input_layernorm, post_attention_layernorm (on the attention's output),
-    pre_feedforward_layernorm and post_feedforward_layernorm.
+    pre_feedforward_layernorm and post_feedforward_layernorm."""
 
-    An output norm is applied where its output is read, with the residual add that follows it: the
-    attention's by the MLP, the MLP's (`output_norm`) by the next layer's attention, given it as
-    `previous_output_norm`, or by the final norm. The layer's own output is the MLP's, not normalised."""
-
-    def __init__(
-        self,
-        config: ModelConfig,
-        index: int,
-        rotary: RotaryEmbedding,
-        previous_output_norm: RMSNorm | None = None,
-    ):
+    def __init__(self, config: ModelConfig, index: int, rotary: RotaryEmbedding):
         super().__init__()
         self.input_layernorm = _norm(config)
         self.post_attention_layernorm = _norm(config)
-        mlp_norm, attention_output_norm = self.post_attention_layernorm, None
-        if config.sandwich_norms:
-            attention_output_norm = self.post_attention_layernorm
+        mlp_norm = self.post_attention_layernorm
+        self.sandwich_norms = config.sandwich_norms
+        if self.sandwich_norms:
             self.pre_feedforward_layernorm = mlp_norm = _norm(config)
             self.post_feedforward_layernorm = _norm(config)
-        self.self_attn = AttentionBlock(
-            config, self.input_layernorm, rotary, config.layer_window(index), previous_output_norm
-        )
-        self.mlp = GatedMLP(config, mlp_norm, attention_output_norm)
-
-    @property
-    def output_norm(self) -> RMSNorm | None:
-        """The norm of this layer's output, which its reader applies (None: the output joins as it is)."""
-        return getattr(self, "post_feedforward_layernorm", None)
+        self.self_attn = AttentionBlock(config, self.input_layernorm, rotary, config.layer_window(index))
+        self.mlp = GatedMLP(config, mlp_norm)
 
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         x, residual = self.self_attn(positions, x, residual)
-        return self.mlp(x, residual)
+        if not self.sandwich_norms:
+            return self.mlp(x, residual)
+        # the residual add stays deferred into the next norm: it adds the normalised output
+        x, residual = self.mlp(self.post_attention_layernorm(x), residual)
+        return self.post_feedforward_layernorm(x), residual
 
 
 def rotary_embeddings(config: ModelConfig) -> dict[str, RotaryEmbedding]:
@@ -165,10 +143,9 @@ class DecoderModel(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.embed_scale = config.embed_scale
         rotary = rotary_embeddings(config)
-        self.layers = nn.ModuleList()
-        for i, layer_type in enumerate(config.layer_types):
-            previous_output_norm = self.layers[-1].output_norm if i else None
-            self.layers.append(DecoderLayer(config, i, rotary[layer_type], previous_output_norm))
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i, rotary[layer_type]) for i, layer_type in enumerate(config.layer_types)
+        )
         self.norm = _norm(config)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -177,9 +154,6 @@ class DecoderModel(nn.Module):
             x = x * _rounded_to(self.embed_scale, x.dtype)
         for layer in self.layers:
             x, residual = layer(positions, x, residual)
-        last_output_norm = self.layers[-1].output_norm
-        if last_output_norm is not None:
-            x = last_output_norm(x)
         x, _ = self.norm(x, residual)
         return x
 

@@ -11,8 +11,6 @@ from transformers import Gemma2Config, Gemma2ForCausalLM
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.config import Config
-from nanovllm.kernels import triton_gemv
-from nanovllm.layers import fused_projection
 
 WINDOW = 24
 
@@ -105,19 +103,3 @@ def test_the_triton_kernels_interpreted_match_transformers(gemma2_dir):
     prompts = PROMPTS[1::2]  # 20 and 75 tokens
     outputs = generate(gemma2_dir, prompts, attention_backend="triton", max_num_batched_tokens=32)
     assert token_ids(outputs) == hf_greedy(gemma2_dir, prompts, GREEDY.max_tokens)
-
-
-def test_one_sequence_through_the_fused_one_row_kernels_matches_transformers(gemma2_dir, monkeypatch):
-    # a one-row step as on a GPU: each block's output norm, the residual add and the next norm run inside
-    # the projection kernel that reads them (under the interpreter on the CPU)
-    monkeypatch.setattr(fused_projection, "uses_gemv", lambda x: x.size(0) == 1)
-    launches = []
-    fused = triton_gemv.rms_norm_gemv
-    monkeypatch.setattr(
-        triton_gemv, "rms_norm_gemv", lambda *args: launches.append(args[-1] is not None) or fused(*args)
-    )
-    prompts = PROMPTS[1:2]  # 20 tokens: the new ones cross the window
-    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-    assert token_ids(generate(gemma2_dir, prompts, params)) == hf_greedy(gemma2_dir, prompts, 8)
-    # per decode step: 4 layers' attention and MLP, all but the first attention with an output norm
-    assert launches.count(True) == 7 * launches.count(False) > 0
