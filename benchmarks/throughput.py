@@ -14,9 +14,10 @@ logprobs or logit_bias's absence, as NAME=VALUE) runs the workload twice in one
 invocation, on two engines: at temperature 0.6 only, then with those settings
 added to every request, and prints the ratio of the two.
 
-Roofline: every decode step reads all weights once and every running
-sequence's whole KV cache once, at the GPU's HBM bandwidth (prefill counted as
-free), so it is an upper bound no engine can pass. Also measured: per decode
+Roofline: every decode step reads all weights once (of the input embedding
+table only its tokens' rows, which an untied table's size does not change) and
+every running sequence's whole KV cache once, at the GPU's HBM bandwidth
+(prefill counted as free), so it is an upper bound no engine can pass. Also measured: per decode
 step, the host time (wall time of `LLM.step` less its wait for the device)
 and the fraction of wall time the GPU was busy (CUDA events around each
 launched step), and one sequence's decode latency (128-token prompt, 1024 new
@@ -109,8 +110,8 @@ def copy_bandwidth(size_bytes: int = 1 << 32) -> float:
 def roofline_seconds(
     prompts: list[list[int]], max_tokens: list[int], weight_bytes: int, kv_read: KVRead, bandwidth: float
 ) -> float:
-    """Time of every decode step reading all weights and every running sequence's KV once (within each
-    layer's window).
+    """Time of every decode step reading the weights (`weight_bytes`) and every running sequence's KV once
+    (within each layer's window).
 
     The first token of each request comes from its prefill; decode step s runs the
     requests with max_tokens > s, each holding prompt + s tokens.
@@ -437,7 +438,7 @@ def run_engine(
         run.single_ms, run.single_roofline_ms = step * 1e3, weight_bytes / bandwidth * 1e3
         print(
             f"single sequence decode: {run.single_ms:.3f} ms/token ({1 / step:,.0f} tok/s); "
-            f"roofline {run.single_roofline_ms:.3f} ms/token (weights once per token); "
+            f"roofline {run.single_roofline_ms:.3f} ms/token (the weights a step reads, once per token); "
             f"{run.single_ms / run.single_roofline_ms:.2f}x the roofline"
         )
         print(steps)
