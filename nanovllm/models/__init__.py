@@ -19,9 +19,11 @@ MODEL_REGISTRY: dict[str, str] = {
     "Gemma3ForConditionalGeneration": "nanovllm.models.gemma3:Gemma3ForConditionalGeneration",
     "LlamaForCausalLM": "nanovllm.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "nanovllm.models.mistral:MistralForCausalLM",
+    "MixtralForCausalLM": "nanovllm.models.mixtral:MixtralForCausalLM",
     "Phi3ForCausalLM": "nanovllm.models.phi3:Phi3ForCausalLM",
     "Qwen2ForCausalLM": "nanovllm.models.qwen2:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "nanovllm.models.qwen3:Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM": "nanovllm.models.qwen3_moe:Qwen3MoeForCausalLM",
 }
 
 

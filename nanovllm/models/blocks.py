@@ -1,9 +1,10 @@
-"""The pre-norm decoder the model families are built from: attention and gated-MLP blocks, the decoder
-layer that owns their norms, the decoder stack and the causal-LM head.
+"""The pre-norm decoder the model families are built from: attention, gated-MLP and mixture-of-experts
+blocks, the decoder layer that owns their norms, the decoder stack and the causal-LM head.
 
 What families add is an option of these parts, set by `ModelConfig`: a layer's
 sliding window and score soft-cap, norms on the blocks' outputs too (Gemma 2's
-"sandwich"), scaled embeddings and soft-capped logits.
+"sandwich"), scaled embeddings, soft-capped logits, and experts in place of a
+layer's dense MLP (Qwen3-MoE, Mixtral).
 
 Each residual add is deferred into the next norm. Each block is given, when it
 is built, the norm in front of it (its decoder layer owns the norm, so the
@@ -18,9 +19,15 @@ from torch import nn
 
 from nanovllm.layers.attention import Attention
 from nanovllm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
+from nanovllm.layers.fused_moe import FusedMoE
 from nanovllm.layers.fused_projection import GatedProjection, NormedProjection
 from nanovllm.layers.layernorm import RMSNorm
-from nanovllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from nanovllm.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+)
 from nanovllm.layers.rotary_embedding import RotaryEmbedding
 from nanovllm.models.model_config import ModelConfig
 from nanovllm.utils.parallel import tp_size
@@ -90,15 +97,40 @@ class GatedMLP(nn.Module):
         return self.gated_down(gate_up), residual
 
 
+class SparseMoeBlock(nn.Module):
+    """Experts in place of the MLP: for y = input_norm(x + residual), the router (gate) scores every expert
+    of each token, and the num_experts_per_tok best run on it, their outputs weighted (`FusedMoE`)."""
+
+    def __init__(self, config: ModelConfig, input_norm: RMSNorm):
+        super().__init__()
+        # a bound method, not the module: the norm's weight stays registered (and named) in its decoder layer
+        self.input_norm = input_norm.__call__
+        self.gate = ReplicatedLinear(config.hidden_size, config.num_experts)
+        self.experts = FusedMoE(
+            config.num_experts,
+            config.num_experts_per_tok,
+            config.hidden_size,
+            config.moe_intermediate_size,
+            config.hidden_act,
+            config.norm_topk_prob,
+        )
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The experts' output for input_norm(x + residual), and x + residual, the next residual."""
+        y, residual = self.input_norm(x, residual)  # [tokens, hidden] each
+        return self.experts(y, self.gate(y)), residual
+
+
 def _norm(config: ModelConfig) -> RMSNorm:
     return RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_unit_offset)
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm layer `index`: attention, then the MLP, each behind its RMSNorm. With config.sandwich_norms
-    each block's output is normalised too before it joins the residual stream (Gemma 2); the checkpoint
-    then names the norms input_layernorm, post_attention_layernorm (on the attention's output),
-    pre_feedforward_layernorm and post_feedforward_layernorm."""
+    """Pre-norm layer `index`: attention, then the MLP (experts where config.moe_layers names the layer),
+    each behind its RMSNorm. With config.sandwich_norms each block's output is normalised too before it
+    joins the residual stream (Gemma 2); the checkpoint then names the norms input_layernorm,
+    post_attention_layernorm (on the attention's output), pre_feedforward_layernorm and
+    post_feedforward_layernorm."""
 
     def __init__(self, config: ModelConfig, index: int, rotary: RotaryEmbedding):
         super().__init__()
@@ -110,7 +142,8 @@ class DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm = mlp_norm = _norm(config)
             self.post_feedforward_layernorm = _norm(config)
         self.self_attn = AttentionBlock(config, self.input_layernorm, rotary, config.layer_window(index))
-        self.mlp = GatedMLP(config, mlp_norm)
+        mlp = SparseMoeBlock if index in config.moe_layers else GatedMLP
+        self.mlp = mlp(config, mlp_norm)
 
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
@@ -177,6 +210,11 @@ class DecoderForCausalLM(nn.Module):
         "gate_proj": ("gate_up_proj", 0),
         "up_proj": ("gate_up_proj", 1),
     }
+    # a mixture-of-experts checkpoint's expert tensors, named after `experts.`: every expert's stacked
+    # (transformers 5's layout) -> our parameter; after `experts.{e}.`, one expert's (published
+    # checkpoints) -> our parameter and the part it fills
+    stacked_expert_weights = {"gate_up_proj": "w13", "down_proj": "w2"}
+    expert_weights = {"gate_proj": ("w13", "gate"), "up_proj": ("w13", "up"), "down_proj": ("w2", "down")}
 
     def __init__(self, config: ModelConfig):
         super().__init__()

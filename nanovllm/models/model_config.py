@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 # original_max_position_embeddings None means the rope dict's or else max_position_embeddings;
 # rope_type_aliases maps a type's other names; sliding_rope_theta, where set, is the rotary base of the
 # sliding layers (which are then unscaled), the config's rope_local_base_freq overriding it.
+# num_local_experts 0 marks a dense family, whose config is read for no mixture-of-experts field; for the
+# others (see `_moe_fields`) moe_intermediate_size None means intermediate_size.
 _LLAMA_DEFAULTS = dict(
     vocab_size=32000,
     hidden_size=4096,
@@ -54,6 +56,12 @@ _LLAMA_DEFAULTS = dict(
     rope_type_aliases={},
     sliding_window_pattern=2,
     sliding_rope_theta=None,
+    num_local_experts=0,
+    num_experts_per_tok=None,
+    moe_intermediate_size=None,
+    norm_topk_prob=False,
+    decoder_sparse_step=1,
+    mlp_only_layers=(),
 )
 # Gemma 2: sliding-window and global layers alternating, soft-capped attention and final logits,
 # q scaled by query_pre_attn_scalar, norms before and after attention and the MLP, GeGLU
@@ -135,6 +143,35 @@ _FAMILY_DEFAULTS = {
         "max_position_embeddings": 32768,
         "qk_norm": True,
     },
+    # Qwen3-MoE: Qwen3's attention; experts in every decoder_sparse_step-th layer but those in
+    # mlp_only_layers, which keep a dense MLP of intermediate_size; no shared expert
+    "Qwen3MoeForCausalLM": {
+        **_LLAMA_DEFAULTS,
+        "vocab_size": 151936,
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "num_hidden_layers": 24,
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 32768,
+        "qk_norm": True,
+        "num_local_experts": 128,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 768,
+    },
+    # Mixtral: Mistral's layers with 8 experts of intermediate_size in every layer, the two chosen ones'
+    # weights renormalised (its config has no norm_topk_prob: transformers' Mixtral always does)
+    "MixtralForCausalLM": {
+        **_LLAMA_DEFAULTS,
+        "intermediate_size": 14336,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 1000000.0,
+        "window_layers": "all",
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "norm_topk_prob": True,
+    },
     "Gemma2ForCausalLM": _GEMMA2_DEFAULTS,
     "Gemma3ForCausalLM": _GEMMA3_DEFAULTS,
     # the language model of Gemma 3's image-text checkpoints, read from their text_config
@@ -155,6 +192,17 @@ _ROPE_KEYS = {
 }
 # the types that stretch a model trained at original_max_position_embeddings
 _EXTENDED_CONTEXT_TYPES = ("llama3", "yarn", "longrope")
+# Mixture-of-experts settings of other families that the router here (softmax, top-k, no shared expert)
+# does not honour: config field -> the values that change nothing
+_UNSUPPORTED_MOE_SETTINGS = {
+    "shared_expert_intermediate_size": (0,),  # Qwen2-MoE, Qwen3-Next: an expert every token runs through
+    "n_shared_experts": (0,),  # DeepSeek
+    "num_shared_experts": (0,),
+    "scoring_func": ("softmax",),  # DeepSeek-V3 scores experts with a sigmoid
+    "topk_method": ("greedy",),  # DeepSeek's group-limited choices
+    "n_group": (1,),
+    "routed_scaling_factor": (1.0,),
+}
 
 
 @dataclass(frozen=True)
@@ -191,6 +239,11 @@ class ModelConfig:
     norm_unit_offset: bool  # RMSNorm scales by 1 + weight, in fp32 (Gemma)
     sandwich_norms: bool  # RMSNorm also on the attention's and the MLP's outputs (Gemma 2)
     embed_scale: float | None  # token embeddings are multiplied by it, in the model's dtype (Gemma: sqrt(hidden))
+    num_experts: int  # experts per mixture-of-experts layer (0: a dense model)
+    num_experts_per_tok: int  # the top-k experts each token runs through
+    moe_intermediate_size: int  # each expert's MLP width
+    norm_topk_prob: bool  # the chosen experts' weights are renormalised to sum to 1
+    moe_layers: tuple[int, ...]  # the layers whose MLP is a mixture of experts; the others' is dense
     dtype: str | None  # the checkpoint's dtype as torch names it ("bfloat16"), None if unsaid
     eos_token_id: int | tuple[int, ...] | None
 
@@ -251,11 +304,12 @@ class ModelConfig:
         sliding_window, layer_types = _sliding_layers(hf_config, defaults, num_layers)
         max_position_embeddings = read("max_position_embeddings")
         rope, sliding_rope = _layer_rope_parameters(hf_config, defaults, max_position_embeddings, rotary_dim)
+        intermediate_size = read("intermediate_size")
         return cls(
             architecture=architecture,
             architectures=architectures,
             hidden_size=hidden_size,
-            intermediate_size=read("intermediate_size"),
+            intermediate_size=intermediate_size,
             num_hidden_layers=num_layers,
             num_attention_heads=num_heads,
             num_key_value_heads=read("num_key_value_heads") or num_heads,
@@ -280,6 +334,7 @@ class ModelConfig:
             norm_unit_offset=defaults["norm_unit_offset"],
             sandwich_norms=defaults["sandwich_norms"],
             embed_scale=hidden_size**0.5 if defaults["scaled_embeddings"] else None,
+            **_moe_fields(hf_config, defaults, intermediate_size, num_layers),
             dtype=None if dtype is None else str(dtype).removeprefix("torch."),
             eos_token_id=tuple(eos) if isinstance(eos, (list, tuple)) else eos,
         )
@@ -305,6 +360,46 @@ def _softcap(hf_config, name: str, defaults: dict) -> float | None:
     # a config that says null caps nothing: only one that leaves the field out takes the default
     value = getattr(hf_config, name, defaults[name])
     return None if value is None else float(_positive(name, value))
+
+
+def _moe_fields(hf_config, defaults: dict, intermediate_size: int, num_layers: int) -> dict:
+    """The mixture-of-experts fields of ModelConfig: none for a dense family; for the others the config's,
+    with the layers that have experts chosen as transformers chooses them (every decoder_sparse_step-th,
+    but those in mlp_only_layers). ValueError for a setting the router here does not honour."""
+    if not defaults["num_local_experts"]:
+        return dict(num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0, norm_topk_prob=False, moe_layers=())
+
+    def read(name: str):
+        return _get(hf_config, name, defaults[name])
+
+    for name, honoured in _UNSUPPORTED_MOE_SETTINGS.items():
+        value = _get(hf_config, name, honoured[0])
+        if value not in honoured:
+            raise ValueError(
+                f"{name}={value!r} is not supported: experts are chosen by a softmax over the router's "
+                f"logits and its top-k, with no shared expert; use a checkpoint without it"
+            )
+    # Qwen3-MoE's configs name it num_experts, Mixtral's (and what transformers 5 writes for both) num_local_experts
+    num_experts = _whole("num_experts", _get(hf_config, "num_experts", None) or read("num_local_experts"))
+    top_k = _whole("num_experts_per_tok", read("num_experts_per_tok"))
+    if top_k > num_experts:
+        raise ValueError(f"num_experts_per_tok ({top_k}) must be at most the number of experts ({num_experts})")
+    step = _whole("decoder_sparse_step", read("decoder_sparse_step"))
+    dense = set(read("mlp_only_layers"))
+    return dict(
+        num_experts=num_experts,
+        num_experts_per_tok=top_k,
+        moe_intermediate_size=_whole("moe_intermediate_size", read("moe_intermediate_size") or intermediate_size),
+        norm_topk_prob=bool(read("norm_topk_prob")),
+        moe_layers=tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0),
+    )
+
+
+def _whole(name: str, value) -> int:
+    """`value` (read from the config's `name`), or a ValueError unless it is a positive whole number."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive whole number, got {value!r} in the model's config")
+    return value
 
 
 def _sliding_layers(hf_config, defaults: dict, num_layers: int) -> tuple[int | None, tuple[str, ...]]:

@@ -7,6 +7,7 @@ for dummy weights, or a plain tensor.
 
 import glob
 import os
+import re
 import zlib
 
 import torch
@@ -17,6 +18,9 @@ from nanovllm.utils.parallel import tensor_parallel
 
 # Checkpoint tensors that hold nothing the engine needs.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# A mixture-of-experts layer's expert tensor: one expert's (`experts.3.gate_proj.weight`) or every
+# expert's stacked (`experts.gate_up_proj`)
+_EXPERT_TENSOR = re.compile(r"\.experts\.(?:(?P<expert>\d+)\.(?P<part>\w+)\.weight|(?P<stacked>\w+))$")
 
 
 def shard(loaded, dim: int, start: int, size: int) -> torch.Tensor:
@@ -37,16 +41,40 @@ def _load_into(param: nn.Parameter, loaded, shard_id) -> None:
 
 
 def _renamed(model: nn.Module, name: str) -> str | None:
-    """Checkpoint tensor `name` under our prefix (the model's `checkpoint_prefixes`), None for a tensor the
-    model does not load (such as an image-text checkpoint's vision tower)."""
+    """Checkpoint tensor `name` under our prefix (the model's `checkpoint_prefixes`) and with our module
+    names (its `checkpoint_renames`), None for a tensor the model does not load (such as an image-text
+    checkpoint's vision tower)."""
     for prefix, ours in getattr(model, "checkpoint_prefixes", {}).items():
         if name.startswith(prefix):
-            return None if ours is None else ours + name[len(prefix) :]
+            if ours is None:
+                return None
+            name = ours + name[len(prefix) :]
+            break
+    for part, ours in getattr(model, "checkpoint_renames", {}).items():
+        name = name.replace(part, ours)
     return name
+
+
+def _expert_target(model: nn.Module, name: str) -> tuple[str, object] | None:
+    """Our stacked expert parameter and shard id for checkpoint tensor `name` (see the model's
+    `expert_weights`): shard None for every expert's tensor, (expert, part) for one expert's; None for a
+    tensor that is not an expert's."""
+    match = _EXPERT_TENSOR.search(name)
+    if match is None:
+        return None
+    if match["stacked"] is not None:
+        param, shard_id = getattr(model, "stacked_expert_weights", {}).get(match["stacked"]), None
+    else:
+        param, part = getattr(model, "expert_weights", {}).get(match["part"], (None, None))
+        shard_id = (int(match["expert"]), part)
+    return None if param is None else (f"{name[: match.start()]}.experts.{param}", shard_id)
 
 
 def _target(model: nn.Module, name: str) -> tuple[str, object]:
     """Our parameter name and shard id for checkpoint tensor `name`."""
+    expert = _expert_target(model, name)
+    if expert is not None:
+        return expert
     for checkpoint_part, (fused_part, shard_id) in getattr(model, "packed_modules_mapping", {}).items():
         if f".{checkpoint_part}." in name:
             return name.replace(f".{checkpoint_part}.", f".{fused_part}."), shard_id
@@ -82,13 +110,18 @@ def load_model(model: nn.Module, path: str) -> None:
 
 
 def _check_complete(model: nn.Module, params: dict, loaded: set[str], path: str) -> None:
+    """ValueError naming the parameters (or their shards) no checkpoint tensor filled. A fused parameter is
+    filled by one tensor per shard (its `shard_ids`, or the model's `packed_modules_mapping`), or by one
+    tensor that holds every shard."""
     expected_shards: dict[str, list] = {}
     for checkpoint_part, (fused_part, shard_id) in getattr(model, "packed_modules_mapping", {}).items():
         expected_shards.setdefault(fused_part, []).append(shard_id)
     missing = []
-    for name in params:
+    for name, param in params.items():
+        if f"{name}:None" in loaded:
+            continue
         module_part = name.split(".")[-2] if "." in name else name
-        shard_ids = expected_shards.get(module_part, [None])
+        shard_ids = getattr(param, "shard_ids", None) or expected_shards.get(module_part, [None])
         missing += [f"{name}[{s}]" if s is not None else name for s in shard_ids if f"{name}:{s}" not in loaded]
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")

@@ -46,8 +46,12 @@ def check_divisible(model_config, size: int) -> None:
         "attention heads (num_attention_heads)": model_config.num_attention_heads,
         "KV heads (num_key_value_heads)": model_config.num_key_value_heads,
         "vocabulary (vocab_size)": model_config.vocab_size,
-        "MLP width (intermediate_size)": model_config.intermediate_size,
     }
+    # an MLP's width is split, a dense one's where some layer has one, and every expert's where some has experts
+    if len(model_config.moe_layers) < model_config.num_hidden_layers:
+        dims["MLP width (intermediate_size)"] = model_config.intermediate_size
+    if model_config.moe_layers:
+        dims["expert MLP width (moe_intermediate_size)"] = model_config.moe_intermediate_size
     uneven = [f"{name} = {value}" for name, value in dims.items() if value % size]
     if uneven:
         raise ValueError(

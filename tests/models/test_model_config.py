@@ -5,7 +5,17 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from transformers import AutoConfig, Gemma2Config, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
+from transformers import (
+    AutoConfig,
+    Gemma2Config,
+    LlamaConfig,
+    MistralConfig,
+    MixtralConfig,
+    Phi3Config,
+    Qwen2Config,
+    Qwen3Config,
+    Qwen3MoeConfig,
+)
 
 from nanovllm.config import Config
 from nanovllm.models import model_class
@@ -45,6 +55,8 @@ def test_transformers_defaults_and_ours_agree():
         Phi3Config(architectures=["Phi3ForCausalLM"]),
         Qwen2Config(architectures=["Qwen2ForCausalLM"]),
         Qwen3Config(architectures=["Qwen3ForCausalLM"]),
+        Qwen3MoeConfig(architectures=["Qwen3MoeForCausalLM"]),
+        MixtralConfig(architectures=["MixtralForCausalLM"]),
     ):
         family = ModelConfig.from_hf(SimpleNamespace(architectures=hf.architectures, eos_token_id=hf.eos_token_id))
         assert ModelConfig.from_hf(hf) == family
@@ -213,8 +225,8 @@ def test_a_llama_longrope_takes_its_original_context_from_the_rope_dict_else_its
         (
             {"architectures": ["MysteryForCausalLM"]},
             r"unsupported architecture \['MysteryForCausalLM'\]; supported: Gemma2ForCausalLM, Gemma3ForCausalLM, "
-            r"Gemma3ForConditionalGeneration, LlamaForCausalLM, MistralForCausalLM, Phi3ForCausalLM, "
-            r"Qwen2ForCausalLM, Qwen3ForCausalLM",
+            r"Gemma3ForConditionalGeneration, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, "
+            r"Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM",
         ),
         ({"architectures": None}, r"unsupported architecture \(none in config.json\)"),
     ],
@@ -251,6 +263,58 @@ def test_an_unsupported_activation_is_refused_when_the_config_loads(qwen3_dir):
 def test_a_gemma2_setting_the_engine_cannot_honour_is_refused(fields, message):
     with pytest.raises(ValueError, match=message):
         ModelConfig.from_hf(SimpleNamespace(architectures=["Gemma2ForCausalLM"], **fields))
+
+
+def test_a_dense_family_has_no_experts_even_where_its_config_names_some():
+    config = ModelConfig.from_hf(SimpleNamespace(architectures=["Qwen3ForCausalLM"], num_experts=8))
+    assert (config.num_experts, config.moe_layers) == (0, ())
+
+
+def test_qwen3_moe_puts_experts_in_every_sparse_step_but_the_dense_only_layers():
+    config = ModelConfig.from_hf(
+        SimpleNamespace(
+            architectures=["Qwen3MoeForCausalLM"],
+            num_hidden_layers=8,
+            decoder_sparse_step=2,
+            mlp_only_layers=[3, 5],
+            num_experts=16,  # Qwen3-MoE's published configs' name
+            num_experts_per_tok=4,
+            moe_intermediate_size=96,
+            norm_topk_prob=True,
+        )
+    )
+    assert config.moe_layers == (1, 7)  # layers 1, 3, 5, 7 are every second; 3 and 5 stay dense
+    assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size) == (16, 4, 96)
+    assert config.norm_topk_prob and config.qk_norm
+
+
+def test_mixtral_experts_are_intermediate_size_wide_in_every_layer_and_renormalised():
+    config = ModelConfig.from_hf(
+        SimpleNamespace(architectures=["MixtralForCausalLM"], num_hidden_layers=3, intermediate_size=48)
+    )
+    assert config.moe_layers == (0, 1, 2) and config.moe_intermediate_size == 48
+    assert (config.num_experts, config.num_experts_per_tok, config.norm_topk_prob) == (8, 2, True)
+    assert config.sliding_window is None  # Mixtral's default, unlike Mistral's 4096
+    windowed = SimpleNamespace(architectures=["MixtralForCausalLM"], num_hidden_layers=2, sliding_window=64)
+    assert ModelConfig.from_hf(windowed).layer_types == ("sliding_attention",) * 2
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"shared_expert_intermediate_size": 64}, "shared_expert_intermediate_size=64 is not supported"),
+        ({"n_shared_experts": 1}, "n_shared_experts=1 is not supported: .* no shared expert"),
+        ({"scoring_func": "sigmoid"}, "scoring_func='sigmoid' is not supported: experts are chosen by a softmax"),
+        ({"topk_method": "noaux_tc"}, "topk_method='noaux_tc' is not supported"),
+        ({"num_experts": 4, "num_experts_per_tok": 6}, r"num_experts_per_tok \(6\) must be at most .* \(4\)"),
+        ({"num_experts_per_tok": 0}, "num_experts_per_tok must be a positive whole number, got 0"),
+        ({"decoder_sparse_step": 0}, "decoder_sparse_step must be a positive whole number, got 0"),
+        ({"moe_intermediate_size": 1.5}, "moe_intermediate_size must be a positive whole number, got 1.5"),
+    ],
+)
+def test_a_mixture_of_experts_setting_the_engine_cannot_honour_is_refused(fields, message):
+    with pytest.raises(ValueError, match=message):
+        ModelConfig.from_hf(SimpleNamespace(architectures=["Qwen3MoeForCausalLM"], **fields))
 
 
 def test_importing_the_models_package_imports_no_family_until_one_is_asked_for(qwen3_dir):

@@ -1,7 +1,12 @@
-"""The tensor-parallel split layers are built for, and where ranks meet."""
+"""The tensor-parallel split layers are built for, the sizes it must divide, and where ranks meet."""
+
+from types import SimpleNamespace
+
+import pytest
 
 from nanovllm.layers.linear import QKVParallelLinear, RowParallelLinear
-from nanovllm.utils.parallel import rendezvous_address, tensor_parallel, tp_rank, tp_size
+from nanovllm.models.model_config import ModelConfig
+from nanovllm.utils.parallel import check_divisible, rendezvous_address, tensor_parallel, tp_rank, tp_size
 
 
 def test_layers_built_inside_the_scope_hold_their_share():
@@ -14,6 +19,18 @@ def test_layers_built_inside_the_scope_hold_their_share():
     assert qkv.weight.shape == (2 * 4 + 4 + 4, 8)
     assert o.weight.shape == (8, 8) and (o.tp_rank, o.tp_size) == (1, 2)
     assert RowParallelLinear(16, 8).weight.shape == (8, 16)
+
+
+def qwen3_moe(**fields) -> ModelConfig:
+    return ModelConfig.from_hf(SimpleNamespace(architectures=["Qwen3MoeForCausalLM"], num_hidden_layers=4, **fields))
+
+
+def test_the_experts_width_must_split_and_a_dense_width_only_where_a_layer_is_dense():
+    with pytest.raises(ValueError, match=r"must divide the model's expert MLP width \(moe_intermediate_size\) = 34"):
+        check_divisible(qwen3_moe(moe_intermediate_size=34), 4)
+    check_divisible(qwen3_moe(intermediate_size=6), 4)  # no layer is dense: its width is never split
+    with pytest.raises(ValueError, match=r"must divide the model's MLP width \(intermediate_size\) = 6"):
+        check_divisible(qwen3_moe(intermediate_size=6, mlp_only_layers=[0]), 4)
 
 
 def test_rendezvous_defaults_to_localhost_and_a_free_port(monkeypatch):

@@ -1,0 +1,103 @@
+"""The experts of a mixture-of-experts layer, their weights stacked, and their plain-PyTorch computation:
+the CPU path, the GPU path until a fused kernel replaces it, and that kernel's reference.
+
+Weights: w13 [experts, 2 * I, hidden] (each expert's gate rows, then its up rows) and w2 [experts,
+hidden, I], I being an expert's width. Tensor parallelism splits every expert as a dense MLP is split:
+each rank holds the same slice of every expert's I (of gate, of up, and of down's input features), every
+rank routes every token alike (the router is replicated), and one all-reduce sums the partial outputs.
+
+A checkpoint holds the experts one tensor each (published checkpoints: an expert's gate and up
+[I, hidden], its down [hidden, I]) or stacked as here (transformers 5's layout); each parameter's loader
+takes both, reading only this rank's slices.
+"""
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from nanovllm.layers.activation import gated_activation
+from nanovllm.layers.linear import divide
+from nanovllm.layers.moe_routing import group_by_expert, route
+from nanovllm.utils.loader import shard
+from nanovllm.utils.parallel import tp_rank, tp_size
+
+
+def moe_experts(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, hidden_act: str
+) -> torch.Tensor:
+    """For each token t, the sum over its choices j of weights[t, j] * down(act(gate(x_t)) * up(x_t)) of
+    expert ids[t, j]. Each expert runs once, over the tokens routed to it; the weighted sum is taken in fp32.
+
+    x: [tokens, hidden]; w13: [experts, 2 * I, hidden]; w2: [experts, hidden, I];
+    weights, ids: [tokens, top_k] -> [tokens, hidden] in x's dtype
+    """
+    top_k = ids.size(1)
+    order, counts = group_by_expert(ids, w13.size(0))
+    tokens = order // top_k  # [tokens * top_k]: the token of each slot, slots grouped by expert
+    grouped = x[tokens]  # [tokens * top_k, hidden]
+    out = torch.empty_like(grouped)
+    start = 0
+    # the group sizes are read on the host: a sync, which no CUDA graph can capture
+    for expert, count in enumerate(counts.tolist()):
+        if count:
+            rows = slice(start, start + count)
+            h = gated_activation(F.linear(grouped[rows], w13[expert]), hidden_act)  # [count, I]
+            out[rows] = F.linear(h, w2[expert])
+        start += count
+    weighted = out.float() * weights.flatten()[order, None]  # [tokens * top_k, hidden]
+    summed = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    return summed.index_add_(0, tokens, weighted).to(x.dtype)
+
+
+class FusedMoE(nn.Module):
+    """`num_experts` gated MLPs of width `intermediate_size`, each token through the `top_k` its router
+    logits choose (`route`), their outputs weighted and summed; this rank's slice of every expert."""
+
+    def __init__(
+        self,
+        num_experts: int,
+        top_k: int,
+        hidden_size: int,
+        intermediate_size: int,
+        hidden_act: str,
+        renormalize: bool,
+    ):
+        super().__init__()
+        self.top_k, self.renormalize, self.hidden_act = top_k, renormalize, hidden_act
+        self.tp_rank, self.tp_size = tp_rank(), tp_size()
+        self.intermediate_size = intermediate_size  # an expert's whole width, as the checkpoint holds it
+        width = divide(intermediate_size, self.tp_size, "expert MLP width")
+        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * width, hidden_size), requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, width), requires_grad=False)
+        self.w13.weight_loader, self.w2.weight_loader = self._load_w13, self._load_w2
+        # the one-expert checkpoint tensors each parameter is made of, which the loader checks it got
+        self.w13.shard_ids = [(e, part) for e in range(num_experts) for part in ("gate", "up")]
+        self.w2.shard_ids = [(e, "down") for e in range(num_experts)]
+
+    def _load_w13(self, param: nn.Parameter, loaded, shard_id=None) -> None:
+        """Every expert's gate | up ([experts, 2 * I, hidden], shard_id None), or one expert's gate or up
+        ([I, hidden], shard_id (expert, "gate" or "up")): this rank's rows of each."""
+        stacked = shard_id is None
+        experts = param.data if stacked else param.data[shard_id[0]]  # [(experts,) 2 * width, hidden]
+        dim, width = experts.dim() - 2, param.size(1) // 2  # dim: the rows of gate | up
+        for half in (0, 1) if stacked else (("gate", "up").index(shard_id[1]),):
+            start = (half * self.intermediate_size if stacked else 0) + self.tp_rank * width
+            experts.narrow(dim, half * width, width).copy_(shard(loaded, dim, start, width))
+
+    def _load_w2(self, param: nn.Parameter, loaded, shard_id=None) -> None:
+        """Every expert's down ([experts, hidden, I], shard_id None), or one expert's ([hidden, I], shard_id
+        (expert, "down")): this rank's columns."""
+        assert shard_id is None or shard_id[1] == "down"
+        experts = param.data if shard_id is None else param.data[shard_id[0]]  # [(experts,) hidden, width]
+        width = param.size(2)
+        experts.copy_(shard(loaded, experts.dim() - 1, self.tp_rank * width, width))
+
+    def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        """The experts' weighted sum for each token, summed over the ranks."""
+        # x: [tokens, hidden]; router_logits: [tokens, experts] -> [tokens, hidden]
+        weights, ids = route(router_logits, self.top_k, self.renormalize)
+        y = moe_experts(x, self.w13, self.w2, weights, ids, self.hidden_act)
+        if self.tp_size > 1:
+            dist.all_reduce(y)
+        return y
