@@ -6,7 +6,8 @@ Qwen3-0.6B ("0.6b") and Qwen3-8B ("8b"), and one model of each other family
 the engine loads, at the size people run: Qwen2.5-7B, Mistral-7B (v0.3: no
 sliding window), Gemma-2-9B (every other layer over a 4,096-token window,
 soft-capped attention and logits), Gemma-3-4B (five 1,024-token sliding layers
-to one global), Phi-4-mini (partial rotary, LongRoPE). The values are those of
+to one global), Phi-4-mini (partial rotary, LongRoPE), Qwen3-30B-A3B (128 experts, 8 per
+token, on every layer). The values are those of
 the published config.json files; LongRoPE's factor lists are placeholders of
 the right length, which change no speed.
 """
@@ -142,12 +143,48 @@ SHAPES = {
         "hidden_act": "silu",
         "tie_word_embeddings": True,
     },
+    "qwen3-30b-a3b": _qwen3(
+        architectures=["Qwen3MoeForCausalLM"],
+        model_type="qwen3_moe",
+        hidden_size=2048,
+        intermediate_size=6144,
+        moe_intermediate_size=768,
+        num_hidden_layers=48,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        num_experts=128,
+        num_experts_per_tok=8,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        tie_word_embeddings=False,
+    ),
 }
 
 
 def model_config(shape: str) -> dict:
     """config.json of a model of this shape, in bf16."""
     return {"torch_dtype": "bfloat16", "bos_token_id": 151643, "eos_token_id": 151645, **SHAPES[shape]}
+
+
+@dataclass
+class WeightRead:
+    """The weight bytes a decode step reads: every dense weight once, and of each mixture-of-experts
+    layer's experts those its sequences select, `num_experts_per_tok` each, spread evenly (as random
+    weights route them): the expected number of distinct experts."""
+
+    dense: int
+    expert: int = 0  # bytes of one expert's gate, up and down, summed over the MoE layers
+    num_experts: int = 0
+    top_k: int = 0
+
+    def bytes(self, num_seqs: int) -> int:
+        """What a decode step of `num_seqs` sequences reads."""
+        if not self.num_experts:
+            return self.dense
+        selected = self.num_experts * (1 - (1 - self.top_k / self.num_experts) ** num_seqs)
+        return self.dense + round(selected * self.expert)
 
 
 @dataclass
@@ -173,16 +210,18 @@ def layer_windows(shape: str) -> list[int | None]:
     return [window] * layers
 
 
-def model_bytes(shape: str, kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1) -> tuple[int, KVRead]:
-    """(weight bytes a decode step reads, KV read) of one rank of the bf16 model, the KV in bf16 or in FP8
-    with a 4-byte scale per head."""
+def model_bytes(shape: str, kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1) -> tuple[WeightRead, KVRead]:
+    """(weight read, KV read) of a decode step of one rank of the bf16 model, the KV in bf16 or in FP8 with a
+    4-byte scale per head."""
     s = SHAPES[shape]
     h, d = s["hidden_size"], s.get("head_dim") or s["hidden_size"] // s["num_attention_heads"]
     q, kv = s["num_attention_heads"] * d, s["num_key_value_heads"] * d
     gemma = s["model_type"].startswith("gemma")
     norms = (4 if gemma else 2) * h + (2 * d if s["model_type"] in ("qwen3", "gemma3_text") else 0)
     biases = q + 2 * kv if s["model_type"] == "qwen2" else 0
-    per_layer = h * (q + 2 * kv) + q * h + 3 * h * s["intermediate_size"] + norms + biases
+    experts = s.get("num_experts", 0)
+    mlp = 0 if experts else 3 * h * s["intermediate_size"]
+    per_layer = h * (q + 2 * kv) + q * h + mlp + norms + biases + h * experts  # the router: [experts, hidden]
     # the LM head is read whole; of the input embedding table, tied to it or not, a step reads only the rows
     # of its tokens (an untied Qwen3-8B table is 1.2 GB that no step reads)
     lm_head = s["vocab_size"] * h
@@ -190,5 +229,7 @@ def model_bytes(shape: str, kv_cache_dtype: str = "auto", tensor_parallel_size: 
     read: dict[int | None, int] = {}
     for window in layer_windows(shape):
         read[window] = read.get(window, 0) + 2 * per_head // tensor_parallel_size
-    weights = 2 * (lm_head + s["num_hidden_layers"] * per_layer + h) // tensor_parallel_size
-    return weights, KVRead(read)
+    layers = s["num_hidden_layers"]
+    dense = 2 * (lm_head + layers * per_layer + h) // tensor_parallel_size
+    expert = 2 * layers * 3 * h * s.get("moe_intermediate_size", 0) // tensor_parallel_size
+    return WeightRead(dense, expert, experts, s.get("num_experts_per_tok", 0)), KVRead(read)

@@ -350,8 +350,8 @@ def main() -> None:
     add_qwen3_tokenizer(model_dir)
     name, bandwidth = machine()
     offline_tok_s, decode_ms = run_offline(model_dir, prompts, max_tokens)
-    weight_bytes, kv_bytes = model_bytes("0.6b")
-    roofline = sum(max_tokens) / roofline_seconds(prompts, max_tokens, weight_bytes, kv_bytes, bandwidth)
+    weight_read, kv_read = model_bytes("0.6b")
+    roofline = sum(max_tokens) / roofline_seconds(prompts, max_tokens, weight_read, kv_read, bandwidth)
     process = start_server(model_dir, args.port, ["--load-format", "dummy", *shlex.split(args.server_args)])
     try:
         wait_for_health(f"http://127.0.0.1:{args.port}", process, args.startup_timeout)

@@ -55,7 +55,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-from model_shapes import SHAPES, KVRead, model_bytes, model_config
+from model_shapes import SHAPES, KVRead, WeightRead, model_bytes, model_config
 
 from nanovllm import LLM, SamplingParams
 
@@ -108,10 +108,10 @@ def copy_bandwidth(size_bytes: int = 1 << 32) -> float:
 
 
 def roofline_seconds(
-    prompts: list[list[int]], max_tokens: list[int], weight_bytes: int, kv_read: KVRead, bandwidth: float
+    prompts: list[list[int]], max_tokens: list[int], weight_read: WeightRead, kv_read: KVRead, bandwidth: float
 ) -> float:
-    """Time of every decode step reading the weights (`weight_bytes`) and every running sequence's KV once
-    (within each layer's window).
+    """Time of every decode step reading its weights (of a mixture of experts, those its sequences select)
+    and every running sequence's KV once (within each layer's window).
 
     The first token of each request comes from its prefill; decode step s runs the
     requests with max_tokens > s, each holding prompt + s tokens.
@@ -119,7 +119,8 @@ def roofline_seconds(
     prompt_lens = [len(p) for p in prompts]
     total = 0
     for step in range(1, max(max_tokens)):
-        total += weight_bytes + sum(kv_read.bytes(p + step) for p, m in zip(prompt_lens, max_tokens) if m > step)
+        running = [p for p, m in zip(prompt_lens, max_tokens) if m > step]
+        total += weight_read.bytes(len(running)) + sum(kv_read.bytes(p + step) for p in running)
     return total / bandwidth
 
 
@@ -292,7 +293,7 @@ def print_profile(label: str, steps) -> None:
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=70))
 
 
-def profile_steps(llm: LLM, num_seqs: int, weight_bytes: int, kv_read: KVRead, bandwidth: float) -> None:
+def profile_steps(llm: LLM, num_seqs: int, weight_read: WeightRead, kv_read: KVRead, bandwidth: float) -> None:
     """Profiles the prefill of `num_seqs` workload prompts, then times 32 of their decode steps
     (GPU time beside those steps' roofline) and profiles 32 more."""
     prompts, _ = workload()
@@ -315,7 +316,7 @@ def profile_steps(llm: LLM, num_seqs: int, weight_bytes: int, kv_read: KVRead, b
     # decode step j of a sequence with a p-token prompt reads p + 1 + j cached tokens
     context = statistics.mean(sum(len(p) + 1 + j for p in prompts[:num_seqs]) for j in range(32))
     kv_bytes = statistics.mean(sum(kv_read.bytes(len(p) + 1 + j) for p in prompts[:num_seqs]) for j in range(32))
-    roofline_ms = (weight_bytes + kv_bytes) / bandwidth * 1e3
+    roofline_ms = (weight_read.bytes(num_seqs) + kv_bytes) / bandwidth * 1e3
     gpu_ms = statistics.median(r.gpu_ms for r in recorder.records)
     print(
         f"decode step of {num_seqs} sequences ({context / num_seqs:,.0f} cached tokens each on average): GPU "
@@ -419,8 +420,8 @@ def run_engine(
     printed; on the first engine of a size also one sequence's latency (and the profile, if asked for) and
     the greedy tokens of 16 prompts."""
     total_out = sum(max_tokens)
-    weight_bytes, kv_read = model_bytes(shape, kv_cache_dtype, size)
-    roofline = total_out / roofline_seconds(prompts, max_tokens, weight_bytes, kv_read, bandwidth)
+    weight_read, kv_read = model_bytes(shape, kv_cache_dtype, size)
+    roofline = total_out / roofline_seconds(prompts, max_tokens, weight_read, kv_read, bandwidth)
     llm = make_llm(model_dir, args, skip_tokenizer_init, size, kv_cache_dtype)
     elapsed, recorder = run_workload(llm, prompts, max_tokens, sampling)
     rate = total_out / elapsed
@@ -435,7 +436,7 @@ def run_engine(
     run = EngineRun(rate, rate / roofline)
     if first:
         step, steps = single_sequence_latency(llm)
-        run.single_ms, run.single_roofline_ms = step * 1e3, weight_bytes / bandwidth * 1e3
+        run.single_ms, run.single_roofline_ms = step * 1e3, weight_read.bytes(1) / bandwidth * 1e3
         print(
             f"single sequence decode: {run.single_ms:.3f} ms/token ({1 / step:,.0f} tok/s); "
             f"roofline {run.single_roofline_ms:.3f} ms/token (the weights a step reads, once per token); "
@@ -445,7 +446,7 @@ def run_engine(
         run.greedy = greedy_token_ids(llm, prompts[:16])
         if args.profile:
             for num_seqs in (1, 256):
-                profile_steps(llm, num_seqs, weight_bytes, kv_read, bandwidth)
+                profile_steps(llm, num_seqs, weight_read, kv_read, bandwidth)
     llm.close()
     del llm, recorder
     gc.collect()  # the recorders' wrappers around pending outputs form cycles that hold the engine

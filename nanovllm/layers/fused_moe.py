@@ -1,5 +1,5 @@
-"""The experts of a mixture-of-experts layer, their weights stacked, and their plain-PyTorch computation:
-the CPU path, the GPU path until a fused kernel replaces it, and that kernel's reference.
+"""The experts of a mixture-of-experts layer, their weights stacked, computed on CUDA by the fused Triton
+kernels (`kernels/triton_moe.py`) and elsewhere in plain PyTorch, which is those kernels' reference.
 
 Weights: w13 [experts, 2 * I, hidden] (each expert's gate rows, then its up rows) and w2 [experts,
 hidden, I], I being an expert's width. Tensor parallelism splits every expert as a dense MLP is split:
@@ -97,7 +97,12 @@ class FusedMoE(nn.Module):
         """The experts' weighted sum for each token, summed over the ranks."""
         # x: [tokens, hidden]; router_logits: [tokens, experts] -> [tokens, hidden]
         weights, ids = route(router_logits, self.top_k, self.renormalize)
-        y = moe_experts(x, self.w13, self.w2, weights, ids, self.hidden_act)
+        if x.is_cuda:
+            from nanovllm.kernels.triton_moe import fused_experts  # Triton is needed on CUDA only
+
+            y = fused_experts(x, self.w13, self.w2, weights, ids, self.hidden_act)
+        else:
+            y = moe_experts(x, self.w13, self.w2, weights, ids, self.hidden_act)
         if self.tp_size > 1:
             dist.all_reduce(y)
         return y

@@ -113,8 +113,6 @@ class ModelRunner(Executor):
         self._bitmask_turn = 0
         self.graphs = None
         use_graphs = self.device.type == "cuda" and not config.enforce_eager and backend.supports_cuda_graphs
-        # the PyTorch experts read how many tokens each expert got on the host, which a graph cannot capture
-        use_graphs = use_graphs and not config.model_config.moe_layers
         if use_graphs and self._decode_step.samples:
             # one buffer for every graph's logits, rather than one output per captured size; taken before
             # the KV cache is sized, so that the cache leaves room for it

@@ -1,0 +1,111 @@
+"""A mixture-of-experts layer alone: the fused Triton experts of a Qwen3-30B-A3B-shaped layer (128 experts,
+top-8, hidden 2048, expert width 768, bf16), routing included, on a GPU.
+
+- Prefill (16,384 tokens): TFLOP/s beside one dense GEMM of the same FLOPs ([16,384 x 2,048] times
+  [2,048 x 18,432]: each token's 8 experts' gate, up and down) in the same run.
+- Decode-sized batches (1 to 256 tokens): time beside the memory roofline of reading the experts the
+  batch selects (9.4 MB each) once, at the data sheet's HBM bandwidth.
+
+Each time is of the layer replayed in a CUDA graph, as the engine runs it. `--sweep` also times every
+tile setting per token count and prints the fastest, the rows of `kernels/triton_moe.TILES`.
+
+    python benchmarks/moe.py [--sweep]
+"""
+
+import argparse
+import itertools
+
+import torch
+import triton.testing
+from throughput import hbm_bandwidth
+
+from nanovllm.kernels import triton_moe
+from nanovllm.layers.moe_routing import route
+
+EXPERTS, TOP_K, HIDDEN, WIDTH = 128, 8, 2048, 768
+DTYPE = torch.bfloat16
+DECODE_TOKENS = [1, 8, 64, 256]
+PREFILL_TOKENS = 16384
+
+
+def layer(num_tokens: int, seed: int = 0):
+    """The layer's inputs for `num_tokens` tokens, routed by random logits, and a function that runs it."""
+    torch.manual_seed(seed)
+    x = torch.randn(num_tokens, HIDDEN, device="cuda", dtype=DTYPE)
+    w13 = torch.randn(EXPERTS, 2 * WIDTH, HIDDEN, device="cuda", dtype=DTYPE) / HIDDEN**0.5
+    w2 = torch.randn(EXPERTS, HIDDEN, WIDTH, device="cuda", dtype=DTYPE) / WIDTH**0.5
+    logits = torch.randn(num_tokens, EXPERTS, device="cuda")
+
+    def run() -> torch.Tensor:
+        weights, ids = route(logits, TOP_K, renormalize=True)
+        return triton_moe.fused_experts(x, w13, w2, weights, ids, "silu")
+
+    selected = route(logits, TOP_K, renormalize=True)[1].unique().numel()
+    return run, selected
+
+
+def graph_ms(fn) -> float:
+    """Milliseconds per call of `fn` replayed in a CUDA graph."""
+    fn()
+    return triton.testing.do_bench_cudagraph(fn, rep=100)
+
+
+def flops(num_tokens: int) -> float:
+    """Each token's top-k experts: gate and up (2 x WIDTH x HIDDEN) and down (HIDDEN x WIDTH), 2 FLOPs a term."""
+    return 2.0 * num_tokens * TOP_K * 3 * WIDTH * HIDDEN
+
+
+def dense_gemm_ms() -> float:
+    """One GEMM of the prefill's FLOPs, [tokens, hidden] x [hidden, top_k * 3 * width], through cuBLAS."""
+    a = torch.randn(PREFILL_TOKENS, HIDDEN, device="cuda", dtype=DTYPE)
+    b = torch.randn(HIDDEN, TOP_K * 3 * WIDTH, device="cuda", dtype=DTYPE)
+    return graph_ms(lambda: a @ b)
+
+
+def sweep(num_tokens: int) -> tuple[float, tuple]:
+    """The fastest tile setting for `num_tokens` tokens and its time."""
+    run, _ = layer(num_tokens)
+    default, results = triton_moe.TILES, []
+    for tiles in itertools.product((16, 64, 128), (32, 64, 128), (64, 128), (4, 8), (3,)):
+        triton_moe.TILES = {1: tiles}
+        try:
+            results.append((graph_ms(run), tiles))
+        except triton.runtime.errors.OutOfResources:
+            continue
+    triton_moe.TILES = default
+    return min(results)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sweep", action="store_true", help="time every tile setting per token count")
+    args = parser.parse_args()
+    bandwidth, source = hbm_bandwidth()
+    expert_bytes = 3 * WIDTH * HIDDEN * 2
+    print(
+        f"machine: {torch.cuda.get_device_name()}, torch {torch.__version__}, HBM {bandwidth / 1e12:.2f} TB/s "
+        f"({source}); {EXPERTS} experts, top-{TOP_K}, hidden {HIDDEN}, width {WIDTH}, bf16, in a CUDA graph"
+    )
+    run, _ = layer(PREFILL_TOKENS)
+    moe_ms, dense_ms = graph_ms(run), dense_gemm_ms()
+    moe_tflops, dense_tflops = flops(PREFILL_TOKENS) / moe_ms / 1e9, flops(PREFILL_TOKENS) / dense_ms / 1e9
+    print(
+        f"prefill {PREFILL_TOKENS:,} tokens: {moe_ms * 1e3:,.0f} us, {moe_tflops:,.0f} TFLOP/s; one dense GEMM of "
+        f"the same FLOPs {dense_ms * 1e3:,.0f} us, {dense_tflops:,.0f} TFLOP/s; {moe_tflops / dense_tflops:.0%} of it"
+    )
+    for num_tokens in DECODE_TOKENS:
+        run, selected = layer(num_tokens)
+        ms = graph_ms(run)
+        roofline_us = selected * expert_bytes / bandwidth * 1e6
+        print(
+            f"{num_tokens:4d} tokens: {ms * 1e3:7.1f} us; {selected} experts selected, read once at HBM peak "
+            f"{roofline_us:6.1f} us; {ms * 1e3 / roofline_us:.2f}x"
+        )
+    if args.sweep:
+        for num_tokens in (1, 64, 1024, PREFILL_TOKENS):
+            ms, tiles = sweep(num_tokens)
+            print(f"  fastest for {num_tokens} tokens: {tiles} (BLOCK_M, N, K, warps, stages), {ms * 1e3:.1f} us")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,221 @@
+"""Triton kernels: a mixture-of-experts layer's experts as two grouped GEMMs over block-aligned runs of tokens.
+
+Inputs: x [tokens, hidden]; w13 [experts, 2I, hidden] (each expert's gate rows,
+then its up rows); w2 [experts, hidden, I]; the routing's weights and ids
+[tokens, top_k]. Token t's j-th choice is slot p = t * top_k + j.
+
+1. `align_by_expert` (PyTorch ops on the device, no host round trip): the slots
+   sorted by expert, each expert's run padded to a multiple of BLOCK_M, so that
+   every block of BLOCK_M rows belongs to one expert; sorted_slots holds the
+   slot of each row (P = tokens * top_k for a padding row), block_experts the
+   expert of each block. Shapes depend only on the token count: at most
+   min(experts, P) experts are non-empty, so P + min(experts, P) * (BLOCK_M - 1)
+   rows always suffice, and a CUDA graph of the step stays valid.
+2. `_gate_up_kernel`, grid (blocks, cdiv(I, BLOCK_N)): a program multiplies its
+   block's tokens (gathered rows of x) by BLOCK_N columns of its expert's gate
+   and the same of its up, and writes act(gate) * up for those columns: h
+   [rows, I]. Blocks past the last expert's run return at once.
+3. `_down_kernel`, grid (blocks, cdiv(hidden, BLOCK_N)): h's rows times the
+   expert's down, each row scaled by its slot's routing weight, written at the
+   slot: out [P, hidden] fp32; a token's top_k rows are then summed.
+
+A one-token step reads only its top_k experts' weights: the other experts own
+no block. Roundings follow the PyTorch path (`layers/fused_moe.moe_experts`):
+gate, up and down rounded to the model's dtype, the activation as
+`triton_gated_activation` computes it, the weighted sum in fp32.
+Tile sizes by token count come from `TILES`, which `benchmarks/moe.py --sweep`
+measures.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from nanovllm.kernels.triton_gated_activation import ACTIVATIONS, gated
+
+# the fewest tokens each row applies from -> (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
+TILES = {
+    1: (16, 32, 128, 4, 4),
+    64: (32, 64, 64, 4, 4),
+    512: (64, 128, 64, 8, 3),
+}
+
+
+def tiles_for(num_tokens: int) -> tuple[int, int, int, int, int]:
+    """The tile sizes and launch settings for a batch of `num_tokens` tokens."""
+    return TILES[max(n for n in TILES if n <= max(num_tokens, 1))]
+
+
+def align_by_expert(
+    ids: torch.Tensor, num_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The slots in runs of one expert each, padded to whole blocks of `block_m` rows.
+
+    ids: [tokens, top_k] -> sorted_slots [rows] int32 (P = tokens * top_k on padding rows),
+    block_experts [rows / block_m] int32, num_rows [1] int32 (the rows the runs fill)
+    """
+    slots = ids.flatten()
+    num_slots = slots.numel()
+    max_rows = triton.cdiv(num_slots + min(num_experts, num_slots) * (block_m - 1), block_m) * block_m
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device)
+    counts.scatter_add_(0, slots, torch.ones_like(slots))
+    padded = (counts + block_m - 1) // block_m * block_m
+    ends = padded.cumsum(0)  # [experts]: where each expert's run ends
+    order = slots.argsort(stable=True)  # slots grouped by expert, in token order within each
+    experts = slots[order]
+    first_of_expert = counts.cumsum(0) - counts
+    rows = (ends - padded)[experts] + torch.arange(num_slots, device=ids.device) - first_of_expert[experts]
+    sorted_slots = torch.full((max_rows,), num_slots, dtype=torch.int32, device=ids.device)
+    sorted_slots[rows] = order.to(torch.int32)
+    block_starts = torch.arange(0, max_rows, block_m, device=ids.device)
+    # the expert whose run holds each block; blocks past the last run get `num_experts` and are skipped
+    block_experts = torch.searchsorted(ends, block_starts, right=True).to(torch.int32)
+    return sorted_slots, block_experts, ends[-1:].to(torch.int32)
+
+
+@triton.jit
+def _gate_up_kernel(
+    x_ptr,
+    w13_ptr,
+    h_ptr,
+    sorted_slots_ptr,
+    block_experts_ptr,
+    num_rows_ptr,
+    num_slots,
+    I,
+    H,
+    stride_xt,
+    stride_we,
+    stride_wn,
+    stride_hr,
+    TOP_K: tl.constexpr,
+    ACT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    block = tl.program_id(0)
+    if block * BLOCK_M >= tl.load(num_rows_ptr):
+        return
+    expert = tl.load(block_experts_ptr + block).to(tl.int64)
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    slots = tl.load(sorted_slots_ptr + rows)
+    row_ok = slots < num_slots
+    tokens = (slots // TOP_K).to(tl.int64)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < I
+    k = tl.arange(0, BLOCK_K)
+    x_rows = x_ptr + tokens[:, None] * stride_xt + k[None, :]  # [BLOCK_M, BLOCK_K]
+    gate_cols = w13_ptr + expert * stride_we + n[None, :].to(tl.int64) * stride_wn + k[:, None]  # [BLOCK_K, BLOCK_N]
+    up_cols = gate_cols + I * stride_wn
+    gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for start in range(0, H, BLOCK_K):
+        k_ok = k + start < H
+        a = tl.load(x_rows + start, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        w_mask = k_ok[:, None] & n_ok[None, :]
+        gate = tl.dot(a, tl.load(gate_cols + start, mask=w_mask, other=0.0), gate)
+        up = tl.dot(a, tl.load(up_cols + start, mask=w_mask, other=0.0), up)
+    dtype = h_ptr.dtype.element_ty
+    # gate and up rounded as the projection's output is, then the activation rounded once
+    h = gated(gate.to(dtype), up.to(dtype), ACT).to(dtype)
+    tl.store(h_ptr + rows[:, None] * stride_hr + n[None, :], h, mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _down_kernel(
+    h_ptr,
+    w2_ptr,
+    out_ptr,
+    weights_ptr,
+    sorted_slots_ptr,
+    block_experts_ptr,
+    num_rows_ptr,
+    num_slots,
+    I,
+    H,
+    stride_hr,
+    stride_we,
+    stride_wn,
+    stride_os,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    block = tl.program_id(0)
+    if block * BLOCK_M >= tl.load(num_rows_ptr):
+        return
+    expert = tl.load(block_experts_ptr + block).to(tl.int64)
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    slots = tl.load(sorted_slots_ptr + rows)
+    row_ok = slots < num_slots
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < H
+    k = tl.arange(0, BLOCK_K)
+    h_rows = h_ptr + rows[:, None].to(tl.int64) * stride_hr + k[None, :]  # [BLOCK_M, BLOCK_K]
+    down_cols = w2_ptr + expert * stride_we + n[None, :].to(tl.int64) * stride_wn + k[:, None]  # [BLOCK_K, BLOCK_N]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for start in range(0, I, BLOCK_K):
+        k_ok = k + start < I
+        a = tl.load(h_rows + start, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        acc = tl.dot(a, tl.load(down_cols + start, mask=k_ok[:, None] & n_ok[None, :], other=0.0), acc)
+    weight = tl.load(weights_ptr + slots, mask=row_ok, other=0.0)  # fp32 [BLOCK_M]
+    y = acc.to(h_ptr.dtype.element_ty).to(tl.float32) * weight[:, None]
+    tl.store(out_ptr + slots[:, None].to(tl.int64) * stride_os + n[None, :], y, mask=row_ok[:, None] & n_ok[None, :])
+
+
+def fused_experts(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, hidden_act: str
+) -> torch.Tensor:
+    """For each token, the sum over its top_k choices of weight * down(act(gate(x)) * up(x)) of that
+    expert, as `layers/fused_moe.moe_experts` computes it, in two grouped-GEMM launches.
+
+    x: [tokens, hidden]; w13: [experts, 2I, hidden]; w2: [experts, hidden, I];
+    weights (fp32), ids: [tokens, top_k] -> [tokens, hidden] in x's dtype
+    """
+    num_tokens, hidden = x.shape
+    num_experts, width = w2.size(0), w2.size(2)
+    top_k = ids.size(1)
+    assert x.stride(1) == 1 and w13.is_contiguous() and w2.is_contiguous() and weights.dtype == torch.float32
+    block_m, block_n, block_k, num_warps, num_stages = tiles_for(num_tokens)
+    sorted_slots, block_experts, num_rows = align_by_expert(ids, num_experts, block_m)
+    num_slots, blocks = num_tokens * top_k, block_experts.numel()
+    launch = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
+    h = torch.empty(sorted_slots.numel(), width, dtype=x.dtype, device=x.device)  # [rows, I]
+    _gate_up_kernel[(blocks, triton.cdiv(width, block_n))](
+        x,
+        w13,
+        h,
+        sorted_slots,
+        block_experts,
+        num_rows,
+        num_slots,
+        width,
+        hidden,
+        x.stride(0),
+        w13.stride(0),
+        w13.stride(1),
+        h.stride(0),
+        TOP_K=top_k,
+        ACT=ACTIVATIONS[hidden_act],
+        **launch,
+    )
+    out = torch.empty(num_slots, hidden, dtype=torch.float32, device=x.device)  # [slots, hidden]
+    _down_kernel[(blocks, triton.cdiv(hidden, block_n))](
+        h,
+        w2,
+        out,
+        weights,
+        sorted_slots,
+        block_experts,
+        num_rows,
+        num_slots,
+        width,
+        hidden,
+        h.stride(0),
+        w2.stride(0),
+        w2.stride(1),
+        out.stride(0),
+        **launch,
+    )
+    return out.view(num_tokens, top_k, hidden).sum(dim=1).to(x.dtype)

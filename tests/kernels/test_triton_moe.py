@@ -1,0 +1,97 @@
+"""The fused experts (two grouped GEMMs over tokens aligned by expert) against the plain-PyTorch experts,
+under the Triton interpreter on the CPU (tiny shapes) and compiled on a GPU (a grid of shapes)."""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+from nanovllm.kernels import triton_moe  # noqa: E402
+from nanovllm.kernels.triton_moe import align_by_expert, fused_experts  # noqa: E402
+from nanovllm.layers.fused_moe import moe_experts  # noqa: E402
+from nanovllm.layers.moe_routing import route  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+
+
+def experts_case(tokens, experts, top_k, hidden, width, dtype, seed=0, skew=None):
+    """x, w13, w2 and a routing of `tokens` tokens; `skew`: "all-one" routes every token's first choice to
+    expert 0, "few" leaves all but top_k experts unused."""
+    torch.manual_seed(seed)
+    x = torch.randn(tokens, hidden, device=DEVICE, dtype=dtype)
+    w13 = torch.randn(experts, 2 * width, hidden, device=DEVICE, dtype=dtype) / hidden**0.5
+    w2 = torch.randn(experts, hidden, width, device=DEVICE, dtype=dtype) / width**0.5
+    logits = torch.randn(tokens, experts, device=DEVICE)
+    if skew == "all-one":
+        logits[:, 0] += 100.0
+    elif skew == "few":
+        logits[:, top_k:] -= 100.0
+    weights, ids = route(logits, top_k, renormalize=True)
+    return x, w13, w2, weights, ids
+
+
+def check(case, hidden_act="silu"):
+    x, w13, w2, weights, ids = case
+    want = moe_experts(x, w13, w2, weights, ids, hidden_act)
+    got = fused_experts(x, w13, w2, weights, ids, hidden_act)
+    tolerance = TOLERANCE[x.dtype]
+    torch.testing.assert_close(got, want, atol=tolerance, rtol=tolerance)
+
+
+def test_align_puts_each_expert_in_whole_blocks_and_every_slot_once():
+    ids = torch.tensor([[3, 1], [1, 0], [3, 1]])  # slots 0..5: experts 3, 1, 1, 0, 3, 1
+    sorted_slots, block_experts, num_rows = align_by_expert(ids, num_experts=5, block_m=4)
+    pad = 6
+    # expert 0: slot 3; expert 1: slots 1, 2, 5; expert 3: slots 0, 4 -- each run padded to 4 rows
+    assert sorted_slots[: num_rows.item()].tolist() == [3, pad, pad, pad, 1, 2, 5, pad, 0, 4, pad, pad]
+    assert block_experts[:3].tolist() == [0, 1, 3]
+    # 6 slots + at most 5 experts x 3 padding rows, in whole blocks: fixed by the token count alone
+    assert sorted_slots.numel() == 24 and (sorted_slots[12:] == pad).all()
+
+
+@pytest.mark.skipif(CUDA, reason="the compiled kernels are tested on the GPU instead")
+@pytest.mark.parametrize("hidden_act", ["silu", "gelu_pytorch_tanh"])
+@pytest.mark.parametrize(
+    "tokens, skew", [(1, None), (5, None), (20, "all-one"), (20, "few")], ids=["one", "five", "all-one", "few"]
+)
+def test_matches_the_pytorch_experts_interpreted(tokens, skew, hidden_act):
+    check(experts_case(tokens, experts=6, top_k=2, hidden=40, width=24, dtype=torch.float32, skew=skew), hidden_act)
+
+
+@pytest.mark.skipif(CUDA, reason="the compiled kernels are tested on the GPU instead")
+def test_large_batch_tiles_interpreted(monkeypatch):
+    # the largest tile row, on few tokens, so that the interpreter stays quick
+    monkeypatch.setattr(triton_moe, "TILES", {1: triton_moe.TILES[max(triton_moe.TILES)]})
+    check(experts_case(9, experts=4, top_k=2, hidden=70, width=40, dtype=torch.float32))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens", [1, 3, 64, 300, 2048])
+@pytest.mark.parametrize(
+    "experts, top_k, hidden, width", [(8, 2, 512, 384), (128, 8, 256, 96), (16, 4, 200, 72)], ids=str
+)
+@pytest.mark.parametrize("skew", [None, "all-one", "few"])
+def test_matches_the_pytorch_experts_on_gpu(dtype, tokens, experts, top_k, hidden, width, skew):
+    check(experts_case(tokens, experts, top_k, hidden, width, dtype, skew=skew))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("tokens", [1, 64])
+def test_replayed_in_a_graph_follows_new_routings(tokens):
+    x, w13, w2, weights, ids = experts_case(tokens, 64, 8, 256, 128, torch.bfloat16)
+    fused_experts(x, w13, w2, weights, ids, "silu")  # compile before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused_experts(x, w13, w2, weights, ids, "silu")
+    for seed in (1, 2):
+        _, _, _, new_weights, new_ids = experts_case(tokens, 64, 8, 256, 128, torch.bfloat16, seed=seed)
+        x.normal_()
+        weights.copy_(new_weights)
+        ids.copy_(new_ids)
+        graph.replay()
+        want = moe_experts(x, w13, w2, weights, ids, "silu")
+        torch.testing.assert_close(out, want, atol=2e-2, rtol=2e-2)
