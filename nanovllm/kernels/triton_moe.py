@@ -33,11 +33,13 @@ import triton.language as tl
 
 from nanovllm.kernels.triton_gated_activation import ACTIVATIONS, gated
 
-# the fewest tokens each row applies from -> (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
+# the fewest tokens each row applies from -> (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): the fastest
+# of `benchmarks/moe.py --sweep` at 1, 64, 1,024 and 16,384 tokens of a Qwen3-30B-A3B layer on an H100
 TILES = {
-    1: (16, 32, 128, 4, 4),
-    64: (32, 64, 64, 4, 4),
-    512: (64, 128, 64, 8, 3),
+    1: (16, 32, 128, 4, 3),
+    64: (16, 128, 128, 4, 3),
+    1024: (64, 64, 64, 4, 3),
+    8192: (128, 128, 64, 8, 3),
 }
 
 
@@ -90,6 +92,7 @@ def _gate_up_kernel(
     stride_hr,
     TOP_K: tl.constexpr,
     ACT: tl.constexpr,
+    PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -114,8 +117,8 @@ def _gate_up_kernel(
         k_ok = k + start < H
         a = tl.load(x_rows + start, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         w_mask = k_ok[:, None] & n_ok[None, :]
-        gate = tl.dot(a, tl.load(gate_cols + start, mask=w_mask, other=0.0), gate)
-        up = tl.dot(a, tl.load(up_cols + start, mask=w_mask, other=0.0), up)
+        gate = tl.dot(a, tl.load(gate_cols + start, mask=w_mask, other=0.0), gate, input_precision=PRECISION)
+        up = tl.dot(a, tl.load(up_cols + start, mask=w_mask, other=0.0), up, input_precision=PRECISION)
     dtype = h_ptr.dtype.element_ty
     # gate and up rounded as the projection's output is, then the activation rounded once
     h = gated(gate.to(dtype), up.to(dtype), ACT).to(dtype)
@@ -138,6 +141,7 @@ def _down_kernel(
     stride_we,
     stride_wn,
     stride_os,
+    PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -158,7 +162,8 @@ def _down_kernel(
     for start in range(0, I, BLOCK_K):
         k_ok = k + start < I
         a = tl.load(h_rows + start, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        acc = tl.dot(a, tl.load(down_cols + start, mask=k_ok[:, None] & n_ok[None, :], other=0.0), acc)
+        w = tl.load(down_cols + start, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        acc = tl.dot(a, w, acc, input_precision=PRECISION)
     weight = tl.load(weights_ptr + slots, mask=row_ok, other=0.0)  # fp32 [BLOCK_M]
     y = acc.to(h_ptr.dtype.element_ty).to(tl.float32) * weight[:, None]
     tl.store(out_ptr + slots[:, None].to(tl.int64) * stride_os + n[None, :], y, mask=row_ok[:, None] & n_ok[None, :])
@@ -180,7 +185,15 @@ def fused_experts(
     block_m, block_n, block_k, num_warps, num_stages = tiles_for(num_tokens)
     sorted_slots, block_experts, num_rows = align_by_expert(ids, num_experts, block_m)
     num_slots, blocks = num_tokens * top_k, block_experts.numel()
-    launch = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
+    launch = dict(
+        # fp32 models multiply in full fp32, as the PyTorch path does, not in TF32
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
     h = torch.empty(sorted_slots.numel(), width, dtype=x.dtype, device=x.device)  # [rows, I]
     _gate_up_kernel[(blocks, triton.cdiv(width, block_n))](
         x,
