@@ -183,6 +183,8 @@ def fused_experts(
     top_k = ids.size(1)
     assert x.stride(1) == 1 and w13.is_contiguous() and w2.is_contiguous() and weights.dtype == torch.float32
     block_m, block_n, block_k, num_warps, num_stages = tiles_for(num_tokens)
+    if x.dtype == torch.float32:  # tiles of twice the bytes: fewer in flight, or they overflow shared memory
+        block_k, num_stages = min(block_k, 32), 2
     sorted_slots, block_experts, num_rows = align_by_expert(ids, num_experts, block_m)
     num_slots, blocks = num_tokens * top_k, block_experts.numel()
     launch = dict(
