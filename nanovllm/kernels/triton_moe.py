@@ -76,6 +76,16 @@ def align_by_expert(
 
 
 @triton.jit
+def _block_rows(sorted_slots_ptr, block_experts_ptr, num_slots, BLOCK_M: tl.constexpr):
+    """This program's block: its expert, its rows [BLOCK_M], their slots, and which rows hold a slot
+    (the others pad the expert's run)."""
+    block = tl.program_id(0)
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    slots = tl.load(sorted_slots_ptr + rows)
+    return tl.load(block_experts_ptr + block).to(tl.int64), rows, slots, slots < num_slots
+
+
+@triton.jit
 def _gate_up_kernel(
     x_ptr,
     w13_ptr,
@@ -97,13 +107,9 @@ def _gate_up_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    block = tl.program_id(0)
-    if block * BLOCK_M >= tl.load(num_rows_ptr):
+    if tl.program_id(0) * BLOCK_M >= tl.load(num_rows_ptr):  # past the last expert's run
         return
-    expert = tl.load(block_experts_ptr + block).to(tl.int64)
-    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-    slots = tl.load(sorted_slots_ptr + rows)
-    row_ok = slots < num_slots
+    expert, rows, slots, row_ok = _block_rows(sorted_slots_ptr, block_experts_ptr, num_slots, BLOCK_M)
     tokens = (slots // TOP_K).to(tl.int64)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < I
@@ -146,13 +152,9 @@ def _down_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    block = tl.program_id(0)
-    if block * BLOCK_M >= tl.load(num_rows_ptr):
+    if tl.program_id(0) * BLOCK_M >= tl.load(num_rows_ptr):  # past the last expert's run
         return
-    expert = tl.load(block_experts_ptr + block).to(tl.int64)
-    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-    slots = tl.load(sorted_slots_ptr + rows)
-    row_ok = slots < num_slots
+    expert, rows, slots, row_ok = _block_rows(sorted_slots_ptr, block_experts_ptr, num_slots, BLOCK_M)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < H
     k = tl.arange(0, BLOCK_K)
