@@ -20,11 +20,11 @@ then its up rows); w2 [experts, hidden, I]; the routing's weights and ids
    slot: out [P, hidden] fp32; a token's top_k rows are then summed.
 
 A one-token step reads only its top_k experts' weights: the other experts own
-no block. Roundings follow the PyTorch path (`layers/fused_moe.moe_experts`):
-gate, up and down rounded to the model's dtype, the activation as
-`triton_gated_activation` computes it, the weighted sum in fp32.
-Tile sizes by token count come from `TILES`, which `benchmarks/moe.py --sweep`
-measures.
+no block. Up to FEW_TOKENS tokens skip all of this for `triton_moe_gemv.py`.
+Roundings follow the PyTorch path (`layers/fused_moe.moe_experts`): gate, up
+and down rounded to the model's dtype, the activation as
+`triton_gated_activation` computes it, the weighted sum in fp32. Tile sizes
+by token count come from `TILES`, which `benchmarks/moe.py --sweep` measures.
 """
 
 import torch
@@ -32,6 +32,11 @@ import triton
 import triton.language as tl
 
 from nanovllm.kernels.triton_gated_activation import ACTIVATIONS, gated
+from nanovllm.kernels.triton_moe_gemv import few_token_experts
+
+# up to this many tokens, each choice reads its expert's rows directly (`triton_moe_gemv.py`): blocks of
+# 16 rows would be nearly all padding
+FEW_TOKENS = 4
 
 # the fewest tokens each row applies from -> (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): the fastest
 # of `benchmarks/moe.py --sweep` at 1, 64, 1,024 and 16,384 tokens of a Qwen3-30B-A3B layer on an H100
@@ -175,7 +180,8 @@ def fused_experts(
     x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, hidden_act: str
 ) -> torch.Tensor:
     """For each token, the sum over its top_k choices of weight * down(act(gate(x)) * up(x)) of that
-    expert, as `layers/fused_moe.moe_experts` computes it, in two grouped-GEMM launches.
+    expert, as `layers/fused_moe.moe_experts` computes it, in two grouped-GEMM launches (or, up to
+    FEW_TOKENS tokens, two launches that read each choice's expert directly).
 
     x: [tokens, hidden]; w13: [experts, 2I, hidden]; w2: [experts, hidden, I];
     weights (fp32), ids: [tokens, top_k] -> [tokens, hidden] in x's dtype
@@ -184,6 +190,8 @@ def fused_experts(
     num_experts, width = w2.size(0), w2.size(2)
     top_k = ids.size(1)
     assert x.stride(1) == 1 and w13.is_contiguous() and w2.is_contiguous() and weights.dtype == torch.float32
+    if num_tokens <= FEW_TOKENS:
+        return few_token_experts(x, w13, w2, weights, ids, hidden_act)
     block_m, block_n, block_k, num_warps, num_stages = tiles_for(num_tokens)
     if x.dtype == torch.float32:  # tiles of twice the bytes: fewer in flight, or they overflow shared memory
         block_k, num_stages = min(block_k, 32), 2

@@ -60,6 +60,23 @@ def test_matches_the_pytorch_experts_interpreted(tokens, skew, hidden_act):
 
 
 @pytest.mark.skipif(CUDA, reason="the compiled kernels are tested on the GPU instead")
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_few_tokens_through_the_grouped_gemms_too_interpreted(monkeypatch, tokens):
+    # what a few tokens would give without their own kernels
+    monkeypatch.setattr(triton_moe, "FEW_TOKENS", 0)
+    check(experts_case(tokens, experts=6, top_k=2, hidden=40, width=24, dtype=torch.float32))
+
+
+@pytest.mark.skipif(CUDA, reason="the compiled kernels are tested on the GPU instead")
+@pytest.mark.parametrize("hidden_act", ["silu", "gelu_pytorch_tanh"])
+def test_few_token_experts_read_each_choices_expert_interpreted(hidden_act):
+    # widths past one block of each kernel, and two tokens choosing the same expert
+    case = experts_case(4, experts=3, top_k=2, hidden=600, width=300, dtype=torch.float32)
+    case[4][1, 0] = case[4][0, 0]
+    check(case, hidden_act)
+
+
+@pytest.mark.skipif(CUDA, reason="the compiled kernels are tested on the GPU instead")
 def test_large_batch_tiles_interpreted(monkeypatch):
     # the largest tile row, on few tokens, so that the interpreter stays quick
     monkeypatch.setattr(triton_moe, "TILES", {1: triton_moe.TILES[max(triton_moe.TILES)]})
