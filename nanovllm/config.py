@@ -16,10 +16,12 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
     from nanovllm.models.model_config import ModelConfig
+    from nanovllm.models.quantization_config import Fp8Weights
 
 _LOAD_FORMATS = ("auto", "dummy")
 _ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
 _KV_CACHE_DTYPES = ("auto", "fp8")
+_QUANTIZATIONS = ("auto", "fp8")
 _DEVICES = ("auto", "cuda", "cpu")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _TYPE_NAMES = {int: "an integer", float: "a number", bool: "True or False", str: "a string"}
@@ -65,6 +67,11 @@ class Config:
     `kv_cache_dtype="fp8"` stores K/V as float8 (e4m3) with one fp32 scale per
     token and KV head, about half the bytes of a bf16 cache: twice the tokens
     fit, and decode reads half as much; "auto" stores them in the model's dtype.
+    `quantization="fp8"` stores every linear layer's weight of the decoder (attention's qkv and o, the
+    MLP's gate_up and down; not the embeddings, the norms or the LM head) as float8 (e4m3) with one
+    fp32 scale per output channel, quantized at load, and quantizes activations per token on the fly;
+    "auto" keeps the checkpoint's weights as they are: full precision, or FP8 for an FP8 checkpoint
+    (`models/quantization_config.py` lists the layouts that load). Mixture-of-experts models are refused.
     `skip_tokenizer_init=True` loads no tokenizer: prompts must be token ids
     and outputs have empty text.
     `enable_chunked_prefill=True` splits prompts into chunks that fit
@@ -122,6 +129,11 @@ class Config:
         "'auto': K/V in the model's dtype; 'fp8': float8 (e4m3) with a scale per token and KV head, "
         "about half the memory",
     )
+    quantization: str = _option(
+        "auto",
+        "'fp8': linear weights in float8 (e4m3) with a scale per output channel, quantized at load; "
+        "'auto': as the checkpoint stores them (FP8 checkpoints load as FP8)",
+    )
     num_kvcache_blocks: int = _option(
         -1, "KV-cache blocks; -1: as many as memory holds (gpu_memory_utilization on CUDA, cpu_kvcache_gb on the CPU)"
     )
@@ -158,6 +170,8 @@ class Config:
     context_len: int = field(init=False)  # max_model_len resolved: the longest sequence in tokens
     token_budget: int = field(init=False)  # max_num_batched_tokens resolved: the most tokens per step
     block_size: int = field(init=False)  # kvcache_block_size resolved: tokens per KV-cache block
+    # the linear weights' FP8 layout: the checkpoint's, else per channel with quantization="fp8"; None: none
+    fp8_weights: "Fp8Weights | None" = field(init=False)
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs) -> "Config":
@@ -188,6 +202,7 @@ class Config:
         self.hf_config, self.model_config = self._load_model_config()
         self.context_len = self._resolve_max_model_len()
         self._check_attention_features()
+        self.fp8_weights = self._resolve_fp8_weights()
         self.token_budget = self._resolve_token_budget()
         if not self.enable_chunked_prefill and self.token_budget < self.context_len:
             raise ValueError(
@@ -319,6 +334,23 @@ class Config:
                 f"kv_cache_dtype='fp8' needs a GPU that converts to float8 (compute capability 8.9 "
                 f"or newer, e.g. L4, H100); this one is {major}.{minor}: use kv_cache_dtype='auto'"
             )
+
+    def _resolve_fp8_weights(self) -> "Fp8Weights | None":
+        """The FP8 layout of the linear weights: an FP8 checkpoint's own (quantization "fp8" or "auto"), else
+        per output channel when quantization="fp8", else None."""
+        from nanovllm.models.quantization_config import Fp8Weights
+
+        if self.quantization not in _QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {', '.join(_QUANTIZATIONS)}, got {self.quantization!r}")
+        fp8 = self.model_config.weight_quantization
+        if fp8 is None and self.quantization == "fp8":
+            fp8 = Fp8Weights()
+        if fp8 is not None and self.model_config.num_experts:
+            raise ValueError(
+                "FP8 weights are not supported for mixture-of-experts models yet (their experts stay full "
+                "precision); use a full-precision checkpoint with quantization='auto'"
+            )
+        return fp8
 
     def _resolve_max_model_len(self) -> int:
         limit = self.model_config.max_position_embeddings

@@ -2,7 +2,8 @@
 
 For a single row on CUDA (a one-sequence decode step) each pairing is one Triton
 GEMV launch: "residual add + RMSNorm + projection" and "SiLU(gate) * up + down
-projection" (SiLU or GeGLU). Elsewhere, and for a norm without such a kernel,
+projection" (SiLU or GeGLU); a projection with FP8 weights, which the GEMV does
+not read yet, runs its parts apart there too. Elsewhere, and for a norm without such a kernel,
 each part runs as its own layer (the add and the RMSNorm still as one
 torch.compile kernel on CUDA).
 
@@ -16,7 +17,7 @@ from torch import nn
 
 from nanovllm.layers.activation import ACTIVATIONS, gated_activation
 from nanovllm.layers.layernorm import RMSNorm
-from nanovllm.layers.linear import ColumnParallelLinear, RowParallelLinear, uses_gemv
+from nanovllm.layers.linear import ColumnParallelLinear, RowParallelLinear
 
 
 class NormedProjection:
@@ -32,7 +33,7 @@ class NormedProjection:
         if not self.rms_norm:
             residual = x if residual is None else x + residual
             return proj(norm(residual)), residual
-        if uses_gemv(x):
+        if proj.uses_gemv(x):
             from nanovllm.kernels.triton_gemv import rms_norm_gemv  # Triton is needed on CUDA only
 
             return rms_norm_gemv(x, residual, norm.weight, norm.eps, proj.weight, proj.bias)
@@ -52,7 +53,7 @@ class GatedProjection:
     def __call__(self, gate_up: torch.Tensor) -> torch.Tensor:
         # gate_up: [tokens, 2 * in] -> [tokens, out]
         proj = self.proj
-        if uses_gemv(gate_up):
+        if proj.uses_gemv(gate_up):
             from nanovllm.kernels.triton_gemv import gated_gemv  # Triton is needed on CUDA only
 
             return proj.all_reduce(gated_gemv(gate_up, proj.weight, self.hidden_act, proj.rank_bias()))

@@ -5,6 +5,10 @@ their input features and all-reduce the partial sums. A parameter's
 `weight_loader(param, loaded, shard_id=None)` copies this rank's slice of a
 checkpoint tensor into it, reading only that slice; fused layers (qkv, gate/up)
 take one checkpoint tensor per `shard_id`.
+
+A layer may hold its weight in FP8 (`layers/fp8_linear.py` makes it so): `weight`
+float8 and `weight_scale` one fp32 scale per `weight_block` of it, sharded as the
+weight's rows and columns are (`kernels/fp8_weights.py` has the layout).
 """
 
 import torch
@@ -12,6 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from nanovllm.kernels.fp8_weights import fp8_linear
 from nanovllm.utils.loader import shard
 from nanovllm.utils.parallel import tp_rank, tp_size
 
@@ -49,6 +54,7 @@ class LinearBase(nn.Module):
     def __init__(self, input_size: int, output_size: int, bias: bool, tp_dim: int | None):
         super().__init__()
         self.tp_dim = tp_dim
+        self.output_size = output_size  # the whole layer's, as the checkpoint holds it
         self.tp_rank = tp_rank()
         self.tp_size = tp_size() if tp_dim is not None else 1
         if tp_dim == 0:
@@ -61,17 +67,43 @@ class LinearBase(nn.Module):
         if bias:
             self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False)
             self.bias.weight_loader = self.weight_loader
+        # FP8 weights: [ceil(out / block[0]), ceil(in / block[1])] fp32 scales, and the block they scale
+        self.weight_scale: nn.Parameter | None = None
+        self.weight_block: tuple[int, int] | None = None
 
     def weight_loader(self, param: nn.Parameter, loaded, shard_id=None) -> None:
-        # a row-parallel layer's bias has no dimension 1: every rank reads all of it
-        if self.tp_dim is not None and self.tp_dim < param.dim():
-            size = param.size(self.tp_dim)
-            param.data.copy_(shard(loaded, self.tp_dim, self.tp_rank * size, size))
+        # a row-parallel layer's bias has no dimension 1, nor its per-channel FP8 scales a split one:
+        # every rank reads all of them
+        tp_dim = getattr(param, "tp_dim", self.tp_dim)
+        if tp_dim is not None and tp_dim < param.dim():
+            size = param.size(tp_dim)
+            param.data.copy_(shard(loaded, tp_dim, self.tp_rank * size, size))
         else:
             param.data.copy_(loaded[:])
 
+    def scale_loader(self, param: nn.Parameter, loaded, shard_id=None) -> None:
+        """Load FP8 weight scales: per block, per output channel ([out, 1]), or per tensor ([1] or [],
+        which stands for the same scale on each of its tensor's rows)."""
+        loaded = loaded[...]
+        if loaded.numel() == 1:
+            rows = self.output_size if shard_id is None else self.shard_sizes[shard_id]
+            loaded = loaded.reshape(1, 1).expand(rows, 1)
+        self.weight_loader(param, loaded, shard_id)
+
+    def uses_gemv(self, x: torch.Tensor) -> bool:
+        """Whether this layer's product with `x` goes through the Triton GEMV, which reads only
+        full-precision weights: FP8 ones take the PyTorch path until a GEMV reads them."""
+        return uses_gemv(x) and self.weight_scale is None
+
+    def project(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x W^T (+ bias), W in FP8 where the layer holds it so."""
+        # x: [tokens, in] -> [tokens, out]
+        if self.weight_scale is None:
+            return linear(x, self.weight, bias)
+        return fp8_linear(x, self.weight, self.weight_scale, self.weight_block, bias)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return self.project(x, self.bias)
 
 
 class ReplicatedLinear(LinearBase):
@@ -101,9 +133,12 @@ class FusedColumnParallelLinear(ColumnParallelLinear):
 
     def weight_loader(self, param: nn.Parameter, loaded, shard_id=None) -> None:
         """Load one shard's checkpoint tensor, or with `shard_id` None a checkpoint tensor that holds every
-        shard one after another (Phi-3 stores q|k|v and gate|up so): each shard's slice for this rank."""
-        offset, start = 0, 0  # where each shard begins in this rank's weight, and in the whole fused tensor
+        shard one after another (Phi-3 stores q|k|v and gate|up so): each shard's slice for this rank.
+        A block-FP8 scale holds one row per `rows_per_entry` rows of the weight."""
+        unit = getattr(param, "rows_per_entry", 1)
+        offset, start = 0, 0  # where each shard begins in this rank's parameter, and in the whole fused tensor
         for sid, full_size in self.shard_sizes.items():
+            full_size //= unit
             size = full_size // self.tp_size
             if shard_id is None or sid == shard_id:
                 source = (start if shard_id is None else 0) + self.tp_rank * size
@@ -139,7 +174,7 @@ class RowParallelLinear(LinearBase):
         super().__init__(input_size, output_size, bias, tp_dim=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.all_reduce(linear(x, self.weight, self.rank_bias()))
+        return self.all_reduce(self.project(x, self.rank_bias()))
 
     def rank_bias(self) -> torch.Tensor | None:
         """The bias this rank adds: all of it on rank 0, none elsewhere, so the all-reduce counts it once."""

@@ -11,6 +11,8 @@ This module imports neither torch nor transformers.
 
 from dataclasses import dataclass, field
 
+from nanovllm.models.quantization_config import Fp8Weights, read_quantization
+
 # Family defaults: the values of transformers' config class of each family for fields a config.json may
 # leave out. head_dim None means hidden_size // num_attention_heads; num_key_value_heads None means
 # num_attention_heads; qkv_bias None means attention_bias (which then also puts a bias on o_proj);
@@ -245,6 +247,7 @@ class ModelConfig:
     norm_topk_prob: bool  # the chosen experts' weights are renormalised to sum to 1
     moe_layers: tuple[int, ...]  # the layers whose MLP is a mixture of experts; the others' is dense
     dtype: str | None  # the checkpoint's dtype as torch names it ("bfloat16"), None if unsaid
+    weight_quantization: Fp8Weights | None  # how an FP8 checkpoint stores its linear weights (None: unquantized)
     eos_token_id: int | tuple[int, ...] | None
 
     def layer_window(self, layer: int) -> int | None:
@@ -289,13 +292,7 @@ class ModelConfig:
                 "use_sliding_window=True is not supported: the windows it puts on the layers from "
                 "max_window_layers on (Qwen2, Qwen3) are not read here; use a checkpoint without it"
             )
-        quantization = _get(hf_config, "quantization_config", None)
-        if quantization:
-            method = quantization.get("quant_method", "?") if isinstance(quantization, dict) else "?"
-            raise ValueError(
-                f"quantized checkpoints (quantization_config, quant_method {method!r}) are not "
-                f"supported; use an unquantized (bfloat16, float16 or float32) checkpoint"
-            )
+        weight_quantization = read_quantization(_get(hf_config, "quantization_config", None))
         dtype = _get(hf_config, "dtype", None)
         eos = _get(hf_config, "eos_token_id", None)
         attention_bias = bool(read("attention_bias"))
@@ -336,6 +333,7 @@ class ModelConfig:
             embed_scale=hidden_size**0.5 if defaults["scaled_embeddings"] else None,
             **_moe_fields(hf_config, defaults, intermediate_size, num_layers),
             dtype=None if dtype is None else str(dtype).removeprefix("torch."),
+            weight_quantization=weight_quantization,
             eos_token_id=tuple(eos) if isinstance(eos, (list, tuple)) else eos,
         )
 

@@ -3,12 +3,18 @@
 A parameter's loader gets the checkpoint tensor as something it can slice: a
 safetensors slice (only the indexed part is read from disk), a `RandomTensor`
 for dummy weights, or a plain tensor.
+
+FP8 checkpoints: a float8 weight loads as it is into an FP8 layer, with its
+scales (`weight_scale`, or `weight_scale_inv`, which names the same multiplier);
+one that loads into a full-precision parameter (an FP8 LM head or embedding) is
+dequantized whole first, by the caller's `dequantize`.
 """
 
 import glob
 import os
 import re
 import zlib
+from collections.abc import Callable
 
 import torch
 from safetensors import safe_open
@@ -16,8 +22,12 @@ from torch import nn
 
 from nanovllm.utils.parallel import tensor_parallel
 
-# Checkpoint tensors that hold nothing the engine needs.
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# Checkpoint tensors that hold nothing the engine needs: static FP8 activation scales too, as activations
+# are quantized per token at run time
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq", ".input_scale")
+_FP8_SAFETENSORS_DTYPE = "F8_E4M3"
+# a float8 weight's scales, as checkpoints name them
+_SCALE_SUFFIXES = ("_scale_inv", "_scale")
 # A mixture-of-experts layer's expert tensor: one expert's (`experts.3.gate_proj.weight`) or every
 # expert's stacked (`experts.gate_up_proj`)
 _EXPERT_TENSOR = re.compile(r"\.experts\.(?:(?P<expert>\d+)\.(?P<part>\w+)\.weight|(?P<stacked>\w+))$")
@@ -52,7 +62,7 @@ def _renamed(model: nn.Module, name: str) -> str | None:
             break
     for part, ours in getattr(model, "checkpoint_renames", {}).items():
         name = name.replace(part, ours)
-    return name
+    return name.removesuffix("_inv") if name.endswith(".weight_scale_inv") else name
 
 
 def _expert_target(model: nn.Module, name: str) -> tuple[str, object] | None:
@@ -81,8 +91,9 @@ def _target(model: nn.Module, name: str) -> tuple[str, object]:
     return name, None
 
 
-def load_model(model: nn.Module, path: str) -> None:
-    """Copy every tensor of every `*.safetensors` file in `path` into `model`.
+def load_model(model: nn.Module, path: str, dequantize: Callable | None = None) -> None:
+    """Copy every tensor of every `*.safetensors` file in `path` into `model`; `dequantize(weight, scale)`
+    gives a float8 tensor and its scales in full precision, for a parameter that is not FP8.
 
     Raises FileNotFoundError when there are no weight files and ValueError when
     the checkpoint lacks a parameter the model needs or holds one it does not know.
@@ -92,21 +103,54 @@ def load_model(model: nn.Module, path: str) -> None:
         raise FileNotFoundError(f"no *.safetensors weight files in {path!r}")
     params = dict(model.named_parameters())
     tied = getattr(model, "tie_word_embeddings", False)
+    files_of = _tensor_files(files)
     loaded: set[str] = set()
     for file in files:
         with safe_open(file, framework="pt", device="cpu") as f:
             for checkpoint_name in f.keys():
                 name = _renamed(model, checkpoint_name)
-                if name is None or name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
+                if name is None or name.endswith(_IGNORED_SUFFIXES) or (tied and name.startswith("lm_head.weight")):
                     continue
                 param_name, shard_id = _target(model, name)
+                if _scales_full_precision_weight(params, param_name):
+                    continue  # read with its weight, which is dequantized
                 if param_name not in params:
                     raise ValueError(
                         f"checkpoint tensor {checkpoint_name!r} in {os.path.basename(file)} matches no model parameter"
                     )
-                _load_into(params[param_name], f.get_slice(checkpoint_name), shard_id)
+                tensor = f.get_slice(checkpoint_name)
+                if tensor.get_dtype() == _FP8_SAFETENSORS_DTYPE and params[param_name].dtype != torch.float8_e4m3fn:
+                    tensor = _dequantized(files_of, checkpoint_name, tensor[:], dequantize)
+                _load_into(params[param_name], tensor, shard_id)
                 loaded.add(f"{param_name}:{shard_id}")
     _check_complete(model, params, loaded, path)
+
+
+def _tensor_files(files: list[str]) -> dict[str, str]:
+    """The file that holds each checkpoint tensor (read from the files' headers only)."""
+    files_of = {}
+    for file in files:
+        with safe_open(file, framework="pt", device="cpu") as f:
+            files_of.update(dict.fromkeys(f.keys(), file))
+    return files_of
+
+
+def _scales_full_precision_weight(params: dict, param_name: str) -> bool:
+    """Whether `param_name` is the scale of a weight that the model holds in full precision."""
+    weight = params.get(param_name.removesuffix("_scale")) if param_name.endswith(".weight_scale") else None
+    return param_name not in params and weight is not None and weight.dtype != torch.float8_e4m3fn
+
+
+def _dequantized(files_of: dict, name: str, weight: torch.Tensor, dequantize: Callable | None) -> torch.Tensor:
+    """Float8 checkpoint tensor `name` (`weight`) times its scales, for a full-precision parameter."""
+    scale_name = next((name + suffix for suffix in _SCALE_SUFFIXES if name + suffix in files_of), None)
+    if scale_name is None or dequantize is None:
+        raise ValueError(
+            f"checkpoint tensor {name!r} is float8 but "
+            + ("has no scales beside it" if scale_name is None else "config.json has no quantization_config")
+        )
+    with safe_open(files_of[scale_name], framework="pt", device="cpu") as f:
+        return dequantize(weight, f.get_tensor(scale_name))
 
 
 def _check_complete(model: nn.Module, params: dict, loaded: set[str], path: str) -> None:

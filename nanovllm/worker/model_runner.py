@@ -1,5 +1,6 @@
 """Runs the model for one rank: builds it, sizes the KV cache, launches each step and its sampling."""
 
+import functools
 import os
 from dataclasses import dataclass
 from itertools import accumulate, chain
@@ -11,6 +12,7 @@ from nanovllm.config import Config
 from nanovllm.core.scheduler_output import PLACEHOLDER, SchedulerOutput
 from nanovllm.core.structured_output import GrammarBitmasks
 from nanovllm.layers.attention import Attention, make_attention_backend
+from nanovllm.layers.fp8_linear import dequantize_tensor, quantize_weights, store_fp8_weights
 from nanovllm.models import model_class
 from nanovllm.sample.metadata import SamplingTensors, sampling_tensors, step_sampling
 from nanovllm.sample.sampler import Sampler, SamplerOutput, token_logprobs
@@ -140,10 +142,18 @@ class ModelRunner(Executor):
                 model = model_class(model_config)(model_config)
         finally:
             torch.set_default_dtype(default_dtype)
+        fp8 = self.config.fp8_weights
+        # an FP8 checkpoint loads into FP8 layers; anything else is quantized once loaded (dummy weights of an
+        # FP8 checkpoint in its own layout)
+        fp8_checkpoint = model_config.weight_quantization is not None and self.config.load_format != "dummy"
+        if fp8_checkpoint:
+            store_fp8_weights(model, fp8.block)
         if self.config.load_format == "dummy":
             load_dummy_weights(model, model_config, self.config.seed)
         else:
-            load_model(model, self.config.model)
+            load_model(model, self.config.model, functools.partial(dequantize_tensor, block=fp8 and fp8.block))
+        if fp8 is not None and not fp8_checkpoint:
+            quantize_weights(model, fp8.block)
         return model.eval().requires_grad_(False)
 
     def _run_start_up_step(self, out: SchedulerOutput) -> None:
