@@ -27,7 +27,8 @@ from nanovllm.models.quantization_config import Fp8Weights, read_quantization
 # rope_type_aliases maps a type's other names; sliding_rope_theta, where set, is the rotary base of the
 # sliding layers (which are then unscaled), the config's rope_local_base_freq overriding it.
 # num_local_experts 0 marks a dense family, whose config is read for no mixture-of-experts field; for the
-# others (see `_moe_fields`) moe_intermediate_size None means intermediate_size.
+# others (see `_moe_fields`) moe_intermediate_size None means intermediate_size, and the fields named in
+# moe_fixed keep their default whatever the config says (transformers' class for the family ignores them).
 _LLAMA_DEFAULTS = dict(
     vocab_size=32000,
     hidden_size=4096,
@@ -64,6 +65,7 @@ _LLAMA_DEFAULTS = dict(
     norm_topk_prob=False,
     decoder_sparse_step=1,
     mlp_only_layers=(),
+    moe_fixed=(),
 )
 # Gemma 2: sliding-window and global layers alternating, soft-capped attention and final logits,
 # q scaled by query_pre_attn_scalar, norms before and after attention and the MLP, GeGLU
@@ -173,6 +175,7 @@ _FAMILY_DEFAULTS = {
         "num_local_experts": 8,
         "num_experts_per_tok": 2,
         "norm_topk_prob": True,
+        "moe_fixed": ("norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"),
     },
     "Gemma2ForCausalLM": _GEMMA2_DEFAULTS,
     "Gemma3ForCausalLM": _GEMMA3_DEFAULTS,
@@ -368,7 +371,7 @@ def _moe_fields(hf_config, defaults: dict, intermediate_size: int, num_layers: i
         return dict(num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0, norm_topk_prob=False, moe_layers=())
 
     def read(name: str):
-        return _get(hf_config, name, defaults[name])
+        return defaults[name] if name in defaults["moe_fixed"] else _get(hf_config, name, defaults[name])
 
     for name, honoured in _UNSUPPORTED_MOE_SETTINGS.items():
         value = _get(hf_config, name, honoured[0])

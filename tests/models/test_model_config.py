@@ -299,6 +299,20 @@ def test_mixtral_experts_are_intermediate_size_wide_in_every_layer_and_renormali
     assert ModelConfig.from_hf(windowed).layer_types == ("sliding_attention",) * 2
 
 
+def test_mixtral_renormalises_and_puts_experts_in_every_layer_whatever_its_config_says():
+    # transformers' Mixtral reads none of these fields: a stray one must not change the model
+    config = ModelConfig.from_hf(
+        SimpleNamespace(
+            architectures=["MixtralForCausalLM"],
+            num_hidden_layers=3,
+            norm_topk_prob=False,
+            decoder_sparse_step=2,
+            mlp_only_layers=[0],
+        )
+    )
+    assert config.norm_topk_prob and config.moe_layers == tuple(range(config.num_hidden_layers))
+
+
 @pytest.mark.parametrize(
     "fields, message",
     [
