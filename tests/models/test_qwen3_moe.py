@@ -12,6 +12,7 @@ from hf_reference import hf_greedy
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from test_families import ENGINE, GREEDY, random_prompts
+from test_llm import record_preemptions
 from transformers import AutoModelForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from nanovllm import LLM
@@ -100,6 +101,16 @@ def test_prompts_with_a_cached_prefix_match_transformers(qwen3_moe_dir, expected
     outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     llm.close()
     assert [o.num_cached_tokens for o in outputs] == [0, 0, 0, 64]
+    assert [o.outputs[0].token_ids for o in outputs] == expected
+
+
+def test_preempted_sequences_resume_with_the_tokens_of_transformers(qwen3_moe_dir, expected):
+    # 8 blocks of 16 tokens cannot hold the four sequences at their full lengths (15 blocks)
+    llm = LLM(qwen3_moe_dir, **{**ENGINE, "num_kvcache_blocks": 8})
+    preempted = record_preemptions(llm)
+    outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    llm.close()
+    assert preempted
     assert [o.outputs[0].token_ids for o in outputs] == expected
 
 
