@@ -1,19 +1,12 @@
 """Gated activations of the MLP: act(gate) * up over gate_up = gate | up."""
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
-
-def _silu(gate: torch.Tensor) -> torch.Tensor:
-    return F.silu(gate)
-
-
-def _gelu_tanh(gate: torch.Tensor) -> torch.Tensor:
-    return F.gelu(gate, approximate="tanh")
-
-
 # hidden_act -> act; "gelu_pytorch_tanh" is GELU's tanh approximation (GeGLU)
-ACTIVATIONS = {"silu": _silu, "gelu_pytorch_tanh": _gelu_tanh}
+ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh")}
 
 
 def gated_activation(gate_up: torch.Tensor, hidden_act: str) -> torch.Tensor:

@@ -46,6 +46,19 @@ def random_prompts(lengths, seed=0):
     return [[rng.randrange(2, 512) for _ in range(n)] for n in lengths]
 
 
+def assert_cached_prefix_matches_transformers(model_dir: str, **engine) -> None:
+    """A 61-token prompt sharing three 16-token blocks with a 60-token one run first (one of them outside a
+    24-token window) reads those 48 tokens from the prefix cache and gives transformers' greedy tokens."""
+    first = random_prompts([60], seed=1)[0]
+    second = first[:48] + random_prompts([13], seed=2)[0]
+    llm = LLM(model_dir, **{**ENGINE, **engine})
+    llm.generate([first], GREEDY, use_tqdm=False)
+    [output] = llm.generate([second], GREEDY, use_tqdm=False)
+    llm.close()
+    assert output.num_cached_tokens == 48
+    assert output.outputs[0].token_ids == hf_greedy(model_dir, [second], GREEDY.max_tokens)[0]
+
+
 def greedy(model_dir: str, prompts, **engine) -> list[list[int]]:
     llm = LLM(model_dir, **{**ENGINE, **engine})
     outputs = llm.generate(prompts, GREEDY, use_tqdm=False)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import _common_config, save_tiny_tokenizer
 from hf_reference import hf_greedy, hf_logprobs
-from test_families import ENGINE, GREEDY, random_prompts
+from test_families import ENGINE, GREEDY, assert_cached_prefix_matches_transformers, random_prompts
 from transformers import Gemma2Config, Gemma2ForCausalLM
 
 from nanovllm import LLM, SamplingParams
@@ -65,15 +65,7 @@ def test_chunks_that_split_a_prompt_inside_the_window_match_transformers(gemma2_
 
 
 def test_prompts_with_a_cached_prefix_match_transformers(gemma2_dir):
-    # the second prompt shares three 16-token blocks with the first, one of them outside its last window
-    first = random_prompts([60], seed=1)[0]
-    second = first[:48] + random_prompts([13], seed=2)[0]
-    llm = LLM(gemma2_dir, **ENGINE)
-    llm.generate([first], GREEDY, use_tqdm=False)
-    [output] = llm.generate([second], GREEDY, use_tqdm=False)
-    llm.close()
-    assert output.num_cached_tokens == 48
-    assert output.outputs[0].token_ids == hf_greedy(gemma2_dir, [second], GREEDY.max_tokens)[0]
+    assert_cached_prefix_matches_transformers(gemma2_dir)
 
 
 def test_two_ranks_equal_one(gemma2_dir):

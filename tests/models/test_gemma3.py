@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import _common_config, save_tiny_tokenizer
 from hf_reference import hf_greedy
-from test_families import ENGINE, GREEDY, random_prompts
+from test_families import ENGINE, GREEDY, assert_cached_prefix_matches_transformers, random_prompts
 from transformers import Gemma3Config, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma3TextConfig
 
 from nanovllm import LLM
@@ -91,14 +91,7 @@ def test_greedy_across_the_window_matches_transformers(gemma3_dir):
 
 
 def test_chunks_and_a_cached_prefix_match_transformers(gemma3_dir):
-    first = random_prompts([60], seed=1)[0]
-    second = first[:48] + random_prompts([13], seed=2)[0]
-    llm = LLM(gemma3_dir, **ENGINE, max_num_batched_tokens=10, max_num_seqs=1)
-    llm.generate([first], GREEDY, use_tqdm=False)
-    [output] = llm.generate([second], GREEDY, use_tqdm=False)
-    llm.close()
-    assert output.num_cached_tokens == 48
-    assert output.outputs[0].token_ids == hf_greedy(gemma3_dir, [second], GREEDY.max_tokens)[0]
+    assert_cached_prefix_matches_transformers(gemma3_dir, max_num_batched_tokens=10, max_num_seqs=1)
 
 
 def test_two_ranks_equal_transformers(gemma3_dir):
