@@ -42,13 +42,11 @@ def projections(shape: str) -> dict[str, tuple[int, int, str]]:
     head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     q, kv = c["num_attention_heads"] * head_dim, c["num_key_value_heads"] * head_dim
     h, inter = c["hidden_size"], c["intermediate_size"]
-    return {
-        "qkv": (q + 2 * kv, h, "norm"),
-        "o": (h, q, "none"),
-        "gate_up": (2 * inter, h, "norm"),
-        "down": (h, inter, "activation"),
-        "lm_head": (c["vocab_size"], h, "none"),
-    }
+    attention = {"qkv": (q + 2 * kv, h, "norm"), "o": (h, q, "none")}
+    lm_head = {"lm_head": (c["vocab_size"], h, "none")}
+    if "num_experts" in c:  # the experts run in the MoE kernels (benchmarks/moe.py); the router is a GEMV
+        return attention | {"router": (c["num_experts"], h, "none")} | lm_head
+    return attention | {"gate_up": (2 * inter, h, "norm"), "down": (h, inter, "activation")} | lm_head
 
 
 def products(k: int, prologue: str, act: str):

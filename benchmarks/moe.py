@@ -20,7 +20,7 @@ import triton.testing
 from throughput import hbm_bandwidth
 
 from nanovllm.kernels import triton_moe
-from nanovllm.layers.moe_routing import route
+from nanovllm.kernels.triton_moe_routing import route_experts
 
 EXPERTS, TOP_K, HIDDEN, WIDTH = 128, 8, 2048, 768
 DTYPE = torch.bfloat16
@@ -37,10 +37,10 @@ def layer(num_tokens: int, seed: int = 0):
     logits = torch.randn(num_tokens, EXPERTS, device="cuda")
 
     def run() -> torch.Tensor:
-        weights, ids = route(logits, TOP_K, renormalize=True)
+        weights, ids = route_experts(logits, TOP_K, renormalize=True)
         return triton_moe.fused_experts(x, w13, w2, weights, ids, "silu")
 
-    selected = route(logits, TOP_K, renormalize=True)[1].unique().numel()
+    selected = route_experts(logits, TOP_K, renormalize=True)[1].unique().numel()
     return run, selected
 
 
@@ -66,7 +66,7 @@ def sweep(num_tokens: int) -> tuple[float, tuple]:
     """The fastest tile setting for `num_tokens` tokens and its time."""
     run, _ = layer(num_tokens)
     default, results = triton_moe.TILES, []
-    for tiles in itertools.product((16, 64, 128), (32, 64, 128), (64, 128), (4, 8), (3,)):
+    for tiles in itertools.product((16, 32, 64, 128), (32, 64, 128), (64, 128), (4, 8), (3,)):
         triton_moe.TILES = {1: tiles}
         try:
             results.append((graph_ms(run), tiles))
@@ -102,7 +102,7 @@ def main() -> None:
             f"{roofline_us:6.1f} us; {ms * 1e3 / roofline_us:.2f}x"
         )
     if args.sweep:
-        for num_tokens in (1, 64, 1024, PREFILL_TOKENS):
+        for num_tokens in (16, 64, 256, 1024, 2048, PREFILL_TOKENS):
             ms, tiles = sweep(num_tokens)
             print(f"  fastest for {num_tokens} tokens: {tiles} (BLOCK_M, N, K, warps, stages), {ms * 1e3:.1f} us")
 

@@ -4,27 +4,30 @@ Inputs: x [tokens, hidden]; w13 [experts, 2I, hidden] (each expert's gate rows,
 then its up rows); w2 [experts, hidden, I]; the routing's weights and ids
 [tokens, top_k]. Token t's j-th choice is slot p = t * top_k + j.
 
-1. `align_by_expert` (PyTorch ops on the device, no host round trip): the slots
-   sorted by expert, each expert's run padded to a multiple of BLOCK_M, so that
-   every block of BLOCK_M rows belongs to one expert; sorted_slots holds the
-   slot of each row (P = tokens * top_k for a padding row), block_experts the
-   expert of each block. Shapes depend only on the token count: at most
-   min(experts, P) experts are non-empty, so P + min(experts, P) * (BLOCK_M - 1)
-   rows always suffice, and a CUDA graph of the step stays valid.
-2. `_gate_up_kernel`, grid (blocks, cdiv(I, BLOCK_N)): a program multiplies its
-   block's tokens (gathered rows of x) by BLOCK_N columns of its expert's gate
-   and the same of its up, and writes act(gate) * up for those columns: h
-   [rows, I]. Blocks past the last expert's run return at once.
-3. `_down_kernel`, grid (blocks, cdiv(hidden, BLOCK_N)): h's rows times the
-   expert's down, each row scaled by its slot's routing weight, written at the
-   slot: out [P, hidden] fp32; a token's top_k rows are then summed.
+1. `triton_moe_align.align_by_expert`: the slots in runs of one expert, each
+   padded to whole blocks of BLOCK_M rows; sorted_slots holds the slot of
+   each row (P = tokens * top_k for a padding row), block_experts the expert
+   of each block. Shapes depend only on the token count.
+2. `_gate_up_kernel`, one program per (block, BLOCK_N columns of I): it
+   multiplies its block's tokens (gathered rows of x) by BLOCK_N columns of
+   its expert's gate and the same of its up, and writes act(gate) * up for
+   those columns: h [rows, I]. Blocks past the last expert's run return at once.
+3. `_down_kernel`, one program per (block, BLOCK_N columns of hidden): h's
+   rows times the expert's down, each row scaled by its slot's routing
+   weight, written at the slot: out [P, hidden]; a token's top_k rows are then
+   summed.
+
+Programs are numbered column tile first, so the tiles of one block run side
+by side and read its gathered rows from L2 rather than from memory each, and
+the blocks of one expert run close together and share its weights in L2.
 
 A one-token step reads only its top_k experts' weights: the other experts own
 no block. Up to FEW_TOKENS tokens skip all of this for `triton_moe_gemv.py`.
 Roundings follow the PyTorch path (`layers/fused_moe.moe_experts`): gate, up
 and down rounded to the model's dtype, the activation as
-`triton_gated_activation` computes it, the weighted sum in fp32. Tile sizes
-by token count come from `TILES`, which `benchmarks/moe.py --sweep` measures.
+`triton_gated_activation` computes it, each weighted choice rounded to the
+dtype and the choices summed in fp32. Tile sizes by token count come from
+`TILES`, which `benchmarks/moe.py --sweep` measures.
 """
 
 import torch
@@ -32,19 +35,21 @@ import triton
 import triton.language as tl
 
 from nanovllm.kernels.triton_gated_activation import ACTIVATIONS, gated
+from nanovllm.kernels.triton_moe_align import align_by_expert
 from nanovllm.kernels.triton_moe_gemv import few_token_experts
 
 # up to this many tokens, each choice reads its expert's rows directly (`triton_moe_gemv.py`): blocks of
-# 16 rows would be nearly all padding
-FEW_TOKENS = 4
+# 16 rows would be nearly all padding (faster up to 12 tokens of a Qwen3-30B-A3B layer, slower from 16)
+FEW_TOKENS = 12
 
 # the fewest tokens each row applies from -> (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): the fastest
-# of `benchmarks/moe.py --sweep` at 1, 64, 1,024 and 16,384 tokens of a Qwen3-30B-A3B layer on an H100
+# of `benchmarks/moe.py --sweep` at 16, 64, 256, 1,024 and 2,048 tokens of a Qwen3-30B-A3B layer on an H100
 TILES = {
     1: (16, 32, 128, 4, 3),
     64: (16, 128, 128, 4, 3),
+    256: (32, 64, 128, 4, 3),
     1024: (64, 64, 64, 4, 3),
-    8192: (128, 128, 64, 8, 3),
+    2048: (128, 128, 64, 8, 3),
 }
 
 
@@ -53,38 +58,18 @@ def tiles_for(num_tokens: int) -> tuple[int, int, int, int, int]:
     return TILES[max(n for n in TILES if n <= max(num_tokens, 1))]
 
 
-def align_by_expert(
-    ids: torch.Tensor, num_experts: int, block_m: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The slots in runs of one expert each, padded to whole blocks of `block_m` rows.
-
-    ids: [tokens, top_k] -> sorted_slots [rows] int32 (P = tokens * top_k on padding rows),
-    block_experts [rows / block_m] int32, num_rows [1] int32 (the rows the runs fill)
-    """
-    slots = ids.flatten()
-    num_slots = slots.numel()
-    max_rows = triton.cdiv(num_slots + min(num_experts, num_slots) * (block_m - 1), block_m) * block_m
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device)
-    counts.scatter_add_(0, slots, torch.ones_like(slots))
-    padded = (counts + block_m - 1) // block_m * block_m
-    ends = padded.cumsum(0)  # [experts]: where each expert's run ends
-    order = slots.argsort(stable=True)  # slots grouped by expert, in token order within each
-    experts = slots[order]
-    first_of_expert = counts.cumsum(0) - counts
-    rows = (ends - padded)[experts] + torch.arange(num_slots, device=ids.device) - first_of_expert[experts]
-    sorted_slots = torch.full((max_rows,), num_slots, dtype=torch.int32, device=ids.device)
-    sorted_slots[rows] = order.to(torch.int32)
-    block_starts = torch.arange(0, max_rows, block_m, device=ids.device)
-    # the expert whose run holds each block; blocks past the last run get `num_experts` and are skipped
-    block_experts = torch.searchsorted(ends, block_starts, right=True).to(torch.int32)
-    return sorted_slots, block_experts, ends[-1:].to(torch.int32)
+@triton.jit
+def _program_tile(num_columns, BLOCK_N: tl.constexpr):
+    """This program's block and its first output column: the column tiles of a block are consecutive
+    programs."""
+    tiles = tl.cdiv(num_columns, BLOCK_N)
+    return tl.program_id(0) // tiles, tl.program_id(0) % tiles * BLOCK_N
 
 
 @triton.jit
-def _block_rows(sorted_slots_ptr, block_experts_ptr, num_slots, BLOCK_M: tl.constexpr):
-    """This program's block: its expert, its rows [BLOCK_M], their slots, and which rows hold a slot
-    (the others pad the expert's run)."""
-    block = tl.program_id(0)
+def _block_rows(sorted_slots_ptr, block_experts_ptr, block, num_slots, BLOCK_M: tl.constexpr):
+    """Block `block`: its expert, its rows [BLOCK_M], their slots, and which rows hold a slot (the
+    others pad the expert's run)."""
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     slots = tl.load(sorted_slots_ptr + rows)
     return tl.load(block_experts_ptr + block).to(tl.int64), rows, slots, slots < num_slots
@@ -112,11 +97,12 @@ def _gate_up_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    if tl.program_id(0) * BLOCK_M >= tl.load(num_rows_ptr):  # past the last expert's run
+    block, first_column = _program_tile(I, BLOCK_N)
+    if block * BLOCK_M >= tl.load(num_rows_ptr):  # past the last expert's run
         return
-    expert, rows, slots, row_ok = _block_rows(sorted_slots_ptr, block_experts_ptr, num_slots, BLOCK_M)
+    expert, rows, slots, row_ok = _block_rows(sorted_slots_ptr, block_experts_ptr, block, num_slots, BLOCK_M)
     tokens = (slots // TOP_K).to(tl.int64)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n = first_column + tl.arange(0, BLOCK_N)
     n_ok = n < I
     k = tl.arange(0, BLOCK_K)
     x_rows = x_ptr + tokens[:, None] * stride_xt + k[None, :]  # [BLOCK_M, BLOCK_K]
@@ -157,10 +143,11 @@ def _down_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    if tl.program_id(0) * BLOCK_M >= tl.load(num_rows_ptr):  # past the last expert's run
+    block, first_column = _program_tile(H, BLOCK_N)
+    if block * BLOCK_M >= tl.load(num_rows_ptr):  # past the last expert's run
         return
-    expert, rows, slots, row_ok = _block_rows(sorted_slots_ptr, block_experts_ptr, num_slots, BLOCK_M)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    expert, rows, slots, row_ok = _block_rows(sorted_slots_ptr, block_experts_ptr, block, num_slots, BLOCK_M)
+    n = first_column + tl.arange(0, BLOCK_N)
     n_ok = n < H
     k = tl.arange(0, BLOCK_K)
     h_rows = h_ptr + rows[:, None].to(tl.int64) * stride_hr + k[None, :]  # [BLOCK_M, BLOCK_K]
@@ -172,7 +159,8 @@ def _down_kernel(
         w = tl.load(down_cols + start, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
         acc = tl.dot(a, w, acc, input_precision=PRECISION)
     weight = tl.load(weights_ptr + slots, mask=row_ok, other=0.0)  # fp32 [BLOCK_M]
-    y = acc.to(h_ptr.dtype.element_ty).to(tl.float32) * weight[:, None]
+    dtype = h_ptr.dtype.element_ty
+    y = (acc.to(dtype).to(tl.float32) * weight[:, None]).to(dtype)
     tl.store(out_ptr + slots[:, None].to(tl.int64) * stride_os + n[None, :], y, mask=row_ok[:, None] & n_ok[None, :])
 
 
@@ -207,7 +195,7 @@ def fused_experts(
         num_stages=num_stages,
     )
     h = torch.empty(sorted_slots.numel(), width, dtype=x.dtype, device=x.device)  # [rows, I]
-    _gate_up_kernel[(blocks, triton.cdiv(width, block_n))](
+    _gate_up_kernel[(blocks * triton.cdiv(width, block_n),)](
         x,
         w13,
         h,
@@ -225,8 +213,8 @@ def fused_experts(
         ACT=ACTIVATIONS[hidden_act],
         **launch,
     )
-    out = torch.empty(num_slots, hidden, dtype=torch.float32, device=x.device)  # [slots, hidden]
-    _down_kernel[(blocks, triton.cdiv(hidden, block_n))](
+    out = torch.empty(num_slots, hidden, dtype=x.dtype, device=x.device)  # [slots, hidden]
+    _down_kernel[(blocks * triton.cdiv(hidden, block_n),)](
         h,
         w2,
         out,
@@ -243,4 +231,4 @@ def fused_experts(
         out.stride(0),
         **launch,
     )
-    return out.view(num_tokens, top_k, hidden).sum(dim=1).to(x.dtype)
+    return out.view(num_tokens, top_k, hidden).sum(dim=1)  # summed in fp32, rounded once

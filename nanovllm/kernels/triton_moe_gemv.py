@@ -1,22 +1,26 @@
-"""Triton kernels: the experts of a few tokens (a small decode step), one token's choice per program row.
+"""Triton kernels: the experts of a few tokens (a small decode step), straight from the routing.
 
 A decode step of a few sequences gives each expert at most a token or two, so
 the grouped GEMMs of `triton_moe.py` would multiply blocks of 16 rows that
 are almost all padding, after a chain of small launches that align the
 tokens by expert. Here nothing is aligned: slot p = t * top_k + j (token t's
 j-th choice) reads its expert ids[p] straight from the routing, and each
-program streams BLOCK_N rows of that expert's weights once, multiplying them
-with the slot's input (which stays in cache) on the CUDA cores and summing in
-fp32, as the one-row GEMV (`triton_gemv.py`) does.
+program streams BLOCK_N rows of expert weights once, multiplying them with
+the inputs (which stay in cache) on the CUDA cores and summing in fp32, as
+the one-row GEMV (`triton_gemv.py`) does.
 
 1. `_slot_gate_up_kernel`, grid (slots, cdiv(I, BLOCK_N)): h [slots, I] =
    act(gate . x_t) * (up . x_t) for BLOCK_N features of the slot's expert.
-2. `_slot_down_kernel`, grid (slots, cdiv(hidden, BLOCK_N)): out [slots,
-   hidden] fp32 = weights[p] * (down . h_p); a token's top_k rows are then
-   summed.
+2. `_token_down_kernel`, grid (tokens, cdiv(hidden, BLOCK_N)): out [tokens,
+   hidden] = sum over j of weights[p] * (down . h_p) for BLOCK_N features,
+   all top_k choices of the token in one program, so no per-slot output is
+   written and summed after.
 
+Both are launched with programmatic dependent launch (`triton_pdl.py`): the
+down kernel reads its token's expert ids (written two kernels earlier) and
+the first chunk of their weights while the gate/up kernel finishes.
 Roundings are those of the PyTorch path (`layers/fused_moe.moe_experts`), as
-in `triton_moe.py`. The block sizes are first choices, not yet swept.
+in `triton_moe.py`.
 """
 
 import torch
@@ -24,9 +28,11 @@ import triton
 import triton.language as tl
 
 from nanovllm.kernels.triton_gated_activation import ACTIVATIONS, gated
+from nanovllm.kernels.triton_pdl import pdl_launch, wait_for_previous_kernel
 
-_GATE_UP_BLOCKS = (4, 512)  # (BLOCK_N, BLOCK_K): 2 x 4 rows of the expert's gate and up per program
-_DOWN_BLOCKS = (8, 256)
+# (BLOCK_N, BLOCK_K, num_warps): the fastest of a sweep at one token of a Qwen3-30B-A3B layer on an H100
+_GATE_UP_BLOCKS = (8, 1024, 4)  # 2 x 8 rows of the slot's expert's gate and up per program
+_DOWN_BLOCKS = (1, 128, 4)  # a row of each of the token's top_k experts per program
 
 
 @triton.jit
@@ -43,7 +49,9 @@ def _slot_gate_up_kernel(
     ACT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(PDL)  # the routing, just before, chose the expert
     slot = tl.program_id(0)
     expert = tl.load(ids_ptr + slot).to(tl.int64)
     x_row = x_ptr + (slot // TOP_K).to(tl.int64) * stride_xt
@@ -67,7 +75,7 @@ def _slot_gate_up_kernel(
 
 
 @triton.jit
-def _slot_down_kernel(
+def _token_down_kernel(
     h_ptr,
     w2_ptr,
     out_ptr,
@@ -76,23 +84,41 @@ def _slot_down_kernel(
     I,
     H,
     stride_we,
+    stride_ot,
+    TOP_K: tl.constexpr,
+    BLOCK_J: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    slot = tl.program_id(0)
-    expert = tl.load(ids_ptr + slot).to(tl.int64)
+    token = tl.program_id(0)
+    choices = tl.arange(0, BLOCK_J)
+    choice_ok = choices < TOP_K
+    slots = token * TOP_K + choices  # [BLOCK_J]
+    # the routing finished two kernels ago: its ids and the experts' weights are read before the wait
+    experts = tl.load(ids_ptr + slots, mask=choice_ok, other=0).to(tl.int64)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < H
     k = tl.arange(0, BLOCK_K)
-    down_rows = w2_ptr + expert * stride_we + n[:, None].to(tl.int64) * I + k[None, :]  # [BLOCK_N, BLOCK_K]
-    h_row = h_ptr + slot * I
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    rows_ok = choice_ok[:, None, None] & (n < H)[None, :, None]  # [BLOCK_J, BLOCK_N, 1]
+    # [BLOCK_J, BLOCK_N, BLOCK_K]: BLOCK_N rows of each choice's down
+    down_rows = w2_ptr + experts[:, None, None] * stride_we + n[None, :, None].to(tl.int64) * I + k[None, None, :]
+    h_rows = h_ptr + slots[:, None, None].to(tl.int64) * I + k[None, None, :]  # [BLOCK_J, 1, BLOCK_K]
+    w = tl.load(down_rows, mask=rows_ok & (k < I)[None, None, :], other=0.0)
+    wait_for_previous_kernel(PDL)
+    acc = tl.zeros((BLOCK_J, BLOCK_N, BLOCK_K), dtype=tl.float32)
     for start in range(0, I, BLOCK_K):
-        k_ok = k + start < I
-        h = tl.load(h_row + start + k, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-        acc += tl.load(down_rows + start, mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32) * h
-    y = tl.sum(acc, axis=1).to(h_ptr.dtype.element_ty).to(tl.float32) * tl.load(weights_ptr + slot)
-    tl.store(out_ptr + slot * H + n, y, mask=n_ok)
+        k_ok = (k + start < I)[None, None, :]
+        # the next chunk's weights are in flight while this one is multiplied
+        w_next = tl.load(down_rows + start + BLOCK_K, mask=rows_ok & (k + start + BLOCK_K < I)[None, None, :], other=0.0)
+        h = tl.load(h_rows + start, mask=choice_ok[:, None, None] & k_ok, other=0.0)
+        acc += w.to(tl.float32) * h.to(tl.float32)
+        w = w_next
+    # each choice's output rounded as the projection's is, weighted and rounded again, then summed in fp32
+    dtype = h_ptr.dtype.element_ty
+    y = tl.sum(acc, axis=2).to(dtype).to(tl.float32)  # [BLOCK_J, BLOCK_N]
+    weights = tl.load(weights_ptr + slots, mask=choice_ok, other=0.0)
+    out = tl.sum((y * weights[:, None]).to(dtype).to(tl.float32), axis=0)
+    tl.store(out_ptr + token * stride_ot + n, out.to(out_ptr.dtype.element_ty), mask=n < H)
 
 
 def few_token_experts(
@@ -107,8 +133,9 @@ def few_token_experts(
     width, top_k = w2.size(2), ids.size(1)
     num_slots = num_tokens * top_k
     ids, weights = ids.contiguous(), weights.contiguous()
+    pdl = pdl_launch(x.device)
     h = torch.empty(num_slots, width, dtype=x.dtype, device=x.device)  # [slots, I]
-    block_n, block_k = _GATE_UP_BLOCKS
+    block_n, block_k, num_warps = _GATE_UP_BLOCKS
     _slot_gate_up_kernel[(num_slots, triton.cdiv(width, block_n))](
         x,
         w13,
@@ -122,10 +149,12 @@ def few_token_experts(
         ACT=ACTIVATIONS[hidden_act],
         BLOCK_N=block_n,
         BLOCK_K=min(block_k, triton.next_power_of_2(hidden)),
+        num_warps=num_warps,
+        **pdl,
     )
-    out = torch.empty(num_slots, hidden, dtype=torch.float32, device=x.device)  # [slots, hidden]
-    block_n, block_k = _DOWN_BLOCKS
-    _slot_down_kernel[(num_slots, triton.cdiv(hidden, block_n))](
+    out = torch.empty(num_tokens, hidden, dtype=x.dtype, device=x.device)
+    block_n, block_k, num_warps = _DOWN_BLOCKS
+    _token_down_kernel[(num_tokens, triton.cdiv(hidden, block_n))](
         h,
         w2,
         out,
@@ -134,7 +163,12 @@ def few_token_experts(
         width,
         hidden,
         w2.stride(0),
+        out.stride(0),
+        TOP_K=top_k,
+        BLOCK_J=triton.next_power_of_2(top_k),
         BLOCK_N=block_n,
         BLOCK_K=min(block_k, triton.next_power_of_2(width)),
+        num_warps=num_warps,
+        **pdl,
     )
-    return out.view(num_tokens, top_k, hidden).sum(dim=1).to(x.dtype)
+    return out

@@ -27,7 +27,8 @@ def moe_experts(
     x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, hidden_act: str
 ) -> torch.Tensor:
     """For each token t, the sum over its choices j of weights[t, j] * down(act(gate(x_t)) * up(x_t)) of
-    expert ids[t, j]. Each expert runs once, over the tokens routed to it; the weighted sum is taken in fp32.
+    expert ids[t, j]. Each expert runs once, over the tokens routed to it; each weighted choice is rounded to
+    x's dtype (the kernels write them so: half the bytes of fp32) and their sum is taken in fp32.
 
     x: [tokens, hidden]; w13: [experts, 2 * I, hidden]; w2: [experts, hidden, I];
     weights, ids: [tokens, top_k] -> [tokens, hidden] in x's dtype
@@ -45,7 +46,7 @@ def moe_experts(
             h = gated_activation(F.linear(grouped[rows], w13[expert]), hidden_act)  # [count, I]
             out[rows] = F.linear(h, w2[expert])
         start += count
-    weighted = out.float() * weights.flatten()[order, None]  # [tokens * top_k, hidden]
+    weighted = (out.float() * weights.flatten()[order, None]).to(x.dtype).float()  # [tokens * top_k, hidden]
     summed = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     return summed.index_add_(0, tokens, weighted).to(x.dtype)
 
@@ -96,12 +97,14 @@ class FusedMoE(nn.Module):
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """The experts' weighted sum for each token, summed over the ranks."""
         # x: [tokens, hidden]; router_logits: [tokens, experts] -> [tokens, hidden]
-        weights, ids = route(router_logits, self.top_k, self.renormalize)
-        if x.is_cuda:
-            from nanovllm.kernels.triton_moe import fused_experts  # Triton is needed on CUDA only
+        if x.is_cuda:  # Triton is needed on CUDA only
+            from nanovllm.kernels.triton_moe import fused_experts
+            from nanovllm.kernels.triton_moe_routing import route_experts
 
+            weights, ids = route_experts(router_logits, self.top_k, self.renormalize)
             y = fused_experts(x, self.w13, self.w2, weights, ids, self.hidden_act)
         else:
+            weights, ids = route(router_logits, self.top_k, self.renormalize)
             y = moe_experts(x, self.w13, self.w2, weights, ids, self.hidden_act)
         if self.tp_size > 1:
             dist.all_reduce(y)

@@ -40,14 +40,33 @@ def check(case, hidden_act="silu"):
 
 
 def test_align_puts_each_expert_in_whole_blocks_and_every_slot_once():
-    ids = torch.tensor([[3, 1], [1, 0], [3, 1]])  # slots 0..5: experts 3, 1, 1, 0, 3, 1
+    ids = torch.tensor([[3, 1], [1, 0], [3, 1]], device=DEVICE)  # slots 0..5: experts 3, 1, 1, 0, 3, 1
     sorted_slots, block_experts, num_rows = align_by_expert(ids, num_experts=5, block_m=4)
     pad = 6
-    # expert 0: slot 3; expert 1: slots 1, 2, 5; expert 3: slots 0, 4 -- each run padded to 4 rows
-    assert sorted_slots[: num_rows.item()].tolist() == [3, pad, pad, pad, 1, 2, 5, pad, 0, 4, pad, pad]
-    assert block_experts[:3].tolist() == [0, 1, 3]
-    # 6 slots + at most 5 experts x 3 padding rows, in whole blocks: fixed by the token count alone
-    assert sorted_slots.numel() == 24 and (sorted_slots[12:] == pad).all()
+    # expert 0: slot 3; expert 1: slots 1, 2, 5; expert 3: slots 0, 4 -- each run padded to 4 rows, the
+    # slots within a run in no particular order
+    assert num_rows.item() == 12
+    runs = sorted_slots[:12].view(3, 4).tolist()
+    assert [sorted(run) for run in runs] == [[3, pad, pad, pad], [1, 2, 5, pad], [0, 4, pad, pad]]
+    # 6 slots + at most 5 experts x 3 padding rows, in whole blocks: fixed by the token count alone; the
+    # blocks past the runs belong to no expert (5)
+    assert sorted_slots.numel() == 24
+    assert block_experts.tolist() == [0, 1, 3, 5, 5, 5]
+
+
+@pytest.mark.parametrize("tokens, experts, top_k, block_m", [(1, 8, 2, 16), (37, 6, 3, 4), (300, 128, 8, 64)])
+def test_align_places_every_slot_in_its_experts_run(tokens, experts, top_k, block_m):
+    ids = torch.rand(tokens, experts, device=DEVICE).argsort(dim=-1)[:, :top_k]
+    sorted_slots, block_experts, num_rows = align_by_expert(ids, experts, block_m)
+    rows = num_rows.item()
+    slots = sorted_slots[:rows].long()
+    is_slot = slots < ids.numel()
+    assert sorted(slots[is_slot].tolist()) == list(range(ids.numel()))  # every slot once
+    row_experts = block_experts[: rows // block_m].long().repeat_interleave(block_m)
+    assert torch.equal(ids.flatten()[slots[is_slot]], row_experts[is_slot])  # in a block of its expert
+    counts = torch.bincount(ids.flatten(), minlength=experts)
+    assert rows == ((counts + block_m - 1) // block_m * block_m).sum().item()  # no more padding than needed
+    assert (block_experts[rows // block_m :] == experts).all()
 
 
 @pytest.mark.skipif(CUDA, reason="the compiled kernels are tested on the GPU instead")
