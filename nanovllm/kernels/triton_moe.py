@@ -75,7 +75,7 @@ def _block_rows(sorted_slots_ptr, block_experts_ptr, block, num_slots, BLOCK_M: 
     return tl.load(block_experts_ptr + block).to(tl.int64), rows, slots, slots < num_slots
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots"])  # one compile for every token count
 def _gate_up_kernel(
     x_ptr,
     w13_ptr,
@@ -122,7 +122,7 @@ def _gate_up_kernel(
     tl.store(h_ptr + rows[:, None] * stride_hr + n[None, :], h, mask=row_ok[:, None] & n_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots"])  # one compile for every token count
 def _down_kernel(
     h_ptr,
     w2_ptr,

@@ -31,7 +31,7 @@ import triton.language as tl
 _BLOCK_ELEMENTS = 8192  # a place program's [BLOCK, experts] comparisons, at most
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots"])  # one compile for every token count
 def _rank_kernel(ids_ptr, counts_ptr, ranks_ptr, num_slots, BLOCK: tl.constexpr):
     slots = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     slot_ok = slots < num_slots
@@ -40,7 +40,7 @@ def _rank_kernel(ids_ptr, counts_ptr, ranks_ptr, num_slots, BLOCK: tl.constexpr)
     tl.store(ranks_ptr + slots, ranks, mask=slot_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots", "num_blocks"])  # one compile for every token count
 def _place_kernel(
     ids_ptr,
     counts_ptr,

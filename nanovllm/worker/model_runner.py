@@ -171,6 +171,10 @@ class ModelRunner(Executor):
         max_len = min(self.config.context_len, self.config.token_budget)
         num_seqs = max(1, min(self.config.token_budget // max_len, self.config.max_num_seqs))
         self._run_start_up_step(start_up_step([[0] * max_len] * num_seqs, [0] * num_seqs, [[]] * num_seqs))
+        # kernels whose tiles depend on the token count (a mixture of experts' grouped GEMMs) compile now, one
+        # prompt per power of two, rather than in the middle of the first step of each size (about a second each)
+        for num_tokens in _powers_of_two(16, max_len // 2):
+            self._run_start_up_step(start_up_step([[0] * num_tokens], [0], [[]]))
         logits = torch.zeros(
             self.config.max_num_seqs, self.config.model_config.vocab_size, dtype=self.dtype, device=self.device
         )
@@ -458,6 +462,11 @@ class ModelRunner(Executor):
         self.release_graphs()
         if self.world_size > 1:
             destroy_process_group()
+
+
+def _powers_of_two(low: int, high: int) -> list[int]:
+    """The powers of two from `low` to `high`, both included where they are powers of two."""
+    return [1 << e for e in range(low.bit_length() - 1, high.bit_length()) if low <= 1 << e <= high]
 
 
 def start_up_step(
