@@ -210,9 +210,12 @@ def layer_windows(shape: str) -> list[int | None]:
     return [window] * layers
 
 
-def model_bytes(shape: str, kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1) -> tuple[WeightRead, KVRead]:
+def model_bytes(
+    shape: str, kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1, quantization: str | None = None
+) -> tuple[WeightRead, KVRead]:
     """(weight read, KV read) of a decode step of one rank of the bf16 model, the KV in bf16 or in FP8 with a
-    4-byte scale per head."""
+    4-byte scale per head; with quantization "fp8" the decoder's projections (attention's and the dense
+    MLP's) in FP8 with a 4-byte scale per output row."""
     s = SHAPES[shape]
     h, d = s["hidden_size"], s.get("head_dim") or s["hidden_size"] // s["num_attention_heads"]
     q, kv = s["num_attention_heads"] * d, s["num_key_value_heads"] * d
@@ -221,7 +224,11 @@ def model_bytes(shape: str, kv_cache_dtype: str = "auto", tensor_parallel_size: 
     biases = q + 2 * kv if s["model_type"] == "qwen2" else 0
     experts = s.get("num_experts", 0)
     mlp = 0 if experts else 3 * h * s["intermediate_size"]
-    per_layer = h * (q + 2 * kv) + q * h + mlp + norms + biases + h * experts  # the router: [experts, hidden]
+    projections = h * (q + 2 * kv) + q * h + mlp
+    if quantization == "fp8":  # 1 byte each, and a 4-byte scale per output row: counted here in 2-byte units
+        rows = q + 2 * kv + h + (2 * s["intermediate_size"] + h if mlp else 0)
+        projections = projections // 2 + 2 * rows
+    per_layer = projections + norms + biases + h * experts  # the router: [experts, hidden]
     # the LM head is read whole; of the input embedding table, tied to it or not, a step reads only the rows
     # of its tokens (an untied Qwen3-8B table is 1.2 GB that no step reads)
     lm_head = s["vocab_size"] * h

@@ -35,12 +35,16 @@ another in the same call; each later size is then compared with the first:
 its throughput ratio, and how many of 16 workload prompts give the same 64
 greedy tokens. `--kv-cache-dtype fp8` runs each size with the model-dtype
 cache, then with the FP8 cache, and prints the ratio (the FP8 run's roofline
-counts its smaller KV reads).
+counts its smaller KV reads). `--quantization fp8` runs each size with the
+model's bf16 weights, then with them quantized to FP8 at load, and prints
+the ratios of the workload's throughput, one sequence's decode latency and
+the prefill of 64 prompts of 4,000 tokens (the FP8 run's roofline counts its
+smaller weight reads).
 
     python benchmarks/throughput.py [--peer hf] [--skip-tokenizer-init | --compare-tokenizer]
                                     [--enforce-eager] [--no-chunked-prefill] [--profile] [--kvcache-block-size N]
                                     [--model-shape SHAPE [SHAPE ...]] [--tensor-parallel-size N [N ...]]
-                                    [--kv-cache-dtype auto|fp8] [--sampling NAME=VALUE ...]
+                                    [--kv-cache-dtype auto|fp8] [--quantization fp8] [--sampling NAME=VALUE ...]
 """
 
 import argparse
@@ -229,10 +233,18 @@ class StepRecorder:
         return "\n".join(lines)
 
 
-def make_llm(model_dir: str, args, skip_tokenizer_init: bool, tensor_parallel_size: int, kv_cache_dtype: str) -> LLM:
+def make_llm(
+    model_dir: str,
+    args,
+    skip_tokenizer_init: bool,
+    tensor_parallel_size: int,
+    kv_cache_dtype: str,
+    quantization: str | None = None,
+) -> LLM:
     llm = LLM(
         model_dir,
         load_format="dummy",
+        quantization=quantization,
         skip_tokenizer_init=skip_tokenizer_init,
         enforce_eager=args.enforce_eager,
         tensor_parallel_size=tensor_parallel_size,
@@ -274,6 +286,18 @@ def single_sequence_latency(llm: LLM) -> tuple[float, str]:
     all_tokens = seconds(1024)
     recorder.detach()
     return (all_tokens - first_token) / 1023, recorder.summary(1, all_tokens)
+
+
+def prefill_rate(llm: LLM, num_prompts: int = 64, prompt_len: int = 4000) -> float:
+    """Prompt tokens per second of `num_prompts` random prompts of `prompt_len` tokens, each generating one
+    token (so prefill is nearly all of it)."""
+    rng = random.Random(1)
+    prompts = [[rng.randint(0, 10000) for _ in range(prompt_len)] for _ in range(num_prompts)]
+    params = SamplingParams(temperature=0.6, max_tokens=1)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False)
+    return num_prompts * prompt_len / (time.perf_counter() - start)
 
 
 def greedy_token_ids(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
@@ -400,6 +424,7 @@ class EngineRun:
     fraction: float
     single_ms: float | None = None
     single_roofline_ms: float | None = None
+    prefill_rate: float | None = None  # prompt tokens/s of 64 x 4,000 tokens, when weights are compared
     greedy: list = field(default_factory=list)
 
 
@@ -415,17 +440,20 @@ def run_engine(
     kv_cache_dtype: str,
     first: bool,
     sampling: dict | None = None,
+    quantization: str | None = None,
+    compare_weights: bool = False,
 ) -> EngineRun:
-    """The workload on one engine of `shape` (`sampling` added to every request), with its step summary
-    printed; on the first engine of a size also one sequence's latency (and the profile, if asked for) and
-    the greedy tokens of 16 prompts."""
+    """The workload on one engine of `shape` (`sampling` added to every request; weights quantized per
+    `quantization`), with its step summary printed; on the first engine of a size, and on each engine whose
+    weights are compared, also one sequence's latency (and the profile, if asked for) and the greedy tokens
+    of 16 prompts; when weights are compared, the prefill rate too."""
     total_out = sum(max_tokens)
-    weight_read, kv_read = model_bytes(shape, kv_cache_dtype, size)
+    weight_read, kv_read = model_bytes(shape, kv_cache_dtype, size, quantization)
     roofline = total_out / roofline_seconds(prompts, max_tokens, weight_read, kv_read, bandwidth)
-    llm = make_llm(model_dir, args, skip_tokenizer_init, size, kv_cache_dtype)
+    llm = make_llm(model_dir, args, skip_tokenizer_init, size, kv_cache_dtype, quantization)
     elapsed, recorder = run_workload(llm, prompts, max_tokens, sampling)
     rate = total_out / elapsed
-    label = f"{tokenizer_label(skip_tokenizer_init)}, TP={size}, {kv_cache_dtype} KV"
+    label = f"{tokenizer_label(skip_tokenizer_init)}, TP={size}, {kv_cache_dtype} KV, {quantization or 'bf16'} weights"
     if sampling:
         label += ", " + sampling_label(sampling)
     print(
@@ -434,7 +462,10 @@ def run_engine(
     )
     print(recorder.summary(len(prompts), elapsed))
     run = EngineRun(rate, rate / roofline)
-    if first:
+    if compare_weights:
+        run.prefill_rate = prefill_rate(llm)
+        print(f"prefill of 64 prompts x 4,000 tokens: {run.prefill_rate:,.0f} prompt tok/s")
+    if first or compare_weights:
         step, steps = single_sequence_latency(llm)
         run.single_ms, run.single_roofline_ms = step * 1e3, weight_read.bytes(1) / bandwidth * 1e3
         print(
@@ -505,6 +536,11 @@ def main() -> None:
         default="auto",
         help="fp8: run each size with the model-dtype cache, then the FP8 one, and compare",
     )
+    parser.add_argument(
+        "--quantization",
+        choices=["fp8"],
+        help="fp8: run each size with bf16 weights, then with them quantized to FP8 at load, and compare",
+    )
     args = parser.parse_args()
 
     prompts, max_tokens = workload()
@@ -530,6 +566,8 @@ def run_shape(shape: str, args, prompts: list[list[int]], max_tokens: list[int],
         f"requests, {sum(map(len, prompts)):,} prompt tokens, {total_out:,} output tokens, temperature 0.6"
     )
 
+    if args.quantization:
+        return compare_weights(shape, model_dir, args, prompts, max_tokens, bandwidth, variants[0])
     kv_cache_dtypes = ["auto", "fp8"] if args.kv_cache_dtype == "fp8" else ["auto"]
     rates, greedy, kv_rates, runs = {}, {}, {}, []
     for size in args.tensor_parallel_size:
@@ -565,6 +603,7 @@ def run_shape(shape: str, args, prompts: list[list[int]], max_tokens: list[int],
                 f"fp8 / bf16 KV cache (TP={size}, {tokenizer_label(skip)}): "
                 f"{kv_rates[size, 'fp8', skip] / kv_rates[size, 'auto', skip]:.2f}x"
             )
+
     print_tensor_parallel_comparison(rates, greedy)
     if args.sampling:
         sampling = dict(args.sampling)
@@ -584,6 +623,30 @@ def run_shape(shape: str, args, prompts: list[list[int]], max_tokens: list[int],
             f"({peer:.2f} s); nanovllm is {nanovllm * peer / total_out:.1f}x faster"
         )
     return runs[0]
+
+
+def compare_weights(
+    shape: str, model_dir: str, args, prompts, max_tokens, bandwidth: float, skip_tokenizer_init: bool
+) -> EngineRun:
+    """For each size, an engine with bf16 weights and one with `args.quantization` weights, and the second's
+    figures over the first's; returns the first bf16 run."""
+    runs = []
+    for size in args.tensor_parallel_size:
+        engine = (shape, model_dir, args, prompts, max_tokens, bandwidth, skip_tokenizer_init, size, "auto")
+        full = run_engine(*engine, first=False, compare_weights=True)
+        quantized = run_engine(*engine, first=False, quantization=args.quantization, compare_weights=True)
+        print_weight_comparison(size, args.quantization, full, quantized)
+        runs.append(full)
+    return runs[0]
+
+
+def print_weight_comparison(size: int, quantization: str, full: EngineRun, quantized: EngineRun) -> None:
+    """The quantized engine's figures over the full-precision one's."""
+    print(
+        f"{quantization} / bf16 weights (TP={size}): workload {quantized.rate / full.rate:.2f}x tok/s; single "
+        f"sequence {quantized.single_ms:.3f} against {full.single_ms:.3f} ms/token ({full.single_ms / quantized.single_ms:.2f}x); "
+        f"prefill of 64 x 4,000 tokens {quantized.prefill_rate / full.prefill_rate:.2f}x tok/s"
+    )
 
 
 def print_shape_comparison(firsts: dict[str, EngineRun]) -> None:

@@ -10,9 +10,11 @@ block), so a block's largest value maps to e4m3's largest finite one. Two layout
 - 128 x 128 blocks (block-FP8 checkpoints: Qwen3-*-FP8, DeepSeek): scales [ceil(N/128), ceil(K/128)],
   which the checkpoint calls `weight_scale_inv` (the multiplier that dequantizes).
 
-Activations are quantized on the fly per token and per group of the weight block's width (the whole row
-for per-channel weights, groups of 128 for block weights, as vLLM does), so that each product of a block
-of x and a block of W carries one scale of each.
+Activations of products of several rows are quantized on the fly per token and per group of the weight
+block's width (the whole row for per-channel weights, groups of 128 for block weights, as vLLM does), so
+that each product of a block of x and a block of W carries one scale of each and runs on FP8 tensor
+cores. A single row (a one-sequence decode step, bound by reading W) is multiplied unquantized, as the
+one-row GEMV (`triton_gemv.py`) does: `quantize_x=False`.
 """
 
 import torch
@@ -80,17 +82,21 @@ def fp8_linear(
     weight_scale: torch.Tensor,
     block: tuple[int, int],
     bias: torch.Tensor | None = None,
+    quantize_x: bool = True,
 ) -> torch.Tensor:
-    """x W^T (+ b) with W in FP8: x quantized per token and group of `block[1]` columns, then both
-    dequantized and multiplied in fp32 (where a kernel accumulates the FP8 products), the bias added,
-    and the sum rounded once to x's dtype.
+    """x W^T (+ b) with W in FP8: x quantized per token and group of `block[1]` columns (unless not
+    `quantize_x`), then both dequantized and multiplied in fp32 (where a kernel accumulates the FP8
+    products), the bias added, and the sum rounded once to x's dtype.
 
     x: [tokens, K]; weight: [N, K] fp8; weight_scale: [ceil(N / block[0]), ceil(K / block[1])] fp32;
     bias: [N] -> [tokens, N] in x's dtype
     """
-    group = (1, block[1])
-    x_values, x_scale = quantize_blocks(x, group)  # [tokens, K] fp8, [tokens, ceil(K / block[1])]
-    product = dequantize_blocks(x_values, x_scale, group) @ dequantize_blocks(weight, weight_scale, block).T
+    x_values = x.float()
+    if quantize_x:
+        group = (1, block[1])
+        x_values, x_scale = quantize_blocks(x, group)  # [tokens, K] fp8, [tokens, ceil(K / block[1])]
+        x_values = dequantize_blocks(x_values, x_scale, group)
+    product = x_values @ dequantize_blocks(weight, weight_scale, block).T
     if bias is not None:
         product += bias.float()
     return product.to(x.dtype)

@@ -31,6 +31,14 @@ inputs that stay in cache (a launch costs more than the redundant arithmetic):
 A bias b [N], when given, is added to the fp32 sums before they are rounded to
 the dtype (the epilogue HAS_BIAS): biased layers (Qwen2's q, k, v) keep the
 one-launch path.
+
+W may be float8 e4m3 with fp32 scales (`kernels/fp8_weights.py` has the
+layout), by the constexpr SCALES: PER_ROW (one scale per output feature,
+applied to the row's sum) or PER_BLOCK (one per block of SCALE_ROWS x
+SCALE_COLUMNS, folded into x column group by column group; a program's
+features lie in one block of rows). The product reads half the bytes of a
+bf16 one and multiplies the dequantized weights with x unquantized, in fp32:
+`fp8_weights.fp8_linear(..., quantize_x=False)` is its reference.
 """
 
 import torch
@@ -41,6 +49,7 @@ from nanovllm.kernels.triton_gated_activation import ACTIVATIONS, SILU, gated
 from nanovllm.kernels.triton_pdl import pdl_launch, wait_for_previous_kernel
 
 PLAIN, RMS_NORM, GATED = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # PROLOGUE
+NO_SCALES, PER_ROW, PER_BLOCK = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # SCALES of FP8 weights
 # PROLOGUE -> (BLOCK_N, BLOCK_K, num_warps)
 BLOCKS = {PLAIN.value: (4, 2048, 4), RMS_NORM.value: (8, 512, 4), GATED.value: (8, 2048, 4)}
 
@@ -96,6 +105,7 @@ def _gemv_kernel(
     r_ptr,
     g_ptr,
     w_ptr,
+    scale_ptr,
     bias_ptr,
     y_ptr,
     h_ptr,
@@ -106,6 +116,9 @@ def _gemv_kernel(
     HAS_RESIDUAL: tl.constexpr,
     ACT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    SCALES: tl.constexpr,
+    SCALE_ROWS: tl.constexpr,
+    SCALE_COLUMNS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
@@ -126,15 +139,34 @@ def _gemv_kernel(
         x, squared = _prologue(a, b, g_ptr, h_ptr, start + columns, K, PROLOGUE, HAS_RESIDUAL, ACT)
         if PROLOGUE == RMS_NORM:
             squares += squared
+        if SCALES == PER_BLOCK:  # the scales of this program's block of rows, one per group of columns
+            k = start + columns
+            block_row = tl.program_id(0) * BLOCK_N // SCALE_ROWS
+            x *= tl.load(scale_ptr + block_row * tl.cdiv(K, SCALE_COLUMNS) + k // SCALE_COLUMNS, mask=k < K, other=0.0)
         # w: [BLOCK_N, BLOCK_K]; x: [BLOCK_K]
         acc += w.to(tl.float32) * x[None, :]
         w, a, b = w_next, a_next, b_next
     y = tl.sum(acc, axis=1)
     if PROLOGUE == RMS_NORM:
         y = y * tl.rsqrt(tl.sum(squares, axis=0) / K + eps)
+    if SCALES == PER_ROW:
+        y *= tl.load(scale_ptr + features, mask=feature_ok, other=0.0)
     if HAS_BIAS:
         y += tl.load(bias_ptr + features, mask=feature_ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + features, y.to(y_ptr.dtype.element_ty), mask=feature_ok)
+
+
+def _scale_layout(
+    weight: torch.Tensor, weight_scale: torch.Tensor | None, weight_block: tuple[int, int] | None
+) -> tuple[tl.constexpr, int, int]:
+    """SCALES, SCALE_ROWS and SCALE_COLUMNS for a weight: full precision, FP8 per output row, or FP8 per block."""
+    if weight_scale is None:
+        return NO_SCALES, 1, 1
+    assert weight_scale.dtype == torch.float32 and weight_scale.is_contiguous()
+    rows, columns = weight_block
+    if rows == 1 and columns == weight.size(1):
+        return PER_ROW, 1, 1
+    return PER_BLOCK, rows, columns
 
 
 def _launch(
@@ -147,9 +179,12 @@ def _launch(
     out: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
     act: tl.constexpr = SILU,
+    weight_scale: torch.Tensor | None = None,
+    weight_block: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     n, k = weight.shape
     assert a.size(0) == 1 and a.stride(1) == 1 and weight.is_contiguous()
+    scales, scale_rows, scale_columns = _scale_layout(weight, weight_scale, weight_block)
     if out is None:
         y = torch.empty(1, n, dtype=a.dtype, device=a.device)
     else:
@@ -157,11 +192,13 @@ def _launch(
         y = out
     h = torch.empty(1, k, dtype=a.dtype, device=a.device) if residual is not None else None
     block_n, block_k, num_warps = BLOCKS[prologue.value]
+    assert scales != PER_BLOCK or scale_rows % block_n == 0  # a program's features in one block of rows
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         a,
         residual if residual is not None else a,
         norm_weight if norm_weight is not None else a,
         weight,
+        weight_scale if weight_scale is not None else a,
         bias if bias is not None else weight,
         y,
         h if h is not None else y,
@@ -172,6 +209,9 @@ def _launch(
         HAS_RESIDUAL=residual is not None,
         ACT=act.value,
         HAS_BIAS=bias is not None,
+        SCALES=scales,
+        SCALE_ROWS=scale_rows,
+        SCALE_COLUMNS=scale_columns,
         BLOCK_N=block_n,
         BLOCK_K=min(block_k, triton.next_power_of_2(k)),
         num_warps=num_warps,
@@ -181,12 +221,18 @@ def _launch(
 
 
 def gemv(
-    x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None, bias: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    out: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    weight_scale: torch.Tensor | None = None,
+    weight_block: tuple[int, int] | None = None,
 ) -> torch.Tensor:
-    """x @ weight^T (+ bias) for a single row x, written to `out` when given."""
+    """x @ weight^T (+ bias) for a single row x, written to `out` when given; an FP8 weight with its
+    `weight_scale` per `weight_block`."""
     # x: [1, K]; weight: [N, K]; bias: [N] -> [1, N]
     assert x.shape == (1, weight.size(1))
-    return _launch(x, weight, PLAIN, out=out, bias=bias)[0]
+    return _launch(x, weight, PLAIN, out=out, bias=bias, weight_scale=weight_scale, weight_block=weight_block)[0]
 
 
 def rms_norm_gemv(
@@ -196,20 +242,30 @@ def rms_norm_gemv(
     eps: float,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
+    weight_scale: torch.Tensor | None = None,
+    weight_block: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm(x + residual) @ weight^T (+ bias) for a single row, and x + residual (x itself without a
-    residual): a pre-norm block's norm and first projection in one launch."""
+    residual): a pre-norm block's norm and first projection in one launch. An FP8 weight as for `gemv`."""
     # x, residual: [1, K]; norm_weight: [K]; weight: [N, K]; bias: [N] -> [1, N], [1, K]
     assert x.shape == (1, weight.size(1)) and (residual is None or residual.is_contiguous())
-    y, h = _launch(x, weight, RMS_NORM, residual, norm_weight, eps, bias=bias)
+    fp8 = dict(weight_scale=weight_scale, weight_block=weight_block)
+    y, h = _launch(x, weight, RMS_NORM, residual, norm_weight, eps, bias=bias, **fp8)
     return y, x if h is None else h
 
 
 def gated_gemv(
-    gate_up: torch.Tensor, weight: torch.Tensor, hidden_act: str, bias: torch.Tensor | None = None
+    gate_up: torch.Tensor,
+    weight: torch.Tensor,
+    hidden_act: str,
+    bias: torch.Tensor | None = None,
+    weight_scale: torch.Tensor | None = None,
+    weight_block: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """(act(gate) * up) @ weight^T (+ bias) for a single row gate_up = gate | up, act being `hidden_act`
-    (a key of `triton_gated_activation.ACTIVATIONS`): an MLP's activation and down projection in one launch."""
+    (a key of `triton_gated_activation.ACTIVATIONS`): an MLP's activation and down projection in one launch.
+    An FP8 weight as for `gemv`."""
     # gate_up: [1, 2K]; weight: [N, K]; bias: [N] -> [1, N]
     assert gate_up.shape == (1, 2 * weight.size(1))
-    return _launch(gate_up, weight, GATED, bias=bias, act=ACTIVATIONS[hidden_act])[0]
+    fp8 = dict(weight_scale=weight_scale, weight_block=weight_block)
+    return _launch(gate_up, weight, GATED, bias=bias, act=ACTIVATIONS[hidden_act], **fp8)[0]

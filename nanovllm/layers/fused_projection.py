@@ -2,9 +2,8 @@
 
 For a single row on CUDA (a one-sequence decode step) each pairing is one Triton
 GEMV launch: "residual add + RMSNorm + projection" and "SiLU(gate) * up + down
-projection" (SiLU or GeGLU); a projection with FP8 weights, which the GEMV does
-not read yet, runs its parts apart there too. Elsewhere, and for a norm without such a kernel,
-each part runs as its own layer (the add and the RMSNorm still as one
+projection" (SiLU or GeGLU), with full-precision or FP8 weights. Elsewhere, and for a
+norm without such a kernel, each part runs as its own layer (the add and the RMSNorm still as one
 torch.compile kernel on CUDA).
 
 A block builds these once from its own parts; they are plain objects, not
@@ -36,7 +35,7 @@ class NormedProjection:
         if proj.uses_gemv(x):
             from nanovllm.kernels.triton_gemv import rms_norm_gemv  # Triton is needed on CUDA only
 
-            return rms_norm_gemv(x, residual, norm.weight, norm.eps, proj.weight, proj.bias)
+            return rms_norm_gemv(x, residual, norm.weight, norm.eps, proj.weight, proj.bias, **proj.fp8_weights())
         if residual is None:
             return proj(norm(x)), x
         x, residual = norm(x, residual)
@@ -56,5 +55,6 @@ class GatedProjection:
         if proj.uses_gemv(gate_up):
             from nanovllm.kernels.triton_gemv import gated_gemv  # Triton is needed on CUDA only
 
-            return proj.all_reduce(gated_gemv(gate_up, proj.weight, self.hidden_act, proj.rank_bias()))
+            down = gated_gemv(gate_up, proj.weight, self.hidden_act, proj.rank_bias(), **proj.fp8_weights())
+            return proj.all_reduce(down)
         return proj(gated_activation(gate_up, self.hidden_act))

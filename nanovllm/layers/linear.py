@@ -16,6 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from nanovllm.kernels.fp8_gemm import scaled_mm_linear
 from nanovllm.kernels.fp8_weights import fp8_linear
 from nanovllm.utils.loader import shard
 from nanovllm.utils.parallel import tp_rank, tp_size
@@ -91,16 +92,28 @@ class LinearBase(nn.Module):
         self.weight_loader(param, loaded, shard_id)
 
     def uses_gemv(self, x: torch.Tensor) -> bool:
-        """Whether this layer's product with `x` goes through the Triton GEMV, which reads only
-        full-precision weights: FP8 ones take the PyTorch path until a GEMV reads them."""
-        return uses_gemv(x) and self.weight_scale is None
+        """Whether this layer's product with `x` goes through the Triton GEMV (full-precision or FP8 weights)."""
+        return uses_gemv(x)
+
+    def fp8_weights(self) -> dict:
+        """The GEMV's arguments for this layer's FP8 weight (none for a full-precision one)."""
+        return {} if self.weight_scale is None else dict(weight_scale=self.weight_scale, weight_block=self.weight_block)
 
     def project(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x W^T (+ bias), W in FP8 where the layer holds it so."""
+        """x W^T (+ bias), W in FP8 where the layer holds it so: one row on CUDA through the GEMV, several
+        rows of a 16-bit model with per-channel scales on FP8 tensor cores, the rest in PyTorch."""
         # x: [tokens, in] -> [tokens, out]
         if self.weight_scale is None:
             return linear(x, self.weight, bias)
-        return fp8_linear(x, self.weight, self.weight_scale, self.weight_block, bias)
+        if uses_gemv(x):
+            from nanovllm.kernels.triton_gemv import gemv  # Triton is needed on CUDA only
+
+            return gemv(x, self.weight, bias=bias, **self.fp8_weights())
+        per_channel = self.weight_block == (1, self.weight.size(1))
+        if x.is_cuda and per_channel and x.dtype in (torch.bfloat16, torch.float16):
+            return scaled_mm_linear(x, self.weight, self.weight_scale, bias)
+        # a single row is multiplied unquantized, as the GEMV does
+        return fp8_linear(x, self.weight, self.weight_scale, self.weight_block, bias, quantize_x=x.size(0) > 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.project(x, self.bias)
