@@ -244,7 +244,7 @@ def make_llm(
     llm = LLM(
         model_dir,
         load_format="dummy",
-        quantization=quantization,
+        **({} if quantization is None else {"quantization": quantization}),
         skip_tokenizer_init=skip_tokenizer_init,
         enforce_eager=args.enforce_eager,
         tensor_parallel_size=tensor_parallel_size,
