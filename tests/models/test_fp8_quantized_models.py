@@ -118,6 +118,28 @@ def test_quantized_at_load_stays_near_full_precision(qwen3_dir):
     assert error.mean() <= 0.15 and error.max() <= 0.8
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bf16_quantized_at_load_on_the_gpu_stays_near_full_precision_in_graphs_and_eagerly(qwen3_dir):
+    # prompts on FP8 tensor cores (torch._scaled_mm), one-sequence decode steps through the FP8 GEMV
+    if torch.cuda.get_device_capability() < (8, 9):
+        with pytest.raises(ValueError, match="compute capability 8.9"):
+            LLM(qwen3_dir, **ENGINE, dtype="bfloat16", quantization="fp8")
+        return
+    prompts = random_prompts()
+    full_top, full_logprobs = teacher_forced(qwen3_dir, prompts, dtype="bfloat16")
+    top, logprobs = teacher_forced(qwen3_dir, prompts, dtype="bfloat16", quantization="fp8")
+    assert sum(a == b for a, b in zip(top, full_top)) / len(top) >= 0.75
+    assert (logprobs - full_logprobs).abs().mean() <= 0.15
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    tokens = {}
+    for eager in (False, True):
+        llm = LLM(qwen3_dir, **ENGINE, dtype="bfloat16", quantization="fp8", enforce_eager=eager)
+        tokens[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts[:1], greedy, use_tqdm=False)]
+        llm.close()
+    assert tokens[False] == tokens[True]
+
+
 def test_quantized_at_load_is_the_reference_product_per_channel(qwen3_dir):
     prompts = random_prompts(count=2)
     expected_top, expected = reference_teacher_forced(qwen3_dir, quantized_tensors(qwen3_dir, None), prompts)
