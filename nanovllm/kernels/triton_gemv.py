@@ -52,6 +52,8 @@ PLAIN, RMS_NORM, GATED = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # PR
 NO_SCALES, PER_ROW, PER_BLOCK = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # SCALES of FP8 weights
 # PROLOGUE -> (BLOCK_N, BLOCK_K, num_warps)
 BLOCKS = {PLAIN.value: (4, 2048, 4), RMS_NORM.value: (8, 512, 4), GATED.value: (8, 2048, 4)}
+# the same for FP8 weights: a byte per weight, so as many bytes in flight take twice the columns
+FP8_BLOCKS = {PLAIN.value: (4, 4096, 4), RMS_NORM.value: (8, 1024, 4), GATED.value: (8, 4096, 4)}
 
 
 @triton.jit
@@ -191,7 +193,7 @@ def _launch(
         assert out.shape == (1, n) and out.dtype == a.dtype and out.stride(1) == 1
         y = out
     h = torch.empty(1, k, dtype=a.dtype, device=a.device) if residual is not None else None
-    block_n, block_k, num_warps = BLOCKS[prologue.value]
+    block_n, block_k, num_warps = (BLOCKS if weight_scale is None else FP8_BLOCKS)[prologue.value]
     assert scales != PER_BLOCK or scale_rows % block_n == 0  # a program's features in one block of rows
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         a,
