@@ -52,8 +52,9 @@ PLAIN, RMS_NORM, GATED = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # PR
 NO_SCALES, PER_ROW, PER_BLOCK = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # SCALES of FP8 weights
 # PROLOGUE -> (BLOCK_N, BLOCK_K, num_warps)
 BLOCKS = {PLAIN.value: (4, 2048, 4), RMS_NORM.value: (8, 512, 4), GATED.value: (8, 2048, 4)}
-# the same for FP8 weights: a byte per weight, so as many bytes in flight take twice the columns
-FP8_BLOCKS = {PLAIN.value: (4, 4096, 4), RMS_NORM.value: (8, 1024, 4), GATED.value: (8, 4096, 4)}
+# the same for FP8 weights: the fastest of `benchmarks/gemv.py --fp8 --sweep --shapes 8b` on an H100 (wider
+# chunks spill the fp32 sums out of registers)
+FP8_BLOCKS = {PLAIN.value: (4, 1024, 8), RMS_NORM.value: (4, 1024, 4), GATED.value: (8, 1024, 8)}
 
 
 @triton.jit
