@@ -642,9 +642,10 @@ def compare_weights(
 
 def print_weight_comparison(size: int, quantization: str, full: EngineRun, quantized: EngineRun) -> None:
     """The quantized engine's figures over the full-precision one's."""
+    speedup = full.single_ms / quantized.single_ms
     print(
         f"{quantization} / bf16 weights (TP={size}): workload {quantized.rate / full.rate:.2f}x tok/s; single "
-        f"sequence {quantized.single_ms:.3f} against {full.single_ms:.3f} ms/token ({full.single_ms / quantized.single_ms:.2f}x); "
+        f"sequence {quantized.single_ms:.3f} against {full.single_ms:.3f} ms/token ({speedup:.2f}x); "
         f"prefill of 64 x 4,000 tokens {quantized.prefill_rate / full.prefill_rate:.2f}x tok/s"
     )
 

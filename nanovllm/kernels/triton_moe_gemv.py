@@ -108,8 +108,9 @@ def _token_down_kernel(
     acc = tl.zeros((BLOCK_J, BLOCK_N, BLOCK_K), dtype=tl.float32)
     for start in range(0, I, BLOCK_K):
         k_ok = (k + start < I)[None, None, :]
+        next_ok = (k + start + BLOCK_K < I)[None, None, :]
         # the next chunk's weights are in flight while this one is multiplied
-        w_next = tl.load(down_rows + start + BLOCK_K, mask=rows_ok & (k + start + BLOCK_K < I)[None, None, :], other=0.0)
+        w_next = tl.load(down_rows + start + BLOCK_K, mask=rows_ok & next_ok, other=0.0)
         h = tl.load(h_rows + start, mask=choice_ok[:, None, None] & k_ok, other=0.0)
         acc += w.to(tl.float32) * h.to(tl.float32)
         w = w_next
