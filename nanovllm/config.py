@@ -350,6 +350,15 @@ class Config:
                 "FP8 weights are not supported for mixture-of-experts models yet (their experts stay full "
                 "precision); use a full-precision checkpoint with quantization='auto'"
             )
+        if fp8 is not None and self.device_type == "cuda":
+            import torch
+
+            if torch.cuda.get_device_capability() < (8, 9):
+                major, minor = torch.cuda.get_device_capability()
+                raise ValueError(
+                    f"FP8 weights need a GPU with FP8 tensor cores (compute capability 8.9 or newer, e.g. L4, "
+                    f"H100); this one is {major}.{minor}: use a full-precision checkpoint without quantization='fp8'"
+                )
         return fp8
 
     def _resolve_max_model_len(self) -> int:

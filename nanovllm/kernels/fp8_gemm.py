@@ -15,11 +15,6 @@ from nanovllm.kernels.fp8_weights import quantize_rows
 _quantize_rows = torch.compile(quantize_rows, dynamic=True)
 
 
-def fp8_capable(device: torch.device) -> bool:
-    """Whether `device` has FP8 tensor cores (compute capability 8.9, Ada, or newer)."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
-
-
 def scaled_mm_linear(
     x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:

@@ -14,7 +14,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from nanovllm.kernels.fp8_gemm import fp8_capable
 from nanovllm.kernels.fp8_kv import FP8_DTYPE
 from nanovllm.kernels.fp8_weights import block_amax, dequantize_blocks, quantize_with, scales_of
 from nanovllm.layers.linear import ColumnParallelLinear, LinearBase, RowParallelLinear
@@ -23,16 +22,6 @@ from nanovllm.layers.linear import ColumnParallelLinear, LinearBase, RowParallel
 def fp8_layers(model: nn.Module) -> list[tuple[str, LinearBase]]:
     """The layers whose weights go FP8, by name: every column- and row-parallel projection."""
     return [(name, m) for name, m in model.named_modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
-
-
-def check_fp8_device(device: torch.device) -> None:
-    """ValueError on a GPU without FP8 tensor cores (compute capability below 8.9)."""
-    if device.type == "cuda" and not fp8_capable(device):
-        major, minor = torch.cuda.get_device_capability(device)
-        raise ValueError(
-            f"FP8 weights need a GPU of compute capability 8.9 or newer (Ada, Hopper); this one is {major}.{minor}: "
-            "load a full-precision checkpoint without quantization='fp8'"
-        )
 
 
 def layer_block(layer: LinearBase, block: tuple[int, int] | None) -> tuple[int, int]:
@@ -76,7 +65,6 @@ def _set_fp8(layer: LinearBase, weight: torch.Tensor, scale: torch.Tensor, block
 def store_fp8_weights(model: nn.Module, block: tuple[int, int] | None) -> None:
     """Make every FP8 layer of `model` hold an empty FP8 weight and its scales (per `block`, None: per
     output channel) for an FP8 checkpoint to load into."""
-    check_fp8_device(next(model.parameters()).device)
     for name, layer in fp8_layers(model):
         layer_blocks = layer_block(layer, block)
         check_whole_blocks(name, layer, layer_blocks)
@@ -90,7 +78,6 @@ def store_fp8_weights(model: nn.Module, block: tuple[int, int] | None) -> None:
 def quantize_weights(model: nn.Module, block: tuple[int, int] | None) -> None:
     """Quantize every FP8 layer's loaded full-precision weight (this rank's slice) to FP8 with one scale
     per `block` (None: per output channel, the whole row's on every rank of a row-parallel layer)."""
-    check_fp8_device(next(model.parameters()).device)
     for name, layer in fp8_layers(model):
         layer_blocks = layer_block(layer, block)
         check_whole_blocks(name, layer, layer_blocks)
