@@ -266,6 +266,19 @@ def test_fewer_gpus_than_ranks_is_refused(qwen3_dir, monkeypatch):
     assert Config(qwen3_dir, device="cuda", tensor_parallel_size=1).tensor_parallel_size == 1
 
 
+def test_fp8_weights_on_a_gpu_without_fp8_tensor_cores_are_refused(qwen3_dir, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))  # an A100
+    with pytest.raises(ValueError, match=r"compute capability 8.9 or newer.*this one is 8.0"):
+        Config(qwen3_dir, device="cuda", quantization="fp8")
+    assert Config(qwen3_dir, device="cuda").fp8_weights is None
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # an H100
+    assert Config(qwen3_dir, device="cuda", quantization="fp8").fp8_weights is not None
+
+
 def test_cpu_kv_cache_larger_than_the_available_memory_is_refused(qwen3_dir, monkeypatch):
     # 8192 sequences of 4 blocks could use 4 GiB, so all 3 GiB asked for would be allocated
     monkeypatch.setattr(model_runner, "available_memory_bytes", lambda: 2 * GIB)
