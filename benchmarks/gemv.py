@@ -67,15 +67,15 @@ def products(k: int, prologue: str, act: str, fp8: bool = False):
 
     if prologue == "norm":
         return (
-            scaled(lambda w, **fp8: triton_gemv.rms_norm_gemv(x, residual, norm_weight, EPS, w, **fp8)),
+            scaled(lambda w, **scales: triton_gemv.rms_norm_gemv(x, residual, norm_weight, EPS, w, **scales)),
             lambda w: F.linear(rms_norm(x + residual, norm_weight, EPS), w),
         )
     if prologue == "activation":
         return (
-            scaled(lambda w, **fp8: triton_gemv.gated_gemv(x, w, act, **fp8)),
+            scaled(lambda w, **scales: triton_gemv.gated_gemv(x, w, act, **scales)),
             lambda w: F.linear(gated_activation(x, act), w),
         )
-    return scaled(lambda w, **fp8: triton_gemv.gemv(x, w, **fp8)), lambda w: F.linear(x, w)
+    return scaled(lambda w, **scales: triton_gemv.gemv(x, w, **scales)), lambda w: F.linear(x, w)
 
 
 def back_to_back_us(product, weights: list[torch.Tensor]) -> float:

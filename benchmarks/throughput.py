@@ -603,7 +603,6 @@ def run_shape(shape: str, args, prompts: list[list[int]], max_tokens: list[int],
                 f"fp8 / bf16 KV cache (TP={size}, {tokenizer_label(skip)}): "
                 f"{kv_rates[size, 'fp8', skip] / kv_rates[size, 'auto', skip]:.2f}x"
             )
-
     print_tensor_parallel_comparison(rates, greedy)
     if args.sampling:
         sampling = dict(args.sampling)

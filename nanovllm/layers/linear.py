@@ -91,10 +91,6 @@ class LinearBase(nn.Module):
             loaded = loaded.reshape(1, 1).expand(rows, 1)
         self.weight_loader(param, loaded, shard_id)
 
-    def uses_gemv(self, x: torch.Tensor) -> bool:
-        """Whether this layer's product with `x` goes through the Triton GEMV (full-precision or FP8 weights)."""
-        return uses_gemv(x)
-
     def fp8_weights(self) -> dict:
         """The GEMV's arguments for this layer's FP8 weight (none for a full-precision one)."""
         return {} if self.weight_scale is None else dict(weight_scale=self.weight_scale, weight_block=self.weight_block)

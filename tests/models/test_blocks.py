@@ -12,7 +12,7 @@ pytest.importorskip("triton")
 # the one-row kernels are sent CPU tensors, which only the Triton interpreter (conftest's choice without a GPU) runs
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="runs the Triton kernels interpreted, on the CPU")
 from nanovllm.kernels import triton_gemv  # noqa: E402
-from nanovllm.layers import linear  # noqa: E402
+from nanovllm.layers import fused_projection, linear  # noqa: E402
 from nanovllm.layers.layernorm import RMSNorm  # noqa: E402
 from nanovllm.models.blocks import DecoderLayer, GatedMLP, rotary_embeddings  # noqa: E402
 from nanovllm.models.model_config import ModelConfig  # noqa: E402
@@ -46,7 +46,8 @@ def launches(monkeypatch):
 
     for name in counts:
         monkeypatch.setattr(triton_gemv, name, counting(name))
-    monkeypatch.setattr(linear, "uses_gemv", lambda x: x.size(0) == 1)
+    for module in (linear, fused_projection):
+        monkeypatch.setattr(module, "uses_gemv", lambda x: x.size(0) == 1)
     return counts
 
 
