@@ -94,17 +94,18 @@ def block_table(fp8: bool) -> str:
     return "FP8_BLOCKS" if fp8 else "BLOCKS"
 
 
-def block_sizes(prologue: str, fp8: bool) -> str:
-    """The GEMV's BLOCK_N, BLOCK_K and warps for products with `prologue` in front."""
+def block_sizes(prologue: str, n: int, k: int, fp8: bool) -> str:
+    """The GEMV's BLOCK_N, BLOCK_K and warps for an [n, k] product with `prologue` in front."""
     constant = {"norm": triton_gemv.RMS_NORM, "activation": triton_gemv.GATED}.get(prologue, triton_gemv.PLAIN)
-    return ", ".join(map(str, getattr(triton_gemv, block_table(fp8))[constant.value]))
+    return ", ".join(map(str, triton_gemv.blocks_for(constant, n, k, fp8)))
 
 
 def with_blocks(product, blocks: tuple[int, int, int], fp8: bool):
-    """`product` run with the GEMV's BLOCK_N, BLOCK_K and warps set to `blocks` (for every prologue)."""
+    """`product` run with the GEMV's BLOCK_N, BLOCK_K and warps set to `blocks` (for every prologue and shape)."""
 
     def run(weight) -> torch.Tensor:
         setattr(triton_gemv, block_table(fp8), dict.fromkeys(triton_gemv.BLOCKS, blocks))
+        triton_gemv.SHAPE_BLOCKS = {}
         return product(weight)
 
     return run
@@ -138,18 +139,19 @@ def main() -> None:
             best = ""
             if args.sweep:
                 table = block_table(args.fp8)
-                default = getattr(triton_gemv, table)
+                default, shape_default = getattr(triton_gemv, table), triton_gemv.SHAPE_BLOCKS
                 columns = (1024, 2048, 4096) if args.fp8 else (512, 1024, 2048)
                 fastest = min(
                     (back_to_back_us(with_blocks(ours, blocks, args.fp8), ours_weights), blocks)
                     for blocks in itertools.product((4, 8, 16), columns, (4, 8))
                 )
                 setattr(triton_gemv, table, default)
+                triton_gemv.SHAPE_BLOCKS = shape_default
                 best = f"{', '.join(map(str, fastest[1]))} ({fastest[0]:.2f})"
             bytes_per_weight = 1 if args.fp8 else 2
             print(
                 f"| {shape} | {name} | {prologue} | {cublas:.2f} | {timed:.2f} | {timed / cublas:.2f} | "
-                f"{n * k * bytes_per_weight / timed / 1e6:.2f} | {block_sizes(prologue, args.fp8)} | {best} |"
+                f"{n * k * bytes_per_weight / timed / 1e6:.2f} | {block_sizes(prologue, n, k, args.fp8)} | {best} |"
             )
             del weights, ours_weights
 

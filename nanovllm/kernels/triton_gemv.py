@@ -13,7 +13,8 @@ multiplies the current one: one pass, no load waited on inside the loop.
 `BLOCKS` holds BLOCK_N, BLOCK_K and the warps per prologue: more features per program read
 the inputs fewer times, which pays most where the prologue reads three
 vectors. `benchmarks/gemv.py --sweep` times the choices; these were the
-fastest in decode steps of both Qwen3 shapes on an H100.
+fastest in decode steps of both Qwen3 shapes on an H100. `SHAPE_BLOCKS` holds
+the shapes for which the sweep found another choice faster.
 
 What x is, by the constexpr PROLOGUE, each program computing it itself from
 inputs that stay in cache (a launch costs more than the redundant arithmetic):
@@ -55,6 +56,16 @@ BLOCKS = {PLAIN.value: (4, 2048, 4), RMS_NORM.value: (8, 512, 4), GATED.value: (
 # the same for FP8 weights: the fastest of `benchmarks/gemv.py --fp8 --sweep --shapes 8b` on an H100 (wider
 # chunks spill the fp32 sums out of registers)
 FP8_BLOCKS = {PLAIN.value: (4, 1024, 8), RMS_NORM.value: (4, 1024, 4), GATED.value: (8, 1024, 8)}
+# (PROLOGUE, N, K) -> (BLOCK_N, BLOCK_K, num_warps) of full-precision weights: Qwen3-30B-A3B's qkv and o
+# (`benchmarks/gemv.py --sweep --shapes qwen3-30b-a3b`, H100: 9.9 and 5.8 us against 10.5 and 6.7)
+SHAPE_BLOCKS = {(RMS_NORM.value, 5120, 2048): (4, 512, 4), (PLAIN.value, 2048, 4096): (8, 2048, 8)}
+
+
+def blocks_for(prologue: tl.constexpr, n: int, k: int, fp8: bool) -> tuple[int, int, int]:
+    """BLOCK_N, BLOCK_K and the warps of the product of an [n, k] weight (FP8 or not) with `prologue`."""
+    if fp8:
+        return FP8_BLOCKS[prologue.value]
+    return SHAPE_BLOCKS.get((prologue.value, n, k), BLOCKS[prologue.value])
 
 
 @triton.jit
@@ -194,7 +205,7 @@ def _launch(
         assert out.shape == (1, n) and out.dtype == a.dtype and out.stride(1) == 1
         y = out
     h = torch.empty(1, k, dtype=a.dtype, device=a.device) if residual is not None else None
-    block_n, block_k, num_warps = (BLOCKS if weight_scale is None else FP8_BLOCKS)[prologue.value]
+    block_n, block_k, num_warps = blocks_for(prologue, n, k, weight_scale is not None)
     assert scales != PER_BLOCK or scale_rows % block_n == 0  # a program's features in one block of rows
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         a,

@@ -165,21 +165,30 @@ def _down_kernel(
 
 
 def fused_experts(
-    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, hidden_act: str
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    hidden_act: str,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
 ) -> torch.Tensor:
     """For each token, the sum over its top_k choices of weight * down(act(gate(x)) * up(x)) of that
     expert, as `layers/fused_moe.moe_experts` computes it, in two grouped-GEMM launches (or, up to
-    FEW_TOKENS tokens, two launches that read each choice's expert directly).
+    FEW_TOKENS tokens, two launches that read each choice's expert directly). `norm_weight` (few tokens
+    only): x is RMS-normalised first, inside the gate/up kernel (`few_token_experts`).
 
     x: [tokens, hidden]; w13: [experts, 2I, hidden]; w2: [experts, hidden, I];
-    weights (fp32), ids: [tokens, top_k] -> [tokens, hidden] in x's dtype
+    weights (fp32), ids: [tokens, top_k]; norm_weight: [hidden] -> [tokens, hidden] in x's dtype
     """
     num_tokens, hidden = x.shape
     num_experts, width = w2.size(0), w2.size(2)
     top_k = ids.size(1)
     assert x.stride(1) == 1 and w13.is_contiguous() and w2.is_contiguous() and weights.dtype == torch.float32
     if num_tokens <= FEW_TOKENS:
-        return few_token_experts(x, w13, w2, weights, ids, hidden_act)
+        return few_token_experts(x, w13, w2, weights, ids, hidden_act, norm_weight, eps)
+    assert norm_weight is None, "only the few-token kernels normalise their input"
     block_m, block_n, block_k, num_warps, num_stages = tiles_for(num_tokens)
     if x.dtype == torch.float32:  # tiles of twice the bytes: fewer in flight, or they overflow shared memory
         block_k, num_stages = min(block_k, 32), 2

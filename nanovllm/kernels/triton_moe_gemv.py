@@ -11,6 +11,11 @@ the one-row GEMV (`triton_gemv.py`) does.
 
 1. `_slot_gate_up_kernel`, grid (slots, cdiv(I, BLOCK_N)): h [slots, I] =
    act(gate . x_t) * (up . x_t) for BLOCK_N features of the slot's expert.
+   With NORM, x_t is first RMS-normalised (weight g): the program sums the
+   products with g * x_t and x_t's squares in the same pass and scales the
+   sums by 1/rms at the end, as the one-row GEMV's RMS_NORM prologue does, so
+   that a one-token step runs the layer's norm inside this kernel and the
+   router's instead of in a launch of its own.
 2. `_token_down_kernel`, grid (tokens, cdiv(hidden, BLOCK_N)): out [tokens,
    hidden] = sum over j of weights[p] * (down . h_p) for BLOCK_N features,
    all top_k choices of the token in one program, so no per-slot output is
@@ -41,12 +46,15 @@ def _slot_gate_up_kernel(
     w13_ptr,
     h_ptr,
     ids_ptr,
+    norm_weight_ptr,
+    eps,
     I,
     H,
     stride_xt,
     stride_we,
     TOP_K: tl.constexpr,
     ACT: tl.constexpr,
+    NORM: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
@@ -62,15 +70,25 @@ def _slot_gate_up_kernel(
     up_rows = gate_rows + I * H
     gate = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     up = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
     for start in range(0, H, BLOCK_K):
         k_ok = k + start < H
-        x = tl.load(x_row + start + k, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+        x = tl.load(x_row + start + k, mask=k_ok, other=0.0).to(tl.float32)
+        if NORM:  # without 1/rms, which is common to every column: the sums are scaled once, at the end
+            squares += x * x
+            x *= tl.load(norm_weight_ptr + start + k, mask=k_ok, other=0.0).to(tl.float32)
         w_mask = n_ok[:, None] & k_ok[None, :]
-        gate += tl.load(gate_rows + start, mask=w_mask, other=0.0).to(tl.float32) * x
-        up += tl.load(up_rows + start, mask=w_mask, other=0.0).to(tl.float32) * x
+        gate += tl.load(gate_rows + start, mask=w_mask, other=0.0).to(tl.float32) * x[None, :]
+        up += tl.load(up_rows + start, mask=w_mask, other=0.0).to(tl.float32) * x[None, :]
+    gate_sum = tl.sum(gate, axis=1)
+    up_sum = tl.sum(up, axis=1)
+    if NORM:
+        rstd = tl.rsqrt(tl.sum(squares, axis=0) / H + eps)
+        gate_sum *= rstd
+        up_sum *= rstd
     dtype = h_ptr.dtype.element_ty
     # gate and up rounded as the projection's output is, then the activation rounded once
-    h = gated(tl.sum(gate, axis=1).to(dtype), tl.sum(up, axis=1).to(dtype), ACT).to(dtype)
+    h = gated(gate_sum.to(dtype), up_sum.to(dtype), ACT).to(dtype)
     tl.store(h_ptr + slot * I + n, h, mask=n_ok)
 
 
@@ -123,12 +141,21 @@ def _token_down_kernel(
 
 
 def few_token_experts(
-    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, hidden_act: str
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    hidden_act: str,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
 ) -> torch.Tensor:
     """What `triton_moe.fused_experts` computes, for a few tokens: each choice reads its expert directly.
+    With `norm_weight`, the experts run on RMSNorm(x) (weight `norm_weight`, epsilon `eps`), computed
+    inside the gate/up kernel.
 
     x: [tokens, hidden]; w13: [experts, 2I, hidden]; w2: [experts, hidden, I];
-    weights (fp32), ids: [tokens, top_k] -> [tokens, hidden] in x's dtype
+    weights (fp32), ids: [tokens, top_k]; norm_weight: [hidden] -> [tokens, hidden] in x's dtype
     """
     num_tokens, hidden = x.shape
     width, top_k = w2.size(2), ids.size(1)
@@ -142,12 +169,15 @@ def few_token_experts(
         w13,
         h,
         ids,
+        norm_weight if norm_weight is not None else x,
+        eps,
         width,
         hidden,
         x.stride(0),
         w13.stride(0),
         TOP_K=top_k,
         ACT=ACTIVATIONS[hidden_act],
+        NORM=norm_weight is not None,
         BLOCK_N=block_n,
         BLOCK_K=min(block_k, triton.next_power_of_2(hidden)),
         num_warps=num_warps,

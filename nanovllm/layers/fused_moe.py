@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from nanovllm.layers.activation import gated_activation
-from nanovllm.layers.linear import divide
+from nanovllm.layers.layernorm import RMSNorm
+from nanovllm.layers.linear import divide, uses_gemv
 from nanovllm.layers.moe_routing import group_by_expert, route
 from nanovllm.utils.loader import shard
 from nanovllm.utils.parallel import tp_rank, tp_size
@@ -94,15 +95,21 @@ class FusedMoE(nn.Module):
         width = param.size(2)
         experts.copy_(shard(loaded, experts.dim() - 1, self.tp_rank * width, width))
 
-    def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        """The experts' weighted sum for each token, summed over the ranks."""
+    def forward(self, x: torch.Tensor, router_logits: torch.Tensor, input_norm: RMSNorm | None = None) -> torch.Tensor:
+        """The experts' weighted sum for each token, summed over the ranks. With `input_norm`, x is the norm's
+        input and the experts run on input_norm(x): a single row on CUDA is normalised inside the experts'
+        first kernel (one launch fewer in a one-sequence step), anything else first."""
         # x: [tokens, hidden]; router_logits: [tokens, experts] -> [tokens, hidden]
+        norm_in_kernel = input_norm is not None and uses_gemv(x)
+        if input_norm is not None and not norm_in_kernel:
+            x = input_norm(x)
         if x.is_cuda:  # Triton is needed on CUDA only
             from nanovllm.kernels.triton_moe import fused_experts
             from nanovllm.kernels.triton_moe_routing import route_experts
 
+            norm = (input_norm.weight, input_norm.eps) if norm_in_kernel else ()
             weights, ids = route_experts(router_logits, self.top_k, self.renormalize)
-            y = fused_experts(x, self.w13, self.w2, weights, ids, self.hidden_act)
+            y = fused_experts(x, self.w13, self.w2, weights, ids, self.hidden_act, *norm)
         else:
             weights, ids = route(router_logits, self.top_k, self.renormalize)
             y = moe_experts(x, self.w13, self.w2, weights, ids, self.hidden_act)

@@ -27,6 +27,7 @@ from nanovllm.layers.linear import (
     QKVParallelLinear,
     ReplicatedLinear,
     RowParallelLinear,
+    uses_gemv,
 )
 from nanovllm.layers.rotary_embedding import RotaryEmbedding
 from nanovllm.models.model_config import ModelConfig
@@ -114,10 +115,17 @@ class SparseMoeBlock(nn.Module):
             config.hidden_act,
             config.norm_topk_prob,
         )
+        self.normed_gate = NormedProjection(input_norm, self.gate)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The experts' output for input_norm(x + residual), and x + residual, the next residual."""
-        y, residual = self.input_norm(x, residual)  # [tokens, hidden] each
+        # x, residual: [tokens, hidden]
+        if uses_gemv(x):
+            # one row on CUDA: the norm runs inside the router's GEMV and again inside the experts' first
+            # kernel, each reading x + residual, rather than in a launch of its own between the two
+            router_logits, residual = self.normed_gate(x, residual)
+            return self.experts(residual, router_logits, self.normed_gate.norm), residual
+        y, residual = self.input_norm(x, residual)
         return self.experts(y, self.gate(y)), residual
 
 

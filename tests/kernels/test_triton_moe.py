@@ -7,7 +7,9 @@ import torch
 pytest.importorskip("triton")
 from nanovllm.kernels import triton_moe  # noqa: E402
 from nanovllm.kernels.triton_moe import align_by_expert, fused_experts  # noqa: E402
+from nanovllm.kernels.triton_moe_gemv import few_token_experts  # noqa: E402
 from nanovllm.layers.fused_moe import moe_experts  # noqa: E402
+from nanovllm.layers.layernorm import rms_norm  # noqa: E402
 from nanovllm.layers.moe_routing import route  # noqa: E402
 
 CUDA = torch.cuda.is_available()
@@ -95,6 +97,22 @@ def test_few_token_experts_read_each_choices_expert_interpreted(hidden_act):
     check(case, hidden_act)
 
 
+def check_normalised(case, tolerance):
+    """The few-token kernels normalising x themselves against the norm, then the PyTorch experts."""
+    x, w13, w2, weights, ids = case
+    norm_weight = torch.rand(x.size(1), device=x.device, dtype=x.dtype) + 0.5
+    x = x * 3.0  # away from unit scale, so that a missing norm shows
+    want = moe_experts(rms_norm(x, norm_weight, 1e-6), w13, w2, weights, ids, "silu")
+    got = few_token_experts(x, w13, w2, weights, ids, "silu", norm_weight, 1e-6)
+    torch.testing.assert_close(got, want, atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.skipif(CUDA, reason="the compiled kernels are tested on the GPU instead")
+def test_few_token_experts_normalise_their_input_interpreted():
+    # a row past one chunk of the gate/up kernel: the squares are summed over every chunk
+    check_normalised(experts_case(2, experts=3, top_k=2, hidden=1100, width=40, dtype=torch.float32), 1e-4)
+
+
 @pytest.mark.skipif(CUDA, reason="the compiled kernels are tested on the GPU instead")
 def test_large_batch_tiles_interpreted(monkeypatch):
     # the largest tile row, on few tokens, so that the interpreter stays quick
@@ -112,6 +130,14 @@ def test_large_batch_tiles_interpreted(monkeypatch):
 @pytest.mark.parametrize("skew", [None, "all-one", "few"])
 def test_matches_the_pytorch_experts_on_gpu(dtype, tokens, experts, top_k, hidden, width, skew):
     check(experts_case(tokens, experts, top_k, hidden, width, dtype, skew=skew))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_few_token_experts_normalise_their_input_on_gpu(dtype, tokens):
+    check_normalised(experts_case(tokens, 128, 8, 2048, 768, dtype), TOLERANCE[dtype])
 
 
 @pytest.mark.gpu

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="runs the Trit
 from nanovllm.kernels import triton_gemv  # noqa: E402
 from nanovllm.layers import fused_projection, linear  # noqa: E402
 from nanovllm.layers.layernorm import RMSNorm  # noqa: E402
-from nanovllm.models.blocks import DecoderLayer, GatedMLP, rotary_embeddings  # noqa: E402
+from nanovllm.models import blocks  # noqa: E402
+from nanovllm.models.blocks import DecoderLayer, GatedMLP, SparseMoeBlock, rotary_embeddings  # noqa: E402
 from nanovllm.models.model_config import ModelConfig  # noqa: E402
 
 CONFIG_FIELDS = SimpleNamespace(
@@ -46,7 +47,7 @@ def launches(monkeypatch):
 
     for name in counts:
         monkeypatch.setattr(triton_gemv, name, counting(name))
-    for module in (linear, fused_projection):
+    for module in (linear, fused_projection, blocks):
         monkeypatch.setattr(module, "uses_gemv", lambda x: x.size(0) == 1)
     return counts
 
@@ -115,6 +116,32 @@ def test_a_biased_projection_keeps_the_fused_kernels_and_adds_its_bias(launches)
     gate, up = (norm(x + residual) @ mlp.gate_up_proj.weight.T + mlp.gate_up_proj.bias).chunk(2, dim=-1)
     want = (nn.functional.silu(gate) * up) @ mlp.down_proj.weight.T + mlp.down_proj.bias
     torch.testing.assert_close(y, want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_moe_block_runs_its_norm_inside_the_router_projection_of_a_one_row_step(launches):
+    config = ModelConfig.from_hf(
+        SimpleNamespace(
+            **{
+                **vars(CONFIG_FIELDS),
+                "architectures": ["Qwen3MoeForCausalLM"],
+                "num_experts": 6,
+                "num_experts_per_tok": 2,
+            }
+        )
+    )
+    norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+    torch.manual_seed(0)
+    block = SparseMoeBlock(config, norm)
+    for p in [*block.parameters(), *norm.parameters()]:
+        p.data.uniform_(-0.5, 0.5)
+    rows, residuals = torch.randn(3, 64), torch.randn(3, 64)
+    want, want_residual = block(rows, residuals)  # several rows: the norm, then the router
+    assert launches["rms_norm_gemv"] == 0
+    for row in range(3):
+        y, next_residual = block(rows[row : row + 1], residuals[row : row + 1])
+        torch.testing.assert_close(y, want[row : row + 1], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(next_residual, want_residual[row : row + 1], atol=0, rtol=0)
+    assert launches["rms_norm_gemv"] == 3
 
 
 def test_a_layer_owns_its_norms_under_the_checkpoint_names():
