@@ -35,6 +35,10 @@ class SchedulerOutput:
     came before the one drawn now (placeholders included). `penalty_token_ids`
     holds each sampling request's (prompt, completion) ids when some of them
     have penalties; such steps are scheduled only once every token is confirmed.
+    `draft_token_ids` holds each sampling request's drafts, the last tokens of
+    its chunk, when some request speculates (None when none does): such a
+    request samples at each draft's position and after the last one, and keeps
+    its drafts while they equal what was sampled before them.
     `prompt_scoring` lists the prompt positions to score for prompt logprobs.
 
     The lists are built for this step and read during `execute` only.
@@ -49,6 +53,7 @@ class SchedulerOutput:
     sampling_params: list[SamplingParams] = field(default_factory=list)
     num_output_tokens: list[int] = field(default_factory=list)
     penalty_token_ids: list[tuple[list[int], list[int]]] | None = None
+    draft_token_ids: list[list[int]] | None = None
     prompt_scoring: list[PromptScoring] = field(default_factory=list)
 
     @property
@@ -65,7 +70,8 @@ class SchedulerOutput:
         return len(self.sampled_req_ids) == len(self.req_ids) and all(len(ids) == 1 for ids in self.token_ids)
 
     def without_sampling(self) -> "SchedulerOutput":
-        """The same step less what only the sampling rank reads (settings and penalty tokens)."""
+        """The same step less what only the sampling rank reads (settings and penalty tokens); the drafts
+        stay, as every rank scores their positions."""
         return SchedulerOutput(
             self.req_ids,
             self.token_ids,
@@ -73,5 +79,6 @@ class SchedulerOutput:
             self.block_tables,
             self.samples,
             self.sampled_req_ids,
+            draft_token_ids=self.draft_token_ids,
             prompt_scoring=self.prompt_scoring,
         )

@@ -63,7 +63,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True):
 
 class EngineStats(msgspec.Struct, frozen=True):
     """A snapshot of the core's load, and counters since start-up: prompt tokens looked up in the
-    prefix cache and those it held, and preemptions. `num_waiting` counts the requests the core
+    prefix cache and those it held, preemptions, and with speculative decoding the request-steps that
+    checked drafts, the drafts checked and those kept. `num_waiting` counts the requests the core
     holds but has not scheduled yet."""
 
     num_running: int = 0
@@ -72,6 +73,9 @@ class EngineStats(msgspec.Struct, frozen=True):
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
 
 
 class EngineCoreInfo(msgspec.Struct, frozen=True):

@@ -11,7 +11,8 @@ _NO_MATCH = -2  # pads the suffixes, so that padding never matches padding
 
 class NgramProposer(Proposer):
     """For each request, the longest n in [`min_n`, `max_n`] such that its last n tokens occurred before
-    (the latest such occurrence), and up to `max_drafts` tokens that followed it there.
+    (the latest such occurrence), and up to `max_drafts` (at most `num_speculative_tokens`) tokens that
+    followed it there.
 
     The batch is searched at once: contexts are right-aligned in one array, and
     every earlier window of `max_n` tokens is compared with the request's last
@@ -19,8 +20,9 @@ class NgramProposer(Proposer):
     agree. There is no Python loop over tokens.
     """
 
-    def __init__(self, min_n: int, max_n: int):
+    def __init__(self, num_speculative_tokens: int, min_n: int, max_n: int):
         assert 1 <= min_n <= max_n
+        self.num_speculative_tokens = num_speculative_tokens
         self.min_n = min_n
         self.max_n = max_n
 
@@ -46,10 +48,11 @@ class NgramProposer(Proposer):
         found = scores[np.arange(len(token_ids)), best] >= 0
         proposals = []
         for row, ids in enumerate(token_ids):
-            if not found[row] or max_drafts[row] <= 0:
+            num_drafts = min(max_drafts[row], self.num_speculative_tokens)
+            if not found[row] or num_drafts <= 0:
                 proposals.append([])
                 continue
             # the window ends at column best + max_n of the padded row; the tokens from there follow it
             start = int(best[row]) + self.max_n - (width - len(ids))
-            proposals.append(ids[start : start + max_drafts[row]])
+            proposals.append(ids[start : start + num_drafts])
         return proposals
