@@ -31,12 +31,16 @@ class VerifiedDrafts:
     last_token_ids: torch.Tensor  # [requests] int64
 
 
+def first_sampling_rows(draft_token_ids: list[list[int]]) -> list[int]:
+    """Each request's first sampling row, when each has one row per draft and one after them."""
+    return list(accumulate((len(drafts) + 1 for drafts in draft_token_ids), initial=0))[:-1]
+
+
 def verify_drafts(sampled: torch.Tensor, draft_token_ids: list[list[int]], to_device: ToDevice) -> VerifiedDrafts:
     """Keep each request's drafts while they equal the tokens sampled at their positions. `sampled`:
     [rows] int64, the requests' rows one after another (drafts + 1 each)."""
-    counts = [len(drafts) + 1 for drafts in draft_token_ids]
-    starts = list(accumulate(counts, initial=0))[:-1]
-    width = max(counts)
+    starts = first_sampling_rows(draft_token_ids)
+    width = max(len(drafts) for drafts in draft_token_ids) + 1
     # [requests, width]: the drafts, then -1 at the position after the last and as padding, so that a run
     # of matches always ends within a request's own rows (sampled ids are >= 0)
     drafts = to_device([ids + [-1] * (width - len(ids)) for ids in draft_token_ids], torch.int64)

@@ -17,7 +17,7 @@ from nanovllm.models import model_class
 from nanovllm.sample.metadata import SamplingTensors, sampling_rows, sampling_tensors, step_sampling
 from nanovllm.sample.sampler import Sampler, SamplerOutput, token_logprobs
 from nanovllm.sampling_params import SamplingParams
-from nanovllm.spec_decode.verification import VerifiedDrafts, verify_drafts
+from nanovllm.spec_decode.verification import VerifiedDrafts, first_sampling_rows, verify_drafts
 from nanovllm.utils.context import Context, forward_context
 from nanovllm.utils.loader import load_dummy_weights, load_model
 from nanovllm.utils.parallel import (
@@ -403,7 +403,7 @@ class ModelRunner(Executor):
         if grammar is not None:
             if out.draft_token_ids is not None:
                 # the masks' rows are requests; with drafts a request's first sampling row is further on
-                first_rows = list(accumulate((len(ids) + 1 for ids in out.draft_token_ids), initial=0))
+                first_rows = first_sampling_rows(out.draft_token_ids)
                 grammar = replace(grammar, num_rows=logits.size(0), rows=[first_rows[row] for row in grammar.rows])
             tensors = tensors or SamplingTensors()
             tensors.bitmask, tensors.bitmask_rows = self._bitmask_on_device(grammar)
