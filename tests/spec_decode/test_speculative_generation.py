@@ -153,7 +153,8 @@ def test_stop_strings_cut_as_without_speculation(qwen3_dir, prompts, plain_greed
     right = ReferenceProposer(full_sequences(prompts, plain_greedy))
     for llm in (spec_engine(qwen3_dir), spec_engine(qwen3_dir, right)):
         outputs = llm.generate(prompts, params, use_tqdm=False)
-        assert [o.outputs[0].text for o in outputs] == [o.outputs[0].text for o in expected]
+        # the completion ends at the token that completes the stop string, even inside a run of kept drafts
+        assert outputs == expected
         assert [o.outputs[0].finish_reason for o in outputs] == ["stop"] * len(prompts)
 
 
