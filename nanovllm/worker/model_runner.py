@@ -108,9 +108,12 @@ class ModelRunner(Executor):
         )
         self.kv_cache: KVCache | None = None  # allocated once the start-up step has measured activations
         self.sampler = Sampler()
-        # sampling rows a step may have: one per request, and one more per draft
-        spec = config.speculative
-        self.max_sampling_rows = config.max_num_seqs * (1 + (spec.num_speculative_tokens if spec else 0))
+        # sampling rows a step may have: one per request and, with speculation, one more per draft (each a
+        # scheduled token, so within the token budget)
+        self.max_sampling_rows = config.max_num_seqs
+        if config.speculative is not None:
+            with_drafts = config.max_num_seqs * (1 + config.speculative.num_speculative_tokens)
+            self.max_sampling_rows = max(config.max_num_seqs, min(with_drafts, config.token_budget))
         # [max_num_seqs]: the ids the latest step sampled, in its sampling-row order
         self.last_sampled = torch.zeros(config.max_num_seqs, dtype=torch.int64, device=self.device)
         self._forward = DeviceInputForward(self.model, self.last_sampled)
@@ -170,8 +173,8 @@ class ModelRunner(Executor):
         self._last_sampled_rows = {}
 
     def _warm_up(self) -> None:
-        # The largest prefill the config allows, and sampling for the largest
-        # decode batch, set the activation peak the KV-cache sizing must leave room for.
+        # The largest prefill the config allows, and sampling for the most rows a step samples (the largest
+        # decode batch, or its drafts too), set the activation peak the KV-cache sizing must leave room for.
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         # no step holds more than max_num_batched_tokens tokens: a longer prompt is chunked
@@ -183,9 +186,9 @@ class ModelRunner(Executor):
         for num_tokens in _powers_of_two(16, max_len // 2):
             self._run_start_up_step(start_up_step([[0] * num_tokens], [0], [[]]))
         logits = torch.zeros(
-            self.config.max_num_seqs, self.config.model_config.vocab_size, dtype=self.dtype, device=self.device
+            self.max_sampling_rows, self.config.model_config.vocab_size, dtype=self.dtype, device=self.device
         )
-        ones = torch.ones(self.config.max_num_seqs, device=self.device)
+        ones = torch.ones(self.max_sampling_rows, device=self.device)
         self.sampler(logits, SamplingTensors(temperatures=ones))
         # the truncation, logprobs and grammar-mask kernels compile now rather than under the first request
         # that asks for them (a compile takes a few hundred milliseconds, with the device idle)

@@ -73,8 +73,9 @@ def plain_greedy(qwen3_dir, prompts):
     return engine(qwen3_dir).generate(prompts, GREEDY, use_tqdm=False)
 
 
-def test_ngram_greedy_is_token_identical_and_both_keeps_and_rejects_drafts(qwen3_dir, prompts, plain_greedy):
-    llm = spec_engine(qwen3_dir)
+@pytest.mark.parametrize("chunked", [True, False])
+def test_ngram_greedy_is_token_identical_and_both_keeps_and_rejects_drafts(qwen3_dir, prompts, plain_greedy, chunked):
+    llm = spec_engine(qwen3_dir, enable_chunked_prefill=chunked)
     assert token_ids(llm.generate(prompts, GREEDY, use_tqdm=False)) == token_ids(plain_greedy)
     checked, kept = acceptance(llm)
     assert 0 < kept < checked
