@@ -31,8 +31,8 @@ class Request:
     `num_cached_tokens` is how many prompt tokens the prefix cache supplied at
     the last admission. `num_prompt_scored` counts the prompt positions whose
     next-token log-probabilities were computed (for prompt logprobs).
-    `num_draft_tokens` and `num_accepted_tokens` count the drafts checked and
-    kept over the request's life.
+    `num_drafts`, `num_draft_tokens` and `num_accepted_tokens` count its steps
+    that checked drafts, the drafts checked and those kept, over its life.
     """
 
     __slots__ = (
@@ -48,6 +48,7 @@ class Request:
         "num_cached_tokens",
         "num_prompt_scored",
         "draft_token_ids",
+        "num_drafts",
         "num_draft_tokens",
         "num_accepted_tokens",
         "block_table",
@@ -67,7 +68,7 @@ class Request:
         self.num_cached_tokens = 0
         self.num_prompt_scored = 0
         self.draft_token_ids: list[int] = []
-        self.num_draft_tokens = self.num_accepted_tokens = 0
+        self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
         self.block_table: list[int] = []
         self.finish_reason: str | None = None
 
@@ -103,6 +104,14 @@ class Request:
             first_draft = max(0, start - len(self.token_ids))
             ids += self.draft_token_ids[first_draft : first_draft + n - len(ids)]
         return ids if len(ids) == n else ids + [PLACEHOLDER] * (n - len(ids))
+
+    def speculation_summary(self) -> str:
+        """The share of drafts kept and the mean tokens a step with drafts emitted (kept drafts plus the token
+        after them), as a line for the log."""
+        rate = self.num_accepted_tokens / self.num_draft_tokens
+        length = (self.num_accepted_tokens + self.num_drafts) / self.num_drafts
+        kept = f"{self.num_accepted_tokens} of {self.num_draft_tokens} drafts kept"
+        return f"{kept} ({rate:.0%}), {length:.2f} tokens a step"
 
     def add_drafts(self, token_ids: list[int]) -> None:
         """Guesses of the tokens after the last confirmed one, which the next step computes and checks."""

@@ -329,6 +329,7 @@ class Scheduler:
 
     def _count_drafts(self, req: Request, num_drafts: int, num_accepted: int) -> None:
         """Acceptance counters, the request's and the engine's: `num_drafts` checked, `num_accepted` kept."""
+        req.num_drafts += 1
         req.num_draft_tokens += num_drafts
         req.num_accepted_tokens += num_accepted
         self.num_drafts += 1
@@ -358,6 +359,8 @@ class Scheduler:
             self.waiting.remove(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
+        if req.num_drafts:
+            logger.debug("request %s speculated: %s", req.request_id, req.speculation_summary())
         self.structured.remove(req.request_id)
         del self.requests[req.request_id]
 
