@@ -185,6 +185,7 @@ def step_sampling(out: SchedulerOutput, eos_token_ids: tuple[int, ...], grammar:
 
 
 def _asked(rows: SamplingRows, eos_token_ids: tuple[int, ...], grammar: bool = False) -> StepSampling:
+    """What the sampling rows ask of the sampler (`step_sampling`, once the rows are known)."""
     params = rows.params
     sampled = [p for p in params if not p.is_greedy]
     return StepSampling(
