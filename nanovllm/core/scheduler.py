@@ -171,13 +171,15 @@ class Scheduler:
         left = math.inf if budget is None else budget
         block_manager, running = self.block_manager, self.running
         proposals = self._propose()
+        spare = self._spare_blocks() if proposals else 0
         while running and len(scheduled) < self.max_num_seqs and left > 0:
             req = running.popleft()
             if self.stop_checker.has_all_tokens(req):
                 kept.append(req)
                 continue
             if proposals.get(req.request_id):
-                req.add_drafts(self._drafts_that_fit(req, proposals[req.request_id], left))
+                drafts, spare = self._drafts_that_fit(req, proposals[req.request_id], left, spare)
+                req.add_drafts(drafts)
             while not block_manager.can_append(req):
                 if running:
                     self._preempt(running.pop())
@@ -217,12 +219,21 @@ class Scheduler:
         drafts = self.proposer.propose([req.token_ids for req in candidates], room)
         return {req.request_id: ids for req, ids in zip(candidates, drafts) if ids}
 
-    def _drafts_that_fit(self, req: Request, drafts: list[int], left: float) -> list[int]:
+    def _spare_blocks(self) -> int:
+        """Free blocks beyond those the running requests need for the tokens they have: what drafts may
+        take without making a request wait or be preempted."""
+        needed = sum(max(0, req.num_blocks - len(req.block_table)) for req in self.running)
+        return self.block_manager.num_free_blocks - needed
+
+    def _drafts_that_fit(self, req: Request, drafts: list[int], left: float, spare: int) -> tuple[list[int], int]:
         """The leading drafts that fit beside the request's last token in what is left of the step's token
-        budget and in its blocks and the free ones: drafts never cause a preemption."""
-        bm = self.block_manager
-        slots = (len(req.block_table) + bm.num_free_blocks) * bm.block_size - req.num_tokens
-        return drafts[: max(0, min(left - 1, slots))]
+        budget and in its blocks, those it needs anyway and `spare` more; and the spare blocks left after
+        them. Drafts never cause a preemption."""
+        bs = self.block_manager.block_size
+        own = max(len(req.block_table), req.num_blocks)
+        drafts = drafts[: max(0, min(left - 1, (own + max(spare, 0)) * bs - req.num_tokens))]
+        extra = (req.num_tokens + len(drafts) + bs - 1) // bs - own
+        return drafts, spare - max(extra, 0)
 
     def _preempt(self, req: Request) -> None:
         # Recompute later: the completion so far becomes part of the next prefill,

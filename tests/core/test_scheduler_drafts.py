@@ -107,6 +107,18 @@ def test_drafts_take_only_free_blocks_and_never_preempt():
     assert sched.num_preemptions == 0 and len(a.block_table) == 1 and len(b.block_table) == 2
 
 
+def test_drafts_leave_the_blocks_later_requests_need_for_their_own_tokens():
+    sched = drafting_scheduler(num_blocks=3)
+    a, b = make_req("a", [10, 11, 12]), make_req("b", [20, 21, 22, 23])
+    sched.add_request(a)
+    sched.add_request(b)
+    sched.update(sched.schedule(), ModelRunnerOutput([[50], [50]]))
+    # one block is free, and b needs it for its fifth token: a may not draft into it, b drafts within it
+    out = sched.schedule()
+    assert out.draft_token_ids == [[], DRAFTS] and out.req_ids == ["a", "b"]
+    assert sched.num_preemptions == 0 and len(b.block_table) == 2
+
+
 def test_requests_that_read_their_tokens_one_at_a_time_get_no_drafts_and_force_a_read_back():
     sched = drafting_scheduler()
     penalised = prefilled(sched, make_req("p", [10, 11, 12], repetition_penalty=1.2))
