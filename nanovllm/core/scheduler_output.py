@@ -32,13 +32,14 @@ class SchedulerOutput:
     `samples` says whether the chunk reaches the request's last token, so that
     the step samples its next one. The per-sampler fields list only the requests
     that sample, in batch order: their settings and how many completion tokens
-    came before the one drawn now (placeholders included). `penalty_token_ids`
-    holds each sampling request's (prompt, completion) ids when some of them
-    have penalties; such steps are scheduled only once every token is confirmed.
-    `draft_token_ids` holds each sampling request's drafts, the last tokens of
-    its chunk, when some request speculates (None when none does): such a
-    request samples at each draft's position and after the last one, and keeps
-    its drafts while they equal what was sampled before them.
+    came before the one drawn now (placeholders included; with drafts, before
+    the first one drawn). `penalty_token_ids` holds each sampling request's
+    (prompt, completion) ids when some of them have penalties; such steps are
+    scheduled only once every token is confirmed. `draft_token_ids` holds each
+    sampling request's drafts, the last tokens of its chunk, when some request
+    speculates (None when none does): such a request draws a token for each
+    draft's position and one after the last, and keeps its drafts while each
+    equals the token drawn for its position.
     `prompt_scoring` lists the prompt positions to score for prompt logprobs.
 
     The lists are built for this step and read during `execute` only.
