@@ -17,7 +17,8 @@ class NgramProposer(Proposer):
     The batch is searched at once: contexts are right-aligned in one array, and
     every earlier window of `max_n` tokens is compared with the request's last
     `max_n` tokens; a window's match length is how many of its trailing tokens
-    agree. There is no Python loop over tokens.
+    agree. There is no Python loop over tokens (only over requests, to copy
+    their ids in, and over the offsets 1..max_n).
     """
 
     def __init__(self, num_speculative_tokens: int, min_n: int, max_n: int):
@@ -39,8 +40,13 @@ class NgramProposer(Proposer):
         # windows[r, e]: the max_n tokens that end just before column e + max_n, every window ending before the
         # last token: [requests, width - max_n, max_n]
         windows = sliding_window_view(contexts[:, :-1], self.max_n, axis=1)
-        agree = windows[:, :, ::-1] == suffixes[:, None, ::-1]  # newest token first
-        lengths = np.cumprod(agree, axis=2).sum(axis=2)  # [requests, windows]: trailing tokens that match
+        # [requests, windows]: how many trailing tokens match, grown one offset from the end at a time (a loop
+        # over n, not over tokens), so that no [requests, windows, max_n] array is made
+        lengths = np.zeros(windows.shape[:2], dtype=np.int32)
+        matching = np.ones(windows.shape[:2], dtype=bool)
+        for back in range(1, self.max_n + 1):
+            matching &= windows[:, :, -back] == suffixes[:, None, -back]
+            lengths += matching
         # prefer the longest match, then the latest: a score that orders by length, then by end column
         ends = np.arange(windows.shape[1])
         scores = np.where(lengths >= self.min_n, lengths * width + ends, -1)
