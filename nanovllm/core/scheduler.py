@@ -63,8 +63,9 @@ class Scheduler:
         self.running: deque[Request] = deque()
         self.proposer = proposer
         self.prefix_cache_queries = self.prefix_cache_hits = self.num_preemptions = 0
-        # speculative decoding: request-steps with drafts, drafts checked, drafts kept
+        # speculative decoding: request-steps with drafts, drafts checked, drafts kept, and kept per position
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
+        self.num_accepted_per_position = [0] * (proposer.num_speculative_tokens if proposer is not None else 0)
 
     def has_requests(self) -> bool:
         return bool(self.requests)
@@ -117,6 +118,7 @@ class Scheduler:
             self.num_drafts,
             self.num_draft_tokens,
             self.num_accepted_tokens,
+            list(self.num_accepted_per_position),
         )
 
     def schedule(self) -> SchedulerOutput:
@@ -346,6 +348,10 @@ class Scheduler:
         self.num_drafts += 1
         self.num_draft_tokens += num_drafts
         self.num_accepted_tokens += num_accepted
+        per_position = self.num_accepted_per_position
+        per_position += [0] * (num_drafts - len(per_position))  # grown for a proposer of a larger k than the first
+        for position in range(num_accepted):
+            per_position[position] += 1
 
     def _grammar_finish_reason(self, req: Request, token_id: int) -> str | None:
         """Advance a constrained request's grammar: "stop" once it is complete, "length" if it refused the

@@ -83,6 +83,14 @@ class _EngineCounters:
             family = CounterMetricFamily(f"nanovllm:{name}", doc, labels=["model_name"])
             family.add_metric([self.model_name], value)
             yield family
+        per_position = CounterMetricFamily(
+            "nanovllm:spec_decode_num_accepted_tokens_per_pos",
+            "Speculative draft tokens kept, by their position among a step's drafts (0: the first).",
+            labels=["model_name", "position"],
+        )
+        for position, value in enumerate(stats.spec_decode_num_accepted_tokens_per_pos):
+            per_position.add_metric([self.model_name, str(position)], value)
+        yield per_position
 
 
 class ServerMetrics:

@@ -76,6 +76,7 @@ def test_kept_drafts_are_confirmed_and_the_rest_rolled_back_unregistered():
     stats = sched.stats()
     assert (stats.spec_decode_num_drafts, stats.spec_decode_num_draft_tokens) == (2, 6)
     assert stats.spec_decode_num_accepted_tokens == 4
+    assert stats.spec_decode_num_accepted_tokens_per_pos == [2, 1, 1]
     assert (a.num_drafts, a.num_draft_tokens, a.num_accepted_tokens) == (2, 6, 4)
     assert a.speculation_summary() == "4 of 6 drafts kept (67%), 3.00 tokens a step"
 
