@@ -179,7 +179,8 @@ class Scheduler:
             if self.stop_checker.has_all_tokens(req):
                 kept.append(req)
                 continue
-            if proposals.get(req.request_id):
+            # drafts only for a request whose own tokens fit: one that must preempt may preempt itself
+            if proposals.get(req.request_id) and block_manager.can_append(req):
                 drafts, spare = self._drafts_that_fit(req, proposals[req.request_id], left, spare)
                 req.add_drafts(drafts)
             while not block_manager.can_append(req):
@@ -240,6 +241,7 @@ class Scheduler:
     def _preempt(self, req: Request) -> None:
         # Recompute later: the completion so far becomes part of the next prefill,
         # which starts again from what the prefix cache still holds.
+        assert not req.draft_token_ids, "a request gets drafts only once its own tokens have blocks"
         req.status = RequestStatus.WAITING
         self.block_manager.deallocate(req)
         self.waiting.appendleft(req)

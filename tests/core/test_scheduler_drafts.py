@@ -5,6 +5,7 @@ rest rolled back, never registered in the prefix cache; a stop inside a kept run
 from test_scheduler import EOS, make_req, make_scheduler
 
 from nanovllm.core.block_manager import chain_hash
+from nanovllm.core.request import RequestStatus
 from nanovllm.core.runner_output import ModelRunnerOutput
 from nanovllm.spec_decode.proposer import Proposer
 
@@ -118,6 +119,21 @@ def test_drafts_leave_the_blocks_later_requests_need_for_their_own_tokens():
     out = sched.schedule()
     assert out.draft_token_ids == [[], DRAFTS] and out.req_ids == ["a", "b"]
     assert sched.num_preemptions == 0 and len(b.block_table) == 2
+
+
+def test_a_request_that_preempts_itself_leaves_without_drafts():
+    sched = make_scheduler(num_blocks=3)
+    b, a = make_req("b", [20, 21, 22]), make_req("a", [10, 11, 12])
+    sched.add_request(b)
+    sched.add_request(a)
+    for token in (50, 51):
+        sched.update(sched.schedule(), ModelRunnerOutput([[token], [token]]))
+    # each holds one block and needs a second for its fifth token; one is free, and b comes first
+    sched.proposer = FixedProposer()
+    out = sched.schedule()
+    assert out.req_ids == ["b"] and out.draft_token_ids == [DRAFTS]
+    assert a.status == RequestStatus.WAITING and sched.num_preemptions == 1
+    assert (a.num_tokens, a.num_placeholders, a.draft_token_ids) == (5, 0, [])
 
 
 def test_requests_that_read_their_tokens_one_at_a_time_get_no_drafts_and_force_a_read_back():
