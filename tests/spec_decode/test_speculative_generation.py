@@ -210,3 +210,46 @@ def test_requests_that_may_not_speculate_run_beside_those_that_do(qwen3_dir, pro
     assert {ids[0] for ids in asked} == {prompts[0][0], prompts[4][0]}
     checked, kept = acceptance(llm)
     assert checked == kept > 0
+
+
+class NoisyProposer(ReferenceProposer):
+    """Proposes a random number of the reference's next tokens, each replaced by a random one at times."""
+
+    def __init__(self, sequences: list[list[int]], seed: int):
+        super().__init__(sequences, num_speculative_tokens=4)
+        self.rng = random.Random(seed)
+
+    def propose(self, token_ids: list[list[int]], max_drafts: list[int]) -> list[list[int]]:
+        right = super().propose(token_ids, [self.rng.randint(0, k) for k in max_drafts])
+        return [[t if self.rng.random() < 0.7 else self.rng.randrange(2, 512) for t in ids] for ids in right]
+
+
+@pytest.mark.parametrize("seed, chunked", [(0, True), (1, False), (2, True)])
+def test_random_drafts_under_preemption_and_prefix_sharing_change_no_token(qwen3_dir, seed, chunked):
+    """Greedy and seeded requests with drafts that are partly right, a KV cache that forces preemptions
+    and prompts that share a prefix: the tokens and finish reasons are those of decoding without drafts."""
+    rng = random.Random(seed)
+    shared = repetitive_prompts([2 * BLOCK], seed=seed)[0]
+    prompts = [shared * rng.randint(0, 1) + p for p in repetitive_prompts([rng.randint(1, 40) for _ in range(8)], seed)]
+    # greedy and seeded sampling, with truncation, min_tokens and logprobs here and there
+    params = [
+        SamplingParams(
+            temperature=rng.choice([0.0, 0.5, 1.0]),
+            top_k=rng.choice([0, 5]),
+            seed=rng.randrange(100),
+            max_tokens=rng.randint(5, 40),
+            min_tokens=3,
+            logprobs=rng.choice([None, 1]),
+        )
+        for _ in prompts
+    ]
+    kwargs = dict(num_kvcache_blocks=10, enable_chunked_prefill=chunked, max_num_batched_tokens=256 if chunked else 512)
+    plain = engine(qwen3_dir, **kwargs).generate(prompts, params, use_tqdm=False)
+    llm = spec_engine(qwen3_dir, NoisyProposer(full_sequences(prompts, plain), seed), **kwargs)
+    preempted = record_preemptions(llm)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    assert token_ids(outputs) == token_ids(plain)
+    assert [o.outputs[0].finish_reason for o in outputs] == [o.outputs[0].finish_reason for o in plain]
+    checked, kept = acceptance(llm)
+    assert 0 < kept < checked and preempted
+    assert llm.client.core.scheduler.block_manager.num_free_blocks == 10
