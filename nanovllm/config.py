@@ -5,11 +5,16 @@ torch and transformers are imported inside the methods that use them, so that
 """
 
 import importlib.util
+import json
 import math
 import os
+import types
+import typing
 import warnings
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
+
+from nanovllm.spec_decode.speculative_config import SpeculativeConfig
 
 if TYPE_CHECKING:
     import torch
@@ -24,7 +29,7 @@ _KV_CACHE_DTYPES = ("auto", "fp8")
 _QUANTIZATIONS = ("auto", "fp8")
 _DEVICES = ("auto", "cuda", "cpu")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
-_TYPE_NAMES = {int: "an integer", float: "a number", bool: "True or False", str: "a string"}
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "True or False", str: "a string", dict: "a dict"}
 _DEFAULT_MAX_MODEL_LEN = 4096
 # Tokens per step when max_num_batched_tokens=-1. A GPU step of 16k tokens keeps
 # the chip busy. On two CPU cores 256 prompt tokens (beside 8 decodes) take about
@@ -35,8 +40,13 @@ _DEFAULT_TOKEN_BUDGET = {"cuda": 16384, "cpu": 256}
 _SEED_MIN, _SEED_MAX = -(1 << 63), (1 << 63) - 1
 
 
-def _has_type(value, expected: type) -> bool:
-    """Whether `value` fits a field annotated `expected`: bools only fit bool, and ints also fit float."""
+def _has_type(value, expected) -> bool:
+    """Whether `value` fits a field annotated `expected`: bools only fit bool, ints also fit float, and
+    None fits `X | None`."""
+    if isinstance(expected, types.UnionType):
+        return any(_has_type(value, member) for member in typing.get_args(expected))
+    if expected is type(None):
+        return value is None
     if isinstance(value, bool):
         return expected is bool
     if expected is float:
@@ -44,9 +54,25 @@ def _has_type(value, expected: type) -> bool:
     return isinstance(value, expected)
 
 
-def _option(default, help: str):
-    """A Config field with its default and the line `nanovllm serve --help` shows for it."""
-    return field(default=default, metadata={"help": help})
+def _type_name(expected) -> str:
+    """How an error names the type of a field annotated `expected` (`X | None` by X's name)."""
+    if isinstance(expected, types.UnionType):
+        return _TYPE_NAMES[next(member for member in typing.get_args(expected) if member is not type(None))]
+    return _TYPE_NAMES[expected]
+
+
+def json_object(text: str) -> dict:
+    """A command-line JSON object as a dict; ValueError (which argparse reports) for anything else."""
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got {text!r}")
+    return value
+
+
+def _option(default, help: str, **flag):
+    """A Config field with its default, the line `nanovllm serve --help` shows for it and, in `flag`, what
+    argparse needs beyond them."""
+    return field(default=default, metadata={"help": help, **flag})
 
 
 @dataclass
@@ -90,6 +116,8 @@ class Config:
     repetition_penalty) as the defaults of requests that leave them out, as
     vLLM does; "vllm" keeps the engine's own defaults; a folder path reads that
     folder's file instead.
+    `speculative_config` (vLLM's dict; `spec_decode/speculative_config.py` lists the keys) makes requests
+    propose tokens that the model checks several at a time.
     `trust_remote_code` is accepted as vLLM accepts it and changes nothing (a
     warning says so when it is True): only built-in architectures load.
     Each field's one-line help (its metadata) is what `nanovllm serve --help` shows.
@@ -161,6 +189,13 @@ class Config:
     )
     seed: int = _option(0, "seed of the engine's random numbers: dummy weights, and draws of requests without a seed")
     master_port: int = _option(0, "port where tensor-parallel ranks meet; 0: $MASTER_PORT if set, else a free port")
+    speculative_config: dict | None = _option(
+        None,
+        'speculative decoding as vLLM takes it, e.g. \'{"method": "ngram", "num_speculative_tokens": 3, '
+        '"prompt_lookup_max": 4}\' (default: none)',
+        type=json_object,
+        metavar="JSON",
+    )
     hf_config: "PretrainedConfig" = field(init=False, repr=False)
     # what the engine reads of hf_config, read once (nothing else reads hf_config)
     model_config: "ModelConfig" = field(init=False, repr=False)
@@ -172,6 +207,7 @@ class Config:
     block_size: int = field(init=False)  # kvcache_block_size resolved: tokens per KV-cache block
     # the linear weights' FP8 layout: the checkpoint's, else per channel with quantization="fp8"; None: none
     fp8_weights: "Fp8Weights | None" = field(init=False)
+    speculative: SpeculativeConfig | None = field(init=False)  # speculative_config read; None: no speculation
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs) -> "Config":
@@ -187,6 +223,9 @@ class Config:
             self.model = os.fspath(self.model)
         self._check_types()
         self._check_ranges()
+        self.speculative = (
+            None if self.speculative_config is None else SpeculativeConfig.from_dict(self.speculative_config)
+        )
         self.device_type = self._resolve_device()
         self.block_size = self._resolve_block_size()
         self.attention_impl = self._resolve_attention_backend()
@@ -231,7 +270,7 @@ class Config:
                 continue
             value = getattr(self, f.name)
             if not _has_type(value, f.type):
-                raise ValueError(f"{f.name} must be {_TYPE_NAMES[f.type]}, got {value!r} ({type(value).__name__})")
+                raise ValueError(f"{f.name} must be {_type_name(f.type)}, got {value!r} ({type(value).__name__})")
 
     def _check_ranges(self) -> None:
         def require(ok: bool, message: str) -> None:

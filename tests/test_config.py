@@ -137,7 +137,7 @@ def test_wrongly_typed_values_are_refused(qwen3_dir, kwargs, message):
 def test_every_field_refuses_a_value_of_the_wrong_type(qwen3_dir, name):
     with pytest.raises(
         ValueError,
-        match=rf"^{name} must be (an integer|a number|True or False|a string), "
+        match=rf"^{name} must be (an integer|a number|True or False|a string|a dict), "
         rf"got \[\] \(list\)$",
     ):
         Config.from_kwargs(qwen3_dir, **{name: []})

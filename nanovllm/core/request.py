@@ -21,13 +21,18 @@ class Request:
     has: `token_ids` (the confirmed ones, prompt then completion) plus
     `num_placeholders`, tokens that a launched step samples but whose values the
     host has not read back yet (at most the one of the step in flight, and for a
-    moment also the one of the step just scheduled). `num_computed_tokens`
+    moment also the one of the step just scheduled). A speculating request's
+    placeholders start with `draft_token_ids`, guesses of their values that the
+    step computes K/V for and checks; the kept ones are confirmed, the others
+    forgotten (`drop_unconfirmed`). `num_computed_tokens`
     counts the tokens whose K/V is in the cache or being written by a launched
     step; a step computes positions `num_computed_tokens` onwards, or a first
     chunk of them, and samples when it reaches `num_tokens`.
     `num_cached_tokens` is how many prompt tokens the prefix cache supplied at
     the last admission. `num_prompt_scored` counts the prompt positions whose
     next-token log-probabilities were computed (for prompt logprobs).
+    `num_drafts`, `num_draft_tokens` and `num_accepted_tokens` count its steps
+    that checked drafts, the drafts checked and those kept, over its life.
     """
 
     __slots__ = (
@@ -42,6 +47,10 @@ class Request:
         "num_computed_tokens",
         "num_cached_tokens",
         "num_prompt_scored",
+        "draft_token_ids",
+        "num_drafts",
+        "num_draft_tokens",
+        "num_accepted_tokens",
         "block_table",
         "finish_reason",
     )
@@ -58,6 +67,8 @@ class Request:
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
         self.num_prompt_scored = 0
+        self.draft_token_ids: list[int] = []
+        self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
         self.block_table: list[int] = []
         self.finish_reason: str | None = None
 
@@ -85,10 +96,37 @@ class Request:
         return self.token_ids[i * self.block_size : (i + 1) * self.block_size]
 
     def chunk_token_ids(self, n: int) -> list[int]:
-        """The next `n` tokens to compute; a position whose token is still on the device is PLACEHOLDER."""
+        """The next `n` tokens to compute: confirmed ones, then drafts; a position whose token is still on the
+        device is PLACEHOLDER."""
         start = self.num_computed_tokens
         ids = self.token_ids[start : start + n]
+        if len(ids) < n:
+            first_draft = max(0, start - len(self.token_ids))
+            ids += self.draft_token_ids[first_draft : first_draft + n - len(ids)]
         return ids if len(ids) == n else ids + [PLACEHOLDER] * (n - len(ids))
+
+    def speculation_summary(self) -> str:
+        """The share of drafts kept and the mean tokens a step with drafts emitted (kept drafts plus the token
+        after them), as a line for the log."""
+        rate = self.num_accepted_tokens / self.num_draft_tokens
+        length = (self.num_accepted_tokens + self.num_drafts) / self.num_drafts
+        kept = f"{self.num_accepted_tokens} of {self.num_draft_tokens} drafts kept"
+        return f"{kept} ({rate:.0%}), {length:.2f} tokens a step"
+
+    def add_drafts(self, token_ids: list[int]) -> None:
+        """Guesses of the tokens after the last confirmed one, which the next step computes and checks."""
+        assert not self.num_placeholders, "a request speculates only once all its tokens are confirmed"
+        self.draft_token_ids = token_ids
+        self.num_placeholders += len(token_ids)
+        self.num_tokens += len(token_ids)
+
+    def drop_unconfirmed(self) -> None:
+        """After a speculative step's kept tokens are confirmed: forget the rejected drafts (and any
+        placeholder after them); their K/V counts as not computed, so that the next step overwrites it."""
+        self.num_tokens -= self.num_placeholders
+        self.num_placeholders = 0
+        self.draft_token_ids = []
+        self.num_computed_tokens = min(self.num_computed_tokens, self.num_tokens - 1)
 
     def add_placeholder(self) -> None:
         """A launched step samples this request's next token."""

@@ -7,9 +7,10 @@ from nanovllm.engine.messages import TokenLogprobs
 
 @dataclass
 class ModelRunnerOutput:
-    """Per request that sampled, in batch order: its new token id and, where asked for, its logprobs;
-    per request that scored prompt positions, their logprobs in position order."""
+    """Per request that sampled, in batch order: its new token ids (one; with drafts, the drafts it kept and
+    the token sampled after them) and, where asked for, their logprobs, one per token; per request that
+    scored prompt positions, their logprobs in position order."""
 
-    sampled_token_ids: list[int]
-    logprobs: list[TokenLogprobs | None] | None = None
+    sampled_token_ids: list[list[int]]
+    logprobs: list[list[TokenLogprobs] | None] | None = None
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)

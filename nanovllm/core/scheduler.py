@@ -10,6 +10,11 @@ samples in a launched step counts that token as a placeholder, so the next
 step can be scheduled (and its blocks allocated) before the token's value is
 read back. `update` then confirms the values, applies the stopping rules and
 frees finished requests.
+
+With a proposer (speculative decoding) a running request whose tokens are all
+confirmed may get guesses of its next tokens scheduled behind its last one;
+`update` confirms those that the step kept and the token sampled after them,
+and rolls the rest back, so that their KV slots are written again.
 """
 
 import logging
@@ -24,6 +29,7 @@ from nanovllm.core.scheduler_output import PromptScoring, SchedulerOutput
 from nanovllm.core.stop_checker import StopChecker
 from nanovllm.core.structured_output import StructuredOutputs
 from nanovllm.engine.messages import EngineCoreOutput, EngineStats
+from nanovllm.spec_decode.proposer import Proposer
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +40,8 @@ class Scheduler:
     A running request holds blocks for all its tokens. With chunked prefill it
     may still have prompt tokens to compute: it keeps its place in the running
     queue and gets the next chunk from the budget the decodes ahead of it leave.
+    `proposer` (None: no speculation) guesses the next tokens of the requests
+    that may speculate.
     """
 
     def __init__(
@@ -42,6 +50,7 @@ class Scheduler:
         num_kvcache_blocks: int,
         eos_token_ids: tuple[int, ...],
         structured: StructuredOutputs | None = None,
+        proposer: Proposer | None = None,
     ):
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.token_budget
@@ -52,7 +61,11 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: deque[Request] = deque()
+        self.proposer = proposer
         self.prefix_cache_queries = self.prefix_cache_hits = self.num_preemptions = 0
+        # speculative decoding: request-steps with drafts, drafts checked, drafts kept, and kept per position
+        self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
+        self.num_accepted_per_position = [0] * (proposer.num_speculative_tokens if proposer is not None else 0)
 
     def has_requests(self) -> bool:
         return bool(self.requests)
@@ -75,9 +88,23 @@ class Scheduler:
 
     def needs_confirmed_tokens(self) -> bool:
         """Whether the next step's inputs need the values of tokens still in flight: penalties read each
-        request's completion on the host. (A grammar needs them only for its mask, which the engine core
+        request's completion on the host, and so does a proposer, which also needs to know how many
+        drafts the step in flight kept. (A grammar needs them only for its mask, which the engine core
         fills after it has read the step in flight back.)"""
-        return any(req.num_placeholders and req.params.has_penalties for req in self.running)
+        return any(
+            req.num_placeholders and (req.params.has_penalties or self._may_speculate(req)) for req in self.running
+        )
+
+    def _may_speculate(self, req: Request) -> bool:
+        """Whether `req` may get drafts: there is a proposer, and no grammar, penalty or prompt logprobs
+        reads its tokens one at a time."""
+        params = req.params
+        return (
+            self.proposer is not None
+            and params.structured_outputs is None
+            and not params.has_penalties
+            and params.prompt_logprobs is None
+        )
 
     def stats(self) -> EngineStats:
         bm = self.block_manager
@@ -88,6 +115,10 @@ class Scheduler:
             self.prefix_cache_queries,
             self.prefix_cache_hits,
             self.num_preemptions,
+            self.num_drafts,
+            self.num_draft_tokens,
+            self.num_accepted_tokens,
+            list(self.num_accepted_per_position),
         )
 
     def schedule(self) -> SchedulerOutput:
@@ -141,11 +172,17 @@ class Scheduler:
         scheduled, counts, kept = [], [], []
         left = math.inf if budget is None else budget
         block_manager, running = self.block_manager, self.running
+        proposals = self._propose()
+        spare = self._spare_blocks() if proposals else 0
         while running and len(scheduled) < self.max_num_seqs and left > 0:
             req = running.popleft()
             if self.stop_checker.has_all_tokens(req):
                 kept.append(req)
                 continue
+            # drafts only for a request whose own tokens fit: one that must preempt may preempt itself
+            if proposals.get(req.request_id) and block_manager.can_append(req):
+                drafts, spare = self._drafts_that_fit(req, proposals[req.request_id], left, spare)
+                req.add_drafts(drafts)
             while not block_manager.can_append(req):
                 if running:
                     self._preempt(running.pop())
@@ -162,9 +199,49 @@ class Scheduler:
         running.extendleft(reversed(kept))
         return scheduled, counts
 
+    def _propose(self) -> dict[str, list[int]]:
+        """Drafts, by request id, for the running requests that may speculate and would compute only their
+        last token, at most as many as their max_tokens and the model length leave room for after the
+        token sampled behind them; one call to the proposer for all of them."""
+        if self.proposer is None:
+            return {}
+        candidates, room = [], []
+        for req in self.running:
+            if req.num_placeholders or req.num_new_tokens != 1 or not self._may_speculate(req):
+                continue
+            free = min(
+                self.proposer.num_speculative_tokens,
+                req.params.max_tokens - req.num_output_tokens - 1,
+                self.stop_checker.max_model_len - req.num_tokens - 1,
+            )
+            if free > 0:
+                candidates.append(req)
+                room.append(free)
+        if not candidates:
+            return {}
+        drafts = self.proposer.propose([req.token_ids for req in candidates], room)
+        return {req.request_id: ids for req, ids in zip(candidates, drafts) if ids}
+
+    def _spare_blocks(self) -> int:
+        """Free blocks beyond those the running requests need for the tokens they have: what drafts may
+        take without making a request wait or be preempted."""
+        needed = sum(max(0, req.num_blocks - len(req.block_table)) for req in self.running)
+        return self.block_manager.num_free_blocks - needed
+
+    def _drafts_that_fit(self, req: Request, drafts: list[int], left: float, spare: int) -> tuple[list[int], int]:
+        """The leading drafts that fit beside the request's last token in what is left of the step's token
+        budget and in its blocks, those it needs anyway and `spare` more; and the spare blocks left after
+        them. Drafts never cause a preemption."""
+        bs = self.block_manager.block_size
+        own = max(len(req.block_table), req.num_blocks)
+        drafts = drafts[: max(0, min(left - 1, (own + max(spare, 0)) * bs - req.num_tokens))]
+        extra = (req.num_tokens + len(drafts) + bs - 1) // bs - own
+        return drafts, spare - max(extra, 0)
+
     def _preempt(self, req: Request) -> None:
         # Recompute later: the completion so far becomes part of the next prefill,
         # which starts again from what the prefix cache still holds.
+        assert not req.draft_token_ids, "a request gets drafts only once its own tokens have blocks"
         req.status = RequestStatus.WAITING
         self.block_manager.deallocate(req)
         self.waiting.appendleft(req)
@@ -176,6 +253,7 @@ class Scheduler:
         with_penalties = any(req.params.has_penalties for req in reqs)
         if with_penalties:
             out.penalty_token_ids = []
+        drafts = []
         for req, n in zip(reqs, counts):
             out.req_ids.append(req.request_id)
             out.token_ids.append(req.chunk_token_ids(n))
@@ -189,12 +267,16 @@ class Scheduler:
             if samples:
                 out.sampled_req_ids.append(req.request_id)
                 out.sampling_params.append(req.params)
-                out.num_output_tokens.append(req.num_output_tokens)
+                # the completion before the first token drawn: drafts are among the tokens it draws
+                out.num_output_tokens.append(req.num_output_tokens - len(req.draft_token_ids))
                 if with_penalties:
                     out.penalty_token_ids.append(
                         (req.token_ids[: req.num_prompt_tokens], req.token_ids[req.num_prompt_tokens :])
                     )
+                drafts.append(req.draft_token_ids)
                 req.add_placeholder()
+        if any(drafts):
+            out.draft_token_ids = drafts
         return out
 
     @staticmethod
@@ -220,20 +302,31 @@ class Scheduler:
         outputs = []
         logprobs = result.logprobs
         prompt_logprobs = dict(result.prompt_logprobs)
-        for i, (request_id, token_id) in enumerate(zip(out.sampled_req_ids, result.sampled_token_ids)):
+        for i, (request_id, token_ids) in enumerate(zip(out.sampled_req_ids, result.sampled_token_ids)):
             req = self.requests.get(request_id)
             if req is None:
                 continue
-            req.confirm(token_id)
-            reason = self._grammar_finish_reason(req, token_id) or self.stop_checker.finish_reason(req)
-            if reason is not None:
-                self._finish(req, reason)
+            drafts = out.draft_token_ids[i] if out.draft_token_ids is not None else []
+            if drafts:
+                self._count_drafts(req, len(drafts), len(token_ids) - 1)
+            reason = None
+            for n, token_id in enumerate(token_ids, 1):
+                req.confirm(token_id)
+                reason = self._grammar_finish_reason(req, token_id) or self.stop_checker.finish_reason(req)
+                if reason is not None:
+                    # a stop inside a run of kept drafts ends the request there
+                    token_ids = token_ids[:n]
+                    self._finish(req, reason)
+                    break
+            else:
+                if drafts:
+                    req.drop_unconfirmed()
             stop_reason = token_id if reason == "stop" and token_id in req.params.stop_token_ids else None
-            new_logprobs = None if logprobs is None or logprobs[i] is None else [logprobs[i]]
+            new_logprobs = None if logprobs is None or logprobs[i] is None else logprobs[i][: len(token_ids)]
             outputs.append(
                 EngineCoreOutput(
                     request_id,
-                    [token_id],
+                    token_ids,
                     new_logprobs,
                     reason,
                     stop_reason,
@@ -248,6 +341,19 @@ class Scheduler:
             if request_id in self.requests
         ]
         return outputs
+
+    def _count_drafts(self, req: Request, num_drafts: int, num_accepted: int) -> None:
+        """Acceptance counters, the request's and the engine's: `num_drafts` checked, `num_accepted` kept."""
+        req.num_drafts += 1
+        req.num_draft_tokens += num_drafts
+        req.num_accepted_tokens += num_accepted
+        self.num_drafts += 1
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += num_accepted
+        per_position = self.num_accepted_per_position
+        per_position += [0] * (num_drafts - len(per_position))  # grown for a proposer of a larger k than the first
+        for position in range(num_accepted):
+            per_position[position] += 1
 
     def _grammar_finish_reason(self, req: Request, token_id: int) -> str | None:
         """Advance a constrained request's grammar: "stop" once it is complete, "length" if it refused the
@@ -272,6 +378,8 @@ class Scheduler:
             self.waiting.remove(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
+        if req.num_drafts:
+            logger.debug("request %s speculated: %s", req.request_id, req.speculation_summary())
         self.structured.remove(req.request_id)
         del self.requests[req.request_id]
 

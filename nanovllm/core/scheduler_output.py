@@ -32,9 +32,14 @@ class SchedulerOutput:
     `samples` says whether the chunk reaches the request's last token, so that
     the step samples its next one. The per-sampler fields list only the requests
     that sample, in batch order: their settings and how many completion tokens
-    came before the one drawn now (placeholders included). `penalty_token_ids`
-    holds each sampling request's (prompt, completion) ids when some of them
-    have penalties; such steps are scheduled only once every token is confirmed.
+    came before the one drawn now (placeholders included; with drafts, before
+    the first one drawn). `penalty_token_ids` holds each sampling request's
+    (prompt, completion) ids when some of them have penalties; such steps are
+    scheduled only once every token is confirmed. `draft_token_ids` holds each
+    sampling request's drafts, the last tokens of its chunk, when some request
+    speculates (None when none does): such a request draws a token for each
+    draft's position and one after the last, and keeps its drafts while each
+    equals the token drawn for its position.
     `prompt_scoring` lists the prompt positions to score for prompt logprobs.
 
     The lists are built for this step and read during `execute` only.
@@ -49,6 +54,7 @@ class SchedulerOutput:
     sampling_params: list[SamplingParams] = field(default_factory=list)
     num_output_tokens: list[int] = field(default_factory=list)
     penalty_token_ids: list[tuple[list[int], list[int]]] | None = None
+    draft_token_ids: list[list[int]] | None = None
     prompt_scoring: list[PromptScoring] = field(default_factory=list)
 
     @property
@@ -65,7 +71,8 @@ class SchedulerOutput:
         return len(self.sampled_req_ids) == len(self.req_ids) and all(len(ids) == 1 for ids in self.token_ids)
 
     def without_sampling(self) -> "SchedulerOutput":
-        """The same step less what only the sampling rank reads (settings and penalty tokens)."""
+        """The same step less what only the sampling rank reads (settings and penalty tokens); the drafts
+        stay, as every rank scores their positions."""
         return SchedulerOutput(
             self.req_ids,
             self.token_ids,
@@ -73,5 +80,6 @@ class SchedulerOutput:
             self.block_tables,
             self.samples,
             self.sampled_req_ids,
+            draft_token_ids=self.draft_token_ids,
             prompt_scoring=self.prompt_scoring,
         )

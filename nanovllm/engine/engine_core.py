@@ -10,6 +10,7 @@ from nanovllm.core.scheduler import Scheduler
 from nanovllm.core.scheduler_output import SchedulerOutput
 from nanovllm.core.structured_output import StructuredOutputs
 from nanovllm.engine.messages import EngineCoreInfo, EngineCoreOutput, EngineCoreRequest, EngineStats
+from nanovllm.spec_decode.proposer import make_proposer
 from nanovllm.worker.executor import make_executor
 
 if TYPE_CHECKING:
@@ -38,7 +39,13 @@ class EngineCore:
     def __init__(self, config: Config, eos_token_ids: tuple[int, ...], vocabulary=None):
         self.executor = make_executor(config, eos_token_ids)
         self.structured = StructuredOutputs(vocabulary)
-        self.scheduler = Scheduler(config, self.executor.num_kvcache_blocks, eos_token_ids, self.structured)
+        self.scheduler = Scheduler(
+            config,
+            self.executor.num_kvcache_blocks,
+            eos_token_ids,
+            self.structured,
+            make_proposer(config.speculative),
+        )
         self.info = EngineCoreInfo(
             self.executor.num_kvcache_blocks,
             config.block_size,
@@ -74,8 +81,9 @@ class EngineCore:
         """Schedule and launch the next step, then read back the one before it and return its outputs."""
         outputs = []
         if self._in_flight is not None and self.scheduler.needs_confirmed_tokens():
-            # Synchronous fallback: penalties need the tokens of the step in flight on the
-            # host to build the next step, so that step is read back first.
+            # Synchronous fallback: penalties and speculative decoding's proposals need the tokens
+            # of the step in flight on the host to build the next step (the proposer also needs to
+            # know which drafts were kept), so that step is read back first.
             outputs = self._finish_in_flight()
         scheduled = self.scheduler.schedule()
         waits_for_tokens = self._in_flight is not None  # an empty step is then expected

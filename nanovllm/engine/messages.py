@@ -63,8 +63,10 @@ class EngineCoreOutput(msgspec.Struct, array_like=True):
 
 class EngineStats(msgspec.Struct, frozen=True):
     """A snapshot of the core's load, and counters since start-up: prompt tokens looked up in the
-    prefix cache and those it held, and preemptions. `num_waiting` counts the requests the core
-    holds but has not scheduled yet."""
+    prefix cache and those it held, preemptions, and with speculative decoding the request-steps that
+    checked drafts, the drafts checked, those kept, and those kept at each draft position (the first
+    draft of a step, the second ...). `num_waiting` counts the requests the core holds but has not
+    scheduled yet."""
 
     num_running: int = 0
     num_waiting: int = 0
@@ -72,6 +74,10 @@ class EngineStats(msgspec.Struct, frozen=True):
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: list[int] = msgspec.field(default_factory=list)
 
 
 class EngineCoreInfo(msgspec.Struct, frozen=True):

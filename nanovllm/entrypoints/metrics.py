@@ -1,4 +1,5 @@
-"""Prometheus metrics of the server: load, KV-cache use, prefix cache, preemptions, tokens and latencies.
+"""Prometheus metrics of the server: load, KV-cache use, prefix cache, preemptions, speculative decoding's
+acceptance, tokens and latencies.
 
 Names and types follow vLLM's (`vllm:` becomes `nanovllm:`), so a vLLM Grafana
 dashboard works once its prefix is changed.
@@ -71,10 +72,25 @@ class _EngineCounters:
             ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", stats.prefix_cache_queries),
             ("prefix_cache_hits", "Prompt tokens the prefix cache held.", stats.prefix_cache_hits),
             ("num_preemptions", "Requests preempted (their KV blocks freed, to be recomputed).", stats.num_preemptions),
+            ("spec_decode_num_drafts", "Request-steps that checked speculative drafts.", stats.spec_decode_num_drafts),
+            ("spec_decode_num_draft_tokens", "Speculative draft tokens checked.", stats.spec_decode_num_draft_tokens),
+            (
+                "spec_decode_num_accepted_tokens",
+                "Speculative draft tokens kept.",
+                stats.spec_decode_num_accepted_tokens,
+            ),
         ):
             family = CounterMetricFamily(f"nanovllm:{name}", doc, labels=["model_name"])
             family.add_metric([self.model_name], value)
             yield family
+        per_position = CounterMetricFamily(
+            "nanovllm:spec_decode_num_accepted_tokens_per_pos",
+            "Speculative draft tokens kept, by their position among a step's drafts (0: the first).",
+            labels=["model_name", "position"],
+        )
+        for position, value in enumerate(stats.spec_decode_num_accepted_tokens_per_pos):
+            per_position.add_metric([self.model_name, str(position)], value)
+        yield per_position
 
 
 class ServerMetrics:

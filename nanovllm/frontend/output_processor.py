@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from nanovllm.engine.messages import EngineCoreOutput
+from nanovllm.engine.messages import EngineCoreOutput, TokenLogprobs
 from nanovllm.frontend.detokenizer import IncrementalDetokenizer
 from nanovllm.frontend.request_logprobs import RequestLogprobs
 from nanovllm.frontend.token_texts import TokenTexts
@@ -84,15 +84,37 @@ class RequestState:
 
     def update(self, output: EngineCoreOutput) -> bool:
         """Take one step's output from the core; True if a stop string finished the completion
-        (which the core does not know about)."""
-        self.token_ids += output.new_token_ids
-        self._add_logprobs(output)
+        (which the core does not know about).
+
+        Several new tokens (kept drafts of speculative decoding) are taken one at
+        a time where stop strings are looked for, so that the completion ends at
+        the token that completes one, as it would with one token per step; the
+        tokens after it are dropped."""
         self.num_cached_tokens = output.num_cached_tokens
-        reason, self.stop_reason = output.finish_reason, output.stop_reason
+        for entry in output.new_prompt_logprobs or ():
+            self._prompt_logprobs.add(entry)
+        ids, logprobs = output.new_token_ids, output.new_logprobs
+        if not (self.params.stop and self.detokenizer is not None and len(ids) > 1):
+            return self._take(ids, logprobs, output.finish_reason, output.stop_reason)
+        for i, token_id in enumerate(ids):
+            last = i == len(ids) - 1
+            new_logprobs = None if logprobs is None else logprobs[i : i + 1]
+            if self._take(
+                [token_id], new_logprobs, output.finish_reason if last else None, output.stop_reason if last else None
+            ):
+                return True
+        return False
+
+    def _take(
+        self, new_ids: list[int], new_logprobs: list[TokenLogprobs] | None, reason: str | None, stop_reason: int | None
+    ) -> bool:
+        """Add new tokens, their logprobs and their text, then look for a stop string in that text."""
+        self.token_ids += new_ids
+        self._add_logprobs(new_logprobs)
+        self.stop_reason = stop_reason
         stopped_by_string = False
-        if self.detokenizer is not None and output.new_token_ids:
+        if self.detokenizer is not None and new_ids:
             params = self.params
-            new_ids = output.new_token_ids
             if reason == "stop" and not params.include_stop_str_in_output:
                 new_ids = new_ids[:-1]  # the core stopped on this token: its text stays out
             delta = self.detokenizer.step(new_ids)
@@ -104,13 +126,11 @@ class RequestState:
         self.finish_reason = reason
         return stopped_by_string
 
-    def _add_logprobs(self, output: EngineCoreOutput) -> None:
-        for entry in output.new_logprobs or ():
+    def _add_logprobs(self, new_logprobs: list[TokenLogprobs] | None) -> None:
+        for entry in new_logprobs or ():
             self.cumulative_logprob += entry.logprobs[0]
             if self._logprobs is not None:
                 self._logprobs.add(entry)
-        for entry in output.new_prompt_logprobs or ():
-            self._prompt_logprobs.add(entry)
 
     def _cut_at_stop_string(self, num_new_chars: int) -> str | None:
         """Cut the text at the earliest stop string that the new characters complete; returns it, or None."""

@@ -87,10 +87,39 @@ class SamplingTensors:
         )
 
 
-def _banned_tokens(out: SchedulerOutput, eos_token_ids: tuple[int, ...]) -> list[tuple[int, int]]:
+@dataclass
+class SamplingRows:
+    """A step's rows of logits to sample, each with its request's settings: one per sampling request, or
+    for a request with drafts one per draft's position and one after the last draft."""
+
+    params: list[SamplingParams]
+    num_output_tokens: list[int]  # completion tokens before the one the row draws
+    positions: list[int]  # the position of the token the row draws
+    penalty_token_ids: list[tuple[list[int], list[int]]] | None  # the row's request's (prompt, completion)
+
+
+def sampling_rows(out: SchedulerOutput) -> SamplingRows:
+    """The step's sampling rows (the requests' own lists when nothing drafts)."""
+    positions = _sample_positions(out)
+    if out.draft_token_ids is None:
+        return SamplingRows(out.sampling_params, out.num_output_tokens, positions, out.penalty_token_ids)
+    rows = SamplingRows([], [], [], None if out.penalty_token_ids is None else [])
+    for i, (params, num_output, end, drafts) in enumerate(
+        zip(out.sampling_params, out.num_output_tokens, positions, out.draft_token_ids)
+    ):
+        n = len(drafts) + 1
+        rows.params += [params] * n
+        rows.num_output_tokens += range(num_output, num_output + n)
+        rows.positions += range(end - len(drafts), end + 1)
+        if rows.penalty_token_ids is not None:
+            rows.penalty_token_ids += [out.penalty_token_ids[i]] * n
+    return rows
+
+
+def _banned_tokens(rows: SamplingRows, eos_token_ids: tuple[int, ...]) -> list[tuple[int, int]]:
     """(row, token) pairs that would stop a request still short of its min_tokens."""
     pairs = []
-    for row, (params, num_output) in enumerate(zip(out.sampling_params, out.num_output_tokens)):
+    for row, (params, num_output) in enumerate(zip(rows.params, rows.num_output_tokens)):
         if num_output < params.min_tokens:
             stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
             pairs += [(row, token_id) for token_id in sorted(stops)]
@@ -102,19 +131,19 @@ def _padded(rows: list[list[int]], pad: int) -> list[list[int]]:
     return [row + [pad] * (width - len(row)) for row in rows]
 
 
-def _penalty_tensors(out: SchedulerOutput, vocab_size: int, to_device: ToDevice) -> PenaltyTensors:
-    params = out.sampling_params
+def _penalty_tensors(rows: SamplingRows, vocab_size: int, to_device: ToDevice) -> PenaltyTensors:
+    params = rows.params
     return PenaltyTensors(
         repetition=to_device([p.repetition_penalty for p in params], torch.float32),
         frequency=to_device([p.frequency_penalty for p in params], torch.float32),
         presence=to_device([p.presence_penalty for p in params], torch.float32),
-        prompt_ids=to_device(_padded([prompt for prompt, _ in out.penalty_token_ids], vocab_size), torch.int64),
-        output_ids=to_device(_padded([output for _, output in out.penalty_token_ids], vocab_size), torch.int64),
+        prompt_ids=to_device(_padded([prompt for prompt, _ in rows.penalty_token_ids], vocab_size), torch.int64),
+        output_ids=to_device(_padded([output for _, output in rows.penalty_token_ids], vocab_size), torch.int64),
     )
 
 
 def _sample_positions(out: SchedulerOutput) -> list[int]:
-    """Per sampling row: the position of the token it draws (its chunk's end)."""
+    """Per sampling request: the position of the token it draws after its chunk."""
     return [
         start + len(ids) for start, ids, samples in zip(out.num_computed_tokens, out.token_ids, out.samples) if samples
     ]
@@ -152,11 +181,16 @@ class StepSampling:
 
 def step_sampling(out: SchedulerOutput, eos_token_ids: tuple[int, ...], grammar: bool = False) -> StepSampling:
     """What the step's rows ask of the sampler; `grammar`: whether some row is constrained."""
-    params = out.sampling_params
+    return _asked(sampling_rows(out), eos_token_ids, grammar)
+
+
+def _asked(rows: SamplingRows, eos_token_ids: tuple[int, ...], grammar: bool = False) -> StepSampling:
+    """What the sampling rows ask of the sampler (`step_sampling`, once the rows are known)."""
+    params = rows.params
     sampled = [p for p in params if not p.is_greedy]
     return StepSampling(
         sampled=sampled,
-        banned=_banned_tokens(out, eos_token_ids),
+        banned=_banned_tokens(rows, eos_token_ids),
         biases=[
             (row, token_id, bias)
             for row, p in enumerate(params)
@@ -164,7 +198,7 @@ def step_sampling(out: SchedulerOutput, eos_token_ids: tuple[int, ...], grammar:
             for token_id, bias in p.logit_bias.items()
         ],
         logprobs=[p.logprobs for p in params if p.logprobs is not None],
-        penalties=out.penalty_token_ids is not None,
+        penalties=rows.penalty_token_ids is not None,
         min_p=any(p.min_p > 0 for p in sampled),
         top_k=any(p.top_k > 0 for p in sampled),
         top_p=any(p.top_p < 1 for p in sampled),
@@ -176,14 +210,16 @@ def step_sampling(out: SchedulerOutput, eos_token_ids: tuple[int, ...], grammar:
 def sampling_tensors(
     out: SchedulerOutput, vocab_size: int, eos_token_ids: tuple[int, ...], to_device: ToDevice
 ) -> SamplingTensors | None:
-    """The step's sampling settings as tensors; None when every row is plain greedy without logprobs.
-    Grammar masks are not among them: the runner adds them once they are filled."""
-    params = out.sampling_params
-    asked = step_sampling(out, eos_token_ids)
+    """The step's sampling settings as tensors, a row per sampling row (`sampling_rows`); None when every
+    row is plain greedy without logprobs. Grammar masks are not among them: the runner adds them once
+    they are filled."""
+    rows = sampling_rows(out)
+    params = rows.params
+    asked = _asked(rows, eos_token_ids)
     if not (asked.sampled or asked.needs_full_sampler or asked.logprobs):
         return None
     tensors = SamplingTensors(
-        penalties=_penalty_tensors(out, vocab_size, to_device) if asked.penalties else None,
+        penalties=_penalty_tensors(rows, vocab_size, to_device) if asked.penalties else None,
         banned=to_device(asked.banned, torch.int64).T if asked.banned else None,
         num_logprobs=max(asked.logprobs) if asked.logprobs else None,
     )
@@ -202,7 +238,7 @@ def sampling_tensors(
     if asked.top_p:
         tensors.top_p = to_device([p.top_p for p in params], torch.float32)
     if asked.seeded:
-        positions = _sample_positions(out)
+        positions = rows.positions
         tensors.seeded_rows = to_device(asked.seeded, torch.int64)
         tensors.seeds = to_device([request_noise_key(params[row].seed) for row in asked.seeded], torch.int64)
         # the new token's position: the same at this point of the request whatever the batch

@@ -2,7 +2,7 @@
 
 import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import accumulate, chain
 
 import torch
@@ -14,9 +14,10 @@ from nanovllm.core.structured_output import GrammarBitmasks
 from nanovllm.layers.attention import Attention, make_attention_backend
 from nanovllm.layers.fp8_linear import dequantize_tensor, quantize_weights, store_fp8_weights
 from nanovllm.models import model_class
-from nanovllm.sample.metadata import SamplingTensors, sampling_tensors, step_sampling
+from nanovllm.sample.metadata import SamplingTensors, sampling_rows, sampling_tensors, step_sampling
 from nanovllm.sample.sampler import Sampler, SamplerOutput, token_logprobs
 from nanovllm.sampling_params import SamplingParams
+from nanovllm.spec_decode.verification import VerifiedDrafts, first_sampling_rows, verify_drafts
 from nanovllm.utils.context import Context, forward_context
 from nanovllm.utils.loader import load_dummy_weights, load_model
 from nanovllm.utils.parallel import (
@@ -69,7 +70,10 @@ class ModelRunner(Executor):
     placeholder tokens are gathered from, and travel to the host behind the step
     (`PendingOutput`). A decode step samples its greedy and plain-temperature
     rows itself (`DecodeStep`), inside its CUDA graph, and hands its logits to
-    the full sampler when some row needs more: the LM head runs once a step. With
+    the full sampler when some row needs more: the LM head runs once a step. A
+    step with drafts (speculative decoding) runs as a varlen step, samples each
+    drafting request at every draft's position and after the last, and checks
+    the drafts on the device (`verify_drafts`). With
     `tensor_parallel_size > 1` this is rank `rank`: it joins the group at
     `store` (rank 0 serves it) and holds its share of the model and the cache;
     rank 0 samples and broadcasts the ids to the others.
@@ -104,6 +108,12 @@ class ModelRunner(Executor):
         )
         self.kv_cache: KVCache | None = None  # allocated once the start-up step has measured activations
         self.sampler = Sampler()
+        # sampling rows a step may have: one per request and, with speculation, one more per draft (each a
+        # scheduled token, so within the token budget)
+        self.max_sampling_rows = config.max_num_seqs
+        if config.speculative is not None:
+            with_drafts = config.max_num_seqs * (1 + config.speculative.num_speculative_tokens)
+            self.max_sampling_rows = max(config.max_num_seqs, min(with_drafts, config.token_budget))
         # [max_num_seqs]: the ids the latest step sampled, in its sampling-row order
         self.last_sampled = torch.zeros(config.max_num_seqs, dtype=torch.int64, device=self.device)
         self._forward = DeviceInputForward(self.model, self.last_sampled)
@@ -163,8 +173,8 @@ class ModelRunner(Executor):
         self._last_sampled_rows = {}
 
     def _warm_up(self) -> None:
-        # The largest prefill the config allows, and sampling for the largest
-        # decode batch, set the activation peak the KV-cache sizing must leave room for.
+        # The largest prefill the config allows, and sampling for the most rows a step samples (the largest
+        # decode batch, or its drafts too), set the activation peak the KV-cache sizing must leave room for.
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         # no step holds more than max_num_batched_tokens tokens: a longer prompt is chunked
@@ -176,9 +186,9 @@ class ModelRunner(Executor):
         for num_tokens in _powers_of_two(16, max_len // 2):
             self._run_start_up_step(start_up_step([[0] * num_tokens], [0], [[]]))
         logits = torch.zeros(
-            self.config.max_num_seqs, self.config.model_config.vocab_size, dtype=self.dtype, device=self.device
+            self.max_sampling_rows, self.config.model_config.vocab_size, dtype=self.dtype, device=self.device
         )
-        ones = torch.ones(self.config.max_num_seqs, device=self.device)
+        ones = torch.ones(self.max_sampling_rows, device=self.device)
         self.sampler(logits, SamplingTensors(temperatures=ones))
         # the truncation, logprobs and grammar-mask kernels compile now rather than under the first request
         # that asks for them (a compile takes a few hundred milliseconds, with the device idle)
@@ -373,7 +383,7 @@ class ModelRunner(Executor):
         words = (grammar.vocab_size + 31) // 32
         if not self._bitmask_hosts or self._bitmask_hosts[0][0].size(1) != words:
             pin = self.device.type == "cuda"
-            rows = self.config.max_num_seqs
+            rows = self.max_sampling_rows
             self._bitmask_hosts = [
                 (
                     torch.empty(rows, words, dtype=torch.int32, pin_memory=pin),
@@ -387,16 +397,26 @@ class ModelRunner(Executor):
         rows.numpy()[:] = grammar.rows
         return masks.to(self.device, non_blocking=True), rows.to(self.device, non_blocking=True)
 
-    def _sample(self, out: SchedulerOutput, logits: torch.Tensor, grammar: GrammarBitmasks | None) -> SamplerOutput:
-        """Rank 0: the step's sampling settings and grammar masks applied to its logits, the ids put in
-        `last_sampled`."""
+    def _sample(
+        self, out: SchedulerOutput, logits: torch.Tensor, grammar: GrammarBitmasks | None
+    ) -> tuple[SamplerOutput, VerifiedDrafts | None]:
+        """Rank 0: the step's sampling settings and grammar masks applied to its logits, the drafts checked
+        (in a step with drafts), and each request's new id put in `last_sampled`."""
         tensors = sampling_tensors(out, logits.shape[-1], self.eos_token_ids, self._to_device)
         if grammar is not None:
+            if out.draft_token_ids is not None:
+                # the masks' rows are requests; with drafts a request's first sampling row is further on
+                first_rows = first_sampling_rows(out.draft_token_ids)
+                grammar = replace(grammar, num_rows=logits.size(0), rows=[first_rows[row] for row in grammar.rows])
             tensors = tensors or SamplingTensors()
             tensors.bitmask, tensors.bitmask_rows = self._bitmask_on_device(grammar)
         sampled = self.sampler(logits, tensors)
-        self.last_sampled[: logits.size(0)].copy_(sampled.token_ids)
-        return sampled
+        if out.draft_token_ids is None:
+            self.last_sampled[: logits.size(0)].copy_(sampled.token_ids)
+            return sampled, None
+        verified = verify_drafts(sampled.token_ids, out.draft_token_ids, self._to_device)
+        self.last_sampled[: verified.last_token_ids.numel()].copy_(verified.last_token_ids)
+        return sampled, verified
 
     def _sampled_in_step(self, step: LaunchedForward) -> SamplerOutput:
         """The ids the decode step drew, with the logprobs its rows ask for read from its logits."""
@@ -421,8 +441,7 @@ class ModelRunner(Executor):
             hidden_states, cu_q = self._run_varlen(out)
             if out.prompt_scoring:
                 prompt_scores = self._score_prompts(out, hidden_states, cu_q)
-            sampling_rows = [cu_q[i + 1] - 1 for i, samples in enumerate(out.samples) if samples]
-            hidden_states = hidden_states[self._to_device(sampling_rows, torch.int64)]
+            hidden_states = hidden_states[self._to_device(_scored_tokens(out, cu_q), torch.int64)]
             sampled_in_step = False
         if out.sampled_req_ids and logits is None:
             logits = self.model.compute_logits(hidden_states)  # every rank joins the gather to rank 0
@@ -436,18 +455,20 @@ class ModelRunner(Executor):
         masks are filled here, while the device runs the forward pass."""
         out, prompt_scores = step.out, step.prompt_scores
         num_sampled = len(out.sampled_req_ids)
-        sampled = None
+        sampled = verified = None
         if num_sampled:
             if self.rank == 0:
-                sampled = (
-                    self._sampled_in_step(step) if step.sampled_in_step else self._sample(out, step.logits, grammar)
-                )
+                if step.sampled_in_step:
+                    sampled = self._sampled_in_step(step)
+                else:
+                    sampled, verified = self._sample(out, step.logits, grammar)
             if self.world_size > 1:
                 dist.broadcast(self.last_sampled[:num_sampled], src=0)
         self._last_sampled_rows = {req_id: row for row, req_id in enumerate(out.sampled_req_ids)}
         if self.rank != 0 or (sampled is None and prompt_scores is None):
             return None
-        return PendingOutput(sampled, [p.logprobs for p in out.sampling_params], prompt_scores)
+        params = out.sampling_params if verified is None else sampling_rows(out).params
+        return PendingOutput(sampled, [p.logprobs for p in params], prompt_scores, verified)
 
     def release_graphs(self) -> None:
         """Destroy the decode graphs now; later decode steps run eagerly. NCCL (2.26 on) destroys or
@@ -462,6 +483,18 @@ class ModelRunner(Executor):
         self.release_graphs()
         if self.world_size > 1:
             destroy_process_group()
+
+
+def _scored_tokens(out: SchedulerOutput, cu_q: list[int]) -> list[int]:
+    """The tokens of a varlen step whose hidden states give its sampling rows: each sampling request's last
+    token and, before it, the tokens that precede each of its drafts."""
+    drafts = iter(out.draft_token_ids or [])
+    rows = []
+    for i, samples in enumerate(out.samples):
+        if samples:
+            d = len(next(drafts)) if out.draft_token_ids is not None else 0
+            rows += range(cu_q[i + 1] - 1 - d, cu_q[i + 1])
+    return rows
 
 
 def _powers_of_two(low: int, high: int) -> list[int]:

@@ -8,6 +8,7 @@ from nanovllm.core.runner_output import ModelRunnerOutput
 from nanovllm.core.scheduler_output import PromptScoring
 from nanovllm.engine.messages import TokenLogprobs
 from nanovllm.sample.sampler import SamplerOutput
+from nanovllm.spec_decode.verification import VerifiedDrafts
 
 
 @dataclass
@@ -37,14 +38,21 @@ class PendingOutput:
     and an event marks their end, so `result()` waits for this step alone and
     never for work launched after it. The copies are made at once (on the CPU
     too), so later steps may overwrite the tensors they came from, as each
-    step does `last_sampled`.
+    step does `last_sampled`. `logprob_counts` holds each sampling row's number
+    of logprob alternatives; `verified` says, in a step with drafts, which rows
+    each request emits (else each request has one row, which it emits).
     """
 
     def __init__(
-        self, sampled: SamplerOutput | None, logprob_counts: list[int | None], prompt_scores: PromptScores | None = None
+        self,
+        sampled: SamplerOutput | None,
+        logprob_counts: list[int | None],
+        prompt_scores: PromptScores | None = None,
+        verified: VerifiedDrafts | None = None,
     ):
         host = lambda t: None if t is None else t.to("cpu", non_blocking=True, copy=True)
         self._token_ids = host(sampled.token_ids) if sampled is not None else None
+        self._emitted = None if verified is None else (verified.row_starts, host(verified.num_emitted))
         self._logprobs = None
         if sampled is not None and sampled.logprobs is not None:
             self._logprobs = (host(sampled.logprob_token_ids), host(sampled.logprobs), host(sampled.ranks))
@@ -63,7 +71,7 @@ class PendingOutput:
             self._event.record()
 
     def result(self) -> ModelRunnerOutput:
-        """Wait for the copies, then the token ids and logprobs as Python values."""
+        """Wait for the copies, then the token ids and logprobs as Python values, per request."""
         if self._event is not None:
             self._event.synchronize()
         token_ids = [] if self._token_ids is None else self._token_ids.tolist()
@@ -71,7 +79,16 @@ class PendingOutput:
         if self._logprobs is not None:
             ids, values, ranks = (t.tolist() for t in self._logprobs)
             logprobs = _entries(ids, values, ranks, self._logprob_counts)
-        return ModelRunnerOutput(token_ids, logprobs, self._prompt_logprobs())
+        if self._emitted is None:
+            runs = [slice(row, row + 1) for row in range(len(token_ids))]
+        else:
+            starts, num_emitted = self._emitted
+            runs = [slice(start, start + n) for start, n in zip(starts, num_emitted.tolist())]
+        return ModelRunnerOutput(
+            [token_ids[run] for run in runs],
+            None if logprobs is None else [None if logprobs[run.start] is None else logprobs[run] for run in runs],
+            self._prompt_logprobs(),
+        )
 
     def _prompt_logprobs(self) -> dict[str, list[TokenLogprobs]]:
         if self._prompt is None:

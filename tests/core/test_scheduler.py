@@ -46,13 +46,13 @@ def add_all(sched, *reqs):
 def step(sched, token=50):
     """One step read back at once (no overlap), every sampling request drawing `token`; returns the step."""
     out = sched.schedule()
-    sched.update(out, ModelRunnerOutput([token] * len(out.sampled_req_ids)))
+    sched.update(out, ModelRunnerOutput([[token]] * len(out.sampled_req_ids)))
     return out
 
 
 def read_back(sched, out, *tokens):
     """Update with the tokens a launched step sampled, one per sampling request; returns the outputs."""
-    return sched.update(out, ModelRunnerOutput(list(tokens)))
+    return sched.update(out, ModelRunnerOutput([[token] for token in tokens]))
 
 
 def test_prefill_runs_before_waiting_decodes():
@@ -182,7 +182,7 @@ def test_update_reports_logprobs_and_cached_tokens_per_request():
     add_all(sched, make_req("a", [2, 3, 4, 5, 6]), make_req("b", [2, 3, 4, 5, 7]), make_req("c", [8]))
     # a drew its second most likely token; b asked for no logprobs; c for no alternatives
     a_logprobs, c_logprobs = TokenLogprobs([50, 9], [-1.5, -0.5], 2), TokenLogprobs([70], [-0.25], 1)
-    result = ModelRunnerOutput([50, 60, 70], [a_logprobs, None, c_logprobs])
+    result = ModelRunnerOutput([[50], [60], [70]], [[a_logprobs], None, [c_logprobs]])
     # b found the block [2, 3, 4, 5] that a registered when it was admitted just before
     assert sched.update(sched.schedule(), result) == [
         EngineCoreOutput("a", [50], [a_logprobs], num_cached_tokens=0),
@@ -620,7 +620,7 @@ def test_update_reports_the_prompt_logprobs_of_a_chunk_that_samples_nothing_with
     out = sched.schedule()
     assert out.sampled_req_ids == ["d"]
     first = [TokenLogprobs([11], [-1.0], 2), TokenLogprobs([12], [-0.5], 1), TokenLogprobs([13], [-2.0], 5)]
-    assert sched.update(out, ModelRunnerOutput([60], None, {"a": first})) == [
+    assert sched.update(out, ModelRunnerOutput([[60]], None, {"a": first})) == [
         EngineCoreOutput("d", [60]),
         EngineCoreOutput("a", [], new_prompt_logprobs=first),
     ]
@@ -628,7 +628,7 @@ def test_update_reports_the_prompt_logprobs_of_a_chunk_that_samples_nothing_with
     out = sched.schedule()
     assert out.sampled_req_ids == ["d", "a"]
     last = [TokenLogprobs([14], [-0.25], 1)]
-    assert sched.update(out, ModelRunnerOutput([61, 70], None, {"a": last})) == [
+    assert sched.update(out, ModelRunnerOutput([[61], [70]], None, {"a": last})) == [
         EngineCoreOutput("d", [61]),
         EngineCoreOutput("a", [70], new_prompt_logprobs=last),
     ]

@@ -31,6 +31,10 @@ def test_render_reads_engine_load_and_counters_now():
         prefix_cache_queries=40,
         prefix_cache_hits=32,
         num_preemptions=5,
+        spec_decode_num_drafts=7,
+        spec_decode_num_draft_tokens=20,
+        spec_decode_num_accepted_tokens=11,
+        spec_decode_num_accepted_tokens_per_pos=[6, 4, 1],
     )
     got = samples(ServerMetrics(SimpleNamespace(stats=lambda: stats), "m"))
     assert got[("nanovllm:num_requests_running", None)] == 3
@@ -39,6 +43,11 @@ def test_render_reads_engine_load_and_counters_now():
     assert got[("nanovllm:prefix_cache_queries_total", None)] == 40
     assert got[("nanovllm:prefix_cache_hits_total", None)] == 32
     assert got[("nanovllm:num_preemptions_total", None)] == 5
+    assert got[("nanovllm:spec_decode_num_drafts_total", None)] == 7
+    assert got[("nanovllm:spec_decode_num_draft_tokens_total", None)] == 20
+    assert got[("nanovllm:spec_decode_num_accepted_tokens_total", None)] == 11
+    text = ServerMetrics(SimpleNamespace(stats=lambda: stats), "m").render().decode()
+    assert 'nanovllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="2"} 1.0' in text
 
 
 def test_request_timer_counts_tokens_latencies_and_reasons():

@@ -184,9 +184,13 @@ def test_logprob_entries_keep_each_rows_own_count_and_the_chosen_tokens_rank():
     values = torch.tensor([[-0.5, -0.5, -2.0], [-1.0, -1.0, -3.0], [-6.0, -1.0, -2.0]])
     ranks = torch.tensor([1, 1, 3])  # row 2 drew its third most likely token
     result = PendingOutput(SamplerOutput(ids[:, 0], ids, values, ranks), [2, None, 0]).result()
-    assert result.sampled_token_ids == [4, 1, 9]
+    assert result.sampled_token_ids == [[4], [1], [9]]
     # the chosen token stays first even where it is also an alternative: the front end merges them
-    assert result.logprobs == [TokenLogprobs([4, 4, 6], [-0.5, -0.5, -2.0], 1), None, TokenLogprobs([9], [-6.0], 3)]
+    assert result.logprobs == [
+        [TokenLogprobs([4, 4, 6], [-0.5, -0.5, -2.0], 1)],
+        None,
+        [TokenLogprobs([9], [-6.0], 3)],
+    ]
 
 
 def test_prompt_scores_are_split_per_request_in_job_order_and_cut_to_each_jobs_count():
@@ -208,4 +212,4 @@ def test_prompt_scores_are_split_per_request_in_job_order_and_cut_to_each_jobs_c
 
 def test_a_step_without_logprobs_gives_none():
     result = PendingOutput(SamplerOutput(torch.tensor([4, 1])), [None, None]).result()
-    assert (result.sampled_token_ids, result.logprobs) == ([4, 1], None)
+    assert (result.sampled_token_ids, result.logprobs) == ([[4], [1]], None)

@@ -1,0 +1,51 @@
+"""The check of point-mass drafts (the n-gram method's) on the device.
+
+A request with d drafts has d + 1 sampling rows: the position of each draft and
+the one after the last. Each row is sampled with the request's own sampler, as
+it would be without drafts (same settings, same seeded noise at the same
+position), and the drafts are kept while they equal the row sampled at their
+position; the sample at the first mismatch (or after the last draft) is the
+next token. For a point-mass draft this is exact rejection sampling: a draft x
+is kept with probability p(x), and otherwise the token drawn follows p without
+x. Greedy rows take the argmax, so a greedy request keeps the longest prefix of
+drafts that greedy decoding would have produced.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import accumulate
+
+import torch
+
+ToDevice = Callable[[list, torch.dtype], torch.Tensor]
+
+
+@dataclass
+class VerifiedDrafts:
+    """What a speculative step keeps, per sampling request: how many of its rows' tokens it emits (the
+    kept drafts and the token after them) and the last of them, where its next step's input comes
+    from."""
+
+    row_starts: list[int]  # each request's first sampling row
+    num_emitted: torch.Tensor  # [requests] int64, from 1 to drafts + 1
+    last_token_ids: torch.Tensor  # [requests] int64
+
+
+def first_sampling_rows(draft_token_ids: list[list[int]]) -> list[int]:
+    """Each request's first sampling row, when each has one row per draft and one after them."""
+    return list(accumulate((len(drafts) + 1 for drafts in draft_token_ids), initial=0))[:-1]
+
+
+def verify_drafts(sampled: torch.Tensor, draft_token_ids: list[list[int]], to_device: ToDevice) -> VerifiedDrafts:
+    """Keep each request's drafts while they equal the tokens sampled at their positions. `sampled`:
+    [rows] int64, the requests' rows one after another (drafts + 1 each)."""
+    starts = first_sampling_rows(draft_token_ids)
+    width = max(len(drafts) for drafts in draft_token_ids) + 1
+    # [requests, width]: the drafts, then -1 at the position after the last and as padding, so that a run
+    # of matches always ends within a request's own rows (sampled ids are >= 0)
+    drafts = to_device([ids + [-1] * (width - len(ids)) for ids in draft_token_ids], torch.int64)
+    first_rows = to_device(starts, torch.int64)
+    rows = (first_rows.unsqueeze(1) + torch.arange(width, device=sampled.device)).clamp_max_(sampled.numel() - 1)
+    matches = sampled[rows] == drafts  # [requests, width]
+    num_emitted = matches.long().cumprod(dim=1).sum(dim=1) + 1
+    return VerifiedDrafts(starts, num_emitted, sampled[first_rows + num_emitted - 1])

@@ -1,0 +1,167 @@
+"""Scheduling with drafts: a request's last token and its drafts in one chunk, with blocks for them, within
+max_tokens, the model length, the token budget and the free blocks; the kept tokens confirmed and the
+rest rolled back, never registered in the prefix cache; a stop inside a kept run ends the request there."""
+
+from test_scheduler import EOS, make_req, make_scheduler
+
+from nanovllm.core.block_manager import chain_hash
+from nanovllm.core.request import RequestStatus
+from nanovllm.core.runner_output import ModelRunnerOutput
+from nanovllm.spec_decode.proposer import Proposer
+
+DRAFTS = [60, 61, 62]
+
+
+class FixedProposer(Proposer):
+    """Proposes `DRAFTS` (as many as fit) for every request, and records the contexts it was asked about."""
+
+    num_speculative_tokens = len(DRAFTS)
+
+    def __init__(self):
+        self.asked = []
+
+    def propose(self, token_ids, max_drafts):
+        self.asked += [list(ids) for ids in token_ids]
+        return [DRAFTS[:k] for k in max_drafts]
+
+
+def drafting_scheduler(**kwargs):
+    sched = make_scheduler(**kwargs)
+    sched.proposer = FixedProposer()
+    return sched
+
+
+def prefilled(sched, req, first_token=50):
+    """Admit `req` and read its prefill step back with `first_token`."""
+    sched.add_request(req)
+    out = sched.schedule()
+    sched.update(out, ModelRunnerOutput([[first_token]] * len(out.sampled_req_ids)))
+    return req
+
+
+def test_the_last_token_and_its_drafts_run_as_one_chunk_with_blocks_for_them():
+    sched = drafting_scheduler()
+    a = prefilled(sched, make_req("a", [10, 11, 12]))
+    out = sched.schedule()
+    assert out.token_ids == [[50, *DRAFTS]] and out.num_computed_tokens == [3]
+    assert out.draft_token_ids == [DRAFTS] and out.samples == [True]
+    # the first token drawn is the second of the completion, whatever the drafts
+    assert out.num_output_tokens == [1]
+    # the last token, three drafts and the token sampled after them
+    assert a.num_tokens == 8 and a.num_placeholders == 4 and a.num_computed_tokens == 7
+    assert len(a.block_table) == 2
+    assert sched.proposer.asked == [[10, 11, 12, 50]]
+
+
+def test_kept_drafts_are_confirmed_and_the_rest_rolled_back_unregistered():
+    sched = drafting_scheduler()
+    a = prefilled(sched, make_req("a", [10, 11, 12]))
+    bm = sched.block_manager
+    out = sched.schedule()
+    # 60 kept, 61 rejected: 70 was sampled in its place
+    [output] = sched.update(out, ModelRunnerOutput([[60, 70]]))
+    assert output.new_token_ids == [60, 70] and output.finish_reason is None
+    assert a.token_ids == [10, 11, 12, 50, 60, 70] and a.num_tokens == 6 and a.num_placeholders == 0
+    # positions 0-4 hold the right K/V; 70's position (where 61's K/V went) is computed again next step
+    assert a.num_computed_tokens == 5 and a.draft_token_ids == []
+    assert bm.blocks[a.block_table[0]].hash == chain_hash([10, 11, 12, 50])
+    assert bm.blocks[a.block_table[1]].hash == -1
+    out = sched.schedule()
+    assert out.token_ids == [[70, *DRAFTS]] and out.num_computed_tokens == [5]
+    assert len(a.block_table) == 3
+    sched.update(out, ModelRunnerOutput([[60, 61, 62, 63]]))
+    assert a.token_ids[-5:] == [70, 60, 61, 62, 63] and a.num_computed_tokens == 9
+    assert bm.blocks[a.block_table[1]].hash == -1  # [60, 70, 60, 61]: confirmed, registered once computed
+    sched.schedule()
+    assert bm.blocks[a.block_table[1]].hash == chain_hash([60, 70, 60, 61], chain_hash([10, 11, 12, 50]))
+    stats = sched.stats()
+    assert (stats.spec_decode_num_drafts, stats.spec_decode_num_draft_tokens) == (2, 6)
+    assert stats.spec_decode_num_accepted_tokens == 4
+    assert stats.spec_decode_num_accepted_tokens_per_pos == [2, 1, 1]
+    assert (a.num_drafts, a.num_draft_tokens, a.num_accepted_tokens) == (2, 6, 4)
+    assert a.speculation_summary() == "4 of 6 drafts kept (67%), 3.00 tokens a step"
+
+
+def test_drafts_stay_within_max_tokens_the_model_length_and_the_token_budget():
+    sched = drafting_scheduler()
+    a = prefilled(sched, make_req("a", [10, 11, 12], max_tokens=3))
+    # one token so far (blocks of 4 tokens): two more allowed, the last of them sampled after the drafts
+    assert sched.schedule().draft_token_ids == [DRAFTS[:1]]
+    assert a.num_output_tokens == 3
+    sched = drafting_scheduler(max_model_len=6)
+    b = prefilled(sched, make_req("b", [10, 11, 12]))
+    assert sched.schedule().draft_token_ids == [DRAFTS[:1]]
+    assert b.num_tokens == 6
+    sched = drafting_scheduler(max_num_batched_tokens=6, chunked=True)
+    sched.add_request(make_req("c", [10, 11]))
+    prefilled(sched, make_req("d", [20, 21]))
+    out = sched.schedule()
+    assert out.draft_token_ids == [DRAFTS, DRAFTS[:1]] and sum(out.num_scheduled_tokens) == 6
+
+
+def test_drafts_take_only_free_blocks_and_never_preempt():
+    sched = drafting_scheduler(num_blocks=3)
+    a = prefilled(sched, make_req("a", [10, 11, 12]))
+    b = prefilled(sched, make_req("b", [20, 21, 22, 23, 24]))
+    # a holds one block, b two: no block is free, so a drafts nothing, and b only within its second block
+    out = sched.schedule()
+    assert out.draft_token_ids == [[], DRAFTS[:2]]
+    assert sched.num_preemptions == 0 and len(a.block_table) == 1 and len(b.block_table) == 2
+
+
+def test_drafts_leave_the_blocks_later_requests_need_for_their_own_tokens():
+    sched = drafting_scheduler(num_blocks=3)
+    a, b = make_req("a", [10, 11, 12]), make_req("b", [20, 21, 22, 23])
+    sched.add_request(a)
+    sched.add_request(b)
+    sched.update(sched.schedule(), ModelRunnerOutput([[50], [50]]))
+    # one block is free, and b needs it for its fifth token: a may not draft into it, b drafts within it
+    out = sched.schedule()
+    assert out.draft_token_ids == [[], DRAFTS] and out.req_ids == ["a", "b"]
+    assert sched.num_preemptions == 0 and len(b.block_table) == 2
+
+
+def test_a_request_that_preempts_itself_leaves_without_drafts():
+    sched = make_scheduler(num_blocks=3)
+    b, a = make_req("b", [20, 21, 22]), make_req("a", [10, 11, 12])
+    sched.add_request(b)
+    sched.add_request(a)
+    for token in (50, 51):
+        sched.update(sched.schedule(), ModelRunnerOutput([[token], [token]]))
+    # each holds one block and needs a second for its fifth token; one is free, and b comes first
+    sched.proposer = FixedProposer()
+    out = sched.schedule()
+    assert out.req_ids == ["b"] and out.draft_token_ids == [DRAFTS]
+    assert a.status == RequestStatus.WAITING and sched.num_preemptions == 1
+    assert (a.num_tokens, a.num_placeholders, a.draft_token_ids) == (5, 0, [])
+
+
+def test_requests_that_read_their_tokens_one_at_a_time_get_no_drafts_and_force_a_read_back():
+    sched = drafting_scheduler()
+    penalised = prefilled(sched, make_req("p", [10, 11, 12], repetition_penalty=1.2))
+    scored = prefilled(sched, make_req("s", [20, 21, 22], prompt_logprobs=1))
+    assert sched.schedule().draft_token_ids is None and sched.proposer.asked == []
+    assert penalised.num_placeholders == scored.num_placeholders == 1
+    plain = make_req("q", [30, 31])
+    sched.add_request(plain)
+    sched.schedule()
+    # the plain request's token is in flight: the proposer needs it on the host
+    assert plain.num_placeholders == 1 and sched.needs_confirmed_tokens()
+
+
+def test_a_stop_inside_a_kept_run_ends_the_request_there():
+    sched = drafting_scheduler()
+    a = prefilled(sched, make_req("a", [10, 11, 12]))
+    out = sched.schedule()
+    [output] = sched.update(out, ModelRunnerOutput([[60, EOS, 62]]))
+    assert output.new_token_ids == [60, EOS] and output.finish_reason == "stop"
+    assert a.is_finished and sched.block_manager.num_free_blocks == 16
+
+
+def test_max_tokens_reached_inside_a_run_ends_it_with_length():
+    sched = drafting_scheduler()
+    prefilled(sched, make_req("a", [10, 11, 12], max_tokens=4, ignore_eos=True))
+    out = sched.schedule()
+    assert out.draft_token_ids == [DRAFTS[:2]]
+    [output] = sched.update(out, ModelRunnerOutput([[60, 61, 80]]))
+    assert output.new_token_ids == [60, 61, 80] and output.finish_reason == "length"
