@@ -219,7 +219,9 @@ class Scheduler:
                 room.append(free)
         if not candidates:
             return {}
-        drafts = self.proposer.propose([req.token_ids for req in candidates], room)
+        drafts = self.proposer.propose(
+            [req.token_ids for req in candidates], room, [req.request_id for req in candidates]
+        )
         return {req.request_id: ids for req, ids in zip(candidates, drafts) if ids}
 
     def _spare_blocks(self) -> int:
@@ -244,6 +246,7 @@ class Scheduler:
         assert not req.draft_token_ids, "a request gets drafts only once its own tokens have blocks"
         req.status = RequestStatus.WAITING
         self.block_manager.deallocate(req)
+        self._release_from_proposer(req)
         self.waiting.appendleft(req)
         self.num_preemptions += 1
 
@@ -376,12 +379,18 @@ class Scheduler:
             self.block_manager.deallocate(req)
         elif req.status == RequestStatus.WAITING:
             self.waiting.remove(req)
+        self._release_from_proposer(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         if req.num_drafts:
             logger.debug("request %s speculated: %s", req.request_id, req.speculation_summary())
         self.structured.remove(req.request_id)
         del self.requests[req.request_id]
+
+    def _release_from_proposer(self, req: Request) -> None:
+        # a proposer with state per request (a draft model's KV cache) frees it while the request waits
+        if self.proposer is not None:
+            self.proposer.release(req.request_id)
 
     def abort_all(self) -> list[str]:
         """Drop every live request; returns their ids."""

@@ -39,12 +39,9 @@ class EngineCore:
     def __init__(self, config: Config, eos_token_ids: tuple[int, ...], vocabulary=None):
         self.executor = make_executor(config, eos_token_ids)
         self.structured = StructuredOutputs(vocabulary)
+        self.proposer = make_proposer(config, self.executor.num_kvcache_blocks)
         self.scheduler = Scheduler(
-            config,
-            self.executor.num_kvcache_blocks,
-            eos_token_ids,
-            self.structured,
-            make_proposer(config.speculative),
+            config, self.executor.num_kvcache_blocks, eos_token_ids, self.structured, self.proposer
         )
         self.info = EngineCoreInfo(
             self.executor.num_kvcache_blocks,
@@ -118,6 +115,8 @@ class EngineCore:
         return self.scheduler.abort_all()
 
     def shutdown(self) -> None:
-        """Free the decode graphs and stop tensor-parallel workers now rather than when the core is
-        collected."""
+        """Free the decode graphs (a draft model's too) and stop tensor-parallel workers now rather than when
+        the core is collected."""
         self.executor.close()
+        if self.proposer is not None:
+            self.proposer.close()

@@ -27,7 +27,8 @@ class NgramProposer(Proposer):
         self.min_n = min_n
         self.max_n = max_n
 
-    def propose(self, token_ids: list[list[int]], max_drafts: list[int]) -> list[list[int]]:
+    def propose(self, token_ids: list[list[int]], max_drafts: list[int], request_ids: list[str]) -> list[list[int]]:
+        """The tokens after each request's best match (`request_ids` are not needed: a lookup keeps no state)."""
         if not token_ids:
             return []
         width = max(len(ids) for ids in token_ids) + self.max_n - 1

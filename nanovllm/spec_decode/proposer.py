@@ -4,7 +4,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from nanovllm.spec_decode.speculative_config import SpeculativeConfig
+    from nanovllm.config import Config
 
 
 class Proposer(ABC):
@@ -13,23 +13,33 @@ class Proposer(ABC):
     The scheduler asks once per step, for the running requests that may
     speculate, and schedules each request's guesses behind its last token; the
     model then checks them all in one forward pass. A method that proposes with
-    a model of its own (a draft model) implements the same call.
+    a model of its own (a draft model) keeps state per request id, which it
+    drops when the scheduler `release`s the request.
     `num_speculative_tokens` is the most guesses per request and step.
     """
 
     num_speculative_tokens: int
 
     @abstractmethod
-    def propose(self, token_ids: list[list[int]], max_drafts: list[int]) -> list[list[int]]:
-        """Per request (its prompt then completion, every token confirmed): at most `max_drafts[i]` guesses of
-        the tokens that follow, possibly none."""
+    def propose(self, token_ids: list[list[int]], max_drafts: list[int], request_ids: list[str]) -> list[list[int]]:
+        """Per request (its prompt then completion, every token confirmed, and its id): at most
+        `max_drafts[i]` guesses of the tokens that follow, possibly none."""
+
+    def release(self, request_id: str) -> None:
+        """The request no longer runs (it finished, was aborted or preempted): drop what is kept for it.
+        A method that keeps nothing per request ignores it."""
+
+    def close(self) -> None:
+        """Free what the method holds on the device now rather than when it is collected."""
 
 
-def make_proposer(config: "SpeculativeConfig | None") -> Proposer | None:
-    """The proposer of the configured method; None without speculation."""
-    if config is None:
+def make_proposer(config: "Config", num_kvcache_blocks: int) -> Proposer | None:
+    """The proposer of the configured method (`config.speculative`); None without speculation.
+    `num_kvcache_blocks` is the target's KV capacity."""
+    spec = config.speculative
+    if spec is None:
         return None
-    assert config.method == "ngram", f"method {config.method!r} is refused where the config is read"
+    assert spec.method == "ngram", f"method {spec.method!r} is refused where the config is read"
     from nanovllm.spec_decode.ngram_proposer import NgramProposer
 
-    return NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max)
+    return NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)

@@ -20,7 +20,7 @@ class FixedProposer(Proposer):
     def __init__(self):
         self.asked = []
 
-    def propose(self, token_ids, max_drafts):
+    def propose(self, token_ids, max_drafts, request_ids):
         self.asked += [list(ids) for ids in token_ids]
         return [DRAFTS[:k] for k in max_drafts]
 

@@ -18,27 +18,32 @@ def reference(ids: list[int], min_n: int, max_n: int, k: int) -> list[int]:
     return []
 
 
+def proposals(proposer: NgramProposer, batch: list[list[int]], max_drafts: list[int]) -> list[list[int]]:
+    """The proposer's drafts for a batch of requests named 0, 1, ..."""
+    return proposer.propose(batch, max_drafts, [str(i) for i in range(len(batch))])
+
+
 def test_proposes_what_followed_the_latest_occurrence():
     proposer = NgramProposer(8, 1, 3)
     # "7 8 9" occurred twice; the latest is followed by 4 5
     ids = [7, 8, 9, 1, 2, 7, 8, 9, 4, 5, 6, 7, 8, 9]
-    assert proposer.propose([ids], [2]) == [[4, 5]]
+    assert proposals(proposer, [ids], [2]) == [[4, 5]]
 
 
 def test_a_longer_match_wins_over_a_later_shorter_one():
     proposer = NgramProposer(8, 1, 3)
     ids = [5, 6, 9, 1, 2, 3, 6, 9, 7, 7, 5, 6, 9]
-    assert proposer.propose([ids], [3]) == [[1, 2, 3]]
+    assert proposals(proposer, [ids], [3]) == [[1, 2, 3]]
 
 
 def test_nothing_below_the_minimum_length_and_nothing_beyond_max_drafts():
     proposer = NgramProposer(8, 2, 2)
-    assert proposer.propose([[3, 4, 5, 6, 4], [1, 2, 3, 1, 2], [9]], [3, 0, 3]) == [[], [], []]
-    assert proposer.propose([[1, 2, 3, 1, 2]], [5]) == [[3, 1, 2]]
+    assert proposals(proposer, [[3, 4, 5, 6, 4], [1, 2, 3, 1, 2], [9]], [3, 0, 3]) == [[], [], []]
+    assert proposals(proposer, [[1, 2, 3, 1, 2]], [5]) == [[3, 1, 2]]
 
 
 def test_proposals_stop_at_the_end_of_the_context():
-    assert NgramProposer(8, 1, 1).propose([[4, 4, 4]], [5]) == [[4]]
+    assert proposals(NgramProposer(8, 1, 1), [[4, 4, 4]], [5]) == [[4]]
 
 
 @pytest.mark.parametrize("min_n, max_n", [(1, 1), (1, 4), (2, 3), (3, 5)])
@@ -48,5 +53,5 @@ def test_a_batch_matches_the_plain_loop(min_n, max_n):
     batch = [[rng.randrange(4) for _ in range(rng.randrange(1, 60))] for _ in range(200)]
     max_drafts = [rng.randrange(0, 6) for _ in batch]
     expected = [reference(ids, min_n, max_n, min(k, 4)) if k else [] for ids, k in zip(batch, max_drafts)]
-    assert NgramProposer(4, min_n, max_n).propose(batch, max_drafts) == expected
+    assert proposals(NgramProposer(4, min_n, max_n), batch, max_drafts) == expected
     assert any(expected) and not all(expected)

@@ -36,7 +36,7 @@ class ReferenceProposer(Proposer):
         self.num_speculative_tokens = num_speculative_tokens
         self.wrong = wrong
 
-    def propose(self, token_ids: list[list[int]], max_drafts: list[int]) -> list[list[int]]:
+    def propose(self, token_ids: list[list[int]], max_drafts: list[int], request_ids: list[str]) -> list[list[int]]:
         proposals = []
         for ids, k in zip(token_ids, max_drafts):
             [sequence] = [s for s in self.sequences if s[: len(ids)] == ids]
@@ -198,7 +198,9 @@ def test_requests_that_may_not_speculate_run_beside_those_that_do(qwen3_dir, pro
     llm = spec_engine(qwen3_dir, ReferenceProposer(full_sequences(prompts, plain)))
     asked = []
     propose = llm.client.core.scheduler.proposer.propose
-    llm.client.core.scheduler.proposer.propose = lambda ids, room: asked.extend(ids) or propose(ids, room)
+    llm.client.core.scheduler.proposer.propose = lambda ids, room, req_ids: (
+        asked.extend(ids) or propose(ids, room, req_ids)
+    )
     outputs = llm.generate(prompts, params, use_tqdm=False)
     assert token_ids(outputs) == token_ids(plain)
     assert outputs[3].outputs[0].text.strip() in ("w5", "w7")
@@ -219,8 +221,8 @@ class NoisyProposer(ReferenceProposer):
         super().__init__(sequences, num_speculative_tokens=4)
         self.rng = random.Random(seed)
 
-    def propose(self, token_ids: list[list[int]], max_drafts: list[int]) -> list[list[int]]:
-        right = super().propose(token_ids, [self.rng.randint(0, k) for k in max_drafts])
+    def propose(self, token_ids: list[list[int]], max_drafts: list[int], request_ids: list[str]) -> list[list[int]]:
+        right = super().propose(token_ids, [self.rng.randint(0, k) for k in max_drafts], request_ids)
         return [[t if self.rng.random() < 0.7 else self.rng.randrange(2, 512) for t in ids] for ids in right]
 
 
