@@ -11,7 +11,7 @@ import os
 import types
 import typing
 import warnings
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING
 
 from nanovllm.spec_decode.speculative_config import SpeculativeConfig
@@ -117,7 +117,8 @@ class Config:
     vLLM does; "vllm" keeps the engine's own defaults; a folder path reads that
     folder's file instead.
     `speculative_config` (vLLM's dict; `spec_decode/speculative_config.py` lists the keys) makes requests
-    propose tokens that the model checks several at a time.
+    propose tokens that the model checks several at a time; with method "draft_model" its 'model' folder
+    is checked here as a model of its own (`draft_config`), with the target's vocabulary size.
     `trust_remote_code` is accepted as vLLM accepts it and changes nothing (a
     warning says so when it is True): only built-in architectures load.
     Each field's one-line help (its metadata) is what `nanovllm serve --help` shows.
@@ -208,6 +209,8 @@ class Config:
     # the linear weights' FP8 layout: the checkpoint's, else per channel with quantization="fp8"; None: none
     fp8_weights: "Fp8Weights | None" = field(init=False)
     speculative: SpeculativeConfig | None = field(init=False)  # speculative_config read; None: no speculation
+    # with method "draft_model": the draft model's runner's Config (see `_resolve_draft_config`); else None
+    draft_config: "Config | None" = field(init=False, repr=False)
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs) -> "Config":
@@ -249,6 +252,7 @@ class Config:
                 f"max_model_len ({self.context_len}), or a long prompt could never be scheduled; "
                 f"raise max_num_batched_tokens, lower max_model_len or set enable_chunked_prefill=True"
             )
+        self.draft_config = self._resolve_draft_config()
 
     @property
     def max_blocks_per_seq(self) -> int:
@@ -464,6 +468,38 @@ class Config:
                 f"{model.sliding_window} tokens; use attention_backend 'triton' or 'auto', or set "
                 f"max_model_len <= {model.sliding_window} (it is {self.context_len}), where the window changes nothing"
             )
+
+    def _resolve_draft_config(self) -> "Config | None":
+        """With method "draft_model": the Config of the draft's runner, this one with the draft's folder, the
+        same model length, one rank and no speculation of its own, checked now (its folder, its length
+        limit, a vocabulary the same size as the target's); None for any other method."""
+        spec = self.speculative
+        if spec is None or spec.method != "draft_model":
+            return None
+        if self.tensor_parallel_size > 1:
+            raise ValueError(
+                "speculative_config method 'draft_model' runs with tensor_parallel_size=1 only (for now); "
+                "lower tensor_parallel_size or use method 'ngram'"
+            )
+        try:
+            # the draft's own generation_config.json is never read: requests sample with the target's defaults
+            draft = replace(
+                self,
+                model=spec.model,
+                max_model_len=self.context_len,
+                speculative_config=None,
+                generation_config="vllm",
+                trust_remote_code=False,
+            )
+        except (ValueError, FileNotFoundError) as e:
+            raise type(e)(f"speculative_config 'model' (the draft model {spec.model!r}): {e}") from e
+        vocab, draft_vocab = self.model_config.vocab_size, draft.model_config.vocab_size
+        if draft_vocab != vocab:
+            raise ValueError(
+                f"speculative_config 'model' {spec.model!r} has a vocabulary of {draft_vocab} tokens but the target "
+                f"model {self.model!r} has {vocab}; the draft model must share the target's tokenizer"
+            )
+        return draft
 
     def _check_generation_config(self) -> None:
         if self.generation_config in ("auto", "vllm"):

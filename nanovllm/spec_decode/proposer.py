@@ -34,12 +34,15 @@ class Proposer(ABC):
 
 
 def make_proposer(config: "Config", num_kvcache_blocks: int) -> Proposer | None:
-    """The proposer of the configured method (`config.speculative`); None without speculation.
-    `num_kvcache_blocks` is the target's KV capacity."""
+    """The proposer of the configured method (`config.speculative`); None without speculation. A draft model
+    gets a KV cache of `num_kvcache_blocks` blocks, as many as the target's."""
     spec = config.speculative
     if spec is None:
         return None
-    assert spec.method == "ngram", f"method {spec.method!r} is refused where the config is read"
+    if spec.method == "draft_model":
+        from nanovllm.spec_decode.draft_model_proposer import DraftModelProposer
+
+        return DraftModelProposer(config, num_kvcache_blocks)
     from nanovllm.spec_decode.ngram_proposer import NgramProposer
 
     return NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)

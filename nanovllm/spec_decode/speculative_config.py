@@ -3,10 +3,12 @@
 Imports nothing heavy: the command line builds its flags from `Config` without torch.
 """
 
+import os
 from dataclasses import dataclass
 
 _METHODS = ("ngram", "draft_model")
 _KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+_LOOKUP_KEYS = ("prompt_lookup_min", "prompt_lookup_max")
 # vLLM's n-gram size when neither bound is given
 _DEFAULT_LOOKUP = 5
 
@@ -19,22 +21,41 @@ def _positive_int(settings: dict, key: str) -> int | None:
     return value
 
 
+def _draft_model(settings: dict) -> str:
+    """The draft model's folder, `settings['model']`, as a string; ValueError when it is missing or not a path
+    (whether the folder holds a model is checked where it is loaded)."""
+    model = settings.get("model")
+    if not isinstance(model, (str, os.PathLike)) or not os.fspath(model):
+        raise ValueError(
+            f"speculative_config method 'draft_model' needs 'model', the local folder of a smaller model with "
+            f"the target's tokenizer, got {model!r}"
+        )
+    return os.fspath(model)
+
+
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """How requests speculate: `method` "ngram" proposes, for each request, the
-    `num_speculative_tokens` tokens that followed the latest earlier occurrence
-    of its last n tokens (n from `prompt_lookup_max` down to `prompt_lookup_min`)
-    in its prompt and completion; the target model checks them all in one step."""
+    """How requests speculate; the target model checks each step's proposals in one forward pass.
+
+    Method "ngram" proposes, for each request, the `num_speculative_tokens`
+    tokens that followed the latest earlier occurrence of its last n tokens (n
+    from `prompt_lookup_max` down to `prompt_lookup_min`) in its prompt and
+    completion. Method "draft_model" proposes the `num_speculative_tokens`
+    tokens that the model in folder `model` (smaller, with the target's
+    vocabulary) decodes greedily after them. Each method leaves the other's
+    fields None.
+    """
 
     method: str
     num_speculative_tokens: int
-    prompt_lookup_min: int
-    prompt_lookup_max: int
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+    model: str | None = None
 
     @classmethod
     def from_dict(cls, settings: dict) -> "SpeculativeConfig":
         """Read vLLM's keys; ValueError that says what to change for an unknown key or a bad value.
-        Either lookup bound alone sets both; neither gives 5."""
+        For "ngram", either lookup bound alone sets both; neither gives 5."""
         if not isinstance(settings, dict):
             raise ValueError(
                 f"speculative_config must be a dict such as {{'method': 'ngram', 'num_speculative_tokens': 3}}, "
@@ -49,15 +70,19 @@ class SpeculativeConfig:
         method = settings.get("method")
         if method not in _METHODS:
             raise ValueError(f"speculative_config 'method' must be one of {', '.join(_METHODS)}, got {method!r}")
-        if method == "draft_model":
-            raise ValueError(
-                "speculative_config method 'draft_model' is not supported yet; use {'method': 'ngram', ...}"
-            )
-        if "model" in settings:
-            raise ValueError("speculative_config 'model' names a draft model, which method 'ngram' does not take")
         num_tokens = _positive_int(settings, "num_speculative_tokens")
         if num_tokens is None:
             raise ValueError("speculative_config needs 'num_speculative_tokens', the tokens proposed per step (>= 1)")
+        if method == "draft_model":
+            lookup = [key for key in _LOOKUP_KEYS if key in settings]
+            if lookup:
+                raise ValueError(
+                    f"speculative_config {', '.join(map(repr, lookup))} sets the n-gram lookup, which method "
+                    f"'draft_model' does not take"
+                )
+            return cls(method, num_tokens, model=_draft_model(settings))
+        if "model" in settings:
+            raise ValueError("speculative_config 'model' names a draft model, which method 'ngram' does not take")
         low, high = _positive_int(settings, "prompt_lookup_min"), _positive_int(settings, "prompt_lookup_max")
         low, high = low or high or _DEFAULT_LOOKUP, high or low or _DEFAULT_LOOKUP
         if low > high:

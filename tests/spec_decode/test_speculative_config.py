@@ -14,6 +14,11 @@ def test_ngram_settings_are_read_with_vllms_names():
     assert SpeculativeConfig.from_dict(settings) == SpeculativeConfig("ngram", 4, 2, 3)
 
 
+def test_draft_model_settings_are_read_with_vllms_names():
+    settings = {"method": "draft_model", "model": "/models/small", "num_speculative_tokens": 4}
+    assert SpeculativeConfig.from_dict(settings) == SpeculativeConfig("draft_model", 4, model="/models/small")
+
+
 @pytest.mark.parametrize(
     "bounds, expected",
     [({}, (5, 5)), ({"prompt_lookup_max": 3}, (3, 3)), ({"prompt_lookup_min": 2}, (2, 2))],
@@ -30,7 +35,13 @@ def test_a_missing_lookup_bound_takes_the_other_or_five(bounds, expected):
         ({"method": "ngram", "num_speculative_tokens": 2, "n": 1}, r"unknown key\(s\) 'n'; valid ones are: method"),
         ({"num_speculative_tokens": 2}, "'method' must be one of ngram, draft_model, got None"),
         ({"method": "eagle", "num_speculative_tokens": 2}, "got 'eagle'"),
-        ({"method": "draft_model", "model": "/d", "num_speculative_tokens": 2}, "not supported yet"),
+        ({"method": "draft_model", "num_speculative_tokens": 2}, "needs 'model', the local folder"),
+        ({"method": "draft_model", "model": 3, "num_speculative_tokens": 2}, "needs 'model'.*got 3"),
+        ({"method": "draft_model", "model": "/d"}, "needs 'num_speculative_tokens'"),
+        (
+            {"method": "draft_model", "model": "/d", "num_speculative_tokens": 2, "prompt_lookup_max": 3},
+            "does not take",
+        ),
         ({"method": "ngram", "model": "/d", "num_speculative_tokens": 2}, "does not take"),
         ({"method": "ngram"}, "needs 'num_speculative_tokens'"),
         ({"method": "ngram", "num_speculative_tokens": 0}, "must be an integer >= 1, got 0"),
@@ -50,7 +61,7 @@ def test_config_reads_speculative_config_and_refuses_a_bad_one(qwen3_dir):
     assert config.speculative == SpeculativeConfig("ngram", 3, 5, 5)
     with pytest.raises(ValueError, match="speculative_config must be a dict, got 'ngram'"):
         Config.from_kwargs(qwen3_dir, speculative_config="ngram")
-    with pytest.raises(ValueError, match="not supported yet"):
+    with pytest.raises(ValueError, match="needs 'model'"):
         Config.from_kwargs(qwen3_dir, speculative_config={"method": "draft_model", "num_speculative_tokens": 3})
 
 
