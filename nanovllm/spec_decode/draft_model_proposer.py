@@ -62,7 +62,8 @@ class DraftModelProposer(Proposer):
     call overwrites, as it starts from the first token that differs. A
     request's blocks go back when the scheduler releases it (finished,
     aborted or preempted); should the cache run short all the same, a request
-    gets no drafts that step.
+    that does not fit gets no drafts that step and its cache is dropped (to be
+    computed afresh at a later step).
 
     Greedy drafts are point masses, so the target's sample-and-compare
     verification keeps its output distribution exact.
