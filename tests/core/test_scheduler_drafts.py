@@ -13,16 +13,21 @@ DRAFTS = [60, 61, 62]
 
 
 class FixedProposer(Proposer):
-    """Proposes `DRAFTS` (as many as fit) for every request, and records the contexts it was asked about."""
+    """Proposes `DRAFTS` (as many as fit) for every request, and records the contexts it was asked about and
+    the requests released."""
 
     num_speculative_tokens = len(DRAFTS)
 
     def __init__(self):
         self.asked = []
+        self.released = []
 
     def propose(self, token_ids, max_drafts, request_ids):
         self.asked += [list(ids) for ids in token_ids]
         return [DRAFTS[:k] for k in max_drafts]
+
+    def release(self, request_id):
+        self.released.append(request_id)
 
 
 def drafting_scheduler(**kwargs):
@@ -134,6 +139,17 @@ def test_a_request_that_preempts_itself_leaves_without_drafts():
     assert out.req_ids == ["b"] and out.draft_token_ids == [DRAFTS]
     assert a.status == RequestStatus.WAITING and sched.num_preemptions == 1
     assert (a.num_tokens, a.num_placeholders, a.draft_token_ids) == (5, 0, [])
+    assert sched.proposer.released == ["a"]
+
+
+def test_the_proposer_is_told_when_a_request_finishes_or_is_aborted():
+    sched = drafting_scheduler()
+    prefilled(sched, make_req("a", [10, 11, 12], max_tokens=1))
+    assert sched.proposer.released == ["a"]
+    prefilled(sched, make_req("b", [20, 21]))
+    sched.add_request(make_req("c", [30]))
+    sched.abort(["b", "c"])
+    assert sched.proposer.released == ["a", "b", "c"]
 
 
 def test_requests_that_read_their_tokens_one_at_a_time_get_no_drafts_and_force_a_read_back():
