@@ -68,7 +68,7 @@ class FlashAttentionBackend(TritonAttentionBackend):
             k_cache,
             v_cache,
             cache_seqlens=context.context_lens,
-            block_table=context.block_tables,
+            block_table=context.query_block_tables(),
             softmax_scale=scale,
             causal=True,
         )

@@ -304,14 +304,15 @@ class TorchAttentionBackend:
         window: int | None = None,
         softcap: float | None = None,
     ) -> torch.Tensor:
-        """One query per sequence over its `context_lens[i]` cached tokens (the last `window` of them, when
-        given; scores soft-capped at `softcap`, when given)."""
-        # q: [seqs, heads, d]; block_tables: [seqs, max_blocks]
+        """Each query over its `context_lens[i]` cached tokens (the last `window` of them, when given; scores
+        soft-capped at `softcap`, when given)."""
+        # q: [queries, heads, d]; query_block_tables(): [queries, max_blocks]
         cache = _CacheReader(k_cache, v_cache, k_scale, v_scale, q.dtype)
         scoring = _Scoring(scale, softcap, window)
-        queries = q.unsqueeze(2)  # [seqs, heads, 1, d]
+        queries = q.unsqueeze(2)  # [queries, heads, 1, d]
         parts = []
-        for i, (table, length) in enumerate(zip(context.block_tables.tolist(), context.context_lens.tolist())):
+        tables, lengths = context.query_block_tables().tolist(), context.context_lens.tolist()
+        for i, (table, length) in enumerate(zip(tables, lengths)):
             first = 0 if window is None else max(0, length - window)  # the query sees every key read
             parts += _attend_cached(queries[i], cache, table, first, length, scoring, i)
         return _combine(parts, q.size(0))

@@ -69,4 +69,5 @@ class TritonAttentionBackend:
             seq_order=context.seq_order,
             window=window,
             softcap=softcap,
+            queries=context.queries_per_seq,
         )

@@ -1,10 +1,15 @@
 """Triton kernels: decode attention over the paged KV cache (flash-decoding).
 
-One query token per sequence. Layouts: q: [seqs, heads, head_dim];
+QUERIES query tokens per sequence: one in a plain decode step, the last token
+and its drafts (padded to a fixed count) in a speculative verify step. Layouts:
+q: [seqs * QUERIES, heads, head_dim], a sequence's queries one after another;
 k_cache, v_cache: [num_blocks, block_size, kv_heads, head_dim] (for an FP8
 cache, with k_scale, v_scale: [num_blocks, kv_heads, block_size] fp32);
-block_tables: [seqs, max_blocks] (int32); context_lens: [seqs] (0 = padded slot);
-seq_order: [seqs], optional, the sequences longest context first.
+block_tables: [seqs, max_blocks] (int32); context_lens: [seqs * QUERIES], the
+keys each query sees (0 = padded slot; a query sees positions 0 .. len - 1, so
+the causal mask among a sequence's queries is their lengths, and the last
+query of a sequence sees the most); seq_order: [seqs], optional, the sequences
+longest context first.
 
 Pass 1, grid (kv_heads, seqs, num_splits): a program takes one KV head, one
 sequence and one slice of the context. Programs start in launch order; with
@@ -13,10 +18,11 @@ that short ones fill the SMs at the end rather than one long context running
 on alone (the throughput workload's 256 sequences, H100: 208 us against 216 us
 in batch order). The KV heads of a sequence are neighbours in the launch order, so they
 read the interleaved head rows of the same pages at about the same time. All
-query heads of that KV head (the GQA group, padded to 16 rows for tl.dot)
-share each K/V tile it loads. It keeps an online softmax and writes its
+query heads of that KV head (the GQA group) of all the sequence's queries, padded
+to 16 rows for tl.dot, share each K/V tile it loads: a verify step reads the
+context once, not once per query. It keeps an online softmax and writes its
 slice's normalised output and log-sum-exp (base 2).
-Pass 2, grid (seqs, heads): merges the slices, weighting each by exp2(lse - max).
+Pass 2, grid (seqs * QUERIES, heads): merges the slices, weighting each by exp2(lse - max).
 With one split pass 1 writes the final output and pass 2 is skipped.
 
 With a sliding window (SLIDING, `window` W) a sequence's slices cover only its
@@ -77,7 +83,8 @@ def _decode_split_kernel(
     softcap_log2,
     PAGE: tl.constexpr,
     GROUP: tl.constexpr,
-    GROUP_PAD: tl.constexpr,
+    QUERIES: tl.constexpr,
+    ROWS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -96,31 +103,36 @@ def _decode_split_kernel(
     if ORDERED:
         seq = tl.load(seq_order_ptr + seq)
     split = tl.program_id(2)
-    context_len = tl.load(context_lens_ptr + seq)
-    first = 0  # the first position the query sees
+    # rows: GROUP heads of each of the sequence's QUERIES queries, query-major
+    r = tl.arange(0, ROWS_PAD)
+    r_mask = r < GROUP * QUERIES
+    tokens = seq * QUERIES + r // GROUP  # each row's query token
+    heads = kv_head * GROUP + r % GROUP
+    context_len = tl.load(context_lens_ptr + seq * QUERIES + QUERIES - 1)  # the last query sees the most
+    first = 0  # the first position some query sees
     if SLIDING:
-        first = tl.maximum(context_len - window, 0)
+        first = tl.maximum(tl.load(context_lens_ptr + seq * QUERIES) - window, 0)
     tiles_per_split = tl.cdiv(tl.cdiv(context_len - first, BLOCK_N), NUM_SPLITS)
     start = first + split * tiles_per_split * BLOCK_N
     end = tl.minimum(start + tiles_per_split * BLOCK_N, context_len)
 
-    g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, BLOCK_D)
-    heads = kv_head * GROUP + g
-    g_mask = g < GROUP
     d_mask = d < HEAD_DIM
-    o_rows = seq * stride_os + heads * stride_oh + split * stride_osp
-    lse_rows = lse_ptr + seq * stride_ls + heads * stride_lh + split
+    o_rows = tokens * stride_os + heads * stride_oh + split * stride_osp
+    lse_rows = lse_ptr + tokens * stride_ls + heads * stride_lh + split
     if start < end:
-        # q: [GROUP_PAD, BLOCK_D]
+        # q: [ROWS_PAD, BLOCK_D]
         q = tl.load(
-            q_ptr + seq * stride_qs + heads[:, None] * stride_qh + d[None, :],
-            mask=g_mask[:, None] & d_mask[None, :],
+            q_ptr + tokens[:, None] * stride_qs + heads[:, None] * stride_qh + d[None, :],
+            mask=r_mask[:, None] & d_mask[None, :],
             other=0.0,
         ).to(TILE_DTYPE)
-        m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-        l = tl.zeros([GROUP_PAD], tl.float32)
-        acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
+        if QUERIES > 1:
+            # each row's own end (and window start): a sequence's earlier queries see fewer keys
+            row_ends = tl.load(context_lens_ptr + tokens, mask=r_mask, other=0)
+        m = tl.full([ROWS_PAD], float("-inf"), tl.float32)
+        l = tl.zeros([ROWS_PAD], tl.float32)
+        acc = tl.zeros([ROWS_PAD, BLOCK_D], tl.float32)
         for tile in range(start, end, BLOCK_N):
             pos = tile + tl.arange(0, BLOCK_N)
             pos_mask = pos < end
@@ -144,11 +156,16 @@ def _decode_split_kernel(
                 PAGE,
                 QUANTIZED,
             )
+            seen = pos_mask[None, :]
+            if QUERIES > 1:
+                seen = seen & (pos[None, :] < row_ends[:, None])
+                if SLIDING:
+                    seen = seen & (pos[None, :] >= row_ends[:, None] - window)
             m, l, acc = online_softmax_step(
                 q,
                 k,
                 v,
-                pos_mask[None, :],
+                seen,
                 m,
                 l,
                 acc,
@@ -159,23 +176,25 @@ def _decode_split_kernel(
                 PRECISION,
                 QUANTIZED,
                 SOFTCAP,
-                False,  # the query sees every position of its slice
+                QUERIES > 1,  # an earlier query may see none of a slice's first tiles
             )
+        if QUERIES > 1:
+            l = tl.where(l > 0, l, 1.0)  # a row that saw no key of this slice: weight 0 (lse -inf) below
         tl.store(
             o_ptr + o_rows[:, None] + d[None, :],
             (acc / l[:, None]).to(o_ptr.dtype.element_ty),
-            mask=g_mask[:, None] & d_mask[None, :],
+            mask=r_mask[:, None] & d_mask[None, :],
         )
-        tl.store(lse_rows, m + tl.log2(l), mask=g_mask)
+        tl.store(lse_rows, m + tl.log2(l), mask=r_mask)
     else:
         # an empty slice (short contexts leave late ones empty) writes only its weight, zero: the
         # merge reads no output from it; with one slice the output is the result and reads zeros
-        tl.store(lse_rows, tl.full([GROUP_PAD], float("-inf"), tl.float32), mask=g_mask)
+        tl.store(lse_rows, tl.full([ROWS_PAD], float("-inf"), tl.float32), mask=r_mask)
         if NUM_SPLITS == 1:
             tl.store(
                 o_ptr + o_rows[:, None] + d[None, :],
-                tl.zeros([GROUP_PAD, BLOCK_D], o_ptr.dtype.element_ty),
-                mask=g_mask[:, None] & d_mask[None, :],
+                tl.zeros([ROWS_PAD, BLOCK_D], o_ptr.dtype.element_ty),
+                mask=r_mask[:, None] & d_mask[None, :],
             )
 
 
@@ -243,8 +262,11 @@ def decode_attention(
     seq_order: torch.Tensor | None = None,
     window: int | None = None,
     softcap: float | None = None,
+    queries: int = 1,
 ) -> torch.Tensor:
-    """Attention of one query per sequence over its `context_lens[i]` cached tokens -> [seqs, heads, head_dim].
+    """Attention of each query row i over the first `context_lens[i]` cached tokens of its sequence ->
+    [rows, heads, head_dim]; every sequence has `queries` rows, one after another (a verify step's last
+    token and drafts, padded), and one row of `block_tables`.
 
     `block_n` (None: `default_block_n`), `num_warps` and `num_stages` are the split
     kernel's tile and launch settings (benchmarks/decode_attention.py sweeps them). `k_scale`/`v_scale`
@@ -252,17 +274,18 @@ def decode_attention(
     best longest context first; it is followed where the batch takes one split per sequence. `window`:
     the query sees only the last `window` positions; `softcap`: each score s becomes softcap * tanh(s / softcap).
     """
-    num_seqs, num_heads, head_dim = q.shape
+    num_rows, num_heads, head_dim = q.shape
+    num_seqs = num_rows // queries
     page, num_kv_heads = k_cache.size(1), k_cache.size(2)
     assert q.stride(2) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
     if num_splits is None:
         num_splits = default_num_splits(num_seqs, num_kv_heads, q.device)
     group = num_heads // num_kv_heads
     block_d = triton.next_power_of_2(head_dim)
-    # partial: [seqs, heads, splits, head_dim] -- with one split it is the output itself
+    # partial: [rows, heads, splits, head_dim] -- with one split it is the output itself
     partial_dtype = q.dtype if num_splits == 1 else torch.float32
-    partial = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=partial_dtype, device=q.device)
-    lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    partial = torch.empty(num_rows, num_heads, num_splits, head_dim, dtype=partial_dtype, device=q.device)
+    lse = torch.empty(num_rows, num_heads, num_splits, dtype=torch.float32, device=q.device)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     pdl = pdl_launch(q.device)
     quantized = k_scale is not None
@@ -300,7 +323,8 @@ def decode_attention(
         (softcap or 0.0) * LOG2E,
         PAGE=page,
         GROUP=group,
-        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        QUERIES=queries,
+        ROWS_PAD=max(16, triton.next_power_of_2(group * queries)),
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
         BLOCK_N=block_n,
@@ -318,7 +342,7 @@ def decode_attention(
     if num_splits == 1:
         return partial.squeeze(2)
     out = torch.empty_like(q)
-    _merge_splits_kernel[(num_seqs, num_heads)](
+    _merge_splits_kernel[(num_rows, num_heads)](
         partial,
         lse,
         out,

@@ -19,7 +19,11 @@ class Context:
     prefix, and always over a cache whose keys are all read back from it
     (`KVCacheSpec.prefill_reads_cache`). Decode has one query per sequence,
     reading `context_lens[i]` keys through `block_tables[i]`; `max_seqlen_k` is
-    the largest of them.
+    the largest of them. A verify step (speculative decoding) is a decode step
+    of `queries_per_seq` queries per sequence, one after another: the last
+    token and its drafts, padded to that count; `context_lens` then has a
+    length per query (what each sees: its position + 1) and `block_tables` a
+    row per sequence.
     `seq_order`, where set, lists the decode rows longest context first, the
     order decode attention starts them in when it takes one split per row.
     """
@@ -35,6 +39,14 @@ class Context:
     context_lens: torch.Tensor | None = None  # [num_seqs]
     block_tables: torch.Tensor | None = None  # [num_seqs, max_blocks]; -1 pads
     seq_order: torch.Tensor | None = None  # [num_seqs]
+    queries_per_seq: int = 1
+
+    def query_block_tables(self) -> torch.Tensor:
+        """[decode queries, max_blocks]: each decode query's sequence's block table, for a backend that
+        attends query by query."""
+        if self.queries_per_seq == 1:
+            return self.block_tables
+        return self.block_tables.repeat_interleave(self.queries_per_seq, dim=0)
 
 
 # per thread: engines in different threads of one process (an online engine beside

@@ -15,6 +15,7 @@ from nanovllm.kernels.triton_attention import TritonAttentionBackend  # noqa: E4
 from nanovllm.kernels.triton_decode_attention import decode_attention  # noqa: E402
 from nanovllm.kernels.triton_norm_rotary_store import norm_rotate_store  # noqa: E402
 from nanovllm.layers.rotary_embedding import RotaryEmbedding, norm_rotate_qk_reference  # noqa: E402
+from nanovllm.utils.context import Context  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 requires_gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
@@ -89,6 +90,50 @@ def check_decode(case, num_splits=None, fp8=False, longest_first=False, nan_outs
 
 def decode_case(lengths, **kw):
     return paged_case(lengths, [n - 1 for n in lengths], **kw)
+
+
+def verify_case(lengths, queries, **kw):
+    """Sequences whose last `queries` tokens are new: a verify step's last token and drafts."""
+    return paged_case(lengths, [n - queries for n in lengths], **kw)
+
+
+def verify_lens(case, queries, real=None):
+    """[seqs * queries]: the keys each query sees, its position + 1. With `real` (per sequence, at most
+    `queries`) only that many queries are real and the padding rows repeat the last real one's length."""
+    real = real or [queries] * len(case.lengths)
+    lens = [c + 1 + min(j, n - 1) for c, n in zip(case.cached, real) for j in range(queries)]
+    return torch.tensor(lens, dtype=torch.int32, device=case.q.device)
+
+
+def check_verify(case, queries, num_splits=None, fp8=False, longest_first=False, real=None, **scoring):
+    """Decode attention of `queries` queries per sequence against the PyTorch backend's prefill of the same
+    tokens over their cached prefix: each query sees the cache up to itself. The PyTorch backend's own
+    decode of the same rows must agree too. With `real`, only each sequence's real rows are compared."""
+    caches = stored(case, fp8)
+    scale = case.q.size(-1) ** -0.5
+    context = replace(case.prefill_context(), block_tables=case.block_tables)
+    want = TorchAttentionBackend().prefill(case.q, case.k, case.v, *caches[:2], context, scale, *caches[2:], **scoring)
+    lens = verify_lens(case, queries, real)
+    decode_context = Context(context_lens=lens, block_tables=case.block_tables, queries_per_seq=queries)
+    order = torch.argsort(lens[queries - 1 :: queries], descending=True) if longest_first else None
+    got = decode_attention(
+        case.q,
+        *caches[:2],
+        case.block_tables,
+        lens,
+        scale,
+        num_splits,
+        seq_order=order,
+        queries=queries,
+        **dict(zip(["k_scale", "v_scale"], caches[2:])),
+        **scoring,
+    )
+    by_query = TorchAttentionBackend().decode(case.q, *caches[:2], decode_context, scale, *caches[2:], **scoring)
+    rows = [s * queries + j for s, n in enumerate(real or [queries] * len(case.lengths)) for j in range(n)]
+    tolerance = dict(atol=TOLERANCE[case.q.dtype], rtol=TOLERANCE[case.q.dtype])
+    torch.testing.assert_close(got[rows], want[rows], **tolerance)
+    torch.testing.assert_close(by_query[rows], want[rows], **tolerance)
+    assert torch.isfinite(got).all()
 
 
 class NanFilledEmpty:
@@ -207,6 +252,29 @@ def test_decode_interpreted_reads_no_output_of_an_empty_split(monkeypatch):
 
 
 @interpreter
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("queries", [2, 5])
+def test_verify_interpreted(num_splits, queries):
+    # contexts that end mid-tile, on a tile edge and just past one, so that some slices see only part of
+    # the queries' keys
+    check_verify(verify_case([6, 69, 70, 130], queries, block_size=16, **TINY), queries, num_splits)
+
+
+@interpreter
+@pytest.mark.parametrize("fp8", [False, True])
+def test_verify_with_padding_rows_interpreted(fp8):
+    case = verify_case([9, 40, 66], 4, block_size=16, **TINY)
+    check_verify(case, 4, num_splits=2, fp8=fp8, real=[1, 4, 2], longest_first=False)
+    check_verify(case, 4, num_splits=1, fp8=fp8, real=[3, 2, 4], longest_first=True)
+
+
+@interpreter
+@pytest.mark.parametrize("scoring", SCORINGS, ids=SCORING_IDS)
+def test_verify_with_window_and_softcap_interpreted(scoring):
+    check_verify(verify_case([10, 40, 70], 3, block_size=16, **TINY), 3, num_splits=2, **scoring)
+
+
+@interpreter
 def test_decode_padded_slot_gives_zeros_not_nan():
     case = decode_case([20, 3], block_size=16, **TINY)
     context_lens = torch.tensor([20, 0], dtype=torch.int32)
@@ -232,6 +300,23 @@ def test_decode_on_gpu(dtype, block_size, group, num_splits, head_dim):
         GPU_LENGTHS, block_size=block_size, heads=2 * group, kv_heads=2, head_dim=head_dim, dtype=dtype, device="cuda"
     )
     check_decode(case, num_splits)
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("group", [1, 2, 4, 8])
+@pytest.mark.parametrize("num_splits", [None, 1, 7])
+@pytest.mark.parametrize("queries", [2, 5, 8])
+@pytest.mark.parametrize("fp8", [False, True])
+def test_verify_on_gpu(dtype, group, num_splits, queries, fp8):
+    torch.manual_seed(0)
+    lengths = [n + queries for n in GPU_LENGTHS]
+    case = verify_case(
+        lengths, queries, block_size=16, heads=2 * group, kv_heads=2, head_dim=128, dtype=dtype, device="cuda"
+    )
+    real = [1 + i % queries for i in range(len(lengths))]
+    check_verify(case, queries, num_splits, fp8=fp8, real=real, longest_first=num_splits == 1)
 
 
 @pytest.mark.gpu
@@ -329,6 +414,15 @@ def test_decode_with_window_and_softcap_on_gpu(dtype, head_dim, num_splits, scor
     torch.manual_seed(0)
     case = decode_case(GPU_LENGTHS, block_size=16, heads=8, kv_heads=4, head_dim=head_dim, dtype=dtype, device="cuda")
     check_decode(case, num_splits, nan_outside="window" in scoring, **scoring)
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("scoring", GPU_SCORINGS, ids=GPU_SCORING_IDS)
+def test_verify_with_window_and_softcap_on_gpu(scoring):
+    lengths = [n + 5 for n in GPU_LENGTHS]
+    case = verify_case(lengths, 5, block_size=16, heads=8, kv_heads=4, head_dim=256, dtype=torch.bfloat16, device="cuda")
+    check_verify(case, 5, **scoring)
 
 
 @pytest.mark.gpu
