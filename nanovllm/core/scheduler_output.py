@@ -67,8 +67,12 @@ class SchedulerOutput:
 
     @property
     def is_decode(self) -> bool:
-        """Every request computes exactly one token and samples: the path CUDA graphs replay."""
-        return len(self.sampled_req_ids) == len(self.req_ids) and all(len(ids) == 1 for ids in self.token_ids)
+        """Every request samples and computes exactly its last token, and its drafts where it has some (a
+        verify step): the path CUDA graphs replay."""
+        if len(self.sampled_req_ids) != len(self.req_ids):
+            return False
+        drafts = self.draft_token_ids or [()] * len(self.req_ids)
+        return all(len(ids) == 1 + len(d) for ids, d in zip(self.token_ids, drafts))
 
     def without_sampling(self) -> "SchedulerOutput":
         """The same step less what only the sampling rank reads (settings and penalty tokens); the drafts

@@ -191,6 +191,17 @@ def _attend_cached(
     return parts
 
 
+def _in_row_order(parts: list[tuple[torch.Tensor, torch.Tensor, int]], num_rows: int) -> bool:
+    """Whether the parts cover rows 0 .. num_rows - 1 once each, in order (a padding row of a decode step
+    has no part, so counting rows alone could pair parts with the wrong rows)."""
+    expected = 0
+    for o, _, first in parts:
+        if first != expected:
+            return False
+        expected += o.size(1)
+    return expected == num_rows
+
+
 def _combine(parts: list[tuple[torch.Tensor, torch.Tensor, int]], num_rows: int) -> torch.Tensor:
     """Merge partial attention results into rows of the output by their log-sum-exp.
 
@@ -198,7 +209,7 @@ def _combine(parts: list[tuple[torch.Tensor, torch.Tensor, int]], num_rows: int)
     covering every row at least once -> [num_rows, heads, d]
     """
     o = torch.cat([p[0] for p in parts], dim=1).transpose(0, 1)  # [R, heads, d]
-    if o.size(0) == num_rows:  # one part per row, appended in row order: nothing to merge
+    if _in_row_order(parts, num_rows):  # nothing to merge
         return o
     lse = torch.cat([p[1] for p in parts], dim=1).transpose(0, 1)  # [R, heads]
     rows = torch.tensor(

@@ -98,8 +98,10 @@ class SamplingRows:
     penalty_token_ids: list[tuple[list[int], list[int]]] | None  # the row's request's (prompt, completion)
 
 
-def sampling_rows(out: SchedulerOutput) -> SamplingRows:
-    """The step's sampling rows (the requests' own lists when nothing drafts)."""
+def sampling_rows(out: SchedulerOutput, rows_per_request: int | None = None) -> SamplingRows:
+    """The step's sampling rows (the requests' own lists when nothing drafts). With drafts and
+    `rows_per_request` (a verify step padded to fixed shapes), each request has that many rows, those after
+    its last draft's as if it had more drafts; their draws are never kept."""
     positions = _sample_positions(out)
     if out.draft_token_ids is None:
         return SamplingRows(out.sampling_params, out.num_output_tokens, positions, out.penalty_token_ids)
@@ -107,10 +109,10 @@ def sampling_rows(out: SchedulerOutput) -> SamplingRows:
     for i, (params, num_output, end, drafts) in enumerate(
         zip(out.sampling_params, out.num_output_tokens, positions, out.draft_token_ids)
     ):
-        n = len(drafts) + 1
+        n = rows_per_request or len(drafts) + 1
         rows.params += [params] * n
         rows.num_output_tokens += range(num_output, num_output + n)
-        rows.positions += range(end - len(drafts), end + 1)
+        rows.positions += range(end - len(drafts), end - len(drafts) + n)
         if rows.penalty_token_ids is not None:
             rows.penalty_token_ids += [out.penalty_token_ids[i]] * n
     return rows
@@ -179,9 +181,11 @@ class StepSampling:
         )
 
 
-def step_sampling(out: SchedulerOutput, eos_token_ids: tuple[int, ...], grammar: bool = False) -> StepSampling:
-    """What the step's rows ask of the sampler; `grammar`: whether some row is constrained."""
-    return _asked(sampling_rows(out), eos_token_ids, grammar)
+def step_sampling(
+    out: SchedulerOutput, eos_token_ids: tuple[int, ...], grammar: bool = False, rows_per_request: int | None = None
+) -> StepSampling:
+    """What the step's rows ask of the sampler (`sampling_rows`); `grammar`: whether some row is constrained."""
+    return _asked(sampling_rows(out, rows_per_request), eos_token_ids, grammar)
 
 
 def _asked(rows: SamplingRows, eos_token_ids: tuple[int, ...], grammar: bool = False) -> StepSampling:
@@ -208,12 +212,16 @@ def _asked(rows: SamplingRows, eos_token_ids: tuple[int, ...], grammar: bool = F
 
 
 def sampling_tensors(
-    out: SchedulerOutput, vocab_size: int, eos_token_ids: tuple[int, ...], to_device: ToDevice
+    out: SchedulerOutput,
+    vocab_size: int,
+    eos_token_ids: tuple[int, ...],
+    to_device: ToDevice,
+    rows_per_request: int | None = None,
 ) -> SamplingTensors | None:
     """The step's sampling settings as tensors, a row per sampling row (`sampling_rows`); None when every
     row is plain greedy without logprobs. Grammar masks are not among them: the runner adds them once
     they are filled."""
-    rows = sampling_rows(out)
+    rows = sampling_rows(out, rows_per_request)
     params = rows.params
     asked = _asked(rows, eos_token_ids)
     if not (asked.sampled or asked.needs_full_sampler or asked.logprobs):

@@ -31,15 +31,20 @@ class VerifiedDrafts:
     last_token_ids: torch.Tensor  # [requests] int64
 
 
-def first_sampling_rows(draft_token_ids: list[list[int]]) -> list[int]:
-    """Each request's first sampling row, when each has one row per draft and one after them."""
+def first_sampling_rows(draft_token_ids: list[list[int]], rows_per_request: int | None = None) -> list[int]:
+    """Each request's first sampling row, when each has one row per draft and one after them, or
+    `rows_per_request` rows (a verify step padded to fixed shapes)."""
+    if rows_per_request is not None:
+        return list(range(0, len(draft_token_ids) * rows_per_request, rows_per_request))
     return list(accumulate((len(drafts) + 1 for drafts in draft_token_ids), initial=0))[:-1]
 
 
-def verify_drafts(sampled: torch.Tensor, draft_token_ids: list[list[int]], to_device: ToDevice) -> VerifiedDrafts:
+def verify_drafts(
+    sampled: torch.Tensor, draft_token_ids: list[list[int]], to_device: ToDevice, rows_per_request: int | None = None
+) -> VerifiedDrafts:
     """Keep each request's drafts while they equal the tokens sampled at their positions. `sampled`:
-    [rows] int64, the requests' rows one after another (drafts + 1 each)."""
-    starts = first_sampling_rows(draft_token_ids)
+    [rows] int64, the requests' rows one after another (drafts + 1 each, or `rows_per_request`)."""
+    starts = first_sampling_rows(draft_token_ids, rows_per_request)
     width = max(len(drafts) for drafts in draft_token_ids) + 1
     # [requests, width]: the drafts, then -1 at the position after the last and as padding, so that a run
     # of matches always ends within a request's own rows (sampled ids are >= 0)

@@ -1,4 +1,4 @@
-"""CUDA graphs of the decode step, one per batch size, replayed with padded slots."""
+"""CUDA graphs of the decode step, one per batch size (and per query count), replayed with padded slots."""
 
 from collections.abc import Callable
 
@@ -19,30 +19,50 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
     return sizes if sizes[-1] == largest else sizes + [largest]
 
 
+def verify_capture_sizes(max_num_seqs: int, queries: int, max_rows: int) -> list[int]:
+    """The decode sizes whose verify steps of `queries` queries per sequence hold at most `max_rows` queries."""
+    return [s for s in capture_sizes(max_num_seqs) if s * queries <= max_rows]
+
+
 class DecodeGraphs:
-    """Graphs of the runner's decode step, each reading the decode buffers' views of its size.
+    """Graphs of the runner's decode step, each reading the decode buffers' views of its shape.
 
     A batch of n sequences is padded to the smallest captured size >= n (the
-    buffers mark the padding rows), and that graph is replayed. The token ids
-    a step takes from the previous step's samples are gathered inside the graph,
-    and each graph's output stays in memory the graph owns, valid until the
-    next replay.
+    buffers mark the padding rows), and that graph is replayed. With
+    `verify_queries` (speculative decoding) the verify step, that many queries
+    per sequence, has graphs of its own, for the sizes whose queries number at
+    most `max_verify_rows` (`verify_capture_sizes`). The token ids a step takes from the previous step's
+    samples are gathered inside the graph, and each graph's output stays in
+    memory the graph owns, valid until the next replay.
     """
 
-    def __init__(self, step: DecodeFunction, buffers: DecodeBuffers, max_num_seqs: int):
+    def __init__(
+        self,
+        step: DecodeFunction,
+        buffers: DecodeBuffers,
+        max_num_seqs: int,
+        verify_queries: int | None = None,
+        max_verify_rows: int = 0,
+    ):
         self.step = step
         self.buffers = buffers
         self.sizes = capture_sizes(max_num_seqs)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.verify_queries = verify_queries
+        self.verify_sizes = []
+        if verify_queries is not None:
+            self.verify_sizes = verify_capture_sizes(max_num_seqs, verify_queries, max_verify_rows)
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, int], torch.Tensor] = {}
         self._capture_all()
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
         pool = None
-        for size in reversed(self.sizes):  # largest first, so smaller graphs fit in its pool
+        shapes = [(size, 1) for size in self.sizes] + [(size, self.verify_queries) for size in self.verify_sizes]
+        # largest first, so that smaller graphs fit in its pool
+        for size, queries in sorted(shapes, key=lambda shape: -shape[0] * shape[1]):
             input_ids, src_rows, positions, slot_mapping, context_lens, temperatures, seeds, seq_order, block_tables = (
-                self.buffers.views(size)
+                self.buffers.views(size, queries)
             )
             # padding rows, as the buffers define them; the views of sizes overlap, so a larger
             # size's -1s would otherwise be read here as token ids and positions
@@ -59,15 +79,16 @@ class DecodeGraphs:
                 context_lens=context_lens,
                 block_tables=block_tables,
                 seq_order=seq_order,
+                queries_per_seq=queries,
             )
             inputs = (input_ids, src_rows, positions, temperatures, seeds)
             with forward_context(context):
                 self.step(*inputs)  # compiles the kernels first
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool):
-                    self.outputs[size] = self.step(*inputs)
+                    self.outputs[size, queries] = self.step(*inputs)
             pool = graph.pool() if pool is None else pool
-            self.graphs[size] = graph
+            self.graphs[size, queries] = graph
             torch.cuda.synchronize()
 
     def release(self) -> None:
@@ -77,15 +98,17 @@ class DecodeGraphs:
         self.graphs.clear()
         self.outputs.clear()
 
-    def padded_size(self, num_seqs: int) -> int | None:
+    def padded_size(self, num_seqs: int, queries: int = 1) -> int | None:
         """The captured size a batch of `num_seqs` replays, or None when it is too large for any graph."""
-        return next((s for s in self.sizes if s >= num_seqs), None)
+        sizes = self.sizes if queries == 1 else self.verify_sizes if queries == self.verify_queries else []
+        return next((s for s in sizes if s >= num_seqs), None)
 
-    def captured(self, size: int) -> bool:
-        """Whether a graph of exactly `size` rows exists."""
-        return size in self.graphs
+    def captured(self, size: int, queries: int = 1) -> bool:
+        """Whether a graph of exactly `size` sequences of `queries` queries exists."""
+        return (size, queries) in self.graphs
 
-    def replay(self, size: int) -> torch.Tensor:
-        """The output of the decode step whose inputs are in the buffers' views of `size` ([size, ...])."""
-        self.graphs[size].replay()
-        return self.outputs[size]
+    def replay(self, size: int, queries: int = 1) -> torch.Tensor:
+        """The output of the decode step whose inputs are in the buffers' views of that shape ([size *
+        queries, ...])."""
+        self.graphs[size, queries].replay()
+        return self.outputs[size, queries]

@@ -7,39 +7,47 @@ import torch
 
 from nanovllm.sample.noise import draw_row_seeds
 
-_FIELDS = 8  # input_ids, src_rows, positions, slot_mapping, context_lens, temperatures, seeds, seq_order
+_TOKEN_FIELDS = 7  # per query: input_ids, src_rows, positions, slot_mapping, context_lens, temperatures, seeds
 _TEMPERATURES = 5
 
 
 class DecodeBuffers:
     """Two pinned host buffers, used in turn, and one device buffer holding a decode step's inputs.
 
-    For a step padded to `size` rows the int64 layout is
-    input_ids[size] | src_rows[size] | positions[size] | slot_mapping[size] | context_lens[size]
-    | temperatures[size] | seeds[size] | seq_order[size] | block_tables[size, width],
-    so the device views of a given size always sit at the same addresses: a CUDA
+    A step has `size` sequences (padded to a graph size) of `queries` query
+    tokens each: one in a plain decode step; in a verify step (speculative
+    decoding) the last token, then its drafts, then copies of the last real
+    query up to `queries` (padding within a sequence: same position, so the
+    same keys, and nothing stored). With rows = size * queries, a sequence's
+    queries one after another, the int64 layout is
+    input_ids[rows] | src_rows[rows] | positions[rows] | slot_mapping[rows] | context_lens[rows]
+    | temperatures[rows] | seeds[rows] | seq_order[size] | block_tables[size, width],
+    so the device views of a given shape always sit at the same addresses: a CUDA
     graph captured on them replays on the next step's copy. `src_rows[i] >= 0`
-    means row i's token is the previous step's sampled id of that row, still on
-    the device (the input id there is a placeholder). The temperatures are
-    float64 values in their int64 slots (the views reinterpret them), so that
-    they travel in the same copy. Each row's sampling noise comes from its seed,
+    means query i's token is the previous step's sampled id of that row, still
+    on the device (the input id there is a placeholder). `context_lens` are per
+    query: its position + 1, the keys it sees. The temperatures are float64
+    values in their int64 slots (the views reinterpret them), so that they
+    travel in the same copy. Each query's sampling noise comes from its seed,
     drawn afresh every step by a generator seeded with `seed`, so that a
     replayed graph draws new noise without a kernel to make it. `seq_order`
-    lists the rows by context length, longest first: decode attention starts
-    its programs in that order, so that no long context is left running alone
-    at the end of the kernel. Rows past the
-    real sequences are padding: token 0 at position 0 (valid indices for the
-    embedding and the rotary table), slot -1 (store nothing), context length 0
-    (read nothing), temperature 0 (greedy).
+    lists the sequences by context length, longest first: decode attention
+    starts its programs in that order, so that no long context is left running
+    alone at the end of the kernel. Sequences past the real ones are padding:
+    token 0 at position 0 (valid indices for the embedding and the rotary
+    table), slot -1 (store nothing), context length 0 (read nothing),
+    temperature 0 (greedy).
 
     The host buffers alternate so that writing step n+1's inputs never touches
     the memory whose copy to the device step n may still have queued.
     """
 
-    def __init__(self, max_rows: int, width: int, block_size: int, device: torch.device, seed: int = 0):
+    def __init__(
+        self, max_seqs: int, width: int, block_size: int, device: torch.device, seed: int = 0, max_queries: int = 1
+    ):
         self.width = width
         self.block_size = block_size
-        capacity = max_rows * (_FIELDS + width)
+        capacity = max_seqs * (max_queries * _TOKEN_FIELDS + 1 + width)
         pin = device.type == "cuda"
         self.hosts = [torch.zeros(capacity, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
         self.device = torch.zeros(capacity, dtype=torch.int64, device=device)
@@ -47,21 +55,25 @@ class DecodeBuffers:
         self._host_arrays = [host.numpy() for host in self.hosts]
         self._turn = 0
         self._rng = np.random.default_rng(seed)
-        self._device_views: dict[int, tuple[torch.Tensor, ...]] = {}
+        self._device_views: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
 
-    def _split(self, buffer, size: int, float64) -> tuple:
-        flat = buffer[: size * _FIELDS].reshape(_FIELDS, size)
-        tables = buffer[size * _FIELDS : size * (_FIELDS + self.width)].reshape(size, self.width)
-        fields = list(flat)
+    def _split(self, buffer, size: int, queries: int, float64) -> tuple:
+        rows = size * queries
+        fields = list(buffer[: rows * _TOKEN_FIELDS].reshape(_TOKEN_FIELDS, rows))
         fields[_TEMPERATURES] = fields[_TEMPERATURES].view(float64)
-        return (*fields, tables)
+        order = buffer[rows * _TOKEN_FIELDS : rows * _TOKEN_FIELDS + size]
+        tables = buffer[rows * _TOKEN_FIELDS + size : self._used(size, queries)].reshape(size, self.width)
+        return (*fields, order, tables)
 
-    def views(self, size: int) -> tuple[torch.Tensor, ...]:
+    def _used(self, size: int, queries: int) -> int:
+        return size * (queries * _TOKEN_FIELDS + 1 + self.width)
+
+    def views(self, size: int, queries: int = 1) -> tuple[torch.Tensor, ...]:
         """Device (input_ids, src_rows, positions, slot_mapping, context_lens, temperatures, seeds,
-        seq_order, block_tables) of `size` rows."""
-        if size not in self._device_views:
-            self._device_views[size] = self._split(self.device, size, torch.float64)
-        return self._device_views[size]
+        seq_order, block_tables) of `size` sequences of `queries` queries."""
+        if (size, queries) not in self._device_views:
+            self._device_views[size, queries] = self._split(self.device, size, queries, torch.float64)
+        return self._device_views[size, queries]
 
     def load(
         self,
@@ -71,38 +83,52 @@ class DecodeBuffers:
         temperatures: list[float],
         block_tables: list[list[int]],
         size: int,
+        drafts: list[list[int]] | None = None,
+        queries: int = 1,
     ) -> tuple[torch.Tensor, ...]:
-        """Write one step's rows, padded to `size`, and queue their copy to the device; returns device views.
+        """Write one step's sequences, padded to `size` of `queries` queries each, and queue their copy to
+        the device; returns device views.
 
-        Per row: its input token (any value where `src_rows` >= 0), the row of the
-        previous step's samples that holds it (-1: none), its position (the
-        context length less one), the temperature its next token is drawn at and
-        its block table.
+        Per sequence: its last token (any value where `src_rows` >= 0), the row of
+        the previous step's samples that holds it (-1: none), its position (the
+        context length less one), the temperature its tokens are drawn at, its
+        block table, and with `drafts` the tokens that follow it in this step
+        (at most queries - 1).
         """
         host = self._host_arrays[self._turn]
-        n, bs = len(input_ids), self.block_size
-        ids, src, pos, slots, lens, temps, seeds, order, tables = self._split(host, size, np.float64)
-        ids[:n] = input_ids
-        src[:n] = src_rows
-        pos[:n] = positions
+        n, q, bs = len(input_ids), queries, self.block_size
+        ids, src, pos, slots, lens, temps, seeds, order, tables = self._split(host, size, q, np.float64)
+        # [size, queries] views of the per-query fields; real sequences first
+        ids, src, pos, slots, lens, temps = (x.reshape(size, q) for x in (ids, src, pos, slots, lens, temps))
+        num_drafts = np.zeros(n, np.int64) if drafts is None else np.fromiter(map(len, drafts), np.int64, n)
+        offsets = np.minimum(np.arange(q), num_drafts[:, None])  # [n, q]: padding repeats the last real query
+        ids[:n] = 0
+        ids[:n, 0] = input_ids
+        if drafts is not None:
+            is_draft = (np.arange(q) >= 1) & (np.arange(q) <= num_drafts[:, None])
+            ids[:n][is_draft] = np.fromiter(chain.from_iterable(drafts), np.int64, int(num_drafts.sum()))
+        src[:n] = -1
+        src[:n, 0] = src_rows
+        pos[:n] = np.asarray(positions, np.int64)[:, None] + offsets
         lens[:n] = pos[:n] + 1
-        temps[:n] = temperatures
-        # this region held other fields for other sizes: a stale slot or -1 is no token id or position
+        temps[:n] = np.asarray(temperatures, np.float64)[:, None]
+        # this region held other fields for other shapes: a stale slot or -1 is no token id or position
         ids[n:] = 0
         src[n:] = -1
         pos[n:] = 0
         lens[n:] = 0
         temps[n:] = 0.0
-        seeds[:] = draw_row_seeds(self._rng, size)
-        order[:] = np.argsort(-lens, kind="stable")
+        seeds[:] = draw_row_seeds(self._rng, size * q)
+        order[:] = np.argsort(-lens[:, -1], kind="stable")
         tables.fill(-1)  # the pad the Context promises
         # every block table in one pass: row i takes widths[i] entries of the concatenation
         widths = np.fromiter((len(table) for table in block_tables), np.int64, n)
         in_table = np.arange(self.width) < widths[:, None]
         tables[:n][in_table] = np.fromiter(chain.from_iterable(block_tables), np.int64, int(widths.sum()))
-        slots[:n] = tables[np.arange(n), pos[:n] // bs] * bs + pos[:n] % bs
+        slots[:n] = tables[np.arange(n)[:, None], pos[:n] // bs] * bs + pos[:n] % bs
+        slots[:n][np.arange(q) > num_drafts[:, None]] = -1  # a padding query stores nothing
         slots[n:] = -1
-        used = size * (_FIELDS + self.width)
+        used = self._used(size, q)
         self.device[:used].copy_(self.hosts[self._turn][:used], non_blocking=True)
         self._turn ^= 1
-        return self.views(size)
+        return self.views(size, q)

@@ -62,7 +62,8 @@ class DecodeStep:
         if not self.samples:
             return hidden_states
         rows = hidden_states.size(0)
-        out = None if self.logits is None else self.logits[:rows]
+        # an eager step larger than every graph (a verify step's queries) gets logits of its own
+        out = None if self.logits is None or rows > self.logits.size(0) else self.logits[:rows]
         logits = self.forward.model.compute_logits(hidden_states, out)
         if sample:
             sample_with_temperatures(logits, temperatures, seeds, out=self.forward.last_sampled[:rows])

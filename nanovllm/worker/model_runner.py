@@ -27,7 +27,7 @@ from nanovllm.utils.parallel import (
     share_cpu_cores,
     tensor_parallel,
 )
-from nanovllm.worker.cuda_graphs import DecodeGraphs
+from nanovllm.worker.cuda_graphs import DecodeGraphs, verify_capture_sizes
 from nanovllm.worker.decode_buffers import DecodeBuffers
 from nanovllm.worker.decode_step import DecodeStep, DeviceInputForward
 from nanovllm.worker.executor import Executor
@@ -37,6 +37,9 @@ from nanovllm.worker.pending_output import PendingOutput, PromptScores
 _GIB = 1 << 30
 _PROMPT_SCORING_ROWS = 256  # prompt positions whose full-vocabulary logits are held at once
 _CPU_KV_CACHE_SHARE = 0.9  # of the available memory; the rest is headroom for activations
+# the most queries (sequences x (drafts + 1)) a captured verify step runs: their logits share one buffer with
+# the decode graphs', [rows, vocab], taken from the KV cache's memory (2048 rows of Qwen3's vocabulary: 0.6 GB)
+_MAX_VERIFY_GRAPH_ROWS = 2048
 
 
 def available_memory_bytes() -> int:
@@ -73,7 +76,10 @@ class ModelRunner(Executor):
     the full sampler when some row needs more: the LM head runs once a step. A
     step with drafts (speculative decoding) runs as a varlen step, samples each
     drafting request at every draft's position and after the last, and checks
-    the drafts on the device (`verify_drafts`). With
+    the drafts on the device (`verify_drafts`); a step whose every request
+    decodes its last token and its drafts is a verify step, a decode step of
+    num_speculative_tokens + 1 queries per request (padded), with CUDA graphs of
+    its own. With
     `tensor_parallel_size > 1` this is rank `rank`: it joins the group at
     `store` (rank 0 serves it) and holds its share of the model and the cache;
     rank 0 samples and broadcasts the ids to the others.
@@ -108,14 +114,16 @@ class ModelRunner(Executor):
         )
         self.kv_cache: KVCache | None = None  # allocated once the start-up step has measured activations
         self.sampler = Sampler()
-        # sampling rows a step may have: one per request and, with speculation, one more per draft (each a
-        # scheduled token, so within the token budget)
+        # queries per request of a verify step: the last token and as many drafts as the method proposes
+        self.verify_queries = None
+        # sampling rows a step may have: one per request and, with speculation, one per query of a verify step
+        # (padded), or in a varlen step one more per draft (each a scheduled token, so within the token budget)
         self.max_sampling_rows = config.max_num_seqs
         if config.speculative is not None:
-            with_drafts = config.max_num_seqs * (1 + config.speculative.num_speculative_tokens)
-            self.max_sampling_rows = max(config.max_num_seqs, min(with_drafts, config.token_budget))
-        # [max_num_seqs]: the ids the latest step sampled, in its sampling-row order
-        self.last_sampled = torch.zeros(config.max_num_seqs, dtype=torch.int64, device=self.device)
+            self.verify_queries = 1 + config.speculative.num_speculative_tokens
+            self.max_sampling_rows = config.max_num_seqs * self.verify_queries
+        # [max_sampling_rows]: the ids the latest step sampled, in its sampling-row order
+        self.last_sampled = torch.zeros(self.max_sampling_rows, dtype=torch.int64, device=self.device)
         self._forward = DeviceInputForward(self.model, self.last_sampled)
         # with several ranks the LM head gathers to rank 0, which samples outside the graphs
         self._decode_step = DecodeStep(self._forward, samples=self.world_size == 1)
@@ -126,10 +134,11 @@ class ModelRunner(Executor):
         self.graphs = None
         use_graphs = self.device.type == "cuda" and not config.enforce_eager and backend.supports_cuda_graphs
         if use_graphs and self._decode_step.samples:
-            # one buffer for every graph's logits, rather than one output per captured size; taken before
+            # one buffer for every graph's logits, rather than one output per captured shape; taken before
             # the KV cache is sized, so that the cache leaves room for it
+            rows = max(config.max_num_seqs, *self._verify_graph_rows())
             self._decode_step.logits = torch.empty(
-                config.max_num_seqs, config.model_config.vocab_size, dtype=self.dtype, device=self.device
+                rows, config.model_config.vocab_size, dtype=self.dtype, device=self.device
             )
         if self.device.type == "cuda":
             self._warm_up()
@@ -138,10 +147,28 @@ class ModelRunner(Executor):
         if self.device.type == "cuda":
             self._warm_up_cached_prefix()
         self.decode_buffers = DecodeBuffers(
-            config.max_num_seqs, config.max_blocks_per_seq, self.block_size, self.device, config.seed
+            config.max_num_seqs,
+            config.max_blocks_per_seq,
+            self.block_size,
+            self.device,
+            config.seed,
+            self.verify_queries or 1,
         )
         if use_graphs:
-            self.graphs = DecodeGraphs(self._decode_step, self.decode_buffers, config.max_num_seqs)
+            self.graphs = DecodeGraphs(
+                self._decode_step,
+                self.decode_buffers,
+                config.max_num_seqs,
+                self.verify_queries,
+                _MAX_VERIFY_GRAPH_ROWS,
+            )
+
+    def _verify_graph_rows(self) -> list[int]:
+        """The queries of each captured verify step (none without speculation)."""
+        if self.verify_queries is None:
+            return []
+        sizes = verify_capture_sizes(self.config.max_num_seqs, self.verify_queries, _MAX_VERIFY_GRAPH_ROWS)
+        return [size * self.verify_queries for size in sizes]
 
     def _build_model(self) -> torch.nn.Module:
         model_config = self.config.model_config
@@ -339,18 +366,29 @@ class ModelRunner(Executor):
             return None
         return PromptScores(jobs, *(torch.cat(tensors) for tensors in zip(*parts)))
 
-    def decode_size(self, num_seqs: int) -> int:
-        """Rows a decode step of `num_seqs` runs: a captured graph's size, or exactly `num_seqs` when eager."""
-        size = self.graphs.padded_size(num_seqs) if self.graphs is not None else None
+    def decode_size(self, num_seqs: int, queries: int = 1) -> int:
+        """Sequences a decode step of `num_seqs` runs: a captured graph's size, or exactly `num_seqs` when eager."""
+        size = self.graphs.padded_size(num_seqs, queries) if self.graphs is not None else None
         return size or num_seqs
 
+    def _queries(self, out: SchedulerOutput) -> int:
+        """Queries per request of a decode step: one, or in a verify step its last token and every draft the
+        method may propose (padded)."""
+        return 1 if out.draft_token_ids is None else self.verify_queries
+
+    def _rows_per_request(self, out: SchedulerOutput) -> int | None:
+        """Sampling rows per request of a verify step (padded to fixed shapes); None where each request has
+        one per draft and one after them."""
+        return self.verify_queries if out.is_decode and out.draft_token_ids is not None else None
+
     def _run_decode(self, out: SchedulerOutput, sample: bool) -> torch.Tensor:
-        """One token per request, padded to a captured graph's size and replayed (or run eagerly): the
-        decode step's logits [requests, vocab] on a rank that samples, else hidden states [requests,
-        hidden]. Where the decode step samples (always in a graph; eagerly when `sample`), the ids drawn
-        at each request's temperature are in `last_sampled` too."""
-        n = len(out.req_ids)
-        size = self.decode_size(n)
+        """Each request's last token (and in a verify step its drafts, padded), the batch padded to a
+        captured graph's size and replayed (or run eagerly): the decode step's logits [queries, vocab] on a
+        rank that samples, else hidden states [queries, hidden], a request's queries one after another.
+        Where the decode step samples (always in a graph; eagerly when `sample`), the ids drawn at each
+        request's temperature are in `last_sampled` too."""
+        n, queries = len(out.req_ids), self._queries(out)
+        size = self.decode_size(n, queries)
         # workers get steps without sampling settings; only a step that samples reads temperatures
         temperatures = [p.temperature for p in out.sampling_params] if self._decode_step.samples else [0.0] * n
         inputs = self.decode_buffers.load(
@@ -360,20 +398,23 @@ class ModelRunner(Executor):
             temperatures,
             out.block_tables,
             size,
+            out.draft_token_ids,
+            queries,
         )
         input_ids, src_rows, positions, slots, context_lens, temperatures, seeds, seq_order, block_tables = inputs
-        if self.graphs is not None and self.graphs.captured(size):
-            return self.graphs.replay(size)[:n]
+        if self.graphs is not None and self.graphs.captured(size, queries):
+            return self.graphs.replay(size, queries)[: n * queries]
         context = Context(
             is_prefill=False,
             slot_mapping=slots,
-            max_seqlen_k=max(out.num_computed_tokens) + 1,
+            max_seqlen_k=max(out.num_computed_tokens) + queries,
             context_lens=context_lens,
             block_tables=block_tables,
             seq_order=seq_order,
+            queries_per_seq=queries,
         )
         with forward_context(context):
-            return self._decode_step(input_ids, src_rows, positions, temperatures, seeds, sample)[:n]
+            return self._decode_step(input_ids, src_rows, positions, temperatures, seeds, sample)[: n * queries]
 
     def _bitmask_on_device(self, grammar: GrammarBitmasks) -> tuple[torch.Tensor, torch.Tensor]:
         """The grammar masks and the rows they hold, filled into pinned host memory (two buffers, used in
@@ -402,11 +443,12 @@ class ModelRunner(Executor):
     ) -> tuple[SamplerOutput, VerifiedDrafts | None]:
         """Rank 0: the step's sampling settings and grammar masks applied to its logits, the drafts checked
         (in a step with drafts), and each request's new id put in `last_sampled`."""
-        tensors = sampling_tensors(out, logits.shape[-1], self.eos_token_ids, self._to_device)
+        rows_per_request = self._rows_per_request(out)
+        tensors = sampling_tensors(out, logits.shape[-1], self.eos_token_ids, self._to_device, rows_per_request)
         if grammar is not None:
             if out.draft_token_ids is not None:
                 # the masks' rows are requests; with drafts a request's first sampling row is further on
-                first_rows = first_sampling_rows(out.draft_token_ids)
+                first_rows = first_sampling_rows(out.draft_token_ids, rows_per_request)
                 grammar = replace(grammar, num_rows=logits.size(0), rows=[first_rows[row] for row in grammar.rows])
             tensors = tensors or SamplingTensors()
             tensors.bitmask, tensors.bitmask_rows = self._bitmask_on_device(grammar)
@@ -414,7 +456,14 @@ class ModelRunner(Executor):
         if out.draft_token_ids is None:
             self.last_sampled[: logits.size(0)].copy_(sampled.token_ids)
             return sampled, None
-        verified = verify_drafts(sampled.token_ids, out.draft_token_ids, self._to_device)
+        return self._verify(out, sampled)
+
+    def _verify(self, out: SchedulerOutput, sampled: SamplerOutput) -> tuple[SamplerOutput, VerifiedDrafts]:
+        """The drafts checked against the ids sampled at their positions, and each request's last kept
+        token put in `last_sampled` (its row there is the request's, as in a step without drafts)."""
+        # a copy: the sampled ids may be a view of last_sampled, whose first rows change below
+        sampled = replace(sampled, token_ids=sampled.token_ids.clone())
+        verified = verify_drafts(sampled.token_ids, out.draft_token_ids, self._to_device, self._rows_per_request(out))
         self.last_sampled[: verified.last_token_ids.numel()].copy_(verified.last_token_ids)
         return sampled, verified
 
@@ -431,7 +480,9 @@ class ModelRunner(Executor):
         sampling) without waiting for the device; `constrained`: some sampling row is held to a grammar."""
         prompt_scores = logits = num_logprobs = None
         if out.is_decode:
-            asked = step_sampling(out, self.eos_token_ids, constrained) if self._decode_step.samples else None
+            asked = None
+            if self._decode_step.samples:
+                asked = step_sampling(out, self.eos_token_ids, constrained, self._rows_per_request(out))
             sampled_in_step = asked is not None and not asked.needs_full_sampler
             num_logprobs = max(asked.logprobs) if asked is not None and asked.logprobs else None
             decoded = self._run_decode(out, sampled_in_step)
@@ -460,6 +511,8 @@ class ModelRunner(Executor):
             if self.rank == 0:
                 if step.sampled_in_step:
                     sampled = self._sampled_in_step(step)
+                    if out.draft_token_ids is not None:
+                        sampled, verified = self._verify(out, sampled)
                 else:
                     sampled, verified = self._sample(out, step.logits, grammar)
             if self.world_size > 1:
@@ -467,7 +520,7 @@ class ModelRunner(Executor):
         self._last_sampled_rows = {req_id: row for row, req_id in enumerate(out.sampled_req_ids)}
         if self.rank != 0 or (sampled is None and prompt_scores is None):
             return None
-        params = out.sampling_params if verified is None else sampling_rows(out).params
+        params = out.sampling_params if verified is None else sampling_rows(out, self._rows_per_request(out)).params
         return PendingOutput(sampled, [p.logprobs for p in params], prompt_scores, verified)
 
     def release_graphs(self) -> None:

@@ -421,7 +421,9 @@ def test_decode_with_window_and_softcap_on_gpu(dtype, head_dim, num_splits, scor
 @pytest.mark.parametrize("scoring", GPU_SCORINGS, ids=GPU_SCORING_IDS)
 def test_verify_with_window_and_softcap_on_gpu(scoring):
     lengths = [n + 5 for n in GPU_LENGTHS]
-    case = verify_case(lengths, 5, block_size=16, heads=8, kv_heads=4, head_dim=256, dtype=torch.bfloat16, device="cuda")
+    case = verify_case(
+        lengths, 5, block_size=16, heads=8, kv_heads=4, head_dim=256, dtype=torch.bfloat16, device="cuda"
+    )
     check_verify(case, 5, **scoring)
 
 

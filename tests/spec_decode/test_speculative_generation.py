@@ -6,7 +6,9 @@ requests that may not speculate in the same batch."""
 import random
 
 import pytest
+import torch
 from engine_probes import BLOCK, engine
+from graphs_replayed_eagerly import GraphsReplayedEagerly
 from test_llm import record_preemptions, token_ids
 
 from nanovllm import SamplingParams
@@ -107,6 +109,31 @@ def test_an_always_wrong_proposer_keeps_nothing_and_changes_nothing(qwen3_dir, p
     assert token_ids(llm.generate(prompts, GREEDY, use_tqdm=False)) == token_ids(plain_greedy)
     checked, kept = acceptance(llm)
     assert checked > 0 and kept == 0
+
+
+@pytest.mark.parametrize("sampling", ["greedy", "seeded"])
+def test_verify_steps_replay_graphs_of_their_own_and_change_no_token(qwen3_dir, prompts, sampling):
+    # a verify step is a decode step of num_speculative_tokens + 1 queries per request, padded, replayed from
+    # graphs captured for it (on a GPU the real ones, on the CPU a stand-in that runs the captured step); greedy
+    # rows are sampled inside the graph, seeded top-k ones by the full sampler after it
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+        if sampling == "greedy"
+        else SamplingParams(temperature=0.8, top_k=5, seed=i, max_tokens=40, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
+    plain = token_ids(engine(qwen3_dir, enforce_eager=True).generate(prompts, params, use_tqdm=False))
+    llm = spec_engine(qwen3_dir)
+    runner = llm.client.core.executor
+    if not torch.cuda.is_available():
+        runner.graphs = GraphsReplayedEagerly(runner)
+    replays = []
+    replay = runner.graphs.replay
+    runner.graphs.replay = lambda size, queries=1: replays.append(queries) or replay(size, queries)
+    assert token_ids(llm.generate(prompts, params, use_tqdm=False)) == plain
+    checked, kept = acceptance(llm)
+    assert 0 < kept < checked
+    assert replays.count(1 + NGRAM["num_speculative_tokens"]) > 0 and replays.count(1) > 0
 
 
 def test_prefix_hits_and_preemption_give_the_same_tokens(qwen3_dir):
@@ -218,7 +245,7 @@ class NoisyProposer(ReferenceProposer):
     """Proposes a random number of the reference's next tokens, each replaced by a random one at times."""
 
     def __init__(self, sequences: list[list[int]], seed: int):
-        super().__init__(sequences, num_speculative_tokens=4)
+        super().__init__(sequences, num_speculative_tokens=NGRAM["num_speculative_tokens"])
         self.rng = random.Random(seed)
 
     def propose(self, token_ids: list[list[int]], max_drafts: list[int], request_ids: list[str]) -> list[list[int]]:

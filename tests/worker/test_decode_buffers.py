@@ -101,3 +101,31 @@ def test_each_step_gets_fresh_seeds_that_the_buffers_seed_reproduces():
     steps = seeds_of_three_steps(seed=1)
     assert len({s for step in steps for s in step}) == 12  # every row of every step its own
     assert steps == seeds_of_three_steps(seed=1) and steps != seeds_of_three_steps(seed=2)
+
+
+def test_a_verify_step_lays_out_each_sequences_last_token_drafts_and_padding_queries():
+    # three queries per sequence: the first has two drafts, the second one, the third none; a padding
+    # sequence follows
+    buffers = DecodeBuffers(16, WIDTH, BLOCK_SIZE, torch.device("cpu"), max_queries=3)
+    ids, src, positions, slots, lens, temperatures, seeds, order, tables = buffers.load(
+        [PLACEHOLDER, 9, 4],
+        [2, -1, -1],
+        [3, 6, 1],
+        [0.0, 0.7, 0.5],
+        [blocks(6, first_block=100), blocks(8, first_block=200), blocks(2, first_block=300)],
+        4,
+        drafts=[[11, 12], [13], []],
+        queries=3,
+    )
+    assert ids.tolist() == [PLACEHOLDER, 11, 12, 9, 13, 0, 4, 0, 0, 0, 0, 0]
+    assert src.tolist() == [2, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1]
+    # padding queries repeat the last real one's position (and so its keys) and store nothing
+    assert positions.tolist() == [3, 4, 5, 6, 7, 7, 1, 1, 1, 0, 0, 0]
+    assert lens.tolist() == [4, 5, 6, 7, 8, 8, 2, 2, 2, 0, 0, 0]
+    assert slots.tolist() == [403, 404, 405, 806, 807, -1, 1201, -1, -1, -1, -1, -1]
+    assert temperatures.tolist() == [0.0] * 3 + [0.7] * 3 + [0.5] * 3 + [0.0] * 3
+    assert len(set(seeds.tolist())) == 12
+    assert order.tolist() == [1, 0, 2, 3]
+    assert tables[:3, :2].tolist() == [[100, 101], [200, 201], [300, -1]]
+    # the views of this shape are where the device copy put them
+    assert all(a.data_ptr() == b.data_ptr() for a, b in zip(buffers.views(4, 3), (ids, src, positions)))

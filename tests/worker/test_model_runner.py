@@ -2,10 +2,9 @@
 
 import pytest
 import torch
+from graphs_replayed_eagerly import GraphsReplayedEagerly
 
 from nanovllm import LLM, SamplingParams
-from nanovllm.utils.context import Context, forward_context
-from nanovllm.worker.cuda_graphs import capture_sizes
 from nanovllm.worker.model_runner import start_up_step
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
@@ -34,39 +33,6 @@ def test_start_up_step_without_blocks_stores_nothing_and_samples_every_request(q
     assert torch.equal(runner.kv_cache.kv, cache)
 
 
-class _GraphsReplayedEagerly:
-    """DecodeGraphs on CPU: `replay` runs the decode step exactly as a captured graph does, with every
-    argument it was captured with (its sampling included), on the buffers' views of that size."""
-
-    def __init__(self, runner):
-        self.step, self.buffers = runner._decode_step, runner.decode_buffers
-        self.sizes = capture_sizes(runner.config.max_num_seqs)
-        # as the runner gives the decode step before it captures the graphs
-        self.step.logits = torch.full((runner.config.max_num_seqs, runner.config.hf_config.vocab_size), float("nan"))
-
-    def padded_size(self, num_seqs):
-        return next((s for s in self.sizes if s >= num_seqs), None)
-
-    def captured(self, size):
-        return size in self.sizes
-
-    def replay(self, size):
-        input_ids, src_rows, positions, slots, lens, temperatures, seeds, order, tables = self.buffers.views(size)
-        context = Context(
-            is_prefill=False,
-            slot_mapping=slots,
-            context_lens=lens,
-            block_tables=tables,
-            seq_order=order,
-            max_seqlen_k=int(lens.max()),
-        )
-        with forward_context(context):
-            return self.step(input_ids, src_rows, positions, temperatures, seeds)
-
-    def release(self):
-        pass
-
-
 TOP_P = [
     SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=6, ignore_eos=True),
     SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
@@ -82,7 +48,7 @@ def test_a_decode_step_that_needs_the_full_sampler_runs_the_lm_head_once(qwen3_d
     runner = llm.client.core.executor
     stand_in = graphs and runner.graphs is None
     if stand_in:
-        runner.graphs = _GraphsReplayedEagerly(runner)
+        runner.graphs = GraphsReplayedEagerly(runner)
     steps, replays, head_calls = [], [], {"in a replay": 0, "outside": 0}
     head_forward, execute = runner.model.lm_head.forward, runner.execute
 
@@ -90,10 +56,10 @@ def test_a_decode_step_that_needs_the_full_sampler_runs_the_lm_head_once(qwen3_d
         head_calls["in a replay" if replays and replays[-1] is None else "outside"] += 1
         return head_forward(*args, **kwargs)
 
-    def counted_replay(size, replay=runner.graphs.replay if graphs else None):
+    def counted_replay(size, queries=1, replay=runner.graphs.replay if graphs else None):
         replays.append(None)  # a captured graph runs no Python: only the stand-in's calls count here
         try:
-            return replay(size)
+            return replay(size, queries)
         finally:
             replays[-1] = size
 
