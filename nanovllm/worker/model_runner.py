@@ -136,7 +136,7 @@ class ModelRunner(Executor):
         if use_graphs and self._decode_step.samples:
             # one buffer for every graph's logits, rather than one output per captured shape; taken before
             # the KV cache is sized, so that the cache leaves room for it
-            rows = max(config.max_num_seqs, *self._verify_graph_rows())
+            rows = max([config.max_num_seqs, *self._verify_graph_rows()])
             self._decode_step.logits = torch.empty(
                 rows, config.model_config.vocab_size, dtype=self.dtype, device=self.device
             )
