@@ -1,12 +1,32 @@
 """Prompt lookup: propose the tokens that followed the latest earlier occurrence of a request's last n tokens."""
 
-import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
+from operator import itemgetter
 
 from nanovllm.spec_decode.proposer import Proposer
 
-_NO_TOKEN = -1  # pads the contexts on the left; token ids are >= 0
-_NO_MATCH = -2  # pads the suffixes, so that padding never matches padding
+# the hash of an n-gram (a tuple of token ids); a module global so that tests can swap in one that collides
+_hash = hash
+# below this many new positions, n-grams are hashed one at a time; from this many on, in one pass
+_BULK = 16
+
+
+class _History:
+    """What is indexed of one request: the n-grams of its first `length` tokens.
+
+    `ends[i]` (one dict per n, longest n first) maps the hash of every n-gram
+    that ends before the last of those tokens, at position e (it is tokens
+    e - n .. e - 1), to the largest such e: where its latest occurrence ends,
+    which is where its draft starts. `last[i]` is the hash of the n-gram that
+    ends at `length` (the suffix looked up at that length), to be entered
+    once a token follows it; None while there are fewer than max_n tokens.
+    """
+
+    __slots__ = ("length", "ends", "last")
+
+    def __init__(self, length: int, ends: tuple[dict[int, int], ...]):
+        self.length = length
+        self.ends = ends
+        self.last: tuple[int, ...] | None = None
 
 
 class NgramProposer(Proposer):
@@ -14,11 +34,36 @@ class NgramProposer(Proposer):
     (the latest such occurrence), and up to `max_drafts` (at most `num_speculative_tokens`) tokens that
     followed it there.
 
-    The batch is searched at once: contexts are right-aligned in one array, and
-    every earlier window of `max_n` tokens is compared with the request's last
-    `max_n` tokens; a window's match length is how many of its trailing tokens
-    agree. There is no Python loop over tokens (only over requests, to copy
-    their ids in, and over the offsets 1..max_n).
+    Searching the whole context for the suffix costs O(context) per request
+    and step, on the host, in every step: tens of ms for 256 requests of
+    4,000 tokens. But a request's tokens only grow, by a token or a few a
+    step. So the proposer keeps, per request id, an index of the n-grams seen
+    so far (`_History`): for each n, a dict from the hash of an n-gram to
+    where its latest occurrence ends. A call enters only the n-grams that end
+    at the positions added since the last call, then looks the suffix up,
+    longest n first: O(new tokens x number of n's) per request, whatever the
+    context's length. The suffixes hashed at the last call are the first
+    n-grams to enter, so a request that gained one token costs one hash per
+    n. A request seen for the first time has its whole history indexed
+    once, in one pass per n that runs in C; `release` drops the index.
+
+    The index trusts that a request's list only grows between calls (the
+    scheduler appends to it, and releases the request before its id may come
+    back with other tokens). As a safety net, a list shorter than the indexed
+    one, or as long but with other suffixes, is indexed anew; a longer list
+    whose indexed tokens were changed is not noticed.
+
+    The dicts hold the hashes (ints) rather than the tuples: a dict of ints
+    holds nothing that the cycle collector walks, where the tuples of 256
+    contexts of 4,000 tokens would add tens of ms to every full collection,
+    and ints take less memory (about 56 bytes an n-gram and n: 57 MB for 256
+    such contexts and one n). A hit is checked against the tokens; should it
+    be another n-gram of the same hash (entered later, it took over the
+    entry), the context is searched instead, so proposals are exact.
+
+    Min_n == max_n (the default) runs a loop of its own, without the loops
+    over n: the step's Python work per request is what sets its cost
+    (benchmarks/ngram_proposer.py).
     """
 
     def __init__(self, num_speculative_tokens: int, min_n: int, max_n: int):
@@ -26,40 +71,156 @@ class NgramProposer(Proposer):
         self.num_speculative_tokens = num_speculative_tokens
         self.min_n = min_n
         self.max_n = max_n
+        # longest first: n, and a function that gives a list's last n items as a tuple
+        self._suffixes = tuple(
+            (n, itemgetter(*range(-n, 0)) if n > 1 else _last_token) for n in range(max_n, min_n - 1, -1)
+        )
+        self._histories: dict[str, _History] = {}
+
+    def release(self, request_id: str) -> None:
+        self._histories.pop(request_id, None)
 
     def propose(self, token_ids: list[list[int]], max_drafts: list[int], request_ids: list[str]) -> list[list[int]]:
-        """The tokens after each request's best match (`request_ids` are not needed: a lookup keeps no state)."""
-        if not token_ids:
-            return []
-        width = max(len(ids) for ids in token_ids) + self.max_n - 1
-        # contexts: [requests, width], right-aligned; the left padding lets a match start at the first token
-        contexts = np.full((len(token_ids), width), _NO_TOKEN, dtype=np.int64)
-        for row, ids in enumerate(token_ids):
-            contexts[row, width - len(ids) :] = ids
-        suffixes = contexts[:, -self.max_n :]  # [requests, max_n]
-        suffixes = np.where(suffixes == _NO_TOKEN, _NO_MATCH, suffixes)
-        # windows[r, e]: the max_n tokens that end just before column e + max_n, every window ending before the
-        # last token: [requests, width - max_n, max_n]
-        windows = sliding_window_view(contexts[:, :-1], self.max_n, axis=1)
-        # [requests, windows]: how many trailing tokens match, grown one offset from the end at a time (a loop
-        # over n, not over tokens), so that no [requests, windows, max_n] array is made
-        lengths = np.zeros(windows.shape[:2], dtype=np.int32)
-        matching = np.ones(windows.shape[:2], dtype=bool)
-        for back in range(1, self.max_n + 1):
-            matching &= windows[:, :, -back] == suffixes[:, None, -back]
-            lengths += matching
-        # prefer the longest match, then the latest: a score that orders by length, then by end column
-        ends = np.arange(windows.shape[1])
-        scores = np.where(lengths >= self.min_n, lengths * width + ends, -1)
-        best = scores.argmax(axis=1)  # [requests]
-        found = scores[np.arange(len(token_ids)), best] >= 0
-        proposals = []
-        for row, ids in enumerate(token_ids):
-            num_drafts = min(max_drafts[row], self.num_speculative_tokens)
-            if not found[row] or num_drafts <= 0:
-                proposals.append([])
+        """The tokens after each request's best match, once the index of each request id has taken in its
+        new tokens."""
+        if len(self._suffixes) == 1:
+            return self._propose_one_n(token_ids, max_drafts, request_ids)
+        k = self.num_speculative_tokens
+        history_of = self._histories.get
+        suffixes = self._suffixes
+        proposals: list[list[int]] = []
+        append = proposals.append
+        for ids, room, request_id in zip(token_ids, max_drafts, request_ids):
+            length = len(ids)
+            history = history_of(request_id)
+            if history is not None and history.length + 1 == length and history.last is not None:
+                # one new token: the n-grams that end before it are the suffixes hashed at the last call
+                for key, ends in zip(history.last, history.ends):
+                    ends[key] = history.length
+                history.length = length
+            else:
+                history = self._catch_up(request_id, ids, history)
+            if length < self.max_n:
+                append(self._propose_short(ids, min(room, k)))
                 continue
-            # the window ends at column best + max_n of the padded row; the tokens from there follow it
-            start = int(best[row]) + self.max_n - (width - len(ids))
-            proposals.append(ids[start : start + num_drafts])
+            if room > k:
+                room = k
+            draft = None
+            last = []
+            for (n, suffix_of), ends in zip(suffixes, history.ends):
+                suffix = suffix_of(ids)
+                key = _hash(suffix)
+                last.append(key)
+                if draft is None and room > 0 and (end := ends.get(key)) is not None:
+                    if tuple(ids[end - n : end]) != suffix:
+                        end = _search(ids, suffix)  # the entry was another n-gram's
+                    if end:
+                        draft = ids[end : end + room]
+            history.last = tuple(last)
+            append([] if draft is None else draft)
         return proposals
+
+    def _propose_one_n(
+        self, token_ids: list[list[int]], max_drafts: list[int], request_ids: list[str]
+    ) -> list[list[int]]:
+        """`propose` for a single n: the same steps, with one dict and one suffix per request."""
+        k = self.num_speculative_tokens
+        history_of = self._histories.get
+        ((n, suffix_of),) = self._suffixes
+        proposals: list[list[int]] = []
+        append = proposals.append
+        for ids, room, request_id in zip(token_ids, max_drafts, request_ids):
+            length = len(ids)
+            history = history_of(request_id)
+            if history is not None and history.length + 1 == length and history.last is not None:
+                ends = history.ends[0]
+                ends[history.last[0]] = history.length
+                history.length = length
+            else:
+                history = self._catch_up(request_id, ids, history)
+                ends = history.ends[0]
+                if length < n:
+                    append(self._propose_short(ids, min(room, k)))
+                    continue
+            suffix = suffix_of(ids)
+            key = _hash(suffix)
+            history.last = (key,)
+            if room <= 0 or (end := ends.get(key)) is None:
+                append([])
+                continue
+            if tuple(ids[end - n : end]) != suffix:
+                end = _search(ids, suffix)  # the entry was another n-gram's
+            append(ids[end : end + min(room, k)] if end else [])
+        return proposals
+
+    def _catch_up(self, request_id: str, ids: list[int], history: _History | None) -> _History:
+        """`history` (None: the request is new) brought up to `ids` where a call's fast path cannot: several
+        new tokens, none, or a list that does not continue the indexed one."""
+        length = len(ids)
+        if history is not None and (
+            history.length < length
+            or (history.length == length and history.last is not None and history.last == self._suffix_hashes(ids))
+        ):
+            self._extend(history, ids)
+            return history
+        history = self._histories[request_id] = self._index(ids)
+        return history
+
+    def _index(self, ids: list[int]) -> _History:
+        """A new index of every n-gram of `ids` that ends before its last token (the caller hashes the
+        suffixes)."""
+        length = len(ids)
+        history = _History(length, tuple({} for _ in self._suffixes))
+        for (n, _), ends in zip(self._suffixes, history.ends):
+            _enter(ends, ids, n, n, length)
+        return history
+
+    def _extend(self, history: _History, ids: list[int]) -> None:
+        """Enter the n-grams that end from `history.length` to before the last of `ids` (the caller hashes
+        the suffixes)."""
+        first, length = history.length, len(ids)
+        if history.last is not None and first < length:
+            # the n-grams that end at the old length were the suffixes hashed then
+            for key, ends in zip(history.last, history.ends):
+                ends[key] = first
+            first += 1
+        for (n, _), ends in zip(self._suffixes, history.ends):
+            _enter(ends, ids, n, max(first, n), length)
+        history.length = length
+        history.last = None  # until the caller hashes the new suffixes
+
+    def _suffix_hashes(self, ids: list[int]) -> tuple[int, ...]:
+        return tuple(_hash(suffix_of(ids)) for _, suffix_of in self._suffixes)
+
+    def _propose_short(self, ids: list[int], num_drafts: int) -> list[int]:
+        """The draft of a list of fewer than max_n tokens, searched for (it is that short)."""
+        for n, _ in self._suffixes:
+            if n < len(ids) and num_drafts > 0 and (end := _search(ids, tuple(ids[-n:]))):
+                return ids[end : end + num_drafts]
+        return []
+
+
+def _last_token(ids: list[int]) -> tuple[int]:
+    return (ids[-1],)
+
+
+def _enter(ends: dict[int, int], ids: list[int], n: int, first: int, stop: int) -> None:
+    """Enter in `ends` the n-grams of `ids` that end at positions `first` to `stop` - 1 (`first` >= n), in
+    order, so that an n-gram's latest end wins."""
+    if stop - first < _BULK:
+        for end in range(first, stop):
+            ends[_hash(tuple(ids[end - n : end]))] = end
+    else:
+        # the tuples of n consecutive tokens, from n slices each shifted by one
+        ngrams = zip(*[ids[first - n + i : stop - n + i] for i in range(n)])
+        ends.update(zip(map(_hash, ngrams), range(first, stop)))
+
+
+def _search(ids: list[int], suffix: tuple[int, ...]) -> int:
+    """The end of the latest occurrence of `suffix` that ends before the last token of `ids`, or 0 if there
+    is none: the fallback for an entry that another n-gram of the same hash took over."""
+    n = len(suffix)
+    for end in range(len(ids) - 1, n - 1, -1):
+        if ids[end - 1] == suffix[-1] and tuple(ids[end - n : end]) == suffix:
+            return end
+    return 0

@@ -5,6 +5,7 @@ import random
 
 import pytest
 
+from nanovllm.spec_decode import ngram_proposer
 from nanovllm.spec_decode.ngram_proposer import NgramProposer
 
 
@@ -55,3 +56,107 @@ def test_a_batch_matches_the_plain_loop(min_n, max_n):
     expected = [reference(ids, min_n, max_n, min(k, 4)) if k else [] for ids, k in zip(batch, max_drafts)]
     assert proposals(NgramProposer(4, min_n, max_n), batch, max_drafts) == expected
     assert any(expected) and not all(expected)
+
+
+def grow(rng: random.Random, ids: list[int], alphabet: int) -> None:
+    """Append 1 to 3 random tokens, as a step that accepted drafts does."""
+    ids.extend(rng.randrange(alphabet) for _ in range(rng.randrange(1, 4)))
+
+
+def check_batch(proposer: NgramProposer, batch: dict[str, list[int]], rng: random.Random) -> list[list[int]]:
+    """Propose for `batch` (request id -> tokens) with random max_drafts, checked against the plain loop."""
+    max_drafts = [rng.randrange(0, 6) for _ in batch]
+    expected = [
+        reference(ids, proposer.min_n, proposer.max_n, min(k, proposer.num_speculative_tokens)) if k > 0 else []
+        for ids, k in zip(batch.values(), max_drafts)
+    ]
+    assert proposer.propose(list(batch.values()), max_drafts, list(batch)) == expected
+    return expected
+
+
+@pytest.mark.parametrize("min_n, max_n", [(1, 1), (1, 4), (2, 3), (3, 5), (5, 5)])
+def test_requests_that_grow_between_calls_match_the_plain_loop(min_n, max_n):
+    rng = random.Random(min_n * 10 + max_n)
+    proposer = NgramProposer(4, min_n, max_n)
+    alphabet = 3
+    # from a single token up, past max_n, to contexts long enough that every n-gram recurs
+    requests = {f"r{i}": [rng.randrange(alphabet) for _ in range(rng.randrange(1, 30))] for i in range(12)}
+    drafts = []
+    for step in range(60):
+        for ids in requests.values():
+            grow(rng, ids, alphabet)
+        # a request left out of a step (not a candidate then) comes back having gained more tokens
+        batch = {rid: ids for rid, ids in requests.items() if rng.random() < 0.8}
+        drafts += check_batch(proposer, batch, rng)
+    assert any(drafts) and not all(drafts)
+
+
+@pytest.mark.parametrize("min_n, max_n", [(1, 3), (4, 4)])
+def test_a_released_request_id_comes_back_with_other_tokens(min_n, max_n):
+    rng = random.Random(min_n + max_n)
+    proposer = NgramProposer(4, min_n, max_n)
+    alphabet = 4
+    requests = {f"r{i}": [rng.randrange(alphabet) for _ in range(rng.randrange(5, 40))] for i in range(8)}
+    for step in range(80):
+        for ids in requests.values():
+            grow(rng, ids, alphabet)
+        check_batch(proposer, requests, rng)
+        if step % 4 == 3:
+            # finished or preempted: released; the id comes back with a list of its own, longer or shorter
+            rid = rng.choice(list(requests))
+            proposer.release(rid)
+            requests[rid] = [rng.randrange(alphabet) for _ in range(rng.randrange(1, 80))]
+    proposer.release("never-seen")
+
+
+@pytest.mark.parametrize("min_n, max_n", [(1, 2), (3, 3)])
+def test_a_list_shorter_than_the_indexed_one_is_indexed_anew(min_n, max_n):
+    rng = random.Random(min_n * max_n)
+    proposer = NgramProposer(4, min_n, max_n)
+    alphabet = 3
+    requests = {f"r{i}": [rng.randrange(alphabet) for _ in range(rng.randrange(20, 60))] for i in range(8)}
+    for step in range(40):
+        for ids in requests.values():
+            grow(rng, ids, alphabet)
+        check_batch(proposer, requests, rng)
+        # without a release, a request's list comes back shorter: cut short, or other tokens altogether
+        rid = rng.choice(list(requests))
+        ids = requests[rid]
+        if step % 2:
+            del ids[rng.randrange(1, len(ids)) :]
+        else:
+            requests[rid] = [rng.randrange(alphabet) for _ in range(rng.randrange(1, len(ids)))]
+        check_batch(proposer, requests, rng)
+
+
+@pytest.mark.parametrize("min_n, max_n", [(1, 4), (3, 3)])
+def test_an_entry_of_another_ngram_with_the_same_hash_falls_back_to_a_search(monkeypatch, min_n, max_n):
+    # a hash that collides all the time: the entries found are mostly other n-grams'
+    monkeypatch.setattr(ngram_proposer, "_hash", lambda ngram: ngram[-1] % 2)
+    rng = random.Random(7)
+    proposer = NgramProposer(4, min_n, max_n)
+    requests = {f"r{i}": [rng.randrange(4) for _ in range(rng.randrange(1, 30))] for i in range(8)}
+    drafts = []
+    for step in range(30):
+        for ids in requests.values():
+            grow(rng, ids, 4)
+        drafts += check_batch(proposer, requests, rng)
+    assert any(drafts) and not all(drafts)
+
+
+def test_a_step_hashes_only_the_new_ngrams(monkeypatch):
+    hashed = []
+    monkeypatch.setattr(ngram_proposer, "_hash", lambda ngram: hashed.append(ngram) or hash(ngram))
+    rng = random.Random(3)
+    proposer = NgramProposer(4, 2, 4)
+    requests = {f"r{i}": [rng.randrange(50) for _ in range(1000)] for i in range(4)}
+    check_batch(proposer, requests, rng)
+    assert len(hashed) > 3 * 4 * 990  # the first call indexes every n-gram of the history
+    for new_tokens in (1, 3, 1):
+        hashed.clear()
+        for ids in requests.values():
+            ids.extend(rng.randrange(50) for _ in range(new_tokens))
+        check_batch(proposer, requests, rng)
+        # per request and n: the n-grams that end at the new positions but the first (hashed at the last call
+        # as the suffix then), and the new suffix
+        assert len(hashed) == len(requests) * 3 * new_tokens
