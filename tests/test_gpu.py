@@ -98,7 +98,7 @@ def test_triton_mixed_steps_equal_separate_runs_and_decodes_still_replay_graphs(
     replays = []
     graphs = llm.client.core.executor.graphs
     original_replay = graphs.replay
-    graphs.replay = lambda size: replays.append(size) or original_replay(size)
+    graphs.replay = lambda size, queries=1: replays.append(size) or original_replay(size, queries)
     ids = [llm.add_request(p, GREEDY) for p in short]
     outputs = run_steps(llm, {}, steps=3)
     ids.append(llm.add_request(long, GREEDY))

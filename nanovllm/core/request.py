@@ -22,9 +22,10 @@ class Request:
     `num_placeholders`, tokens that a launched step samples but whose values the
     host has not read back yet (at most the one of the step in flight, and for a
     moment also the one of the step just scheduled). A speculating request's
-    placeholders start with `draft_token_ids`, guesses of their values that the
-    step computes K/V for and checks; the kept ones are confirmed, the others
-    forgotten (`drop_unconfirmed`). `num_computed_tokens`
+    placeholders include `draft_token_ids`, guesses of their values from position
+    `first_draft_position` on (right after the last confirmed token, or after the
+    token still in flight), that the step computes K/V for and checks; the kept
+    ones are confirmed, the others forgotten (`drop_unconfirmed`). `num_computed_tokens`
     counts the tokens whose K/V is in the cache or being written by a launched
     step; a step computes positions `num_computed_tokens` onwards, or a first
     chunk of them, and samples when it reaches `num_tokens`.
@@ -48,6 +49,7 @@ class Request:
         "num_cached_tokens",
         "num_prompt_scored",
         "draft_token_ids",
+        "first_draft_position",
         "num_drafts",
         "num_draft_tokens",
         "num_accepted_tokens",
@@ -68,6 +70,7 @@ class Request:
         self.num_cached_tokens = 0
         self.num_prompt_scored = 0
         self.draft_token_ids: list[int] = []
+        self.first_draft_position = 0
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
         self.block_table: list[int] = []
         self.finish_reason: str | None = None
@@ -97,13 +100,14 @@ class Request:
 
     def chunk_token_ids(self, n: int) -> list[int]:
         """The next `n` tokens to compute: confirmed ones, then drafts; a position whose token is still on the
-        device is PLACEHOLDER."""
-        start = self.num_computed_tokens
-        ids = self.token_ids[start : start + n]
-        if len(ids) < n:
-            first_draft = max(0, start - len(self.token_ids))
-            ids += self.draft_token_ids[first_draft : first_draft + n - len(ids)]
-        return ids if len(ids) == n else ids + [PLACEHOLDER] * (n - len(ids))
+        device (before the drafts or after them) is PLACEHOLDER."""
+        start, end = self.num_computed_tokens, self.num_computed_tokens + n
+        ids = self.token_ids[start:end]
+        if len(ids) < n and self.draft_token_ids:
+            first = self.first_draft_position
+            ids += [PLACEHOLDER] * (min(first, end) - start - len(ids))
+            ids += self.draft_token_ids[max(0, start - first) : end - first]
+        return ids + [PLACEHOLDER] * (n - len(ids))
 
     def speculation_summary(self) -> str:
         """The share of drafts kept and the mean tokens a step with drafts emitted (kept drafts plus the token
@@ -114,9 +118,11 @@ class Request:
         return f"{kept} ({rate:.0%}), {length:.2f} tokens a step"
 
     def add_drafts(self, token_ids: list[int]) -> None:
-        """Guesses of the tokens after the last confirmed one, which the next step computes and checks."""
-        assert not self.num_placeholders, "a request speculates only once all its tokens are confirmed"
+        """Guesses of the tokens after the last one (confirmed, or still in flight), which the next step
+        computes and checks."""
+        assert not self.draft_token_ids, "a request's drafts are checked before it gets new ones"
         self.draft_token_ids = token_ids
+        self.first_draft_position = self.num_tokens
         self.num_placeholders += len(token_ids)
         self.num_tokens += len(token_ids)
 

@@ -88,11 +88,18 @@ class Scheduler:
 
     def needs_confirmed_tokens(self) -> bool:
         """Whether the next step's inputs need the values of tokens still in flight: penalties read each
-        request's completion on the host, and so does a proposer, which also needs to know how many
-        drafts the step in flight kept. (A grammar needs them only for its mask, which the engine core
-        fills after it has read the step in flight back.)"""
+        request's completion on the host; the next step of a request whose drafts are in flight depends on
+        how many are kept; and a proposer that cannot propose ahead (`Proposer.proposes_ahead`) reads every
+        token. (A grammar needs them only for its mask, which the engine core fills after it has read the
+        step in flight back.)"""
         return any(
-            req.num_placeholders and (req.params.has_penalties or self._may_speculate(req)) for req in self.running
+            req.num_placeholders
+            and (
+                req.params.has_penalties
+                or req.draft_token_ids
+                or (self._may_speculate(req) and not self.proposer.proposes_ahead)
+            )
+            for req in self.running
         )
 
     def _may_speculate(self, req: Request) -> bool:
@@ -201,13 +208,15 @@ class Scheduler:
 
     def _propose(self) -> dict[str, list[int]]:
         """Drafts, by request id, for the running requests that may speculate and would compute only their
-        last token, at most as many as their max_tokens and the model length leave room for after the
-        token sampled behind them; one call to the proposer for all of them."""
+        last token (confirmed, or with a proposer that proposes ahead still in flight), at most as many as
+        their max_tokens and the model length leave room for after the token sampled behind them; one call
+        to the proposer for all of them."""
         if self.proposer is None:
             return {}
-        candidates, room = [], []
+        candidates, room, pending = [], [], []
+        most_pending = 1 if self.proposer.proposes_ahead else 0
         for req in self.running:
-            if req.num_placeholders or req.num_new_tokens != 1 or not self._may_speculate(req):
+            if req.num_placeholders > most_pending or req.num_new_tokens != 1 or not self._may_speculate(req):
                 continue
             free = min(
                 self.proposer.num_speculative_tokens,
@@ -216,13 +225,16 @@ class Scheduler:
             )
             if free > 0:
                 candidates.append(req)
-                room.append(free)
+                # a guess for the token in flight comes first, and is dropped
+                room.append(free + req.num_placeholders)
+                pending.append(req.num_placeholders)
         if not candidates:
             return {}
         drafts = self.proposer.propose(
             [req.token_ids for req in candidates], room, [req.request_id for req in candidates]
         )
-        return {req.request_id: ids for req, ids in zip(candidates, drafts) if ids}
+        proposals = {req.request_id: ids[skip:] for req, ids, skip in zip(candidates, drafts, pending)}
+        return {request_id: ids for request_id, ids in proposals.items() if ids}
 
     def _spare_blocks(self) -> int:
         """Free blocks beyond those the running requests need for the tokens they have: what drafts may

@@ -31,8 +31,9 @@ class _History:
 
 class NgramProposer(Proposer):
     """For each request, the longest n in [`min_n`, `max_n`] such that its last n tokens occurred before
-    (the latest such occurrence), and up to `max_drafts` (at most `num_speculative_tokens`) tokens that
-    followed it there.
+    (the latest such occurrence), and up to `max_drafts` tokens that followed it there. A lookup needs no
+    token in flight, so it `proposes_ahead`: from the tokens before one in flight, the tokens that followed
+    the match stand for it and for those after it.
 
     Searching the whole context for the suffix costs O(context) per request
     and step, on the host, in every step: tens of ms for 256 requests of
@@ -66,6 +67,8 @@ class NgramProposer(Proposer):
     (benchmarks/ngram_proposer.py).
     """
 
+    proposes_ahead = True
+
     def __init__(self, num_speculative_tokens: int, min_n: int, max_n: int):
         assert 1 <= min_n <= max_n
         self.num_speculative_tokens = num_speculative_tokens
@@ -85,7 +88,6 @@ class NgramProposer(Proposer):
         new tokens."""
         if len(self._suffixes) == 1:
             return self._propose_one_n(token_ids, max_drafts, request_ids)
-        k = self.num_speculative_tokens
         history_of = self._histories.get
         suffixes = self._suffixes
         proposals: list[list[int]] = []
@@ -101,10 +103,8 @@ class NgramProposer(Proposer):
             else:
                 history = self._catch_up(request_id, ids, history)
             if length < self.max_n:
-                append(self._propose_short(ids, min(room, k)))
+                append(self._propose_short(ids, room))
                 continue
-            if room > k:
-                room = k
             draft = None
             last = []
             for (n, suffix_of), ends in zip(suffixes, history.ends):
@@ -124,7 +124,6 @@ class NgramProposer(Proposer):
         self, token_ids: list[list[int]], max_drafts: list[int], request_ids: list[str]
     ) -> list[list[int]]:
         """`propose` for a single n: the same steps, with one dict and one suffix per request."""
-        k = self.num_speculative_tokens
         history_of = self._histories.get
         ((n, suffix_of),) = self._suffixes
         proposals: list[list[int]] = []
@@ -140,7 +139,7 @@ class NgramProposer(Proposer):
                 history = self._catch_up(request_id, ids, history)
                 ends = history.ends[0]
                 if length < n:
-                    append(self._propose_short(ids, min(room, k)))
+                    append(self._propose_short(ids, room))
                     continue
             suffix = suffix_of(ids)
             key = _hash(suffix)
@@ -150,7 +149,7 @@ class NgramProposer(Proposer):
                 continue
             if tuple(ids[end - n : end]) != suffix:
                 end = _search(ids, suffix)  # the entry was another n-gram's
-            append(ids[end : end + min(room, k)] if end else [])
+            append(ids[end : end + room] if end else [])
         return proposals
 
     def _catch_up(self, request_id: str, ids: list[int], history: _History | None) -> _History:

@@ -16,9 +16,16 @@ class Proposer(ABC):
     a model of its own (a draft model) keeps state per request id, which it
     drops when the scheduler `release`s the request.
     `num_speculative_tokens` is the most guesses per request and step.
+    A method that `proposes_ahead` may be asked about a request whose newest
+    token is still in flight (its value unknown): it is then asked for one
+    guess more, and the first, which stands for the token in flight, is
+    dropped. The engine then keeps launching a step before reading the one
+    before it back; a method that cannot (a draft model must read every token)
+    makes each step wait for the one before.
     """
 
     num_speculative_tokens: int
+    proposes_ahead: bool = False
 
     @abstractmethod
     def propose(self, token_ids: list[list[int]], max_drafts: list[int], request_ids: list[str]) -> list[list[int]]:

@@ -304,10 +304,12 @@ class ModelRunner(Executor):
         return [table[p // bs] * bs + p % bs for p in range(start, end)] if table else [-1] * (end - start)
 
     def _src_rows(self, out: SchedulerOutput) -> list[int]:
-        """Per request: the row of the previous step's samples that holds its last input token,
-        or -1 when the host knows that token."""
+        """Per request: the row of the previous step's samples that holds its input token still in flight (its
+        chunk's last, or its first when drafts follow it), or -1 when the host knows every input token."""
         rows = self._last_sampled_rows
-        return [rows[req_id] if ids[-1] == PLACEHOLDER else -1 for req_id, ids in zip(out.req_ids, out.token_ids)]
+        return [
+            rows[req_id] if PLACEHOLDER in (ids[0], ids[-1]) else -1 for req_id, ids in zip(out.req_ids, out.token_ids)
+        ]
 
     def _run_varlen(self, out: SchedulerOutput) -> tuple[torch.Tensor, list[int]]:
         """Prompt chunks and any decodes beside them, packed: hidden states of every token, and where
@@ -315,10 +317,12 @@ class ModelRunner(Executor):
         seqlens_q = out.num_scheduled_tokens
         seqlens_k = [start + n for start, n in zip(out.num_computed_tokens, seqlens_q)]
         positions, slots, src_rows = [], [], []
-        for table, start, end, src in zip(out.block_tables, out.num_computed_tokens, seqlens_k, self._src_rows(out)):
+        for ids, table, start, end, src in zip(
+            out.token_ids, out.block_tables, out.num_computed_tokens, seqlens_k, self._src_rows(out)
+        ):
             positions += range(start, end)
             slots += self._slots(table, start, end)
-            src_rows += [-1] * (end - start - 1) + [src]
+            src_rows += [src if token_id == PLACEHOLDER else -1 for token_id in ids]
         cu_q = list(accumulate(seqlens_q, initial=0))
         cu_k = list(accumulate(seqlens_k, initial=0))
         # a cache that gives back other keys than it was given is read for the new tokens' keys too, so

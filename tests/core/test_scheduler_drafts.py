@@ -7,6 +7,7 @@ from test_scheduler import EOS, make_req, make_scheduler
 from nanovllm.core.block_manager import chain_hash
 from nanovllm.core.request import RequestStatus
 from nanovllm.core.runner_output import ModelRunnerOutput
+from nanovllm.core.scheduler_output import PLACEHOLDER
 from nanovllm.spec_decode.proposer import Proposer
 
 DRAFTS = [60, 61, 62]
@@ -181,3 +182,39 @@ def test_max_tokens_reached_inside_a_run_ends_it_with_length():
     assert out.draft_token_ids == [DRAFTS[:2]]
     [output] = sched.update(out, ModelRunnerOutput([[60, 61, 80]]))
     assert output.new_token_ids == [60, 61, 80] and output.finish_reason == "length"
+
+
+class AheadProposer(FixedProposer):
+    """FixedProposer, proposing ahead of a token in flight (as the n-gram lookup does)."""
+
+    proposes_ahead = True
+
+
+def test_a_proposer_that_proposes_ahead_drafts_behind_the_token_in_flight():
+    sched = make_scheduler()
+    sched.proposer = AheadProposer()
+    a = make_req("a", [10, 11, 12])
+    sched.add_request(a)
+    prefill = sched.schedule()
+    # the prefill's token is in flight and nothing drafts yet: the next step need not wait for it
+    assert not sched.needs_confirmed_tokens()
+    out = sched.schedule()
+    # asked from the confirmed tokens for one guess more, the first standing for the token in flight
+    assert sched.proposer.asked == [[10, 11, 12]]
+    assert out.token_ids == [[PLACEHOLDER, 61, 62]] and out.draft_token_ids == [[61, 62]]
+    assert out.num_computed_tokens == [3] and out.num_output_tokens == [1]
+    # drafts in flight: how many are kept decides the next step, which must wait for them
+    assert sched.needs_confirmed_tokens()
+    sched.update(prefill, ModelRunnerOutput([[50]]))
+    # 61 kept, 62 rejected: 80 was sampled in its place
+    [output] = sched.update(out, ModelRunnerOutput([[61, 80]]))
+    assert output.new_token_ids == [61, 80]
+    assert a.token_ids == [10, 11, 12, 50, 61, 80] and a.num_placeholders == 0 and a.num_computed_tokens == 5
+    assert sched.schedule().token_ids == [[80, 60, 61, 62]]
+
+
+def test_a_proposer_that_cannot_propose_ahead_waits_for_the_token_in_flight():
+    sched = drafting_scheduler()
+    sched.add_request(make_req("a", [10, 11, 12]))
+    sched.schedule()
+    assert sched.needs_confirmed_tokens()

@@ -12,6 +12,7 @@ from graphs_replayed_eagerly import GraphsReplayedEagerly
 from test_llm import record_preemptions, token_ids
 
 from nanovllm import SamplingParams
+from nanovllm.core.scheduler_output import PLACEHOLDER
 from nanovllm.sampling_params import StructuredOutputsParams
 from nanovllm.spec_decode.proposer import Proposer
 
@@ -78,9 +79,14 @@ def plain_greedy(qwen3_dir, prompts):
 @pytest.mark.parametrize("chunked", [True, False])
 def test_ngram_greedy_is_token_identical_and_both_keeps_and_rejects_drafts(qwen3_dir, prompts, plain_greedy, chunked):
     llm = spec_engine(qwen3_dir, enable_chunked_prefill=chunked)
+    runner = llm.client.core.executor
+    chunks, execute = [], runner.execute
+    runner.execute = lambda out, *args: chunks.extend(out.token_ids) or execute(out, *args)
     assert token_ids(llm.generate(prompts, GREEDY, use_tqdm=False)) == token_ids(plain_greedy)
     checked, kept = acceptance(llm)
     assert 0 < kept < checked
+    # the lookup proposes ahead of a token in flight (the step before is read back after this one launches)
+    assert any(len(ids) > 1 and ids[0] == PLACEHOLDER for ids in chunks)
     stats = llm.client.core.stats()
     assert 0 < stats.spec_decode_num_drafts <= checked
     assert llm.client.core.scheduler.block_manager.num_free_blocks == 64
