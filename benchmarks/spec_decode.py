@@ -14,8 +14,10 @@ GPU (default): a model shape (`--model-shape`, dummy weights, the Qwen3
 tokenizer, as `throughput.py` runs it), where drafts are rarely kept, so the
 figures measure the mechanism's cost: one sequence's ms/token (128-token
 prompt, 1024 new tokens) and the standard workload's output tok/s (k = 2),
-each without and with speculation, with the median GPU time of a decode step
-and of a step that checks drafts.
+each without and with speculation. The n-gram lookup finds few matches in
+dummy-weight text, so one sequence also runs with a stand-in proposer that
+proposes k tokens at every step (the last token repeated, as good as always
+rejected): the cost of a verify step, against a plain decode step.
 
     python benchmarks/spec_decode.py [--device cpu] [--model-shape SHAPE] [-k K]
 """
@@ -27,6 +29,7 @@ import statistics
 import time
 
 from nanovllm import LLM, SamplingParams
+from nanovllm.spec_decode.proposer import Proposer
 
 TEXT = os.path.join(os.path.dirname(__file__), "texts", "us_constitution_article_1.txt")
 TASKS = [
@@ -40,6 +43,19 @@ TASKS = [
 def ngram(k: int) -> dict:
     """vLLM's n-gram speculative config: k drafts, looked up with n from 1 to 4."""
     return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+
+
+class EveryStepProposer(Proposer):
+    """Proposes as many drafts as fit, the last confirmed token repeated, at every step: every step of a
+    request is then a verify step."""
+
+    proposes_ahead = True
+
+    def __init__(self, num_speculative_tokens: int):
+        self.num_speculative_tokens = num_speculative_tokens
+
+    def propose(self, token_ids, max_drafts, request_ids):
+        return [[ids[-1]] * k for ids, k in zip(token_ids, max_drafts)]
 
 
 def acceptance(llm: LLM) -> str:
@@ -95,12 +111,18 @@ def run_cpu(k: int, max_tokens: int = 128) -> None:
         llm.close()
 
 
-def measure_gpu(model: str, config: dict | None, single: bool, load: bool, prompts, max_tokens) -> dict:
-    """One engine's figures: one sequence's seconds per token, the workload's output tok/s (each if asked)."""
+def measure_gpu(
+    model: str, config: dict | None, single: bool, load: bool, prompts, max_tokens, every_step: bool = False
+) -> dict:
+    """One engine's figures: one sequence's seconds per token, the workload's output tok/s (each if asked);
+    `every_step`: drafts at every step (`EveryStepProposer`) rather than the n-gram lookup's."""
     from throughput import StepRecorder, single_sequence_latency
 
     label = "plain" if config is None else f"n-gram k={config['num_speculative_tokens']}"
     llm = LLM(model, load_format="dummy", **({} if config is None else {"speculative_config": config}))
+    if every_step:
+        label = f"drafts at every step, k={config['num_speculative_tokens']}"
+        llm.client.core.scheduler.proposer = EveryStepProposer(config["num_speculative_tokens"])
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8), use_tqdm=False)
     results = {}
     if single:
@@ -129,12 +151,18 @@ def run_gpu(shape: str, k: int) -> None:
     prompts, max_tokens = workload()
     print(f"machine: {torch.cuda.get_device_name()}; {shape} shape, dummy weights, Qwen3 tokenizer")
     runs = []
-    for config, single, load in ((None, True, True), (ngram(k), True, False), (ngram(2), False, True)):
-        runs.append(measure_gpu(model, config, single, load, prompts, max_tokens))
+    for config, single, load, every_step in (
+        (None, True, True, False),
+        (ngram(k), True, False, False),
+        (ngram(k), True, False, True),
+        (ngram(2), False, True, False),
+    ):
+        runs.append(measure_gpu(model, config, single, load, prompts, max_tokens, every_step))
         gc.collect()  # the engine's cache goes only once nothing refers to it
         torch.cuda.empty_cache()
-    plain, spec_k, spec_2 = runs
+    plain, spec_k, every_k, spec_2 = runs
     print(f"one sequence, n-gram k={k} / plain: {spec_k['single'] / plain['single']:.2f}x")
+    print(f"one sequence, a verify step of k={k} drafts / a decode step: {every_k['single'] / plain['single']:.2f}x")
     print(f"workload, n-gram k=2 / plain: {spec_2['workload'] / plain['workload']:.2f}x")
 
 
