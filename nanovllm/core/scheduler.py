@@ -88,17 +88,12 @@ class Scheduler:
 
     def needs_confirmed_tokens(self) -> bool:
         """Whether the next step's inputs need the values of tokens still in flight: penalties read each
-        request's completion on the host; the next step of a request whose drafts are in flight depends on
-        how many are kept; and a proposer that cannot propose ahead (`Proposer.proposes_ahead`) reads every
-        token. (A grammar needs them only for its mask, which the engine core fills after it has read the
-        step in flight back.)"""
+        request's completion on the host, and a proposer that cannot propose ahead (`Proposer.proposes_ahead`)
+        reads every token. (A grammar needs them only for its mask, which the engine core fills after it has
+        read the step in flight back; a request whose drafts are in flight sits the next step out.)"""
         return any(
             req.num_placeholders
-            and (
-                req.params.has_penalties
-                or req.draft_token_ids
-                or (self._may_speculate(req) and not self.proposer.proposes_ahead)
-            )
+            and (req.params.has_penalties or (self._may_speculate(req) and not self.proposer.proposes_ahead))
             for req in self.running
         )
 
@@ -175,7 +170,7 @@ class Scheduler:
     def _schedule_running(self, budget: int | None) -> tuple[list[Request], list[int]]:
         """Running requests in order, each with its decode token or its next prompt chunk,
         within `budget` tokens (None: no limit); preempts from the tail when blocks run out.
-        A request whose last token is in flight has nothing to compute and keeps its place."""
+        A request with every token it may have, or with drafts in flight, computes nothing and keeps its place."""
         scheduled, counts, kept = [], [], []
         left = math.inf if budget is None else budget
         block_manager, running = self.block_manager, self.running
@@ -183,7 +178,9 @@ class Scheduler:
         spare = self._spare_blocks() if proposals else 0
         while running and len(scheduled) < self.max_num_seqs and left > 0:
             req = running.popleft()
-            if self.stop_checker.has_all_tokens(req):
+            # a request whose drafts are in flight sits this step out: where its next step starts depends on
+            # how many are kept (when no other request can run, the step in flight is read back first)
+            if req.draft_token_ids or self.stop_checker.has_all_tokens(req):
                 kept.append(req)
                 continue
             # drafts only for a request whose own tokens fit: one that must preempt may preempt itself
@@ -255,7 +252,8 @@ class Scheduler:
     def _preempt(self, req: Request) -> None:
         # Recompute later: the completion so far becomes part of the next prefill,
         # which starts again from what the prefix cache still holds.
-        assert not req.draft_token_ids, "a request gets drafts only once its own tokens have blocks"
+        # drafts in flight stay: reading the step back confirms the kept ones and forgets the rest, before the
+        # request is admitted again (it waits for its placeholders)
         req.status = RequestStatus.WAITING
         self.block_manager.deallocate(req)
         self._release_from_proposer(req)

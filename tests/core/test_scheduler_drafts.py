@@ -203,8 +203,10 @@ def test_a_proposer_that_proposes_ahead_drafts_behind_the_token_in_flight():
     assert sched.proposer.asked == [[10, 11, 12]]
     assert out.token_ids == [[PLACEHOLDER, 61, 62]] and out.draft_token_ids == [[61, 62]]
     assert out.num_computed_tokens == [3] and out.num_output_tokens == [1]
-    # drafts in flight: how many are kept decides the next step, which must wait for them
-    assert sched.needs_confirmed_tokens()
+    # drafts in flight: how many are kept decides where the request's next step starts, so it sits the next
+    # step out (here nothing else runs: the step is empty, and the engine reads the one in flight back)
+    assert not sched.needs_confirmed_tokens()
+    assert sched.schedule().is_empty
     sched.update(prefill, ModelRunnerOutput([[50]]))
     # 61 kept, 62 rejected: 80 was sampled in its place
     [output] = sched.update(out, ModelRunnerOutput([[61, 80]]))
@@ -218,3 +220,30 @@ def test_a_proposer_that_cannot_propose_ahead_waits_for_the_token_in_flight():
     sched.add_request(make_req("a", [10, 11, 12]))
     sched.schedule()
     assert sched.needs_confirmed_tokens()
+
+
+def test_a_request_preempted_with_drafts_in_flight_keeps_what_they_confirm_and_recomputes_it():
+    sched = make_scheduler(num_blocks=3)
+
+    class OnlyA(AheadProposer):
+        def propose(self, token_ids, max_drafts, request_ids):
+            return [DRAFTS[:k] if r == "a" else [] for r, k in zip(request_ids, max_drafts)]
+
+    sched.proposer = OnlyA()
+    b, a = make_req("b", [20, 21, 22]), make_req("a", [10, 11, 12])
+    sched.add_request(b)
+    sched.add_request(a)
+    sched.update(sched.schedule(), ModelRunnerOutput([[50], [50]]))
+    with_drafts = sched.schedule()
+    assert with_drafts.draft_token_ids == [[], DRAFTS]
+    # a sits out with its drafts in flight; b needs a block for its next token and a, last, gives its own up
+    b_alone = sched.schedule()
+    assert b_alone.req_ids == ["b"] and a.status == RequestStatus.WAITING and sched.num_preemptions == 1
+    # 60 kept, 61 rejected (70 drawn): a keeps both, forgets the rest, and recomputes what the cache lacks
+    sched.update(with_drafts, ModelRunnerOutput([[51], [60, 70]]))
+    assert a.token_ids == [10, 11, 12, 50, 60, 70] and (a.num_placeholders, a.draft_token_ids) == (0, [])
+    sched.update(b_alone, ModelRunnerOutput([[52]]))
+    sched.abort(["b"])
+    out = sched.schedule()
+    # its first block (confirmed tokens) comes from the prefix cache
+    assert out.req_ids == ["a"] and out.token_ids == [[60, 70]] and out.num_computed_tokens == [4]

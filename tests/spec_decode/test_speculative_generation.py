@@ -42,8 +42,10 @@ class ReferenceProposer(Proposer):
     def propose(self, token_ids: list[list[int]], max_drafts: list[int], request_ids: list[str]) -> list[list[int]]:
         proposals = []
         for ids, k in zip(token_ids, max_drafts):
-            [sequence] = [s for s in self.sequences if s[: len(ids)] == ids]
-            drafts = sequence[len(ids) : len(ids) + min(k, self.num_speculative_tokens)]
+            # the first that continues `ids` (before a token in flight, a prompt may begin another's sequence
+            # too: the guesses are then another request's, which verification rejects)
+            sequence = next(s for s in self.sequences if s[: len(ids)] == ids)
+            drafts = sequence[len(ids) : len(ids) + k]
             proposals.append([2 + (t - 1) % 510 for t in drafts] if self.wrong else drafts)
         return proposals
 
@@ -248,11 +250,13 @@ def test_requests_that_may_not_speculate_run_beside_those_that_do(qwen3_dir, pro
 
 
 class NoisyProposer(ReferenceProposer):
-    """Proposes a random number of the reference's next tokens, each replaced by a random one at times."""
+    """Proposes a random number of the reference's next tokens, each replaced by a random one at times; with
+    `ahead`, also for requests whose newest token is in flight (the reference's next token stands for it)."""
 
-    def __init__(self, sequences: list[list[int]], seed: int):
+    def __init__(self, sequences: list[list[int]], seed: int, ahead: bool):
         super().__init__(sequences, num_speculative_tokens=NGRAM["num_speculative_tokens"])
         self.rng = random.Random(seed)
+        self.proposes_ahead = ahead
 
     def propose(self, token_ids: list[list[int]], max_drafts: list[int], request_ids: list[str]) -> list[list[int]]:
         right = super().propose(token_ids, [self.rng.randint(0, k) for k in max_drafts], request_ids)
@@ -280,7 +284,8 @@ def test_random_drafts_under_preemption_and_prefix_sharing_change_no_token(qwen3
     ]
     kwargs = dict(num_kvcache_blocks=10, enable_chunked_prefill=chunked, max_num_batched_tokens=256 if chunked else 512)
     plain = engine(qwen3_dir, **kwargs).generate(prompts, params, use_tqdm=False)
-    llm = spec_engine(qwen3_dir, NoisyProposer(full_sequences(prompts, plain), seed), **kwargs)
+    # proposing ahead, requests with drafts in flight sit steps out and may be preempted meanwhile
+    llm = spec_engine(qwen3_dir, NoisyProposer(full_sequences(prompts, plain), seed, ahead=seed != 1), **kwargs)
     preempted = record_preemptions(llm)
     outputs = llm.generate(prompts, params, use_tqdm=False)
     assert token_ids(outputs) == token_ids(plain)
