@@ -39,12 +39,10 @@ def first_sampling_rows(draft_token_ids: list[list[int]], rows_per_request: int 
     return list(accumulate((len(drafts) + 1 for drafts in draft_token_ids), initial=0))[:-1]
 
 
-def verify_drafts(
-    sampled: torch.Tensor, draft_token_ids: list[list[int]], to_device: ToDevice, rows_per_request: int | None = None
-) -> VerifiedDrafts:
+def verify_drafts(sampled: torch.Tensor, draft_token_ids: list[list[int]], to_device: ToDevice) -> VerifiedDrafts:
     """Keep each request's drafts while they equal the tokens sampled at their positions. `sampled`:
-    [rows] int64, the requests' rows one after another (drafts + 1 each, or `rows_per_request`)."""
-    starts = first_sampling_rows(draft_token_ids, rows_per_request)
+    [rows] int64, the requests' rows one after another (drafts + 1 each)."""
+    starts = first_sampling_rows(draft_token_ids)
     width = max(len(drafts) for drafts in draft_token_ids) + 1
     # [requests, width]: the drafts, then -1 at the position after the last and as padding, so that a run
     # of matches always ends within a request's own rows (sampled ids are >= 0)
@@ -54,3 +52,16 @@ def verify_drafts(
     matches = sampled[rows] == drafts  # [requests, width]
     num_emitted = matches.long().cumprod(dim=1).sum(dim=1) + 1
     return VerifiedDrafts(starts, num_emitted, sampled[first_rows + num_emitted - 1])
+
+
+def verify_padded(sampled: torch.Tensor, draft_ids: torch.Tensor, is_draft: torch.Tensor) -> VerifiedDrafts:
+    """`verify_drafts` for a verify step padded to fixed shapes, whose drafts are already on the device (the
+    step's own inputs): no copy from the host. `sampled`: [requests * queries] int64, each request's rows one
+    after another; `draft_ids`, `is_draft`: [requests, queries - 1], the tokens each request's step computed
+    after its last one and which of them are drafts (the rest pad)."""
+    num_requests, width = draft_ids.shape
+    rows = sampled.view(num_requests, width + 1)
+    matches = (rows[:, :-1] == draft_ids) & is_draft
+    num_emitted = matches.long().cumprod(dim=1).sum(dim=1) + 1
+    last_token_ids = rows.gather(1, (num_emitted - 1).unsqueeze(1)).squeeze(1)
+    return VerifiedDrafts(list(range(0, sampled.numel(), width + 1)), num_emitted, last_token_ids)

@@ -17,7 +17,7 @@ from nanovllm.models import model_class
 from nanovllm.sample.metadata import SamplingTensors, sampling_rows, sampling_tensors, step_sampling
 from nanovllm.sample.sampler import Sampler, SamplerOutput, token_logprobs
 from nanovllm.sampling_params import SamplingParams
-from nanovllm.spec_decode.verification import VerifiedDrafts, first_sampling_rows, verify_drafts
+from nanovllm.spec_decode.verification import VerifiedDrafts, first_sampling_rows, verify_drafts, verify_padded
 from nanovllm.utils.context import Context, forward_context
 from nanovllm.utils.loader import load_dummy_weights, load_model
 from nanovllm.utils.parallel import (
@@ -63,6 +63,9 @@ class LaunchedForward:
     sampled_in_step: bool  # the decode step drew every row itself
     prompt_scores: PromptScores | None
     num_logprobs: int | None = None  # with `sampled_in_step`: the most alternatives a row's logprobs list
+    # a verify step's drafts on the device, [requests, queries - 1] each: the ids after each request's last
+    # token, and which of them are drafts (the rest pad)
+    drafts_on_device: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class ModelRunner(Executor):
@@ -385,6 +388,14 @@ class ModelRunner(Executor):
         one per draft and one after them."""
         return self.verify_queries if out.is_decode and out.draft_token_ids is not None else None
 
+    def _drafts_on_device(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor]:
+        """The drafts of the verify step just loaded, as the decode buffers hold them on the device: the ids
+        after each request's last token, and which of them are drafts (a padding query stores nothing)."""
+        n, queries = len(out.req_ids), self.verify_queries
+        size = self.decode_size(n, queries)
+        input_ids, _, _, slots, *_ = self.decode_buffers.views(size, queries)
+        return input_ids.view(size, queries)[:n, 1:], slots.view(size, queries)[:n, 1:] >= 0
+
     def _run_decode(self, out: SchedulerOutput, sample: bool) -> torch.Tensor:
         """Each request's last token (and in a verify step its drafts, padded), the batch padded to a
         captured graph's size and replayed (or run eagerly): the decode step's logits [queries, vocab] on a
@@ -443,10 +454,11 @@ class ModelRunner(Executor):
         return masks.to(self.device, non_blocking=True), rows.to(self.device, non_blocking=True)
 
     def _sample(
-        self, out: SchedulerOutput, logits: torch.Tensor, grammar: GrammarBitmasks | None
+        self, step: LaunchedForward, grammar: GrammarBitmasks | None
     ) -> tuple[SamplerOutput, VerifiedDrafts | None]:
         """Rank 0: the step's sampling settings and grammar masks applied to its logits, the drafts checked
         (in a step with drafts), and each request's new id put in `last_sampled`."""
+        out, logits = step.out, step.logits
         rows_per_request = self._rows_per_request(out)
         tensors = sampling_tensors(out, logits.shape[-1], self.eos_token_ids, self._to_device, rows_per_request)
         if grammar is not None:
@@ -460,14 +472,17 @@ class ModelRunner(Executor):
         if out.draft_token_ids is None:
             self.last_sampled[: logits.size(0)].copy_(sampled.token_ids)
             return sampled, None
-        return self._verify(out, sampled)
+        return self._verify(step, sampled)
 
-    def _verify(self, out: SchedulerOutput, sampled: SamplerOutput) -> tuple[SamplerOutput, VerifiedDrafts]:
+    def _verify(self, step: LaunchedForward, sampled: SamplerOutput) -> tuple[SamplerOutput, VerifiedDrafts]:
         """The drafts checked against the ids sampled at their positions, and each request's last kept
         token put in `last_sampled` (its row there is the request's, as in a step without drafts)."""
         # a copy: the sampled ids may be a view of last_sampled, whose first rows change below
         sampled = replace(sampled, token_ids=sampled.token_ids.clone())
-        verified = verify_drafts(sampled.token_ids, out.draft_token_ids, self._to_device, self._rows_per_request(out))
+        if step.drafts_on_device is not None:
+            verified = verify_padded(sampled.token_ids, *step.drafts_on_device)
+        else:
+            verified = verify_drafts(sampled.token_ids, step.out.draft_token_ids, self._to_device)
         self.last_sampled[: verified.last_token_ids.numel()].copy_(verified.last_token_ids)
         return sampled, verified
 
@@ -482,7 +497,7 @@ class ModelRunner(Executor):
     def launch_forward(self, out: SchedulerOutput, constrained: bool = False) -> LaunchedForward:
         """Queue a step's forward pass and LM head (and, in a decode step whose rows need no more, its
         sampling) without waiting for the device; `constrained`: some sampling row is held to a grammar."""
-        prompt_scores = logits = num_logprobs = None
+        prompt_scores = logits = num_logprobs = drafts_on_device = None
         if out.is_decode:
             asked = None
             if self._decode_step.samples:
@@ -490,6 +505,8 @@ class ModelRunner(Executor):
             sampled_in_step = asked is not None and not asked.needs_full_sampler
             num_logprobs = max(asked.logprobs) if asked is not None and asked.logprobs else None
             decoded = self._run_decode(out, sampled_in_step)
+            if out.draft_token_ids is not None:
+                drafts_on_device = self._drafts_on_device(out)
             # the LM head runs once per step: a rank that samples has the decode step's logits
             logits, hidden_states = (decoded, None) if self._decode_step.samples else (None, decoded)
         else:
@@ -500,7 +517,7 @@ class ModelRunner(Executor):
             sampled_in_step = False
         if out.sampled_req_ids and logits is None:
             logits = self.model.compute_logits(hidden_states)  # every rank joins the gather to rank 0
-        return LaunchedForward(out, logits, sampled_in_step, prompt_scores, num_logprobs)
+        return LaunchedForward(out, logits, sampled_in_step, prompt_scores, num_logprobs, drafts_on_device)
 
     @torch.inference_mode()
     def launch_sampling(self, step: LaunchedForward, grammar: GrammarBitmasks | None = None) -> PendingOutput | None:
@@ -516,9 +533,9 @@ class ModelRunner(Executor):
                 if step.sampled_in_step:
                     sampled = self._sampled_in_step(step)
                     if out.draft_token_ids is not None:
-                        sampled, verified = self._verify(out, sampled)
+                        sampled, verified = self._verify(step, sampled)
                 else:
-                    sampled, verified = self._sample(out, step.logits, grammar)
+                    sampled, verified = self._sample(step, grammar)
             if self.world_size > 1:
                 dist.broadcast(self.last_sampled[:num_sampled], src=0)
         self._last_sampled_rows = {req_id: row for row, req_id in enumerate(out.sampled_req_ids)}

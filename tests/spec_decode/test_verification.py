@@ -8,7 +8,7 @@ from chi_square import chi_square_p_value
 
 from nanovllm.sample.metadata import SamplingTensors
 from nanovllm.sample.sampler import Sampler
-from nanovllm.spec_decode.verification import verify_drafts
+from nanovllm.spec_decode.verification import verify_drafts, verify_padded
 
 
 def to_device(values, dtype):
@@ -30,6 +30,24 @@ def test_a_fully_kept_run_ends_with_the_token_after_the_last_draft():
     verified = verify_drafts(sampled, [[1, 2, 3], [7]], to_device)
     assert verified.num_emitted.tolist() == [4, 2]
     assert verified.last_token_ids.tolist() == [4, 8]
+
+
+def test_a_padded_verify_step_keeps_what_the_unpadded_check_keeps():
+    # the same drafts as above, each request padded to 4 rows: the padding queries' input ids (0 here) and
+    # samples never extend a run, even where a padding row's sample equals its input id
+    drafts = [[5, 6, 7], [], [9, 9]]
+    unpadded = torch.tensor([5, 6, 8, 2, 4, 3, 9, 9])
+    sampled = torch.tensor([5, 6, 8, 2, 4, 0, 0, 0, 3, 9, 9, 0])
+    draft_ids = torch.tensor([[5, 6, 7], [0, 0, 0], [9, 9, 0]])
+    is_draft = torch.tensor([[True] * 3, [False] * 3, [True, True, False]])
+    padded = verify_padded(sampled, draft_ids, is_draft)
+    expected = verify_drafts(unpadded, drafts, to_device)
+    assert padded.row_starts == [0, 4, 8]
+    assert padded.num_emitted.tolist() == expected.num_emitted.tolist() == [3, 1, 1]
+    assert padded.last_token_ids.tolist() == expected.last_token_ids.tolist() == [8, 4, 3]
+    # every draft kept: the token after the last one ends the run
+    all_kept = verify_padded(torch.tensor([5, 6, 7, 1]), torch.tensor([[5, 6, 7]]), torch.ones(1, 3, dtype=torch.bool))
+    assert all_kept.num_emitted.tolist() == [4] and all_kept.last_token_ids.tolist() == [1]
 
 
 def test_point_mass_drafts_checked_by_sampling_keep_the_targets_distribution():
