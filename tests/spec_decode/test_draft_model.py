@@ -135,8 +135,9 @@ def test_a_draft_shorter_than_max_model_len_is_refused(qwen3_dir, tmp_path):
 
 
 def test_the_draft_runs_on_one_rank(qwen3_dir, draft_dir):
+    # on the CPU, where two ranks need no second GPU (a one-GPU machine refuses them for that first)
     with pytest.raises(ValueError, match="tensor_parallel_size=1 only"):
-        Config(qwen3_dir, tensor_parallel_size=2, speculative_config=draft_settings(draft_dir))
+        Config(qwen3_dir, device="cpu", tensor_parallel_size=2, speculative_config=draft_settings(draft_dir))
 
 
 def test_the_draft_config_is_the_targets_with_the_drafts_folder(qwen3_dir, draft_dir):
