@@ -25,6 +25,8 @@ import statistics
 import sys
 import time
 
+from cpu_chat import cpu_name
+
 from nanovllm.spec_decode.ngram_proposer import NgramProposer
 
 BARS_MS = {1: 0.05, 256: 0.3}
@@ -41,14 +43,6 @@ def token_stream(rng: random.Random, length: int, vocab: int) -> list[int]:
         else:
             ids.extend(rng.randrange(vocab) for _ in range(run))
     return ids[:length]
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
 
 
 def run(batch: int, args: argparse.Namespace) -> None:

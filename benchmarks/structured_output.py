@@ -20,7 +20,6 @@ with "stop" is parsed and validated (jsonschema), and the count printed.
 import argparse
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -28,6 +27,7 @@ from dataclasses import dataclass, field
 
 import jsonschema
 import torch
+from cpu_chat import cpu_name
 from throughput import StepRecorder, add_qwen3_tokenizer, hbm_bandwidth, workload, write_model_dir
 from transformers import AutoTokenizer
 
@@ -94,14 +94,6 @@ def mask_cost(tokenizer, batch: int) -> tuple[float, float, int]:
         for request_id in ids:
             assert structured.accept(request_id, token_id), tokenizer.decode([token_id])
     return statistics.median(fills) * 1e3, statistics.median(applies) * 1e3, len(reply)
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
 
 
 @dataclass
