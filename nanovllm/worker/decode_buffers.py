@@ -56,6 +56,8 @@ class DecodeBuffers:
         self._turn = 0
         self._rng = np.random.default_rng(seed)
         self._device_views: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
+        # per host buffer, its numpy views of each shape, the per-query fields as [size, queries]
+        self._host_views: list[dict[tuple[int, int], tuple[np.ndarray, ...]]] = [{}, {}]
 
     def _split(self, buffer, size: int, queries: int, float64) -> tuple:
         rows = size * queries
@@ -67,6 +69,15 @@ class DecodeBuffers:
 
     def _used(self, size: int, queries: int) -> int:
         return size * (queries * _TOKEN_FIELDS + 1 + self.width)
+
+    def _host_views_of(self, size: int, queries: int) -> tuple[np.ndarray, ...]:
+        """The current host buffer's views of that shape, the per-query fields (but the seeds) as
+        [size, queries]; made once per shape."""
+        views = self._host_views[self._turn]
+        if (size, queries) not in views:
+            *fields, seeds, order, tables = self._split(self._host_arrays[self._turn], size, queries, np.float64)
+            views[size, queries] = (*(x.reshape(size, queries) for x in fields), seeds, order, tables)
+        return views[size, queries]
 
     def views(self, size: int, queries: int = 1) -> tuple[torch.Tensor, ...]:
         """Device (input_ids, src_rows, positions, slot_mapping, context_lens, temperatures, seeds,
@@ -95,21 +106,13 @@ class DecodeBuffers:
         block table, and with `drafts` the tokens that follow it in this step
         (at most queries - 1).
         """
-        host = self._host_arrays[self._turn]
         n, q, bs = len(input_ids), queries, self.block_size
-        ids, src, pos, slots, lens, temps, seeds, order, tables = self._split(host, size, q, np.float64)
-        # [size, queries] views of the per-query fields; real sequences first
-        ids, src, pos, slots, lens, temps = (x.reshape(size, q) for x in (ids, src, pos, slots, lens, temps))
-        num_drafts = np.zeros(n, np.int64) if drafts is None else np.fromiter(map(len, drafts), np.int64, n)
-        offsets = np.minimum(np.arange(q), num_drafts[:, None])  # [n, q]: padding repeats the last real query
-        ids[:n] = 0
+        ids, src, pos, slots, lens, temps, seeds, order, tables = self._host_views_of(size, q)
         ids[:n, 0] = input_ids
-        if drafts is not None:
-            is_draft = (np.arange(q) >= 1) & (np.arange(q) <= num_drafts[:, None])
-            ids[:n][is_draft] = np.fromiter(chain.from_iterable(drafts), np.int64, int(num_drafts.sum()))
-        src[:n] = -1
         src[:n, 0] = src_rows
-        pos[:n] = np.asarray(positions, np.int64)[:, None] + offsets
+        pos[:n, 0] = positions
+        if drafts is not None:
+            num_drafts = _lay_out_drafts(drafts, ids[:n], src[:n], pos[:n])
         lens[:n] = pos[:n] + 1
         temps[:n] = np.asarray(temperatures, np.float64)[:, None]
         # this region held other fields for other shapes: a stale slot or -1 is no token id or position
@@ -126,9 +129,22 @@ class DecodeBuffers:
         in_table = np.arange(self.width) < widths[:, None]
         tables[:n][in_table] = np.fromiter(chain.from_iterable(block_tables), np.int64, int(widths.sum()))
         slots[:n] = tables[np.arange(n)[:, None], pos[:n] // bs] * bs + pos[:n] % bs
-        slots[:n][np.arange(q) > num_drafts[:, None]] = -1  # a padding query stores nothing
+        if drafts is not None:
+            slots[:n][np.arange(q) > num_drafts[:, None]] = -1  # a padding query stores nothing
         slots[n:] = -1
         used = self._used(size, q)
         self.device[:used].copy_(self.hosts[self._turn][:used], non_blocking=True)
         self._turn ^= 1
         return self.views(size, q)
+
+
+def _lay_out_drafts(drafts: list[list[int]], ids: np.ndarray, src: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """Fill the queries after each sequence's last token ([sequences, queries] views whose first column is
+    filled): its drafts, then padding that repeats the last real query's position. Returns the draft counts."""
+    num_drafts = np.fromiter(map(len, drafts), np.int64, len(drafts))
+    later = np.arange(1, ids.shape[1])
+    ids[:, 1:] = 0
+    ids[:, 1:][later <= num_drafts[:, None]] = np.fromiter(chain.from_iterable(drafts), np.int64, num_drafts.sum())
+    src[:, 1:] = -1
+    pos[:, 1:] = pos[:, :1] + np.minimum(later, num_drafts[:, None])
+    return num_drafts
