@@ -2,7 +2,6 @@
 
 import torch
 
-from nanovllm.utils.context import Context, forward_context
 from nanovllm.worker.cuda_graphs import capture_sizes
 
 
@@ -30,20 +29,7 @@ class GraphsReplayedEagerly:
 
     def replay(self, size, queries=1):
         self.replays.append((size, queries))
-        input_ids, src_rows, positions, slots, lens, temperatures, seeds, order, tables = self.buffers.views(
-            size, queries
-        )
-        context = Context(
-            is_prefill=False,
-            slot_mapping=slots,
-            context_lens=lens,
-            block_tables=tables,
-            seq_order=order,
-            max_seqlen_k=int(lens.max()),
-            queries_per_seq=queries,
-        )
-        with forward_context(context):
-            return self.step(input_ids, src_rows, positions, temperatures, seeds)
+        return self.step(*self.buffers.views(size, queries))
 
     def release(self):
         pass

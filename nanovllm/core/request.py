@@ -21,11 +21,13 @@ class Request:
     has: `token_ids` (the confirmed ones, prompt then completion) plus
     `num_placeholders`, tokens that a launched step samples but whose values the
     host has not read back yet (at most the one of the step in flight, and for a
-    moment also the one of the step just scheduled). A speculating request's
-    placeholders include `draft_token_ids`, guesses of their values from position
-    `first_draft_position` on (right after the last confirmed token, or after the
-    token still in flight), that the step computes K/V for and checks; the kept
-    ones are confirmed, the others forgotten (`drop_unconfirmed`). `num_computed_tokens`
+    moment also the one of the step just scheduled; with drafts in flight those
+    count as if all will be kept). A speculating request's
+    placeholders include `draft_token_ids`, the newest step's guesses of their
+    values from position `first_draft_position` on (right after the last confirmed
+    token, or after the token still in flight), that the step computes K/V for
+    and checks (an earlier step's drafts may still be in flight too); the kept
+    ones are confirmed, the others forgotten (`drop_rejected`). `num_computed_tokens`
     counts the tokens whose K/V is in the cache or being written by a launched
     step; a step computes positions `num_computed_tokens` onwards, or a first
     chunk of them, and samples when it reaches `num_tokens`.
@@ -126,13 +128,22 @@ class Request:
         self.num_placeholders += len(token_ids)
         self.num_tokens += len(token_ids)
 
-    def drop_unconfirmed(self) -> None:
-        """After a speculative step's kept tokens are confirmed: forget the rejected drafts (and any
-        placeholder after them); their K/V counts as not computed, so that the next step overwrites it."""
-        self.num_tokens -= self.num_placeholders
-        self.num_placeholders = 0
+    def drop_rejected(self, num_rejected: int) -> None:
+        """After a speculative step's kept tokens are confirmed: forget its `num_rejected` rejected drafts. Their
+        K/V counts as not computed, so that the next step overwrites it; a later step already launched computed
+        its tokens as if every draft had been kept, so they (and its drafts) move back by as many positions, as
+        the device moved them."""
+        self.num_tokens -= num_rejected
+        self.num_placeholders -= num_rejected
+        self.num_computed_tokens = max(0, self.num_computed_tokens - num_rejected)
+        self.first_draft_position -= num_rejected
+        if not self.num_placeholders:
+            self.draft_token_ids = []
+
+    def pass_drafts_in_flight(self) -> None:
+        """Schedule the next step as if every draft in flight will be kept: those drafts stay with their step
+        for the check (`drop_rejected` then moves what follows back), and the next step may draft anew."""
         self.draft_token_ids = []
-        self.num_computed_tokens = min(self.num_computed_tokens, self.num_tokens - 1)
 
     def add_placeholder(self) -> None:
         """A launched step samples this request's next token."""

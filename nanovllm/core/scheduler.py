@@ -14,7 +14,11 @@ frees finished requests.
 With a proposer (speculative decoding) a running request whose tokens are all
 confirmed may get guesses of its next tokens scheduled behind its last one;
 `update` confirms those that the step kept and the token sampled after them,
-and rolls the rest back, so that their KV slots are written again.
+and rolls the rest back, so that their KV slots are written again. Where the
+device runs ahead of the host (`verify_ahead`), a request whose drafts are in
+flight runs in the next decode step as if every draft will be kept, with new
+drafts that guess on from them: the device moves that step's positions back
+by the drafts rejected (`DecodeStep`), and `update` does the same on the host.
 """
 
 import logging
@@ -62,6 +66,10 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: deque[Request] = deque()
         self.proposer = proposer
+        # Whether a request whose drafts are in flight may run in the next (decode) step rather than sit it out.
+        # Where launching a step runs it (the CPU) nothing overlaps, and drafts guessed from the step's
+        # confirmed tokens are kept more often than those that assume every draft in flight is kept.
+        self.verify_ahead = config.device_type == "cuda"
         self.prefix_cache_queries = self.prefix_cache_hits = self.num_preemptions = 0
         # speculative decoding: request-steps with drafts, drafts checked, drafts kept, and kept per position
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
@@ -127,13 +135,15 @@ class Scheduler:
         """Pick the next step. It is empty only when every live request waits for a token in flight."""
         if self.chunked_prefill:
             # Decodes first, so that a long prompt only ever takes what they leave of the budget.
-            reqs, counts = self._schedule_running(self.max_num_batched_tokens)
-            new_reqs, new_counts = self._admit(self.max_num_batched_tokens - sum(counts), num_running=len(reqs))
-            reqs, counts = reqs + new_reqs, counts + new_counts
+            reqs, counts, passed = self._schedule_running(self.max_num_batched_tokens)
+            # a request past its drafts in flight runs in decode steps only, whose positions the device moves
+            if not passed:
+                new_reqs, new_counts = self._admit(self.max_num_batched_tokens - sum(counts), len(reqs))
+                reqs, counts = reqs + new_reqs, counts + new_counts
         else:
             reqs, counts = self._admit(self.max_num_batched_tokens, num_running=0)
             if not reqs:
-                reqs, counts = self._schedule_running(budget=None)
+                reqs, counts, _ = self._schedule_running(budget=None)
         return self._advance(reqs, counts)
 
     def _admit(self, budget: int, num_running: int) -> tuple[list[Request], list[int]]:
@@ -167,22 +177,32 @@ class Scheduler:
             counts.append(n)
         return scheduled, counts
 
-    def _schedule_running(self, budget: int | None) -> tuple[list[Request], list[int]]:
+    def _schedule_running(self, budget: int | None) -> tuple[list[Request], list[int], bool]:
         """Running requests in order, each with its decode token or its next prompt chunk,
         within `budget` tokens (None: no limit); preempts from the tail when blocks run out.
-        A request with every token it may have, or with drafts in flight, computes nothing and keeps its place."""
-        scheduled, counts, kept = [], [], []
+        A request with every token it may have, or with drafts in flight that it may not pass
+        (`_passes_drafts`), computes nothing and keeps its place. Also says whether some request
+        passed its drafts in flight."""
+        scheduled, counts, kept, passed = [], [], [], False
         left = math.inf if budget is None else budget
         block_manager, running = self.block_manager, self.running
-        proposals = self._propose()
+        decode_only = self._may_pass_drafts()
+        proposals = self._propose(decode_only)
         spare = self._spare_blocks() if proposals else 0
         while running and len(scheduled) < self.max_num_seqs and left > 0:
             req = running.popleft()
-            # a request whose drafts are in flight sits this step out: where its next step starts depends on
-            # how many are kept (when no other request can run, the step in flight is read back first)
-            if req.draft_token_ids or self.stop_checker.has_all_tokens(req):
+            # a request whose drafts are in flight sits this step out where it may not pass them: where its
+            # next step starts depends on how many are kept (when no other request can run, the step in
+            # flight is read back first)
+            if req.draft_token_ids and not (decode_only and self._passes_drafts(req)):
                 kept.append(req)
                 continue
+            if self.stop_checker.has_all_tokens(req):
+                kept.append(req)
+                continue
+            if req.draft_token_ids:
+                req.pass_drafts_in_flight()
+                passed = True
             # drafts only for a request whose own tokens fit: one that must preempt may preempt itself
             if proposals.get(req.request_id) and block_manager.can_append(req):
                 drafts, spare = self._drafts_that_fit(req, proposals[req.request_id], left, spare)
@@ -201,19 +221,39 @@ class Scheduler:
                 kept.append(req)
                 left -= n
         running.extendleft(reversed(kept))
-        return scheduled, counts
+        return scheduled, counts, passed
 
-    def _propose(self) -> dict[str, list[int]]:
+    def _may_pass_drafts(self) -> bool:
+        """Whether requests may pass their drafts in flight this step: the device runs ahead of the host, and
+        the step will be a decode step (no prompt chunk runs and none is admitted)."""
+        return (
+            self.verify_ahead
+            and (not self.waiting or len(self.running) >= self.max_num_seqs)
+            and all(req.num_new_tokens <= 1 for req in self.running)
+        )
+
+    def _passes_drafts(self, req: Request) -> bool:
+        """Whether `req`, with drafts in flight, runs in the next decode step as if all of them will be kept:
+        its draws may not depend on how many tokens it has, which the host does not know then (no seed, whose
+        noise follows the position; min_tokens already reached)."""
+        params = req.params
+        return params.seed is None and len(req.token_ids) - req.num_prompt_tokens >= params.min_tokens
+
+    def _propose(self, decode_only: bool) -> dict[str, list[int]]:
         """Drafts, by request id, for the running requests that may speculate and would compute only their
-        last token (confirmed, or with a proposer that proposes ahead still in flight), at most as many as
-        their max_tokens and the model length leave room for after the token sampled behind them; one call
-        to the proposer for all of them."""
+        last token (confirmed, or with a proposer that proposes ahead still in flight, or in a `decode_only`
+        step past drafts in flight, the token after them), at most as many as their max_tokens and the
+        model length leave room for after the token sampled behind them; one call to the proposer for all
+        of them. Drafts in flight count as kept in what the proposer is shown."""
         if self.proposer is None:
             return {}
         candidates, room, pending = [], [], []
         most_pending = 1 if self.proposer.proposes_ahead else 0
         for req in self.running:
-            if req.num_placeholders > most_pending or req.num_new_tokens != 1 or not self._may_speculate(req):
+            if req.draft_token_ids and not (decode_only and self._passes_drafts(req)):
+                continue
+            unknown = req.num_placeholders - len(req.draft_token_ids)
+            if unknown > most_pending or req.num_new_tokens != 1 or not self._may_speculate(req):
                 continue
             free = min(
                 self.proposer.num_speculative_tokens,
@@ -223,12 +263,14 @@ class Scheduler:
             if free > 0:
                 candidates.append(req)
                 # a guess for the token in flight comes first, and is dropped
-                room.append(free + req.num_placeholders)
-                pending.append(req.num_placeholders)
+                room.append(free + unknown)
+                pending.append(unknown)
         if not candidates:
             return {}
         drafts = self.proposer.propose(
-            [req.token_ids for req in candidates], room, [req.request_id for req in candidates]
+            [req.token_ids + req.draft_token_ids if req.draft_token_ids else req.token_ids for req in candidates],
+            room,
+            [req.request_id for req in candidates],
         )
         proposals = {req.request_id: ids[skip:] for req, ids, skip in zip(candidates, drafts, pending)}
         return {request_id: ids for request_id, ids in proposals.items() if ids}
@@ -333,7 +375,7 @@ class Scheduler:
                     break
             else:
                 if drafts:
-                    req.drop_unconfirmed()
+                    req.drop_rejected(len(drafts) + 1 - len(token_ids))
             stop_reason = token_id if reason == "stop" and token_id in req.params.stop_token_ids else None
             new_logprobs = None if logprobs is None or logprobs[i] is None else logprobs[i][: len(token_ids)]
             outputs.append(

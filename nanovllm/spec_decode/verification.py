@@ -24,11 +24,12 @@ ToDevice = Callable[[list, torch.dtype], torch.Tensor]
 class VerifiedDrafts:
     """What a speculative step keeps, per sampling request: how many of its rows' tokens it emits (the
     kept drafts and the token after them) and the last of them, where its next step's input comes
-    from."""
+    from, and how many drafts it rejected, by which a next step launched before the check moves back."""
 
     row_starts: list[int]  # each request's first sampling row
     num_emitted: torch.Tensor  # [requests] int64, from 1 to drafts + 1
     last_token_ids: torch.Tensor  # [requests] int64
+    num_rejected: torch.Tensor  # [requests] int64, from 0 to drafts
 
 
 def first_sampling_rows(draft_token_ids: list[list[int]], rows_per_request: int | None = None) -> list[int]:
@@ -51,7 +52,8 @@ def verify_drafts(sampled: torch.Tensor, draft_token_ids: list[list[int]], to_de
     rows = (first_rows.unsqueeze(1) + torch.arange(width, device=sampled.device)).clamp_max_(sampled.numel() - 1)
     matches = sampled[rows] == drafts  # [requests, width]
     num_emitted = matches.long().cumprod(dim=1).sum(dim=1) + 1
-    return VerifiedDrafts(starts, num_emitted, sampled[first_rows + num_emitted - 1])
+    num_rejected = (drafts >= 0).sum(dim=1) + 1 - num_emitted
+    return VerifiedDrafts(starts, num_emitted, sampled[first_rows + num_emitted - 1], num_rejected)
 
 
 def verify_padded(sampled: torch.Tensor, draft_ids: torch.Tensor, is_draft: torch.Tensor) -> VerifiedDrafts:
@@ -64,4 +66,5 @@ def verify_padded(sampled: torch.Tensor, draft_ids: torch.Tensor, is_draft: torc
     matches = (rows[:, :-1] == draft_ids) & is_draft
     num_emitted = matches.long().cumprod(dim=1).sum(dim=1) + 1
     last_token_ids = rows.gather(1, (num_emitted - 1).unsqueeze(1)).squeeze(1)
-    return VerifiedDrafts(list(range(0, sampled.numel(), width + 1)), num_emitted, last_token_ids)
+    num_rejected = is_draft.sum(dim=1) + 1 - num_emitted
+    return VerifiedDrafts(list(range(0, sampled.numel(), width + 1)), num_emitted, last_token_ids, num_rejected)

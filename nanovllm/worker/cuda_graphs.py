@@ -4,12 +4,11 @@ from collections.abc import Callable
 
 import torch
 
-from nanovllm.utils.context import Context, forward_context
 from nanovllm.worker.decode_buffers import DecodeBuffers
 
-# (input_ids, src_rows, positions, temperatures, seeds) -> the step's output (logits, or hidden states
-# with several ranks): the runner's DecodeStep
-DecodeFunction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# the decode buffers' views of one shape (`DecodeBuffers.views`) -> the step's output (logits, or hidden
+# states with several ranks): the runner's DecodeStep
+DecodeFunction = Callable[..., torch.Tensor]
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -61,9 +60,8 @@ class DecodeGraphs:
         shapes = [(size, 1) for size in self.sizes] + [(size, self.verify_queries) for size in self.verify_sizes]
         # largest first, so that smaller graphs fit in its pool
         for size, queries in sorted(shapes, key=lambda shape: -shape[0] * shape[1]):
-            input_ids, src_rows, positions, slot_mapping, context_lens, temperatures, seeds, seq_order, block_tables = (
-                self.buffers.views(size, queries)
-            )
+            inputs = self.buffers.views(size, queries)
+            input_ids, src_rows, positions, slot_mapping, context_lens, temperatures, seeds, seq_order, _ = inputs
             # padding rows, as the buffers define them; the views of sizes overlap, so a larger
             # size's -1s would otherwise be read here as token ids and positions
             input_ids.zero_()
@@ -73,20 +71,10 @@ class DecodeGraphs:
             context_lens.zero_()
             temperatures.zero_()
             torch.arange(size, out=seq_order)
-            context = Context(
-                is_prefill=False,
-                slot_mapping=slot_mapping,
-                context_lens=context_lens,
-                block_tables=block_tables,
-                seq_order=seq_order,
-                queries_per_seq=queries,
-            )
-            inputs = (input_ids, src_rows, positions, temperatures, seeds)
-            with forward_context(context):
-                self.step(*inputs)  # compiles the kernels first
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool):
-                    self.outputs[size, queries] = self.step(*inputs)
+            self.step(*inputs)  # compiles the kernels first
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool):
+                self.outputs[size, queries] = self.step(*inputs)
             pool = graph.pool() if pool is None else pool
             self.graphs[size, queries] = graph
             torch.cuda.synchronize()

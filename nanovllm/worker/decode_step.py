@@ -4,6 +4,7 @@ import torch
 
 from nanovllm.layers.fusion import fused_on_cuda
 from nanovllm.sample.sampler import sample_with_temperatures
+from nanovllm.utils.context import Context, forward_context
 
 
 @fused_on_cuda
@@ -12,6 +13,31 @@ def resolve_placeholders(input_ids: torch.Tensor, src_rows: torch.Tensor, last_s
     (one generated kernel on CUDA instead of a compare, a gather and a select)."""
     # input_ids, src_rows: [tokens]; last_sampled: [max_num_seqs] -> [tokens]
     return torch.where(src_rows < 0, input_ids, last_sampled[src_rows])
+
+
+@fused_on_cuda
+def moved_back(
+    positions: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    src_rows: torch.Tensor,
+    num_rejected: torch.Tensor,
+    block_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The positions, cache slots and context lengths of a decode step launched before the drafts of the step
+    before it were checked: the queries of a sequence whose first input token is that step's sample in row
+    r move back by `num_rejected[r]`, the drafts rejected there (the host scheduled them as if every draft
+    would be kept). A query that stores nothing (slot -1) still stores nothing."""
+    # positions, slot_mapping, context_lens, src_rows: [size * queries]; block_tables: [size, width];
+    # num_rejected: [rows of the step before] -> positions, slot_mapping, context_lens: [size * queries]
+    size = block_tables.size(0)
+    first = src_rows.view(size, -1)[:, :1]
+    shift = torch.where(first >= 0, num_rejected[first.clamp(min=0)], 0)  # [size, 1]
+    moved = positions.view(size, -1) - shift
+    slots = block_tables.gather(1, moved // block_size) * block_size + moved % block_size
+    slots = torch.where(slot_mapping.view(size, -1) >= 0, slots, -1)
+    return moved.view(-1), slots.view(-1), (context_lens.view(size, -1) - shift).view(-1)
 
 
 class DeviceInputForward:
@@ -38,11 +64,19 @@ class DecodeStep:
     (its ids then overwrite these) and the LM head runs once per step, in a graph or not. They are
     written to `logits` when the runner sets that buffer, [max_num_seqs, vocab]: the graphs share it
     rather than each holding a [rows, vocab] output of its own. Without `samples` it returns the
-    hidden states, which the runner scores across the ranks."""
+    hidden states, which the runner scores across the ranks.
 
-    def __init__(self, forward: DeviceInputForward, samples: bool):
+    With `num_rejected` (speculative decoding: the drafts each row of the step before rejected, which the
+    runner keeps) the step first moves its sequences back by them (`moved_back`), for the host may launch
+    it before it knows them; KV blocks are `block_size` tokens."""
+
+    def __init__(
+        self, forward: DeviceInputForward, samples: bool, block_size: int, num_rejected: torch.Tensor | None = None
+    ):
         self.forward = forward
         self.samples = samples
+        self.block_size = block_size
+        self.num_rejected = num_rejected
         self.logits: torch.Tensor | None = None
 
     def __call__(
@@ -50,15 +84,33 @@ class DecodeStep:
         input_ids: torch.Tensor,
         src_rows: torch.Tensor,
         positions: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        context_lens: torch.Tensor,
         temperatures: torch.Tensor,
         seeds: torch.Tensor,
+        seq_order: torch.Tensor,
+        block_tables: torch.Tensor,
         sample: bool = True,
     ) -> torch.Tensor:
-        """`sample=False` skips the temperature sampling where no graph needs it: an eager step that the
-        full sampler samples."""
-        # input_ids, src_rows, positions, temperatures, seeds: [rows]
+        """One step over the decode buffers' views of its shape (`DecodeBuffers.views`); `sample=False`
+        skips the temperature sampling where no graph needs it: an eager step that the full sampler samples."""
+        # input_ids, src_rows, positions, slot_mapping, context_lens, temperatures, seeds: [rows = size * queries];
+        # seq_order: [size]; block_tables: [size, width]
         # -> logits [rows, vocab] with `samples`, else hidden states [rows, hidden]
-        hidden_states = self.forward(input_ids, src_rows, positions)
+        if self.num_rejected is not None:
+            positions, slot_mapping, context_lens = moved_back(
+                positions, slot_mapping, context_lens, block_tables, src_rows, self.num_rejected, self.block_size
+            )
+        context = Context(
+            is_prefill=False,
+            slot_mapping=slot_mapping,
+            context_lens=context_lens,
+            block_tables=block_tables,
+            seq_order=seq_order,
+            queries_per_seq=input_ids.numel() // seq_order.numel(),
+        )
+        with forward_context(context):
+            hidden_states = self.forward(input_ids, src_rows, positions)
         if not self.samples:
             return hidden_states
         rows = hidden_states.size(0)

@@ -128,8 +128,14 @@ class ModelRunner(Executor):
         # [max_sampling_rows]: the ids the latest step sampled, in its sampling-row order
         self.last_sampled = torch.zeros(self.max_sampling_rows, dtype=torch.int64, device=self.device)
         self._forward = DeviceInputForward(self.model, self.last_sampled)
+        # [max_num_seqs]: the drafts each request of the latest step rejected (zeros after a step without
+        # drafts), by which the decode step moves back a request that passed them (`Scheduler.verify_ahead`)
+        self.num_rejected = None
+        self._rejections_pending = False  # num_rejected holds a verify step's counts
+        if config.speculative is not None:
+            self.num_rejected = torch.zeros(config.max_num_seqs, dtype=torch.int64, device=self.device)
         # with several ranks the LM head gathers to rank 0, which samples outside the graphs
-        self._decode_step = DecodeStep(self._forward, samples=self.world_size == 1)
+        self._decode_step = DecodeStep(self._forward, self.world_size == 1, self.block_size, self.num_rejected)
         self._last_sampled_rows: dict[str, int] = {}  # request id -> its row in last_sampled
         # pinned grammar masks and their rows, made at the first constrained step
         self._bitmask_hosts: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -416,20 +422,9 @@ class ModelRunner(Executor):
             out.draft_token_ids,
             queries,
         )
-        input_ids, src_rows, positions, slots, context_lens, temperatures, seeds, seq_order, block_tables = inputs
         if self.graphs is not None and self.graphs.captured(size, queries):
             return self.graphs.replay(size, queries)[: n * queries]
-        context = Context(
-            is_prefill=False,
-            slot_mapping=slots,
-            max_seqlen_k=max(out.num_computed_tokens) + queries,
-            context_lens=context_lens,
-            block_tables=block_tables,
-            seq_order=seq_order,
-            queries_per_seq=queries,
-        )
-        with forward_context(context):
-            return self._decode_step(input_ids, src_rows, positions, temperatures, seeds, sample)[: n * queries]
+        return self._decode_step(*inputs, sample=sample)[: n * queries]
 
     def _bitmask_on_device(self, grammar: GrammarBitmasks) -> tuple[torch.Tensor, torch.Tensor]:
         """The grammar masks and the rows they hold, filled into pinned host memory (two buffers, used in
@@ -484,7 +479,21 @@ class ModelRunner(Executor):
         else:
             verified = verify_drafts(sampled.token_ids, step.out.draft_token_ids, self._to_device)
         self.last_sampled[: verified.last_token_ids.numel()].copy_(verified.last_token_ids)
+        self.num_rejected[: verified.num_rejected.numel()].copy_(verified.num_rejected)
         return sampled, verified
+
+    def _share_rejections(self, out: SchedulerOutput) -> None:
+        """Keep `num_rejected` true of the step just launched: a verify step's counts (rank 0 wrote them; the
+        other ranks get them), or zeros after a step without drafts."""
+        if self.num_rejected is None:
+            return
+        if out.draft_token_ids is not None:
+            if self.world_size > 1:
+                dist.broadcast(self.num_rejected[: len(out.sampled_req_ids)], src=0)
+            self._rejections_pending = True
+        elif self._rejections_pending:
+            self.num_rejected.zero_()
+            self._rejections_pending = False
 
     def _sampled_in_step(self, step: LaunchedForward) -> SamplerOutput:
         """The ids the decode step drew, with the logprobs its rows ask for read from its logits."""
@@ -538,6 +547,7 @@ class ModelRunner(Executor):
                     sampled, verified = self._sample(step, grammar)
             if self.world_size > 1:
                 dist.broadcast(self.last_sampled[:num_sampled], src=0)
+        self._share_rejections(out)
         self._last_sampled_rows = {req_id: row for row, req_id in enumerate(out.sampled_req_ids)}
         if self.rank != 0 or (sampled is None and prompt_scores is None):
             return None

@@ -27,6 +27,7 @@ def make_scheduler(
         context_len=max_model_len,
         enable_chunked_prefill=chunked,
         block_size=BS,
+        device_type="cpu",
         enable_prefix_caching=prefix_caching,
     )
     return Scheduler(config, num_blocks, (EOS,))

@@ -247,3 +247,61 @@ def test_a_request_preempted_with_drafts_in_flight_keeps_what_they_confirm_and_r
     out = sched.schedule()
     # its first block (confirmed tokens) comes from the prefix cache
     assert out.req_ids == ["a"] and out.token_ids == [[60, 70]] and out.num_computed_tokens == [4]
+
+
+def ahead_scheduler(**kwargs):
+    """A scheduler whose device runs ahead of the host: requests pass their drafts in flight."""
+    sched = make_scheduler(**kwargs)
+    sched.proposer = AheadProposer()
+    sched.verify_ahead = True
+    return sched
+
+
+def test_a_request_passes_its_drafts_in_flight_and_moves_back_by_those_rejected():
+    sched = ahead_scheduler()
+    a = make_req("a", [10, 11, 12])
+    sched.add_request(a)
+    prefill = sched.schedule()
+    first = sched.schedule()
+    assert first.token_ids == [[PLACEHOLDER, 61, 62]]
+    sched.update(prefill, ModelRunnerOutput([[50]]))
+    # 61 and 62 in flight: the next step runs as if both will be kept, its drafts guessed on from them
+    second = sched.schedule()
+    assert sched.proposer.asked[-1] == [10, 11, 12, 50, 61, 62]
+    assert second.token_ids == [[PLACEHOLDER, 61, 62]] and second.num_computed_tokens == [6]
+    assert second.num_output_tokens == [4]
+    # the first check keeps 61 and rejects 62 (80 drawn in its place): what the second step computes moves
+    # back a position, as the device moved it (80 at position 5, the second step's drafts at 6 and 7)
+    sched.update(first, ModelRunnerOutput([[61, 80]]))
+    assert a.token_ids == [10, 11, 12, 50, 61, 80] and a.draft_token_ids == [61, 62]
+    assert (a.num_computed_tokens, a.first_draft_position, a.num_tokens, a.num_placeholders) == (8, 6, 9, 3)
+    third = sched.schedule()
+    assert third.token_ids == [[PLACEHOLDER, 61, 62]] and third.num_computed_tokens == [8]
+    # the second check rejects both drafts: the third step's tokens move back two positions
+    sched.update(second, ModelRunnerOutput([[77]]))
+    assert a.token_ids == [10, 11, 12, 50, 61, 80, 77]
+    assert (a.num_computed_tokens, a.first_draft_position, a.num_tokens, a.num_placeholders) == (9, 7, 10, 3)
+    # the third keeps both and the token after them; nothing was scheduled past it
+    sched.update(third, ModelRunnerOutput([[61, 62, 90]]))
+    assert a.token_ids == [10, 11, 12, 50, 61, 80, 77, 61, 62, 90]
+    assert (a.num_computed_tokens, a.num_tokens, a.num_placeholders, a.draft_token_ids) == (9, 10, 0, [])
+    assert sched.schedule().token_ids == [[90, 60, 61, 62]]
+
+
+def test_drafts_in_flight_are_passed_only_in_decode_steps_of_requests_whose_draws_ignore_their_length():
+    sched = ahead_scheduler(chunked=True)
+    a, seeded = make_req("a", [10, 11, 12]), make_req("s", [20, 21, 22], seed=3, temperature=1.0)
+    for req in (a, seeded):
+        sched.add_request(req)
+    sched.update(sched.schedule(), ModelRunnerOutput([[50], [51]]))
+    assert sched.schedule().draft_token_ids == [DRAFTS, DRAFTS]
+    # a waiting prompt would make the step a prefill step: every request with drafts in flight sits it out
+    sched.add_request(make_req("w", [30, 31]))
+    out = sched.schedule()
+    assert out.req_ids == ["w"] and out.num_scheduled_tokens == [2]
+    # with nothing waiting a passes its drafts; the seeded request, whose noise follows its length, sits out
+    out = sched.schedule()
+    assert out.req_ids == ["a", "w"] and out.token_ids[0][0] == PLACEHOLDER and out.draft_token_ids[0] == [61, 62]
+    # a prompt that arrives now makes the next step a prefill step again, which a and w (drafts in flight) sit out
+    sched.add_request(make_req("w3", [41, 42]))
+    assert sched.schedule().req_ids == ["w3"]

@@ -293,3 +293,70 @@ def test_random_drafts_under_preemption_and_prefix_sharing_change_no_token(qwen3
     checked, kept = acceptance(llm)
     assert 0 < kept < checked and preempted
     assert llm.client.core.scheduler.block_manager.num_free_blocks == 10
+
+
+class GuessingProposer(Proposer):
+    """Proposes as many tokens as asked, ahead of a token in flight: where the context is a prefix of a
+    reference sequence, its continuation with each token right with probability `right`; elsewhere (a
+    context that counts rejected drafts in flight as kept) random tokens."""
+
+    proposes_ahead = True
+    num_speculative_tokens = NGRAM["num_speculative_tokens"]
+
+    def __init__(self, sequences: list[list[int]], right: float, seed: int):
+        self.sequences = sequences
+        self.right = right
+        self.rng = random.Random(seed)
+
+    def propose(self, token_ids: list[list[int]], max_drafts: list[int], request_ids: list[str]) -> list[list[int]]:
+        proposals = []
+        for ids, k in zip(token_ids, max_drafts):
+            sequence = next((s for s in self.sequences if s[: len(ids)] == ids), [])
+            follow = sequence[len(ids) : len(ids) + k]
+            follow += [self.rng.randrange(2, 512) for _ in range(k - len(follow))]
+            proposals.append([t if self.rng.random() < self.right else self.rng.randrange(2, 512) for t in follow])
+        return proposals
+
+
+def record_passes(llm) -> list:
+    """A list that fills with each scheduled step in which some request passed its drafts in flight."""
+    scheduler, passes = llm.client.core.scheduler, []
+    schedule_running = scheduler._schedule_running
+
+    def recording(*args):
+        scheduled = schedule_running(*args)
+        if scheduled[2]:
+            passes.append(scheduled[0])
+        return scheduled
+
+    scheduler._schedule_running = recording
+    return passes
+
+
+@pytest.mark.parametrize(
+    "right, graphs, num_blocks", [(1.0, True, 64), (0.0, True, 64), (0.7, True, 10), (0.7, False, 64)]
+)
+def test_requests_that_pass_their_drafts_in_flight_change_no_token(qwen3_dir, prompts, right, graphs, num_blocks):
+    """Where the device runs ahead of the host, a request with drafts in flight runs in the next decode step as
+    if all will be kept; the device moves that step back by those rejected. Greedy requests keep every token
+    of decoding without drafts whatever is kept, through graphs or eager steps and preemption; seeded ones sit
+    such steps out and keep theirs too."""
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+        if i % 3
+        else SamplingParams(temperature=0.8, seed=i, max_tokens=30, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
+    plain = engine(qwen3_dir, num_kvcache_blocks=num_blocks).generate(prompts, params, use_tqdm=False)
+    proposer = GuessingProposer(full_sequences(prompts, plain), right, seed=num_blocks)
+    llm = spec_engine(qwen3_dir, proposer, num_kvcache_blocks=num_blocks)
+    llm.client.core.scheduler.verify_ahead = True
+    runner = llm.client.core.executor
+    if graphs and not torch.cuda.is_available():
+        runner.graphs = GraphsReplayedEagerly(runner)
+    passes, preempted = record_passes(llm), record_preemptions(llm)
+    assert token_ids(llm.generate(prompts, params, use_tqdm=False)) == token_ids(plain)
+    checked, kept = acceptance(llm)
+    assert passes and (kept == checked if right == 1.0 else kept < checked)
+    assert bool(preempted) == (num_blocks < 64)
+    assert llm.client.core.scheduler.block_manager.num_free_blocks == num_blocks

@@ -23,6 +23,8 @@ def test_drafts_are_kept_up_to_the_first_mismatch():
     # a keeps 5 and 6, then emits the 8 sampled where it drafted 7; b emits its one token; c's first draft fails
     assert verified.num_emitted.tolist() == [3, 1, 1]
     assert verified.last_token_ids.tolist() == [8, 4, 3]
+    # what a step launched before the check moves back by: the drafts after the kept ones
+    assert verified.num_rejected.tolist() == [1, 0, 2]
 
 
 def test_a_fully_kept_run_ends_with_the_token_after_the_last_draft():
@@ -30,6 +32,7 @@ def test_a_fully_kept_run_ends_with_the_token_after_the_last_draft():
     verified = verify_drafts(sampled, [[1, 2, 3], [7]], to_device)
     assert verified.num_emitted.tolist() == [4, 2]
     assert verified.last_token_ids.tolist() == [4, 8]
+    assert verified.num_rejected.tolist() == [0, 0]
 
 
 def test_a_padded_verify_step_keeps_what_the_unpadded_check_keeps():
@@ -45,9 +48,11 @@ def test_a_padded_verify_step_keeps_what_the_unpadded_check_keeps():
     assert padded.row_starts == [0, 4, 8]
     assert padded.num_emitted.tolist() == expected.num_emitted.tolist() == [3, 1, 1]
     assert padded.last_token_ids.tolist() == expected.last_token_ids.tolist() == [8, 4, 3]
+    assert padded.num_rejected.tolist() == expected.num_rejected.tolist() == [1, 0, 2]
     # every draft kept: the token after the last one ends the run
     all_kept = verify_padded(torch.tensor([5, 6, 7, 1]), torch.tensor([[5, 6, 7]]), torch.ones(1, 3, dtype=torch.bool))
     assert all_kept.num_emitted.tolist() == [4] and all_kept.last_token_ids.tolist() == [1]
+    assert all_kept.num_rejected.tolist() == [0]
 
 
 def test_point_mass_drafts_checked_by_sampling_keep_the_targets_distribution():
