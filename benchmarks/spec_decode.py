@@ -17,7 +17,8 @@ prompt, 1024 new tokens) and the standard workload's output tok/s (k = 2),
 each without and with speculation. The n-gram lookup finds few matches in
 dummy-weight text, so one sequence also runs with a stand-in proposer that
 proposes k tokens at every step (the last token repeated, as good as always
-rejected): the cost of a verify step, against a plain decode step.
+rejected), with the pause after fruitless drafts off (`Scheduler.pause_fruitless_drafts`):
+the cost of a verify step, against a plain decode step.
 
     python benchmarks/spec_decode.py [--device cpu] [--model-shape SHAPE] [-k K]
 """
@@ -123,6 +124,7 @@ def measure_gpu(
     if every_step:
         label = f"drafts at every step, k={config['num_speculative_tokens']}"
         llm.client.core.scheduler.proposer = EveryStepProposer(config["num_speculative_tokens"])
+        llm.client.core.scheduler.pause_fruitless_drafts = False
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8), use_tqdm=False)
     results = {}
     if single:

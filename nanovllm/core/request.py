@@ -35,7 +35,9 @@ class Request:
     the last admission. `num_prompt_scored` counts the prompt positions whose
     next-token log-probabilities were computed (for prompt logprobs).
     `num_drafts`, `num_draft_tokens` and `num_accepted_tokens` count its steps
-    that checked drafts, the drafts checked and those kept, over its life.
+    that checked drafts, the drafts checked and those kept, over its life;
+    `num_fruitless_drafts` its latest steps in a row whose drafts were all
+    rejected, and `draft_pause` the steps it still proposes nothing for after them.
     """
 
     __slots__ = (
@@ -55,6 +57,8 @@ class Request:
         "num_drafts",
         "num_draft_tokens",
         "num_accepted_tokens",
+        "num_fruitless_drafts",
+        "draft_pause",
         "block_table",
         "finish_reason",
     )
@@ -74,6 +78,7 @@ class Request:
         self.draft_token_ids: list[int] = []
         self.first_draft_position = 0
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
+        self.num_fruitless_drafts = self.draft_pause = 0
         self.block_table: list[int] = []
         self.finish_reason: str | None = None
 

@@ -37,6 +37,11 @@ from nanovllm.spec_decode.proposer import Proposer
 
 logger = logging.getLogger(__name__)
 
+# the most steps a request whose drafts keep being rejected proposes nothing for: 1, 3, 7, then 15 steps after
+# 1, 2, 3, 4 or more such steps in a row, so that drafts that cost a verify step's compute and keep nothing
+# take a sixteenth of its steps at most
+_MOST_DRAFT_PAUSE = 15
+
 
 class Scheduler:
     """Keeps the waiting and running queues and the block manager in step.
@@ -70,6 +75,11 @@ class Scheduler:
         # Where launching a step runs it (the CPU) nothing overlaps, and drafts guessed from the step's
         # confirmed tokens are kept more often than those that assume every draft in flight is kept.
         self.verify_ahead = config.device_type == "cuda"
+        # Whether a request pauses its proposals after steps whose drafts were all rejected (`_count_drafts`);
+        # off, every step that can draft does (which times a verify step itself).
+        self.pause_fruitless_drafts = True
+        spec = config.speculative
+        self.drafting_batch_limit = spec.drafting_batch_limit if spec is not None else None
         self.prefix_cache_queries = self.prefix_cache_hits = self.num_preemptions = 0
         # speculative decoding: request-steps with drafts, drafts checked, drafts kept, and kept per position
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
@@ -244,8 +254,9 @@ class Scheduler:
         last token (confirmed, or with a proposer that proposes ahead still in flight, or in a `decode_only`
         step past drafts in flight, the token after them), at most as many as their max_tokens and the
         model length leave room for after the token sampled behind them; one call to the proposer for all
-        of them. Drafts in flight count as kept in what the proposer is shown."""
-        if self.proposer is None:
+        of them. Drafts in flight count as kept in what the proposer is shown. None drafts while more requests
+        run than `drafting_batch_limit`."""
+        if self.proposer is None or len(self.running) > (self.drafting_batch_limit or math.inf):
             return {}
         candidates, room, pending = [], [], []
         most_pending = 1 if self.proposer.proposes_ahead else 0
@@ -254,6 +265,9 @@ class Scheduler:
                 continue
             unknown = req.num_placeholders - len(req.draft_token_ids)
             if unknown > most_pending or req.num_new_tokens != 1 or not self._may_speculate(req):
+                continue
+            if req.draft_pause and self.pause_fruitless_drafts:
+                req.draft_pause -= 1
                 continue
             free = min(
                 self.proposer.num_speculative_tokens,
@@ -398,7 +412,11 @@ class Scheduler:
         return outputs
 
     def _count_drafts(self, req: Request, num_drafts: int, num_accepted: int) -> None:
-        """Acceptance counters, the request's and the engine's: `num_drafts` checked, `num_accepted` kept."""
+        """Acceptance counters, the request's and the engine's: `num_drafts` checked, `num_accepted` kept; a
+        request none of whose drafts were kept pauses its proposals, twice as long (plus one) each time in a
+        row, up to `_MOST_DRAFT_PAUSE` steps: under load a rejected draft costs as much compute as a token."""
+        req.num_fruitless_drafts = 0 if num_accepted else req.num_fruitless_drafts + 1
+        req.draft_pause = min(2**req.num_fruitless_drafts - 1, _MOST_DRAFT_PAUSE)
         req.num_drafts += 1
         req.num_draft_tokens += num_drafts
         req.num_accepted_tokens += num_accepted

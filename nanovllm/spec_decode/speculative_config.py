@@ -7,10 +7,14 @@ import os
 from dataclasses import dataclass
 
 _METHODS = ("ngram", "draft_model")
-_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "disable_by_batch_size")
 _LOOKUP_KEYS = ("prompt_lookup_min", "prompt_lookup_max")
 # vLLM's n-gram size when neither bound is given
 _DEFAULT_LOOKUP = 5
+# queries a verify step may hold (k + 1 per request, padded) while its products are still bound by reading the
+# weights rather than by arithmetic (an H100 does about 295 bf16 FLOPs per byte it reads): the default batch
+# size above which requests stop drafting
+_MEMORY_BOUND_QUERIES = 256
 
 
 def _positive_int(settings: dict, key: str) -> int | None:
@@ -43,7 +47,8 @@ class SpeculativeConfig:
     completion. Method "draft_model" proposes the `num_speculative_tokens`
     tokens that the model in folder `model` (smaller, with the target's
     vocabulary) decodes greedily after them. Each method leaves the other's
-    fields None.
+    fields None. With more than `disable_by_batch_size` requests running,
+    none drafts (`drafting_batch_limit` gives the default).
     """
 
     method: str
@@ -51,6 +56,16 @@ class SpeculativeConfig:
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
     model: str | None = None
+    disable_by_batch_size: int | None = None
+
+    @property
+    def drafting_batch_limit(self) -> int:
+        """The most running requests at which requests draft: `disable_by_batch_size`, by default as many as
+        keep a verify step's padded queries (k + 1 a request) within what reading the weights bounds; beyond
+        it, drafts that are rejected cost a step as much compute as tokens."""
+        if self.disable_by_batch_size is not None:
+            return self.disable_by_batch_size
+        return max(1, _MEMORY_BOUND_QUERIES // (self.num_speculative_tokens + 1))
 
     @classmethod
     def from_dict(cls, settings: dict) -> "SpeculativeConfig":
@@ -73,6 +88,7 @@ class SpeculativeConfig:
         num_tokens = _positive_int(settings, "num_speculative_tokens")
         if num_tokens is None:
             raise ValueError("speculative_config needs 'num_speculative_tokens', the tokens proposed per step (>= 1)")
+        batch_limit = _positive_int(settings, "disable_by_batch_size")
         if method == "draft_model":
             lookup = [key for key in _LOOKUP_KEYS if key in settings]
             if lookup:
@@ -80,7 +96,7 @@ class SpeculativeConfig:
                     f"speculative_config {', '.join(map(repr, lookup))} sets the n-gram lookup, which method "
                     f"'draft_model' does not take"
                 )
-            return cls(method, num_tokens, model=_draft_model(settings))
+            return cls(method, num_tokens, model=_draft_model(settings), disable_by_batch_size=batch_limit)
         if "model" in settings:
             raise ValueError("speculative_config 'model' names a draft model, which method 'ngram' does not take")
         low, high = _positive_int(settings, "prompt_lookup_min"), _positive_int(settings, "prompt_lookup_max")
@@ -89,4 +105,4 @@ class SpeculativeConfig:
             raise ValueError(
                 f"speculative_config 'prompt_lookup_min' ({low}) must not exceed 'prompt_lookup_max' ({high})"
             )
-        return cls(method, num_tokens, low, high)
+        return cls(method, num_tokens, low, high, disable_by_batch_size=batch_limit)

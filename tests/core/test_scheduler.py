@@ -28,6 +28,7 @@ def make_scheduler(
         enable_chunked_prefill=chunked,
         block_size=BS,
         device_type="cpu",
+        speculative=None,
         enable_prefix_caching=prefix_caching,
     )
     return Scheduler(config, num_blocks, (EOS,))

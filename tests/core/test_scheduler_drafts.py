@@ -305,3 +305,34 @@ def test_drafts_in_flight_are_passed_only_in_decode_steps_of_requests_whose_draw
     # a prompt that arrives now makes the next step a prefill step again, which a and w (drafts in flight) sit out
     sched.add_request(make_req("w3", [41, 42]))
     assert sched.schedule().req_ids == ["w3"]
+
+
+def test_a_request_whose_drafts_are_all_rejected_pauses_its_proposals_longer_each_time_in_a_row():
+    sched = drafting_scheduler(max_model_len=256, num_blocks=64)
+    a = prefilled(sched, make_req("a", [10, 11, 12], max_tokens=200))
+    drafted = []
+    for kept in [0, None, 0, None, None, None, 1, 0, None, 2]:
+        out = sched.schedule()
+        drafted.append(bool(out.draft_token_ids))
+        drafts = out.draft_token_ids[0] if out.draft_token_ids else []
+        assert (kept is None) == (not drafts)
+        sched.update(out, ModelRunnerOutput([drafts[: kept or 0] + [70]]))
+    # one step without drafts after the first fruitless one, three after the second in a row; a kept draft
+    # resets the count, so the next fruitless step pauses one step again
+    assert drafted == [True, False, True, False, False, False, True, True, False, True]
+    assert a.num_fruitless_drafts == 0 and a.draft_pause == 0
+    sched.pause_fruitless_drafts = False
+    sched.update(out := sched.schedule(), ModelRunnerOutput([[70]]))
+    assert out.draft_token_ids and sched.schedule().draft_token_ids
+
+
+def test_no_request_drafts_while_more_run_than_the_drafting_batch_limit():
+    sched = drafting_scheduler()
+    sched.drafting_batch_limit = 1
+    prefilled(sched, make_req("a", [10, 11, 12]))
+    prefilled(sched, make_req("b", [20, 21, 22]))
+    out = sched.schedule()
+    assert out.draft_token_ids is None and out.req_ids == ["a", "b"]
+    sched.update(out, ModelRunnerOutput([[70], [71]]))
+    sched.abort(["b"])
+    assert sched.schedule().draft_token_ids == [DRAFTS]

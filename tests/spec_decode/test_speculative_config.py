@@ -28,6 +28,12 @@ def test_a_missing_lookup_bound_takes_the_other_or_five(bounds, expected):
     assert (config.prompt_lookup_min, config.prompt_lookup_max) == expected
 
 
+def test_requests_stop_drafting_above_a_batch_size_that_keeps_verify_steps_memory_bound_by_default():
+    settings = {"method": "ngram", "num_speculative_tokens": 3}
+    assert SpeculativeConfig.from_dict(settings).drafting_batch_limit == 64
+    assert SpeculativeConfig.from_dict({**settings, "disable_by_batch_size": 8}).drafting_batch_limit == 8
+
+
 @pytest.mark.parametrize(
     "settings, message",
     [
@@ -47,6 +53,7 @@ def test_a_missing_lookup_bound_takes_the_other_or_five(bounds, expected):
         ({"method": "ngram", "num_speculative_tokens": 0}, "must be an integer >= 1, got 0"),
         ({"method": "ngram", "num_speculative_tokens": True}, "must be an integer >= 1, got True"),
         ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": "2"}, "'prompt_lookup_min' must be"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 0}, "'disable_by_batch_size' must"),
         ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2}, "exceed"),
     ],
 )
