@@ -1,18 +1,22 @@
-"""One-sequence decode's matrix products: nanovllm's Triton GEMV beside cuBLAS (F.linear).
+"""The matrix products of a decode step of a few rows: nanovllm's Triton GEMV beside cuBLAS (F.linear).
 
 For each projection of a decoder layer of each model shape asked for (Qwen3-0.6B
-and Qwen3-8B by default) and its LM head (bf16, one row) it times the product as a decode step runs it, with the
-step that makes its input fused in front (the norm before qkv and gate/up, the
-activation before down), beside the same step in torch followed by cuBLAS. It
+and Qwen3-8B by default) and its LM head (bf16; one row, or each row count of `--rows`: a verify step
+of k drafts has k + 1) it times the product as a decode step runs it, with one
+row the step that makes its input fused in front (the norm before qkv and
+gate/up, the activation before down), beside the same step in torch followed
+by cuBLAS; several rows take that step from a kernel of its own either way, so
+only their products are timed. It
 prints the HBM bandwidth that reading the weight once at that speed means,
 beside the data-sheet peak. As in a decode step, products run back to back in
 a CUDA graph, each on a different copy of the weight (copies of 256 MB in all,
 so none is read from L2), and the time includes the gaps between them.
-`--sweep` also times each BLOCK_N, BLOCK_K and warp count and prints the best per shape. `--fp8` times
-the products with the weights in FP8 (per-channel scales, a byte per weight) instead, beside the same
-torch + cuBLAS bf16 product.
+`--sweep` also times each BLOCK_N, BLOCK_K and warp count (and pipeline stages, for several rows) and prints
+the best per shape and row count.
+`--fp8` times the products with the weights in FP8 (per-channel scales, a byte per weight) instead, beside
+the same torch + cuBLAS bf16 product.
 
-    python benchmarks/gemv.py [--sweep] [--fp8] [--shapes 0.6b 8b gemma-2-9b ...]
+    python benchmarks/gemv.py [--sweep] [--fp8] [--rows 1 5 16] [--shapes 0.6b 8b gemma-2-9b ...]
 """
 
 import argparse
@@ -52,11 +56,13 @@ def projections(shape: str) -> dict[str, tuple[int, int, str]]:
     return attention | {"gate_up": (2 * inter, h, "norm"), "down": (h, inter, "activation")} | lm_head
 
 
-def products(k: int, prologue: str, act: str, fp8: bool = False):
-    """(our GEMV, torch then cuBLAS) for one-row products of a weight with `k` inputs, with `prologue` in
-    front (the RMSNorm for "norm", the activation `act` for "activation") on fixed inputs. With `fp8` our
-    GEMV takes (FP8 weight, its per-channel scales) instead of the bf16 weight."""
-    x = torch.randn(1, 2 * k if prologue == "activation" else k, device="cuda", dtype=torch.bfloat16)
+def products(k: int, prologue: str, act: str, fp8: bool = False, rows: int = 1):
+    """(our GEMV, torch then cuBLAS) for products of `rows` rows with a weight with `k` inputs, with
+    `prologue` in front (the RMSNorm for "norm", the activation `act` for "activation") on fixed inputs.
+    With `fp8` our GEMV takes (FP8 weight, its per-channel scales) instead of the bf16 weight. Several rows
+    take no prologue (they get it from a kernel of its own, in the engine as with cuBLAS)."""
+    prologue = prologue if rows == 1 else "none"
+    x = torch.randn(rows, 2 * k if prologue == "activation" else k, device="cuda", dtype=torch.bfloat16)
     residual = torch.randn_like(x)
     norm_weight = torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5
 
@@ -89,26 +95,64 @@ def weight_copies(n: int, k: int) -> list[torch.Tensor]:
     return [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
 
 
-def block_table(fp8: bool) -> str:
-    """The name of the GEMV's table of block sizes for full-precision or FP8 weights."""
-    return "FP8_BLOCKS" if fp8 else "BLOCKS"
+def chooser(rows: int) -> str:
+    """The name of the function in triton_gemv that picks the tiles of a product of `rows` rows."""
+    return "blocks_for" if rows == 1 else "rows_blocks_for"
 
 
-def block_sizes(prologue: str, n: int, k: int, fp8: bool) -> str:
-    """The GEMV's BLOCK_N, BLOCK_K and warps for an [n, k] product with `prologue` in front."""
+def block_sizes(prologue: str, n: int, k: int, fp8: bool, rows: int) -> str:
+    """The GEMV's BLOCK_N, BLOCK_K and warps (and stages, for several rows) for a product of `rows` rows with
+    an [n, k] weight with `prologue` in front."""
+    if rows > 1:
+        return ", ".join(map(str, triton_gemv.rows_blocks_for(n)))
     constant = {"norm": triton_gemv.RMS_NORM, "activation": triton_gemv.GATED}.get(prologue, triton_gemv.PLAIN)
     return ", ".join(map(str, triton_gemv.blocks_for(constant, n, k, fp8)))
 
 
-def with_blocks(product, blocks: tuple[int, int, int], fp8: bool):
-    """`product` run with the GEMV's BLOCK_N, BLOCK_K and warps set to `blocks` (for every prologue and shape)."""
+def with_blocks(product, rows: int, blocks: tuple[int, ...]):
+    """`product` of `rows` rows run with the GEMV's tiles set to `blocks` (whatever the prologue and shape)."""
 
     def run(weight) -> torch.Tensor:
-        setattr(triton_gemv, block_table(fp8), dict.fromkeys(triton_gemv.BLOCKS, blocks))
-        triton_gemv.SHAPE_BLOCKS = {}
-        return product(weight)
+        name = chooser(rows)
+        chosen = getattr(triton_gemv, name)
+        setattr(triton_gemv, name, lambda *_: blocks)
+        try:
+            return product(weight)
+        finally:
+            setattr(triton_gemv, name, chosen)
 
     return run
+
+
+def sweep_choices(rows: int, fp8: bool) -> list[tuple[int, ...]]:
+    """The tiles a sweep times: (BLOCK_N, BLOCK_K, warps) for one row, (BLOCK_N, BLOCK_K, warps, stages) for
+    several."""
+    if rows == 1:
+        columns = (1024, 2048, 4096) if fp8 else (512, 1024, 2048)
+        return list(itertools.product((4, 8, 16), columns, (4, 8)))
+    return list(itertools.product((16, 32, 64), (128, 256), (4,), (3, 4)))
+
+
+def time_row(shape: str, name: str, n: int, k: int, prologue: str, rows: int, args) -> str:
+    """One line of the table: a product of `rows` rows with the projection `name` ([n, k]) of `shape`."""
+    weights = weight_copies(n, k)
+    ours, reference = products(k, prologue, hidden_act(shape), args.fp8, rows)
+    cublas = back_to_back_us(reference, weights)
+    ours_weights = [quantize_rows(w) for w in weights] if args.fp8 else weights
+    timed = back_to_back_us(ours, ours_weights)
+    best = ""
+    if args.sweep:
+        fastest = min(
+            (back_to_back_us(with_blocks(ours, rows, blocks), ours_weights), blocks)
+            for blocks in sweep_choices(rows, args.fp8)
+        )
+        best = f"{', '.join(map(str, fastest[1]))} ({fastest[0]:.2f})"
+    bytes_per_weight = 1 if args.fp8 else 2
+    return (
+        f"| {shape} | {name} | {prologue if rows == 1 else 'none'} | {rows} | {cublas:.2f} | {timed:.2f} | "
+        f"{timed / cublas:.2f} | "
+        f"{n * k * bytes_per_weight / timed / 1e6:.2f} | {block_sizes(prologue, n, k, args.fp8, rows)} | {best} |"
+    )
 
 
 def main() -> None:
@@ -116,44 +160,25 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="time every BLOCK_N, BLOCK_K and warp count too")
     parser.add_argument("--shapes", nargs="+", choices=SHAPES, default=["0.6b", "8b"], help="model shapes")
     parser.add_argument("--fp8", action="store_true", help="our GEMV on FP8 weights (per-channel scales)")
+    parser.add_argument(
+        "--rows", nargs="+", type=int, default=[1], help=f"rows of x, 1 to {triton_gemv.MAX_ROWS} (default 1)"
+    )
     args = parser.parse_args()
     bandwidth, source = hbm_bandwidth()
     weights_label = "FP8 weights (cuBLAS: bf16)" if args.fp8 else "bf16"
     print(
-        f"machine: {torch.cuda.get_device_name()}, HBM {bandwidth / 1e12:.2f} TB/s ({source}); {weights_label}, "
-        f"one row; products back to back in a CUDA graph, weights not in L2"
+        f"machine: {torch.cuda.get_device_name()}, HBM {bandwidth / 1e12:.2f} TB/s ({source}); {weights_label}; "
+        f"products back to back in a CUDA graph, weights not in L2"
     )
     print(
-        "| shape | proj | in front | torch + cuBLAS us | GEMV us | GEMV / cuBLAS | GEMV TB/s | BLOCK_N, BLOCK_K, warps "
-        "| best (us) |"
+        "| shape | proj | in front | rows | torch + cuBLAS us | GEMV us | GEMV / cuBLAS | GEMV TB/s "
+        "| BLOCK_N, BLOCK_K, warps | best (us) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for shape in args.shapes:
-        act = hidden_act(shape)
         for name, (n, k, prologue) in projections(shape).items():
-            weights = weight_copies(n, k)
-            ours, reference = products(k, prologue, act, args.fp8)
-            cublas = back_to_back_us(reference, weights)
-            ours_weights = [quantize_rows(w) for w in weights] if args.fp8 else weights
-            timed = back_to_back_us(ours, ours_weights)
-            best = ""
-            if args.sweep:
-                table = block_table(args.fp8)
-                default, shape_default = getattr(triton_gemv, table), triton_gemv.SHAPE_BLOCKS
-                columns = (1024, 2048, 4096) if args.fp8 else (512, 1024, 2048)
-                fastest = min(
-                    (back_to_back_us(with_blocks(ours, blocks, args.fp8), ours_weights), blocks)
-                    for blocks in itertools.product((4, 8, 16), columns, (4, 8))
-                )
-                setattr(triton_gemv, table, default)
-                triton_gemv.SHAPE_BLOCKS = shape_default
-                best = f"{', '.join(map(str, fastest[1]))} ({fastest[0]:.2f})"
-            bytes_per_weight = 1 if args.fp8 else 2
-            print(
-                f"| {shape} | {name} | {prologue} | {cublas:.2f} | {timed:.2f} | {timed / cublas:.2f} | "
-                f"{n * k * bytes_per_weight / timed / 1e6:.2f} | {block_sizes(prologue, n, k, args.fp8)} | {best} |"
-            )
-            del weights, ours_weights
+            for rows in args.rows:
+                print(time_row(shape, name, n, k, prologue, rows, args), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""Triton kernel: y = W x for one row x, the matrix products of a one-sequence decode step, with
-the element-wise step that makes x read inside the product.
+"""Triton kernels: y = W x for one row x, the matrix products of a one-sequence decode step, with the
+element-wise step that makes x read inside the product; and for a few rows (a speculative verify step,
+a decode step of a few sequences), plain.
 
 Layout: W [N, K] contiguous (an nn.Linear weight); y [N], in x's dtype. Grid:
 (cdiv(N, BLOCK_N),). A program owns BLOCK_N output features: it streams their
@@ -40,6 +41,16 @@ SCALE_COLUMNS, folded into x column group by column group; a program's
 features lie in one block of rows). The product reads half the bytes of a
 bf16 one and multiplies the dequantized weights with x unquantized, in fp32:
 `fp8_weights.fp8_linear(..., quantize_x=False)` is its reference.
+
+A few rows (2 to MAX_ROWS) run in a kernel of their own, `_rows_kernel`,
+which reads each chunk of W once for all of them: the rows, padded to 16 (the
+smallest tensor-core tile), are multiplied with the chunk on the tensor cores
+(`tl.dot`, fp32 sums), the loop software-pipelined (`tl.range` stages). It
+takes x as given (a norm or an activation in front runs first, in its own
+kernel: computed in every program for 16 rows, it costs more than the launch
+it saves), with the same bias and FP8 scales; FP8 weights are converted to x's
+dtype, and a per-block scale is folded into x, rounded to its dtype.
+`rows_blocks_for` picks its tiles.
 """
 
 import torch
@@ -59,6 +70,8 @@ FP8_BLOCKS = {PLAIN.value: (4, 1024, 8), RMS_NORM.value: (4, 1024, 4), GATED.val
 # (PROLOGUE, N, K) -> (BLOCK_N, BLOCK_K, num_warps) of full-precision weights: Qwen3-30B-A3B's qkv and o
 # (`benchmarks/gemv.py --sweep --shapes qwen3-30b-a3b`, H100: 9.9 and 5.8 us against 10.5 and 6.7)
 SHAPE_BLOCKS = {(RMS_NORM.value, 5120, 2048): (4, 512, 4), (PLAIN.value, 2048, 4096): (8, 2048, 8)}
+# the most rows a product takes: the rows kernel pads them to 16, the smallest tensor-core tile
+MAX_ROWS = 16
 
 
 def blocks_for(prologue: tl.constexpr, n: int, k: int, fp8: bool) -> tuple[int, int, int]:
@@ -66,6 +79,15 @@ def blocks_for(prologue: tl.constexpr, n: int, k: int, fp8: bool) -> tuple[int, 
     if fp8:
         return FP8_BLOCKS[prologue.value]
     return SHAPE_BLOCKS.get((prologue.value, n, k), BLOCKS[prologue.value])
+
+
+def rows_blocks_for(n: int, element_size: int = 2) -> tuple[int, int, int, int]:
+    """BLOCK_N, BLOCK_K, warps and pipeline stages of the rows kernel's product of a weight with n features
+    and x of `element_size` bytes: narrower tiles for fewer features, so that enough programs read W (the
+    fastest of `benchmarks/gemv.py --rows 5 --sweep` on the projections of Qwen3-0.6B and -8B, H100), and
+    half as many columns of 4-byte values, whose stages would not fit in shared memory."""
+    block_n = 16 if n <= 2048 else 32 if n <= 4096 else 64
+    return block_n, 512 // element_size, 4, 4
 
 
 @triton.jit
@@ -170,6 +192,57 @@ def _gemv_kernel(
     tl.store(y_ptr + features, y.to(y_ptr.dtype.element_ty), mask=feature_ok)
 
 
+@triton.jit
+def _rows_kernel(
+    x_ptr,
+    w_ptr,
+    scale_ptr,
+    bias_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    stride_x,
+    stride_y,
+    HAS_BIAS: tl.constexpr,
+    SCALES: tl.constexpr,
+    SCALE_ROWS: tl.constexpr,
+    SCALE_COLUMNS: tl.constexpr,
+    PRECISION: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    STAGES: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    rows = tl.arange(0, ROWS)
+    row_ok = rows < M
+    features = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    feature_ok = features < N
+    columns = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+    wait_for_previous_kernel(PDL)
+    for start in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        k = start + columns
+        k_ok = k < K
+        x_at = x_ptr + rows[:, None].to(tl.int64) * stride_x + k[None, :]
+        x = tl.load(x_at, mask=row_ok[:, None] & k_ok[None, :], other=0.0)  # [ROWS, BLOCK_K], zero in padding
+        if SCALES == PER_BLOCK:  # the scales of this program's block of rows, one per group of columns
+            block_row = tl.program_id(0) * BLOCK_N // SCALE_ROWS
+            scale_at = scale_ptr + block_row * tl.cdiv(K, SCALE_COLUMNS) + k // SCALE_COLUMNS
+            scale = tl.load(scale_at, mask=k_ok, other=0.0)
+            x = (x.to(tl.float32) * scale[None, :]).to(x_ptr.dtype.element_ty)
+        w = _weight_chunk(w_ptr, features, feature_ok, start, columns, K)
+        # x: [ROWS, BLOCK_K]; w: [BLOCK_N, BLOCK_K] -> [ROWS, BLOCK_N], in x's dtype on the tensor cores
+        acc += tl.dot(x, tl.trans(w.to(x_ptr.dtype.element_ty)), input_precision=PRECISION)
+    if SCALES == PER_ROW:
+        acc *= tl.load(scale_ptr + features, mask=feature_ok, other=0.0)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + features, mask=feature_ok, other=0.0).to(tl.float32)[None, :]
+    at = rows[:, None].to(tl.int64) * stride_y + features[None, :]
+    tl.store(y_ptr + at, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & feature_ok[None, :])
+
+
 def _scale_layout(
     weight: torch.Tensor, weight_scale: torch.Tensor | None, weight_block: tuple[int, int] | None
 ) -> tuple[tl.constexpr, int, int]:
@@ -181,6 +254,14 @@ def _scale_layout(
     if rows == 1 and columns == weight.size(1):
         return PER_ROW, 1, 1
     return PER_BLOCK, rows, columns
+
+
+def _output(x: torch.Tensor, n: int, out: torch.Tensor | None) -> torch.Tensor:
+    """Where a product of x's rows with n features goes: `out` (rows of it may lie apart), else a new tensor."""
+    if out is None:
+        return torch.empty(x.size(0), n, dtype=x.dtype, device=x.device)
+    assert out.shape == (x.size(0), n) and out.dtype == x.dtype and out.stride(1) == 1
+    return out
 
 
 def _launch(
@@ -199,11 +280,7 @@ def _launch(
     n, k = weight.shape
     assert a.size(0) == 1 and a.stride(1) == 1 and weight.is_contiguous()
     scales, scale_rows, scale_columns = _scale_layout(weight, weight_scale, weight_block)
-    if out is None:
-        y = torch.empty(1, n, dtype=a.dtype, device=a.device)
-    else:
-        assert out.shape == (1, n) and out.dtype == a.dtype and out.stride(1) == 1
-        y = out
+    y = _output(a, n, out)
     h = torch.empty(1, k, dtype=a.dtype, device=a.device) if residual is not None else None
     block_n, block_k, num_warps = blocks_for(prologue, n, k, weight_scale is not None)
     assert scales != PER_BLOCK or scale_rows % block_n == 0  # a program's features in one block of rows
@@ -234,6 +311,47 @@ def _launch(
     return y, h
 
 
+def _launch_rows(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    out: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    weight_scale: torch.Tensor | None,
+    weight_block: tuple[int, int] | None,
+) -> torch.Tensor:
+    n, k = weight.shape
+    assert 2 <= x.size(0) <= MAX_ROWS and x.stride(1) == 1 and weight.is_contiguous()
+    scales, scale_rows, scale_columns = _scale_layout(weight, weight_scale, weight_block)
+    y = _output(x, n, out)
+    block_n, block_k, num_warps, stages = rows_blocks_for(n, x.element_size())
+    assert scales != PER_BLOCK or scale_rows % block_n == 0  # a program's features in one block of rows
+    _rows_kernel[(triton.cdiv(n, block_n),)](
+        x,
+        weight,
+        weight_scale if weight_scale is not None else x,
+        bias if bias is not None else weight,
+        y,
+        x.size(0),
+        n,
+        k,
+        x.stride(0),
+        y.stride(0),
+        HAS_BIAS=bias is not None,
+        SCALES=scales,
+        SCALE_ROWS=scale_rows,
+        SCALE_COLUMNS=scale_columns,
+        # float32 inputs (the CPU tests') are multiplied in full precision rather than as TF32
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        ROWS=16,
+        BLOCK_N=block_n,
+        BLOCK_K=min(block_k, max(16, triton.next_power_of_2(k))),
+        STAGES=stages,
+        num_warps=num_warps,
+        **pdl_launch(x.device),
+    )
+    return y
+
+
 def gemv(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -242,10 +360,12 @@ def gemv(
     weight_scale: torch.Tensor | None = None,
     weight_block: tuple[int, int] | None = None,
 ) -> torch.Tensor:
-    """x @ weight^T (+ bias) for a single row x, written to `out` when given; an FP8 weight with its
+    """x @ weight^T (+ bias) for 1 to MAX_ROWS rows x, written to `out` when given; an FP8 weight with its
     `weight_scale` per `weight_block`."""
-    # x: [1, K]; weight: [N, K]; bias: [N] -> [1, N]
-    assert x.shape == (1, weight.size(1))
+    # x: [M, K]; weight: [N, K]; bias: [N] -> [M, N]
+    assert x.size(1) == weight.size(1)
+    if x.size(0) > 1:
+        return _launch_rows(x, weight, out, bias, weight_scale, weight_block)
     return _launch(x, weight, PLAIN, out=out, bias=bias, weight_scale=weight_scale, weight_block=weight_block)[0]
 
 

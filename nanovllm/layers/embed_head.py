@@ -52,7 +52,7 @@ class ParallelLMHead(VocabParallelEmbedding):
             logits = (self.weight @ x.T).T
             logits = logits.contiguous() if out is None else out.copy_(logits)
         else:
-            logits = linear(x, self.weight, out=out)  # one row: the Triton GEMV
+            logits = linear(x, self.weight, out=out)  # a few rows: the Triton GEMV
         if self.tp_size == 1:
             return logits
         parts = [torch.empty_like(logits) for _ in range(self.tp_size)] if self.tp_rank == 0 else None

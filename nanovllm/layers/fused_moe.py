@@ -18,7 +18,7 @@ from torch import nn
 
 from nanovllm.layers.activation import gated_activation
 from nanovllm.layers.layernorm import RMSNorm
-from nanovllm.layers.linear import divide, uses_gemv
+from nanovllm.layers.linear import divide, one_row_on_cuda
 from nanovllm.layers.moe_routing import group_by_expert, route
 from nanovllm.utils.loader import shard
 from nanovllm.utils.parallel import tp_rank, tp_size
@@ -100,7 +100,7 @@ class FusedMoE(nn.Module):
         input and the experts run on input_norm(x): a single row on CUDA is normalised inside the experts'
         first kernel (one launch fewer in a one-sequence step), anything else first."""
         # x: [tokens, hidden]; router_logits: [tokens, experts] -> [tokens, hidden]
-        norm_in_kernel = input_norm is not None and uses_gemv(x)
+        norm_in_kernel = input_norm is not None and one_row_on_cuda(x)
         if input_norm is not None and not norm_in_kernel:
             x = input_norm(x)
         if x.is_cuda:  # Triton is needed on CUDA only

@@ -16,7 +16,7 @@ from torch import nn
 
 from nanovllm.layers.activation import ACTIVATIONS, gated_activation
 from nanovllm.layers.layernorm import RMSNorm
-from nanovllm.layers.linear import ColumnParallelLinear, RowParallelLinear, uses_gemv
+from nanovllm.layers.linear import ColumnParallelLinear, RowParallelLinear, one_row_on_cuda
 
 
 class NormedProjection:
@@ -32,7 +32,7 @@ class NormedProjection:
         if not self.rms_norm:
             residual = x if residual is None else x + residual
             return proj(norm(residual)), residual
-        if uses_gemv(x):
+        if one_row_on_cuda(x):
             from nanovllm.kernels.triton_gemv import rms_norm_gemv  # Triton is needed on CUDA only
 
             return rms_norm_gemv(x, residual, norm.weight, norm.eps, proj.weight, proj.bias, **proj.fp8_weights())
@@ -52,7 +52,7 @@ class GatedProjection:
     def __call__(self, gate_up: torch.Tensor) -> torch.Tensor:
         # gate_up: [tokens, 2 * in] -> [tokens, out]
         proj = self.proj
-        if uses_gemv(gate_up):
+        if one_row_on_cuda(gate_up):
             from nanovllm.kernels.triton_gemv import gated_gemv  # Triton is needed on CUDA only
 
             down = gated_gemv(gate_up, proj.weight, self.hidden_act, proj.rank_bias(), **proj.fp8_weights())

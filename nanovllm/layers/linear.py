@@ -29,16 +29,30 @@ def divide(numerator: int, denominator: int, what: str) -> int:
     return numerator // denominator
 
 
+# the most rows a product sends to the Triton GEMV, which reads W once for all of them: up to it (its kernel's
+# limit) the GEMV beats cuBLAS by 5-18% on every projection of Qwen3-0.6B and -8B (`benchmarks/gemv.py --rows`,
+# H100)
+GEMV_MAX_ROWS = 16
+
+
 def uses_gemv(x: torch.Tensor) -> bool:
-    """Whether x W^T (+ bias) goes through the Triton GEMV: a single row on CUDA (a one-sequence decode
-    step), where it reads W faster than cuBLAS does for products of a decoder layer's size."""
+    """Whether x W^T (+ bias) goes through the Triton GEMV: a few rows on CUDA (a decode step of one or a
+    few sequences, a speculative verify step), where it reads W faster than cuBLAS does for products of a
+    decoder layer's size."""
+    return x.is_cuda and 1 <= x.size(0) <= GEMV_MAX_ROWS
+
+
+def one_row_on_cuda(x: torch.Tensor) -> bool:
+    """Whether x is a single row on CUDA (a one-sequence decode step): the rows for which the GEMV reads a
+    norm or an activation in front of the product (`fused_projection.py`), and the MoE kernels the norm in
+    front of the experts, themselves."""
     return x.is_cuda and x.size(0) == 1
 
 
 def linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """x W^T (+ b); a single row on CUDA through the Triton GEMV; written to `out` when given."""
+    """x W^T (+ b); a few rows on CUDA through the Triton GEMV (`uses_gemv`); written to `out` when given."""
     # x: [tokens, in]; weight: [out, in] -> [tokens, out]
     if uses_gemv(x):
         from nanovllm.kernels.triton_gemv import gemv  # Triton is needed on CUDA only
@@ -96,7 +110,7 @@ class LinearBase(nn.Module):
         return {} if self.weight_scale is None else dict(weight_scale=self.weight_scale, weight_block=self.weight_block)
 
     def project(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x W^T (+ bias), W in FP8 where the layer holds it so: one row on CUDA through the GEMV, several
+        """x W^T (+ bias), W in FP8 where the layer holds it so: a few rows on CUDA through the GEMV, more
         rows of a 16-bit model with per-channel scales on FP8 tensor cores, the rest in PyTorch."""
         # x: [tokens, in] -> [tokens, out]
         if self.weight_scale is None:
@@ -108,8 +122,9 @@ class LinearBase(nn.Module):
         per_channel = self.weight_block == (1, self.weight.size(1))
         if x.is_cuda and per_channel and x.dtype in (torch.bfloat16, torch.float16):
             return scaled_mm_linear(x, self.weight, self.weight_scale, bias)
-        # a single row is multiplied unquantized, as the GEMV does
-        return fp8_linear(x, self.weight, self.weight_scale, self.weight_block, bias, quantize_x=x.size(0) > 1)
+        # the rows the GEMV would take are multiplied unquantized, as it does
+        quantize_x = x.size(0) > GEMV_MAX_ROWS
+        return fp8_linear(x, self.weight, self.weight_scale, self.weight_block, bias, quantize_x=quantize_x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.project(x, self.bias)

@@ -27,7 +27,7 @@ from nanovllm.layers.linear import (
     QKVParallelLinear,
     ReplicatedLinear,
     RowParallelLinear,
-    uses_gemv,
+    one_row_on_cuda,
 )
 from nanovllm.layers.rotary_embedding import RotaryEmbedding
 from nanovllm.models.model_config import ModelConfig
@@ -120,7 +120,7 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The experts' output for input_norm(x + residual), and x + residual, the next residual."""
         # x, residual: [tokens, hidden]
-        if uses_gemv(x):
+        if one_row_on_cuda(x):
             # one row on CUDA: the norm runs inside the router's GEMV and again inside the experts' first
             # kernel, each reading x + residual, rather than in a launch of its own between the two
             router_logits, residual = self.normed_gate(x, residual)

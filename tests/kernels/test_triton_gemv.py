@@ -1,13 +1,14 @@
-"""The one-row matrix products of a one-sequence decode step, plain and with the norm or the
-activation read in front, against torch (on the CPU under the Triton interpreter, which conftest
-selects, on small shapes)."""
+"""The matrix products of a few rows (a decode step of one or a few sequences, a speculative verify step),
+plain (and for one row with the norm or the activation read in front), with a bias and with FP8 weights,
+against a float64 reference (on the CPU under the Triton interpreter, which conftest selects, on small
+shapes)."""
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
-from nanovllm.kernels.triton_gemv import gated_gemv, gemv, rms_norm_gemv  # noqa: E402
-from nanovllm.layers.layernorm import rms_norm  # noqa: E402
+from nanovllm.kernels.fp8_weights import dequantize_blocks, quantize_blocks  # noqa: E402
+from nanovllm.kernels.triton_gemv import MAX_ROWS, gated_gemv, gemv, rms_norm_gemv  # noqa: E402
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
@@ -15,58 +16,86 @@ DEVICE = "cuda" if ON_GPU else "cpu"
 SHAPES = (
     [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072), (1000, 3000), (3, 5000)]
     if ON_GPU
-    else [(40, 70), (9, 1030), (2050, 16)]
+    else [(40, 70), (9, 1030), (258, 16)]
 )
 DTYPES = [torch.float32, torch.bfloat16] if ON_GPU else [torch.float32]
+# one row, a power of two, one rounded up to the next (its padding rows masked), and the most
+ROW_COUNTS = [1, 2, 5, MAX_ROWS]
 # hidden_act -> the activation in float64
 ACTIVATIONS = {
     "silu": torch.nn.functional.silu,
     "gelu_pytorch_tanh": lambda gate: torch.nn.functional.gelu(gate, approximate="tanh"),
 }
+FP8_BLOCKS = {"per-channel": None, "128x128": (128, 128)}
 
 
+def tolerance(dtype: torch.dtype) -> float:
+    return 2e-2 if dtype == torch.bfloat16 else 1e-5
+
+
+def random_rows(rows: int, inputs: int, dtype: torch.dtype) -> torch.Tensor:
+    """[rows, inputs], each row at its own scale (1/4 to 4): a row normalised by another's mean square,
+    or given another's sums, is far off."""
+    scale = torch.logspace(-2, 2, rows, base=2, device=DEVICE)[:, None] if rows > 1 else 1.0
+    return (torch.randn(rows, inputs, device=DEVICE) * scale).to(dtype)
+
+
+def random_weight(features: int, inputs: int, dtype: torch.dtype) -> torch.Tensor:
+    return (torch.randn(features, inputs, device=DEVICE) / inputs**0.5).to(dtype)
+
+
+def normed(x: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
+    """RMSNorm of each row in float64 (the GEMV does not round the normalised rows to the dtype)."""
+    x = x.double()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * norm_weight.double()
+
+
+@pytest.mark.parametrize("rows", ROW_COUNTS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_equals_torch_matmul(shape, dtype):
+def test_equals_torch_matmul(shape, dtype, rows):
     features, inputs = shape
     torch.manual_seed(0)
-    x = torch.randn(1, inputs, device=DEVICE, dtype=dtype)
-    weight = torch.randn(features, inputs, device=DEVICE, dtype=dtype) / inputs**0.5
+    x = random_rows(rows, inputs, dtype)
+    weight = random_weight(features, inputs, dtype)
     want = (x.double() @ weight.double().T).to(dtype)
-    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
-    torch.testing.assert_close(gemv(x, weight), want, atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(gemv(x, weight), want, atol=tolerance(dtype), rtol=tolerance(dtype))
 
 
+@pytest.mark.parametrize("rows", ROW_COUNTS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_each_product_adds_its_bias_before_rounding(dtype):
+def test_each_product_adds_its_bias_before_rounding(dtype, rows):
     torch.manual_seed(4)
     features, inputs = SHAPES[0]
-    x = torch.randn(1, inputs, device=DEVICE, dtype=dtype)
-    gate_up = torch.randn(1, 2 * inputs, device=DEVICE, dtype=dtype)
+    x = random_rows(rows, inputs, dtype)
+    gate_up = random_rows(rows, 2 * inputs, dtype)
     norm_weight = torch.rand(inputs, device=DEVICE, dtype=dtype) + 0.5
-    weight = torch.randn(features, inputs, device=DEVICE, dtype=dtype) / inputs**0.5
+    weight = random_weight(features, inputs, dtype)
     bias = torch.randn(features, device=DEVICE, dtype=dtype)
     gate, up = gate_up.double().chunk(2, dim=-1)
-    normed = rms_norm(x, norm_weight, 1e-6).double()
-    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
-    for got, product in (
-        (gemv(x, weight, bias=bias), x.double()),
-        (rms_norm_gemv(x, None, norm_weight, 1e-6, weight, bias)[0], normed),
-        (gated_gemv(gate_up, weight, "silu", bias), torch.nn.functional.silu(gate) * up),
-    ):
+    products = [(gemv(x, weight, bias=bias), x.double())]
+    if rows == 1:  # a norm or an activation is read in front of one row only
+        products += [
+            (rms_norm_gemv(x, None, norm_weight, 1e-6, weight, bias)[0], normed(x, norm_weight)),
+            (gated_gemv(gate_up, weight, "silu", bias), torch.nn.functional.silu(gate) * up),
+        ]
+    for got, product in products:
         want = (product @ weight.double().T + bias.double()).to(dtype)
-        torch.testing.assert_close(got, want, atol=tolerance, rtol=tolerance)
+        torch.testing.assert_close(got, want, atol=tolerance(dtype) * 4, rtol=tolerance(dtype))
 
 
-def test_writes_into_the_row_it_is_given():
-    # the LM head of a decode graph writes its logits into one buffer the graphs share
+@pytest.mark.parametrize("rows", ROW_COUNTS)
+def test_reads_and_writes_rows_where_they_lie(rows):
+    # the LM head of a decode graph writes its logits into rows of one buffer the graphs share, and its
+    # input may be rows of a wider tensor
     torch.manual_seed(3)
-    x = torch.randn(1, 70, device=DEVICE)
-    weight = torch.randn(40, 70, device=DEVICE) / 70**0.5
-    buffer = torch.full((3, 40), float("nan"), device=DEVICE)
-    got = gemv(x, weight, out=buffer[:1])
-    assert got.data_ptr() == buffer.data_ptr() and torch.equal(buffer[:1], gemv(x, weight))
-    assert buffer[1:].isnan().all()
+    x = torch.randn(rows, 100, device=DEVICE)[:, :70]
+    weight = random_weight(40, 70, torch.float32)
+    buffer = torch.full((MAX_ROWS + 1, 50), float("nan"), device=DEVICE)
+    got = gemv(x, weight, out=buffer[:rows, :40])
+    assert got.data_ptr() == buffer.data_ptr()
+    torch.testing.assert_close(buffer[:rows, :40], (x.double() @ weight.double().T).float())
+    assert buffer[rows:].isnan().all() and buffer[:, 40:].isnan().all()
 
 
 @pytest.mark.parametrize("with_residual", [True, False])
@@ -75,16 +104,14 @@ def test_writes_into_the_row_it_is_given():
 def test_rms_norm_in_front_equals_the_norm_then_the_product(shape, dtype, with_residual):
     features, inputs = shape
     torch.manual_seed(1)
-    x = torch.randn(1, inputs, device=DEVICE, dtype=dtype)
-    residual = torch.randn(1, inputs, device=DEVICE, dtype=dtype) if with_residual else None
+    x = random_rows(1, inputs, dtype)
+    residual = random_rows(1, inputs, dtype).flip(0) if with_residual else None
     norm_weight = torch.rand(inputs, device=DEVICE, dtype=dtype) + 0.5
-    weight = torch.randn(features, inputs, device=DEVICE, dtype=dtype) / inputs**0.5
+    weight = random_weight(features, inputs, dtype)
     want_sum = x + residual if with_residual else x
-    normed = rms_norm(want_sum, norm_weight, 1e-6)
-    want = (normed.double() @ weight.double().T).to(dtype)
+    want = (normed(want_sum, norm_weight) @ weight.double().T).to(dtype)
     got, got_sum = rms_norm_gemv(x, residual, norm_weight, 1e-6, weight)
-    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
-    torch.testing.assert_close(got, want, atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(got, want, atol=tolerance(dtype), rtol=tolerance(dtype))
     torch.testing.assert_close(got_sum, want_sum, atol=0, rtol=0)
 
 
@@ -96,22 +123,52 @@ def test_gated_activation_in_front_equals_the_activation_then_the_product(shape,
     torch.manual_seed(2)
     # gates out to +-12, where GELU's tanh saturates and SiLU's exp is far from 1
     gate_up = torch.randn(1, 2 * inputs, device=DEVICE, dtype=dtype) * 4
-    weight = torch.randn(features, inputs, device=DEVICE, dtype=dtype) / inputs**0.5
+    weight = random_weight(features, inputs, dtype)
     gate, up = gate_up.double().chunk(2, dim=-1)
     want = ((ACTIVATIONS[hidden_act](gate) * up) @ weight.double().T).to(dtype)
-    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
     got = gated_gemv(gate_up, weight, hidden_act)
-    torch.testing.assert_close(got, want, atol=tolerance * 4, rtol=tolerance)
+    torch.testing.assert_close(got, want, atol=tolerance(dtype) * 4, rtol=tolerance(dtype))
+
+
+@pytest.mark.skipif(ON_GPU and torch.cuda.get_device_capability() < (8, 9), reason="FP8 needs compute capability 8.9")
+@pytest.mark.parametrize("rows", ROW_COUNTS)
+@pytest.mark.parametrize("block", FP8_BLOCKS.values(), ids=FP8_BLOCKS.keys())
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fp8_weights_in_every_prologue(dtype, block, rows):
+    # uneven on both axes: partial blocks of scales; on a GPU the size of a Qwen3-8B projection's rows
+    features, inputs = (4096 + 128, 4096 + 72) if ON_GPU else (136, 300)
+    torch.manual_seed(5)
+    block = (1, inputs) if block is None else block
+    values, scale = quantize_blocks(random_weight(features, inputs, torch.float32), block)
+    dequantized = dequantize_blocks(values, scale, block).double()  # [features, inputs]
+    fp8 = dict(weight_scale=scale, weight_block=block)
+    x = random_rows(rows, inputs, dtype)
+    residual = random_rows(rows, inputs, dtype)
+    norm_weight = torch.rand(inputs, device=DEVICE, dtype=dtype) + 0.5
+    gate_up = random_rows(rows, 2 * inputs, dtype)
+    bias = torch.randn(features, device=DEVICE, dtype=dtype)
+    gate, up = gate_up.double().chunk(2, dim=-1)
+    activated = (torch.nn.functional.silu(gate) * up).to(dtype)  # the prologue rounds it to the dtype
+    products = [(gemv(x, values, bias=bias, **fp8), x.double())]
+    if rows == 1:
+        products += [
+            (rms_norm_gemv(x, residual, norm_weight, 1e-6, values, bias, **fp8)[0], normed(x + residual, norm_weight)),
+            (gated_gemv(gate_up, values, "silu", bias, **fp8), activated.double()),
+        ]
+    for got, product in products:
+        want = (product @ dequantized.T + bias.double()).to(dtype)
+        torch.testing.assert_close(got, want, atol=tolerance(dtype) * 4, rtol=tolerance(dtype) * 2)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU: graphs and programmatic dependent launch")
-def test_a_chain_of_products_replayed_in_a_graph_reads_each_input_after_it_is_written():
+@pytest.mark.parametrize("rows", [1, 5])
+def test_a_chain_of_products_replayed_in_a_graph_reads_each_input_after_it_is_written(rows):
     # on Hopper each product starts while the one before it finishes; one that read its input
     # before waiting would read the previous replay's values
     torch.manual_seed(3)
     weights = [torch.randn(1024, 1024, device="cuda") / 32 for _ in range(40)]
-    x = torch.randn(1, 1024, device="cuda")
+    x = torch.randn(rows, 1024, device="cuda")
 
     def chain() -> torch.Tensor:
         y = x

@@ -1,6 +1,7 @@
 """The blocks choose their fusions themselves: for a one-row step (what goes through the Triton GEMV on
 CUDA; here forced on the CPU, under the Triton interpreter) an RMSNorm goes into the first projection
-and the gated activation into the down projection, one kernel each; another norm takes the plain path."""
+and the gated activation into the down projection, one kernel each; another norm takes the plain path,
+and a few rows the norm and the activation apart, then the GEMV of a few rows."""
 
 from types import SimpleNamespace
 
@@ -33,8 +34,8 @@ CONFIG = ModelConfig.from_hf(CONFIG_FIELDS)
 
 @pytest.fixture
 def launches(monkeypatch):
-    """Counts of the fused kernels launched, with one-row products sent to them on the CPU too."""
-    counts = {"rms_norm_gemv": 0, "gated_gemv": 0}
+    """Counts of the GEMV kernels launched, with the products they take on CUDA sent to them on the CPU too."""
+    counts = {"rms_norm_gemv": 0, "gated_gemv": 0, "gemv": 0}
 
     def counting(name):
         kernel = getattr(triton_gemv, name)
@@ -47,8 +48,9 @@ def launches(monkeypatch):
 
     for name in counts:
         monkeypatch.setattr(triton_gemv, name, counting(name))
-    for module in (linear, fused_projection, blocks):
-        monkeypatch.setattr(module, "uses_gemv", lambda x: x.size(0) == 1)
+    for module in (fused_projection, blocks):
+        monkeypatch.setattr(module, "one_row_on_cuda", lambda x: x.size(0) == 1)
+    monkeypatch.setattr(linear, "uses_gemv", lambda x: x.size(0) <= linear.GEMV_MAX_ROWS)
     return counts
 
 
@@ -70,7 +72,7 @@ def test_rms_norm_and_silu_are_fused_into_the_projections_of_a_one_row_step(laun
     mlp = random_mlp(norm)
     x, residual = torch.randn(1, 64), torch.randn(1, 64)
     y, next_residual = mlp(x, residual)
-    assert launches == {"rms_norm_gemv": 1, "gated_gemv": 1}
+    assert launches == {"rms_norm_gemv": 1, "gated_gemv": 1, "gemv": 0}
     torch.testing.assert_close(y, plain_mlp(mlp, norm, x, residual), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(next_residual, x + residual, atol=0, rtol=0)
 
@@ -81,18 +83,20 @@ def test_geglu_is_fused_into_the_down_projection_too(launches):
     mlp = random_mlp(norm, config)
     x, residual = torch.randn(1, 64), torch.randn(1, 64)
     y, _ = mlp(x, residual)
-    assert launches == {"rms_norm_gemv": 1, "gated_gemv": 1}
+    assert launches == {"rms_norm_gemv": 1, "gated_gemv": 1, "gemv": 0}
     gate, up = (norm(x + residual) @ mlp.gate_up_proj.weight.T).chunk(2, dim=-1)
     want = (nn.functional.gelu(gate, approximate="tanh") * up) @ mlp.down_proj.weight.T
     torch.testing.assert_close(y, want, atol=1e-5, rtol=1e-5)
 
 
-def test_several_rows_take_the_plain_path_with_the_same_result(launches):
+@pytest.mark.parametrize("rows, products", [(3, 2), (linear.GEMV_MAX_ROWS + 1, 0)])
+def test_several_rows_run_the_norm_and_the_activation_apart_with_the_same_result(launches, rows, products):
+    # a few rows: each projection in the GEMV of a few rows; more: in PyTorch
     norm = RMSNorm(CONFIG.hidden_size, CONFIG.rms_norm_eps)
     mlp = random_mlp(norm)
-    x, residual = torch.randn(3, 64), torch.randn(3, 64)
+    x, residual = torch.randn(rows, 64), torch.randn(rows, 64)
     y, _ = mlp(x, residual)
-    assert launches == {"rms_norm_gemv": 0, "gated_gemv": 0}
+    assert launches == {"rms_norm_gemv": 0, "gated_gemv": 0, "gemv": products}
     torch.testing.assert_close(y, plain_mlp(mlp, norm, x, residual), atol=1e-5, rtol=1e-5)
 
 
@@ -112,7 +116,7 @@ def test_a_biased_projection_keeps_the_fused_kernels_and_adds_its_bias(launches)
     mlp = random_mlp(norm, config)
     x, residual = torch.randn(1, 64), torch.randn(1, 64)
     y, _ = mlp(x, residual)
-    assert launches == {"rms_norm_gemv": 1, "gated_gemv": 1}
+    assert launches == {"rms_norm_gemv": 1, "gated_gemv": 1, "gemv": 0}
     gate, up = (norm(x + residual) @ mlp.gate_up_proj.weight.T + mlp.gate_up_proj.bias).chunk(2, dim=-1)
     want = (nn.functional.silu(gate) * up) @ mlp.down_proj.weight.T + mlp.down_proj.bias
     torch.testing.assert_close(y, want, atol=1e-5, rtol=1e-5)
@@ -160,7 +164,7 @@ def test_a_norm_scaling_by_one_plus_its_weight_loads_as_that_scale_and_stays_fus
     norm.weight.weight_loader(norm.weight, checkpoint_weight)
     x, residual = torch.randn(1, 64), torch.randn(1, 64)
     y, _ = mlp(x, residual)
-    assert launches == {"rms_norm_gemv": 1, "gated_gemv": 1}
+    assert launches == {"rms_norm_gemv": 1, "gated_gemv": 1, "gemv": 0}
     s = x + residual
     normed = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + CONFIG.rms_norm_eps) * (1 + checkpoint_weight)
     gate, up = (normed @ mlp.gate_up_proj.weight.T).chunk(2, dim=-1)
