@@ -234,10 +234,12 @@ class Scheduler:
         return scheduled, counts, passed
 
     def _may_pass_drafts(self) -> bool:
-        """Whether requests may pass their drafts in flight this step: the device runs ahead of the host, and
-        the step will be a decode step (no prompt chunk runs and none is admitted)."""
+        """Whether requests may pass their drafts in flight this step: there are drafts (a proposer), the
+        device runs ahead of the host, and the step will be a decode step (no prompt chunk runs and none is
+        admitted). Without a proposer no request is looked at."""
         return (
-            self.verify_ahead
+            self.proposer is not None
+            and self.verify_ahead
             and (not self.waiting or len(self.running) >= self.max_num_seqs)
             and all(req.num_new_tokens <= 1 for req in self.running)
         )

@@ -342,7 +342,7 @@ def _launch_rows(
         SCALE_COLUMNS=scale_columns,
         # float32 inputs (the CPU tests') are multiplied in full precision rather than as TF32
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        ROWS=16,
+        ROWS=MAX_ROWS,
         BLOCK_N=block_n,
         BLOCK_K=min(block_k, max(16, triton.next_power_of_2(k))),
         STAGES=stages,
