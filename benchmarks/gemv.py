@@ -2,11 +2,11 @@
 
 For each projection of a decoder layer of each model shape asked for (Qwen3-0.6B
 and Qwen3-8B by default) and its LM head (bf16; one row, or each row count of `--rows`: a verify step
-of k drafts has k + 1) it times the product as a decode step runs it, with one
-row the step that makes its input fused in front (the norm before qkv and
-gate/up, the activation before down), beside the same step in torch followed
-by cuBLAS; several rows take that step from a kernel of its own either way, so
-only their products are timed. It
+of k drafts has k + 1) it times the product as a decode step runs it, with the
+steps fused into it (one row: the norm in front of qkv and gate/up, the
+activation in front of down; several rows: the norm in front of qkv and
+gate/up, the activation behind gate/up), beside the same steps in torch and
+cuBLAS. It
 prints the HBM bandwidth that reading the weight once at that speed means,
 beside the data-sheet peak. As in a decode step, products run back to back in
 a CUDA graph, each on a different copy of the weight (copies of 256 MB in all,
@@ -42,9 +42,9 @@ def hidden_act(shape: str) -> str:
     return c.get("hidden_activation") or c["hidden_act"]
 
 
-def projections(shape: str) -> dict[str, tuple[int, int, str]]:
-    """(output features, input features, what is fused in front) of each projection of one decoder
-    layer, and of the LM head."""
+def projections(shape: str, rows: int) -> dict[str, tuple[int, int, str]]:
+    """(output features, input features, what is fused into it) of each projection of one decoder layer in a
+    step of `rows` rows, and of the LM head."""
     c = SHAPES[shape]
     head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     q, kv = c["num_attention_heads"] * head_dim, c["num_key_value_heads"] * head_dim
@@ -53,15 +53,16 @@ def projections(shape: str) -> dict[str, tuple[int, int, str]]:
     lm_head = {"lm_head": (c["vocab_size"], h, "none")}
     if "num_experts" in c:  # the experts run in the MoE kernels (benchmarks/moe.py); the router is a GEMV
         return attention | {"router": (c["num_experts"], h, "none")} | lm_head
-    return attention | {"gate_up": (2 * inter, h, "norm"), "down": (h, inter, "activation")} | lm_head
+    if rows == 1:
+        return attention | {"gate_up": (2 * inter, h, "norm"), "down": (h, inter, "activation")} | lm_head
+    return attention | {"gate_up": (2 * inter, h, "norm+activation"), "down": (h, inter, "none")} | lm_head
 
 
 def products(k: int, prologue: str, act: str, fp8: bool = False, rows: int = 1):
     """(our GEMV, torch then cuBLAS) for products of `rows` rows with a weight with `k` inputs, with
-    `prologue` in front (the RMSNorm for "norm", the activation `act` for "activation") on fixed inputs.
-    With `fp8` our GEMV takes (FP8 weight, its per-channel scales) instead of the bf16 weight. Several rows
-    take no prologue (they get it from a kernel of its own, in the engine as with cuBLAS)."""
-    prologue = prologue if rows == 1 else "none"
+    `prologue` fused (the RMSNorm in front for "norm", the activation `act` in front for "activation", the
+    norm in front and the activation behind for "norm+activation") on fixed inputs. With `fp8` our GEMV takes
+    (FP8 weight, its per-channel scales) instead of the bf16 weight."""
     x = torch.randn(rows, 2 * k if prologue == "activation" else k, device="cuda", dtype=torch.bfloat16)
     residual = torch.randn_like(x)
     norm_weight = torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5
@@ -75,6 +76,15 @@ def products(k: int, prologue: str, act: str, fp8: bool = False, rows: int = 1):
         return (
             scaled(lambda w, **scales: triton_gemv.rms_norm_gemv(x, residual, norm_weight, EPS, w, **scales)),
             lambda w: F.linear(rms_norm(x + residual, norm_weight, EPS), w),
+        )
+    if prologue == "norm+activation":
+        return (
+            scaled(
+                lambda w, **scales: triton_gemv.rms_norm_gemv(
+                    x, residual, norm_weight, EPS, w, hidden_act=act, **scales
+                )[0]
+            ),
+            lambda w: gated_activation(F.linear(rms_norm(x + residual, norm_weight, EPS), w), act),
         )
     if prologue == "activation":
         return (
@@ -149,7 +159,7 @@ def time_row(shape: str, name: str, n: int, k: int, prologue: str, rows: int, ar
         best = f"{', '.join(map(str, fastest[1]))} ({fastest[0]:.2f})"
     bytes_per_weight = 1 if args.fp8 else 2
     return (
-        f"| {shape} | {name} | {prologue if rows == 1 else 'none'} | {rows} | {cublas:.2f} | {timed:.2f} | "
+        f"| {shape} | {name} | {prologue} | {rows} | {cublas:.2f} | {timed:.2f} | "
         f"{timed / cublas:.2f} | "
         f"{n * k * bytes_per_weight / timed / 1e6:.2f} | {block_sizes(prologue, n, k, args.fp8, rows)} | {best} |"
     )
@@ -171,13 +181,13 @@ def main() -> None:
         f"products back to back in a CUDA graph, weights not in L2"
     )
     print(
-        "| shape | proj | in front | rows | torch + cuBLAS us | GEMV us | GEMV / cuBLAS | GEMV TB/s "
+        "| shape | proj | fused | rows | torch + cuBLAS us | GEMV us | GEMV / cuBLAS | GEMV TB/s "
         "| BLOCK_N, BLOCK_K, warps | best (us) |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for shape in args.shapes:
-        for name, (n, k, prologue) in projections(shape).items():
-            for rows in args.rows:
+        for rows in args.rows:
+            for name, (n, k, prologue) in projections(shape, rows).items():
                 print(time_row(shape, name, n, k, prologue, rows, args), flush=True)
 
 

@@ -1,6 +1,7 @@
 """Triton kernels: y = W x for one row x, the matrix products of a one-sequence decode step, with the
 element-wise step that makes x read inside the product; and for a few rows (a speculative verify step,
-a decode step of a few sequences), plain.
+a decode step of a few sequences), plain, with the norm in front or with the norm in front and the gated
+activation behind.
 
 Layout: W [N, K] contiguous (an nn.Linear weight); y [N], in x's dtype. Grid:
 (cdiv(N, BLOCK_N),). A program owns BLOCK_N output features: it streams their
@@ -45,12 +46,18 @@ bf16 one and multiplies the dequantized weights with x unquantized, in fp32:
 A few rows (2 to MAX_ROWS) run in a kernel of their own, `_rows_kernel`,
 which reads each chunk of W once for all of them: the rows, padded to 16 (the
 smallest tensor-core tile), are multiplied with the chunk on the tensor cores
-(`tl.dot`, fp32 sums), the loop software-pipelined (`tl.range` stages). It
-takes x as given (a norm or an activation in front runs first, in its own
-kernel: computed in every program for 16 rows, it costs more than the launch
-it saves), with the same bias and FP8 scales; FP8 weights are converted to x's
-dtype, and a per-block scale is folded into x, rounded to its dtype.
-`rows_blocks_for` picks its tiles.
+(`tl.dot`, fp32 sums), the loop software-pipelined (`tl.range` stages). Its
+PROLOGUE is PLAIN or RMS_NORM, the latter as for one row (1/rms applied to
+each row's sums at the end; the programs share the writing of h, after the
+loop), with the normalised values rounded to the dtype for the tensor cores
+and the inputs loaded a chunk ahead by hand. With GATED_OUTPUT, W is gate |
+up ([2N, K]): a program multiplies x with the same features of both halves
+and writes act(gate) * up, from the two sums rounded to the dtype, as the
+separate activation kernel would compute it: an MLP's norm, gate/up product
+and activation are one launch, and its down projection a plain one. The same
+bias and FP8 scales apply; FP8 weights are converted to x's dtype, and a
+per-block scale is folded into x, rounded to its dtype. `rows_blocks_for`
+picks its tiles.
 """
 
 import torch
@@ -193,17 +200,102 @@ def _gemv_kernel(
 
 
 @triton.jit
+def _rows_loads(x_ptr, r_ptr, rows, row_ok, k, K, stride_x, HAS_RESIDUAL: tl.constexpr):
+    """x and r (x again without a residual) at columns k of every row: [ROWS, BLOCK_K] each, zero in the
+    padding rows and past K."""
+    mask = row_ok[:, None] & (k < K)[None, :]
+    a = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_x + k[None, :], mask=mask, other=0.0)
+    r = a
+    if HAS_RESIDUAL:
+        r = tl.load(r_ptr + rows[:, None].to(tl.int64) * K + k[None, :], mask=mask, other=0.0)
+    return a, r
+
+
+@triton.jit
+def _rows_normed(a, r, g_ptr, k, K, HAS_RESIDUAL: tl.constexpr):
+    """g * h for h = a + r (a without a residual) rounded to the dtype, in the dtype, and h in fp32:
+    [ROWS, BLOCK_K] each. Without 1/rms, common to a row's columns: the kernel scales each row's sums
+    once, at the end."""
+    h = a
+    if HAS_RESIDUAL:
+        h = (a.to(tl.float32) + r.to(tl.float32)).to(a.dtype)
+    h = h.to(tl.float32)
+    g = tl.load(g_ptr + k, mask=k < K, other=0.0).to(tl.float32)
+    return (h * g[None, :]).to(a.dtype), h
+
+
+@triton.jit
+def _store_rows_sum(x_ptr, r_ptr, h_ptr, M, K, stride_x, ROWS: tl.constexpr, SUM_BLOCK: tl.constexpr):
+    """h = x + r, rounded to the dtype, at this program's SUM_BLOCK columns of every row (h: [M, K],
+    contiguous): the programs share the writing of the next residual."""
+    rows = tl.arange(0, ROWS)
+    k = tl.program_id(0) * SUM_BLOCK + tl.arange(0, SUM_BLOCK)
+    mask = (rows < M)[:, None] & (k < K)[None, :]
+    a = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_x + k[None, :], mask=mask, other=0.0)
+    at = rows[:, None].to(tl.int64) * K + k[None, :]
+    r = tl.load(r_ptr + at, mask=mask, other=0.0)
+    tl.store(h_ptr + at, (a.to(tl.float32) + r.to(tl.float32)).to(h_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rows_dot(
+    acc,
+    x,
+    w_ptr,
+    scale_ptr,
+    first,
+    features,
+    feature_ok,
+    k,
+    K,
+    SCALES: tl.constexpr,
+    SCALE_ROWS: tl.constexpr,
+    SCALE_COLUMNS: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """acc + x W[features, k]^T: [ROWS, BLOCK_N], on the tensor cores in x's dtype; `first` is features[0]."""
+    k_ok = k < K
+    if SCALES == PER_BLOCK:  # the scales of these features' block of rows, one per group of columns
+        scale_at = scale_ptr + first // SCALE_ROWS * tl.cdiv(K, SCALE_COLUMNS) + k // SCALE_COLUMNS
+        x = (x.to(tl.float32) * tl.load(scale_at, mask=k_ok, other=0.0)[None, :]).to(x.dtype)
+    w = tl.load(
+        w_ptr + features[:, None].to(tl.int64) * K + k[None, :], mask=feature_ok[:, None] & k_ok[None, :], other=0.0
+    )
+    return acc + tl.dot(x, tl.trans(w.to(x.dtype)), input_precision=PRECISION)
+
+
+@triton.jit
+def _rows_sums(acc, rstd, scale_ptr, bias_ptr, features, feature_ok, SCALES: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """The products of a tile, [ROWS, BLOCK_N] fp32, scaled by each row's 1/rms (`rstd` [ROWS]) and each
+    feature's FP8 scale (PER_ROW), plus the bias."""
+    acc *= rstd[:, None]
+    if SCALES == PER_ROW:
+        acc *= tl.load(scale_ptr + features, mask=feature_ok, other=0.0)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + features, mask=feature_ok, other=0.0).to(tl.float32)[None, :]
+    return acc
+
+
+@triton.jit
 def _rows_kernel(
     x_ptr,
+    r_ptr,
+    g_ptr,
     w_ptr,
     scale_ptr,
     bias_ptr,
     y_ptr,
+    h_ptr,
     M,
     N,
     K,
     stride_x,
     stride_y,
+    eps,
+    PROLOGUE: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    GATED_OUTPUT: tl.constexpr,
+    ACT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SCALES: tl.constexpr,
     SCALE_ROWS: tl.constexpr,
@@ -212,35 +304,63 @@ def _rows_kernel(
     ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SUM_BLOCK: tl.constexpr,
     STAGES: tl.constexpr,
     PDL: tl.constexpr,
 ):
     rows = tl.arange(0, ROWS)
     row_ok = rows < M
-    features = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    first = tl.program_id(0) * BLOCK_N
+    features = first + tl.arange(0, BLOCK_N)  # of y; with GATED_OUTPUT, of the gate, and N + them of the up
     feature_ok = features < N
     columns = tl.arange(0, BLOCK_K)
     acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+    up = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+    squares = tl.zeros((ROWS, BLOCK_K), dtype=tl.float32)
     wait_for_previous_kernel(PDL)
+    a_next, r_next = _rows_loads(x_ptr, r_ptr, rows, row_ok, columns, K, stride_x, HAS_RESIDUAL)
     for start in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         k = start + columns
-        k_ok = k < K
-        x_at = x_ptr + rows[:, None].to(tl.int64) * stride_x + k[None, :]
-        x = tl.load(x_at, mask=row_ok[:, None] & k_ok[None, :], other=0.0)  # [ROWS, BLOCK_K], zero in padding
-        if SCALES == PER_BLOCK:  # the scales of this program's block of rows, one per group of columns
-            block_row = tl.program_id(0) * BLOCK_N // SCALE_ROWS
-            scale_at = scale_ptr + block_row * tl.cdiv(K, SCALE_COLUMNS) + k // SCALE_COLUMNS
-            scale = tl.load(scale_at, mask=k_ok, other=0.0)
-            x = (x.to(tl.float32) * scale[None, :]).to(x_ptr.dtype.element_ty)
-        w = _weight_chunk(w_ptr, features, feature_ok, start, columns, K)
-        # x: [ROWS, BLOCK_K]; w: [BLOCK_N, BLOCK_K] -> [ROWS, BLOCK_N], in x's dtype on the tensor cores
-        acc += tl.dot(x, tl.trans(w.to(x_ptr.dtype.element_ty)), input_precision=PRECISION)
-    if SCALES == PER_ROW:
-        acc *= tl.load(scale_ptr + features, mask=feature_ok, other=0.0)[None, :]
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + features, mask=feature_ok, other=0.0).to(tl.float32)[None, :]
+        if PROLOGUE == RMS_NORM:
+            # the inputs loaded a chunk ahead by hand: given the sums of squares, the pipeliner leaves the
+            # loads of W unpipelined (2.5x the time of a plain product on Qwen3-8B's qkv, H100)
+            a, r = a_next, r_next
+            a_next, r_next = _rows_loads(x_ptr, r_ptr, rows, row_ok, k + BLOCK_K, K, stride_x, HAS_RESIDUAL)
+            x, h = _rows_normed(a, r, g_ptr, k, K, HAS_RESIDUAL)
+            squares += h * h
+        else:
+            x = _rows_loads(x_ptr, r_ptr, rows, row_ok, k, K, stride_x, False)[0]
+        # x: [ROWS, BLOCK_K] with W[features, k]: [BLOCK_N, BLOCK_K] -> acc [ROWS, BLOCK_N]
+        acc = _rows_dot(
+            acc, x, w_ptr, scale_ptr, first, features, feature_ok, k, K, SCALES, SCALE_ROWS, SCALE_COLUMNS, PRECISION
+        )
+        if GATED_OUTPUT:
+            up = _rows_dot(
+                up,
+                x,
+                w_ptr,
+                scale_ptr,
+                N + first,
+                N + features,
+                feature_ok,
+                k,
+                K,
+                SCALES,
+                SCALE_ROWS,
+                SCALE_COLUMNS,
+                PRECISION,
+            )
+    rstd = tl.full((ROWS,), 1.0, tl.float32)
+    if PROLOGUE == RMS_NORM:
+        rstd = tl.rsqrt(tl.sum(squares, axis=1) / K + eps)
+        if HAS_RESIDUAL:  # apart from the pipelined loop, which a store in it would hold up
+            _store_rows_sum(x_ptr, r_ptr, h_ptr, M, K, stride_x, ROWS, SUM_BLOCK)
+    y = _rows_sums(acc, rstd, scale_ptr, bias_ptr, features, feature_ok, SCALES, HAS_BIAS)
+    if GATED_OUTPUT:  # act(gate) * up of the product's values rounded to the dtype, as in two kernels
+        up = _rows_sums(up, rstd, scale_ptr, bias_ptr, N + features, feature_ok, SCALES, HAS_BIAS)
+        y = gated(y.to(y_ptr.dtype.element_ty), up.to(y_ptr.dtype.element_ty), ACT)
     at = rows[:, None].to(tl.int64) * stride_y + features[None, :]
-    tl.store(y_ptr + at, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & feature_ok[None, :])
+    tl.store(y_ptr + at, y.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & feature_ok[None, :])
 
 
 def _scale_layout(
@@ -314,28 +434,47 @@ def _launch(
 def _launch_rows(
     x: torch.Tensor,
     weight: torch.Tensor,
-    out: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    weight_scale: torch.Tensor | None,
-    weight_block: tuple[int, int] | None,
-) -> torch.Tensor:
+    prologue: tl.constexpr = PLAIN,
+    residual: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    out: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    act: tl.constexpr | None = None,
+    weight_scale: torch.Tensor | None = None,
+    weight_block: tuple[int, int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     n, k = weight.shape
     assert 2 <= x.size(0) <= MAX_ROWS and x.stride(1) == 1 and weight.is_contiguous()
+    assert prologue is PLAIN or x.is_contiguous() and (residual is None or residual.is_contiguous())
     scales, scale_rows, scale_columns = _scale_layout(weight, weight_scale, weight_block)
-    y = _output(x, n, out)
     block_n, block_k, num_warps, stages = rows_blocks_for(n, x.element_size())
-    assert scales != PER_BLOCK or scale_rows % block_n == 0  # a program's features in one block of rows
-    _rows_kernel[(triton.cdiv(n, block_n),)](
+    if act is not None:  # a program reads as many rows of W as in a plain product: half gate, half up (16 at least)
+        n, block_n = n // 2, max(16, block_n // 2)
+    y = _output(x, n, out)
+    h = torch.empty_like(x) if residual is not None else None
+    # a program's features in one block of rows, in the up half too (FP8 blocks never straddle gate and up)
+    assert scales != PER_BLOCK or scale_rows % block_n == 0 and (act is None or n % block_n == 0)
+    programs = triton.cdiv(n, block_n)
+    _rows_kernel[(programs,)](
         x,
+        residual if residual is not None else x,
+        norm_weight if norm_weight is not None else x,
         weight,
         weight_scale if weight_scale is not None else x,
         bias if bias is not None else weight,
         y,
+        h if h is not None else y,
         x.size(0),
         n,
         k,
         x.stride(0),
         y.stride(0),
+        eps,
+        PROLOGUE=prologue.value,
+        HAS_RESIDUAL=residual is not None,
+        GATED_OUTPUT=act is not None,
+        ACT=(SILU if act is None else act).value,
         HAS_BIAS=bias is not None,
         SCALES=scales,
         SCALE_ROWS=scale_rows,
@@ -345,11 +484,12 @@ def _launch_rows(
         ROWS=MAX_ROWS,
         BLOCK_N=block_n,
         BLOCK_K=min(block_k, max(16, triton.next_power_of_2(k))),
+        SUM_BLOCK=max(16, triton.next_power_of_2(triton.cdiv(k, programs))),  # columns of h a program writes
         STAGES=stages,
         num_warps=num_warps,
         **pdl_launch(x.device),
     )
-    return y
+    return y, h
 
 
 def gemv(
@@ -364,9 +504,8 @@ def gemv(
     `weight_scale` per `weight_block`."""
     # x: [M, K]; weight: [N, K]; bias: [N] -> [M, N]
     assert x.size(1) == weight.size(1)
-    if x.size(0) > 1:
-        return _launch_rows(x, weight, out, bias, weight_scale, weight_block)
-    return _launch(x, weight, PLAIN, out=out, bias=bias, weight_scale=weight_scale, weight_block=weight_block)[0]
+    launch = _launch_rows if x.size(0) > 1 else _launch
+    return launch(x, weight, PLAIN, out=out, bias=bias, weight_scale=weight_scale, weight_block=weight_block)[0]
 
 
 def rms_norm_gemv(
@@ -378,13 +517,21 @@ def rms_norm_gemv(
     bias: torch.Tensor | None = None,
     weight_scale: torch.Tensor | None = None,
     weight_block: tuple[int, int] | None = None,
+    hidden_act: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """RMSNorm(x + residual) @ weight^T (+ bias) for a single row, and x + residual (x itself without a
-    residual): a pre-norm block's norm and first projection in one launch. An FP8 weight as for `gemv`."""
-    # x, residual: [1, K]; norm_weight: [K]; weight: [N, K]; bias: [N] -> [1, N], [1, K]
-    assert x.shape == (1, weight.size(1)) and (residual is None or residual.is_contiguous())
+    """RMSNorm(x + residual) @ weight^T (+ bias) for 1 to MAX_ROWS rows, and x + residual (x itself without a
+    residual): a pre-norm block's norm and first projection in one launch. With `hidden_act` (2 rows or
+    more; a key of `triton_gated_activation.ACTIVATIONS`) the weight is gate | up and the launch writes
+    act(gate) * up of the product: an MLP's norm, first projection and activation. An FP8 weight as for `gemv`."""
+    # x, residual: [M, K]; norm_weight: [K]; weight: [N, K]; bias: [N] -> [M, N] (N / 2 with hidden_act), [M, K]
+    assert x.size(1) == weight.size(1) and (residual is None or residual.is_contiguous())
     fp8 = dict(weight_scale=weight_scale, weight_block=weight_block)
-    y, h = _launch(x, weight, RMS_NORM, residual, norm_weight, eps, bias=bias, **fp8)
+    if x.size(0) > 1:
+        act = None if hidden_act is None else ACTIVATIONS[hidden_act]
+        y, h = _launch_rows(x, weight, RMS_NORM, residual, norm_weight, eps, bias=bias, act=act, **fp8)
+    else:
+        assert hidden_act is None  # one row reads the activation in the down projection's GEMV instead
+        y, h = _launch(x, weight, RMS_NORM, residual, norm_weight, eps, bias=bias, **fp8)
     return y, x if h is None else h
 
 

@@ -1,13 +1,18 @@
-"""A norm, or a gated activation, fused into the projection that follows it where a kernel does both.
+"""A norm, or a gated activation, fused into the projection next to it where a kernel does both.
 
-For a single row on CUDA (a one-sequence decode step) each pairing is one Triton
-GEMV launch: "residual add + RMSNorm + projection" and "SiLU(gate) * up + down
-projection" (SiLU or GeGLU), with full-precision or FP8 weights. Elsewhere, and for a
-norm without such a kernel, each part runs as its own layer (the add and the RMSNorm still as one
-torch.compile kernel on CUDA).
+On CUDA the Triton GEMV (`kernels/triton_gemv.py`) reads "residual add +
+RMSNorm" in front of a block's first projection, for 1 to 16 rows (a decode
+step of a few sequences, a speculative verify step). It places an MLP's gated
+activation, SiLU or GeGLU, by rows: for one row (a one-sequence decode step)
+inside the down projection, which then reads act(gate) * up in front; for
+several, in the gate/up projection's epilogue, which then writes act(gate) *
+up, so that norm, gate/up product and activation are one launch and the down
+projection a plain one. Full-precision or FP8 weights alike. Elsewhere, and
+for a norm without such a kernel, each part runs as its own layer (the add
+and the RMSNorm still as one torch.compile kernel on CUDA).
 
 A block builds these once from its own parts; they are plain objects, not
-modules, so the norm and the projection stay registered (and named for the
+modules, so the norm and the projections stay registered (and named for the
 checkpoint) where they belong.
 """
 
@@ -16,7 +21,7 @@ from torch import nn
 
 from nanovllm.layers.activation import ACTIVATIONS, gated_activation
 from nanovllm.layers.layernorm import RMSNorm
-from nanovllm.layers.linear import ColumnParallelLinear, RowParallelLinear, one_row_on_cuda
+from nanovllm.layers.linear import ColumnParallelLinear, RowParallelLinear, one_row_on_cuda, uses_gemv
 
 
 class NormedProjection:
@@ -26,35 +31,45 @@ class NormedProjection:
         self.norm, self.proj = norm, proj
         self.rms_norm = isinstance(norm, RMSNorm)  # the fused kernels compute an RMSNorm
 
-    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        # x, residual: [tokens, in] -> [tokens, out], [tokens, in]
+    def __call__(
+        self, x: torch.Tensor, residual: torch.Tensor | None, hidden_act: str | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """With `hidden_act`, proj being gate | up: act(gate) * up of the projection."""
+        # x, residual: [tokens, in] -> [tokens, out] (out / 2 with hidden_act), [tokens, in]
         norm, proj = self.norm, self.proj
-        if not self.rms_norm:
-            residual = x if residual is None else x + residual
-            return proj(norm(residual)), residual
-        if one_row_on_cuda(x):
+        if self.rms_norm and uses_gemv(x) and (hidden_act is None or x.size(0) > 1):
             from nanovllm.kernels.triton_gemv import rms_norm_gemv  # Triton is needed on CUDA only
 
-            return rms_norm_gemv(x, residual, norm.weight, norm.eps, proj.weight, proj.bias, **proj.fp8_weights())
-        if residual is None:
-            return proj(norm(x)), x
-        x, residual = norm(x, residual)
-        return proj(x), residual
+            weights = dict(bias=proj.bias, hidden_act=hidden_act, **proj.fp8_weights())
+            return rms_norm_gemv(x, residual, norm.weight, norm.eps, proj.weight, **weights)
+        if not self.rms_norm:
+            residual = x if residual is None else x + residual
+            y = proj(norm(residual))
+        elif residual is None:
+            y, residual = proj(norm(x)), x
+        else:
+            x, residual = norm(x, residual)
+            y = proj(x)
+        return (y if hidden_act is None else gated_activation(y, hidden_act)), residual
 
 
-class GatedProjection:
-    """proj(act(gate) * up) for gate_up = gate | up, act being `hidden_act`."""
+class NormedGatedProjections:
+    """down(act(gate) * up) for gate | up = gate_up(norm(x + residual)), act being `hidden_act`, and
+    x + residual, the next residual."""
 
-    def __init__(self, hidden_act: str, proj: RowParallelLinear):
+    def __init__(self, norm: nn.Module, gate_up: ColumnParallelLinear, down: RowParallelLinear, hidden_act: str):
         assert hidden_act in ACTIVATIONS  # ModelConfig refuses the others
-        self.proj, self.hidden_act = proj, hidden_act
+        self.normed_gate_up = NormedProjection(norm, gate_up)
+        self.down, self.hidden_act = down, hidden_act
 
-    def __call__(self, gate_up: torch.Tensor) -> torch.Tensor:
-        # gate_up: [tokens, 2 * in] -> [tokens, out]
-        proj = self.proj
-        if one_row_on_cuda(gate_up):
-            from nanovllm.kernels.triton_gemv import gated_gemv  # Triton is needed on CUDA only
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        # x, residual: [tokens, hidden] -> [tokens, hidden], [tokens, hidden]
+        down = self.down
+        if not one_row_on_cuda(x):
+            activated, residual = self.normed_gate_up(x, residual, self.hidden_act)
+            return down(activated), residual
+        from nanovllm.kernels.triton_gemv import gated_gemv  # Triton is needed on CUDA only
 
-            down = gated_gemv(gate_up, proj.weight, self.hidden_act, proj.rank_bias(), **proj.fp8_weights())
-            return proj.all_reduce(down)
-        return proj(gated_activation(gate_up, self.hidden_act))
+        gate_up, residual = self.normed_gate_up(x, residual)
+        activated_down = gated_gemv(gate_up, down.weight, self.hidden_act, down.rank_bias(), **down.fp8_weights())
+        return down.all_reduce(activated_down), residual

@@ -20,7 +20,7 @@ from torch import nn
 from nanovllm.layers.attention import Attention
 from nanovllm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from nanovllm.layers.fused_moe import FusedMoE
-from nanovllm.layers.fused_projection import GatedProjection, NormedProjection
+from nanovllm.layers.fused_projection import NormedGatedProjections, NormedProjection
 from nanovllm.layers.layernorm import RMSNorm
 from nanovllm.layers.linear import (
     MergedColumnParallelLinear,
@@ -89,13 +89,11 @@ class GatedMLP(nn.Module):
         bias = config.mlp_bias
         self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [config.intermediate_size] * 2, bias=bias)
         self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, bias=bias)
-        self.normed_gate_up = NormedProjection(input_norm, self.gate_up_proj)
-        self.gated_down = GatedProjection(config.hidden_act, self.down_proj)
+        self.projections = NormedGatedProjections(input_norm, self.gate_up_proj, self.down_proj, config.hidden_act)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The MLP of input_norm(x + residual), and x + residual, the next residual."""
-        gate_up, residual = self.normed_gate_up(x, residual)
-        return self.gated_down(gate_up), residual
+        return self.projections(x, residual)
 
 
 class SparseMoeBlock(nn.Module):

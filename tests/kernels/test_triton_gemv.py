@@ -1,5 +1,6 @@
 """The matrix products of a few rows (a decode step of one or a few sequences, a speculative verify step),
-plain (and for one row with the norm or the activation read in front), with a bias and with FP8 weights,
+plain, with the norm read in front, with the gated activation read in front (one row) or written behind
+(several rows: the weight being gate | up), with a bias and with FP8 weights,
 against a float64 reference (on the CPU under the Triton interpreter, which conftest selects, on small
 shapes)."""
 
@@ -98,14 +99,15 @@ def test_reads_and_writes_rows_where_they_lie(rows):
     assert buffer[rows:].isnan().all() and buffer[:, 40:].isnan().all()
 
 
+@pytest.mark.parametrize("rows", ROW_COUNTS)
 @pytest.mark.parametrize("with_residual", [True, False])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_rms_norm_in_front_equals_the_norm_then_the_product(shape, dtype, with_residual):
+def test_rms_norm_in_front_equals_the_norm_then_the_product(shape, dtype, with_residual, rows):
     features, inputs = shape
     torch.manual_seed(1)
-    x = random_rows(1, inputs, dtype)
-    residual = random_rows(1, inputs, dtype).flip(0) if with_residual else None
+    x = random_rows(rows, inputs, dtype)
+    residual = random_rows(rows, inputs, dtype).flip(0) if with_residual else None
     norm_weight = torch.rand(inputs, device=DEVICE, dtype=dtype) + 0.5
     weight = random_weight(features, inputs, dtype)
     want_sum = x + residual if with_residual else x
@@ -113,6 +115,26 @@ def test_rms_norm_in_front_equals_the_norm_then_the_product(shape, dtype, with_r
     got, got_sum = rms_norm_gemv(x, residual, norm_weight, 1e-6, weight)
     torch.testing.assert_close(got, want, atol=tolerance(dtype), rtol=tolerance(dtype))
     torch.testing.assert_close(got_sum, want_sum, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("rows", ROW_COUNTS[1:])
+@pytest.mark.parametrize("hidden_act", ACTIVATIONS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_several_rows_write_the_gated_activation_of_the_normed_product(shape, dtype, hidden_act, rows):
+    # the weight is gate | up: each output feature pairs a gate feature with the up feature half the rows on
+    features, inputs = shape
+    torch.manual_seed(4)
+    x, residual = random_rows(rows, inputs, dtype), random_rows(rows, inputs, dtype).flip(0)
+    norm_weight = torch.rand(inputs, device=DEVICE, dtype=dtype) + 0.5
+    weight = random_weight(2 * features, inputs, dtype) * 3  # gates out to about +-9
+    bias = torch.randn(2 * features, device=DEVICE, dtype=dtype)
+    gate, up = (normed(x + residual, norm_weight) @ weight.double().T + bias.double()).to(dtype).double().chunk(2, -1)
+    got, got_sum = rms_norm_gemv(x, residual, norm_weight, 1e-6, weight, bias, hidden_act=hidden_act)
+    torch.testing.assert_close(
+        got, (ACTIVATIONS[hidden_act](gate) * up).to(dtype), atol=tolerance(dtype) * 16, rtol=tolerance(dtype) * 2
+    )
+    torch.testing.assert_close(got_sum, x + residual, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("hidden_act", ACTIVATIONS)
@@ -136,7 +158,7 @@ def test_gated_activation_in_front_equals_the_activation_then_the_product(shape,
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_fp8_weights_in_every_prologue(dtype, block, rows):
     # uneven on both axes: partial blocks of scales; on a GPU the size of a Qwen3-8B projection's rows
-    features, inputs = (4096 + 128, 4096 + 72) if ON_GPU else (136, 300)
+    features, inputs = (4096 + 128, 4096 + 72) if ON_GPU else (264, 300)
     torch.manual_seed(5)
     block = (1, inputs) if block is None else block
     values, scale = quantize_blocks(random_weight(features, inputs, torch.float32), block)
@@ -149,14 +171,24 @@ def test_fp8_weights_in_every_prologue(dtype, block, rows):
     bias = torch.randn(features, device=DEVICE, dtype=dtype)
     gate, up = gate_up.double().chunk(2, dim=-1)
     activated = (torch.nn.functional.silu(gate) * up).to(dtype)  # the prologue rounds it to the dtype
-    products = [(gemv(x, values, bias=bias, **fp8), x.double())]
+    normed_sum = normed(x + residual, norm_weight)
+    products = [
+        (gemv(x, values, bias=bias, **fp8), x.double()),
+        (rms_norm_gemv(x, residual, norm_weight, 1e-6, values, bias, **fp8)[0], normed_sum),
+    ]
     if rows == 1:
-        products += [
-            (rms_norm_gemv(x, residual, norm_weight, 1e-6, values, bias, **fp8)[0], normed(x + residual, norm_weight)),
-            (gated_gemv(gate_up, values, "silu", bias, **fp8), activated.double()),
-        ]
+        products.append((gated_gemv(gate_up, values, "silu", bias, **fp8), activated.double()))
     for got, product in products:
         want = (product @ dequantized.T + bias.double()).to(dtype)
+        torch.testing.assert_close(got, want, atol=tolerance(dtype) * 4, rtol=tolerance(dtype) * 2)
+    if rows > 1:  # the leading rows of the weight as gate | up, each half whole blocks of rows
+        half = features // 2 // block[0] * block[0]
+        gate, up = (normed_sum @ dequantized[: 2 * half].T + bias[: 2 * half].double()).to(dtype).double().chunk(2, -1)
+        fp8 = dict(weight_scale=scale[: 2 * half // block[0]], weight_block=block)
+        got = rms_norm_gemv(
+            x, residual, norm_weight, 1e-6, values[: 2 * half], bias[: 2 * half], hidden_act="silu", **fp8
+        )[0]
+        want = (torch.nn.functional.silu(gate) * up).to(dtype)
         torch.testing.assert_close(got, want, atol=tolerance(dtype) * 4, rtol=tolerance(dtype) * 2)
 
 

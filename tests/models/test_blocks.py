@@ -1,8 +1,9 @@
 """The blocks choose their fusions themselves: for a one-row step (what goes through the Triton GEMV on
 CUDA; here forced on the CPU, under the Triton interpreter) an RMSNorm goes into the first projection
-and the gated activation into the down projection, one kernel each; another norm takes the plain path,
-and a few rows the norm and the activation apart, then the GEMV of a few rows."""
+and the gated activation into the down projection, one kernel each; for a few rows both into the gate/up
+projection, the down projection plain; another norm takes the plain path, and so do more rows."""
 
+import functools
 from types import SimpleNamespace
 
 import pytest
@@ -40,9 +41,9 @@ def launches(monkeypatch):
     def counting(name):
         kernel = getattr(triton_gemv, name)
 
-        def launch(*args):
+        def launch(*args, **kwargs):
             counts[name] += 1
-            return kernel(*args)
+            return kernel(*args, **kwargs)
 
         return launch
 
@@ -50,7 +51,8 @@ def launches(monkeypatch):
         monkeypatch.setattr(triton_gemv, name, counting(name))
     for module in (fused_projection, blocks):
         monkeypatch.setattr(module, "one_row_on_cuda", lambda x: x.size(0) == 1)
-    monkeypatch.setattr(linear, "uses_gemv", lambda x: x.size(0) <= linear.GEMV_MAX_ROWS)
+    for module in (fused_projection, linear):
+        monkeypatch.setattr(module, "uses_gemv", lambda x: x.size(0) <= linear.GEMV_MAX_ROWS)
     return counts
 
 
@@ -89,15 +91,22 @@ def test_geglu_is_fused_into_the_down_projection_too(launches):
     torch.testing.assert_close(y, want, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("rows, products", [(3, 2), (linear.GEMV_MAX_ROWS + 1, 0)])
-def test_several_rows_run_the_norm_and_the_activation_apart_with_the_same_result(launches, rows, products):
-    # a few rows: each projection in the GEMV of a few rows; more: in PyTorch
-    norm = RMSNorm(CONFIG.hidden_size, CONFIG.rms_norm_eps)
-    mlp = random_mlp(norm)
+@pytest.mark.parametrize("hidden_act", ["silu", "gelu_pytorch_tanh"])
+@pytest.mark.parametrize("rows, fused", [(3, 1), (linear.GEMV_MAX_ROWS + 1, 0)])
+def test_several_rows_read_the_norm_and_the_activation_in_the_gate_up_projection(launches, rows, fused, hidden_act):
+    # a few rows: norm, gate/up and activation in one GEMV of a few rows, then a plain one; more: in PyTorch
+    config = ModelConfig.from_hf(SimpleNamespace(**{**vars(CONFIG_FIELDS), "hidden_act": hidden_act}))
+    norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+    mlp = random_mlp(norm, config)
     x, residual = torch.randn(rows, 64), torch.randn(rows, 64)
-    y, _ = mlp(x, residual)
-    assert launches == {"rms_norm_gemv": 0, "gated_gemv": 0, "gemv": products}
-    torch.testing.assert_close(y, plain_mlp(mlp, norm, x, residual), atol=1e-5, rtol=1e-5)
+    y, next_residual = mlp(x, residual)
+    assert launches == {"rms_norm_gemv": fused, "gated_gemv": 0, "gemv": fused}
+    gate, up = (norm(x + residual) @ mlp.gate_up_proj.weight.T).chunk(2, dim=-1)
+    activation = (
+        nn.functional.silu if hidden_act == "silu" else functools.partial(nn.functional.gelu, approximate="tanh")
+    )
+    torch.testing.assert_close(y, (activation(gate) * up) @ mlp.down_proj.weight.T, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(next_residual, x + residual, atol=0, rtol=0)
 
 
 def test_a_norm_without_a_fused_kernel_takes_the_plain_path(launches):

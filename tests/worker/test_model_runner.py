@@ -79,8 +79,9 @@ def test_a_decode_step_that_needs_the_full_sampler_runs_the_lm_head_once(qwen3_d
 def test_the_lm_head_writes_into_a_buffer_what_it_returns_without_one(qwen3_dir):
     llm = LLM(qwen3_dir, kvcache_block_size=16, num_kvcache_blocks=16, max_model_len=128)
     model = llm.client.core.executor.model
-    hidden = torch.randn(3, model.lm_head.weight.shape[1])
-    buffer = torch.full((5, model.lm_head.weight.shape[0]), float("nan"))
+    weight = model.lm_head.weight  # [vocab, hidden], on the engine's device (CUDA where a GPU is visible)
+    hidden = torch.randn(3, weight.shape[1], device=weight.device, dtype=weight.dtype)
+    buffer = torch.full((5, weight.shape[0]), float("nan"), device=weight.device, dtype=weight.dtype)
     logits = model.compute_logits(hidden, buffer[:3])
     assert logits.data_ptr() == buffer.data_ptr() and torch.equal(logits, model.compute_logits(hidden))
     assert buffer[3:].isnan().all()

@@ -253,7 +253,8 @@ _ORPHANED_ENGINE = """
 import json, sys, time
 from nanovllm import LLM
 if __name__ == "__main__":
-    llm = LLM(sys.argv[1], tensor_parallel_size=2, kvcache_block_size=16, num_kvcache_blocks=8, max_model_len=64)
+    llm = LLM(sys.argv[1], tensor_parallel_size=2, device="cpu", kvcache_block_size=16, num_kvcache_blocks=8,
+              max_model_len=64)
     runner = llm.client.core.executor
     print(json.dumps({"pids": [p.pid for p in runner.processes], "segment": runner.channel.name,
                       "port": runner.port}), flush=True)
