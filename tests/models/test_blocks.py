@@ -1,7 +1,8 @@
 """The blocks choose their fusions themselves: for a one-row step (what goes through the Triton GEMV on
 CUDA; here forced on the CPU, under the Triton interpreter) an RMSNorm goes into the first projection
 and the gated activation into the down projection, one kernel each; for a few rows both into the gate/up
-projection, the down projection plain; another norm takes the plain path, and so do more rows."""
+projection, the down projection plain (up to a number of inputs); another norm takes the plain path, and so do
+more rows."""
 
 import functools
 from types import SimpleNamespace
@@ -106,6 +107,17 @@ def test_several_rows_read_the_norm_and_the_activation_in_the_gate_up_projection
         nn.functional.silu if hidden_act == "silu" else functools.partial(nn.functional.gelu, approximate="tanh")
     )
     torch.testing.assert_close(y, (activation(gate) * up) @ mlp.down_proj.weight.T, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(next_residual, x + residual, atol=0, rtol=0)
+
+
+def test_several_rows_of_many_inputs_run_the_norm_and_the_activation_apart(launches, monkeypatch):
+    monkeypatch.setattr(fused_projection, "ROWS_FUSION_MAX_INPUTS", CONFIG.hidden_size - 1)
+    norm = RMSNorm(CONFIG.hidden_size, CONFIG.rms_norm_eps)
+    mlp = random_mlp(norm)
+    x, residual = torch.randn(3, 64), torch.randn(3, 64)
+    y, next_residual = mlp(x, residual)
+    assert launches == {"rms_norm_gemv": 0, "gated_gemv": 0, "gemv": 2}
+    torch.testing.assert_close(y, plain_mlp(mlp, norm, x, residual), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(next_residual, x + residual, atol=0, rtol=0)
 
 
