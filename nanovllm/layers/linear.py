@@ -58,6 +58,11 @@ def linear(
         from nanovllm.kernels.triton_gemv import gemv  # Triton is needed on CUDA only
 
         return gemv(x, weight, out, bias)
+    if x.is_cpu and x.size(0) <= GEMV_MAX_ROWS:
+        # (W x^T)^T: the CPU's GEMM takes a few rows 1.3-3x faster this way round than as x W^T (SmolLM2-135M's
+        # projections at 2 to 16 rows, 2 cores; its LM head at 5 rows 12.7 against 33.3 ms), and one as fast
+        y = torch.mm(weight, x.t()) if bias is None else torch.addmm(bias.unsqueeze(1), weight, x.t())  # [out, tokens]
+        return y.t().contiguous() if out is None else out.copy_(y.t())
     if out is None:
         return F.linear(x, weight, bias)
     return torch.mm(x, weight.T, out=out) if bias is None else torch.addmm(bias, x, weight.T, out=out)

@@ -309,6 +309,7 @@ def test_drafts_in_flight_are_passed_only_in_decode_steps_of_requests_whose_draw
 
 def test_a_request_whose_drafts_are_all_rejected_pauses_its_proposals_longer_each_time_in_a_row():
     sched = drafting_scheduler(max_model_len=256, num_blocks=64)
+    sched.pause_fruitless_drafts = True  # the GPU's choice
     a = prefilled(sched, make_req("a", [10, 11, 12], max_tokens=200))
     drafted = []
     for kept in [0, None, 0, None, None, None, 1, 0, None, 2]:
