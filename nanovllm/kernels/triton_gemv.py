@@ -254,13 +254,10 @@ def _rows_dot(
     PRECISION: tl.constexpr,
 ):
     """acc + x W[features, k]^T: [ROWS, BLOCK_N], on the tensor cores in x's dtype; `first` is features[0]."""
-    k_ok = k < K
     if SCALES == PER_BLOCK:  # the scales of these features' block of rows, one per group of columns
         scale_at = scale_ptr + first // SCALE_ROWS * tl.cdiv(K, SCALE_COLUMNS) + k // SCALE_COLUMNS
-        x = (x.to(tl.float32) * tl.load(scale_at, mask=k_ok, other=0.0)[None, :]).to(x.dtype)
-    w = tl.load(
-        w_ptr + features[:, None].to(tl.int64) * K + k[None, :], mask=feature_ok[:, None] & k_ok[None, :], other=0.0
-    )
+        x = (x.to(tl.float32) * tl.load(scale_at, mask=k < K, other=0.0)[None, :]).to(x.dtype)
+    w = _weight_chunk(w_ptr, features, feature_ok, 0, k, K)  # columns k
     return acc + tl.dot(x, tl.trans(w.to(x.dtype)), input_precision=PRECISION)
 
 
