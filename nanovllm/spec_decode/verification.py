@@ -40,6 +40,14 @@ def first_sampling_rows(draft_token_ids: list[list[int]], rows_per_request: int 
     return list(accumulate((len(drafts) + 1 for drafts in draft_token_ids), initial=0))[:-1]
 
 
+def _num_kept(matches: torch.Tensor) -> torch.Tensor:
+    """The length of each row's leading run of matches: [requests, width] bool -> [requests] int64 (a
+    reduction rather than a cumulative product, so that it compiles into one kernel with what surrounds it)."""
+    width = matches.size(1)
+    positions = torch.arange(width, device=matches.device)
+    return torch.where(matches, width, positions).amin(dim=1)
+
+
 def verify_drafts(sampled: torch.Tensor, draft_token_ids: list[list[int]], to_device: ToDevice) -> VerifiedDrafts:
     """Keep each request's drafts while they equal the tokens sampled at their positions. `sampled`:
     [rows] int64, the requests' rows one after another (drafts + 1 each)."""
@@ -50,21 +58,29 @@ def verify_drafts(sampled: torch.Tensor, draft_token_ids: list[list[int]], to_de
     drafts = to_device([ids + [-1] * (width - len(ids)) for ids in draft_token_ids], torch.int64)
     first_rows = to_device(starts, torch.int64)
     rows = (first_rows.unsqueeze(1) + torch.arange(width, device=sampled.device)).clamp_max_(sampled.numel() - 1)
-    matches = sampled[rows] == drafts  # [requests, width]
-    num_emitted = matches.long().cumprod(dim=1).sum(dim=1) + 1
+    num_emitted = _num_kept(sampled[rows] == drafts) + 1
     num_rejected = (drafts >= 0).sum(dim=1) + 1 - num_emitted
     return VerifiedDrafts(starts, num_emitted, sampled[first_rows + num_emitted - 1], num_rejected)
 
 
-def verify_padded(sampled: torch.Tensor, draft_ids: torch.Tensor, is_draft: torch.Tensor) -> VerifiedDrafts:
-    """`verify_drafts` for a verify step padded to fixed shapes, whose drafts are already on the device (the
-    step's own inputs): no copy from the host. `sampled`: [requests * queries] int64, each request's rows one
-    after another; `draft_ids`, `is_draft`: [requests, queries - 1], the tokens each request's step computed
-    after its last one and which of them are drafts (the rest pad)."""
+def check_padded(
+    sampled: torch.Tensor, draft_ids: torch.Tensor, is_draft: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The check of a verify step padded to fixed shapes, on tensors alone (a CUDA graph captures it):
+    each request's tokens emitted, last token and drafts rejected, [requests] int64 each. `sampled`:
+    [requests * queries] int64, each request's rows one after another; `draft_ids`, `is_draft`: [requests,
+    queries - 1], the tokens each request's step computed after its last one and which of them are drafts
+    (the rest pad)."""
     num_requests, width = draft_ids.shape
     rows = sampled.view(num_requests, width + 1)
-    matches = (rows[:, :-1] == draft_ids) & is_draft
-    num_emitted = matches.long().cumprod(dim=1).sum(dim=1) + 1
+    num_emitted = _num_kept((rows[:, :-1] == draft_ids) & is_draft) + 1
     last_token_ids = rows.gather(1, (num_emitted - 1).unsqueeze(1)).squeeze(1)
     num_rejected = is_draft.sum(dim=1) + 1 - num_emitted
-    return VerifiedDrafts(list(range(0, sampled.numel(), width + 1)), num_emitted, last_token_ids, num_rejected)
+    return num_emitted, last_token_ids, num_rejected
+
+
+def verify_padded(sampled: torch.Tensor, draft_ids: torch.Tensor, is_draft: torch.Tensor) -> VerifiedDrafts:
+    """`verify_drafts` for a verify step padded to fixed shapes, whose drafts are already on the device (the
+    step's own inputs): no copy from the host. Arguments as `check_padded`'s."""
+    queries = draft_ids.size(1) + 1
+    return VerifiedDrafts(list(range(0, sampled.numel(), queries)), *check_padded(sampled, draft_ids, is_draft))

@@ -1,9 +1,12 @@
 """A decode step's device work, from its input buffers to its sampled ids: what the decode CUDA graphs capture."""
 
+from dataclasses import dataclass
+
 import torch
 
 from nanovllm.layers.fusion import fused_on_cuda
 from nanovllm.sample.sampler import sample_with_temperatures
+from nanovllm.spec_decode.verification import check_padded
 from nanovllm.utils.context import Context, forward_context
 
 
@@ -40,6 +43,47 @@ def moved_back(
     return moved.view(-1), slots.view(-1), (context_lens.view(size, -1) - shift).view(-1)
 
 
+@dataclass
+class VerifyOutputs:
+    """Where a verify step that samples its own rows (speculative decoding) leaves its check of the drafts:
+    every query's sampled id and, per request, the drafts it rejected (by which the step after it moves back,
+    `moved_back`) and the tokens it emits. The runner allocates them once; the graphs write them."""
+
+    query_samples: torch.Tensor  # [max_num_seqs * queries] int64
+    num_rejected: torch.Tensor  # [max_num_seqs] int64
+    num_emitted: torch.Tensor  # [max_num_seqs] int64
+
+    @classmethod
+    def allocate(cls, max_num_seqs: int, queries: int, device: torch.device) -> "VerifyOutputs":
+        """Zeroed buffers for verify steps of up to `max_num_seqs` requests of `queries` queries."""
+        zeros = lambda n: torch.zeros(n, dtype=torch.int64, device=device)
+        return cls(zeros(max_num_seqs * queries), zeros(max_num_seqs), zeros(max_num_seqs))
+
+
+@fused_on_cuda
+def check_drafts_in_step(
+    query_samples: torch.Tensor,
+    input_ids: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    last_sampled: torch.Tensor,
+    num_rejected: torch.Tensor,
+    num_emitted: torch.Tensor,
+) -> None:
+    """`check_padded` on a verify step's own inputs (its drafts follow each request's last token; a padding
+    query stores nothing), its results written where the step after reads them: each request's last kept
+    token in its row of `last_sampled`, its rejected drafts in `num_rejected`, its emitted count in
+    `num_emitted` (one generated kernel on CUDA, inside the graph, instead of a dozen launches after it)."""
+    # query_samples, input_ids, slot_mapping: [size * queries]; last_sampled, num_rejected, num_emitted: [size]
+    size = num_emitted.size(0)
+    queries = input_ids.numel() // size
+    draft_ids = input_ids.view(size, queries)[:, 1:]
+    is_draft = slot_mapping.view(size, queries)[:, 1:] >= 0
+    emitted, last_token_ids, rejected = check_padded(query_samples, draft_ids, is_draft)
+    num_emitted.copy_(emitted)
+    last_sampled.copy_(last_token_ids)
+    num_rejected.copy_(rejected)
+
+
 class DeviceInputForward:
     """The model over a step's tokens, each placeholder's id taken from the previous step's samples
     on the device (inside the decode graphs too). Holds no reference to the runner, so that graphs
@@ -66,17 +110,19 @@ class DecodeStep:
     rather than each holding a [rows, vocab] output of its own. Without `samples` it returns the
     hidden states, which the runner scores across the ranks.
 
-    With `num_rejected` (speculative decoding: the drafts each row of the step before rejected, which the
-    runner keeps) the step first moves its sequences back by them (`moved_back`), for the host may launch
-    it before it knows them; KV blocks are `block_size` tokens."""
+    With `verify` (speculative decoding) the step first moves its sequences back by the drafts each row of
+    the step before rejected (`moved_back`), for the host may launch it before it knows them; KV blocks are
+    `block_size` tokens. A verify step (several queries per sequence) that samples writes its queries' ids
+    to `verify.query_samples` and checks its drafts itself (`check_drafts_in_step`): each request's last
+    kept token goes to its row of `last_sampled`."""
 
     def __init__(
-        self, forward: DeviceInputForward, samples: bool, block_size: int, num_rejected: torch.Tensor | None = None
+        self, forward: DeviceInputForward, samples: bool, block_size: int, verify: VerifyOutputs | None = None
     ):
         self.forward = forward
         self.samples = samples
         self.block_size = block_size
-        self.num_rejected = num_rejected
+        self.verify = verify
         self.logits: torch.Tensor | None = None
 
     def __call__(
@@ -97,9 +143,9 @@ class DecodeStep:
         # input_ids, src_rows, positions, slot_mapping, context_lens, temperatures, seeds: [rows = size * queries];
         # seq_order: [size]; block_tables: [size, width]
         # -> logits [rows, vocab] with `samples`, else hidden states [rows, hidden]
-        if self.num_rejected is not None:
+        if self.verify is not None:
             positions, slot_mapping, context_lens = moved_back(
-                positions, slot_mapping, context_lens, block_tables, src_rows, self.num_rejected, self.block_size
+                positions, slot_mapping, context_lens, block_tables, src_rows, self.verify.num_rejected, self.block_size
             )
         context = Context(
             is_prefill=False,
@@ -117,6 +163,30 @@ class DecodeStep:
         # an eager step larger than every graph (a verify step's queries) gets logits of its own
         out = None if self.logits is None or rows > self.logits.size(0) else self.logits[:rows]
         logits = self.forward.model.compute_logits(hidden_states, out)
-        if sample:
+        if sample and rows > seq_order.numel():
+            self._sample_and_check(logits, temperatures, seeds, input_ids, slot_mapping, seq_order.numel())
+        elif sample:
             sample_with_temperatures(logits, temperatures, seeds, out=self.forward.last_sampled[:rows])
         return logits
+
+    def _sample_and_check(
+        self,
+        logits: torch.Tensor,
+        temperatures: torch.Tensor,
+        seeds: torch.Tensor,
+        input_ids: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        size: int,
+    ) -> None:
+        """A verify step's sampling: every query's id, then the check of the drafts against them."""
+        # logits: [size * queries, vocab]; temperatures, seeds, input_ids, slot_mapping: [size * queries]
+        query_samples = self.verify.query_samples[: logits.size(0)]
+        sample_with_temperatures(logits, temperatures, seeds, out=query_samples)
+        check_drafts_in_step(
+            query_samples,
+            input_ids,
+            slot_mapping,
+            self.forward.last_sampled[:size],
+            self.verify.num_rejected[:size],
+            self.verify.num_emitted[:size],
+        )

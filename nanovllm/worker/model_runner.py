@@ -29,7 +29,7 @@ from nanovllm.utils.parallel import (
 )
 from nanovllm.worker.cuda_graphs import DecodeGraphs, verify_capture_sizes
 from nanovllm.worker.decode_buffers import DecodeBuffers
-from nanovllm.worker.decode_step import DecodeStep, DeviceInputForward
+from nanovllm.worker.decode_step import DecodeStep, DeviceInputForward, VerifyOutputs
 from nanovllm.worker.executor import Executor
 from nanovllm.worker.kv_cache import KVCache, KVCacheSpec
 from nanovllm.worker.pending_output import PendingOutput, PromptScores
@@ -128,14 +128,15 @@ class ModelRunner(Executor):
         # [max_sampling_rows]: the ids the latest step sampled, in its sampling-row order
         self.last_sampled = torch.zeros(self.max_sampling_rows, dtype=torch.int64, device=self.device)
         self._forward = DeviceInputForward(self.model, self.last_sampled)
-        # [max_num_seqs]: the drafts each request of the latest step rejected (zeros after a step without
-        # drafts), by which the decode step moves back a request that passed them (`Scheduler.verify_ahead`)
-        self.num_rejected = None
+        # the latest verify step's check of its drafts; its num_rejected, [max_num_seqs]: the drafts each
+        # request of the latest step rejected (zeros after a step without drafts), by which the decode step
+        # moves back a request that passed them (`Scheduler.verify_ahead`)
+        self.verify_outputs = None
         self._rejections_pending = False  # num_rejected holds a verify step's counts
         if config.speculative is not None:
-            self.num_rejected = torch.zeros(config.max_num_seqs, dtype=torch.int64, device=self.device)
+            self.verify_outputs = VerifyOutputs.allocate(config.max_num_seqs, self.verify_queries, self.device)
         # with several ranks the LM head gathers to rank 0, which samples outside the graphs
-        self._decode_step = DecodeStep(self._forward, self.world_size == 1, self.block_size, self.num_rejected)
+        self._decode_step = DecodeStep(self._forward, self.world_size == 1, self.block_size, self.verify_outputs)
         self._last_sampled_rows: dict[str, int] = {}  # request id -> its row in last_sampled
         # pinned grammar masks and their rows, made at the first constrained step
         self._bitmask_hosts: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -467,40 +468,52 @@ class ModelRunner(Executor):
         if out.draft_token_ids is None:
             self.last_sampled[: logits.size(0)].copy_(sampled.token_ids)
             return sampled, None
-        return self._verify(step, sampled)
+        return sampled, self._verify(step, sampled)
 
-    def _verify(self, step: LaunchedForward, sampled: SamplerOutput) -> tuple[SamplerOutput, VerifiedDrafts]:
-        """The drafts checked against the ids sampled at their positions, and each request's last kept
+    def _verify(self, step: LaunchedForward, sampled: SamplerOutput) -> VerifiedDrafts:
+        """The drafts checked against the ids the sampler drew at their positions, and each request's last kept
         token put in `last_sampled` (its row there is the request's, as in a step without drafts)."""
-        # a copy: the sampled ids may be a view of last_sampled, whose first rows change below
-        sampled = replace(sampled, token_ids=sampled.token_ids.clone())
         if step.drafts_on_device is not None:
             verified = verify_padded(sampled.token_ids, *step.drafts_on_device)
         else:
             verified = verify_drafts(sampled.token_ids, step.out.draft_token_ids, self._to_device)
         self.last_sampled[: verified.last_token_ids.numel()].copy_(verified.last_token_ids)
-        self.num_rejected[: verified.num_rejected.numel()].copy_(verified.num_rejected)
-        return sampled, verified
+        self.verify_outputs.num_rejected[: verified.num_rejected.numel()].copy_(verified.num_rejected)
+        return verified
 
     def _share_rejections(self, out: SchedulerOutput) -> None:
         """Keep `num_rejected` true of the step just launched: a verify step's counts (rank 0 wrote them; the
         other ranks get them), or zeros after a step without drafts."""
-        if self.num_rejected is None:
+        if self.verify_outputs is None:
             return
+        num_rejected = self.verify_outputs.num_rejected
         if out.draft_token_ids is not None:
             if self.world_size > 1:
-                dist.broadcast(self.num_rejected[: len(out.sampled_req_ids)], src=0)
+                dist.broadcast(num_rejected[: len(out.sampled_req_ids)], src=0)
             self._rejections_pending = True
         elif self._rejections_pending:
-            self.num_rejected.zero_()
+            num_rejected.zero_()
             self._rejections_pending = False
 
-    def _sampled_in_step(self, step: LaunchedForward) -> SamplerOutput:
-        """The ids the decode step drew, with the logprobs its rows ask for read from its logits."""
-        token_ids = self.last_sampled[: step.logits.size(0)]
+    def _sampled_in_step(self, step: LaunchedForward) -> tuple[SamplerOutput, VerifiedDrafts | None]:
+        """The ids the decode step drew, with the logprobs its rows ask for read from its logits, and in a
+        verify step the check of its drafts, which the step made too."""
+        rows = step.logits.size(0)
+        verified = None
+        if step.out.draft_token_ids is None:
+            token_ids = self.last_sampled[:rows]
+        else:
+            n, outputs = len(step.out.req_ids), self.verify_outputs
+            token_ids = outputs.query_samples[:rows]
+            verified = VerifiedDrafts(
+                list(range(0, rows, self.verify_queries)),
+                outputs.num_emitted[:n],
+                self.last_sampled[:n],
+                outputs.num_rejected[:n],
+            )
         if step.num_logprobs is None:
-            return SamplerOutput(token_ids)
-        return SamplerOutput(token_ids, *token_logprobs(step.logits, token_ids, step.num_logprobs))
+            return SamplerOutput(token_ids), verified
+        return SamplerOutput(token_ids, *token_logprobs(step.logits, token_ids, step.num_logprobs)), verified
 
     @torch.inference_mode()
     def launch_forward(self, out: SchedulerOutput, constrained: bool = False) -> LaunchedForward:
@@ -540,9 +553,7 @@ class ModelRunner(Executor):
         if num_sampled:
             if self.rank == 0:
                 if step.sampled_in_step:
-                    sampled = self._sampled_in_step(step)
-                    if out.draft_token_ids is not None:
-                        sampled, verified = self._verify(step, sampled)
+                    sampled, verified = self._sampled_in_step(step)
                 else:
                     sampled, verified = self._sample(step, grammar)
             if self.world_size > 1:

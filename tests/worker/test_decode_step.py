@@ -1,9 +1,11 @@
-"""The decode step's move back past rejected drafts: positions, cache slots and context lengths of the
-sequences whose input token the step before sampled, by the drafts it rejected there."""
+"""The decode step's move back past rejected drafts (positions, cache slots and context lengths of the
+sequences whose input token the step before sampled, by the drafts it rejected there), and a verify
+step's check of its own drafts."""
 
 import torch
 
-from nanovllm.worker.decode_step import moved_back
+from nanovllm.spec_decode.verification import verify_padded
+from nanovllm.worker.decode_step import check_drafts_in_step, moved_back
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -25,3 +27,18 @@ def test_sequences_move_back_by_the_drafts_rejected_in_their_row_and_padding_sto
     # position 7 is in the sequence's second block (3), 8 and 9 in its third (8)
     assert slots.tolist() == [3 * 4 + 3, 8 * 4 + 0, 8 * 4 + 1, 5 * 4 + 0, 5 * 4 + 1, -1, -1, -1, -1]
     assert lens.tolist() == [8, 9, 10, 5, 6, 6, 0, 0, 0]
+
+
+def test_a_verify_step_checks_its_drafts_where_the_step_after_reads_them():
+    # the padded verify step of test_verification, as the step's own inputs: each request's last token, then
+    # its drafts; a padding query stores nothing (slot -1), whatever its input id
+    as_tensor = lambda values: torch.tensor(values, dtype=torch.int64, device=DEVICE)
+    query_samples = as_tensor([5, 6, 8, 2, 4, 0, 0, 0, 3, 9, 9, 0])
+    input_ids = as_tensor([1, 5, 6, 7, 2, 0, 0, 0, 3, 9, 9, 0])
+    slot_mapping = as_tensor([10, 11, 12, 13, 20, -1, -1, -1, 30, 31, 32, -1])
+    last_sampled, num_rejected, num_emitted = (as_tensor([-7] * 3) for _ in range(3))
+    check_drafts_in_step(query_samples, input_ids, slot_mapping, last_sampled, num_rejected, num_emitted)
+    expected = verify_padded(query_samples, input_ids.view(3, 4)[:, 1:], slot_mapping.view(3, 4)[:, 1:] >= 0)
+    assert num_emitted.tolist() == expected.num_emitted.tolist() == [3, 1, 1]
+    assert last_sampled.tolist() == expected.last_token_ids.tolist() == [8, 4, 3]
+    assert num_rejected.tolist() == expected.num_rejected.tolist() == [1, 0, 2]
