@@ -140,7 +140,7 @@ def sweep_choices(rows: int, fp8: bool) -> list[tuple[int, ...]]:
     if rows == 1:
         columns = (1024, 2048, 4096) if fp8 else (512, 1024, 2048)
         return list(itertools.product((4, 8, 16), columns, (4, 8)))
-    return list(itertools.product((16, 32, 64), (128, 256), (4,), (3, 4)))
+    return list(itertools.product((16, 32, 64), (128, 256, 512), (4,), (3, 4)))
 
 
 def time_row(shape: str, name: str, n: int, k: int, prologue: str, rows: int, args) -> str:
