@@ -82,7 +82,8 @@ class ModelRunner(Executor):
     the drafts on the device (`verify_drafts`); a step whose every request
     decodes its last token and its drafts is a verify step, a decode step of
     num_speculative_tokens + 1 queries per request (padded), with CUDA graphs of
-    its own. With
+    its own, which checks its drafts itself where it samples its rows
+    (`DecodeStep`, `VerifyOutputs`). With
     `tensor_parallel_size > 1` this is rank `rank`: it joins the group at
     `store` (rank 0 serves it) and holds its share of the model and the cache;
     rank 0 samples and broadcasts the ids to the others.
