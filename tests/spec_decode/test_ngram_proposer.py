@@ -90,6 +90,24 @@ def test_requests_that_grow_between_calls_match_the_plain_loop(min_n, max_n):
     assert any(drafts) and not all(drafts)
 
 
+@pytest.mark.parametrize("min_n, max_n", [(1, 1), (2, 4), (5, 5)])
+def test_a_request_left_out_of_many_steps_matches_the_plain_loop(min_n, max_n):
+    rng = random.Random(min_n * 3 + max_n)
+    proposer = NgramProposer(4, min_n, max_n)
+    alphabet = 4
+    requests = {f"r{i}": [rng.randrange(alphabet) for _ in range(rng.randrange(5, 60))] for i in range(8)}
+    for step in range(40):
+        for ids in requests.values():
+            if rng.random() < 0.2:
+                # many tokens at once, entered in one pass, whose n-grams occurred before too
+                ids.extend(rng.randrange(alphabet) for _ in range(rng.randrange(16, 60)))
+            else:
+                # mostly the token that followed the match, so that the next step goes on from it
+                draft = reference(ids, min_n, max_n, 1)
+                ids.append(draft[0] if draft and rng.random() < 0.8 else rng.randrange(alphabet))
+        check_batch(proposer, requests, rng)
+
+
 @pytest.mark.parametrize("min_n, max_n", [(1, 3), (4, 4)])
 def test_a_released_request_id_comes_back_with_other_tokens(min_n, max_n):
     rng = random.Random(min_n + max_n)
@@ -159,3 +177,21 @@ def test_a_step_hashes_only_the_new_ngrams(monkeypatch):
         # per request and n: the n-grams that end at the new positions but the first (hashed at the last call
         # as the suffix then), and the new suffix
         assert len(hashed) == len(requests) * 3 * new_tokens
+
+
+@pytest.mark.parametrize("min_n, max_n", [(1, 3), (2, 2), (4, 4)])
+def test_a_list_as_long_as_the_last_one_gets_its_draft_or_is_entered_anew(min_n, max_n):
+    rng = random.Random(min_n * 7 + max_n)
+    proposer = NgramProposer(4, min_n, max_n)
+    alphabet = 3
+    requests = {f"r{i}": [rng.randrange(alphabet) for _ in range(rng.randrange(5, 40))] for i in range(8)}
+    for step in range(60):
+        for ids in requests.values():
+            # mostly the token that followed the match, as where a step keeps the drafts
+            draft = reference(ids, min_n, max_n, 1)
+            ids.append(draft[0] if draft and rng.random() < 0.7 else rng.randrange(alphabet))
+        check_batch(proposer, requests, rng)
+        # asked again at the same length: the same list, or one whose last token changed (as where a step
+        # rejected the drafts in flight that the last call saw)
+        requests[rng.choice(list(requests))][-1] = rng.randrange(alphabet)
+        check_batch(proposer, requests, rng)
