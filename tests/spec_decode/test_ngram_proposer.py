@@ -166,17 +166,45 @@ def test_a_step_hashes_only_the_new_ngrams(monkeypatch):
     monkeypatch.setattr(ngram_proposer, "_hash", lambda ngram: hashed.append(ngram) or hash(ngram))
     rng = random.Random(3)
     proposer = NgramProposer(4, 2, 4)
-    requests = {f"r{i}": [rng.randrange(50) for _ in range(1000)] for i in range(4)}
+    # tokens that never recur: every suffix is looked up (none goes on from a match)
+    fresh = iter(rng.sample(range(10**6), 10_000))
+    requests = {f"r{i}": [next(fresh) for _ in range(1000)] for i in range(4)}
     check_batch(proposer, requests, rng)
-    assert len(hashed) > 3 * 4 * 990  # the first call indexes every n-gram of the history
+    assert len(hashed) > 3 * 4 * 990  # the first call enters every n-gram of the history
     for new_tokens in (1, 3, 1):
         hashed.clear()
         for ids in requests.values():
-            ids.extend(rng.randrange(50) for _ in range(new_tokens))
+            ids.extend(next(fresh) for _ in range(new_tokens))
         check_batch(proposer, requests, rng)
-        # per request and n: the n-grams that end at the new positions but the first (hashed at the last call
-        # as the suffix then), and the new suffix
+        # per request and n: the n-grams that end at the new positions, the suffix last
         assert len(hashed) == len(requests) * 3 * new_tokens
+
+
+@pytest.mark.parametrize("min_n, max_n", [(1, 1), (2, 4), (5, 5)])
+def test_a_request_that_copies_from_its_context_hashes_nothing(monkeypatch, min_n, max_n):
+    hashed = []
+    monkeypatch.setattr(ngram_proposer, "_hash", lambda ngram: hashed.append(ngram) or hash(ngram))
+    rng = random.Random(min_n + max_n)
+    proposer = NgramProposer(4, min_n, max_n)
+    text = rng.sample(range(10**6), 300)
+    # one request repeats a stretch of its text and goes on copying it; the new tokens of the other never recur
+    requests = {"copies": text + text[100:110], "fresh": text[:]}
+    drafts = check_batch(proposer, requests, rng)
+    for step in range(30):
+        hashed.clear()
+        requests["copies"].append(text[110 + step])  # the token that followed the last call's match
+        requests["fresh"].append(10**6 + step)
+        drafts += check_batch(proposer, requests, rng)
+        # the suffixes of the request that does not copy, one per n, and none of the other's
+        assert sorted(hashed) == sorted(tuple(requests["fresh"][-n:]) for n in range(min_n, max_n + 1))
+    assert any(drafts)
+    # tokens that do not follow the match: entered and looked up; then the copy goes on from the new match
+    requests = {"copies": requests["copies"] + text[:5]}
+    check_batch(proposer, requests, rng)
+    hashed.clear()
+    requests["copies"].append(text[5])
+    check_batch(proposer, requests, rng)
+    assert not hashed
 
 
 @pytest.mark.parametrize("min_n, max_n", [(1, 3), (2, 2), (4, 4)])
