@@ -63,6 +63,20 @@ def grow(rng: random.Random, ids: list[int], alphabet: int) -> None:
     ids.extend(rng.randrange(alphabet) for _ in range(rng.randrange(1, 4)))
 
 
+def random_requests(rng: random.Random, count: int, alphabet: int, shortest: int, longest: int) -> dict[str, list[int]]:
+    """`count` requests of `shortest` to `longest` - 1 random tokens below `alphabet`, by request id."""
+    return {f"r{i}": [rng.randrange(alphabet) for _ in range(rng.randrange(shortest, longest))] for i in range(count)}
+
+
+def append_mostly_the_match(
+    rng: random.Random, ids: list[int], min_n: int, max_n: int, alphabet: int, share: float
+) -> None:
+    """Append, with probability `share`, the token that followed the match of `ids` (where it has one),
+    else a random token below `alphabet`."""
+    draft = reference(ids, min_n, max_n, 1)
+    ids.append(draft[0] if draft and rng.random() < share else rng.randrange(alphabet))
+
+
 def check_batch(proposer: NgramProposer, batch: dict[str, list[int]], rng: random.Random) -> list[list[int]]:
     """Propose for `batch` (request id -> tokens) with random max_drafts, checked against the plain loop."""
     max_drafts = [rng.randrange(0, 6) for _ in batch]
@@ -79,7 +93,7 @@ def test_requests_that_grow_between_calls_match_the_plain_loop(min_n, max_n):
     proposer = NgramProposer(4, min_n, max_n)
     alphabet = 3
     # from a single token up, past max_n, to contexts long enough that every n-gram recurs
-    requests = {f"r{i}": [rng.randrange(alphabet) for _ in range(rng.randrange(1, 30))] for i in range(12)}
+    requests = random_requests(rng, 12, alphabet, 1, 30)
     drafts = []
     for step in range(60):
         for ids in requests.values():
@@ -95,7 +109,7 @@ def test_a_request_left_out_of_many_steps_matches_the_plain_loop(min_n, max_n):
     rng = random.Random(min_n * 3 + max_n)
     proposer = NgramProposer(4, min_n, max_n)
     alphabet = 4
-    requests = {f"r{i}": [rng.randrange(alphabet) for _ in range(rng.randrange(5, 60))] for i in range(8)}
+    requests = random_requests(rng, 8, alphabet, 5, 60)
     for step in range(40):
         for ids in requests.values():
             if rng.random() < 0.2:
@@ -103,8 +117,7 @@ def test_a_request_left_out_of_many_steps_matches_the_plain_loop(min_n, max_n):
                 ids.extend(rng.randrange(alphabet) for _ in range(rng.randrange(16, 60)))
             else:
                 # mostly the token that followed the match, so that the next step goes on from it
-                draft = reference(ids, min_n, max_n, 1)
-                ids.append(draft[0] if draft and rng.random() < 0.8 else rng.randrange(alphabet))
+                append_mostly_the_match(rng, ids, min_n, max_n, alphabet, 0.8)
         check_batch(proposer, requests, rng)
 
 
@@ -113,7 +126,7 @@ def test_a_released_request_id_comes_back_with_other_tokens(min_n, max_n):
     rng = random.Random(min_n + max_n)
     proposer = NgramProposer(4, min_n, max_n)
     alphabet = 4
-    requests = {f"r{i}": [rng.randrange(alphabet) for _ in range(rng.randrange(5, 40))] for i in range(8)}
+    requests = random_requests(rng, 8, alphabet, 5, 40)
     for step in range(80):
         for ids in requests.values():
             grow(rng, ids, alphabet)
@@ -131,7 +144,7 @@ def test_a_list_shorter_than_the_indexed_one_is_indexed_anew(min_n, max_n):
     rng = random.Random(min_n * max_n)
     proposer = NgramProposer(4, min_n, max_n)
     alphabet = 3
-    requests = {f"r{i}": [rng.randrange(alphabet) for _ in range(rng.randrange(20, 60))] for i in range(8)}
+    requests = random_requests(rng, 8, alphabet, 20, 60)
     for step in range(40):
         for ids in requests.values():
             grow(rng, ids, alphabet)
@@ -152,7 +165,7 @@ def test_an_entry_of_another_ngram_with_the_same_hash_falls_back_to_a_search(mon
     monkeypatch.setattr(ngram_proposer, "_hash", lambda ngram: ngram[-1] % 2)
     rng = random.Random(7)
     proposer = NgramProposer(4, min_n, max_n)
-    requests = {f"r{i}": [rng.randrange(4) for _ in range(rng.randrange(1, 30))] for i in range(8)}
+    requests = random_requests(rng, 8, 4, 1, 30)
     drafts = []
     for step in range(30):
         for ids in requests.values():
@@ -212,12 +225,11 @@ def test_a_list_as_long_as_the_last_one_gets_its_draft_or_is_entered_anew(min_n,
     rng = random.Random(min_n * 7 + max_n)
     proposer = NgramProposer(4, min_n, max_n)
     alphabet = 3
-    requests = {f"r{i}": [rng.randrange(alphabet) for _ in range(rng.randrange(5, 40))] for i in range(8)}
+    requests = random_requests(rng, 8, alphabet, 5, 40)
     for step in range(60):
         for ids in requests.values():
             # mostly the token that followed the match, as where a step keeps the drafts
-            draft = reference(ids, min_n, max_n, 1)
-            ids.append(draft[0] if draft and rng.random() < 0.7 else rng.randrange(alphabet))
+            append_mostly_the_match(rng, ids, min_n, max_n, alphabet, 0.7)
         check_batch(proposer, requests, rng)
         # asked again at the same length: the same list, or one whose last token changed (as where a step
         # rejected the drafts in flight that the last call saw)
