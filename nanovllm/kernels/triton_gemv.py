@@ -95,7 +95,7 @@ def rows_blocks_for(n: int, element_size: int = 2) -> tuple[int, int, int, int]:
     half as many columns of 4-byte values, whose stages would not fit in shared memory. The narrowest
     products (n <= 2048: Qwen3-0.6B's o and down, 64 programs on 132 SMs) read twice as many columns a
     stage, to keep more of W in flight per program: 0.6B's verify step of 5 queries replayed in 1.096-1.108
-    ms against 1.146-1.151 (H100, one call)."""
+    ms against 1.146-1.151 (H100, two calls)."""
     block_n = 16 if n <= 2048 else 32 if n <= 4096 else 64
     block_k = (1024 if n <= 2048 else 512) // element_size
     return block_n, block_k, 4, 4
