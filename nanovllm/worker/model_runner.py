@@ -507,7 +507,7 @@ class ModelRunner(Executor):
             n, outputs = len(step.out.req_ids), self.verify_outputs
             token_ids = outputs.query_samples[:rows]
             verified = VerifiedDrafts(
-                list(range(0, rows, self.verify_queries)),
+                first_sampling_rows(step.out.draft_token_ids, self.verify_queries),
                 outputs.num_emitted[:n],
                 self.last_sampled[:n],
                 outputs.num_rejected[:n],
