@@ -57,7 +57,8 @@ separate activation kernel would compute it: an MLP's norm, gate/up product
 and activation are one launch, and its down projection a plain one. The same
 bias and FP8 scales apply; FP8 weights are converted to x's dtype, and a
 per-block scale is folded into x, rounded to its dtype. `rows_blocks_for`
-picks its tiles.
+picks its tiles. It lets the next kernel start only after its loop
+(`triton_pdl.py` says why).
 """
 
 import torch
@@ -65,7 +66,7 @@ import triton
 import triton.language as tl
 
 from nanovllm.kernels.triton_gated_activation import ACTIVATIONS, SILU, gated
-from nanovllm.kernels.triton_pdl import pdl_launch, wait_for_previous_kernel
+from nanovllm.kernels.triton_pdl import let_next_kernel_start, pdl_launch, wait_for_previous_kernel
 
 PLAIN, RMS_NORM, GATED = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # PROLOGUE
 NO_SCALES, PER_ROW, PER_BLOCK = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # SCALES of FP8 weights
@@ -318,7 +319,7 @@ def _rows_kernel(
     acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
     up = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
     squares = tl.zeros((ROWS, BLOCK_K), dtype=tl.float32)
-    wait_for_previous_kernel(PDL)
+    wait_for_previous_kernel(PDL, False)  # the next kernel starts after the loop
     a_next, r_next = _rows_loads(x_ptr, r_ptr, rows, row_ok, columns, K, stride_x, HAS_RESIDUAL)
     for start in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         k = start + columns
@@ -351,6 +352,7 @@ def _rows_kernel(
                 SCALE_COLUMNS,
                 PRECISION,
             )
+    let_next_kernel_start(PDL)
     rstd = tl.full((ROWS,), 1.0, tl.float32)
     if PROLOGUE == RMS_NORM:
         rstd = tl.rsqrt(tl.sum(squares, axis=1) / K + eps)
