@@ -528,7 +528,7 @@ class ModelRunner(Executor):
             sampled_in_step = asked is not None and not asked.needs_full_sampler
             num_logprobs = max(asked.logprobs) if asked is not None and asked.logprobs else None
             decoded = self._run_decode(out, sampled_in_step)
-            if out.draft_token_ids is not None:
+            if out.draft_token_ids is not None and not sampled_in_step:  # the step checks its own drafts
                 drafts_on_device = self._drafts_on_device(out)
             # the LM head runs once per step: a rank that samples has the decode step's logits
             logits, hidden_states = (decoded, None) if self._decode_step.samples else (None, decoded)
