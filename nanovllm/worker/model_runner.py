@@ -64,7 +64,7 @@ class LaunchedForward:
     prompt_scores: PromptScores | None
     num_logprobs: int | None = None  # with `sampled_in_step`: the most alternatives a row's logprobs list
     # a verify step's drafts on the device, [requests, queries - 1] each: the ids after each request's last
-    # token, and which of them are drafts (the rest pad)
+    # token, and which of them are drafts (the rest pad); None where the step checked them itself
     drafts_on_device: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
@@ -528,7 +528,7 @@ class ModelRunner(Executor):
             sampled_in_step = asked is not None and not asked.needs_full_sampler
             num_logprobs = max(asked.logprobs) if asked is not None and asked.logprobs else None
             decoded = self._run_decode(out, sampled_in_step)
-            if out.draft_token_ids is not None and not sampled_in_step:  # the step checks its own drafts
+            if out.draft_token_ids is not None and not sampled_in_step:  # only the sampler's check reads them
                 drafts_on_device = self._drafts_on_device(out)
             # the LM head runs once per step: a rank that samples has the decode step's logits
             logits, hidden_states = (decoded, None) if self._decode_step.samples else (None, decoded)
