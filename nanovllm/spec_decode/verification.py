@@ -63,6 +63,14 @@ def verify_drafts(sampled: torch.Tensor, draft_token_ids: list[list[int]], to_de
     return VerifiedDrafts(starts, num_emitted, sampled[first_rows + num_emitted - 1], num_rejected)
 
 
+def drafts_in_step(input_ids: torch.Tensor, slot_mapping: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A verify step's drafts, from its own inputs: the ids after each request's last token, and which of them
+    are drafts (a padding query stores nothing: its slot is -1)."""
+    # input_ids, slot_mapping: [size * queries] -> draft_ids, is_draft: [size, queries - 1]
+    queries = input_ids.numel() // size
+    return input_ids.view(size, queries)[:, 1:], slot_mapping.view(size, queries)[:, 1:] >= 0
+
+
 def check_padded(
     sampled: torch.Tensor, draft_ids: torch.Tensor, is_draft: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

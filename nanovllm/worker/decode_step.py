@@ -6,7 +6,7 @@ import torch
 
 from nanovllm.layers.fusion import fused_on_cuda
 from nanovllm.sample.sampler import sample_with_temperatures
-from nanovllm.spec_decode.verification import check_padded
+from nanovllm.spec_decode.verification import check_padded, drafts_in_step
 from nanovllm.utils.context import Context, forward_context
 
 
@@ -74,11 +74,8 @@ def check_drafts_in_step(
     token in its row of `last_sampled`, its rejected drafts in `num_rejected`, its emitted count in
     `num_emitted` (one generated kernel on CUDA, inside the graph, instead of a dozen launches after it)."""
     # query_samples, input_ids, slot_mapping: [size * queries]; last_sampled, num_rejected, num_emitted: [size]
-    size = num_emitted.size(0)
-    queries = input_ids.numel() // size
-    draft_ids = input_ids.view(size, queries)[:, 1:]
-    is_draft = slot_mapping.view(size, queries)[:, 1:] >= 0
-    emitted, last_token_ids, rejected = check_padded(query_samples, draft_ids, is_draft)
+    drafts = drafts_in_step(input_ids, slot_mapping, num_emitted.size(0))
+    emitted, last_token_ids, rejected = check_padded(query_samples, *drafts)
     num_emitted.copy_(emitted)
     last_sampled.copy_(last_token_ids)
     num_rejected.copy_(rejected)

@@ -17,7 +17,13 @@ from nanovllm.models import model_class
 from nanovllm.sample.metadata import SamplingTensors, sampling_rows, sampling_tensors, step_sampling
 from nanovllm.sample.sampler import Sampler, SamplerOutput, token_logprobs
 from nanovllm.sampling_params import SamplingParams
-from nanovllm.spec_decode.verification import VerifiedDrafts, first_sampling_rows, verify_drafts, verify_padded
+from nanovllm.spec_decode.verification import (
+    VerifiedDrafts,
+    drafts_in_step,
+    first_sampling_rows,
+    verify_drafts,
+    verify_padded,
+)
 from nanovllm.utils.context import Context, forward_context
 from nanovllm.utils.loader import load_dummy_weights, load_model
 from nanovllm.utils.parallel import (
@@ -402,7 +408,8 @@ class ModelRunner(Executor):
         n, queries = len(out.req_ids), self.verify_queries
         size = self.decode_size(n, queries)
         input_ids, _, _, slots, *_ = self.decode_buffers.views(size, queries)
-        return input_ids.view(size, queries)[:n, 1:], slots.view(size, queries)[:n, 1:] >= 0
+        draft_ids, is_draft = drafts_in_step(input_ids, slots, size)
+        return draft_ids[:n], is_draft[:n]
 
     def _run_decode(self, out: SchedulerOutput, sample: bool) -> torch.Tensor:
         """Each request's last token (and in a verify step its drafts, padded), the batch padded to a
