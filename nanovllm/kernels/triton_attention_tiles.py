@@ -7,7 +7,7 @@ FP8 cache (QUANTIZED) has scales k_scale, v_scale: [num_blocks, kv_heads,
 PAGE] fp32 beside it; the tile read converts the values and loads their
 scales, and the softmax step applies the scales, so no full-precision copy of
 the cache exists outside registers. A soft-cap (SOFTCAP) turns each score s into
-c * tanh(s / c) in the softmax step; without it that step compiles as before.
+c * tanh(s / c) in the softmax step; off, it is compiled out.
 """
 
 import torch
@@ -21,7 +21,7 @@ _TILE_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.fl
 def tile_dtype(q_dtype: torch.dtype, quantized: bool) -> tl.dtype:
     """The dtype q and the K/V tiles meet in tl.dot: the queries' own, but fp16 for an FP8 cache of a
     16-bit model. e4m3 values convert to fp16 exactly in one instruction per pair, while bf16 takes a
-    sequence that made the conversions, not the memory, bound the decode kernel; fp16 also holds every
+    sequence that makes the conversions, not the memory, bound the decode kernel; fp16 also holds every
     bf16 query of realistic size (|q| < 65504) with more mantissa."""
     return tl.float16 if quantized and q_dtype != torch.float32 else _TILE_DTYPES[q_dtype]
 

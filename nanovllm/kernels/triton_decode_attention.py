@@ -15,8 +15,7 @@ Pass 1, grid (kv_heads, seqs, num_splits): a program takes one KV head, one
 sequence and one slice of the context. Programs start in launch order; with
 one split, launch row i takes sequence seq_order[i]: longest context first, so
 that short ones fill the SMs at the end rather than one long context running
-on alone (the throughput workload's 256 sequences, H100: 208 us against 216 us
-in batch order). The KV heads of a sequence are neighbours in the launch order, so they
+on alone. The KV heads of a sequence are neighbours in the launch order, so they
 read the interleaved head rows of the same pages at about the same time. All
 query heads of that KV head (the GQA group) of all the sequence's queries, padded
 to 16 rows for tl.dot, share each K/V tile it loads: a verify step reads the
@@ -44,8 +43,7 @@ from nanovllm.kernels.triton_attention_tiles import LOG2E, online_softmax_step, 
 from nanovllm.kernels.triton_pdl import pdl_launch, wait_for_previous_kernel
 
 _BLOCK_N = 64  # context tokens per tile
-# an FP8 tile is half the bytes: twice the tokens per tile keep as many bytes in flight (256 sequences,
-# H100: 149 us against 181 us at 64 after prefill, 256 us against 312 us 512 steps later)
+# an FP8 tile is half the bytes: twice the tokens per tile keep as many bytes in flight
 _BLOCK_N_FP8 = 128
 _NUM_WARPS = 4
 _NUM_STAGES = 2

@@ -7,11 +7,10 @@ writes their product. The activation is SiLU or GELU's tanh approximation
 (GeGLU), computed in fp32 and rounded to the dtype once, as torch.compile's
 kernel of `act(gate) * up` rounds it.
 
-torch.compile's kernel for this step (dynamic shapes) read 2I and wrote I
-values of 256 rows at 1.25 TB/s on an H100 (23 us per Qwen2.5-7B layer, I =
-18,944); it indexes each value through a division by I. `gated` is also
-the prologue of the one-row GEMV (`triton_gemv.py`), which reads the
-activation inside the down projection.
+A kernel of its own, because torch.compile's for this step (dynamic shapes)
+indexes each value through a division by I and reads well short of the
+memory's bandwidth. `gated` is also the prologue of the one-row GEMV
+(`triton_gemv.py`), which reads the activation inside the down projection.
 """
 
 import torch

@@ -14,9 +14,9 @@ before it waits for the kernel before it (programmatic dependent launch,
 multiplies the current one: one pass, no load waited on inside the loop.
 `BLOCKS` holds BLOCK_N, BLOCK_K and the warps per prologue: more features per program read
 the inputs fewer times, which pays most where the prologue reads three
-vectors. `benchmarks/gemv.py --sweep` times the choices; these were the
-fastest in decode steps of both Qwen3 shapes on an H100. `SHAPE_BLOCKS` holds
-the shapes for which the sweep found another choice faster.
+vectors. `benchmarks/gemv.py --sweep` times the choices, and `BLOCKS` are
+the fastest in decode steps of both Qwen3 shapes; `SHAPE_BLOCKS` holds the
+shapes for which another choice is faster (docs/tuning.md).
 
 What x is, by the constexpr PROLOGUE, each program computing it itself from
 inputs that stay in cache (a launch costs more than the redundant arithmetic):
@@ -72,11 +72,11 @@ PLAIN, RMS_NORM, GATED = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # PR
 NO_SCALES, PER_ROW, PER_BLOCK = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # SCALES of FP8 weights
 # PROLOGUE -> (BLOCK_N, BLOCK_K, num_warps)
 BLOCKS = {PLAIN.value: (4, 2048, 4), RMS_NORM.value: (8, 512, 4), GATED.value: (8, 2048, 4)}
-# the same for FP8 weights: the fastest of `benchmarks/gemv.py --fp8 --sweep --shapes 8b` on an H100 (wider
-# chunks spill the fp32 sums out of registers)
+# the same for FP8 weights, from `benchmarks/gemv.py --fp8 --sweep --shapes 8b`: narrower chunks, since wider
+# ones spill the fp32 sums out of registers
 FP8_BLOCKS = {PLAIN.value: (4, 1024, 8), RMS_NORM.value: (4, 1024, 4), GATED.value: (8, 1024, 8)}
-# (PROLOGUE, N, K) -> (BLOCK_N, BLOCK_K, num_warps) of full-precision weights: Qwen3-30B-A3B's qkv and o
-# (`benchmarks/gemv.py --sweep --shapes qwen3-30b-a3b`, H100: 9.9 and 5.8 us against 10.5 and 6.7)
+# (PROLOGUE, N, K) -> (BLOCK_N, BLOCK_K, num_warps) of full-precision weights where `BLOCKS` is not the
+# fastest: Qwen3-30B-A3B's qkv and o (`benchmarks/gemv.py --sweep --shapes qwen3-30b-a3b`)
 SHAPE_BLOCKS = {(RMS_NORM.value, 5120, 2048): (4, 512, 4), (PLAIN.value, 2048, 4096): (8, 2048, 8)}
 # the most rows a product takes: the rows kernel pads them to 16, the smallest tensor-core tile
 MAX_ROWS = 16
@@ -92,11 +92,10 @@ def blocks_for(prologue: tl.constexpr, n: int, k: int, fp8: bool) -> tuple[int, 
 def rows_blocks_for(n: int, element_size: int = 2) -> tuple[int, int, int, int]:
     """BLOCK_N, BLOCK_K, warps and pipeline stages of the rows kernel's product of a weight with n features
     and x of `element_size` bytes: narrower tiles for fewer features, so that enough programs read W (the
-    fastest of `benchmarks/gemv.py --rows 5 --sweep` on the projections of Qwen3-0.6B and -8B, H100), and
+    fastest of `benchmarks/gemv.py --rows 5 --sweep` on the projections of Qwen3-0.6B and -8B), and
     half as many columns of 4-byte values, whose stages would not fit in shared memory. The narrowest
-    products (n <= 2048: Qwen3-0.6B's o and down, 64 programs on 132 SMs) read twice as many columns a
-    stage, to keep more of W in flight per program: 0.6B's verify step of 5 queries replayed in 1.096-1.108
-    ms against 1.146-1.151 (H100, two calls)."""
+    products (n <= 2048: Qwen3-0.6B's o and down, fewer programs than an H100 has SMs) read twice as many
+    columns a stage, to keep more of W in flight per program."""
     block_n = 16 if n <= 2048 else 32 if n <= 4096 else 64
     block_k = (1024 if n <= 2048 else 512) // element_size
     return block_n, block_k, 4, 4
@@ -325,7 +324,7 @@ def _rows_kernel(
         k = start + columns
         if PROLOGUE == RMS_NORM:
             # the inputs loaded a chunk ahead by hand: given the sums of squares, the pipeliner leaves the
-            # loads of W unpipelined (2.5x the time of a plain product on Qwen3-8B's qkv, H100)
+            # loads of W unpipelined, and the product takes far longer than a plain one
             a, r = a_next, r_next
             a_next, r_next = _rows_loads(x_ptr, r_ptr, rows, row_ok, k + BLOCK_K, K, stride_x, HAS_RESIDUAL)
             x, h = _rows_normed(a, r, g_ptr, k, K, HAS_RESIDUAL)

@@ -39,11 +39,11 @@ from nanovllm.kernels.triton_moe_align import align_by_expert
 from nanovllm.kernels.triton_moe_gemv import few_token_experts
 
 # up to this many tokens, each choice reads its expert's rows directly (`triton_moe_gemv.py`): blocks of
-# 16 rows would be nearly all padding (faster up to 12 tokens of a Qwen3-30B-A3B layer, slower from 16)
+# 16 rows would be nearly all padding; past it the grouped GEMMs win (docs/tuning.md)
 FEW_TOKENS = 12
 
 # the fewest tokens each row applies from -> (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): the fastest
-# of `benchmarks/moe.py --sweep` at 16, 64, 256, 1,024 and 2,048 tokens of a Qwen3-30B-A3B layer on an H100
+# of `benchmarks/moe.py --sweep` on a Qwen3-30B-A3B layer
 TILES = {
     1: (16, 32, 128, 4, 3),
     64: (16, 128, 128, 4, 3),

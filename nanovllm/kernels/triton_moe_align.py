@@ -17,11 +17,10 @@ each belong to one expert; this lays the slots out so:
    before its first row: `experts` for a block past the last run), and, in
    program 0, the rows the runs fill.
 
-Two launches and a zeroed count: 8 us per layer of a 256-sequence decode
-step on an H100, where a sort and some thirty small PyTorch launches took
-about 70 us. Shapes depend only on the token count: at most min(experts, P)
-experts are non-empty, so P + min(experts, P) * (BLOCK_M - 1) rows always
-suffice, and a CUDA graph of the step stays valid.
+Two launches and a zeroed count, where a sort and some thirty small PyTorch
+launches take several times as long. Shapes depend only on the token count:
+at most min(experts, P) experts are non-empty, so P + min(experts, P) *
+(BLOCK_M - 1) rows always suffice, and a CUDA graph of the step stays valid.
 """
 
 import torch

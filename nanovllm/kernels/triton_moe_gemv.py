@@ -35,7 +35,7 @@ import triton.language as tl
 from nanovllm.kernels.triton_gated_activation import ACTIVATIONS, gated
 from nanovllm.kernels.triton_pdl import pdl_launch, wait_for_previous_kernel
 
-# (BLOCK_N, BLOCK_K, num_warps): the fastest of a sweep at one token of a Qwen3-30B-A3B layer on an H100
+# (BLOCK_N, BLOCK_K, num_warps): the fastest of a sweep at one token of a Qwen3-30B-A3B layer
 _GATE_UP_BLOCKS = (8, 1024, 4)  # 2 x 8 rows of the slot's expert's gate and up per program
 _DOWN_BLOCKS = (1, 128, 4)  # a row of each of the token's top_k experts per program
 

@@ -20,9 +20,8 @@ to the token's slot. Up to 16 tokens a program takes one KV head, so that a
 small decode step's heads run side by side; past that it takes all of them,
 reading the position's cos/sin row and the norm weights once per token and
 writing one contiguous kv_heads x head_dim row of each cache: a 256-row decode
-step launches 256 programs of 4 warps instead of the 8,192 one-warp programs
-of one head each that it took before (H100, Qwen3-0.6B shape: the kernel's
-share of that step fell from 0.33 to 0.13 ms).
+step launches 256 programs of 4 warps rather than thousands of one-warp
+programs of one head each.
 
 An FP8 cache (QUANTIZED, with k_scale, v_scale: [num_blocks, kv_heads,
 block_size] fp32) stores each k or v head as float8 values and its scale,
@@ -32,9 +31,9 @@ amax / 448, computed from the head's values in the model's dtype as
 The arithmetic is the plain-PyTorch reference's
 (`layers/rotary_embedding.norm_rotate_qk_reference`): the norm in fp32, its
 result and the cos/sin table rounded to the model's dtype where the reference
-rounds them, the rotation in fp32 (as the compiled reference does it). One
-decode step of one sequence ran this as two generated kernels plus a store
-kernel per layer; each launch in that chain costs its latency.
+rounds them, the rotation in fp32 (as the compiled reference does it). It is
+one launch rather than two generated kernels and a store per layer, since in a
+decode step of one sequence each launch in that chain costs its latency.
 """
 
 import torch
@@ -89,7 +88,8 @@ def _norm_rotate_heads(
     partial: tl.constexpr = HEAD_DIM > 2 * HALF
     both = head_mask[:, None] & mask[None, :]
     pass_both = head_mask[:, None] & pass_mask[None, :]
-    # offsets summed before the pointer, as before partial rotary: a full rotary compiles to the same code
+    # offsets summed before they are added to the pointer, so that a full rotary compiles to the code it
+    # would without the pass-through part
     x1, x2, x3 = _load_heads(
         source + (heads[:, None] * stride_h + lanes[None, :]),
         both,

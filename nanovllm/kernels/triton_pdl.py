@@ -13,11 +13,9 @@ gives the launch options that keep the two together.
 A kernel may instead let the next one be placed later, after its main loop
 (`wait_for_previous_kernel(PDL, False)`, then `let_next_kernel_start`). The
 products of a few rows (`triton_gemv._rows_kernel`) do: placed while they still
-stream W, the next kernel's programs most likely hold SMs (and their shared
-memory) that only wait. Qwen3-0.6B's verify step of 5 queries replayed in
-1.063-1.073 ms against 1.101-1.115 (H100, four calls each). The same in the
-one-row product or the merge of attention slices made the decode step slower
-(0.880-0.888 ms against 0.860).
+stream W, the next kernel's programs would hold SMs (and their shared memory)
+only to wait. The one-row product and the merge of attention slices let the
+next kernel start at once: for them the later start makes the decode step slower.
 """
 
 import functools

@@ -5,14 +5,15 @@ G = -log(-log(U)) Gumbel noise, so no softmax pass is needed. Rows with T = 0
 take the plain argmax and draw no noise. Scores are kept in base 2,
 x * log2(e) / T - log2(-log2(U)) (the constant log2(ln 2) dropped), so that on
 a GPU both logarithms are the one-instruction approximation, and each Philox
-call gives four uniforms (`tl.rand4x`) for four logits. With a draw per logit
-and exact logarithms the noise, not the logits' bytes, bound the kernel (256
-rows of 151,936 bf16 logits, H100: 254 us; now 79 us). Layout: logits [rows,
-vocab] (any float dtype, last dim contiguous), temperatures [rows] (fp32, or
-fp64 from the decode buffers), seeds [rows] int64. Grid (rows, chunks): a
-program scores BLOCK (4096, or the vocabulary if smaller) logits of one row
-and keeps its best (score, index). Then grid (rows,): a program picks its row's best chunk
-(ties go to the lower index, like torch.argmax) and writes the token id.
+call gives four uniforms (`tl.rand4x`) for four logits: with a draw per logit
+and exact logarithms the noise, not the logits' bytes, would bound the kernel.
+
+Layout: logits [rows, vocab] (any float dtype, last dim contiguous),
+temperatures [rows] (fp32, or fp64 from the decode buffers), seeds [rows]
+int64. Grid (rows, chunks): a program scores BLOCK (4096, or the vocabulary if
+smaller) logits of one row and keeps its best (score, index). Then grid
+(rows,): a program picks its row's best chunk (ties go to the lower index,
+like torch.argmax) and writes the token id.
 """
 
 import torch
