@@ -46,8 +46,8 @@ class ParallelLMHead(VocabParallelEmbedding):
         # x: [sampling rows, hidden] -> logits: [sampling rows, vocab]
         assert out is None or self.tp_size == 1
         if x.device.type == "cpu":
-            # MKL runs this [vocab, hidden] @ [hidden, seqs] orientation up to 3x
-            # faster than x @ weight.T when there are few rows; same products,
+            # MKL runs this [vocab, hidden] @ [hidden, seqs] orientation faster
+            # than x @ weight.T when there are few rows; same products,
             # another summation order.
             logits = (self.weight @ x.T).T
             logits = logits.contiguous() if out is None else out.copy_(logits)

@@ -24,9 +24,8 @@ from nanovllm.layers.activation import ACTIVATIONS, gated_activation
 from nanovllm.layers.layernorm import RMSNorm
 from nanovllm.layers.linear import ColumnParallelLinear, RowParallelLinear, one_row_on_cuda, uses_gemv
 
-# the most inputs of a product of several rows that reads the norm in front itself: on Qwen3-0.6B (1024) a
-# verify step's graph replays 6% faster with it (1.238 -> 1.166 ms, one sequence, k = 4, H100); on Qwen3-8B
-# (4096) the longer prologue outweighs the launches it saves (a verify step 6.60 ms with it, 6.26 without)
+# the most inputs of a product of several rows that reads the norm in front itself: at Qwen3-0.6B's 1024 the
+# launches it saves make a verify step faster; at Qwen3-8B's 4096 the longer prologue outweighs them
 ROWS_FUSION_MAX_INPUTS = 2048
 
 

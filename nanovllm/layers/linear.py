@@ -30,8 +30,7 @@ def divide(numerator: int, denominator: int, what: str) -> int:
 
 
 # the most rows a product sends to the Triton GEMV, which reads W once for all of them: up to it (its kernel's
-# limit) the GEMV beats cuBLAS by 5-18% on every projection of Qwen3-0.6B and -8B (`benchmarks/gemv.py --rows`,
-# H100)
+# limit) the GEMV beats cuBLAS on every projection of Qwen3-0.6B and -8B (`benchmarks/gemv.py --rows`)
 GEMV_MAX_ROWS = 16
 
 
@@ -59,8 +58,7 @@ def linear(
 
         return gemv(x, weight, out, bias)
     if x.is_cpu and x.size(0) <= GEMV_MAX_ROWS:
-        # (W x^T)^T: the CPU's GEMM takes a few rows 1.3-3x faster this way round than as x W^T (SmolLM2-135M's
-        # projections at 2 to 16 rows, 2 cores; its LM head at 5 rows 12.7 against 33.3 ms), and one as fast
+        # (W x^T)^T: the CPU's GEMM takes a few rows faster this way round than as x W^T, and one as fast
         y = torch.mm(weight, x.t()) if bias is None else torch.addmm(bias.unsqueeze(1), weight, x.t())  # [out, tokens]
         return y.t().contiguous() if out is None else out.copy_(y.t())
     if out is None:
