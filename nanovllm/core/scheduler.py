@@ -77,9 +77,8 @@ class Scheduler:
         self.verify_ahead = config.device_type == "cuda"
         # Whether a request pauses its proposals after steps whose drafts were all rejected (`_count_drafts`);
         # off, every step that can draft does (which times a verify step itself). Only on a GPU, where a
-        # verify step of a few sequences costs more than a decode step (1.2x on Qwen3-0.6B, H100); on the CPU
-        # it costs about as much, so a pause only loses kept drafts (SmolLM2-135M, 2 cores, k = 4: 1.89x
-        # plain decoding without it, 1.69x with it).
+        # verify step of a few sequences costs more than a decode step; on the CPU it costs about as much, so
+        # a pause only loses kept drafts.
         self.pause_fruitless_drafts = config.device_type == "cuda"
         spec = config.speculative
         self.drafting_batch_limit = spec.drafting_batch_limit if spec is not None else None
