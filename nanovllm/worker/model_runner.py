@@ -226,7 +226,7 @@ class ModelRunner(Executor):
         num_seqs = max(1, min(self.config.token_budget // max_len, self.config.max_num_seqs))
         self._run_start_up_step(start_up_step([[0] * max_len] * num_seqs, [0] * num_seqs, [[]] * num_seqs))
         # kernels whose tiles depend on the token count (a mixture of experts' grouped GEMMs) compile now, one
-        # prompt per power of two, rather than in the middle of the first step of each size (about a second each)
+        # prompt per power of two, rather than in the middle of the first step of each size, which the compile stalls
         for num_tokens in _powers_of_two(16, max_len // 2):
             self._run_start_up_step(start_up_step([[0] * num_tokens], [0], [[]]))
         logits = torch.zeros(
@@ -235,7 +235,7 @@ class ModelRunner(Executor):
         ones = torch.ones(self.max_sampling_rows, device=self.device)
         self.sampler(logits, SamplingTensors(temperatures=ones))
         # the truncation, logprobs and grammar-mask kernels compile now rather than under the first request
-        # that asks for them (a compile takes a few hundred milliseconds, with the device idle)
+        # that asks for them, which would wait for the compile with the device idle
         truncating = dict(top_k=ones.long(), top_p=ones / 2, min_p=ones / 10, num_logprobs=1)
         self.sampler(logits, SamplingTensors(temperatures=ones, **truncating))
         words = (self.config.model_config.vocab_size + 31) // 32
