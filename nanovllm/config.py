@@ -32,10 +32,9 @@ _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _TYPE_NAMES = {int: "an integer", float: "a number", bool: "True or False", str: "a string", dict: "a dict"}
 _DEFAULT_MAX_MODEL_LEN = 4096
 # Tokens per step when max_num_batched_tokens=-1. A GPU step of 16k tokens keeps
-# the chip busy. On two CPU cores 256 prompt tokens (beside 8 decodes) take about
-# 0.6 s and the last chunks of a 4,000-token prompt about 1 s, so running streams
-# wait at most about a second while a long prompt is absorbed; 512 took up to
-# 1.7 s, and smaller chunks absorb a prompt no slower (benchmarks/cpu_serving_stall.py).
+# the chip busy. On the CPU a step's time grows with its tokens: small chunks keep
+# running streams from waiting long while a long prompt is absorbed, and larger
+# ones absorb it no faster (benchmarks/cpu_serving_stall.py).
 _DEFAULT_TOKEN_BUDGET = {"cuda": 16384, "cpu": 256}
 _SEED_MIN, _SEED_MAX = -(1 << 63), (1 << 63) - 1
 

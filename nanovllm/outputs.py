@@ -12,7 +12,7 @@ class Logprob(msgspec.Struct, gc=False):
     A request with logprobs=k holds 1 + k of these per completion token: hundreds of thousands in a
     batch. They hold only numbers and text, so they are kept out of the cycle collector's reach
     (gc=False), and so are the position dicts that hold only them: otherwise every full pass of the
-    collector walks all of them again, which took more host time than building them.
+    collector would walk all of them again, which costs more host time than building them.
     """
 
     logprob: float

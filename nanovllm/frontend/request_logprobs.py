@@ -9,9 +9,9 @@ class RequestLogprobs:
     """The positions of one request's logprobs (or prompt logprobs) so far, each a {token id: Logprob} dict.
 
     A position is made as its step comes in, while the device runs the next
-    step: a few microseconds per row, spread evenly over the steps. Made when a
-    request finished instead, a thousand positions fell into one step and held
-    the device up whenever the steps were short. `Logprob` is out of the cycle
+    step, so that the cost is spread evenly over the steps: made when a request
+    finishes, all its positions would fall into one step and hold the device up
+    whenever the steps are short. `Logprob` is out of the cycle
     collector's reach, and so is a dict that holds only them, so the positions
     cost the collector nothing however many pile up. `positions` starts with
     `leading` (prompt logprobs have None for the first prompt token).

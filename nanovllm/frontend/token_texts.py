@@ -9,13 +9,12 @@ class TokenTexts:
     """The text `tokenizer.decode([token_id])` gives each token id, kept once decoded.
 
     A step with logprobs=k names 1 + k tokens per row, and decoding each with
-    a call of its own costs several microseconds: for 256 rows that was more
-    host time than the device's step. The vocabulary is fixed, so each id is
-    decoded once for the front end's whole life. With a fast tokenizer and
-    the model's `vocab_size`, a background thread decodes the whole vocabulary
-    in one call from construction on (the tokenizers library leaves the GIL
-    while it decodes; Qwen3's 151,936 ids took 0.8 s on two slow cores), and
-    `whole_vocabulary` is set once it is done. Until then, and without it, ids
+    a call of its own would take a large batch more host time than the
+    device's step. The vocabulary is fixed, so each id is decoded once for the
+    front end's whole life. With a fast tokenizer and the model's `vocab_size`,
+    a background thread decodes the whole vocabulary in one call from
+    construction on (the tokenizers library leaves the GIL while it decodes),
+    and `whole_vocabulary` is set once it is done. Until then, and without it, ids
     not seen before are decoded in one batched call per call and kept.
     """
 

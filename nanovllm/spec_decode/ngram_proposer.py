@@ -42,8 +42,8 @@ class NgramProposer(Proposer):
     the match stand for it and for those after it.
 
     Searching the whole context for the suffix costs O(context) per request
-    and step, on the host, in every step: tens of ms for 256 requests of
-    4,000 tokens. But a request's tokens only grow, by a token or a few a
+    and step, on the host, in every step, which a large batch of long contexts
+    cannot afford. But a request's tokens only grow, by a token or a few a
     step. So the proposer keeps, per request id, the occurrences of the
     n-grams seen so far (`_History`): for each n, a dict from the hash of an
     n-gram to one of its occurrences, and links from each occurrence to a
@@ -61,8 +61,8 @@ class NgramProposer(Proposer):
     of every new suffix of up to `matched` + 1 tokens (a longer suffix
     occurred nowhere, or the last call would have matched one a token
     shorter), and the links from it lead to the latest. Such a step costs a
-    comparison and a look at the links, where the dicts of hashes, tens of MB
-    for 256 long contexts, miss the caches at every lookup.
+    comparison and a look at the links, where the dicts of hashes, large for
+    long contexts, miss the caches at every lookup.
 
     The occurrences trust that a request's list only grows between calls (the
     scheduler appends to it, and releases the request before its id may come
@@ -72,14 +72,12 @@ class NgramProposer(Proposer):
     tokens were changed is not noticed.
 
     The dicts hold ints only (hashes and positions, rather than tuples): a
-    dict of ints holds nothing that the cycle collector walks, where for 256
-    contexts of 4,000 tokens the tuples would add tens of ms to every full
-    collection, and lists of links (an item a position) about 10 ms. And ints
-    take less memory: about 95 bytes a position and n, where half of the
-    n-grams recur (benchmarks/ngram_proposer.py), so 100 MB for 256 such
-    contexts and one n. The latest occurrence of the suffix's hash is checked
-    against the tokens; should it be another n-gram's, the context is
-    searched instead, so proposals are exact.
+    dict of ints holds nothing that the cycle collector walks, where tuples,
+    or lists of links (an item a position), would lengthen every full
+    collection with the contexts' length. And ints take less memory
+    (benchmarks/ngram_proposer.py). The latest occurrence of the suffix's hash
+    is checked against the tokens; should it be another n-gram's, the context
+    is searched instead, so proposals are exact.
     """
 
     proposes_ahead = True

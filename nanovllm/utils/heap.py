@@ -6,12 +6,12 @@ import gc
 def freeze_start_up_objects() -> None:
     """Collect start-up's garbage, then move every object still alive out of the collector's reach.
 
-    Start-up leaves over half a million tracked objects (imported modules, the
-    tokenizer, the model's Python side) that live as long as the engine. A full
-    collection walks them all: about 0.3 s on an H100 host, a stall of the step
-    loop that lands at a random step. Frozen, they are skipped, and a full
-    collection costs milliseconds. Objects frozen here are still freed by
-    reference counting; only cycles among them wait for `unfreeze_objects`.
+    Start-up leaves hundreds of thousands of tracked objects (imported modules,
+    the tokenizer, the model's Python side) that live as long as the engine. A
+    full collection walks them all: a stall of the step loop that lands at a
+    random step. Frozen, they are skipped, and a full collection is short.
+    Objects frozen here are still freed by reference counting; only cycles
+    among them wait for `unfreeze_objects`.
     """
     gc.collect()
     gc.freeze()
