@@ -14,10 +14,11 @@ from importlib.metadata import version
 import httpx
 import openai
 import pytest
-from conftest import child_processes
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.cli import build_parser
+
+from helpers.processes import child_processes
 
 ENGINE_ARGS = dict(kvcache_block_size=16, num_kvcache_blocks=32, max_model_len=256)
 

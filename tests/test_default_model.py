@@ -1,11 +1,12 @@
 """The bundled SmolLM2-135M-Instruct: conversion from GGUF, real-weight parity with transformers."""
 
 import pytest
-from hf_reference import hf_greedy
 
 from nanovllm import LLM, SamplingParams, default_model
 from nanovllm.default_model import CHAT_QUESTIONS, chat_prompt, default_model_dir
 from nanovllm.frontend.online_engine import OnlineEngine
+
+from helpers.hf_reference import hf_greedy
 
 QUESTIONS = CHAT_QUESTIONS[:3]
 

@@ -4,11 +4,12 @@ over a shared prompt, prompt logprobs against transformers, logit bias, max_toke
 import math
 
 import pytest
-from conftest import VOCAB_SIZE
-from hf_reference import hf_greedy, hf_logprobs
-from test_llm import random_prompts
 
 from nanovllm import LLM, CompletionOutput, RequestOutput, SamplingParams
+
+from helpers.hf_reference import hf_greedy, hf_logprobs
+from helpers.prompts import random_prompts
+from helpers.tiny_models import VOCAB_SIZE
 
 BLOCK = 16
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)

@@ -1,12 +1,15 @@
-"""Chunked prefill end to end on the CPU: long prompts split over steps, mixed steps of decodes and
-prompt chunks, and preemption mid-prompt all give the greedy output of unchunked runs."""
+"""Chunked prefill end to end: long prompts split over steps, mixed steps of decodes and prompt chunks,
+and preemption mid-prompt all give the greedy output of unchunked runs (on the CPU, and with the compiled
+Triton kernels and CUDA graphs on a GPU)."""
 
 import pytest
-from conftest import completions_of, run_steps
-from engine_probes import record_batches
-from test_llm import random_prompts, token_ids
 
 from nanovllm import LLM, SamplingParams
+
+from helpers.engine_probes import record_batches
+from helpers.gpu_cases import GPU_GREEDY, gpu_prompts
+from helpers.prompts import random_prompts, token_ids
+from helpers.stepping import completions_of, run_steps
 
 BLOCK = 16
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
@@ -98,3 +101,37 @@ def test_preemption_in_the_middle_of_a_chunked_prefill(qwen3_dir):
     assert req.num_cached_tokens == outputs[ids[-1]].num_cached_tokens == computed // BLOCK * BLOCK > 0
     expected = [unchunked(qwen3_dir, [p], sp)[0] for p, sp in zip(decoding + [long], params)]
     assert [c.token_ids for c in completions_of(outputs, ids)] == expected
+
+
+@pytest.mark.gpu
+def test_triton_chunked_prefill_in_fp32_equals_whole_prompts(qwen3_dir):
+    # 357 tokens, then the usual
+    batch = [gpu_prompts(seed=6)[-1] + gpu_prompts(seed=7)[-1][:100]] + gpu_prompts(seed=8)
+    kwargs = dict(attention_backend="triton", kvcache_block_size=16, max_model_len=512)
+    whole = LLM(qwen3_dir, enable_chunked_prefill=False, **kwargs)
+    chunked = LLM(qwen3_dir, max_num_batched_tokens=64, **kwargs)
+    batches = record_batches(chunked)
+    assert token_ids(chunked.generate(batch, GPU_GREEDY, use_tqdm=False)) == token_ids(
+        whole.generate(batch, GPU_GREEDY, use_tqdm=False)
+    )
+    assert sum(samples.count(False) for _, samples, _ in batches) >= 357 // 64
+
+
+@pytest.mark.gpu
+def test_triton_mixed_steps_equal_separate_runs_and_decodes_still_replay_graphs(qwen3_dir):
+    short, long = gpu_prompts(seed=9)[:5], gpu_prompts(seed=10)[-1] * 2  # 514 tokens
+    kwargs = dict(attention_backend="triton", kvcache_block_size=16, max_model_len=1024)
+    alone = LLM(qwen3_dir, enable_chunked_prefill=False, **kwargs)
+    expected = [alone.generate([p], GPU_GREEDY, use_tqdm=False)[0].outputs[0].token_ids for p in short + [long]]
+    llm = LLM(qwen3_dir, max_num_batched_tokens=128, **kwargs)
+    batches = record_batches(llm)
+    replays = []
+    graphs = llm.client.core.executor.graphs
+    original_replay = graphs.replay
+    graphs.replay = lambda size, queries=1: replays.append(size) or original_replay(size, queries)
+    ids = [llm.add_request(p, GPU_GREEDY) for p in short]
+    outputs = run_steps(llm, {}, steps=3)
+    ids.append(llm.add_request(long, GPU_GREEDY))
+    assert [c.token_ids for c in completions_of(run_steps(llm, outputs), ids)] == expected
+    assert any(is_prefill and counts[:5] == [1] * 5 and not samples[-1] for counts, samples, is_prefill in batches)
+    assert len(replays) == sum(not is_prefill for _, _, is_prefill in batches) > 0

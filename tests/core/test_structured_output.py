@@ -7,10 +7,11 @@ import re
 
 import jsonschema
 import pytest
-from engine_probes import record_order
 
 from nanovllm import LLM, SamplingParams, StructuredOutputsParams
 from nanovllm.core.structured_output import grammar_of
+
+from helpers.engine_probes import record_order
 
 pytest.importorskip("xgrammar")
 

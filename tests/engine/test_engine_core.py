@@ -1,17 +1,19 @@
-"""The overlapped step loop on the CPU: step n+1 launches before step n is read back, and nothing
-a user sees changes: stop tokens, stop strings, preemption, prefix hits and aborts give the outputs
-of the plain loop that reads every step back before scheduling the next."""
+"""The overlapped step loop (on the CPU, and on a GPU where marked): step n+1 launches before step n is read
+back, and nothing a user sees changes: stop tokens, stop strings, preemption, prefix hits and aborts give the
+outputs of the plain loop that reads every step back before scheduling the next."""
 
 import subprocess
 import sys
 
 import pytest
-from conftest import run_steps
-from engine_probes import BLOCK, engine, record_order
-from hf_reference import hf_greedy
-from test_llm import random_prompts, record_preemptions, token_ids
 
 from nanovllm import LLM, SamplingParams
+
+from helpers.engine_probes import BLOCK, engine, record_order, record_preemptions
+from helpers.gpu_cases import GPU_GREEDY, gpu_prompts
+from helpers.hf_reference import hf_greedy
+from helpers.prompts import random_prompts, token_ids
+from helpers.stepping import run_steps
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 
@@ -117,3 +119,18 @@ def test_the_engine_package_imports_without_torch():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.gpu
+def test_stop_tokens_mid_batch_leak_no_token_on_gpu(qwen3_dir):
+    # Requests that stop at different steps while the next step is already launched:
+    # each ends exactly at its stop token, and the others go on as if alone.
+    llm = LLM(qwen3_dir, kvcache_block_size=16, max_model_len=512)
+    batch = gpu_prompts(seed=15)
+    free = token_ids(llm.generate(batch, GPU_GREEDY, use_tqdm=False))
+    stops = [f[i] for f, i in zip(free, [3, 7, 11, 31, 15, 1, 20])]
+    params = [SamplingParams(temperature=0.0, max_tokens=32, stop_token_ids=[s]) for s in stops]
+    outputs = llm.generate(batch, params, use_tqdm=False)
+    assert token_ids(outputs) == [f[: f.index(s) + 1] for f, s in zip(free, stops)]
+    assert all(out.outputs[0].finish_reason == "stop" for out in outputs)
+    assert llm.client.core.scheduler.block_manager.num_free_blocks == llm.client.info.num_kvcache_blocks

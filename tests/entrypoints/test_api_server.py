@@ -12,13 +12,14 @@ import httpx
 import openai
 import pytest
 import uvicorn
-from conftest import core_steps
 from prometheus_client.parser import text_string_to_metric_families
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.entrypoints.api_server import ServerSettings, build_app
 from nanovllm.frontend.chat import load_chat_template
 from nanovllm.frontend.online_engine import OnlineEngine
+
+from helpers.core_steps import core_steps
 
 MODEL = "tiny"
 KEY = "sesame"

@@ -16,7 +16,6 @@ import msgspec
 import pytest
 import uvicorn
 import zmq
-from conftest import child_processes, core_steps
 from test_api_server import ENGINE_ARGS, MODEL, RunningServer, error_of, wait_until
 from test_cli import alive, start_server
 
@@ -29,6 +28,9 @@ from nanovllm.entrypoints import generation
 from nanovllm.entrypoints.api_server import ServerSettings, _Server, build_app
 from nanovllm.frontend import output_processor
 from nanovllm.frontend.online_engine import OnlineEngine
+
+from helpers.core_steps import core_steps
+from helpers.processes import child_processes
 
 POISON = "poison"  # a stop string that the patched output processing fails on
 

@@ -7,11 +7,13 @@ import threading
 import time
 
 import pytest
-from conftest import child_processes, core_steps
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.engine.engine_client import EngineDeadError
 from nanovllm.frontend.online_engine import OnlineEngine
+
+from helpers.core_steps import core_steps
+from helpers.processes import child_processes
 
 BLOCK = 16
 ENGINE_ARGS = dict(kvcache_block_size=BLOCK, num_kvcache_blocks=24, max_model_len=256)

@@ -3,12 +3,13 @@ where there is one)."""
 
 import pytest
 import torch
-from engine_probes import engine
-from test_llm import random_prompts, record_preemptions, token_ids
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.default_model import chat_prompt
 from nanovllm.kernels.fp8_kv import FP8_DTYPE, FP8_MAX, dequantize_heads, quantize_heads, round_trip
+
+from helpers.engine_probes import engine, record_preemptions
+from helpers.prompts import random_prompts, token_ids
 
 DEVICES = [
     "cpu",

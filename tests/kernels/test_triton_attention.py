@@ -5,7 +5,13 @@ from dataclasses import replace
 
 import pytest
 import torch
-from paged_cases import paged_case
+
+from nanovllm import LLM, SamplingParams
+
+from helpers.gpu_cases import GPU_GREEDY, gpu_prompts
+from helpers.near_ties import NEAR_TIE, gaps_where_greedy_diverges
+from helpers.paged_cases import paged_case
+from helpers.prompts import token_ids
 
 pytest.importorskip("triton")
 from nanovllm.kernels import triton_decode_attention  # noqa: E402
@@ -489,3 +495,36 @@ def test_decode_replayed_in_a_graph_reads_the_key_and_value_stored_just_before_i
         store_kvcache(want_k, v, want_k_cache, want_v_cache, case.slot_mapping)
         want = TorchAttentionBackend().decode(want_q, want_k_cache, want_v_cache, context, scale, **scoring)
         torch.testing.assert_close(out, want, atol=TOLERANCE[torch.bfloat16], rtol=TOLERANCE[torch.bfloat16])
+
+
+@pytest.mark.gpu
+def test_triton_prefix_cache_hit_equals_cold_run(qwen3_dir):
+    shared = gpu_prompts(seed=5)[-1]  # 257 tokens: 16 full blocks of 16
+    llm = LLM(qwen3_dir, kvcache_block_size=16, max_model_len=512)
+    llm.generate([shared + [3]], GPU_GREEDY, use_tqdm=False)
+    outputs = llm.generate([shared + [4, 5], shared + [6]], GPU_GREEDY, use_tqdm=False)
+    assert [o.num_cached_tokens for o in outputs] == [256, 256]
+    cold = LLM(qwen3_dir, attention_backend="torch", kvcache_block_size=16, max_model_len=512)
+    assert token_ids(outputs) == token_ids(cold.generate([shared + [4, 5], shared + [6]], GPU_GREEDY, use_tqdm=False))
+
+
+@pytest.mark.gpu
+def test_bf16_triton_equals_torch_path_but_at_near_ties(qwen3_dir, capsys):
+    batch = [p for seed in (0, 1, 2) for p in gpu_prompts(seed)][:16]
+    kwargs = dict(device="cuda", dtype="bfloat16", kvcache_block_size=16, max_model_len=512)
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=2)
+    triton_out = [
+        o.outputs[0]
+        for o in LLM(qwen3_dir, attention_backend="triton", **kwargs).generate(batch, params, use_tqdm=False)
+    ]
+    torch_out = [
+        o.outputs[0]
+        for o in LLM(qwen3_dir, attention_backend="torch", **kwargs).generate(batch, params, use_tqdm=False)
+    ]
+    gaps = gaps_where_greedy_diverges(triton_out, torch_out)
+    with capsys.disabled():
+        print(
+            f"\nbf16 Triton vs torch path: {16 - len(gaps)}/16 prompts equal for all {params.max_tokens} "
+            f"tokens; top-2 logprob gaps where the others diverge: {[round(g, 4) for g in gaps]}"
+        )
+    assert all(gap <= NEAR_TIE for gap in gaps)

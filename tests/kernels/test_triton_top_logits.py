@@ -4,7 +4,8 @@ top-k logprobs equal to a log-softmax's (on the CPU under the Triton interpreter
 
 import pytest
 import torch
-from chi_square import chi_square_p_value
+
+from helpers.chi_square import chi_square_p_value
 
 pytest.importorskip("triton")
 from nanovllm.kernels.triton_sampling import gumbel_max_sample  # noqa: E402

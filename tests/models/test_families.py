@@ -1,12 +1,8 @@
 """Qwen2, Mistral, Phi-3 and the rotary scalings (linear, yarn): token-exact greedy against transformers'
 own class on a tiny random model of each, and the rotary tables against transformers' rotary embedding."""
 
-import random
-
 import pytest
 import torch
-from conftest import _common_config, save_tiny_tokenizer
-from hf_reference import hf_greedy
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
@@ -25,13 +21,17 @@ from nanovllm.config import Config
 from nanovllm.layers.rotary_embedding import RotaryEmbedding
 from nanovllm.models.model_config import ModelConfig
 
+from helpers.hf_reference import hf_greedy
+from helpers.prompts import random_prompts
+from helpers.tiny_models import save_tiny_tokenizer, tiny_config
+
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 ENGINE = dict(kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=256)
 
 
 def save_model(path, config_class, model_class, randomize_biases: bool = False, **fields) -> str:
     torch.manual_seed(0)
-    model = model_class(config_class(**{**_common_config(), **fields}))
+    model = model_class(config_class(**{**tiny_config(), **fields}))
     if randomize_biases:  # transformers starts biases at zero, which would hide a bias left out
         for name, parameter in model.named_parameters():
             if name.endswith("bias"):
@@ -39,11 +39,6 @@ def save_model(path, config_class, model_class, randomize_biases: bool = False, 
     model.to(torch.float32).save_pretrained(path)
     save_tiny_tokenizer(path)
     return str(path)
-
-
-def random_prompts(lengths, seed=0):
-    rng = random.Random(seed)
-    return [[rng.randrange(2, 512) for _ in range(n)] for n in lengths]
 
 
 def assert_cached_prefix_matches_transformers(model_dir: str, **engine) -> None:
@@ -157,7 +152,7 @@ SCALINGS = [
 @pytest.mark.parametrize("scaling", SCALINGS, ids=["linear", "yarn", "yarn-mscale"])
 def test_rotary_tables_equal_transformers_beyond_the_original_context(scaling):
     hf = LlamaConfig(
-        **{**_common_config(max_positions=512), "rope_parameters": dict(scaling), "architectures": ["LlamaForCausalLM"]}
+        **{**tiny_config(max_positions=512), "rope_parameters": dict(scaling), "architectures": ["LlamaForCausalLM"]}
     )
     ours = RotaryEmbedding(16, 512, ModelConfig.from_hf(hf).rope_parameters)
     positions = torch.arange(512)
@@ -192,7 +187,7 @@ PHI3_ROTARIES = {
 @pytest.mark.parametrize("fields", PHI3_ROTARIES.values(), ids=PHI3_ROTARIES.keys())
 def test_phi3_rotary_tables_equal_transformers_short_within_and_long_past_the_original_context(fields):
     hf = Phi3Config(
-        **{**_common_config(max_positions=128), "original_max_position_embeddings": 32, **fields},
+        **{**tiny_config(max_positions=128), "original_max_position_embeddings": 32, **fields},
         architectures=["Phi3ForCausalLM"],
     )
     config = ModelConfig.from_hf(hf)

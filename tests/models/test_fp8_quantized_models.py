@@ -9,12 +9,13 @@ import shutil
 
 import pytest
 import torch
-from conftest import _common_config, save_tiny_tokenizer
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.kernels.fp8_weights import fp8_linear, quantize_blocks
+
+from helpers.tiny_models import save_tiny_tokenizer, tiny_config
 
 ENGINE = dict(kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=256)
 SCORE = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)
@@ -100,7 +101,7 @@ def block_model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-qwen3-128")
     torch.manual_seed(0)
     fields = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=128)
-    config = Qwen3Config(**{**_common_config(), **fields}, rope_parameters={"rope_type": "default", "rope_theta": 1e4})
+    config = Qwen3Config(**{**tiny_config(), **fields}, rope_parameters={"rope_type": "default", "rope_theta": 1e4})
     Qwen3ForCausalLM(config).to(torch.float32).save_pretrained(path)
     save_tiny_tokenizer(path)
     return str(path)
@@ -236,7 +237,7 @@ def test_fp8_weights_of_a_mixture_of_experts_model_are_refused(tmp_path):
     config = {
         "architectures": ["Qwen3MoeForCausalLM"],
         "model_type": "qwen3_moe",
-        **_common_config(),
+        **tiny_config(),
         "num_experts": 4,
         "num_experts_per_tok": 2,
         "moe_intermediate_size": 32,

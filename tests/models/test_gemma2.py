@@ -4,13 +4,15 @@ the soft-capped logits' log-probabilities."""
 
 import pytest
 import torch
-from conftest import _common_config, save_tiny_tokenizer
-from hf_reference import hf_greedy, hf_logprobs
-from test_families import ENGINE, GREEDY, assert_cached_prefix_matches_transformers, random_prompts
+from test_families import ENGINE, GREEDY, assert_cached_prefix_matches_transformers
 from transformers import Gemma2Config, Gemma2ForCausalLM
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.config import Config
+
+from helpers.hf_reference import hf_greedy, hf_logprobs
+from helpers.prompts import random_prompts, token_ids
+from helpers.tiny_models import save_tiny_tokenizer, tiny_config
 
 WINDOW = 24
 
@@ -22,7 +24,7 @@ def gemma2_dir(tmp_path_factory):
     transformers starts them at 0 (a scale of 1 + 0), which would hide a norm read as `weight`."""
     path = tmp_path_factory.mktemp("tiny-gemma2")
     fields = dict(
-        _common_config(),
+        tiny_config(),
         num_hidden_layers=4,
         sliding_window=WINDOW,
         attn_logit_softcapping=4.0,
@@ -44,10 +46,6 @@ def generate(model_dir, prompts, params=GREEDY, **engine):
     outputs = llm.generate(prompts, params, use_tqdm=False)
     llm.close()
     return outputs
-
-
-def token_ids(outputs):
-    return [o.outputs[0].token_ids for o in outputs]
 
 
 # shorter than the window, around it, and three windows long; 24 new tokens each cross the window

@@ -5,17 +5,19 @@ prefill, two ranks and the Triton kernels interpreted."""
 
 import pytest
 import torch
-from conftest import _common_config, save_tiny_tokenizer
-from hf_reference import hf_greedy
-from test_families import ENGINE, GREEDY, assert_cached_prefix_matches_transformers, random_prompts
+from test_families import ENGINE, GREEDY, assert_cached_prefix_matches_transformers
 from transformers import Gemma3Config, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma3TextConfig
 
 from nanovllm import LLM
 from nanovllm.models.model_config import ModelConfig
 
+from helpers.hf_reference import hf_greedy
+from helpers.prompts import random_prompts
+from helpers.tiny_models import save_tiny_tokenizer, tiny_config
+
 WINDOW = 24
 TEXT_FIELDS = dict(
-    _common_config(),
+    tiny_config(),
     num_hidden_layers=6,  # layers 0-4 slide, layer 5 is global
     sliding_window=WINDOW,
     query_pre_attn_scalar=24,

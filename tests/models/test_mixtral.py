@@ -4,12 +4,13 @@ from transformers 5's stacked experts in 16-token prefill chunks, with prefix-ca
 with a sliding window that the prompts run past."""
 
 import pytest
-from hf_reference import hf_greedy
 from test_families import GREEDY, assert_matches_transformers, prompts_with_a_shared_prefix
 from test_qwen3_moe import PROMPTS, greedy, save_moe, save_stacked, tensor_names
 from transformers import MixtralConfig, MixtralForCausalLM
 
 from nanovllm.config import Config
+
+from helpers.hf_reference import hf_greedy
 
 # eight experts of width 32 (Mixtral's experts are intermediate_size wide), top-2
 EXPERTS = dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32)

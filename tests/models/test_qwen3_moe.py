@@ -7,12 +7,9 @@ import os
 
 import pytest
 import torch
-from conftest import _common_config, save_tiny_tokenizer
-from hf_reference import hf_greedy
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from test_families import ENGINE, GREEDY, random_prompts
-from test_llm import record_preemptions
+from test_families import ENGINE, GREEDY
 from transformers import AutoModelForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from nanovllm import LLM
@@ -21,15 +18,20 @@ from nanovllm.models import model_class
 from nanovllm.utils.loader import load_dummy_weights
 from nanovllm.utils.parallel import tensor_parallel
 
+from helpers.engine_probes import record_preemptions
+from helpers.hf_reference import hf_greedy
+from helpers.prompts import random_prompts
+from helpers.tiny_models import save_tiny_tokenizer, tiny_config
+
 PROMPTS = random_prompts([3, 17, 40, 70])
 
 
 def save_moe(path, config_class, model_class, **fields) -> str:
     """A tiny random model of `model_class` in fp32, with its tokenizer; transformers writes each expert's
     weights as tensors of their own. The router starts at transformers' init spread (as every weight of
-    `_common_config`), enough that tokens of one batch go to different experts."""
+    `tiny_config`), enough that tokens of one batch go to different experts."""
     torch.manual_seed(0)
-    model = model_class(config_class(**{**_common_config(), **fields}))
+    model = model_class(config_class(**{**tiny_config(), **fields}))
     model.to(torch.float32).save_pretrained(path)
     save_tiny_tokenizer(path)
     return str(path)

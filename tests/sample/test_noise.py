@@ -1,6 +1,7 @@
 """Hash noise: a function of (seed, position, token) only, distributed as Exp(1); the seed scheme."""
 
 import numpy as np
+import pytest
 import torch
 
 from nanovllm.sample.noise import (
@@ -61,3 +62,11 @@ def test_the_seed_scheme_keys_seeded_requests_in_int64_and_draws_row_seeds_below
     device_seeds = device_row_seeds(1000, torch.device("cpu"))
     assert device_seeds.dtype == torch.int64
     assert 0 <= int(device_seeds.min()) and int(device_seeds.max()) < ROW_SEED_RANGE
+
+
+@pytest.mark.gpu
+def test_seeded_noise_on_gpu_equals_cpu():
+    seeds, positions = torch.arange(8) * 977, torch.arange(8) + 100
+    cpu = seeded_exponential(seeds, positions, 151936)
+    gpu = seeded_exponential(seeds.cuda(), positions.cuda(), 151936).cpu()
+    assert torch.allclose(cpu, gpu, rtol=1e-6)

@@ -3,11 +3,14 @@
 import numpy as np
 import pytest
 import torch
-from chi_square import chi_square_p_value
 
+from nanovllm import LLM, SamplingParams
 from nanovllm.sample.metadata import SamplingTensors
 from nanovllm.sample.sampler import Sampler, sample_with_temperatures
 from nanovllm.sample.truncation import apply_min_p, apply_top_k_top_p
+
+from helpers.chi_square import chi_square_p_value
+from helpers.gpu_cases import gpu_prompts
 
 VOCAB = 12
 DRAWS = 40000
@@ -231,3 +234,31 @@ def test_logprobs_come_from_the_raw_logits(device):
     assert torch.equal(out.logprob_token_ids[:, 0], out.token_ids)
     assert torch.equal(out.logprob_token_ids[:, 1:], reference.topk(4).indices)
     assert torch.allclose(out.logprobs, reference.gather(1, out.logprob_token_ids))
+
+
+@pytest.mark.gpu
+def test_every_sampling_feature_runs_on_gpu_and_seeds_reproduce(qwen3_dir):
+    llm = LLM(qwen3_dir, device="cuda", kvcache_block_size=16, max_model_len=512)
+    params = [
+        SamplingParams(
+            temperature=0.8,
+            top_k=20,
+            top_p=0.9,
+            min_p=0.05,
+            seed=3,
+            repetition_penalty=1.1,
+            frequency_penalty=0.2,
+            presence_penalty=0.1,
+            logprobs=2,
+            min_tokens=4,
+            stop_token_ids=[7],
+            stop=["w9 w9"],
+            max_tokens=24,
+        ),
+        SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
+    ]
+    first = llm.generate(gpu_prompts()[:2], params, use_tqdm=False)
+    again = llm.generate(gpu_prompts()[2:4] + gpu_prompts()[:1], params[1:] * 2 + params[:1], use_tqdm=False)
+    assert again[-1].outputs[0].token_ids == first[0].outputs[0].token_ids
+    assert len(first[0].outputs[0].logprobs) == len(first[0].outputs[0].token_ids)
+    assert first[0].outputs[0].finish_reason in ("stop", "length") and first[1].outputs[0].finish_reason == "length"

@@ -3,13 +3,14 @@ computes only the confirmed tokens its cache lacks (overwriting the K/V of rejec
 go back when a request is released or when they run short."""
 
 import pytest
-from draft_models import save_noisy_copy
-from engine_probes import BLOCK, engine
-from test_llm import token_ids
 
 from nanovllm import SamplingParams
 from nanovllm.config import Config
 from nanovllm.spec_decode.draft_model_proposer import DraftModelProposer
+
+from helpers.draft_models import save_noisy_copy
+from helpers.engine_probes import BLOCK, engine
+from helpers.prompts import token_ids
 
 PROMPT = [7, 300, 41, 8, 8, 150, 23, 99, 5, 61, 200, 17, 4, 77, 310, 2, 9, 12]  # 18 tokens: two blocks
 

@@ -3,9 +3,10 @@
 
 import pytest
 import torch
-from chi_square import chi_square_p_value
 
 from nanovllm.spec_decode.rejection_sampler import rejection_sample
+
+from helpers.chi_square import chi_square_p_value
 
 VOCAB = 6
 SAMPLES = 40_000

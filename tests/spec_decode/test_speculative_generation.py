@@ -7,14 +7,15 @@ import random
 
 import pytest
 import torch
-from engine_probes import BLOCK, engine
-from graphs_replayed_eagerly import GraphsReplayedEagerly
-from test_llm import record_preemptions, token_ids
 
 from nanovllm import SamplingParams
 from nanovllm.core.scheduler_output import PLACEHOLDER
 from nanovllm.sampling_params import StructuredOutputsParams
 from nanovllm.spec_decode.proposer import Proposer
+
+from helpers.engine_probes import BLOCK, engine, record_preemptions
+from helpers.graphs_replayed_eagerly import GraphsReplayedEagerly
+from helpers.prompts import token_ids
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)

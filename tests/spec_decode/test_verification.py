@@ -4,11 +4,12 @@ that way, the emitted tokens follow the target's distribution (chi-square)."""
 
 import pytest
 import torch
-from chi_square import chi_square_p_value
 
 from nanovllm.sample.metadata import SamplingTensors
 from nanovllm.sample.sampler import Sampler
 from nanovllm.spec_decode.verification import verify_drafts, verify_padded
+
+from helpers.chi_square import chi_square_p_value
 
 
 def to_device(values, dtype):

@@ -16,13 +16,15 @@ from multiprocessing.shared_memory import SharedMemory
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import NEAR_TIE, gaps_where_greedy_diverges
 from safetensors.torch import load_file, save_file
 
 from nanovllm import LLM, SamplingParams, StructuredOutputsParams
 from nanovllm.config import Config
 from nanovllm.core.scheduler_output import SchedulerOutput
 from nanovllm.worker.tensor_parallel import channel_capacity
+
+from helpers.near_ties import NEAR_TIE, gaps_where_greedy_diverges
+from helpers.prompts import token_ids
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 ENGINE = dict(device="cpu", kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=256)
@@ -33,10 +35,6 @@ DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, needs_two_gpus])]
 def random_prompts(seed=0):
     rng = random.Random(seed)
     return [[rng.randrange(2, 512) for _ in range(n)] for n in (1, 5, 16, 17, 40)]
-
-
-def token_ids(outputs):
-    return [o.outputs[0].token_ids for o in outputs]
 
 
 def free_port() -> int:

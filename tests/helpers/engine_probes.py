@@ -1,4 +1,5 @@
-"""Tiny engines for tests, and what their steps record: the order of launches and read-backs, the batches."""
+"""Tiny engines for tests, and what their steps record: the order of launches and read-backs, the batches,
+the preemptions."""
 
 from nanovllm import LLM
 
@@ -45,3 +46,16 @@ def record_batches(llm) -> list:
 
     runner.launch_forward = recording_launch
     return batches
+
+
+def record_preemptions(llm) -> list:
+    """A list that fills with each sequence the scheduler preempts."""
+    preempted = []
+    original = llm.client.core.scheduler._preempt
+
+    def recording_preempt(seq):
+        preempted.append(seq)
+        original(seq)
+
+    llm.client.core.scheduler._preempt = recording_preempt
+    return preempted

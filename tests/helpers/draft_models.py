@@ -6,8 +6,9 @@ import json
 import os
 
 import torch
-from conftest import save_tiny_tokenizer
 from transformers import AutoModelForCausalLM
+
+from helpers.tiny_models import save_tiny_tokenizer
 
 
 def save_noisy_copy(target_dir: str, path: str, noise: float, seed: int = 0) -> None:

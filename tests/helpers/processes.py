@@ -1,0 +1,20 @@
+"""The processes a process started, read from /proc."""
+
+import os
+
+
+def child_processes(pid: int) -> list[int]:
+    """The processes `pid` started, but Python's multiprocessing resource tracker, which every
+    program that spawns processes has (it ends with its parent)."""
+    children = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == pid and b"resource_tracker" not in command:
+            children.append(int(entry))
+    return children
