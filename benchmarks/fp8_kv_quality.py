@@ -40,7 +40,7 @@ def completions(device: str, kv_cache_dtype: str) -> list[list[int]]:
     llm = LLM(
         default_model_dir(),
         device=device,
-        kvcache_block_size=16,
+        block_size=16,
         num_kvcache_blocks=256,
         max_model_len=512,
         kv_cache_dtype=kv_cache_dtype,

@@ -42,7 +42,7 @@ the prefill of 64 prompts of 4,000 tokens (the FP8 run's roofline counts its
 smaller weight reads).
 
     python benchmarks/throughput.py [--peer hf] [--skip-tokenizer-init | --compare-tokenizer]
-                                    [--enforce-eager] [--no-chunked-prefill] [--profile] [--kvcache-block-size N]
+                                    [--enforce-eager] [--no-chunked-prefill] [--profile] [--block-size N]
                                     [--model-shape SHAPE [SHAPE ...]] [--tensor-parallel-size N [N ...]]
                                     [--kv-cache-dtype auto|fp8] [--quantization fp8] [--sampling NAME=VALUE ...]
 """
@@ -250,7 +250,7 @@ def make_llm(
         tensor_parallel_size=tensor_parallel_size,
         enable_chunked_prefill=not args.no_chunked_prefill,
         kv_cache_dtype=kv_cache_dtype,
-        **({} if args.kvcache_block_size is None else {"kvcache_block_size": args.kvcache_block_size}),
+        block_size=args.block_size,
     )
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8), use_tqdm=False)
     return llm
@@ -391,7 +391,7 @@ def describe(llm: LLM) -> str:
     return (
         f"graphs {'off' if config.enforce_eager else 'on'}, chunked prefill "
         f"{'on' if config.enable_chunked_prefill else 'off'}, {llm.client.info.num_kvcache_blocks} KV blocks "
-        f"of {config.block_size}, {llm.client.info.kv_cache_dtype} KV cache"
+        f"of {llm.client.info.block_size}, {llm.client.info.kv_cache_dtype} KV cache"
     )
 
 
@@ -518,7 +518,7 @@ def main() -> None:
         "--compare-tokenizer", action="store_true", help="run with the tokenizer, then without, and print the ratio"
     )
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    parser.add_argument("--kvcache-block-size", type=int, help="tokens per KV-cache block (default: the engine's)")
+    parser.add_argument("--block-size", type=int, help="tokens per KV-cache block (default: the engine's)")
     parser.add_argument(
         "--no-chunked-prefill", action="store_true", help="whole-prompt prefill steps (enable_chunked_prefill=False)"
     )

@@ -28,7 +28,8 @@ _ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
 _KV_CACHE_DTYPES = ("auto", "fp8")
 _QUANTIZATIONS = ("auto", "fp8")
 _DEVICES = ("auto", "cuda", "cpu")
-_DTYPES = ("auto", "float32", "bfloat16", "float16")
+# vLLM's names: "half" is float16 and "float" float32
+_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 _TYPE_NAMES = {int: "an integer", float: "a number", bool: "True or False", str: "a string", dict: "a dict"}
 _DEFAULT_MAX_MODEL_LEN = 4096
 # Tokens per step when max_num_batched_tokens=-1. A GPU step of 16k tokens keeps
@@ -81,7 +82,9 @@ class Config:
     `model` is a local Hugging Face folder (config.json, *.safetensors, tokenizer
     files), as a string or a path object. `max_model_len=-1` (the default)
     means the model's `max_position_embeddings`, at most 4096; a value above
-    the model's is refused. `num_kvcache_blocks=-1` means "size the KV cache
+    the model's is refused. `block_size=None` (or -1) means the device's
+    default block size; the size in use is `kv_block_size`. `dtype` takes
+    vLLM's names ("half" is float16, "float" float32). `num_kvcache_blocks=-1` means "size the KV cache
     from memory": from `gpu_memory_utilization` on CUDA, from `cpu_kvcache_gb`
     on CPU (which must leave 10% of the available memory free).
     `attention_backend="auto"` picks the Triton kernels on CUDA and PyTorch on
@@ -146,11 +149,12 @@ class Config:
     )
     tensor_parallel_size: int = _option(1, "split the model over this many GPUs (processes on the CPU)")
     enforce_eager: bool = _option(False, "run decode steps eagerly instead of replaying CUDA graphs")
-    kvcache_block_size: int = _option(
-        -1,
+    block_size: int | None = _option(
+        None,
         "tokens per KV-cache block, a power of two >= 16, and the prefix cache's unit (a prompt shares only whole "
-        "blocks with an earlier one); -1: 16 on CUDA (256 with attention_backend='flash_attn'), 256 on the CPU, "
-        "whose PyTorch attention makes one call per run of consecutive blocks",
+        "blocks with an earlier one); unset or -1: 16 on CUDA (256 with attention_backend='flash_attn'), 256 on "
+        "the CPU, whose PyTorch attention makes one call per run of consecutive blocks",
+        type=int,
     )
     kv_cache_dtype: str = _option(
         "auto",
@@ -168,7 +172,9 @@ class Config:
     cpu_kvcache_gb: float = _option(2.0, "GiB of KV cache on the CPU (with num_kvcache_blocks=-1)")
     device: str = _option("auto", "'cuda', 'cpu', or 'auto': cuda when a GPU is visible, else cpu")
     dtype: str = _option(
-        "auto", "dtype of weights and activations: 'float32', 'bfloat16', 'float16', or 'auto': the checkpoint's"
+        "auto",
+        "dtype of weights and activations: 'float32' (or 'float'), 'bfloat16', 'float16' (or 'half'), or 'auto': "
+        "the checkpoint's",
     )
     load_format: str = _option(
         "auto", "'auto': the folder's safetensors weights; 'dummy': random weights of the right shapes"
@@ -204,7 +210,7 @@ class Config:
     attention_impl: str = field(init=False)  # "triton", "torch" or "flash_attn" (attention_backend resolved)
     context_len: int = field(init=False)  # max_model_len resolved: the longest sequence in tokens
     token_budget: int = field(init=False)  # max_num_batched_tokens resolved: the most tokens per step
-    block_size: int = field(init=False)  # kvcache_block_size resolved: tokens per KV-cache block
+    kv_block_size: int = field(init=False)  # block_size resolved: tokens per KV-cache block
     # the linear weights' FP8 layout: the checkpoint's, else per channel with quantization="fp8"; None: none
     fp8_weights: "Fp8Weights | None" = field(init=False)
     speculative: SpeculativeConfig | None = field(init=False)  # speculative_config read; None: no speculation
@@ -229,7 +235,7 @@ class Config:
             None if self.speculative_config is None else SpeculativeConfig.from_dict(self.speculative_config)
         )
         self.device_type = self._resolve_device()
-        self.block_size = self._resolve_block_size()
+        self.kv_block_size = self._resolve_block_size()
         self.attention_impl = self._resolve_attention_backend()
         self._check_kv_cache_dtype()
         self._check_model_folder()
@@ -256,7 +262,7 @@ class Config:
     @property
     def max_blocks_per_seq(self) -> int:
         """KV blocks a sequence at `context_len` tokens holds."""
-        return (self.context_len + self.block_size - 1) // self.block_size
+        return (self.context_len + self.kv_block_size - 1) // self.kv_block_size
 
     @property
     def torch_dtype(self) -> "torch.dtype":
@@ -299,10 +305,10 @@ class Config:
             0 <= self.master_port < 65536,
             f"master_port must be in [0, 65535] (0 = pick a free one), got {self.master_port}",
         )
-        bs = self.kvcache_block_size
+        bs = self.block_size
         require(
-            bs == -1 or (bs >= 16 and bs & (bs - 1) == 0),
-            f"kvcache_block_size must be a power of two >= 16 (or -1 for the device's default), got {bs}",
+            bs in (None, -1) or (bs >= 16 and bs & (bs - 1) == 0),
+            f"block_size must be a power of two >= 16 (or None / -1 for the device's default), got {bs}",
         )
         require(
             self.num_kvcache_blocks == -1 or self.num_kvcache_blocks >= 1,
@@ -416,8 +422,8 @@ class Config:
         return self.max_model_len
 
     def _resolve_block_size(self) -> int:
-        if self.kvcache_block_size != -1:
-            return self.kvcache_block_size
+        if self.block_size not in (None, -1):
+            return self.block_size
         # small blocks let chats share their prefixes; the CPU's attention pays per run of blocks
         return 16 if self.device_type == "cuda" and self.attention_backend != "flash_attn" else 256
 
@@ -443,9 +449,9 @@ class Config:
                 f"attention_backend={name!r} needs the {name} package, which is not installed; "
                 f"install it or use attention_backend='auto'"
             )
-        if name == "flash_attn" and (self.device_type != "cuda" or self.block_size % 256):
+        if name == "flash_attn" and (self.device_type != "cuda" or self.kv_block_size % 256):
             raise ValueError(
-                "attention_backend='flash_attn' needs device='cuda' and a kvcache_block_size "
+                "attention_backend='flash_attn' needs device='cuda' and a block_size "
                 "that is a multiple of 256 (flash-attn's paged layout)"
             )
         return name

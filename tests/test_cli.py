@@ -20,7 +20,7 @@ from nanovllm.cli import build_parser
 
 from helpers.processes import child_processes
 
-ENGINE_ARGS = dict(kvcache_block_size=16, num_kvcache_blocks=32, max_model_len=256)
+ENGINE_ARGS = dict(block_size=16, num_kvcache_blocks=32, max_model_len=256)
 
 
 def test_serve_options_cover_config_fields():

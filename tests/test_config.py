@@ -24,10 +24,10 @@ def test_defaults_follow_the_design(qwen3_dir):
         config.max_num_seqs,
         config.gpu_memory_utilization,
         config.tensor_parallel_size,
-        config.block_size,
+        config.kv_block_size,
         config.num_kvcache_blocks,
     ) == (256, 512, 0.9, 1, 256, -1)
-    assert config.kvcache_block_size == -1  # the device's default, resolved into block_size
+    assert config.block_size is None  # the device's default, resolved into kv_block_size
     assert (config.device_type, config.attention_impl) == ("cpu", "torch")
     # max_model_len defaults to the model's max_position_embeddings (1024 here), at most 4096
     assert config.context_len == 1024
@@ -74,8 +74,12 @@ def test_unknown_keyword_is_named(qwen3_dir):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"kvcache_block_size": 24}, "power of two >= 16"),
-        ({"kvcache_block_size": 8}, "power of two >= 16"),
+        (
+            {"block_size": 24},
+            r"block_size must be a power of two >= 16 \(or None / -1 for the device's default\), got 24",
+        ),
+        ({"block_size": 8}, "power of two >= 16"),
+        ({"block_size": -2}, "power of two >= 16"),
         ({"max_num_seqs": 0}, "max_num_seqs"),
         ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
         ({"num_kvcache_blocks": 0}, "num_kvcache_blocks"),
@@ -145,7 +149,7 @@ def test_every_field_refuses_a_value_of_the_wrong_type(qwen3_dir, name):
 
 def test_types_are_checked_before_anything_else(tmp_path):
     with pytest.raises(ValueError, match="max_num_seqs must be an integer, got '0'"):
-        Config.from_kwargs(str(tmp_path / "nowhere"), max_num_seqs="0", kvcache_block_size=3)
+        Config.from_kwargs(str(tmp_path / "nowhere"), max_num_seqs="0", block_size=3)
     with pytest.raises(ValueError, match=r"^model must be a string, got 3 \(int\)$"):
         Config.from_kwargs(3)
 
@@ -192,15 +196,38 @@ def test_chunked_prefill_is_on_by_default_and_lets_prompts_exceed_the_token_budg
 
 
 def test_small_power_of_two_blocks_are_accepted(qwen3_dir):
-    config = Config(qwen3_dir, kvcache_block_size=16)
-    assert (config.kvcache_block_size, config.block_size) == (16, 16)
+    config = Config(qwen3_dir, block_size=16)
+    assert (config.block_size, config.kv_block_size) == (16, 16)
 
 
-def test_the_block_size_default_is_16_tokens_on_cuda_and_256_on_the_cpu(qwen3_dir, monkeypatch):
-    assert Config(qwen3_dir, device="cpu").block_size == 256
+@pytest.mark.parametrize("block_size", [None, -1])
+def test_the_block_size_default_is_16_tokens_on_cuda_and_256_on_the_cpu(qwen3_dir, monkeypatch, block_size):
+    config = Config(qwen3_dir, device="cpu", block_size=block_size)
+    assert (config.block_size, config.kv_block_size) == (block_size, 256)  # the option stays as given
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    assert Config(qwen3_dir, device="cuda").block_size == 16
+    assert Config(qwen3_dir, device="cuda", block_size=block_size).kv_block_size == 16
+
+
+def test_the_block_size_flag_takes_vllms_name(qwen3_dir):
+    args = build_parser().parse_args(["serve", qwen3_dir, "--block-size", "32"])
+    assert args.block_size == 32
+    assert build_parser().parse_args(["serve", qwen3_dir]).block_size is None
+
+
+@pytest.mark.parametrize(
+    "dtype, want",
+    [("half", torch.float16), ("float16", torch.float16), ("float", torch.float32), ("bfloat16", torch.bfloat16)],
+)
+def test_dtype_takes_vllms_names(qwen3_dir, dtype, want):
+    assert Config(qwen3_dir, dtype=dtype).torch_dtype == want
+    assert build_parser().parse_args(["serve", qwen3_dir, "--dtype", dtype]).dtype == dtype
+
+
+def test_a_half_precision_engine_generates(qwen3_dir):
+    llm = LLM(qwen3_dir, dtype="half", block_size=16, num_kvcache_blocks=16, max_model_len=128)
+    [output] = llm.generate([[2, 3, 4]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
+    assert len(output.outputs[0].token_ids) == 3 and llm.client.info.kv_cache_dtype == "float16"
 
 
 def test_missing_model_folder(tmp_path):
@@ -295,7 +322,7 @@ def test_cpu_kv_cache_larger_than_the_available_memory_is_refused(qwen3_dir, mon
 def test_cpu_kv_cache_is_checked_at_the_size_sequences_can_use(qwen3_dir, monkeypatch):
     # 4 sequences of 256 tokens use 64 blocks of 16 tokens, far less than the 100 GiB asked for
     monkeypatch.setattr(model_runner, "available_memory_bytes", lambda: GIB)
-    llm = LLM(qwen3_dir, cpu_kvcache_gb=100, max_num_seqs=4, max_model_len=256, kvcache_block_size=16)
+    llm = LLM(qwen3_dir, cpu_kvcache_gb=100, max_num_seqs=4, max_model_len=256, block_size=16)
     assert llm.client.core.executor.num_kvcache_blocks == 64
 
 
@@ -310,9 +337,7 @@ def test_prefix_caching_can_be_turned_off(qwen3_dir):
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     outputs = {}
     for enabled in (True, False):
-        llm = LLM(
-            qwen3_dir, enable_prefix_caching=enabled, kvcache_block_size=16, num_kvcache_blocks=16, max_model_len=128
-        )
+        llm = LLM(qwen3_dir, enable_prefix_caching=enabled, block_size=16, num_kvcache_blocks=16, max_model_len=128)
         first, again = (llm.generate([prompt], params, use_tqdm=False)[0] for _ in range(2))
         outputs[enabled] = again.outputs[0].token_ids
         assert again.num_cached_tokens == (32 if enabled else 0)

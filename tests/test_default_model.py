@@ -13,7 +13,7 @@ QUESTIONS = CHAT_QUESTIONS[:3]
 
 @pytest.fixture(scope="module")
 def llm(smollm_dir):
-    return LLM(smollm_dir, kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=512)
+    return LLM(smollm_dir, block_size=16, num_kvcache_blocks=64, max_model_len=512)
 
 
 def test_converted_folder_is_a_llama_checkpoint_with_chat_eos(smollm_dir, llm):

@@ -32,7 +32,7 @@ def prompts():
 @pytest.mark.parametrize("arch_dir", ["qwen3_dir", "llama_dir"])
 def test_batched_greedy_matches_transformers(arch_dir, prompts, request):
     model_dir = request.getfixturevalue(arch_dir)
-    llm = LLM(model_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
+    llm = LLM(model_dir, block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
     outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert token_ids(outputs) == hf_greedy(model_dir, prompts, GREEDY.max_tokens)
     assert all(len(o.outputs[0].token_ids) == GREEDY.max_tokens for o in outputs)
@@ -43,7 +43,7 @@ def test_triton_backend_matches_transformers(qwen3_dir, prompts):
     pytest.importorskip("triton")
     shared = random_prompts([2 * BLOCK + 5], seed=4)[0]
     batch = prompts[:4] + [shared + [5], shared + [6, 7]]  # the last one reads a cached prefix
-    llm = LLM(qwen3_dir, attention_backend="triton", kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
+    llm = LLM(qwen3_dir, attention_backend="triton", block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     llm.generate(batch[-2:-1], params, use_tqdm=False)
     ids = [llm.add_request(p, params) for p in batch]
@@ -53,7 +53,7 @@ def test_triton_backend_matches_transformers(qwen3_dir, prompts):
 
 
 def test_text_output_continues_the_prompt(qwen3_dir):
-    llm = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=16, max_model_len=256)
+    llm = LLM(qwen3_dir, block_size=BLOCK, num_kvcache_blocks=16, max_model_len=256)
     [out] = llm.generate(["w5 w6 w7"], GREEDY, use_tqdm=False)
     prompt = llm.tokenizer.encode("w5 w6 w7")
     completion = out.outputs[0]
@@ -63,7 +63,7 @@ def test_text_output_continues_the_prompt(qwen3_dir):
 
 
 def test_outputs_follow_prompt_order_with_per_prompt_params(qwen3_dir, prompts):
-    llm = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
+    llm = LLM(qwen3_dir, block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
     lengths = [3, 9, 1, 14, 6, 2, 11]
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
     outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -73,7 +73,7 @@ def test_outputs_follow_prompt_order_with_per_prompt_params(qwen3_dir, prompts):
 
 
 def test_eos_stops_generation(qwen3_dir, prompts):
-    llm = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
+    llm = LLM(qwen3_dir, block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
     free_running = token_ids(llm.generate(prompts, GREEDY, use_tqdm=False))
     # declare the 3rd generated token of the first prompt to be an end token
     stop_token = free_running[0][2]
@@ -86,18 +86,18 @@ def test_eos_stops_generation(qwen3_dir, prompts):
 def test_prefix_cache_hit_gives_identical_output(qwen3_dir):
     shared = random_prompts([5 * BLOCK + 3], seed=1)[0]
     first, second = shared + [7, 8, 9], shared + [10, 11]
-    llm = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
+    llm = LLM(qwen3_dir, block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
     llm.generate([first], GREEDY, use_tqdm=False)
     [out] = llm.generate([second], GREEDY, use_tqdm=False)
     assert out.num_cached_tokens == 5 * BLOCK
-    cold = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
+    cold = LLM(qwen3_dir, block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
     assert out.outputs[0].token_ids == cold.generate([second], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
 
 
 def test_prefix_shared_within_one_batch(qwen3_dir):
     shared = random_prompts([3 * BLOCK], seed=2)[0]
     batch = [shared + [5], shared + [6, 7], shared + [8]]
-    llm = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
+    llm = LLM(qwen3_dir, block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
     outputs = llm.generate(batch, GREEDY, use_tqdm=False)
     assert [o.num_cached_tokens for o in outputs] == [0, 3 * BLOCK, 3 * BLOCK]
     assert token_ids(outputs) == hf_greedy(qwen3_dir, batch, GREEDY.max_tokens)
@@ -106,10 +106,10 @@ def test_prefix_shared_within_one_batch(qwen3_dir):
 def test_preemption_keeps_outputs_identical(qwen3_dir):
     prompts = random_prompts([20, 30, 12, 25, 18, 40], seed=3)
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
-    roomy = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
+    roomy = LLM(qwen3_dir, block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
     expected = token_ids(roomy.generate(prompts, params, use_tqdm=False))
     # 8 blocks hold 128 tokens; together the requests need about twice that
-    tight = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=8, max_model_len=256)
+    tight = LLM(qwen3_dir, block_size=BLOCK, num_kvcache_blocks=8, max_model_len=256)
     preempted = record_preemptions(tight)
     assert token_ids(tight.generate(prompts, params, use_tqdm=False)) == expected
     assert preempted
@@ -119,7 +119,7 @@ def test_sampling_with_temperature_runs_and_is_seeded(qwen3_dir, prompts):
     params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
     runs = [
         token_ids(
-            LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256, seed=seed).generate(
+            LLM(qwen3_dir, block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256, seed=seed).generate(
                 prompts, params, use_tqdm=False
             )
         )
@@ -131,7 +131,7 @@ def test_sampling_with_temperature_runs_and_is_seeded(qwen3_dir, prompts):
 
 @pytest.fixture(scope="module")
 def small_llm(qwen3_dir):
-    return LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=8, max_model_len=100)
+    return LLM(qwen3_dir, block_size=BLOCK, num_kvcache_blocks=8, max_model_len=100)
 
 
 @pytest.mark.parametrize(
@@ -156,7 +156,7 @@ def test_bad_prompt_is_refused_with_clear_error(small_llm, prompt, message):
 
 def test_request_larger_than_kv_pool_is_refused_and_others_finish(qwen3_dir):
     # 4 blocks of 16 hold 64 tokens, less than max_model_len allows
-    llm = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=4, max_model_len=256)
+    llm = LLM(qwen3_dir, block_size=BLOCK, num_kvcache_blocks=4, max_model_len=256)
     good = llm.add_request([5, 6, 7], GREEDY)
     with pytest.raises(ValueError, match="needs 5 KV-cache blocks"):
         llm.add_request(list(range(2, 32)), SamplingParams(temperature=0, max_tokens=40))
@@ -186,7 +186,7 @@ def test_mismatched_params_list_is_refused(small_llm):
 
 @pytest.fixture(scope="module")
 def llm(qwen3_dir):
-    return LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
+    return LLM(qwen3_dir, block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
 
 
 def test_seeded_request_gives_the_same_output_whatever_the_batch(qwen3_dir, llm, prompts):
@@ -200,7 +200,7 @@ def test_seeded_request_gives_the_same_output_whatever_the_batch(qwen3_dir, llm,
     mixed = token_ids(llm.generate(prompts[1:4] + prompts[:1], others + [seeded], use_tqdm=False))
     assert mixed[-1] == alone
     # preempted and recomputed midway: the same draws again
-    tight = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=5, max_model_len=256)
+    tight = LLM(qwen3_dir, block_size=BLOCK, num_kvcache_blocks=5, max_model_len=256)
     preempted = record_preemptions(tight)
     long = SamplingParams(temperature=0.7, max_tokens=40, ignore_eos=True)
     crowded = token_ids(tight.generate(prompts[2:4] + prompts[:1], [long, long, seeded], use_tqdm=False))
@@ -287,9 +287,7 @@ def test_without_tokenizer_prompts_are_token_ids_and_text_is_empty(qwen3_dir, pr
     model_dir.mkdir()
     for name in ("config.json", "model.safetensors"):
         shutil.copy(os.path.join(qwen3_dir, name), model_dir)
-    llm = LLM(
-        str(model_dir), skip_tokenizer_init=True, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256
-    )
+    llm = LLM(str(model_dir), skip_tokenizer_init=True, block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
     outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert token_ids(outputs) == hf_greedy(qwen3_dir, prompts, GREEDY.max_tokens)
     assert [o.outputs[0].text for o in outputs] == [""] * len(prompts)
@@ -303,7 +301,7 @@ def test_without_tokenizer_prompts_are_token_ids_and_text_is_empty(qwen3_dir, pr
 def test_dropping_the_engine_frees_it_without_the_cycle_collector(qwen3_dir):
     gc.disable()
     try:
-        llm = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=16, max_model_len=256)
+        llm = LLM(qwen3_dir, block_size=BLOCK, num_kvcache_blocks=16, max_model_len=256)
         llm.generate([[5, 6]], GREEDY, use_tqdm=False)
         runner = weakref.ref(llm.client.core.executor)
         del llm
@@ -318,7 +316,7 @@ def tracked(obj) -> bool:
 
 
 def test_start_up_objects_are_frozen_until_the_engine_closes(qwen3_dir):
-    llm = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=16, max_model_len=256)
+    llm = LLM(qwen3_dir, block_size=BLOCK, num_kvcache_blocks=16, max_model_len=256)
     try:
         assert not tracked(llm.config) and not tracked(llm.client.core.scheduler)
         outputs = llm.generate([[5, 6]], GREEDY, use_tqdm=False)
@@ -334,7 +332,7 @@ def test_start_up_objects_are_frozen_until_the_engine_closes(qwen3_dir):
 @pytest.mark.parametrize("arch_dir", ["qwen3_dir", "llama_dir"])
 def test_fp32_greedy_on_gpu_matches_transformers(arch_dir, block_size, backend, request):
     model_dir = request.getfixturevalue(arch_dir)
-    llm = LLM(model_dir, device="cuda", attention_backend=backend, kvcache_block_size=block_size, max_model_len=512)
+    llm = LLM(model_dir, device="cuda", attention_backend=backend, block_size=block_size, max_model_len=512)
     assert token_ids(llm.generate(gpu_prompts(), GPU_GREEDY, use_tqdm=False)) == hf_greedy(
         model_dir, gpu_prompts(), GPU_GREEDY.max_tokens
     )
@@ -342,8 +340,8 @@ def test_fp32_greedy_on_gpu_matches_transformers(arch_dir, block_size, backend, 
 
 @pytest.mark.gpu
 def test_bf16_on_gpu_mostly_matches_fp32(qwen3_dir):
-    fp32 = LLM(qwen3_dir, device="cuda", kvcache_block_size=16, max_model_len=512)
-    bf16 = LLM(qwen3_dir, device="cuda", dtype="bfloat16", kvcache_block_size=16, max_model_len=512)
+    fp32 = LLM(qwen3_dir, device="cuda", block_size=16, max_model_len=512)
+    bf16 = LLM(qwen3_dir, device="cuda", dtype="bfloat16", block_size=16, max_model_len=512)
     a = [o.outputs[0].token_ids for o in fp32.generate(gpu_prompts(), GPU_GREEDY, use_tqdm=False)]
     b = [o.outputs[0].token_ids for o in bf16.generate(gpu_prompts(), GPU_GREEDY, use_tqdm=False)]
     # bf16 rounding may flip late near-ties; the first tokens must agree

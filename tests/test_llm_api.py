@@ -17,12 +17,12 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def llm(qwen3_dir):
-    return LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
+    return LLM(qwen3_dir, block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
 
 
 @pytest.fixture(scope="module")
 def chat_llm(chat_model_dir):
-    return LLM(chat_model_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
+    return LLM(chat_model_dir, block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256)
 
 
 def test_one_text_prompt_is_one_request(llm):
@@ -125,9 +125,7 @@ def test_best_of_returns_the_n_most_likely_completions(llm):
 @pytest.mark.parametrize("budget", [256, 7])  # whole, and chunks that split the prompt
 def test_prompt_logprobs_equal_transformers(qwen3_dir, budget):
     prompt = random_prompts([20], seed=31)[0]
-    llm = LLM(
-        qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256, max_num_batched_tokens=budget
-    )
+    llm = LLM(qwen3_dir, block_size=BLOCK, num_kvcache_blocks=64, max_model_len=256, max_num_batched_tokens=budget)
     llm.generate([prompt], GREEDY, use_tqdm=False)  # its blocks are in the prefix cache now
     [out] = llm.generate(
         [prompt], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True, prompt_logprobs=3), use_tqdm=False
@@ -155,7 +153,7 @@ def test_logit_bias_forces_or_forbids_a_token(llm):
 
 
 def test_max_tokens_none_runs_to_the_end_of_the_context(qwen3_dir):
-    llm = LLM(qwen3_dir, kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=40)
+    llm = LLM(qwen3_dir, block_size=BLOCK, num_kvcache_blocks=64, max_model_len=40)
     [out] = llm.generate([5] * 30, SamplingParams(temperature=0, max_tokens=None, ignore_eos=True), use_tqdm=False)
     assert len(out.outputs[0].token_ids) == 10 and out.outputs[0].finish_reason == "length"
     with pytest.raises(ValueError, match="leaves no room"):

@@ -65,7 +65,7 @@ class Scheduler:
         self.max_num_batched_tokens = config.token_budget
         self.chunked_prefill = config.enable_chunked_prefill
         self.stop_checker = StopChecker(eos_token_ids, config.context_len)
-        self.block_manager = BlockManager(num_kvcache_blocks, config.block_size, config.enable_prefix_caching)
+        self.block_manager = BlockManager(num_kvcache_blocks, config.kv_block_size, config.enable_prefix_caching)
         self.structured = structured or StructuredOutputs(None)
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()

@@ -45,12 +45,13 @@ class EngineCore:
         )
         self.info = EngineCoreInfo(
             self.executor.num_kvcache_blocks,
-            config.block_size,
+            config.kv_block_size,
             config.context_len,
             config.model_config.vocab_size,
             self.executor.kv_cache_dtype_name,
+            self.executor.start_up,
         )
-        self._block_size = config.block_size
+        self._block_size = config.kv_block_size
         self._in_flight: _InFlight | None = None
 
     def add_request(self, request: EngineCoreRequest) -> None:

@@ -8,6 +8,7 @@ they are.
 import msgspec
 
 from nanovllm.sampling_params import SamplingParams
+from nanovllm.worker.start_up_report import StartUpReport
 
 
 class EngineCoreRequest(msgspec.Struct, tag="add"):
@@ -81,14 +82,16 @@ class EngineStats(msgspec.Struct, frozen=True):
 
 
 class EngineCoreInfo(msgspec.Struct, frozen=True):
-    """What the core found at start-up, for the front end's checks of each request; `kv_cache_dtype` is
-    the element type the KV cache was given, as vLLM names it (`KVCacheSpec.dtype_name`: "bfloat16" ...)."""
+    """What the core found at start-up, for the front end's checks of each request and its start-up log;
+    `kv_cache_dtype` is the element type the KV cache was given, as vLLM names it (`KVCacheSpec.dtype_name`:
+    "bfloat16" ...), and `start_up` what the model runner measured while starting."""
 
     num_kvcache_blocks: int
     block_size: int
     max_model_len: int
     vocab_size: int
     kv_cache_dtype: str
+    start_up: StartUpReport
 
 
 class EngineCoreOutputs(msgspec.Struct, tag="outputs"):

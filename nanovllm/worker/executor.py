@@ -9,17 +9,20 @@ if TYPE_CHECKING:  # the engine core imports this module without torch
     from nanovllm.core.structured_output import GrammarBitmasks
     from nanovllm.worker.model_runner import LaunchedForward
     from nanovllm.worker.pending_output import PendingOutput
+    from nanovllm.worker.start_up_report import StartUpReport
 
 
 class Executor(ABC):
     """Runs the model steps the scheduler plans.
 
     `num_kvcache_blocks` is the KV capacity start-up found and
-    `kv_cache_dtype_name` the cache's element type ("bfloat16", "fp8_e4m3" ...).
+    `kv_cache_dtype_name` the cache's element type ("bfloat16", "fp8_e4m3" ...);
+    `start_up` what rank 0's runner measured while starting.
     """
 
     num_kvcache_blocks: int
     kv_cache_dtype_name: str
+    start_up: "StartUpReport"
 
     def execute(self, out: "SchedulerOutput", grammar: "GrammarBitmasks | None" = None) -> "PendingOutput | None":
         """Launch one step without waiting for the device; the handle of its outputs (None when it samples

@@ -71,7 +71,7 @@ class KVCacheSpec:
     def from_config(cls, config: Config, num_layers: int, num_kv_heads: int, head_dim: int) -> "KVCacheSpec":
         """The spec `config.kv_cache_dtype` asks for, for a model of this shape (kv heads per rank)."""
         dtype = FP8_DTYPE if config.kv_cache_dtype == "fp8" else config.torch_dtype
-        return cls(dtype, config.block_size, num_kv_heads, head_dim, num_layers)
+        return cls(dtype, config.kv_block_size, num_kv_heads, head_dim, num_layers)
 
     @property
     def is_fp8(self) -> bool:

@@ -2,6 +2,7 @@
 
 import functools
 import os
+import time
 from dataclasses import dataclass, replace
 from itertools import accumulate, chain
 
@@ -39,6 +40,7 @@ from nanovllm.worker.decode_step import DecodeStep, DeviceInputForward, VerifyOu
 from nanovllm.worker.executor import Executor
 from nanovllm.worker.kv_cache import KVCache, KVCacheSpec
 from nanovllm.worker.pending_output import PendingOutput, PromptScores
+from nanovllm.worker.start_up_report import StartUpReport
 
 _GIB = 1 << 30
 _PROMPT_SCORING_ROWS = 256  # prompt positions whose full-vocabulary logits are held at once
@@ -96,12 +98,13 @@ class ModelRunner(Executor):
     The KV cache is laid out by `kv_cache_spec` and allocated once (`kv_cache`); each attention
     layer is bound to its slice. `num_kvcache_blocks` is the capacity it was given,
     `kv_cache_dtype_name` its element type as vLLM names it (`KVCacheSpec.dtype_name`).
+    `start_up` is what it measured while starting (load time, bytes, graph capture time).
     """
 
     def __init__(self, config: Config, eos_token_ids: tuple[int, ...] = (), rank: int = 0, store=None):
         self.config = config
         self.eos_token_ids = eos_token_ids
-        self.block_size = config.block_size
+        self.block_size = config.kv_block_size
         self.rank = rank
         self.world_size = config.tensor_parallel_size
         self.device = torch.device("cuda", rank) if config.device_type == "cuda" else torch.device("cpu")
@@ -113,7 +116,7 @@ class ModelRunner(Executor):
             if self.device.type == "cpu":
                 share_cpu_cores(self.world_size)
         torch.manual_seed(config.seed)
-        self.model = self._build_model()
+        self.model, load_seconds = self._timed(self._build_model)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         backend = make_attention_backend(config.attention_impl)
         for layer in self.attention_layers:
@@ -171,14 +174,38 @@ class ModelRunner(Executor):
             config.seed,
             self.verify_queries or 1,
         )
+        capture_seconds = None
         if use_graphs:
-            self.graphs = DecodeGraphs(
-                self._decode_step,
-                self.decode_buffers,
-                config.max_num_seqs,
-                self.verify_queries,
-                _MAX_VERIFY_GRAPH_ROWS,
+            self.graphs, capture_seconds = self._timed(
+                lambda: DecodeGraphs(
+                    self._decode_step,
+                    self.decode_buffers,
+                    config.max_num_seqs,
+                    self.verify_queries,
+                    _MAX_VERIFY_GRAPH_ROWS,
+                )
             )
+        self.start_up = StartUpReport(
+            self._device_name(),
+            _tensor_bytes(self.model),
+            load_seconds,
+            self.num_kvcache_blocks * self.kv_cache_spec.block_bytes,
+            capture_seconds,
+        )
+
+    def _timed(self, build):
+        """What `build()` returns and the seconds it took, the device's queued work included."""
+        start = time.perf_counter()
+        result = build()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return result, time.perf_counter() - start
+
+    def _device_name(self) -> str:
+        """The device as the start-up log names it: "cuda:0 (NVIDIA H100 80GB HBM3)", or "cpu (N threads)"."""
+        if self.device.type == "cuda":
+            return f"{self.device} ({torch.cuda.get_device_name(self.device)})"
+        return f"cpu ({torch.get_num_threads()} threads)"
 
     def _verify_graph_rows(self) -> list[int]:
         """The queries of each captured verify step (none without speculation)."""
@@ -298,7 +325,7 @@ class ModelRunner(Executor):
         if num_blocks < 1:
             raise ValueError(
                 f"cpu_kvcache_gb={config.cpu_kvcache_gb} holds no KV block of "
-                f"{block_bytes / _GIB:.3f} GiB; raise it or lower kvcache_block_size"
+                f"{block_bytes / _GIB:.3f} GiB; raise it or lower block_size"
             )
         return num_blocks
 
@@ -598,6 +625,11 @@ def _scored_tokens(out: SchedulerOutput, cu_q: list[int]) -> list[int]:
             d = len(next(drafts)) if out.draft_token_ids is not None else 0
             rows += range(cu_q[i + 1] - 1 - d, cu_q[i + 1])
     return rows
+
+
+def _tensor_bytes(model: torch.nn.Module) -> int:
+    """Bytes of a model's parameters and buffers (each tensor once, however many modules hold it)."""
+    return sum(t.numel() * t.element_size() for t in chain(model.parameters(), model.buffers()))
 
 
 def _powers_of_two(low: int, high: int) -> list[int]:

@@ -156,6 +156,7 @@ class TensorParallelRunner(Executor):
         self.runner = self._workers.rank0 = self._guarded(lambda: ModelRunner(config, eos_token_ids, 0, store))
         self.num_kvcache_blocks = self.runner.num_kvcache_blocks
         self.kv_cache_dtype_name = self.runner.kv_cache_dtype_name
+        self.start_up = self.runner.start_up
 
     @property
     def channel(self) -> CommandChannel:

@@ -13,7 +13,7 @@ from helpers.stepping import completions_of, run_steps
 
 BLOCK = 16
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
-ENGINE = dict(kvcache_block_size=BLOCK, max_model_len=512)
+ENGINE = dict(block_size=BLOCK, max_model_len=512)
 
 
 def unchunked(model_dir, prompts, params=GREEDY) -> list[list[int]]:
@@ -107,7 +107,7 @@ def test_preemption_in_the_middle_of_a_chunked_prefill(qwen3_dir):
 def test_triton_chunked_prefill_in_fp32_equals_whole_prompts(qwen3_dir):
     # 357 tokens, then the usual
     batch = [gpu_prompts(seed=6)[-1] + gpu_prompts(seed=7)[-1][:100]] + gpu_prompts(seed=8)
-    kwargs = dict(attention_backend="triton", kvcache_block_size=16, max_model_len=512)
+    kwargs = dict(attention_backend="triton", block_size=16, max_model_len=512)
     whole = LLM(qwen3_dir, enable_chunked_prefill=False, **kwargs)
     chunked = LLM(qwen3_dir, max_num_batched_tokens=64, **kwargs)
     batches = record_batches(chunked)
@@ -120,7 +120,7 @@ def test_triton_chunked_prefill_in_fp32_equals_whole_prompts(qwen3_dir):
 @pytest.mark.gpu
 def test_triton_mixed_steps_equal_separate_runs_and_decodes_still_replay_graphs(qwen3_dir):
     short, long = gpu_prompts(seed=9)[:5], gpu_prompts(seed=10)[-1] * 2  # 514 tokens
-    kwargs = dict(attention_backend="triton", kvcache_block_size=16, max_model_len=1024)
+    kwargs = dict(attention_backend="triton", block_size=16, max_model_len=1024)
     alone = LLM(qwen3_dir, enable_chunked_prefill=False, **kwargs)
     expected = [alone.generate([p], GPU_GREEDY, use_tqdm=False)[0].outputs[0].token_ids for p in short + [long]]
     llm = LLM(qwen3_dir, max_num_batched_tokens=128, **kwargs)

@@ -26,7 +26,7 @@ def make_scheduler(
         token_budget=max_num_batched_tokens,
         context_len=max_model_len,
         enable_chunked_prefill=chunked,
-        block_size=BS,
+        kv_block_size=BS,
         device_type="cpu",
         speculative=None,
         enable_prefix_caching=prefix_caching,

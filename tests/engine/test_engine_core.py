@@ -125,7 +125,7 @@ def test_the_engine_package_imports_without_torch():
 def test_stop_tokens_mid_batch_leak_no_token_on_gpu(qwen3_dir):
     # Requests that stop at different steps while the next step is already launched:
     # each ends exactly at its stop token, and the others go on as if alone.
-    llm = LLM(qwen3_dir, kvcache_block_size=16, max_model_len=512)
+    llm = LLM(qwen3_dir, block_size=16, max_model_len=512)
     batch = gpu_prompts(seed=15)
     free = token_ids(llm.generate(batch, GPU_GREEDY, use_tqdm=False))
     stops = [f[i] for f, i in zip(free, [3, 7, 11, 31, 15, 1, 20])]

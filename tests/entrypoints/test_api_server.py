@@ -27,7 +27,7 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 BLOCK = 16
 # 64 blocks of 16 tokens: room for the concurrency test, and a 600-token prompt fills more than half;
 # whole prompts in one step, so a second such prompt waits for blocks instead of starting in chunks
-ENGINE_ARGS = dict(kvcache_block_size=BLOCK, num_kvcache_blocks=64, max_model_len=1024, max_num_batched_tokens=1024)
+ENGINE_ARGS = dict(block_size=BLOCK, num_kvcache_blocks=64, max_model_len=1024, max_num_batched_tokens=1024)
 
 
 class RunningServer:

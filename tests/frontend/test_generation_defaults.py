@@ -46,7 +46,7 @@ def test_a_bad_generation_config_is_an_error_that_names_the_file(qwen3_dir, tmp_
 def test_llm_samples_with_the_defaults_when_given_no_settings(qwen3_dir, tmp_path, caplog):
     # top_k 1 keeps only the most likely token: the draws at temperature 1 equal greedy decoding
     model = model_with_generation_config(qwen3_dir, tmp_path / "m", {"temperature": 1.0, "top_k": 1})
-    engine_args = dict(kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=256)
+    engine_args = dict(block_size=16, num_kvcache_blocks=64, max_model_len=256)
     prompts = [[5, 6, 7], [8, 9]]
     with caplog.at_level(logging.INFO, logger="nanovllm.frontend.engine_frontend"):
         llm = LLM(model, **engine_args)

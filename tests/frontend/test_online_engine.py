@@ -16,7 +16,7 @@ from helpers.core_steps import core_steps
 from helpers.processes import child_processes
 
 BLOCK = 16
-ENGINE_ARGS = dict(kvcache_block_size=BLOCK, num_kvcache_blocks=24, max_model_len=256)
+ENGINE_ARGS = dict(block_size=BLOCK, num_kvcache_blocks=24, max_model_len=256)
 
 
 def greedy(max_tokens, ignore_eos=True):

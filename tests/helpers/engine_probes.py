@@ -8,7 +8,7 @@ BLOCK = 16  # tokens per KV block of the tiny engines
 
 def engine(model_dir, **kwargs) -> LLM:
     """A tiny engine: 16-token blocks, 64 of them, a 256-token context; `kwargs` override."""
-    return LLM(model_dir, kvcache_block_size=BLOCK, max_model_len=256, **{"num_kvcache_blocks": 64, **kwargs})
+    return LLM(model_dir, block_size=BLOCK, max_model_len=256, **{"num_kvcache_blocks": 64, **kwargs})
 
 
 def record_order(llm: LLM) -> list[tuple[str, int]]:

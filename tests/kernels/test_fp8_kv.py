@@ -59,7 +59,7 @@ def test_the_cache_holds_as_many_blocks_as_its_smaller_blocks_fit(qwen3_dir):
         llm = LLM(
             qwen3_dir,
             device="cpu",
-            kvcache_block_size=16,
+            block_size=16,
             cpu_kvcache_gb=0.01,
             max_num_seqs=512,
             max_model_len=1024,
@@ -81,7 +81,7 @@ def test_bundled_model_answers_as_with_a_full_precision_cache(smollm_dir):
     ]
     runs = {}
     for dtype in ("auto", "fp8"):
-        llm = LLM(smollm_dir, kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=512, kv_cache_dtype=dtype)
+        llm = LLM(smollm_dir, block_size=16, num_kvcache_blocks=64, max_model_len=512, kv_cache_dtype=dtype)
         prompts = [chat_prompt(llm.tokenizer, q) for q in questions]
         runs[dtype] = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=24), use_tqdm=False)
     assert [o.outputs[0].token_ids[0] for o in runs["fp8"]] == [o.outputs[0].token_ids[0] for o in runs["auto"]]

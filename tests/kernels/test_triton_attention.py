@@ -500,18 +500,18 @@ def test_decode_replayed_in_a_graph_reads_the_key_and_value_stored_just_before_i
 @pytest.mark.gpu
 def test_triton_prefix_cache_hit_equals_cold_run(qwen3_dir):
     shared = gpu_prompts(seed=5)[-1]  # 257 tokens: 16 full blocks of 16
-    llm = LLM(qwen3_dir, kvcache_block_size=16, max_model_len=512)
+    llm = LLM(qwen3_dir, block_size=16, max_model_len=512)
     llm.generate([shared + [3]], GPU_GREEDY, use_tqdm=False)
     outputs = llm.generate([shared + [4, 5], shared + [6]], GPU_GREEDY, use_tqdm=False)
     assert [o.num_cached_tokens for o in outputs] == [256, 256]
-    cold = LLM(qwen3_dir, attention_backend="torch", kvcache_block_size=16, max_model_len=512)
+    cold = LLM(qwen3_dir, attention_backend="torch", block_size=16, max_model_len=512)
     assert token_ids(outputs) == token_ids(cold.generate([shared + [4, 5], shared + [6]], GPU_GREEDY, use_tqdm=False))
 
 
 @pytest.mark.gpu
 def test_bf16_triton_equals_torch_path_but_at_near_ties(qwen3_dir, capsys):
     batch = [p for seed in (0, 1, 2) for p in gpu_prompts(seed)][:16]
-    kwargs = dict(device="cuda", dtype="bfloat16", kvcache_block_size=16, max_model_len=512)
+    kwargs = dict(device="cuda", dtype="bfloat16", block_size=16, max_model_len=512)
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=2)
     triton_out = [
         o.outputs[0]

@@ -26,7 +26,7 @@ from helpers.prompts import random_prompts
 from helpers.tiny_models import save_tiny_tokenizer, tiny_config
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-ENGINE = dict(kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=256)
+ENGINE = dict(block_size=16, num_kvcache_blocks=64, max_model_len=256)
 
 
 def save_model(path, config_class, model_class, randomize_biases: bool = False, **fields) -> str:

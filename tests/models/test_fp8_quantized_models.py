@@ -17,7 +17,7 @@ from nanovllm.kernels.fp8_weights import fp8_linear, quantize_blocks
 
 from helpers.tiny_models import save_tiny_tokenizer, tiny_config
 
-ENGINE = dict(kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=256)
+ENGINE = dict(block_size=16, num_kvcache_blocks=64, max_model_len=256)
 SCORE = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 BLOCK = (128, 128)

@@ -238,7 +238,7 @@ def test_logprobs_come_from_the_raw_logits(device):
 
 @pytest.mark.gpu
 def test_every_sampling_feature_runs_on_gpu_and_seeds_reproduce(qwen3_dir):
-    llm = LLM(qwen3_dir, device="cuda", kvcache_block_size=16, max_model_len=512)
+    llm = LLM(qwen3_dir, device="cuda", block_size=16, max_model_len=512)
     params = [
         SamplingParams(
             temperature=0.8,

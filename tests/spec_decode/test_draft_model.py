@@ -142,10 +142,8 @@ def test_the_draft_runs_on_one_rank(qwen3_dir, draft_dir):
 
 
 def test_the_draft_config_is_the_targets_with_the_drafts_folder(qwen3_dir, draft_dir):
-    config = Config(
-        qwen3_dir, max_model_len=256, kvcache_block_size=BLOCK, speculative_config=draft_settings(draft_dir)
-    )
+    config = Config(qwen3_dir, max_model_len=256, block_size=BLOCK, speculative_config=draft_settings(draft_dir))
     draft = config.draft_config
-    assert (draft.model, draft.context_len, draft.block_size) == (draft_dir, 256, BLOCK)
+    assert (draft.model, draft.context_len, draft.kv_block_size) == (draft_dir, 256, BLOCK)
     assert draft.speculative is None and draft.draft_config is None
     assert Config(qwen3_dir).draft_config is None

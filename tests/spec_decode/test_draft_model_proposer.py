@@ -32,7 +32,7 @@ def draft_greedy(draft_dir):
 
 def make_proposer(qwen3_dir: str, draft_dir: str, num_blocks: int = 8) -> DraftModelProposer:
     settings = {"method": "draft_model", "model": draft_dir, "num_speculative_tokens": 3}
-    config = Config(qwen3_dir, kvcache_block_size=BLOCK, max_model_len=256, speculative_config=settings)
+    config = Config(qwen3_dir, block_size=BLOCK, max_model_len=256, speculative_config=settings)
     return DraftModelProposer(config, num_blocks)
 
 

@@ -134,7 +134,7 @@ def test_missing_tokenizer(qwen3_dir, tmp_path):
 def test_dummy_format_needs_no_weights(qwen3_dir, tmp_path):
     model_dir = copy_model(qwen3_dir, tmp_path / "m")
     os.remove(os.path.join(model_dir, "model.safetensors"))
-    llm = LLM(model_dir, load_format="dummy", kvcache_block_size=16, num_kvcache_blocks=8)
+    llm = LLM(model_dir, load_format="dummy", block_size=16, num_kvcache_blocks=8)
     weight = llm.client.core.executor.model.model.layers[0].mlp.down_proj.weight
     assert 0 < weight.abs().max() <= 1e-3
     [out] = llm.generate([[5, 6, 7]], use_tqdm=False)

@@ -17,9 +17,9 @@ def test_cuda_graphs_equal_eager_with_padded_batches(qwen3_dir):
     # 7 and 19 requests replay the graphs of 8 and 20 (max_num_seqs) with padded slots
     for n in (7, 19):
         batch = gpu_prompts(seed=n) * 3
-        graphed = LLM(qwen3_dir, kvcache_block_size=16, max_model_len=512, max_num_seqs=20)
+        graphed = LLM(qwen3_dir, block_size=16, max_model_len=512, max_num_seqs=20)
         assert graphed.client.core.executor.graphs.sizes == [1, 2, 4, 8, 16, 20]
-        eager = LLM(qwen3_dir, kvcache_block_size=16, max_model_len=512, max_num_seqs=20, enforce_eager=True)
+        eager = LLM(qwen3_dir, block_size=16, max_model_len=512, max_num_seqs=20, enforce_eager=True)
         assert eager.client.core.executor.graphs is None
         assert token_ids(graphed.generate(batch[:n], GPU_GREEDY, use_tqdm=False)) == token_ids(
             eager.generate(batch[:n], GPU_GREEDY, use_tqdm=False)
@@ -38,7 +38,7 @@ def test_cuda_graphs_pad_a_batch_that_grows_at_once(qwen3_dir):
         ids += [llm.add_request(p, GPU_GREEDY) for p in batch[1:]]
         return [c.token_ids for c in completions_of(run_steps(llm, outputs), ids)]
 
-    kwargs = dict(kvcache_block_size=16, max_model_len=512, max_num_seqs=20)
+    kwargs = dict(block_size=16, max_model_len=512, max_num_seqs=20)
     assert run(LLM(qwen3_dir, **kwargs)) == run(LLM(qwen3_dir, enforce_eager=True, **kwargs))
 
 
@@ -54,9 +54,9 @@ def test_device_side_input_ids_in_graphs_equal_eager_and_transformers(qwen3_dir)
     # Every decode step after the first reads its input ids from the previous step's
     # samples on the device, inside the graph when one is replayed.
     batch = gpu_prompts(seed=14)
-    graphed = LLM(qwen3_dir, kvcache_block_size=16, max_model_len=512)
+    graphed = LLM(qwen3_dir, block_size=16, max_model_len=512)
     src_rows = record_src_rows(graphed)
-    eager = LLM(qwen3_dir, kvcache_block_size=16, max_model_len=512, enforce_eager=True)
+    eager = LLM(qwen3_dir, block_size=16, max_model_len=512, enforce_eager=True)
     expected = hf_greedy(qwen3_dir, batch, GPU_GREEDY.max_tokens)
     assert token_ids(graphed.generate(batch, GPU_GREEDY, use_tqdm=False)) == expected
     assert token_ids(eager.generate(batch, GPU_GREEDY, use_tqdm=False)) == expected

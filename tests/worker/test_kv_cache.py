@@ -31,7 +31,7 @@ def test_the_spec_follows_the_config(qwen3_dir):
     from nanovllm.config import Config
 
     for kv_cache_dtype, want in (("auto", torch.float32), ("fp8", FP8_DTYPE)):
-        config = Config(qwen3_dir, device="cpu", kv_cache_dtype=kv_cache_dtype, kvcache_block_size=32)
+        config = Config(qwen3_dir, device="cpu", kv_cache_dtype=kv_cache_dtype, block_size=32)
         s = KVCacheSpec.from_config(config, 4, 2, 64)
         assert (s.dtype, s.block_size, s.num_layers, s.num_kv_heads, s.head_dim) == (want, 32, 4, 2, 64)
 

@@ -22,7 +22,7 @@ PROMPTS = [[3, 4, 5] * 7, [9] * 18 + [10], [11, 12]]
 def test_cached_prefix_warm_up_step_leaves_generation_unchanged(qwen3_dir, backend):
     # On CUDA this step runs at start-up, before any request; it writes one K/V
     # slot of block 0, which the first sequence to get that block overwrites.
-    kwargs = dict(attention_backend=backend, kvcache_block_size=16, num_kvcache_blocks=16, max_model_len=128)
+    kwargs = dict(attention_backend=backend, block_size=16, num_kvcache_blocks=16, max_model_len=128)
     expected = [o.outputs[0].token_ids for o in LLM(qwen3_dir, **kwargs).generate(PROMPTS, GREEDY, use_tqdm=False)]
     warmed = LLM(qwen3_dir, **kwargs)
     warmed.client.core.executor._warm_up_cached_prefix()
@@ -32,7 +32,7 @@ def test_cached_prefix_warm_up_step_leaves_generation_unchanged(qwen3_dir, backe
 
 def test_start_up_step_without_blocks_stores_nothing_and_samples_every_request(qwen3_dir):
     # the warm-up at the largest batch: whole prompts that own no KV blocks
-    llm = LLM(qwen3_dir, kvcache_block_size=16, num_kvcache_blocks=16, max_model_len=128)
+    llm = LLM(qwen3_dir, block_size=16, num_kvcache_blocks=16, max_model_len=128)
     runner = llm.client.core.executor
     cache = runner.kv_cache.kv.clone()
     pending = runner.execute(start_up_step([[5] * 100, [6] * 37], [0, 0], [[], []]))
@@ -51,7 +51,7 @@ def test_a_decode_step_that_needs_the_full_sampler_runs_the_lm_head_once(qwen3_d
     # A top-p row takes the full sampler; the decode step (a graph replay, or eager) must hand it the
     # logits it computed rather than the runner scoring the hidden states again. On CPU a stand-in replays
     # the step as a graph would; on a GPU the real graphs replay.
-    llm = LLM(qwen3_dir, kvcache_block_size=16, num_kvcache_blocks=16, max_model_len=128, enforce_eager=not graphs)
+    llm = LLM(qwen3_dir, block_size=16, num_kvcache_blocks=16, max_model_len=128, enforce_eager=not graphs)
     runner = llm.client.core.executor
     stand_in = graphs and runner.graphs is None
     if stand_in:
@@ -79,12 +79,12 @@ def test_a_decode_step_that_needs_the_full_sampler_runs_the_lm_head_once(qwen3_d
     assert sum(steps) >= 5 and head_calls["outside"] + len(replays) == len(steps)
     assert len(replays) == (sum(steps) if graphs else 0)
     assert head_calls["in a replay"] == (len(replays) if stand_in else 0)
-    eager = LLM(qwen3_dir, kvcache_block_size=16, num_kvcache_blocks=16, max_model_len=128, enforce_eager=True)
+    eager = LLM(qwen3_dir, block_size=16, num_kvcache_blocks=16, max_model_len=128, enforce_eager=True)
     assert [o.outputs[0].token_ids for o in eager.generate(PROMPTS[:2], TOP_P, use_tqdm=False)] == tokens
 
 
 def test_the_lm_head_writes_into_a_buffer_what_it_returns_without_one(qwen3_dir):
-    llm = LLM(qwen3_dir, kvcache_block_size=16, num_kvcache_blocks=16, max_model_len=128)
+    llm = LLM(qwen3_dir, block_size=16, num_kvcache_blocks=16, max_model_len=128)
     model = llm.client.core.executor.model
     weight = model.lm_head.weight  # [vocab, hidden], on the engine's device (CUDA where a GPU is visible)
     hidden = torch.randn(3, weight.shape[1], device=weight.device, dtype=weight.dtype)
@@ -96,7 +96,7 @@ def test_the_lm_head_writes_into_a_buffer_what_it_returns_without_one(qwen3_dir)
 
 @pytest.mark.gpu
 def test_sampled_ids_come_back_through_pinned_memory(qwen3_dir):
-    llm = LLM(qwen3_dir, kvcache_block_size=16, max_model_len=512)
+    llm = LLM(qwen3_dir, block_size=16, max_model_len=512)
     runner = llm.client.core.executor
     pendings = []
     original = runner.execute
@@ -129,7 +129,7 @@ def triton_variants() -> dict[str, int]:
 def test_no_triton_kernel_compiles_after_start_up(qwen3_dir):
     # A compile in the middle of serving stalls every running request; start-up
     # must have built every variant that prefix hits, mixed steps and sampling use.
-    llm = LLM(qwen3_dir, dtype="bfloat16", kvcache_block_size=16, max_model_len=512, max_num_batched_tokens=64)
+    llm = LLM(qwen3_dir, dtype="bfloat16", block_size=16, max_model_len=512, max_num_batched_tokens=64)
     compiled = triton_variants()
     batches = record_batches(llm)
     shared = gpu_prompts(seed=12)[-1]  # 257 tokens

@@ -27,7 +27,7 @@ from helpers.near_ties import NEAR_TIE, gaps_where_greedy_diverges
 from helpers.prompts import token_ids
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
-ENGINE = dict(device="cpu", kvcache_block_size=16, num_kvcache_blocks=64, max_model_len=256)
+ENGINE = dict(device="cpu", block_size=16, num_kvcache_blocks=64, max_model_len=256)
 needs_two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, needs_two_gpus])]
 
@@ -62,7 +62,7 @@ def process_gone(pid: int) -> bool:
 
 def test_channel_holds_the_largest_step(qwen3_dir):
     # every sequence at full length is sent whole, e.g. a prefill behind a cached prefix
-    config = Config(qwen3_dir, max_num_seqs=8, max_model_len=256, kvcache_block_size=16)
+    config = Config(qwen3_dir, max_num_seqs=8, max_model_len=256, block_size=16)
     req_ids = [f"request-{2**63}-{i}" for i in range(8)]
     step = SchedulerOutput(
         req_ids,
@@ -230,7 +230,7 @@ def test_two_gpus_match_one_on_a_dummy_qwen3_06b_in_fp32(qwen3_06b_shape_dir):
 def test_two_gpus_match_one_in_bf16_but_at_near_ties(qwen3_dir, capsys):
     # the all-reduce sums the ranks' bf16 partial products in another order than one rank's matmul
     batch = [p for seed in range(4) for p in random_prompts(seed)][:16]
-    engine = dict(device="cuda", dtype="bfloat16", kvcache_block_size=16, max_model_len=256)
+    engine = dict(device="cuda", dtype="bfloat16", block_size=16, max_model_len=256)
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=2)
     expected = [o.outputs[0] for o in LLM(qwen3_dir, **engine).generate(batch, params, use_tqdm=False)]
     two = LLM(qwen3_dir, tensor_parallel_size=2, **engine)
@@ -251,7 +251,7 @@ _ORPHANED_ENGINE = """
 import json, sys, time
 from nanovllm import LLM
 if __name__ == "__main__":
-    llm = LLM(sys.argv[1], tensor_parallel_size=2, device="cpu", kvcache_block_size=16, num_kvcache_blocks=8,
+    llm = LLM(sys.argv[1], tensor_parallel_size=2, device="cpu", block_size=16, num_kvcache_blocks=8,
               max_model_len=64)
     runner = llm.client.core.executor
     print(json.dumps({"pids": [p.pid for p in runner.processes], "segment": runner.channel.name,
