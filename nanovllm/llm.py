@@ -17,11 +17,13 @@ Conversation = list[dict]
 
 
 class LLM(EngineFrontend):
-    """Offline batched generation: `LLM(model_dir, **config).generate(prompts, params)`.
+    """Offline batched generation: `LLM(model, **config).generate(prompts, params)`.
 
-    The engine core runs in the caller's thread. With `tensor_parallel_size > 1`
-    it also owns worker processes; `close()`, deleting the object or leaving
-    the interpreter stops them.
+    `model` is a local model folder, `config` the
+    `nanovllm.config.Config` fields. Start-up is logged on the `nanovllm` logger (model, device, memory,
+    timings; `nanovllm.utils.log_setup` says where the log goes). The engine core runs in the caller's
+    thread. With `tensor_parallel_size > 1` it also owns worker processes; `close()`, deleting the object
+    or leaving the interpreter stops them.
     """
 
     def __init__(self, model: str, **kwargs):

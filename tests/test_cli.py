@@ -137,7 +137,8 @@ def test_serve_answers_completions_then_stops(qwen3_dir):
         assert process.wait(timeout=30) in (0, -signal.SIGTERM)
     log = process.stdout.read()
     assert "Application shutdown complete" in log
-    assert "KV cache: 32 blocks of 16 tokens (512 tokens, float32)" in log  # the dtype start-up chose, not 'auto'
+    assert "KV cache: 512 tokens in 32 blocks of 16 tokens (float32, " in log  # the dtype start-up chose, not 'auto'
+    assert f"serving 'tiny' at {url} (the OpenAI API under /v1)" in log
 
 
 def test_serve_reports_a_port_in_use_before_loading_the_model(tmp_path):

@@ -31,6 +31,7 @@ from nanovllm.engine.messages import (
     EngineStats,
 )
 from nanovllm.utils.heap import freeze_start_up_objects
+from nanovllm.utils.log_setup import configure_logging
 from nanovllm.utils.processes import exit_with_parent, ignore_interrupts
 
 logger = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ def run_engine_core(
     outputs_address: str,
 ) -> None:
     """Entry point of the core process: start the core, report, then serve until told to stop."""
+    configure_logging()  # a spawned process starts without the parent's logging set-up
     exit_with_parent()
     ignore_interrupts()
     context = zmq.Context()

@@ -5,7 +5,6 @@ import contextlib
 import hmac
 import logging
 import socket
-import sys
 import time
 from dataclasses import fields
 
@@ -26,6 +25,7 @@ from nanovllm.entrypoints.server_settings import ServerSettings
 from nanovllm.frontend.chat import load_chat_template, render_chat
 from nanovllm.frontend.input_processor import check_unicode
 from nanovllm.frontend.online_engine import OnlineEngine
+from nanovllm.utils.log_setup import configure_logging
 
 logger = logging.getLogger(__name__)
 
@@ -216,13 +216,20 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _url(sock: socket.socket) -> str:
+    """The http:// URL of a bound socket (an IPv6 address in brackets)."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def serve(model: str, served_model_name: str | None = None, **options) -> None:
     """Load `model` (its engine core in a process of its own), then serve it until interrupted.
 
-    `options` are ServerSettings fields (`chat_template` as a template file's
-    path or the template itself) and Config fields; the model's public name is
+    `options` are ServerSettings fields (`chat_template`
+    as a template file's path or the template itself) and Config fields; the model's public name is
     `served_model_name`, by default `model` as given. The address is taken
-    first, so that a port in use is a ValueError before the model loads. On
+    first, so that a port in use is a ValueError before the model loads. The engine's start-up report and
+    the URL the server listens on are logged (`nanovllm.utils.log_setup` says where the log goes). On
     SIGINT/SIGTERM the server refuses new requests and gives running ones
     `shutdown_timeout` seconds to finish before they end with an error; the
     core process is stopped either way. If the engine cannot go on (its core
@@ -233,21 +240,12 @@ def serve(model: str, served_model_name: str | None = None, **options) -> None:
     if server_options.get("chat_template") is not None:
         server_options["chat_template"] = load_chat_template(server_options["chat_template"])
     settings = ServerSettings(served_model_name or model, **server_options)
+    configure_logging()
     if settings.enable_auto_tool_choice:
-        print(
-            "nanovllm serve: --enable-auto-tool-choice: tool_choice 'auto' is always on, with the hermes parser",
-            file=sys.stderr,
-            flush=True,
-        )
+        logger.info("--enable-auto-tool-choice: tool_choice 'auto' is always on, with the hermes parser")
     with _bind(settings.host, settings.port) as sock:
         engine = OnlineEngine(model, **options)
-        info = engine.client.info
-        print(
-            f"nanovllm serve: KV cache: {info.num_kvcache_blocks} blocks of {info.block_size} tokens "
-            f"({info.num_kvcache_blocks * info.block_size:,} tokens, {info.kv_cache_dtype})",
-            file=sys.stderr,
-            flush=True,
-        )
+        logger.info("serving %r at %s (the OpenAI API under /v1)", settings.model_name, _url(sock))
         config = uvicorn.Config(
             build_app(engine, settings),
             host=settings.host,

@@ -1,6 +1,7 @@
 """What every front end holds: the config, the tokenizer, an engine client and the two processors."""
 
 import logging
+import time
 from contextlib import suppress
 from dataclasses import replace
 from itertools import count
@@ -14,10 +15,12 @@ from nanovllm.engine.messages import EngineCoreRequest
 from nanovllm.frontend.generation_defaults import generation_config_path, generation_defaults
 from nanovllm.frontend.input_processor import InputProcessor, ProcessedPrompt, Prompt
 from nanovllm.frontend.output_processor import OutputProcessor, ParentRequest, RequestState
+from nanovllm.frontend.start_up_log import log_start_up
 from nanovllm.frontend.token_texts import TokenTexts
 from nanovllm.frontend.tokenizer import eos_token_ids, load_tokenizer
 from nanovllm.sampling_params import INT64_MIN, SamplingParams
 from nanovllm.utils.heap import freeze_start_up_objects
+from nanovllm.utils.log_setup import configure_logging
 
 
 def completion_seed(seed: int, index: int) -> int:
@@ -47,13 +50,15 @@ logger = logging.getLogger(__name__)
 class EngineFrontend:
     """Text on this side, token ids on the engine core's.
 
-    Starts the core for the model folder `model` (the `Config` fields as
-    keywords; an unknown one is a ValueError that names it) through a client
-    of `client_class`, which it talks to from then on. `eos_token_ids` are the end-of-sequence
-    ids found in the folder, which the core stops on.
+    Starts the core for the model folder `model`, with the
+    `Config` fields as keywords (an unknown one is a ValueError that names it), through a client
+    of `client_class`, which it talks to from then on, and logs what started (`log_start_up`).
+    `eos_token_ids` are the end-of-sequence ids found in the folder, which the core stops on.
     """
 
     def __init__(self, model: str, client_class: type[EngineClient], **kwargs):
+        configure_logging()
+        start = time.perf_counter()
         self.config = Config.from_kwargs(model, **kwargs)
         # what requests that leave a sampling value out get: the generation config's, if it has one
         self.sampling_defaults = generation_defaults(self.config)
@@ -78,6 +83,7 @@ class EngineFrontend:
         )
         self.output_processor = OutputProcessor()
         self._request_ids = count()
+        log_start_up(model, self.config, self.client.info, time.perf_counter() - start)
         freeze_start_up_objects()
 
     def get_default_sampling_params(self) -> SamplingParams:
