@@ -1,4 +1,4 @@
-"""The `nanovllm` command: `nanovllm serve MODEL_DIR [options]`.
+"""The `nanovllm` command (also `python -m nanovllm`): `nanovllm serve MODEL [options]`.
 
 Parsing imports neither torch nor transformers, so `--help`, `--version` and a
 bad flag answer at once; the engine is imported only to serve.
@@ -14,6 +14,13 @@ from nanovllm.entrypoints.server_settings import ServerSettings
 
 # Fields the engine fills in itself, not options a user sets.
 _DERIVED_FIELDS = {"model", "hf_config", "model_config"}
+
+_SERVE_EPILOG = """environment:
+  NANOVLLM_LOGGING_LEVEL    level of the log on stderr: DEBUG, INFO (default), WARNING, ERROR
+  NANOVLLM_CONFIGURE_LOGGING=0
+                            leave Python's logging alone (no handler for the nanovllm logger)
+  HF_HUB_OFFLINE=1          resolve a Hugging Face model id from the local cache only, without the network
+  HF_HUB_CACHE              the Hugging Face cache folder (default: ~/.cache/huggingface/hub)"""
 
 
 def _engine_options(parser: argparse.ArgumentParser) -> None:
@@ -58,10 +65,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--version", action="version", version=f"%(prog)s {__version__}", help="print the version of nanovllm and exit"
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
-    serve.add_argument("model", metavar="MODEL_DIR", help="a local Hugging Face model folder")
+    serve = commands.add_parser(
+        "serve",
+        help="serve a model over an OpenAI-compatible HTTP API",
+        epilog=_SERVE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     serve.add_argument(
-        "--served-model-name", default=None, help="the model name clients send (default: MODEL_DIR as given)"
+        "model",
+        metavar="MODEL",
+        help="a local Hugging Face model folder, or a Hugging Face Hub model id (Qwen/Qwen3-0.6B): downloaded into "
+        "the Hugging Face cache, or read from it where the Hub cannot be reached",
+    )
+    serve.add_argument(
+        "--served-model-name", default=None, help="the model name clients send (default: MODEL as given)"
     )
     _server_options(serve)
     _engine_options(serve)

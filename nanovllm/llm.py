@@ -19,7 +19,7 @@ Conversation = list[dict]
 class LLM(EngineFrontend):
     """Offline batched generation: `LLM(model, **config).generate(prompts, params)`.
 
-    `model` is a local model folder, `config` the
+    `model` is a local model folder or a Hugging Face Hub id ("Qwen/Qwen3-0.6B"), `config` the
     `nanovllm.config.Config` fields. Start-up is logged on the `nanovllm` logger (model, device, memory,
     timings; `nanovllm.utils.log_setup` says where the log goes). The engine core runs in the caller's
     thread. With `tensor_parallel_size > 1` it also owns worker processes; `close()`, deleting the object

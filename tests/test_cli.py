@@ -18,6 +18,7 @@ import pytest
 from nanovllm import LLM, SamplingParams
 from nanovllm.cli import build_parser
 
+from helpers.hub_cache import add_to_cache
 from helpers.processes import child_processes
 
 ENGINE_ARGS = dict(block_size=16, num_kvcache_blocks=32, max_model_len=256)
@@ -66,6 +67,7 @@ def test_every_serve_flag_says_what_it_does():
         ("--max-num-batched-tokens", "-1: 16384 on CUDA, 256 on the CPU"),
         ("--master-port", "0: $MASTER_PORT if set, else a free port"),
         ("--shutdown-timeout", "0: end them at once"),
+        ("--block-size", "unset or -1: 16 on CUDA"),
     ],
 )
 def test_flags_say_what_their_special_values_mean(flag, meaning):
@@ -95,6 +97,15 @@ def test_a_bad_flag_is_refused_before_anything_loads():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.stdout.strip() == "2 False" and "invalid int value: 'many'" in result.stderr
+
+
+def test_python_m_nanovllm_runs_the_nanovllm_command():
+    result = subprocess.run(
+        [sys.executable, "-m", "nanovllm", "serve", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: nanovllm serve") and "--block-size BLOCK_SIZE" in result.stdout
+    assert "NANOVLLM_LOGGING_LEVEL" in result.stdout  # the environment it reads is documented there
 
 
 def test_version_prints_the_package_version():
@@ -141,6 +152,28 @@ def test_serve_answers_completions_then_stops(qwen3_dir):
     assert f"serving 'tiny' at {url} (the OpenAI API under /v1)" in log
 
 
+def test_serve_resolves_a_hub_id_from_the_cache_and_logs_its_start_up(qwen3_dir, tmp_path):
+    snapshot = add_to_cache(tmp_path / "hub", "tiny-org/tiny-qwen3", qwen3_dir)
+    offline = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    process, url = start_server("tiny-org/tiny-qwen3", served_model_name=None, env=offline)
+    try:
+        # the public name is the id as given
+        assert [card["id"] for card in httpx.get(f"{url}/v1/models").json()["data"]] == ["tiny-org/tiny-qwen3"]
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    log = process.stdout.read()
+    for line in (
+        f"model: tiny-org/tiny-qwen3 (folder {snapshot})",
+        "architecture Qwen3ForCausalLM, dtype float32, device cpu (",
+        "weights: ",
+        "KV cache: 512 tokens in 32 blocks of 16 tokens (float32, ",
+        "engine ready in ",
+        f"serving 'tiny-org/tiny-qwen3' at {url} (the OpenAI API under /v1)",
+    ):
+        assert line in log, log
+
+
 def test_serve_reports_a_port_in_use_before_loading_the_model(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -166,18 +199,25 @@ def test_serve_reports_a_bad_model_folder(tmp_path):
     assert result.returncode != 0 and "does not exist" in result.stderr
 
 
-def start_server(model_dir: str, *flags: str, temp_dir: str | None = None) -> tuple[subprocess.Popen, str]:
+def start_server(
+    model: str,
+    *flags: str,
+    temp_dir: str | None = None,
+    served_model_name: str | None = "tiny",
+    env: dict[str, str] | None = None,
+) -> tuple[subprocess.Popen, str]:
     """`nanovllm serve` on a free port, once /health answers 200: the process and its URL. With
-    `temp_dir`, the server keeps its temporary files (the core's sockets) there."""
+    `temp_dir`, the server keeps its temporary files (the core's sockets) there; `env` adds to its
+    environment."""
     port = free_port()
     engine_flags = [f"--{name.replace('_', '-')}={value}" for name, value in ENGINE_ARGS.items()]
+    name_flags = [] if served_model_name is None else ["--served-model-name", served_model_name]
     process = subprocess.Popen(
-        nanovllm_command()
-        + ["serve", model_dir, "--port", str(port), "--served-model-name", "tiny", *engine_flags, *flags],
+        nanovllm_command() + ["serve", model, "--port", str(port), *name_flags, *engine_flags, *flags],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env=None if temp_dir is None else {**os.environ, "TMPDIR": temp_dir},
+        env={**os.environ, **(env or {}), **({} if temp_dir is None else {"TMPDIR": temp_dir})},
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120

@@ -225,7 +225,7 @@ def _url(sock: socket.socket) -> str:
 def serve(model: str, served_model_name: str | None = None, **options) -> None:
     """Load `model` (its engine core in a process of its own), then serve it until interrupted.
 
-    `options` are ServerSettings fields (`chat_template`
+    `model` is a model folder or a Hugging Face Hub id. `options` are ServerSettings fields (`chat_template`
     as a template file's path or the template itself) and Config fields; the model's public name is
     `served_model_name`, by default `model` as given. The address is taken
     first, so that a port in use is a ValueError before the model loads. The engine's start-up report and

@@ -14,6 +14,7 @@ from nanovllm.engine.engine_client import EngineClient, EngineDeadError
 from nanovllm.engine.messages import EngineCoreRequest
 from nanovllm.frontend.generation_defaults import generation_config_path, generation_defaults
 from nanovllm.frontend.input_processor import InputProcessor, ProcessedPrompt, Prompt
+from nanovllm.frontend.model_source import resolve_model
 from nanovllm.frontend.output_processor import OutputProcessor, ParentRequest, RequestState
 from nanovllm.frontend.start_up_log import log_start_up
 from nanovllm.frontend.token_texts import TokenTexts
@@ -50,7 +51,7 @@ logger = logging.getLogger(__name__)
 class EngineFrontend:
     """Text on this side, token ids on the engine core's.
 
-    Starts the core for the model folder `model`, with the
+    Starts the core for `model`, a model folder or a Hugging Face Hub id (`resolve_model`), with the
     `Config` fields as keywords (an unknown one is a ValueError that names it), through a client
     of `client_class`, which it talks to from then on, and logs what started (`log_start_up`).
     `eos_token_ids` are the end-of-sequence ids found in the folder, which the core stops on.
@@ -59,7 +60,7 @@ class EngineFrontend:
     def __init__(self, model: str, client_class: type[EngineClient], **kwargs):
         configure_logging()
         start = time.perf_counter()
-        self.config = Config.from_kwargs(model, **kwargs)
+        self.config = Config.from_kwargs(resolve_model(model), **kwargs)
         # what requests that leave a sampling value out get: the generation config's, if it has one
         self.sampling_defaults = generation_defaults(self.config)
         if self.sampling_defaults:
