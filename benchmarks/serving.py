@@ -32,13 +32,12 @@ import multiprocessing
 import os
 import random
 import shlex
-import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass, field
 
 import aiohttp
+from serving_common import percentile, served_model_name, start_server, wait_for_health
 from throughput import (
     SHAPES,
     StepRecorder,
@@ -177,14 +176,6 @@ def child_pids(pid: int) -> list[int]:
         return [int(p) for p in f.read().split()]
 
 
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))
-    return ordered[index]
-
-
 def summarize(rate: float, results: list[RequestResult], duration: float) -> dict:
     done = [r for r in results if r.ok]
     ttfts = [r.ttft for r in done]
@@ -244,40 +235,6 @@ def machine() -> tuple[str, float]:
     return torch.cuda.get_device_name(), hbm_bandwidth()[0]
 
 
-def start_server(model_dir: str, port: int, extra_args: list[str]) -> subprocess.Popen:
-    """`nanovllm serve` in the background, its output (one access-log line per request) in serve.log."""
-    command = [
-        sys.executable,
-        "-m",
-        "nanovllm.cli",
-        "serve",
-        model_dir,
-        "--port",
-        str(port),
-        "--served-model-name",
-        "bench",
-        *extra_args,
-    ]
-    print("starting:", shlex.join(command), "(output in serve.log)", file=sys.stderr)
-    with open("serve.log", "w") as log:
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-
-
-def wait_for_health(url: str, process: subprocess.Popen | None, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            sys.exit(f"the server exited with code {process.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1)
-    sys.exit(f"the server at {url} did not become healthy within {timeout:.0f} s")
-
-
 COLUMNS = [
     ("rate", "rate", "{}"),
     ("done", "completed", "{}"),
@@ -305,7 +262,9 @@ def print_table(rows: list[dict]) -> None:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base-url", help="measure this running server instead of starting one (no offline run)")
-    parser.add_argument("--served-model-name", default="bench", help="the model name, with --base-url")
+    parser.add_argument(
+        "--served-model-name", help="the model name requests send (default: the one the server's /v1/models lists)"
+    )
     parser.add_argument(
         "--rates",
         nargs="+",
@@ -324,10 +283,11 @@ def parse_args() -> argparse.Namespace:
 
 def serve_and_measure(args, url: str, requests: list[tuple[list[int], int]], server_pid: int | None) -> list[dict]:
     rows = []
+    model = args.served_model_name or served_model_name(url)
     for i, rate in enumerate(args.rates):
         pids = [] if server_pid is None else [server_pid, *child_pids(server_pid)]
         before = [process_cpu_seconds(pid) for pid in pids]
-        results, duration, client_cpu = run_at_rate(url, args.served_model_name, requests, rate, i, args.num_clients)
+        results, duration, client_cpu = run_at_rate(url, model, requests, rate, i, args.num_clients)
         rows.append(summarize(rate, results, duration))
         used = [process_cpu_seconds(pid) - b for pid, b in zip(pids, before)]
         rows[-1]["cpu_busy"] = {
