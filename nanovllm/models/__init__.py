@@ -1,7 +1,9 @@
-"""Model classes keyed by the checkpoint's `architectures` entry, imported on first use.
+"""The model families, keyed by the checkpoint's `architectures` entry, each imported on first use.
 
-Importing this package imports no model family; `model_class` imports the one
-a checkpoint needs.
+A family is one small file that declares its `FamilySpec` (see `family_spec`)
+and imports no torch, so that reading a config loads neither torch nor the
+other families. Every family runs on the decoder of `blocks`, which
+`model_class` imports.
 """
 
 import importlib
@@ -10,35 +12,43 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from torch import nn
 
+    from nanovllm.models.family_spec import FamilySpec
     from nanovllm.models.model_config import ModelConfig
 
-# architecture -> "module:class"
-MODEL_REGISTRY: dict[str, str] = {
-    "Gemma2ForCausalLM": "nanovllm.models.gemma2:Gemma2ForCausalLM",
-    "Gemma3ForCausalLM": "nanovllm.models.gemma3:Gemma3ForCausalLM",
-    "Gemma3ForConditionalGeneration": "nanovllm.models.gemma3:Gemma3ForConditionalGeneration",
-    "LlamaForCausalLM": "nanovllm.models.llama:LlamaForCausalLM",
-    "MistralForCausalLM": "nanovllm.models.mistral:MistralForCausalLM",
-    "MixtralForCausalLM": "nanovllm.models.mixtral:MixtralForCausalLM",
-    "Phi3ForCausalLM": "nanovllm.models.phi3:Phi3ForCausalLM",
-    "Qwen2ForCausalLM": "nanovllm.models.qwen2:Qwen2ForCausalLM",
-    "Qwen3ForCausalLM": "nanovllm.models.qwen3:Qwen3ForCausalLM",
-    "Qwen3MoeForCausalLM": "nanovllm.models.qwen3_moe:Qwen3MoeForCausalLM",
+# architecture -> "module:spec" of the family file that declares it
+FAMILIES: dict[str, str] = {
+    "Gemma2ForCausalLM": "nanovllm.models.gemma2:GEMMA2",
+    "Gemma3ForCausalLM": "nanovllm.models.gemma3:GEMMA3",
+    "Gemma3ForConditionalGeneration": "nanovllm.models.gemma3:GEMMA3_IMAGE_TEXT",
+    "LlamaForCausalLM": "nanovllm.models.llama:LLAMA",
+    "MistralForCausalLM": "nanovllm.models.mistral:MISTRAL",
+    "MixtralForCausalLM": "nanovllm.models.mixtral:MIXTRAL",
+    "Phi3ForCausalLM": "nanovllm.models.phi3:PHI3",
+    "Qwen2ForCausalLM": "nanovllm.models.qwen2:QWEN2",
+    "Qwen3ForCausalLM": "nanovllm.models.qwen3:QWEN3",
+    "Qwen3MoeForCausalLM": "nanovllm.models.qwen3_moe:QWEN3_MOE",
 }
 
 
 def supported_architecture(architectures) -> str:
     """The first of `architectures` this engine implements, or a ValueError naming the supported ones."""
     for name in architectures:
-        if name in MODEL_REGISTRY:
+        if name in FAMILIES:
             return name
     raise ValueError(
-        f"unsupported architecture {list(architectures) or '(none in config.json)'}; "
-        f"supported: {', '.join(MODEL_REGISTRY)}"
+        f"unsupported architecture {list(architectures) or '(none in config.json)'}; supported: {', '.join(FAMILIES)}"
     )
 
 
+def family_of(architecture: str) -> "FamilySpec":
+    """The spec of a supported architecture (its family file imported now)."""
+    module_name, spec_name = FAMILIES[architecture].split(":")
+    return getattr(importlib.import_module(module_name), spec_name)
+
+
 def model_class(model_config: "ModelConfig") -> "type[nn.Module]":
-    """The class that implements the model's architecture (its module imported now)."""
-    module_name, class_name = MODEL_REGISTRY[supported_architecture([model_config.architecture])].split(":")
-    return getattr(importlib.import_module(module_name), class_name)
+    """The class that builds the model of `model_config`: the decoder of `blocks` for every family, whose
+    differences come in through `model_config` (imported now, with torch)."""
+    from nanovllm.models.blocks import DecoderForCausalLM
+
+    return DecoderForCausalLM

@@ -206,24 +206,18 @@ def _rounded_to(value: float, dtype: torch.dtype) -> float:
 
 class DecoderForCausalLM(nn.Module):
     """Decoder plus LM head (tied to the embedding when the config says so); logits soft-capped where the
-    config says (config.final_logit_softcapping)."""
-
-    # checkpoint name -> (our fused parameter, shard id)
-    packed_modules_mapping = {
-        "q_proj": ("qkv_proj", "q"),
-        "k_proj": ("qkv_proj", "k"),
-        "v_proj": ("qkv_proj", "v"),
-        "gate_proj": ("gate_up_proj", 0),
-        "up_proj": ("gate_up_proj", 1),
-    }
-    # a mixture-of-experts checkpoint's expert tensors, named after `experts.`: every expert's stacked
-    # (transformers 5's layout) -> our parameter; after `experts.{e}.`, one expert's (published
-    # checkpoints) -> our parameter and the part it fills
-    stacked_expert_weights = {"gate_up_proj": "w13", "down_proj": "w2"}
-    expert_weights = {"gate_proj": ("w13", "gate"), "up_proj": ("w13", "up"), "down_proj": ("w2", "down")}
+    config says (config.final_logit_softcapping). Every family's model: what sets one apart comes in through
+    `config`, its checkpoint's tensor names too (config.checkpoint_names, kept as the attributes the weight
+    loader reads)."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
+        names = config.checkpoint_names
+        self.checkpoint_prefixes = names.prefixes
+        self.checkpoint_renames = names.renames
+        self.packed_modules_mapping = names.packed_modules
+        self.expert_weights = names.expert_weights
+        self.stacked_expert_weights = names.stacked_expert_weights
         self.model = DecoderModel(config)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         self.tie_word_embeddings = config.tie_word_embeddings

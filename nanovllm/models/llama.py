@@ -1,7 +1,6 @@
-"""Llama family (Llama 2/3, SmolLM2): the plain pre-norm decoder of `blocks`."""
+"""Llama (Llama 2 and 3, SmolLM2): the plain pre-norm decoder of `blocks`, with the defaults of transformers'
+LlamaConfig; Llama 3.1's rope scaling comes in through the config's rope parameters."""
 
-from nanovllm.models.blocks import DecoderForCausalLM
+from nanovllm.models.family_spec import FamilySpec, HFDefaults
 
-
-class LlamaForCausalLM(DecoderForCausalLM):
-    """Llama-architecture checkpoints; Llama 3.1 rope scaling comes in through ModelConfig.rope_parameters."""
+LLAMA = FamilySpec(HFDefaults())

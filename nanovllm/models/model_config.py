@@ -2,8 +2,9 @@
 
 `ModelConfig.from_hf(hf_config)` names every field a model, its layers or the
 engine read, each with its family's default where the config leaves it out
-(those of transformers' own config classes), and refuses at load time what the
-engine cannot honour. Everything after it (models, layers, the runner, the
+(those of transformers' own config classes, which the family's `FamilySpec`
+declares beside its fixed traits), and refuses at load time what the engine
+cannot honour. Everything after it (models, layers, the runner, the
 scheduler) reads a `ModelConfig`, never the Hugging Face config.
 
 This module imports neither torch nor transformers.
@@ -11,179 +12,9 @@ This module imports neither torch nor transformers.
 
 from dataclasses import dataclass, field
 
+from nanovllm.models.family_spec import CheckpointNames, ExpertDefaults, FamilySpec, HFDefaults, SlidingLayers
 from nanovllm.models.quantization_config import Fp8Weights, read_quantization
 
-# Family defaults: the values of transformers' config class of each family for fields a config.json may
-# leave out. head_dim None means hidden_size // num_attention_heads; num_key_value_heads None means
-# num_attention_heads; qkv_bias None means attention_bias (which then also puts a bias on o_proj);
-# query_pre_attn_scalar None means head_dim (the attention scale is its inverse square root).
-# `window_layers` says which layers attend over `sliding_window` tokens when the config sets it: None
-# (none: Qwen2 and Qwen3 only with use_sliding_window, which is refused), "all", or "layer_types" (as
-# the config's layer_types say, else every sliding_window_pattern-th layer is global: Gemma 2's 2,
-# Gemma 3's 6). `activation_key` names the
-# config field that holds the MLP's activation. The last three are fixed by the family: RMSNorm scaling
-# by 1 + weight, the extra norms after attention and after the MLP, and embeddings times sqrt(hidden).
-# original_max_position_embeddings None means the rope dict's or else max_position_embeddings;
-# rope_type_aliases maps a type's other names; sliding_rope_theta, where set, is the rotary base of the
-# sliding layers (which are then unscaled), the config's rope_local_base_freq overriding it.
-# num_local_experts 0 marks a dense family, whose config is read for no mixture-of-experts field; for the
-# others (see `_moe_fields`) moe_intermediate_size None means intermediate_size, and the fields named in
-# moe_fixed keep their default whatever the config says (transformers' class for the family ignores them).
-_LLAMA_DEFAULTS = dict(
-    vocab_size=32000,
-    hidden_size=4096,
-    intermediate_size=11008,
-    num_hidden_layers=32,
-    num_attention_heads=32,
-    num_key_value_heads=None,
-    head_dim=None,
-    max_position_embeddings=2048,
-    rms_norm_eps=1e-6,
-    rope_theta=10000.0,
-    attention_bias=False,
-    mlp_bias=False,
-    hidden_act="silu",
-    tie_word_embeddings=False,
-    qk_norm=False,
-    qkv_bias=None,
-    window_layers=None,
-    sliding_window=None,
-    query_pre_attn_scalar=None,
-    attn_logit_softcapping=None,
-    final_logit_softcapping=None,
-    activation_key="hidden_act",
-    norm_unit_offset=False,
-    sandwich_norms=False,
-    scaled_embeddings=False,
-    original_max_position_embeddings=None,
-    rope_type_aliases={},
-    sliding_window_pattern=2,
-    sliding_rope_theta=None,
-    num_local_experts=0,
-    num_experts_per_tok=None,
-    moe_intermediate_size=None,
-    norm_topk_prob=False,
-    decoder_sparse_step=1,
-    mlp_only_layers=(),
-    moe_fixed=(),
-)
-# Gemma 2: sliding-window and global layers alternating, soft-capped attention and final logits,
-# q scaled by query_pre_attn_scalar, norms before and after attention and the MLP, GeGLU
-_GEMMA2_DEFAULTS = {
-    **_LLAMA_DEFAULTS,
-    "vocab_size": 256000,
-    "hidden_size": 2304,
-    "intermediate_size": 9216,
-    "num_hidden_layers": 26,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 4,
-    "head_dim": 256,
-    "max_position_embeddings": 8192,
-    "tie_word_embeddings": True,
-    "window_layers": "layer_types",
-    "sliding_window": 4096,
-    "query_pre_attn_scalar": 256,
-    "attn_logit_softcapping": 50.0,
-    "final_logit_softcapping": 30.0,
-    "activation_key": "hidden_activation",
-    "hidden_activation": "gelu_pytorch_tanh",
-    "norm_unit_offset": True,
-    "sandwich_norms": True,
-    "scaled_embeddings": True,
-}
-
-# Gemma 3: Gemma 2's layers with a norm on each q and k head and no soft-caps; five sliding layers to
-# one global, the sliding ones rotated at a base of their own (rope_local_base_freq), only the global
-# ones scaled (rope_scaling)
-_GEMMA3_DEFAULTS = {
-    **_GEMMA2_DEFAULTS,
-    "vocab_size": 262208,
-    "max_position_embeddings": 131072,
-    "rope_theta": 1000000.0,
-    "attn_logit_softcapping": None,
-    "final_logit_softcapping": None,
-    "qk_norm": True,
-    "sliding_window_pattern": 6,
-    "sliding_rope_theta": 10000.0,
-}
-_FAMILY_DEFAULTS = {
-    "LlamaForCausalLM": _LLAMA_DEFAULTS,
-    # Mistral: Llama's layers; v0.1 attends over a 4096-token sliding window, later versions say null
-    "MistralForCausalLM": {
-        **_LLAMA_DEFAULTS,
-        "intermediate_size": 14336,
-        "num_key_value_heads": 8,
-        "max_position_embeddings": 131072,
-        "window_layers": "all",
-        "sliding_window": 4096,
-    },
-    # Phi-3 / Phi-4: Llama's layers, with q|k|v and gate|up stored fused in the checkpoint
-    "Phi3ForCausalLM": {
-        **_LLAMA_DEFAULTS,
-        "vocab_size": 32064,
-        "hidden_size": 3072,
-        "intermediate_size": 8192,
-        "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-5,
-        "window_layers": "all",
-        "original_max_position_embeddings": 4096,
-        # LongRoPE's earlier names, which transformers' Phi3Config reads as longrope
-        "rope_type_aliases": {"su": "longrope", "yarn": "longrope"},
-    },
-    # Qwen2 / Qwen2.5: a bias on q, k and v (none on o_proj)
-    "Qwen2ForCausalLM": {
-        **_LLAMA_DEFAULTS,
-        "vocab_size": 151936,
-        "intermediate_size": 22016,
-        "max_position_embeddings": 32768,
-        "qkv_bias": True,
-    },
-    # Qwen3: RMSNorm on each head's q and k before rotary
-    "Qwen3ForCausalLM": {
-        **_LLAMA_DEFAULTS,
-        "vocab_size": 151936,
-        "intermediate_size": 22016,
-        "head_dim": 128,
-        "max_position_embeddings": 32768,
-        "qk_norm": True,
-    },
-    # Qwen3-MoE: Qwen3's attention; experts in every decoder_sparse_step-th layer but those in
-    # mlp_only_layers, which keep a dense MLP of intermediate_size; no shared expert
-    "Qwen3MoeForCausalLM": {
-        **_LLAMA_DEFAULTS,
-        "vocab_size": 151936,
-        "hidden_size": 2048,
-        "intermediate_size": 6144,
-        "num_hidden_layers": 24,
-        "num_key_value_heads": 4,
-        "max_position_embeddings": 32768,
-        "qk_norm": True,
-        "num_local_experts": 128,
-        "num_experts_per_tok": 8,
-        "moe_intermediate_size": 768,
-    },
-    # Mixtral: Mistral's layers with 8 experts of intermediate_size in every layer, the two chosen ones'
-    # weights renormalised (its config has no norm_topk_prob: transformers' Mixtral always does)
-    "MixtralForCausalLM": {
-        **_LLAMA_DEFAULTS,
-        "intermediate_size": 14336,
-        "num_key_value_heads": 8,
-        "max_position_embeddings": 131072,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 1000000.0,
-        "window_layers": "all",
-        "num_local_experts": 8,
-        "num_experts_per_tok": 2,
-        "norm_topk_prob": True,
-        "moe_fixed": ("norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"),
-    },
-    "Gemma2ForCausalLM": _GEMMA2_DEFAULTS,
-    "Gemma3ForCausalLM": _GEMMA3_DEFAULTS,
-    # the language model of Gemma 3's image-text checkpoints, read from their text_config
-    "Gemma3ForConditionalGeneration": _GEMMA3_DEFAULTS,
-}
-# the architectures whose language model's settings are in the config's text_config
-_TEXT_CONFIG_ARCHITECTURES = ("Gemma3ForConditionalGeneration",)
 _SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 _SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
@@ -214,7 +45,7 @@ _UNSUPPORTED_MOE_SETTINGS = {
 class ModelConfig:
     """A checkpoint's architecture as the engine builds it (whole-model sizes, before any tensor-parallel split)."""
 
-    architecture: str  # the entry of `architectures` that picks the model class
+    architecture: str  # the entry of `architectures` that picks the family
     architectures: tuple[str, ...]
     hidden_size: int
     intermediate_size: int
@@ -252,6 +83,7 @@ class ModelConfig:
     dtype: str | None  # the checkpoint's dtype as torch names it ("bfloat16"), None if unsaid
     weight_quantization: Fp8Weights | None  # how an FP8 checkpoint stores its linear weights (None: unquantized)
     eos_token_id: int | tuple[int, ...] | None
+    checkpoint_names: CheckpointNames = field(hash=False)  # how the family's checkpoints name their tensors
 
     def layer_window(self, layer: int) -> int | None:
         """The sliding window of decoder layer `layer` (None: it attends over the whole sequence)."""
@@ -265,22 +97,23 @@ class ModelConfig:
     def from_hf(cls, hf_config) -> "ModelConfig":
         """The fields of `hf_config` (a transformers PretrainedConfig or anything with its attributes),
         with the family's defaults; ValueError for an architecture or a setting the engine cannot run."""
-        from nanovllm.models import supported_architecture
+        from nanovllm.models import family_of, supported_architecture
 
         architectures = tuple(_get(hf_config, "architectures", None) or ())
         architecture = supported_architecture(architectures)
-        defaults = _FAMILY_DEFAULTS[architecture]
-        if architecture in _TEXT_CONFIG_ARCHITECTURES:
+        family = family_of(architecture)
+        defaults = family.defaults
+        if family.language_model_in_text_config:
             hf_config = _get(hf_config, "text_config", hf_config)
 
         def read(name: str):
-            return _get(hf_config, name, defaults[name])
+            return _get(hf_config, name, getattr(defaults, name))
 
         hidden_size, num_heads = read("hidden_size"), read("num_attention_heads")
         head_dim = read("head_dim") or hidden_size // num_heads
         rotary_dim = _rotary_dim(hf_config, head_dim)
-        activation_key = defaults["activation_key"]
-        hidden_act = read(activation_key)
+        activation_key = family.activation_key
+        hidden_act = _get(hf_config, activation_key, defaults.hidden_act)
         if hidden_act not in _SUPPORTED_ACTIVATIONS:
             raise ValueError(
                 f"{activation_key} {hidden_act!r} is not supported; supported: {', '.join(_SUPPORTED_ACTIVATIONS)}"
@@ -299,11 +132,10 @@ class ModelConfig:
         dtype = _get(hf_config, "dtype", None)
         eos = _get(hf_config, "eos_token_id", None)
         attention_bias = bool(read("attention_bias"))
-        qkv_bias = defaults["qkv_bias"]
         num_layers = read("num_hidden_layers")
-        sliding_window, layer_types = _sliding_layers(hf_config, defaults, num_layers)
+        sliding_window, layer_types = _sliding_layers(hf_config, family, num_layers)
         max_position_embeddings = read("max_position_embeddings")
-        rope, sliding_rope = _layer_rope_parameters(hf_config, defaults, max_position_embeddings, rotary_dim)
+        rope, sliding_rope = _layer_rope_parameters(hf_config, family, max_position_embeddings, rotary_dim)
         intermediate_size = read("intermediate_size")
         return cls(
             architecture=architecture,
@@ -320,24 +152,25 @@ class ModelConfig:
             rms_norm_eps=read("rms_norm_eps"),
             rope_parameters=rope,
             sliding_rope_parameters=sliding_rope,
-            qkv_bias=attention_bias if qkv_bias is None else qkv_bias,
-            o_proj_bias=attention_bias and qkv_bias is None,
+            qkv_bias=attention_bias or family.bias_on_qkv_only,
+            o_proj_bias=attention_bias and not family.bias_on_qkv_only,
             mlp_bias=bool(read("mlp_bias")),
             hidden_act=hidden_act,
             tie_word_embeddings=bool(read("tie_word_embeddings")),
-            qk_norm=defaults["qk_norm"],
+            qk_norm=family.qk_norm,
             sliding_window=sliding_window,
             layer_types=layer_types,
             attention_scale=_positive("query_pre_attn_scalar", read("query_pre_attn_scalar") or head_dim) ** -0.5,
             attn_logit_softcapping=_softcap(hf_config, "attn_logit_softcapping", defaults),
             final_logit_softcapping=_softcap(hf_config, "final_logit_softcapping", defaults),
-            norm_unit_offset=defaults["norm_unit_offset"],
-            sandwich_norms=defaults["sandwich_norms"],
-            embed_scale=hidden_size**0.5 if defaults["scaled_embeddings"] else None,
-            **_moe_fields(hf_config, defaults, intermediate_size, num_layers),
+            norm_unit_offset=family.norm_unit_offset,
+            sandwich_norms=family.sandwich_norms,
+            embed_scale=hidden_size**0.5 if family.scaled_embeddings else None,
+            **_moe_fields(hf_config, family.experts, intermediate_size, num_layers),
             dtype=None if dtype is None else str(dtype).removeprefix("torch."),
             weight_quantization=weight_quantization,
             eos_token_id=tuple(eos) if isinstance(eos, (list, tuple)) else eos,
+            checkpoint_names=family.checkpoint,
         )
 
 
@@ -354,24 +187,29 @@ def _positive(name: str, value):
     return value
 
 
-def _softcap(hf_config, name: str, defaults: dict) -> float | None:
+def _softcap(hf_config, name: str, defaults: HFDefaults) -> float | None:
     """The soft-cap `name` of the config, None where the family has none or the config says null."""
-    if defaults[name] is None:
+    default = getattr(defaults, name)
+    if default is None:
         return None
     # a config that says null caps nothing: only one that leaves the field out takes the default
-    value = getattr(hf_config, name, defaults[name])
+    value = getattr(hf_config, name, default)
     return None if value is None else float(_positive(name, value))
 
 
-def _moe_fields(hf_config, defaults: dict, intermediate_size: int, num_layers: int) -> dict:
-    """The mixture-of-experts fields of ModelConfig: none for a dense family; for the others the config's,
-    with the layers that have experts chosen as transformers chooses them (every decoder_sparse_step-th,
-    but those in mlp_only_layers). ValueError for a setting the router here does not honour."""
-    if not defaults["num_local_experts"]:
+def _moe_fields(hf_config, experts: ExpertDefaults | None, intermediate_size: int, num_layers: int) -> dict:
+    """The mixture-of-experts fields of ModelConfig: none for a dense family (`experts` None); for the others
+    the config's, with the layers that have experts chosen as transformers chooses them (every
+    decoder_sparse_step-th, but those in mlp_only_layers). ValueError for a setting the router here does not
+    honour."""
+    if experts is None:
         return dict(num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0, norm_topk_prob=False, moe_layers=())
 
     def read(name: str):
-        return defaults[name] if name in defaults["moe_fixed"] else _get(hf_config, name, defaults[name])
+        return _get(hf_config, name, getattr(experts, name))
+
+    def read_layout(name: str):
+        return read(name) if experts.config_sets_layout else getattr(experts, name)
 
     for name, honoured in _UNSUPPORTED_MOE_SETTINGS.items():
         value = _get(hf_config, name, honoured[0])
@@ -385,13 +223,13 @@ def _moe_fields(hf_config, defaults: dict, intermediate_size: int, num_layers: i
     top_k = _whole("num_experts_per_tok", read("num_experts_per_tok"))
     if top_k > num_experts:
         raise ValueError(f"num_experts_per_tok ({top_k}) must be at most the number of experts ({num_experts})")
-    step = _whole("decoder_sparse_step", read("decoder_sparse_step"))
-    dense = set(read("mlp_only_layers"))
+    step = _whole("decoder_sparse_step", read_layout("decoder_sparse_step"))
+    dense = set(read_layout("mlp_only_layers"))
     return dict(
         num_experts=num_experts,
         num_experts_per_tok=top_k,
         moe_intermediate_size=_whole("moe_intermediate_size", read("moe_intermediate_size") or intermediate_size),
-        norm_topk_prob=bool(read("norm_topk_prob")),
+        norm_topk_prob=bool(read_layout("norm_topk_prob")),
         moe_layers=tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0),
     )
 
@@ -403,22 +241,22 @@ def _whole(name: str, value) -> int:
     return value
 
 
-def _sliding_layers(hf_config, defaults: dict, num_layers: int) -> tuple[int | None, tuple[str, ...]]:
-    """The sliding window and each layer's type (see `window_layers` above); every layer is full
+def _sliding_layers(hf_config, family: FamilySpec, num_layers: int) -> tuple[int | None, tuple[str, ...]]:
+    """The sliding window and each layer's type (as `family.sliding_layers` says); every layer is full
     attention where the family or the config has no window."""
     full = ("full_attention",) * num_layers
-    if defaults["window_layers"] is None:
+    if family.sliding_layers is SlidingLayers.NONE:
         return None, full
     # a config that says null has no window: only one that leaves the field out takes the default
-    window = getattr(hf_config, "sliding_window", defaults["sliding_window"])
+    window = getattr(hf_config, "sliding_window", family.defaults.sliding_window)
     if window is None:
         return None, full
     window = _positive("sliding_window", window)
     if not isinstance(window, int):
         raise ValueError(f"sliding_window must be a whole number of tokens, got {window!r} in the model's config")
-    if defaults["window_layers"] == "all":
+    if family.sliding_layers is SlidingLayers.ALL:
         return window, ("sliding_attention",) * num_layers
-    pattern = _get(hf_config, "sliding_window_pattern", defaults["sliding_window_pattern"])
+    pattern = _get(hf_config, "sliding_window_pattern", family.defaults.sliding_window_pattern)
     layer_types = _get(hf_config, "layer_types", None) or [
         "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)
     ]
@@ -451,7 +289,7 @@ def _rotary_dim(hf_config, head_dim: int) -> int:
 
 
 def _layer_rope_parameters(
-    hf_config, defaults: dict, max_position_embeddings: int, rotary_dim: int
+    hf_config, family: FamilySpec, max_position_embeddings: int, rotary_dim: int
 ) -> tuple[dict, dict]:
     """The rope settings of the full-attention layers and of the sliding ones: one dict per layer type where
     the config gives them so (transformers 5's Gemma 3), else the config's for the full layers and, for the
@@ -461,35 +299,37 @@ def _layer_rope_parameters(
         full = dict(given.get("full_attention") or {})
         sliding = dict(given.get("sliding_attention") or full)
         return tuple(
-            _rope_parameters(hf_config, defaults, max_position_embeddings, rotary_dim, params)
+            _rope_parameters(hf_config, family, max_position_embeddings, rotary_dim, params)
             for params in (full, sliding)
         )
-    full = _rope_parameters(hf_config, defaults, max_position_embeddings, rotary_dim, given)
-    if defaults["sliding_rope_theta"] is None:
+    full = _rope_parameters(hf_config, family, max_position_embeddings, rotary_dim, given)
+    if family.sliding_rope_theta is None:
         return full, full
     local = {
         "rope_type": "default",
-        "rope_theta": _get(hf_config, "rope_local_base_freq", defaults["sliding_rope_theta"]),
+        "rope_theta": _get(hf_config, "rope_local_base_freq", family.sliding_rope_theta),
     }
-    return full, _rope_parameters(hf_config, defaults, max_position_embeddings, rotary_dim, local)
+    return full, _rope_parameters(hf_config, family, max_position_embeddings, rotary_dim, local)
 
 
-def _rope_parameters(hf_config, defaults: dict, max_position_embeddings: int, rotary_dim: int, params: dict) -> dict:
+def _rope_parameters(
+    hf_config, family: FamilySpec, max_position_embeddings: int, rotary_dim: int, params: dict
+) -> dict:
     """The rope settings `params` (a copy of a rope dict of the config) as one dict with at least `rope_type`
     and `rope_theta`, the latter from the config's top level where the dict leaves it out, and the keys
     the type needs, those the config may leave out filled in as transformers fills them. The partial
     rotary factor is read apart (`_rotary_dim`)."""
     params.pop("partial_rotary_factor", None)
-    params.setdefault("rope_theta", _get(hf_config, "rope_theta", defaults["rope_theta"]))
+    params.setdefault("rope_theta", _get(hf_config, "rope_theta", family.defaults.rope_theta))
     rope_type = params.get("rope_type", params.get("type", "default"))
-    params["rope_type"] = defaults["rope_type_aliases"].get(rope_type, rope_type)
+    params["rope_type"] = family.rope_type_aliases.get(rope_type, rope_type)
     if params["rope_type"] not in _SUPPORTED_ROPE_TYPES:
         raise ValueError(
             f"rope_type {params['rope_type']!r} is not supported; supported: {', '.join(_SUPPORTED_ROPE_TYPES)}"
         )
     if params["rope_type"] in _EXTENDED_CONTEXT_TYPES:
         params["original_max_position_embeddings"] = _original_context(
-            hf_config, params, defaults, max_position_embeddings
+            hf_config, params, family.defaults, max_position_embeddings
         )
     missing = [k for k in _ROPE_KEYS[params["rope_type"]] if params.get(k) is None]
     if missing:
@@ -501,11 +341,11 @@ def _rope_parameters(hf_config, defaults: dict, max_position_embeddings: int, ro
     return params
 
 
-def _original_context(hf_config, params: dict, defaults: dict, max_position_embeddings: int) -> int:
+def _original_context(hf_config, params: dict, defaults: HFDefaults, max_position_embeddings: int) -> int:
     """The context a scaled rotary extends, where transformers 5 finds it: the config's top-level
     original_max_position_embeddings (Phi-3's class has one, 4096 unless given), else the rope dict's,
     else max_position_embeddings."""
-    top_level = _get(hf_config, "original_max_position_embeddings", defaults["original_max_position_embeddings"])
+    top_level = _get(hf_config, "original_max_position_embeddings", defaults.original_max_position_embeddings)
     return top_level or params.get("original_max_position_embeddings") or max_position_embeddings
 
 

@@ -1,8 +1,9 @@
-"""Qwen2 and Qwen2.5: the decoder of `blocks` with a bias on the q, k and v projections
-(ModelConfig.qkv_bias, which `ModelConfig.from_hf` sets for this family)."""
+"""Qwen2 and Qwen2.5 dense models (0.5B ... 72B): Llama's decoder with a bias on the q, k and v projections
+(none on o_proj)."""
 
-from nanovllm.models.blocks import DecoderForCausalLM
+from nanovllm.models.family_spec import FamilySpec, HFDefaults
 
-
-class Qwen2ForCausalLM(DecoderForCausalLM):
-    """Qwen2 and Qwen2.5 dense models (0.5B ... 72B)."""
+QWEN2 = FamilySpec(
+    HFDefaults(vocab_size=151936, intermediate_size=22016, max_position_embeddings=32768),
+    bias_on_qkv_only=True,
+)

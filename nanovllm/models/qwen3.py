@@ -1,8 +1,8 @@
-"""Qwen3: the decoder of `blocks` with RMSNorm on each head's q and k before rotary
-(ModelConfig.qk_norm, which `ModelConfig.from_hf` sets for this family)."""
+"""Qwen3 dense models (0.6B ... 32B): Llama's decoder with RMSNorm on each head's q and k before rotary."""
 
-from nanovllm.models.blocks import DecoderForCausalLM
+from nanovllm.models.family_spec import FamilySpec, HFDefaults
 
-
-class Qwen3ForCausalLM(DecoderForCausalLM):
-    """Qwen3 dense models (0.6B ... 32B)."""
+QWEN3 = FamilySpec(
+    HFDefaults(vocab_size=151936, intermediate_size=22016, head_dim=128, max_position_embeddings=32768),
+    qk_norm=True,
+)

@@ -135,7 +135,7 @@ def test_tiny_qwen3_fields(qwen3_dir):
     assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (4, 2, 16)
     assert config.rope_parameters["rope_theta"] == 10000.0
     assert config.qk_norm and not config.tie_word_embeddings
-    assert model_class(config).__name__ == "Qwen3ForCausalLM"
+    assert model_class(config).__name__ == "DecoderForCausalLM"
 
 
 def test_rope_theta_of_an_older_config_is_read():
@@ -331,22 +331,34 @@ def test_a_mixture_of_experts_setting_the_engine_cannot_honour_is_refused(fields
         ModelConfig.from_hf(SimpleNamespace(architectures=["Qwen3MoeForCausalLM"], **fields))
 
 
-def test_importing_the_models_package_imports_no_family_until_one_is_asked_for(qwen3_dir):
+def test_reading_a_config_imports_only_its_family_file_and_no_torch_until_the_model_is_built():
     code = (
         "import sys\n"
         "import nanovllm.models as models\n"
         "from nanovllm.models.model_config import ModelConfig\n"
         "families = ('nanovllm.models.llama', 'nanovllm.models.qwen3', 'nanovllm.models.blocks')\n"
         "assert not any(f in sys.modules for f in families), [f for f in families if f in sys.modules]\n"
-        "assert 'torch' not in sys.modules\n"
         "from types import SimpleNamespace\n"
         "config = ModelConfig.from_hf(SimpleNamespace(architectures=['LlamaForCausalLM']))\n"
-        "assert 'nanovllm.models.llama' not in sys.modules\n"
+        "assert 'nanovllm.models.llama' in sys.modules and 'nanovllm.models.qwen3' not in sys.modules\n"
+        "assert 'torch' not in sys.modules and 'nanovllm.models.blocks' not in sys.modules\n"
         "cls = models.model_class(config)\n"
-        "assert cls.__name__ == 'LlamaForCausalLM' and 'nanovllm.models.llama' in sys.modules\n"
-        "assert 'nanovllm.models.qwen3' not in sys.modules\n"
+        "assert cls.__name__ == 'DecoderForCausalLM' and 'torch' in sys.modules\n"
         "print('ok')\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def test_the_checkpoint_names_of_the_family_reach_the_model():
+    mixtral = ModelConfig.from_hf(SimpleNamespace(architectures=["MixtralForCausalLM"]))
+    assert mixtral.checkpoint_names.renames == {".block_sparse_moe.": ".mlp."}
+    assert mixtral.checkpoint_names.expert_weights["w3"] == ("w13", "up")
+    assert ModelConfig.from_hf(SimpleNamespace(architectures=["Phi3ForCausalLM"])).checkpoint_names.packed_modules == {}
+    image_text = ModelConfig.from_hf(
+        SimpleNamespace(architectures=["Gemma3ForConditionalGeneration"], text_config=SimpleNamespace(head_dim=32))
+    )
+    assert image_text.head_dim == 32 and image_text.checkpoint_names.prefixes["model.vision_tower."] is None
+    llama = ModelConfig.from_hf(SimpleNamespace(architectures=["LlamaForCausalLM"])).checkpoint_names
+    assert llama.packed_modules["k_proj"] == ("qkv_proj", "k") and not (llama.renames or llama.prefixes)
