@@ -29,6 +29,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(needs_gpu)
 
 
+@pytest.fixture(autouse=True)
+def _gpu_memory_returned_after_each_gpu_test(request):
+    """After a GPU test, the memory PyTorch's allocator keeps cached goes back to the driver: the GPU suite runs
+    in several processes on one GPU, and an engine sizes its KV cache from what the whole GPU has free."""
+    yield
+    if request.node.get_closest_marker("gpu") and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 @pytest.fixture(scope="session")
 def qwen3_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-qwen3")

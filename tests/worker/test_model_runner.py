@@ -142,6 +142,7 @@ def test_no_triton_kernel_compiles_after_start_up(qwen3_dir):
 
 
 @pytest.mark.gpu
+@pytest.mark.whole_gpu
 def test_kv_cache_is_sized_from_gpu_memory_utilization_and_freed_with_the_engine(qwen3_06b_shape_dir):
     gc.disable()  # dropping the engine must free its memory without the cycle collector
     try:

@@ -202,6 +202,7 @@ def test_worker_error_is_reported_with_its_message(qwen3_dir, tmp_path):
 
 @pytest.mark.gpu
 @needs_two_gpus
+@pytest.mark.whole_gpu
 def test_two_gpus_match_one_on_a_dummy_qwen3_06b_in_fp32(qwen3_06b_shape_dir):
     rng = random.Random(0)
     prompts = [[rng.randrange(10000) for _ in range(n)] for n in (1, 17, 100, 300, 700)]
