@@ -38,6 +38,10 @@ export TORCHINDUCTOR_COMPILE_THREADS=1
     echo "no CUDA GPU is visible to $PYTHON: the GPU tests would all skip" >&2
     exit 1
 }
+"$PYTHON" -c "import xdist" 2>/dev/null || {
+    echo "pytest-xdist is missing: $PYTHON -m pip install pytest-xdist (or put its wheel and execnet's in .whl/)" >&2
+    exit 1
+}
 workers="${GPU_TEST_WORKERS:-$(nproc)}"
 [ "$workers" -gt 16 ] && workers=16
 # PyTorch's CPU work (the transformers references) gets the cores left per process: more threads than cores
