@@ -1,6 +1,7 @@
 """Fixtures: tiny random models saved with transformers, with a small word-level tokenizer,
 and a folder with the Qwen3-0.6B shape for dummy weights."""
 
+import gc
 import json
 import os
 
@@ -31,10 +32,13 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _gpu_memory_returned_after_each_gpu_test(request):
-    """After a GPU test, the memory PyTorch's allocator keeps cached goes back to the driver: the GPU suite runs
-    in several processes on one GPU, and an engine sizes its KV cache from what the whole GPU has free."""
+    """After a GPU test, its engines and tensors are freed and the memory PyTorch's allocator keeps cached goes
+    back to the driver: the GPU suite runs in several processes on one GPU, and an engine sizes its KV cache from
+    what the whole GPU has free. An engine a test patched with a function that refers to it lives in a reference
+    cycle, which only the cycle collector frees."""
     yield
     if request.node.get_closest_marker("gpu") and torch.cuda.is_initialized():
+        gc.collect()
         torch.cuda.empty_cache()
 
 
