@@ -3,7 +3,8 @@
 A family is one small file that declares its `FamilySpec` (see `family_spec`)
 and imports no torch, so that reading a config loads neither torch nor the
 other families. Every family runs on the decoder of `blocks`, which
-`model_class` imports.
+`model_class` imports. Adding a family that the decoder's options cover is
+adding its file and its line in `FAMILIES`.
 """
 
 import importlib

@@ -12,6 +12,7 @@ This module imports neither torch nor transformers.
 
 from dataclasses import dataclass, field
 
+from nanovllm.cache.specs import CacheSpec, FullAttention, SlidingWindow
 from nanovllm.models.family_spec import CheckpointNames, ExpertDefaults, FamilySpec, HFDefaults, SlidingLayers
 from nanovllm.models.quantization_config import Fp8Weights, read_quantization
 
@@ -69,6 +70,7 @@ class ModelConfig:
     sliding_window: int | None  # the sliding layers attend over at most this many tokens (None: no layer slides)
     # per layer, "sliding_attention" (over sliding_window tokens) or "full_attention" (the whole sequence)
     layer_types: tuple[str, ...]
+    layer_specs: tuple[CacheSpec, ...]  # per layer, the cache it needs (with the model's KV heads, not one rank's)
     attention_scale: float  # multiplies q.k: query_pre_attn_scalar ** -0.5 (head_dim ** -0.5 but for Gemma 2)
     attn_logit_softcapping: float | None  # each attention score s becomes c * tanh(s / c) (None: uncapped)
     final_logit_softcapping: float | None  # each logit likewise
@@ -87,7 +89,8 @@ class ModelConfig:
 
     def layer_window(self, layer: int) -> int | None:
         """The sliding window of decoder layer `layer` (None: it attends over the whole sequence)."""
-        return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None
+        spec = self.layer_specs[layer]
+        return spec.window if isinstance(spec, SlidingWindow) else None
 
     def rope_parameters_of(self, layer_type: str) -> dict:
         """The rope settings of the layers of `layer_type` (one of layer_types)."""
@@ -133,6 +136,7 @@ class ModelConfig:
         eos = _get(hf_config, "eos_token_id", None)
         attention_bias = bool(read("attention_bias"))
         num_layers = read("num_hidden_layers")
+        num_kv_heads = read("num_key_value_heads") or num_heads
         sliding_window, layer_types = _sliding_layers(hf_config, family, num_layers)
         max_position_embeddings = read("max_position_embeddings")
         rope, sliding_rope = _layer_rope_parameters(hf_config, family, max_position_embeddings, rotary_dim)
@@ -144,7 +148,7 @@ class ModelConfig:
             intermediate_size=intermediate_size,
             num_hidden_layers=num_layers,
             num_attention_heads=num_heads,
-            num_key_value_heads=read("num_key_value_heads") or num_heads,
+            num_key_value_heads=num_kv_heads,
             head_dim=head_dim,
             rotary_dim=rotary_dim,
             vocab_size=read("vocab_size"),
@@ -160,6 +164,7 @@ class ModelConfig:
             qk_norm=family.qk_norm,
             sliding_window=sliding_window,
             layer_types=layer_types,
+            layer_specs=_layer_specs(layer_types, num_kv_heads, head_dim, sliding_window),
             attention_scale=_positive("query_pre_attn_scalar", read("query_pre_attn_scalar") or head_dim) ** -0.5,
             attn_logit_softcapping=_softcap(hf_config, "attn_logit_softcapping", defaults),
             final_logit_softcapping=_softcap(hf_config, "final_logit_softcapping", defaults),
@@ -267,6 +272,17 @@ def _sliding_layers(hf_config, family: FamilySpec, num_layers: int) -> tuple[int
             f"{', '.join(_LAYER_TYPES)}; got {list(layer_types)}"
         )
     return window, tuple(layer_types)
+
+
+def _layer_specs(
+    layer_types: tuple[str, ...], num_kv_heads: int, head_dim: int, window: int | None
+) -> tuple[CacheSpec, ...]:
+    """The cache each layer needs: paged K/V over its window for a sliding layer, over every token otherwise."""
+    full = FullAttention(num_kv_heads, head_dim)
+    return tuple(
+        SlidingWindow(num_kv_heads, head_dim, window) if layer_type == "sliding_attention" else full
+        for layer_type in layer_types
+    )
 
 
 def _given_rope_parameters(hf_config) -> dict:

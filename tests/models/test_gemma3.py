@@ -9,6 +9,7 @@ from test_families import ENGINE, GREEDY, assert_cached_prefix_matches_transform
 from transformers import Gemma3Config, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma3TextConfig
 
 from nanovllm import LLM
+from nanovllm.cache.specs import FullAttention, SlidingWindow
 from nanovllm.models.model_config import ModelConfig
 
 from helpers.hf_reference import hf_greedy
@@ -83,6 +84,8 @@ def test_layer_types_and_rotary_bases_are_read_per_layer(gemma3_dir):
 
     config = ModelConfig.from_hf(AutoConfig.from_pretrained(gemma3_dir))
     assert config.layer_types == ("sliding_attention",) * 5 + ("full_attention",)
+    # every KV head of the model (two), not those of one rank
+    assert config.layer_specs == (SlidingWindow(2, 16, WINDOW),) * 5 + (FullAttention(2, 16),)
     assert config.sliding_rope_parameters == {"rope_type": "default", "rope_theta": 500.0}
     assert config.rope_parameters["rope_type"] == "linear" and config.rope_parameters["rope_theta"] == 10000.0
     assert config.qk_norm and config.attn_logit_softcapping is None and config.final_logit_softcapping is None

@@ -17,6 +17,7 @@ from transformers import (
     Qwen3MoeConfig,
 )
 
+from nanovllm.cache.specs import FullAttention, SlidingWindow, group_layers
 from nanovllm.config import Config
 from nanovllm.models import model_class
 from nanovllm.models.model_config import ModelConfig
@@ -362,3 +363,49 @@ def test_the_checkpoint_names_of_the_family_reach_the_model():
     assert image_text.head_dim == 32 and image_text.checkpoint_names.prefixes["model.vision_tower."] is None
     llama = ModelConfig.from_hf(SimpleNamespace(architectures=["LlamaForCausalLM"])).checkpoint_names
     assert llama.packed_modules["k_proj"] == ("qkv_proj", "k") and not (llama.renames or llama.prefixes)
+
+
+TINY = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=4)
+FULL = FullAttention(num_kv_heads=2, head_dim=16)
+
+
+@pytest.mark.parametrize(
+    "architecture, fields, specs",
+    [
+        ("LlamaForCausalLM", {}, [FULL] * 4),
+        ("Qwen2ForCausalLM", {}, [FULL] * 4),
+        ("Qwen3ForCausalLM", {"head_dim": 32}, [FullAttention(2, 32)] * 4),
+        ("Qwen3MoeForCausalLM", {}, [FULL] * 4),
+        ("MistralForCausalLM", {}, [SlidingWindow(2, 16, 4096)] * 4),  # v0.1's window, on every layer
+        ("MistralForCausalLM", {"sliding_window": None}, [FULL] * 4),  # later versions
+        ("Phi3ForCausalLM", {}, [FULL] * 4),
+        ("Phi3ForCausalLM", {"sliding_window": 2047}, [SlidingWindow(2, 16, 2047)] * 4),
+        ("MixtralForCausalLM", {}, [FULL] * 4),
+        ("MixtralForCausalLM", {"sliding_window": 64}, [SlidingWindow(2, 16, 64)] * 4),
+        # Gemma 2: even layers slide; Gemma 3: five sliding layers to one global; else as layer_types say
+        ("Gemma2ForCausalLM", {"head_dim": 16}, [SlidingWindow(2, 16, 4096), FULL] * 2),
+        (
+            "Gemma3ForCausalLM",
+            {"head_dim": 16, "num_hidden_layers": 7},
+            [SlidingWindow(2, 16, 4096)] * 5 + [FULL] + [SlidingWindow(2, 16, 4096)],
+        ),
+        (
+            "Gemma3ForCausalLM",
+            {"head_dim": 16, "sliding_window": 8, "layer_types": ["full_attention"] + ["sliding_attention"] * 3},
+            [FULL] + [SlidingWindow(2, 16, 8)] * 3,
+        ),
+    ],
+)
+def test_each_layer_has_the_cache_spec_of_its_family_and_config(architecture, fields, specs):
+    config = ModelConfig.from_hf(SimpleNamespace(architectures=[architecture], **{**TINY, **fields}))
+    assert list(config.layer_specs) == specs
+    windows = [spec.window if isinstance(spec, SlidingWindow) else None for spec in specs]
+    assert [config.layer_window(i) for i in range(len(specs))] == windows
+
+
+def test_an_image_text_gemma3_has_the_layer_specs_of_its_text_config():
+    text_config = SimpleNamespace(**{**TINY, "head_dim": 16, "num_hidden_layers": 6, "sliding_window": 512})
+    config = ModelConfig.from_hf(
+        SimpleNamespace(architectures=["Gemma3ForConditionalGeneration"], text_config=text_config)
+    )
+    assert group_layers(config.layer_specs) == {SlidingWindow(2, 16, 512): (0, 1, 2, 3, 4), FULL: (5,)}
