@@ -12,7 +12,7 @@ import torch
 from nanovllm import LLM, SamplingParams
 from nanovllm.cli import build_parser
 from nanovllm.config import Config
-from nanovllm.worker import model_runner
+from nanovllm.worker import kv_cache_sizing
 
 GIB = 1 << 30
 
@@ -308,7 +308,7 @@ def test_fp8_weights_on_a_gpu_without_fp8_tensor_cores_are_refused(qwen3_dir, mo
 
 def test_cpu_kv_cache_larger_than_the_available_memory_is_refused(qwen3_dir, monkeypatch):
     # 8192 sequences of 4 blocks could use 4 GiB, so all 3 GiB asked for would be allocated
-    monkeypatch.setattr(model_runner, "available_memory_bytes", lambda: 2 * GIB)
+    monkeypatch.setattr(kv_cache_sizing, "available_memory_bytes", lambda: 2 * GIB)
     with pytest.raises(
         ValueError,
         match=r"a 3 GiB KV cache \(cpu_kvcache_gb=3\) does not fit in memory: "
@@ -321,15 +321,15 @@ def test_cpu_kv_cache_larger_than_the_available_memory_is_refused(qwen3_dir, mon
 
 def test_cpu_kv_cache_is_checked_at_the_size_sequences_can_use(qwen3_dir, monkeypatch):
     # 4 sequences of 256 tokens use 64 blocks of 16 tokens, far less than the 100 GiB asked for
-    monkeypatch.setattr(model_runner, "available_memory_bytes", lambda: GIB)
+    monkeypatch.setattr(kv_cache_sizing, "available_memory_bytes", lambda: GIB)
     llm = LLM(qwen3_dir, cpu_kvcache_gb=100, max_num_seqs=4, max_model_len=256, block_size=16)
     assert llm.client.core.executor.num_kvcache_blocks == 64
 
 
 def test_available_memory_is_read_with_or_without_proc(monkeypatch):
-    assert model_runner.available_memory_bytes() > 0
-    monkeypatch.setattr(model_runner.os.path, "exists", lambda path: False)
-    assert model_runner.available_memory_bytes() > 0
+    assert kv_cache_sizing.available_memory_bytes() > 0
+    monkeypatch.setattr(kv_cache_sizing.os.path, "exists", lambda path: False)
+    assert kv_cache_sizing.available_memory_bytes() > 0
 
 
 def test_prefix_caching_can_be_turned_off(qwen3_dir):

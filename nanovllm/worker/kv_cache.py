@@ -16,9 +16,13 @@ from dataclasses import dataclass
 
 import torch
 
-from nanovllm.config import Config
 from nanovllm.kernels.fp8_kv import FP8_DTYPE, SCALE_DTYPE
 from nanovllm.kernels.torch_attention import store_kvcache
+
+
+def kv_cache_dtype(setting: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The cache's element type for the `kv_cache_dtype` setting: float8 e4m3 for "fp8", else the model's."""
+    return FP8_DTYPE if setting == "fp8" else model_dtype
 
 
 @dataclass(frozen=True, eq=False)
@@ -66,12 +70,6 @@ class KVCacheSpec:
     num_kv_heads: int
     head_dim: int
     num_layers: int
-
-    @classmethod
-    def from_config(cls, config: Config, num_layers: int, num_kv_heads: int, head_dim: int) -> "KVCacheSpec":
-        """The spec `config.kv_cache_dtype` asks for, for a model of this shape (kv heads per rank)."""
-        dtype = FP8_DTYPE if config.kv_cache_dtype == "fp8" else config.torch_dtype
-        return cls(dtype, config.kv_block_size, num_kv_heads, head_dim, num_layers)
 
     @property
     def is_fp8(self) -> bool:

@@ -1,7 +1,6 @@
 """Runs the model for one rank: builds it, sizes the KV cache, launches each step and its sampling."""
 
 import functools
-import os
 import time
 from dataclasses import dataclass, replace
 from itertools import accumulate, chain
@@ -27,39 +26,20 @@ from nanovllm.spec_decode.verification import (
 )
 from nanovllm.utils.context import Context, forward_context
 from nanovllm.utils.loader import load_dummy_weights, load_model
-from nanovllm.utils.parallel import (
-    all_ranks_min,
-    destroy_process_group,
-    init_process_group,
-    share_cpu_cores,
-    tensor_parallel,
-)
+from nanovllm.utils.parallel import destroy_process_group, init_process_group, share_cpu_cores, tensor_parallel
 from nanovllm.worker.cuda_graphs import DecodeGraphs, verify_capture_sizes
 from nanovllm.worker.decode_buffers import DecodeBuffers
 from nanovllm.worker.decode_step import DecodeStep, DeviceInputForward, VerifyOutputs
 from nanovllm.worker.executor import Executor
-from nanovllm.worker.kv_cache import KVCache, KVCacheSpec
+from nanovllm.worker.kv_cache import KVCache
+from nanovllm.worker.kv_cache_sizing import bind_kv_cache, kv_cache_spec, kv_capacity
 from nanovllm.worker.pending_output import PendingOutput, PromptScores
 from nanovllm.worker.start_up_report import StartUpReport
 
-_GIB = 1 << 30
 _PROMPT_SCORING_ROWS = 256  # prompt positions whose full-vocabulary logits are held at once
-_CPU_KV_CACHE_SHARE = 0.9  # of the available memory; the rest is headroom for activations
 # the most queries (sequences x (drafts + 1)) a captured verify step runs: their logits share one buffer with
 # the decode graphs', [rows, vocab], taken from the KV cache's memory (2048 rows of Qwen3's vocabulary: 0.6 GB)
 _MAX_VERIFY_GRAPH_ROWS = 2048
-
-
-def available_memory_bytes() -> int:
-    """Memory a new allocation can take without swapping: MemAvailable from /proc/meminfo, else the free
-    physical pages os.sysconf reports (all physical pages where it cannot tell which are free)."""
-    if os.path.exists("/proc/meminfo"):
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    pages = "SC_AVPHYS_PAGES" if "SC_AVPHYS_PAGES" in os.sysconf_names else "SC_PHYS_PAGES"
-    return os.sysconf(pages) * os.sysconf("SC_PAGE_SIZE")
 
 
 @dataclass
@@ -121,10 +101,7 @@ class ModelRunner(Executor):
         backend = make_attention_backend(config.attention_impl)
         for layer in self.attention_layers:
             layer.backend = backend
-        attn = self.attention_layers[0]
-        self.kv_cache_spec = KVCacheSpec.from_config(
-            config, len(self.attention_layers), attn.num_kv_heads, attn.head_dim
-        )
+        self.kv_cache_spec = kv_cache_spec(config, self.attention_layers)
         self.kv_cache: KVCache | None = None  # allocated once the start-up step has measured activations
         self.sampler = Sampler()
         # queries per request of a verify step: the last token and as many drafts as the method proposes
@@ -162,7 +139,8 @@ class ModelRunner(Executor):
             )
         if self.device.type == "cuda":
             self._warm_up()
-        self.num_kvcache_blocks = self._allocate_kv_cache()
+        self.num_kvcache_blocks = kv_capacity(config, self.kv_cache_spec.block_bytes, self.device, self.world_size)
+        self.kv_cache = bind_kv_cache(self.kv_cache_spec, self.num_kvcache_blocks, self.attention_layers, self.device)
         self.kv_cache_dtype_name = self.kv_cache_spec.dtype_name
         if self.device.type == "cuda":
             self._warm_up_cached_prefix()
@@ -279,62 +257,6 @@ class ModelRunner(Executor):
         # (prefix-cache hits, and every mixed step of decodes and prompt chunks);
         # compile it now rather than in the middle of the first request that needs it.
         self._run_start_up_step(start_up_step([[0, 0]], [1], [[0]]))
-
-    def _cpu_blocks_that_fit(self, block_bytes: int) -> int:
-        config = self.config
-        num_blocks = int(config.cpu_kvcache_gb * _GIB) // block_bytes
-        cache_bytes = min(num_blocks, config.max_num_seqs * config.max_blocks_per_seq) * block_bytes
-        available = available_memory_bytes()
-        allowed = _CPU_KV_CACHE_SHARE * available
-        if cache_bytes > allowed:
-            raise ValueError(
-                f"a {cache_bytes / _GIB:.3g} GiB KV cache (cpu_kvcache_gb={config.cpu_kvcache_gb}) does not fit in "
-                f"memory: {available / _GIB:.3g} GiB is available and the cache may take at most "
-                f"{_CPU_KV_CACHE_SHARE:.0%} of it ({allowed / _GIB:.3g} GiB), leaving the rest for activations; "
-                f"lower cpu_kvcache_gb (or set num_kvcache_blocks)"
-            )
-        return num_blocks
-
-    def _num_blocks_that_fit(self, block_bytes: int) -> int:
-        if self.device.type == "cpu":
-            return self._cpu_blocks_that_fit(block_bytes)
-        free, total = torch.cuda.mem_get_info(self.device)
-        stats = torch.cuda.memory_stats(self.device)
-        used_elsewhere = total - free
-        warm_up_extra = stats["allocated_bytes.all.peak"] - stats["allocated_bytes.all.current"]
-        budget = total * self.config.gpu_memory_utilization - used_elsewhere - warm_up_extra
-        if budget < block_bytes:
-            raise ValueError(
-                f"no room for the KV cache: one block needs {block_bytes / _GIB:.3f} GiB but only "
-                f"{max(budget, 0) / _GIB:.3f} GiB is left of gpu_memory_utilization="
-                f"{self.config.gpu_memory_utilization} x {total / _GIB:.1f} GiB; raise "
-                f"gpu_memory_utilization, or lower max_model_len/max_num_batched_tokens"
-            )
-        return int(budget) // block_bytes
-
-    def _kv_capacity(self, block_bytes: int) -> int:
-        """Blocks the cache gets: the configured number, or what memory holds (never more than every
-        sequence at full length could use)."""
-        config = self.config
-        if config.num_kvcache_blocks != -1:
-            return config.num_kvcache_blocks
-        num_blocks = min(self._num_blocks_that_fit(block_bytes), config.max_num_seqs * config.max_blocks_per_seq)
-        if self.world_size > 1:
-            # every rank must hold the blocks rank 0's scheduler hands out
-            num_blocks = all_ranks_min(num_blocks, self.device)
-        if num_blocks < 1:
-            raise ValueError(
-                f"cpu_kvcache_gb={config.cpu_kvcache_gb} holds no KV block of "
-                f"{block_bytes / _GIB:.3f} GiB; raise it or lower block_size"
-            )
-        return num_blocks
-
-    def _allocate_kv_cache(self) -> int:
-        num_blocks = self._kv_capacity(self.kv_cache_spec.block_bytes)
-        self.kv_cache = self.kv_cache_spec.allocate(num_blocks, self.device)
-        for layer, layer_cache in zip(self.attention_layers, self.kv_cache.layers, strict=True):
-            layer.bind_kv_cache(layer_cache)
-        return num_blocks
 
     def _to_device(self, values: list, dtype: torch.dtype) -> torch.Tensor:
         # pinned memory comes from PyTorch's caching host allocator, which keeps a

@@ -1,10 +1,13 @@
 """KVCacheSpec sizes the cache; its allocation gives each attention layer views of the one cache tensor."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from nanovllm.kernels.fp8_kv import FP8_DTYPE, SCALE_DTYPE
 from nanovllm.worker.kv_cache import KVCacheSpec
+from nanovllm.worker.kv_cache_sizing import kv_cache_spec
 
 LAYERS, BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM = 3, 5, 16, 2, 128
 
@@ -27,12 +30,13 @@ def test_bytes_per_token_count_k_and_v_of_every_layer_and_head_with_the_scales(d
     assert s.scale_dtype == (SCALE_DTYPE if dtype == FP8_DTYPE else None)
 
 
-def test_the_spec_follows_the_config(qwen3_dir):
+def test_the_spec_follows_the_config_and_the_attention_layers(qwen3_dir):
     from nanovllm.config import Config
 
+    layers = [SimpleNamespace(num_kv_heads=2, head_dim=64)] * 4
     for kv_cache_dtype, want in (("auto", torch.float32), ("fp8", FP8_DTYPE)):
         config = Config(qwen3_dir, device="cpu", kv_cache_dtype=kv_cache_dtype, block_size=32)
-        s = KVCacheSpec.from_config(config, 4, 2, 64)
+        s = kv_cache_spec(config, layers)
         assert (s.dtype, s.block_size, s.num_layers, s.num_kv_heads, s.head_dim) == (want, 32, 4, 2, 64)
 
 
