@@ -6,6 +6,9 @@ import torch
 
 from nanovllm.worker.decode_buffers import DecodeBuffers
 
+# the most queries (sequences x (drafts + 1)) a captured verify step runs: their logits share one buffer with
+# the decode graphs', [rows, vocab], taken from the KV cache's memory (2048 rows of Qwen3's vocabulary: 0.6 GB)
+MAX_VERIFY_GRAPH_ROWS = 2048
 # the decode buffers' views of one shape (`DecodeBuffers.views`) -> the step's output (logits, or hidden
 # states with several ranks): the runner's DecodeStep
 DecodeFunction = Callable[..., torch.Tensor]
@@ -21,6 +24,15 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 def verify_capture_sizes(max_num_seqs: int, queries: int, max_rows: int) -> list[int]:
     """The decode sizes whose verify steps of `queries` queries per sequence hold at most `max_rows` queries."""
     return [s for s in capture_sizes(max_num_seqs) if s * queries <= max_rows]
+
+
+def max_graph_rows(max_num_seqs: int, verify_queries: int | None) -> int:
+    """The most rows a captured step has: the largest decode batch, or the queries of the largest captured
+    verify step (`verify_queries` per sequence; None without speculation)."""
+    if verify_queries is None:
+        return max_num_seqs
+    sizes = verify_capture_sizes(max_num_seqs, verify_queries, MAX_VERIFY_GRAPH_ROWS)
+    return max([max_num_seqs, *(size * verify_queries for size in sizes)])
 
 
 class DecodeGraphs:

@@ -16,7 +16,6 @@ from nanovllm.layers.fp8_linear import dequantize_tensor, quantize_weights, stor
 from nanovllm.models import model_class
 from nanovllm.sample.metadata import SamplingTensors, sampling_rows, sampling_tensors, step_sampling
 from nanovllm.sample.sampler import Sampler, SamplerOutput, token_logprobs
-from nanovllm.sampling_params import SamplingParams
 from nanovllm.spec_decode.verification import (
     VerifiedDrafts,
     drafts_in_step,
@@ -27,7 +26,7 @@ from nanovllm.spec_decode.verification import (
 from nanovllm.utils.context import Context, forward_context
 from nanovllm.utils.loader import load_dummy_weights, load_model
 from nanovllm.utils.parallel import destroy_process_group, init_process_group, share_cpu_cores, tensor_parallel
-from nanovllm.worker.cuda_graphs import DecodeGraphs, verify_capture_sizes
+from nanovllm.worker.cuda_graphs import MAX_VERIFY_GRAPH_ROWS, DecodeGraphs, max_graph_rows
 from nanovllm.worker.decode_buffers import DecodeBuffers
 from nanovllm.worker.decode_step import DecodeStep, DeviceInputForward, VerifyOutputs
 from nanovllm.worker.executor import Executor
@@ -35,11 +34,9 @@ from nanovllm.worker.kv_cache import KVCache
 from nanovllm.worker.kv_cache_sizing import bind_kv_cache, kv_cache_spec, kv_capacity
 from nanovllm.worker.pending_output import PendingOutput, PromptScores
 from nanovllm.worker.start_up_report import StartUpReport
+from nanovllm.worker.warm_up import warm_up, warm_up_cached_prefix
 
 _PROMPT_SCORING_ROWS = 256  # prompt positions whose full-vocabulary logits are held at once
-# the most queries (sequences x (drafts + 1)) a captured verify step runs: their logits share one buffer with
-# the decode graphs', [rows, vocab], taken from the KV cache's memory (2048 rows of Qwen3's vocabulary: 0.6 GB)
-_MAX_VERIFY_GRAPH_ROWS = 2048
 
 
 @dataclass
@@ -133,17 +130,17 @@ class ModelRunner(Executor):
         if use_graphs and self._decode_step.samples:
             # one buffer for every graph's logits, rather than one output per captured shape; taken before
             # the KV cache is sized, so that the cache leaves room for it
-            rows = max([config.max_num_seqs, *self._verify_graph_rows()])
+            rows = max_graph_rows(config.max_num_seqs, self.verify_queries)
             self._decode_step.logits = torch.empty(
                 rows, config.model_config.vocab_size, dtype=self.dtype, device=self.device
             )
         if self.device.type == "cuda":
-            self._warm_up()
+            warm_up(self._run_start_up_step, self.sampler, config, self.max_sampling_rows, self.device)
         self.num_kvcache_blocks = kv_capacity(config, self.kv_cache_spec.block_bytes, self.device, self.world_size)
         self.kv_cache = bind_kv_cache(self.kv_cache_spec, self.num_kvcache_blocks, self.attention_layers, self.device)
         self.kv_cache_dtype_name = self.kv_cache_spec.dtype_name
         if self.device.type == "cuda":
-            self._warm_up_cached_prefix()
+            warm_up_cached_prefix(self._run_start_up_step)
         self.decode_buffers = DecodeBuffers(
             config.max_num_seqs,
             config.max_blocks_per_seq,
@@ -160,7 +157,7 @@ class ModelRunner(Executor):
                     self.decode_buffers,
                     config.max_num_seqs,
                     self.verify_queries,
-                    _MAX_VERIFY_GRAPH_ROWS,
+                    MAX_VERIFY_GRAPH_ROWS,
                 )
             )
         self.start_up = StartUpReport(
@@ -184,13 +181,6 @@ class ModelRunner(Executor):
         if self.device.type == "cuda":
             return f"{self.device} ({torch.cuda.get_device_name(self.device)})"
         return f"cpu ({torch.get_num_threads()} threads)"
-
-    def _verify_graph_rows(self) -> list[int]:
-        """The queries of each captured verify step (none without speculation)."""
-        if self.verify_queries is None:
-            return []
-        sizes = verify_capture_sizes(self.config.max_num_seqs, self.verify_queries, _MAX_VERIFY_GRAPH_ROWS)
-        return [size * self.verify_queries for size in sizes]
 
     def _build_model(self) -> torch.nn.Module:
         model_config = self.config.model_config
@@ -216,47 +206,11 @@ class ModelRunner(Executor):
         return model.eval().requires_grad_(False)
 
     def _run_start_up_step(self, out: SchedulerOutput) -> None:
+        """Run a start-up step (`warm_up`) to its end and forget its samples."""
         pending = self.execute(out)
         if pending is not None:
             pending.result()
         self._last_sampled_rows = {}
-
-    def _warm_up(self) -> None:
-        # The largest prefill the config allows, and sampling for the most rows a step samples (the largest
-        # decode batch, or its drafts too), set the activation peak the KV-cache sizing must leave room for.
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        # no step holds more than max_num_batched_tokens tokens: a longer prompt is chunked
-        max_len = min(self.config.context_len, self.config.token_budget)
-        num_seqs = max(1, min(self.config.token_budget // max_len, self.config.max_num_seqs))
-        self._run_start_up_step(start_up_step([[0] * max_len] * num_seqs, [0] * num_seqs, [[]] * num_seqs))
-        # kernels whose tiles depend on the token count (a mixture of experts' grouped GEMMs) compile now, one
-        # prompt per power of two, rather than in the middle of the first step of each size, which the compile stalls
-        for num_tokens in _powers_of_two(16, max_len // 2):
-            self._run_start_up_step(start_up_step([[0] * num_tokens], [0], [[]]))
-        logits = torch.zeros(
-            self.max_sampling_rows, self.config.model_config.vocab_size, dtype=self.dtype, device=self.device
-        )
-        ones = torch.ones(self.max_sampling_rows, device=self.device)
-        self.sampler(logits, SamplingTensors(temperatures=ones))
-        # the truncation, logprobs and grammar-mask kernels compile now rather than under the first request
-        # that asks for them, which would wait for the compile with the device idle
-        truncating = dict(top_k=ones.long(), top_p=ones / 2, min_p=ones / 10, num_logprobs=1)
-        self.sampler(logits, SamplingTensors(temperatures=ones, **truncating))
-        words = (self.config.model_config.vocab_size + 31) // 32
-        masking = dict(
-            bitmask=torch.full((logits.size(0), words), -1, dtype=torch.int32, device=self.device),
-            bitmask_rows=torch.zeros(1, dtype=torch.int32, device=self.device),
-        )
-        self.sampler(logits, SamplingTensors(temperatures=ones, **masking))
-        del logits
-        torch.cuda.empty_cache()
-
-    def _warm_up_cached_prefix(self) -> None:
-        # The prefill kernel has a second variant for queries over a cached prefix
-        # (prefix-cache hits, and every mixed step of decodes and prompt chunks);
-        # compile it now rather than in the middle of the first request that needs it.
-        self._run_start_up_step(start_up_step([[0, 0]], [1], [[0]]))
 
     def _to_device(self, values: list, dtype: torch.dtype) -> torch.Tensor:
         # pinned memory comes from PyTorch's caching host allocator, which keeps a
@@ -552,26 +506,3 @@ def _scored_tokens(out: SchedulerOutput, cu_q: list[int]) -> list[int]:
 def _tensor_bytes(model: torch.nn.Module) -> int:
     """Bytes of a model's parameters and buffers (each tensor once, however many modules hold it)."""
     return sum(t.numel() * t.element_size() for t in chain(model.parameters(), model.buffers()))
-
-
-def _powers_of_two(low: int, high: int) -> list[int]:
-    """The powers of two from `low` to `high`, both included where they are powers of two."""
-    return [1 << e for e in range(low.bit_length() - 1, high.bit_length()) if low <= 1 << e <= high]
-
-
-def start_up_step(
-    token_ids: list[list[int]], num_computed_tokens: list[int], block_tables: list[list[int]]
-) -> SchedulerOutput:
-    """A step of made-up requests that each compute `token_ids[i]` and sample (start-up compiles and sizing)."""
-    n = len(token_ids)
-    req_ids = [f"start-up-{i}" for i in range(n)]
-    return SchedulerOutput(
-        req_ids,
-        token_ids,
-        num_computed_tokens,
-        block_tables,
-        [True] * n,
-        req_ids,
-        [SamplingParams(temperature=1.0, max_tokens=1)] * n,
-        [0] * n,
-    )

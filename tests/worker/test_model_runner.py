@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from nanovllm import LLM, SamplingParams
-from nanovllm.worker.model_runner import start_up_step
+from nanovllm.worker.warm_up import start_up_step, warm_up_cached_prefix
 
 from helpers.engine_probes import record_batches
 from helpers.gpu_cases import GPU_GREEDY, gpu_prompts
@@ -25,7 +25,7 @@ def test_cached_prefix_warm_up_step_leaves_generation_unchanged(qwen3_dir, backe
     kwargs = dict(attention_backend=backend, block_size=16, num_kvcache_blocks=16, max_model_len=128)
     expected = [o.outputs[0].token_ids for o in LLM(qwen3_dir, **kwargs).generate(PROMPTS, GREEDY, use_tqdm=False)]
     warmed = LLM(qwen3_dir, **kwargs)
-    warmed.client.core.executor._warm_up_cached_prefix()
+    warm_up_cached_prefix(warmed.client.core.executor._run_start_up_step)
     assert warmed.client.core.scheduler.block_manager.num_free_blocks == 16
     assert [o.outputs[0].token_ids for o in warmed.generate(PROMPTS, GREEDY, use_tqdm=False)] == expected
 
