@@ -3,7 +3,7 @@
 import functools
 import time
 from dataclasses import dataclass, replace
-from itertools import accumulate, chain
+from itertools import chain
 
 import torch
 import torch.distributed as dist
@@ -23,7 +23,7 @@ from nanovllm.spec_decode.verification import (
     verify_drafts,
     verify_padded,
 )
-from nanovllm.utils.context import Context, forward_context
+from nanovllm.utils.context import forward_context
 from nanovllm.utils.loader import load_dummy_weights, load_model
 from nanovllm.utils.parallel import destroy_process_group, init_process_group, share_cpu_cores, tensor_parallel
 from nanovllm.worker.cuda_graphs import MAX_VERIFY_GRAPH_ROWS, DecodeGraphs, max_graph_rows
@@ -34,6 +34,7 @@ from nanovllm.worker.kv_cache import KVCache
 from nanovllm.worker.kv_cache_sizing import bind_kv_cache, kv_cache_spec, kv_capacity
 from nanovllm.worker.pending_output import PendingOutput, PromptScores
 from nanovllm.worker.start_up_report import StartUpReport
+from nanovllm.worker.varlen_inputs import scored_tokens, varlen_inputs
 from nanovllm.worker.warm_up import warm_up, warm_up_cached_prefix
 
 _PROMPT_SCORING_ROWS = 256  # prompt positions whose full-vocabulary logits are held at once
@@ -218,11 +219,6 @@ class ModelRunner(Executor):
         pin = self.device.type == "cuda"
         return torch.tensor(values, dtype=dtype, pin_memory=pin).to(self.device, non_blocking=True)
 
-    def _slots(self, table: list[int], start: int, end: int) -> list[int]:
-        """Flat cache slots of positions start..end-1 of a sequence with block table `table`."""
-        bs = self.block_size
-        return [table[p // bs] * bs + p % bs for p in range(start, end)] if table else [-1] * (end - start)
-
     def _src_rows(self, out: SchedulerOutput) -> list[int]:
         """Per request: the row of the previous step's samples that holds its input token still in flight (its
         chunk's last, or its first when drafts follow it), or -1 when the host knows every input token."""
@@ -234,41 +230,12 @@ class ModelRunner(Executor):
     def _run_varlen(self, out: SchedulerOutput) -> tuple[torch.Tensor, list[int]]:
         """Prompt chunks and any decodes beside them, packed: hidden states of every token, and where
         each request's tokens start (cumulative query lengths)."""
-        seqlens_q = out.num_scheduled_tokens
-        seqlens_k = [start + n for start, n in zip(out.num_computed_tokens, seqlens_q)]
-        positions, slots, src_rows = [], [], []
-        for ids, table, start, end, src in zip(
-            out.token_ids, out.block_tables, out.num_computed_tokens, seqlens_k, self._src_rows(out)
-        ):
-            positions += range(start, end)
-            slots += self._slots(table, start, end)
-            src_rows += [src if token_id == PLACEHOLDER else -1 for token_id in ids]
-        cu_q = list(accumulate(seqlens_q, initial=0))
-        cu_k = list(accumulate(seqlens_k, initial=0))
-        # a cache that gives back other keys than it was given is read for the new tokens' keys too, so
-        # that they match a cached prefix's
-        reads_cache = any(out.num_computed_tokens) or (
-            self.kv_cache is not None and self.kv_cache_spec.prefill_reads_cache
+        new_keys_from_cache = self.kv_cache is not None and self.kv_cache_spec.prefill_reads_cache
+        context, input_ids, src_rows, positions, cu_q = varlen_inputs(
+            out, self._src_rows(out), self.block_size, new_keys_from_cache, self._to_device
         )
-        width = max(len(table) for table in out.block_tables)
-        context = Context(
-            is_prefill=True,
-            slot_mapping=self._to_device(slots, torch.int64),
-            cu_seqlens_q=self._to_device(cu_q, torch.int32),
-            cu_seqlens_k=self._to_device(cu_k, torch.int32),
-            max_seqlen_q=max(seqlens_q),
-            max_seqlen_k=max(seqlens_k),
-            seqlens_q=seqlens_q,
-            seqlens_k=seqlens_k,
-            block_tables=self._to_device([t + [-1] * (width - len(t)) for t in out.block_tables], torch.int32)
-            if reads_cache
-            else None,
-        )
-        input_ids = self._to_device(list(chain.from_iterable(out.token_ids)), torch.int64)
         with forward_context(context):
-            hidden_states = self._forward(
-                input_ids, self._to_device(src_rows, torch.int64), self._to_device(positions, torch.int64)
-            )
+            hidden_states = self._forward(input_ids, src_rows, positions)
         return hidden_states, cu_q
 
     def _score_prompts(self, out: SchedulerOutput, hidden_states: torch.Tensor, cu_q: list[int]) -> PromptScores | None:
@@ -446,7 +413,7 @@ class ModelRunner(Executor):
             hidden_states, cu_q = self._run_varlen(out)
             if out.prompt_scoring:
                 prompt_scores = self._score_prompts(out, hidden_states, cu_q)
-            hidden_states = hidden_states[self._to_device(_scored_tokens(out, cu_q), torch.int64)]
+            hidden_states = hidden_states[self._to_device(scored_tokens(out, cu_q), torch.int64)]
             sampled_in_step = False
         if out.sampled_req_ids and logits is None:
             logits = self.model.compute_logits(hidden_states)  # every rank joins the gather to rank 0
@@ -489,18 +456,6 @@ class ModelRunner(Executor):
         self.release_graphs()
         if self.world_size > 1:
             destroy_process_group()
-
-
-def _scored_tokens(out: SchedulerOutput, cu_q: list[int]) -> list[int]:
-    """The tokens of a varlen step whose hidden states give its sampling rows: each sampling request's last
-    token and, before it, the tokens that precede each of its drafts."""
-    drafts = iter(out.draft_token_ids or [])
-    rows = []
-    for i, samples in enumerate(out.samples):
-        if samples:
-            d = len(next(drafts)) if out.draft_token_ids is not None else 0
-            rows += range(cu_q[i + 1] - 1 - d, cu_q[i + 1])
-    return rows
 
 
 def _tensor_bytes(model: torch.nn.Module) -> int:

@@ -1,0 +1,76 @@
+"""A varlen step's inputs: prompt chunks, and any decodes and drafts beside them, packed one request after
+another (a decode step's inputs, fixed in shape, are `DecodeBuffers`).
+
+Request i computes its tokens from position num_computed_tokens[i] on; its
+queries see the cached prefix and the request's own tokens up to theirs. The
+packed token order gives every per-token input ([tokens]: input ids, the row
+of the previous step's samples a placeholder takes its id from, positions,
+cache slots), and `cu_q`, the cumulative query lengths, says where each
+request's tokens start. Built on the host at each step and copied to the device
+without waiting.
+"""
+
+from itertools import accumulate, chain
+
+import torch
+
+from nanovllm.core.scheduler_output import PLACEHOLDER, SchedulerOutput
+from nanovllm.spec_decode.verification import ToDevice
+from nanovllm.utils.context import Context
+
+
+def varlen_inputs(
+    out: SchedulerOutput, src_rows: list[int], block_size: int, new_keys_from_cache: bool, to_device: ToDevice
+) -> tuple[Context, torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+    """The step's attention context, input ids, source rows and positions ([tokens] each, int64), and `cu_q`.
+
+    `src_rows[i]` is the row of the previous step's samples that holds request i's token still in flight (-1:
+    none); `new_keys_from_cache`: the cache gives back other keys than it was given (FP8), so the new
+    tokens' keys are read back from it too, so that they match a cached prefix's."""
+    seqlens_q = out.num_scheduled_tokens
+    seqlens_k = [start + n for start, n in zip(out.num_computed_tokens, seqlens_q)]
+    positions, slots, token_src_rows = [], [], []
+    for ids, table, start, end, src in zip(
+        out.token_ids, out.block_tables, out.num_computed_tokens, seqlens_k, src_rows
+    ):
+        positions += range(start, end)
+        slots += _slots(table, start, end, block_size)
+        token_src_rows += [src if token_id == PLACEHOLDER else -1 for token_id in ids]
+    cu_q = list(accumulate(seqlens_q, initial=0))
+    cu_k = list(accumulate(seqlens_k, initial=0))
+    reads_cache = any(out.num_computed_tokens) or new_keys_from_cache
+    width = max(len(table) for table in out.block_tables)
+    context = Context(
+        is_prefill=True,
+        slot_mapping=to_device(slots, torch.int64),  # [tokens]
+        cu_seqlens_q=to_device(cu_q, torch.int32),  # [requests + 1]
+        cu_seqlens_k=to_device(cu_k, torch.int32),  # [requests + 1]
+        max_seqlen_q=max(seqlens_q),
+        max_seqlen_k=max(seqlens_k),
+        seqlens_q=seqlens_q,
+        seqlens_k=seqlens_k,
+        # [requests, width], -1 padded
+        block_tables=to_device([t + [-1] * (width - len(t)) for t in out.block_tables], torch.int32)
+        if reads_cache
+        else None,
+    )
+    input_ids = to_device(list(chain.from_iterable(out.token_ids)), torch.int64)
+    return context, input_ids, to_device(token_src_rows, torch.int64), to_device(positions, torch.int64), cu_q
+
+
+def scored_tokens(out: SchedulerOutput, cu_q: list[int]) -> list[int]:
+    """The tokens of a varlen step whose hidden states give its sampling rows: each sampling request's last
+    token and, before it, the tokens that precede each of its drafts."""
+    drafts = iter(out.draft_token_ids or [])
+    rows = []
+    for i, samples in enumerate(out.samples):
+        if samples:
+            d = len(next(drafts)) if out.draft_token_ids is not None else 0
+            rows += range(cu_q[i + 1] - 1 - d, cu_q[i + 1])
+    return rows
+
+
+def _slots(table: list[int], start: int, end: int, block_size: int) -> list[int]:
+    """Flat cache slots of positions start..end-1 of a sequence with block table `table` (-1 each: no table)."""
+    bs = block_size
+    return [table[p // bs] * bs + p % bs for p in range(start, end)] if table else [-1] * (end - start)
