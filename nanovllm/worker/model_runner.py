@@ -16,25 +16,20 @@ from nanovllm.layers.fp8_linear import dequantize_tensor, quantize_weights, stor
 from nanovllm.models import model_class
 from nanovllm.sample.metadata import SamplingTensors, sampling_rows, sampling_tensors, step_sampling
 from nanovllm.sample.sampler import Sampler, SamplerOutput, token_logprobs
-from nanovllm.spec_decode.verification import (
-    VerifiedDrafts,
-    drafts_in_step,
-    first_sampling_rows,
-    verify_drafts,
-    verify_padded,
-)
+from nanovllm.spec_decode.verification import VerifiedDrafts, first_sampling_rows
 from nanovllm.utils.context import forward_context
 from nanovllm.utils.loader import load_dummy_weights, load_model
 from nanovllm.utils.parallel import destroy_process_group, init_process_group, share_cpu_cores, tensor_parallel
 from nanovllm.worker.cuda_graphs import MAX_VERIFY_GRAPH_ROWS, DecodeGraphs, max_graph_rows
 from nanovllm.worker.decode_buffers import DecodeBuffers
-from nanovllm.worker.decode_step import DecodeStep, DeviceInputForward, VerifyOutputs
+from nanovllm.worker.decode_step import DecodeStep, DeviceInputForward
 from nanovllm.worker.executor import Executor
 from nanovllm.worker.kv_cache import KVCache
 from nanovllm.worker.kv_cache_sizing import bind_kv_cache, kv_cache_spec, kv_capacity
 from nanovllm.worker.pending_output import PendingOutput, PromptScores
 from nanovllm.worker.start_up_report import StartUpReport
 from nanovllm.worker.varlen_inputs import scored_tokens, varlen_inputs
+from nanovllm.worker.verify_step import VerifyStep
 from nanovllm.worker.warm_up import warm_up, warm_up_cached_prefix
 
 _PROMPT_SCORING_ROWS = 256  # prompt positions whose full-vocabulary logits are held at once
@@ -113,15 +108,18 @@ class ModelRunner(Executor):
         # [max_sampling_rows]: the ids the latest step sampled, in its sampling-row order
         self.last_sampled = torch.zeros(self.max_sampling_rows, dtype=torch.int64, device=self.device)
         self._forward = DeviceInputForward(self.model, self.last_sampled)
-        # the latest verify step's check of its drafts; its num_rejected, [max_num_seqs]: the drafts each
-        # request of the latest step rejected (zeros after a step without drafts), by which the decode step
-        # moves back a request that passed them (`Scheduler.verify_ahead`)
-        self.verify_outputs = None
-        self._rejections_pending = False  # num_rejected holds a verify step's counts
+        self._verify_step = None
         if config.speculative is not None:
-            self.verify_outputs = VerifyOutputs.allocate(config.max_num_seqs, self.verify_queries, self.device)
+            self._verify_step = VerifyStep(
+                config.speculative.num_speculative_tokens,
+                config.max_num_seqs,
+                self.last_sampled,
+                self.world_size,
+                self.device,
+            )
         # with several ranks the LM head gathers to rank 0, which samples outside the graphs
-        self._decode_step = DecodeStep(self._forward, self.world_size == 1, self.block_size, self.verify_outputs)
+        verify_outputs = self._verify_step.outputs if self._verify_step is not None else None
+        self._decode_step = DecodeStep(self._forward, self.world_size == 1, self.block_size, verify_outputs)
         self._last_sampled_rows: dict[str, int] = {}  # request id -> its row in last_sampled
         # pinned grammar masks and their rows, made at the first constrained step
         self._bitmask_hosts: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -272,15 +270,6 @@ class ModelRunner(Executor):
         one per draft and one after them."""
         return self.verify_queries if out.is_decode and out.draft_token_ids is not None else None
 
-    def _drafts_on_device(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor]:
-        """The drafts of the verify step just loaded, as the decode buffers hold them on the device: the ids
-        after each request's last token, and which of them are drafts (a padding query stores nothing)."""
-        n, queries = len(out.req_ids), self.verify_queries
-        size = self.decode_size(n, queries)
-        input_ids, _, _, slots, *_ = self.decode_buffers.views(size, queries)
-        draft_ids, is_draft = drafts_in_step(input_ids, slots, size)
-        return draft_ids[:n], is_draft[:n]
-
     def _run_decode(self, out: SchedulerOutput, sample: bool) -> torch.Tensor:
         """Each request's last token (and in a verify step its drafts, padded), the batch padded to a
         captured graph's size and replayed (or run eagerly): the decode step's logits [queries, vocab] on a
@@ -346,32 +335,7 @@ class ModelRunner(Executor):
         if out.draft_token_ids is None:
             self.last_sampled[: logits.size(0)].copy_(sampled.token_ids)
             return sampled, None
-        return sampled, self._verify(step, sampled)
-
-    def _verify(self, step: LaunchedForward, sampled: SamplerOutput) -> VerifiedDrafts:
-        """The drafts checked against the ids the sampler drew at their positions, and each request's last kept
-        token put in `last_sampled` (its row there is the request's, as in a step without drafts)."""
-        if step.drafts_on_device is not None:
-            verified = verify_padded(sampled.token_ids, *step.drafts_on_device)
-        else:
-            verified = verify_drafts(sampled.token_ids, step.out.draft_token_ids, self._to_device)
-        self.last_sampled[: verified.last_token_ids.numel()].copy_(verified.last_token_ids)
-        self.verify_outputs.num_rejected[: verified.num_rejected.numel()].copy_(verified.num_rejected)
-        return verified
-
-    def _share_rejections(self, out: SchedulerOutput) -> None:
-        """Keep `num_rejected` true of the step just launched: a verify step's counts (rank 0 wrote them; the
-        other ranks get them), or zeros after a step without drafts."""
-        if self.verify_outputs is None:
-            return
-        num_rejected = self.verify_outputs.num_rejected
-        if out.draft_token_ids is not None:
-            if self.world_size > 1:
-                dist.broadcast(num_rejected[: len(out.sampled_req_ids)], src=0)
-            self._rejections_pending = True
-        elif self._rejections_pending:
-            num_rejected.zero_()
-            self._rejections_pending = False
+        return sampled, self._verify_step.check(sampled.token_ids, out, step.drafts_on_device, self._to_device)
 
     def _sampled_in_step(self, step: LaunchedForward) -> tuple[SamplerOutput, VerifiedDrafts | None]:
         """The ids the decode step drew, with the logprobs its rows ask for read from its logits, and in a
@@ -381,14 +345,7 @@ class ModelRunner(Executor):
         if step.out.draft_token_ids is None:
             token_ids = self.last_sampled[:rows]
         else:
-            n, outputs = len(step.out.req_ids), self.verify_outputs
-            token_ids = outputs.query_samples[:rows]
-            verified = VerifiedDrafts(
-                first_sampling_rows(step.out.draft_token_ids, self.verify_queries),
-                outputs.num_emitted[:n],
-                self.last_sampled[:n],
-                outputs.num_rejected[:n],
-            )
+            token_ids, verified = self._verify_step.checked_in_step(step.out, rows)
         if step.num_logprobs is None:
             return SamplerOutput(token_ids), verified
         return SamplerOutput(token_ids, *token_logprobs(step.logits, token_ids, step.num_logprobs)), verified
@@ -406,7 +363,9 @@ class ModelRunner(Executor):
             num_logprobs = max(asked.logprobs) if asked is not None and asked.logprobs else None
             decoded = self._run_decode(out, sampled_in_step)
             if out.draft_token_ids is not None and not sampled_in_step:  # only the sampler's check reads them
-                drafts_on_device = self._drafts_on_device(out)
+                n = len(out.req_ids)
+                size = self.decode_size(n, self.verify_queries)
+                drafts_on_device = self._verify_step.drafts_on_device(self.decode_buffers, size, n)
             # the LM head runs once per step: a rank that samples has the decode step's logits
             logits, hidden_states = (decoded, None) if self._decode_step.samples else (None, decoded)
         else:
@@ -436,7 +395,8 @@ class ModelRunner(Executor):
                     sampled, verified = self._sample(step, grammar)
             if self.world_size > 1:
                 dist.broadcast(self.last_sampled[:num_sampled], src=0)
-        self._share_rejections(out)
+        if self._verify_step is not None:
+            self._verify_step.share_rejections(out)
         self._last_sampled_rows = {req_id: row for row, req_id in enumerate(out.sampled_req_ids)}
         if self.rank != 0 or (sampled is None and prompt_scores is None):
             return None
