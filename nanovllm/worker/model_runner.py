@@ -1,9 +1,8 @@
-"""Runs the model for one rank: builds it, sizes the KV cache, launches each step and its sampling."""
+"""Runs the model for one rank: starts it up (model, warm-up, KV cache, graphs), then launches each step and its
+sampling."""
 
-import functools
 import time
 from dataclasses import dataclass, replace
-from itertools import chain
 
 import torch
 import torch.distributed as dist
@@ -12,20 +11,18 @@ from nanovllm.config import Config
 from nanovllm.core.scheduler_output import PLACEHOLDER, SchedulerOutput
 from nanovllm.core.structured_output import GrammarBitmasks
 from nanovllm.layers.attention import Attention, make_attention_backend
-from nanovllm.layers.fp8_linear import dequantize_tensor, quantize_weights, store_fp8_weights
-from nanovllm.models import model_class
 from nanovllm.sample.metadata import SamplingTensors, sampling_rows, sampling_tensors, step_sampling
 from nanovllm.sample.sampler import Sampler, SamplerOutput, token_logprobs
 from nanovllm.spec_decode.verification import VerifiedDrafts, first_sampling_rows
 from nanovllm.utils.context import forward_context
-from nanovllm.utils.loader import load_dummy_weights, load_model
-from nanovllm.utils.parallel import destroy_process_group, init_process_group, share_cpu_cores, tensor_parallel
+from nanovllm.utils.parallel import destroy_process_group, init_process_group, share_cpu_cores
 from nanovllm.worker.cuda_graphs import MAX_VERIFY_GRAPH_ROWS, DecodeGraphs, max_graph_rows
 from nanovllm.worker.decode_buffers import DecodeBuffers
 from nanovllm.worker.decode_step import DecodeStep, DeviceInputForward
 from nanovllm.worker.executor import Executor
 from nanovllm.worker.kv_cache import KVCache
 from nanovllm.worker.kv_cache_sizing import bind_kv_cache, kv_cache_spec, kv_capacity
+from nanovllm.worker.model_loading import build_model, tensor_bytes
 from nanovllm.worker.pending_output import PendingOutput, PromptScores
 from nanovllm.worker.start_up_report import StartUpReport
 from nanovllm.worker.varlen_inputs import scored_tokens, varlen_inputs
@@ -50,28 +47,34 @@ class LaunchedForward:
 
 
 class ModelRunner(Executor):
-    """Owns the model, its KV cache and the sampler on one device.
+    """Owns the model, its KV cache and the sampler on one device, and launches each step.
+
+    Start-up runs in this order: the model is built and loaded (`build_model`);
+    on CUDA the warm-up runs the largest step the config allows (`warm_up`);
+    the KV cache is sized from the memory left and bound to the attention
+    layers (`kv_capacity`, `bind_kv_cache`); the decode step's CUDA graphs are
+    captured (`DecodeGraphs`). `kv_cache_spec` is the cache's layout, `kv_cache`
+    its one allocation, `num_kvcache_blocks` its capacity and
+    `kv_cache_dtype_name` its element type as vLLM names it
+    (`KVCacheSpec.dtype_name`); `start_up` is what the runner measured while
+    starting (load time, bytes, graph capture time).
 
     `execute` launches a step and returns without waiting for the device: the
     sampled ids stay on the device (`last_sampled`), where the next step's
     placeholder tokens are gathered from, and travel to the host behind the step
-    (`PendingOutput`). A decode step samples its greedy and plain-temperature
-    rows itself (`DecodeStep`), inside its CUDA graph, and hands its logits to
-    the full sampler when some row needs more: the LM head runs once a step. A
-    step with drafts (speculative decoding) runs as a varlen step, samples each
-    drafting request at every draft's position and after the last, and checks
-    the drafts on the device (`verify_drafts`); a step whose every request
-    decodes its last token and its drafts is a verify step, a decode step of
-    num_speculative_tokens + 1 queries per request (padded), with CUDA graphs of
-    its own, which checks its drafts itself where it samples its rows
-    (`DecodeStep`, `VerifyOutputs`). With
+    (`PendingOutput`). A step of prompt chunks (and any decodes beside them)
+    runs packed (`varlen_inputs`); a decode step loads its inputs into
+    `DecodeBuffers` and replays its graph, samples its greedy and
+    plain-temperature rows itself (`DecodeStep`), and hands its logits to the
+    full sampler when some row needs more: the LM head runs once a step. A step
+    with drafts (speculative decoding) samples each drafting request at every
+    draft's position and after the last, and its drafts are checked on the
+    device (`VerifyStep`); a step whose every request decodes its last token and
+    its drafts is a verify step, a decode step of num_speculative_tokens + 1
+    queries per request (padded), with CUDA graphs of its own. With
     `tensor_parallel_size > 1` this is rank `rank`: it joins the group at
     `store` (rank 0 serves it) and holds its share of the model and the cache;
     rank 0 samples and broadcasts the ids to the others.
-    The KV cache is laid out by `kv_cache_spec` and allocated once (`kv_cache`); each attention
-    layer is bound to its slice. `num_kvcache_blocks` is the capacity it was given,
-    `kv_cache_dtype_name` its element type as vLLM names it (`KVCacheSpec.dtype_name`).
-    `start_up` is what it measured while starting (load time, bytes, graph capture time).
     """
 
     def __init__(self, config: Config, eos_token_ids: tuple[int, ...] = (), rank: int = 0, store=None):
@@ -82,16 +85,11 @@ class ModelRunner(Executor):
         self.world_size = config.tensor_parallel_size
         self.device = torch.device("cuda", rank) if config.device_type == "cuda" else torch.device("cpu")
         self.dtype = config.torch_dtype
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-        if self.world_size > 1:
-            init_process_group(store, rank, self.world_size, self.device)
-            if self.device.type == "cpu":
-                share_cpu_cores(self.world_size)
+        self._join_device(store)
         torch.manual_seed(config.seed)
-        self.model, load_seconds = self._timed(self._build_model)
-        self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        self.model, load_seconds = self._timed(lambda: build_model(config, self.device, rank, self.world_size))
         backend = make_attention_backend(config.attention_impl)
+        self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         for layer in self.attention_layers:
             layer.backend = backend
         self.kv_cache_spec = kv_cache_spec(config, self.attention_layers)
@@ -107,8 +105,9 @@ class ModelRunner(Executor):
             self.max_sampling_rows = config.max_num_seqs * self.verify_queries
         # [max_sampling_rows]: the ids the latest step sampled, in its sampling-row order
         self.last_sampled = torch.zeros(self.max_sampling_rows, dtype=torch.int64, device=self.device)
+        self._last_sampled_rows: dict[str, int] = {}  # request id -> its row in last_sampled
         self._forward = DeviceInputForward(self.model, self.last_sampled)
-        self._verify_step = None
+        self._verify_step = None  # the check of steps with drafts
         if config.speculative is not None:
             self._verify_step = VerifyStep(
                 config.speculative.num_speculative_tokens,
@@ -120,7 +119,6 @@ class ModelRunner(Executor):
         # with several ranks the LM head gathers to rank 0, which samples outside the graphs
         verify_outputs = self._verify_step.outputs if self._verify_step is not None else None
         self._decode_step = DecodeStep(self._forward, self.world_size == 1, self.block_size, verify_outputs)
-        self._last_sampled_rows: dict[str, int] = {}  # request id -> its row in last_sampled
         # pinned grammar masks and their rows, made at the first constrained step
         self._bitmask_hosts: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._bitmask_turn = 0
@@ -150,21 +148,28 @@ class ModelRunner(Executor):
         )
         capture_seconds = None
         if use_graphs:
-            self.graphs, capture_seconds = self._timed(
-                lambda: DecodeGraphs(
-                    self._decode_step,
-                    self.decode_buffers,
-                    config.max_num_seqs,
-                    self.verify_queries,
-                    MAX_VERIFY_GRAPH_ROWS,
-                )
-            )
+            self.graphs, capture_seconds = self._timed(self._capture_graphs)
         self.start_up = StartUpReport(
             self._device_name(),
-            _tensor_bytes(self.model),
+            tensor_bytes(self.model),
             load_seconds,
             self.num_kvcache_blocks * self.kv_cache_spec.block_bytes,
             capture_seconds,
+        )
+
+    def _join_device(self, store) -> None:
+        """Make this rank's device current and, with several ranks, join the group at `store`."""
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        if self.world_size > 1:
+            init_process_group(store, self.rank, self.world_size, self.device)
+            if self.device.type == "cpu":
+                share_cpu_cores(self.world_size)
+
+    def _capture_graphs(self) -> DecodeGraphs:
+        """The decode step's graphs, on the decode buffers, for every batch size (and verify step) captured."""
+        return DecodeGraphs(
+            self._decode_step, self.decode_buffers, self.config.max_num_seqs, self.verify_queries, MAX_VERIFY_GRAPH_ROWS
         )
 
     def _timed(self, build):
@@ -180,29 +185,6 @@ class ModelRunner(Executor):
         if self.device.type == "cuda":
             return f"{self.device} ({torch.cuda.get_device_name(self.device)})"
         return f"cpu ({torch.get_num_threads()} threads)"
-
-    def _build_model(self) -> torch.nn.Module:
-        model_config = self.config.model_config
-        default_dtype = torch.get_default_dtype()
-        torch.set_default_dtype(self.dtype)
-        try:
-            with self.device, tensor_parallel(self.rank, self.world_size):
-                model = model_class(model_config)(model_config)
-        finally:
-            torch.set_default_dtype(default_dtype)
-        fp8 = self.config.fp8_weights
-        # an FP8 checkpoint loads into FP8 layers; anything else is quantized once loaded (dummy weights of an
-        # FP8 checkpoint in its own layout)
-        fp8_checkpoint = model_config.weight_quantization is not None and self.config.load_format != "dummy"
-        if fp8_checkpoint:
-            store_fp8_weights(model, fp8.block)
-        if self.config.load_format == "dummy":
-            load_dummy_weights(model, model_config, self.config.seed)
-        else:
-            load_model(model, self.config.model, functools.partial(dequantize_tensor, block=fp8 and fp8.block))
-        if fp8 is not None and not fp8_checkpoint:
-            quantize_weights(model, fp8.block)
-        return model.eval().requires_grad_(False)
 
     def _run_start_up_step(self, out: SchedulerOutput) -> None:
         """Run a start-up step (`warm_up`) to its end and forget its samples."""
@@ -416,8 +398,3 @@ class ModelRunner(Executor):
         self.release_graphs()
         if self.world_size > 1:
             destroy_process_group()
-
-
-def _tensor_bytes(model: torch.nn.Module) -> int:
-    """Bytes of a model's parameters and buffers (each tensor once, however many modules hold it)."""
-    return sum(t.numel() * t.element_size() for t in chain(model.parameters(), model.buffers()))
