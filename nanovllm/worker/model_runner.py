@@ -20,6 +20,7 @@ from nanovllm.worker.cuda_graphs import MAX_VERIFY_GRAPH_ROWS, DecodeGraphs, max
 from nanovllm.worker.decode_buffers import DecodeBuffers
 from nanovllm.worker.decode_step import DecodeStep, DeviceInputForward
 from nanovllm.worker.executor import Executor
+from nanovllm.worker.grammar_mask_buffers import GrammarMaskBuffers
 from nanovllm.worker.kv_cache import KVCache
 from nanovllm.worker.kv_cache_sizing import bind_kv_cache, kv_cache_spec, kv_capacity
 from nanovllm.worker.model_loading import build_model, tensor_bytes
@@ -119,9 +120,7 @@ class ModelRunner(Executor):
         # with several ranks the LM head gathers to rank 0, which samples outside the graphs
         verify_outputs = self._verify_step.outputs if self._verify_step is not None else None
         self._decode_step = DecodeStep(self._forward, self.world_size == 1, self.block_size, verify_outputs)
-        # pinned grammar masks and their rows, made at the first constrained step
-        self._bitmask_hosts: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self._bitmask_turn = 0
+        self._grammar_masks = GrammarMaskBuffers(self.max_sampling_rows, self.device)
         self.graphs = None
         use_graphs = self.device.type == "cuda" and not config.enforce_eager and backend.supports_cuda_graphs
         if use_graphs and self._decode_step.samples:
@@ -276,28 +275,6 @@ class ModelRunner(Executor):
             return self.graphs.replay(size, queries)[: n * queries]
         return self._decode_step(*inputs, sample=sample)[: n * queries]
 
-    def _bitmask_on_device(self, grammar: GrammarBitmasks) -> tuple[torch.Tensor, torch.Tensor]:
-        """The grammar masks and the rows they hold, filled into pinned host memory (two buffers, used in
-        turn, so that a fill never touches memory whose copy the device may still have queued) and queued
-        for the device: a copy from pageable memory would make the host wait for the forward pass in flight."""
-        # masks: [num_rows, words] int32; rows: [len(grammar.rows)] int32
-        words = (grammar.vocab_size + 31) // 32
-        if not self._bitmask_hosts or self._bitmask_hosts[0][0].size(1) != words:
-            pin = self.device.type == "cuda"
-            rows = self.max_sampling_rows
-            self._bitmask_hosts = [
-                (
-                    torch.empty(rows, words, dtype=torch.int32, pin_memory=pin),
-                    torch.empty(rows, dtype=torch.int32, pin_memory=pin),
-                )
-                for _ in range(2)
-            ]
-        masks, rows = self._bitmask_hosts[self._bitmask_turn]
-        self._bitmask_turn ^= 1
-        masks, rows = grammar.fill(masks[: grammar.num_rows]), rows[: len(grammar.rows)]
-        rows.numpy()[:] = grammar.rows
-        return masks.to(self.device, non_blocking=True), rows.to(self.device, non_blocking=True)
-
     def _sample(
         self, step: LaunchedForward, grammar: GrammarBitmasks | None
     ) -> tuple[SamplerOutput, VerifiedDrafts | None]:
@@ -312,7 +289,7 @@ class ModelRunner(Executor):
                 first_rows = first_sampling_rows(out.draft_token_ids, rows_per_request)
                 grammar = replace(grammar, num_rows=logits.size(0), rows=[first_rows[row] for row in grammar.rows])
             tensors = tensors or SamplingTensors()
-            tensors.bitmask, tensors.bitmask_rows = self._bitmask_on_device(grammar)
+            tensors.bitmask, tensors.bitmask_rows = self._grammar_masks.to_device(grammar)
         sampled = self.sampler(logits, tensors)
         if out.draft_token_ids is None:
             self.last_sampled[: logits.size(0)].copy_(sampled.token_ids)
