@@ -10,8 +10,8 @@ from nanovllm.core.scheduler import Scheduler
 from nanovllm.core.scheduler_output import SchedulerOutput
 from nanovllm.core.structured_output import StructuredOutputs
 from nanovllm.engine.messages import EngineCoreInfo, EngineCoreOutput, EngineCoreRequest, EngineStats
-from nanovllm.spec_decode.proposer import make_proposer
-from nanovllm.worker.executor import make_executor
+from nanovllm.spec_decode.proposer_factory import make_proposer
+from nanovllm.worker.executor_factory import make_executor
 
 if TYPE_CHECKING:
     from nanovllm.worker.pending_output import PendingOutput

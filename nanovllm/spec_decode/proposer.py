@@ -1,10 +1,6 @@
 """What the scheduler asks of a speculative method: guesses of each request's next tokens."""
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from nanovllm.config import Config
 
 
 class Proposer(ABC):
@@ -38,18 +34,3 @@ class Proposer(ABC):
 
     def close(self) -> None:
         """Free what the method holds on the device now rather than when it is collected."""
-
-
-def make_proposer(config: "Config", num_kvcache_blocks: int) -> Proposer | None:
-    """The proposer of the configured method (`config.speculative`); None without speculation. A draft model
-    gets a KV cache of `num_kvcache_blocks` blocks, as many as the target's."""
-    spec = config.speculative
-    if spec is None:
-        return None
-    if spec.method == "draft_model":
-        from nanovllm.spec_decode.draft_model_proposer import DraftModelProposer
-
-        return DraftModelProposer(config, num_kvcache_blocks)
-    from nanovllm.spec_decode.ngram_proposer import NgramProposer
-
-    return NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)

@@ -1,15 +1,35 @@
-"""The interface the engine core drives a device through: one model runner, or rank 0's with tensor-parallel workers."""
+"""The interface the engine core drives a device through (one model runner, or rank 0's with tensor-parallel
+workers), and the handle of a step between its two launches (`LaunchedForward`).
+
+Imports nothing of the device side at run time: the runners import this module, and the engine core gets
+them through `executor_factory`.
+"""
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the engine core imports this module without torch
-    from nanovllm.config import Config
+    import torch
+
     from nanovllm.core.scheduler_output import SchedulerOutput
     from nanovllm.core.structured_output import GrammarBitmasks
-    from nanovllm.worker.model_runner import LaunchedForward
-    from nanovllm.worker.pending_output import PendingOutput
+    from nanovllm.worker.pending_output import PendingOutput, PromptScores
     from nanovllm.worker.start_up_report import StartUpReport
+
+
+@dataclass
+class LaunchedForward:
+    """A step whose forward pass is queued and whose sampling is not: what `launch_sampling` needs."""
+
+    out: "SchedulerOutput"
+    logits: "torch.Tensor | None"  # [sampling rows, vocab]; None where nothing samples, or on a worker rank
+    sampled_in_step: bool  # the decode step drew every row itself
+    prompt_scores: "PromptScores | None"
+    num_logprobs: int | None = None  # with `sampled_in_step`: the most alternatives a row's logprobs list
+    # a verify step's drafts on the device, [requests, queries - 1] each: the ids after each request's last
+    # token, and which of them are drafts (the rest pad); None where the step checked them itself
+    drafts_on_device: "tuple[torch.Tensor, torch.Tensor] | None" = None
 
 
 class Executor(ABC):
@@ -30,14 +50,14 @@ class Executor(ABC):
         return self.launch_sampling(self.launch_forward(out, grammar is not None), grammar)
 
     @abstractmethod
-    def launch_forward(self, out: "SchedulerOutput", constrained: bool = False) -> "LaunchedForward":
+    def launch_forward(self, out: "SchedulerOutput", constrained: bool = False) -> LaunchedForward:
         """Launch a step's forward pass alone (`constrained`: some sampling row is held to a grammar), so
         that its grammar masks can be filled once the step before it is read back; the handle
         `launch_sampling` takes."""
 
     @abstractmethod
     def launch_sampling(
-        self, step: "LaunchedForward", grammar: "GrammarBitmasks | None" = None
+        self, step: LaunchedForward, grammar: "GrammarBitmasks | None" = None
     ) -> "PendingOutput | None":
         """Launch the sampling of a step `launch_forward` launched; the handle of its outputs (None when
         it samples nothing)."""
@@ -49,14 +69,3 @@ class Executor(ABC):
     @abstractmethod
     def close(self) -> None:
         """Free the device's graphs and stop any worker now rather than when the executor is collected."""
-
-
-def make_executor(config: "Config", eos_token_ids: tuple[int, ...]) -> Executor:
-    """The executor `config` asks for: tensor-parallel ranks when tensor_parallel_size > 1, else one runner."""
-    if config.tensor_parallel_size > 1:
-        from nanovllm.worker.tensor_parallel import TensorParallelRunner
-
-        return TensorParallelRunner(config, eos_token_ids)
-    from nanovllm.worker.model_runner import ModelRunner
-
-    return ModelRunner(config, eos_token_ids)

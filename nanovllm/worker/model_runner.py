@@ -2,7 +2,7 @@
 sampling."""
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -19,7 +19,7 @@ from nanovllm.utils.parallel import destroy_process_group, init_process_group, s
 from nanovllm.worker.cuda_graphs import MAX_VERIFY_GRAPH_ROWS, DecodeGraphs, max_graph_rows
 from nanovllm.worker.decode_buffers import DecodeBuffers
 from nanovllm.worker.decode_step import DecodeStep, DeviceInputForward
-from nanovllm.worker.executor import Executor
+from nanovllm.worker.executor import Executor, LaunchedForward
 from nanovllm.worker.grammar_mask_buffers import GrammarMaskBuffers
 from nanovllm.worker.kv_cache import KVCache
 from nanovllm.worker.kv_cache_sizing import bind_kv_cache, kv_cache_spec, kv_capacity
@@ -31,20 +31,6 @@ from nanovllm.worker.verify_step import VerifyStep
 from nanovllm.worker.warm_up import warm_up, warm_up_cached_prefix
 
 _PROMPT_SCORING_ROWS = 256  # prompt positions whose full-vocabulary logits are held at once
-
-
-@dataclass
-class LaunchedForward:
-    """A step whose forward pass is queued and whose sampling is not: what `launch_sampling` needs."""
-
-    out: SchedulerOutput
-    logits: torch.Tensor | None  # [sampling rows, vocab]; None where nothing samples, or on a worker rank
-    sampled_in_step: bool  # the decode step drew every row itself
-    prompt_scores: PromptScores | None
-    num_logprobs: int | None = None  # with `sampled_in_step`: the most alternatives a row's logprobs list
-    # a verify step's drafts on the device, [requests, queries - 1] each: the ids after each request's last
-    # token, and which of them are drafts (the rest pad); None where the step checked them itself
-    drafts_on_device: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class ModelRunner(Executor):

@@ -25,8 +25,8 @@ from nanovllm.core.structured_output import GrammarBitmasks
 from nanovllm.utils.command_channel import CommandChannel
 from nanovllm.utils.parallel import destroy_process_group, rendezvous_address, rendezvous_store
 from nanovllm.utils.processes import exit_with_parent, ignore_interrupts
-from nanovllm.worker.executor import Executor
-from nanovllm.worker.model_runner import LaunchedForward, ModelRunner
+from nanovllm.worker.executor import Executor, LaunchedForward
+from nanovllm.worker.model_runner import ModelRunner
 from nanovllm.worker.pending_output import PendingOutput
 
 _POLL_S = 0.2  # how often a waiting rank 0 checks that the workers live
