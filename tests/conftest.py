@@ -11,6 +11,11 @@ import torch
 # before triton is first imported (transformers imports it), hence before the rest.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # One PyTorch thread per process (this one and those it starts), unless OMP_NUM_THREADS says otherwise:
+    # the tests' tensors are small, and threads that meet at every op's barrier stall whenever another
+    # process holds one of the cores, which makes the tests several times slower on a busy machine.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 import pytest  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402

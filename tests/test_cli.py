@@ -131,6 +131,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_serve_answers_completions_then_stops(qwen3_dir):
     process, url = start_server(qwen3_dir)
     try:
@@ -152,6 +153,7 @@ def test_serve_answers_completions_then_stops(qwen3_dir):
     assert f"serving 'tiny' at {url} (the OpenAI API under /v1)" in log
 
 
+@pytest.mark.slow
 def test_serve_resolves_a_hub_id_from_the_cache_and_logs_its_start_up(qwen3_dir, tmp_path):
     snapshot = add_to_cache(tmp_path / "hub", "tiny-org/tiny-qwen3", qwen3_dir)
     offline = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
@@ -174,6 +176,7 @@ def test_serve_resolves_a_hub_id_from_the_cache_and_logs_its_start_up(qwen3_dir,
         assert line in log, log
 
 
+@pytest.mark.slow
 def test_serve_reports_a_port_in_use_before_loading_the_model(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -192,6 +195,7 @@ def test_serve_reports_a_port_in_use_before_loading_the_model(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_serve_reports_a_bad_model_folder(tmp_path):
     result = subprocess.run(
         nanovllm_command() + ["serve", str(tmp_path / "missing")], capture_output=True, text=True, timeout=120
@@ -243,6 +247,7 @@ def stream_body(max_tokens: int) -> dict:
     return {"model": "tiny", "prompt": "w5 w6", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
 
 
+@pytest.mark.slow
 def test_serve_is_two_processes_and_a_graceful_stop_lets_a_stream_finish(qwen3_dir, tmp_path):
     process, url = start_server(qwen3_dir, "--max-model-len=1024", "--num-kvcache-blocks=128", temp_dir=str(tmp_path))
     [core] = child_processes(process.pid)
@@ -261,6 +266,7 @@ def test_serve_is_two_processes_and_a_graceful_stop_lets_a_stream_finish(qwen3_d
     assert list(tmp_path.iterdir()) == []  # the core's socket files went with it
 
 
+@pytest.mark.slow
 def test_a_killed_core_ends_streams_with_an_error_and_serve_exits(qwen3_dir):
     process, url = start_server(qwen3_dir, "--max-model-len=1024", "--num-kvcache-blocks=128")
     [core] = child_processes(process.pid)
@@ -278,6 +284,7 @@ def test_a_killed_core_ends_streams_with_an_error_and_serve_exits(qwen3_dir):
     assert "the engine cannot go on (the engine core process exited unexpectedly" in process.stdout.read()
 
 
+@pytest.mark.slow
 def test_serve_reports_the_core_start_up_error(qwen3_dir, tmp_path):
     # the folder's tokenizer and config, without weights: the core process fails while loading
     for name in os.listdir(qwen3_dir):

@@ -16,6 +16,7 @@ def llm(smollm_dir):
     return LLM(smollm_dir, block_size=16, num_kvcache_blocks=64, max_model_len=512)
 
 
+@pytest.mark.slow
 def test_converted_folder_is_a_llama_checkpoint_with_chat_eos(smollm_dir, llm):
     assert llm.config.model_config.architecture == "LlamaForCausalLM"
     assert llm.config.model_config.num_hidden_layers == 30
@@ -24,6 +25,7 @@ def test_converted_folder_is_a_llama_checkpoint_with_chat_eos(smollm_dir, llm):
     assert default_model_dir() == smollm_dir  # the second call reuses the folder
 
 
+@pytest.mark.slow
 def test_greedy_matches_transformers_on_real_weights(smollm_dir, llm):
     prompts = [llm.tokenizer.encode(chat_prompt(llm.tokenizer, q), add_special_tokens=False) for q in QUESTIONS]
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
@@ -31,6 +33,7 @@ def test_greedy_matches_transformers_on_real_weights(smollm_dir, llm):
     assert [o.outputs[0].token_ids for o in outputs] == hf_greedy(smollm_dir, prompts, params.max_tokens)
 
 
+@pytest.mark.slow
 def test_capital_of_france_is_paris(llm):
     [out] = llm.generate(
         [chat_prompt(llm.tokenizer, QUESTIONS[0])], SamplingParams(temperature=0.0, max_tokens=32), use_tqdm=False
@@ -52,6 +55,7 @@ def test_partial_folder_is_not_taken_for_a_model(monkeypatch, tmp_path):
         default_model_dir(cache_dir=str(tmp_path))
 
 
+@pytest.mark.slow
 def test_streamed_text_is_whole_characters_and_adds_up_to_the_answer(smollm_dir, llm):
     prompt = chat_prompt(llm.tokenizer, "Write the words café, naïve and 東京 and then a smiley emoji.")
     params = SamplingParams(temperature=0.0, max_tokens=40, stop=["\n\n"])
@@ -69,6 +73,7 @@ def test_streamed_text_is_whole_characters_and_adds_up_to_the_answer(smollm_dir,
     assert whole.finish_reason == "length" or "\n\n" not in whole.text
 
 
+@pytest.mark.slow
 def test_stop_string_on_real_text(llm):
     prompt = chat_prompt(llm.tokenizer, QUESTIONS[1])
     [free] = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=48), use_tqdm=False)

@@ -38,6 +38,7 @@ def test_batched_greedy_matches_transformers(arch_dir, prompts, request):
     assert all(len(o.outputs[0].token_ids) == GREEDY.max_tokens for o in outputs)
 
 
+@pytest.mark.slow
 def test_triton_backend_matches_transformers(qwen3_dir, prompts):
     # on the CPU the kernels run in Triton's interpreter (conftest sets TRITON_INTERPRET=1)
     pytest.importorskip("triton")

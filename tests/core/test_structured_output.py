@@ -48,6 +48,7 @@ def constrained(spec: StructuredOutputsParams, **params) -> SamplingParams:
     return SamplingParams(**{"temperature": 1.0, "max_tokens": 200, **params}, structured_outputs=spec)
 
 
+@pytest.mark.slow
 def test_fifty_sampled_completions_follow_a_nested_json_schema(llm):
     params = constrained(StructuredOutputsParams(json=SCHEMA), n=50, seed=0)
     [out] = llm.generate(PROMPT, params, use_tqdm=False)
@@ -58,6 +59,7 @@ def test_fifty_sampled_completions_follow_a_nested_json_schema(llm):
     assert len({c.text for c in out.outputs}) > 40  # sampled, not one answer fifty times
 
 
+@pytest.mark.slow
 def test_regex_and_choice_hold_under_sampling(llm):
     regex = StructuredOutputsParams(regex=r"[A-Z][a-z]{2,8} \d{3}-\d{4}")
     for completion in llm.generate("Name and phone:", constrained(regex, n=20, seed=1), use_tqdm=False)[0].outputs:
@@ -67,6 +69,7 @@ def test_regex_and_choice_hold_under_sampling(llm):
     assert set(colours) <= {"red", "green", "light blue"} and len(set(colours)) > 1
 
 
+@pytest.mark.slow
 def test_any_json_object_and_an_ebnf_grammar(llm):
     [obj] = llm.generate(
         PROMPT, constrained(StructuredOutputsParams(json_object=True), seed=3, max_tokens=300), use_tqdm=False
@@ -77,6 +80,7 @@ def test_any_json_object_and_an_ebnf_grammar(llm):
     assert all(re.fullmatch(r"yes|no|maybe [0-9]", a) for a in answers)
 
 
+@pytest.mark.slow
 def test_greedy_unconstrained_requests_in_the_same_batch_are_unchanged(llm):
     prompts = ["The capital of France is", "List three fruits:", "Once upon a time"]
     greedy = SamplingParams(temperature=0.0, max_tokens=24)
@@ -93,6 +97,7 @@ def test_greedy_unconstrained_requests_in_the_same_batch_are_unchanged(llm):
     assert re.fullmatch(r"\d+", mixed[4].outputs[0].text)
 
 
+@pytest.mark.slow
 def test_a_grammar_that_cannot_finish_in_max_tokens_ends_with_length(llm):
     [completion] = llm.generate(
         PROMPT, constrained(StructuredOutputsParams(json=SCHEMA), max_tokens=6), use_tqdm=False
@@ -110,6 +115,7 @@ def test_a_grammar_that_cannot_finish_in_max_tokens_ends_with_length(llm):
         (StructuredOutputsParams(grammar="root ::= missing_rule"), "grammar is invalid"),
     ],
 )
+@pytest.mark.slow
 def test_bad_specs_are_refused_with_what_is_wrong(llm, spec, message):
     with pytest.raises(ValueError, match=message):
         llm.generate(PROMPT, constrained(spec), use_tqdm=False)
@@ -138,6 +144,7 @@ def test_grammar_of_names_a_missing_library(monkeypatch):
         grammar_of(StructuredOutputsParams(regex="a+"))
 
 
+@pytest.mark.slow
 def test_a_constrained_step_launches_its_forward_before_the_step_in_flight_is_read_back(llm):
     # the grammar needs step n's token for step n + 1's mask: only the sampling waits for it
     events = record_order(llm)

@@ -189,6 +189,7 @@ def check_still_serving(server, client: httpx.Client) -> None:
 
 @FUZZ
 @given(body=bodies(COMPLETION_FIELDS, {"model": MODEL, "prompt": "w5 w6", "max_tokens": 4}))
+@pytest.mark.slow
 def test_any_completion_body_is_answered_and_the_server_goes_on(server, client, body):
     send(client, "/v1/completions", body)
     check_still_serving(server, client)
@@ -196,6 +197,7 @@ def test_any_completion_body_is_answered_and_the_server_goes_on(server, client, 
 
 @FUZZ
 @given(body=bodies(CHAT_FIELDS, {"model": MODEL, "messages": [{"role": "user", "content": "w5 w6"}], "max_tokens": 4}))
+@pytest.mark.slow
 def test_any_chat_body_is_answered_and_the_server_goes_on(server, client, body):
     send(client, "/v1/chat/completions", body)
     check_still_serving(server, client)

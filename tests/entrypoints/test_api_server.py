@@ -168,6 +168,7 @@ def test_chat_uses_template_and_stream_matches(server, offline):
     assert chunks[-1].choices[0].finish_reason == response.choices[0].finish_reason
 
 
+@pytest.mark.slow
 def test_64_concurrent_streams_each_match_their_plain_answer_and_offline_generate(server, offline):
     rng = random.Random(1)
     prompts = [[rng.randrange(2, 512) for _ in range(rng.randint(1, 30))] for _ in range(64)]
@@ -320,6 +321,7 @@ def keyed_server(model_dir):
     running.close()
 
 
+@pytest.mark.slow
 def test_api_key_is_required_except_for_health(keyed_server):
     with pytest.raises(openai.AuthenticationError):
         keyed_server.client().models.list()
@@ -368,6 +370,7 @@ def test_client_that_gives_up_on_a_plain_request_cancels_it(server):
     assert server.online.stats().kv_cache_usage == 0.0
 
 
+@pytest.mark.slow
 def test_engine_failure_is_a_500_then_health_and_new_requests_are_503(model_dir):
     failing = RunningServer(model_dir, ServerSettings(MODEL), failing_step=3)
     try:
@@ -381,6 +384,7 @@ def test_engine_failure_is_a_500_then_health_and_new_requests_are_503(model_dir)
         failing.close()
 
 
+@pytest.mark.slow
 def test_a_burst_the_engine_can_run_at_once_is_not_refused_as_waiting(model_dir):
     # requests in flight to the core are not waiting yet: only those it holds without running them count
     burst = RunningServer(model_dir, ServerSettings(MODEL, max_waiting=2), step_seconds=0.005, max_num_seqs=8)
@@ -397,6 +401,7 @@ def test_a_burst_the_engine_can_run_at_once_is_not_refused_as_waiting(model_dir)
         burst.close()
 
 
+@pytest.mark.slow
 def test_a_10_mb_body_is_refused_at_once_while_32_streams_go_on(server):
     body = {"model": MODEL, "prompt": [5, 6], "max_tokens": 150, "ignore_eos": True, "stream": True}
     huge = json.dumps({"model": MODEL, "prompt": "w5 " * 3_500_000}).encode()  # 10.5 MB
@@ -796,6 +801,7 @@ def test_metrics_report_latency_prefix_cache_and_preemptions(server):
     assert server.metric("nanovllm:num_preemptions_total") >= 0.0
 
 
+@pytest.mark.slow
 def test_the_servers_chat_template_serves_a_tokenizer_without_one(qwen3_dir, tmp_path):
     path = tmp_path / "template.jinja"
     path.write_text("{% for m in messages %}{{ m['content'] }} {% endfor %}w4")

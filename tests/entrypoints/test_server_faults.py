@@ -166,6 +166,7 @@ def test_an_unexpected_error_is_one_500_and_the_connection_goes_on(server, monke
     wait_until(lambda: server.online.stats().num_running == 0)
 
 
+@pytest.mark.slow
 def test_a_fault_in_the_output_thread_turns_health_to_503(chat_model_dir, monkeypatch):
     running = RunningServer(chat_model_dir, ServerSettings(MODEL), step_seconds=0.005)
     try:
@@ -187,6 +188,7 @@ def test_a_fault_in_the_output_thread_turns_health_to_503(chat_model_dir, monkey
         running.close()
 
 
+@pytest.mark.slow
 def test_streams_cut_by_the_shutdown_grace_period_get_an_error_event(chat_model_dir):
     with core_steps(0.005):
         online = OnlineEngine(chat_model_dir, **ENGINE_ARGS)
@@ -217,6 +219,7 @@ def test_streams_cut_by_the_shutdown_grace_period_get_an_error_event(chat_model_
     online.shutdown()
 
 
+@pytest.mark.slow
 def test_the_socket_folder_of_a_killed_server_is_removed_at_the_next_start(qwen3_dir, tmp_path):
     process, _ = start_server(qwen3_dir, "--max-model-len=64", "--num-kvcache-blocks=16", temp_dir=str(tmp_path))
     [left] = list(tmp_path.glob("nanovllm-*"))

@@ -171,6 +171,7 @@ def client_of(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
 
 
+@pytest.mark.slow
 def test_a_forced_call_and_its_result_round_trip(server):
     client = client_of(server)
     response = client.chat.completions.create(
@@ -196,6 +197,7 @@ def test_a_forced_call_and_its_result_round_trip(server):
     assert answer.choices[0].message.content and answer.choices[0].message.tool_calls is None
 
 
+@pytest.mark.slow
 def test_a_required_call_streams_as_tool_call_deltas(server):
     client = client_of(server)
     chunks = list(
@@ -220,6 +222,7 @@ def test_a_required_call_streams_as_tool_call_deltas(server):
     assert sorted(d.index for d in deltas) == list(range(len(deltas)))
 
 
+@pytest.mark.slow
 def test_response_format_json_schema_and_guided_fields(server):
     client = client_of(server)
     schema = WEATHER["function"]["parameters"]
@@ -266,6 +269,7 @@ def test_response_format_json_schema_and_guided_fields(server):
         ({"tools": [WEATHER], "tool_choice": "required", "guided_regex": "a"}, "already constrains"),
     ],
 )
+@pytest.mark.slow
 def test_bad_constraints_are_400s_that_say_what_is_wrong(server, body, message):
     response = httpx.post(
         f"{server}/v1/chat/completions", json={"model": "smol", "messages": QUESTION, "max_tokens": 4, **body}
@@ -273,12 +277,14 @@ def test_bad_constraints_are_400s_that_say_what_is_wrong(server, body, message):
     assert response.status_code == 400 and message in response.json()["error"]["message"]
 
 
+@pytest.mark.slow
 def test_a_tool_message_needs_its_call_id(server):
     messages = QUESTION + [{"role": "tool", "content": "18 degrees"}]
     response = httpx.post(f"{server}/v1/chat/completions", json={"model": "smol", "messages": messages})
     assert response.status_code == 400 and "tool_call_id" in response.json()["error"]["message"]
 
 
+@pytest.mark.slow
 def test_a_streamed_call_goes_back_with_its_result(server):
     client = client_of(server)
     chunks = list(
@@ -309,6 +315,7 @@ def test_a_streamed_call_goes_back_with_its_result(server):
     assert "".join(c.choices[0].delta.content or "" for c in answer)
 
 
+@pytest.mark.slow
 def test_tool_choice_none_leaves_the_tools_out_and_auto_may_answer_in_text(server):
     client = client_of(server)
     plain = client.chat.completions.create(model="smol", messages=QUESTION, max_tokens=1)
@@ -324,6 +331,7 @@ def test_tool_choice_none_leaves_the_tools_out_and_auto_may_answer_in_text(serve
     assert message.tool_calls or message.content
 
 
+@pytest.mark.slow
 def test_a_forced_call_cut_short_comes_back_as_a_call_streamed_or_not(server):
     client = client_of(server)
     named = {"type": "function", "function": {"name": "get_weather"}}
@@ -354,6 +362,7 @@ def test_a_forced_call_cut_short_comes_back_as_a_call_streamed_or_not(server):
     assert [c.function.name in ("get_weather", "get_time") for c in required.choices[0].message.tool_calls] == [True]
 
 
+@pytest.mark.slow
 def test_parallel_tool_calls_false_gives_one_call(server):
     response = client_of(server).chat.completions.create(
         model="smol",

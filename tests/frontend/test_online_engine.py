@@ -57,6 +57,7 @@ def all_blocks_free(online):
     return stats.num_running == stats.num_waiting == 0 and stats.kv_cache_usage == 0.0
 
 
+@pytest.mark.slow
 def test_requests_from_many_threads_match_offline_generate(qwen3_dir, online):
     prompts = random_prompts(12)
     # 24 blocks cannot hold all of them at once: preemption happens on the way
@@ -100,6 +101,7 @@ def test_stop_string_is_held_back_and_cut(qwen3_dir, online):
     assert "".join(o.outputs[0].text for o in outputs) == text[: text.index(stop)]
 
 
+@pytest.mark.slow
 def test_abort_running_request_frees_its_blocks(slow_online):
     stream = slow_online.add_request([5, 6, 7], greedy(240))
     outputs = iter(stream)
@@ -113,6 +115,7 @@ def test_abort_running_request_frees_its_blocks(slow_online):
     wait_until(lambda: all_blocks_free(slow_online))
 
 
+@pytest.mark.slow
 def test_abort_waiting_request(slow_online):
     # each needs 13 of the 24 blocks, so the second waits for the first
     running = slow_online.add_request([5] * 200, greedy(8))
@@ -135,6 +138,7 @@ def test_bad_request_raises_in_caller_and_others_go_on(online):
     assert sum(len(o.outputs[0].token_ids) for o in good) == 30
 
 
+@pytest.mark.slow
 def test_failed_step_ends_live_requests_with_error_and_the_engine_is_dead(qwen3_dir):
     with core_steps(seconds=0.0, failing_call=3):
         engine = OnlineEngine(qwen3_dir, **ENGINE_ARGS)
@@ -150,6 +154,7 @@ def test_failed_step_ends_live_requests_with_error_and_the_engine_is_dead(qwen3_
         engine.shutdown()
 
 
+@pytest.mark.slow
 def test_killed_core_ends_live_requests_with_error(qwen3_dir):
     with core_steps(seconds=0.005):
         engine = OnlineEngine(qwen3_dir, **ENGINE_ARGS)
@@ -163,6 +168,7 @@ def test_killed_core_ends_live_requests_with_error(qwen3_dir):
         engine.shutdown()
 
 
+@pytest.mark.slow
 def test_a_worker_killed_while_idle_makes_the_engine_dead_within_seconds(qwen3_dir):
     engine = OnlineEngine(qwen3_dir, tensor_parallel_size=2, **ENGINE_ARGS)
     try:
@@ -178,6 +184,7 @@ def test_a_worker_killed_while_idle_makes_the_engine_dead_within_seconds(qwen3_d
         engine.shutdown()
 
 
+@pytest.mark.slow
 def test_shutdown_aborts_unfinished_requests(qwen3_dir):
     online = OnlineEngine(qwen3_dir, **ENGINE_ARGS)
     stream = online.add_request([5, 6, 7], greedy(240))

@@ -70,6 +70,7 @@ def test_the_cache_holds_as_many_blocks_as_its_smaller_blocks_fit(qwen3_dir):
     assert blocks["fp8"] > 2.5 * blocks["auto"]
 
 
+@pytest.mark.slow
 def test_bundled_model_answers_as_with_a_full_precision_cache(smollm_dir):
     # FP8 keys move the scores of this 135M model enough to change later greedy picks (see the issue's
     # note: 2 of 16 completions identical over 64 tokens); the first tokens and the facts hold
@@ -88,6 +89,7 @@ def test_bundled_model_answers_as_with_a_full_precision_cache(smollm_dir):
     assert "Paris" in runs["fp8"][0].outputs[0].text
 
 
+@pytest.mark.slow
 def test_chunked_prefill_and_two_ranks_give_the_outputs_of_one_whole_prefill(qwen3_dir):
     prompts = random_prompts([150, 7, 61], seed=31)
     whole = engine(

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
-from nanovllm.kernels import triton_moe  # noqa: E402
+from nanovllm.kernels import triton_moe, triton_moe_gemv  # noqa: E402
 from nanovllm.kernels.triton_moe import align_by_expert, fused_experts  # noqa: E402
 from nanovllm.kernels.triton_moe_gemv import few_token_experts  # noqa: E402
 from nanovllm.layers.fused_moe import moe_experts  # noqa: E402
@@ -90,9 +90,11 @@ def test_few_tokens_through_the_grouped_gemms_too_interpreted(monkeypatch, token
 
 @pytest.mark.skipif(CUDA, reason="the compiled kernels are tested on the GPU instead")
 @pytest.mark.parametrize("hidden_act", ["silu", "gelu_pytorch_tanh"])
+@pytest.mark.slow
 def test_few_token_experts_read_each_choices_expert_interpreted(hidden_act):
-    # widths past one block of each kernel, and two tokens choosing the same expert
-    case = experts_case(4, experts=3, top_k=2, hidden=600, width=300, dtype=torch.float32)
+    # widths past one block of each kernel, and two tokens choosing the same expert; a narrow hidden size,
+    # since the down kernel runs a program per output feature and the interpreter runs them one by one
+    case = experts_case(4, experts=3, top_k=2, hidden=40, width=300, dtype=torch.float32)
     case[4][1, 0] = case[4][0, 0]
     check(case, hidden_act)
 
@@ -108,12 +110,15 @@ def check_normalised(case, tolerance):
 
 
 @pytest.mark.skipif(CUDA, reason="the compiled kernels are tested on the GPU instead")
-def test_few_token_experts_normalise_their_input_interpreted():
-    # a row past one chunk of the gate/up kernel: the squares are summed over every chunk
+def test_few_token_experts_normalise_their_input_interpreted(monkeypatch):
+    # a row past one chunk of the gate/up kernel: the squares are summed over every chunk; the down kernel,
+    # which the norm does not touch, takes many output features a program, so that the interpreter stays quick
+    monkeypatch.setattr(triton_moe_gemv, "_DOWN_BLOCKS", (64, 64, 4))
     check_normalised(experts_case(2, experts=3, top_k=2, hidden=1100, width=40, dtype=torch.float32), 1e-4)
 
 
 @pytest.mark.skipif(CUDA, reason="the compiled kernels are tested on the GPU instead")
+@pytest.mark.slow
 def test_large_batch_tiles_interpreted(monkeypatch):
     # the largest tile row, on few tokens, so that the interpreter stays quick
     monkeypatch.setattr(triton_moe, "TILES", {1: triton_moe.TILES[max(triton_moe.TILES)]})

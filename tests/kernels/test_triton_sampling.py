@@ -37,6 +37,7 @@ def test_ties_across_chunks_go_to_the_lowest_index_and_the_ids_land_in_out():
 
 
 @pytest.mark.parametrize("temperature", TEMPERATURES)
+@pytest.mark.slow
 def test_draws_follow_softmax_of_scaled_logits(temperature):
     torch.manual_seed(0)
     logits = torch.randn(6)
@@ -45,6 +46,7 @@ def test_draws_follow_softmax_of_scaled_logits(temperature):
     assert chi_square_p_value(ids, torch.softmax(logits / temperature, -1)) > 1e-3
 
 
+@pytest.mark.slow
 def test_different_seeds_draw_differently_and_same_seed_repeats():
     logits = torch.zeros(64, 100, device=DEVICE)
     temperatures = torch.ones(64, device=DEVICE)

@@ -59,7 +59,7 @@ def distinct_logits(rows: int, dtype: torch.dtype, seed: int = 0) -> torch.Tenso
 
 
 # a buffer of 16 candidates settles almost no row: the rest are searched by the fallback's bisection
-@pytest.mark.parametrize("candidates", [1024, 16])
+@pytest.mark.parametrize("candidates", [pytest.param(1024, marks=pytest.mark.slow), 16])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_thresholds_keep_what_the_sort_based_sampler_keeps(dtype, candidates):
     logits = distinct_logits(len(ROWS), dtype)
@@ -72,6 +72,7 @@ def test_thresholds_keep_what_the_sort_based_sampler_keeps(dtype, candidates):
     assert kept[0].sum() == 20 and kept[5].sum() == 1 and kept[6].all() and thresholds[7] == float("-inf")
 
 
+@pytest.mark.slow
 def test_tied_logits_at_the_threshold_are_all_kept():
     logits = torch.zeros(1, VOCAB, device=DEVICE)
     logits[0, :30] = 2.0  # 30 tokens tie for the top; top-k 20 keeps all of them
@@ -80,6 +81,7 @@ def test_tied_logits_at_the_threshold_are_all_kept():
     assert thresholds.tolist() == [2.0]
 
 
+@pytest.mark.slow
 def test_draws_follow_the_truncated_softmax():
     draws = 600 if DEVICE == "cpu" else 40000
     logits = distinct_logits(1, torch.float32, seed=1)[:, :40].contiguous()
@@ -99,6 +101,7 @@ def test_draws_follow_the_truncated_softmax():
     assert chi_square_p_value(ids, probs.cpu()) > 1e-3
 
 
+@pytest.mark.slow
 def test_a_full_size_vocabulary_settles_top_p_and_min_p_alone_from_the_candidates():
     # 40,000 logits make 320 runs, more than the 256 whose maximum bounds a row without top-k
     generator = torch.Generator().manual_seed(2)
@@ -111,7 +114,7 @@ def test_a_full_size_vocabulary_settles_top_p_and_min_p_alone_from_the_candidate
     assert 1 < kept[0].sum() < 256 and 1 < kept[1].sum() < 256
 
 
-@pytest.mark.parametrize("candidates", [1024, 16])
+@pytest.mark.parametrize("candidates", [pytest.param(1024, marks=pytest.mark.slow), 16])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_top_logprobs_are_the_log_softmax_top_k(dtype, candidates):
     logits = distinct_logits(3, dtype)

@@ -61,6 +61,7 @@ def greedy(model_dir: str, prompts, **engine) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outputs]
 
 
+@pytest.mark.slow
 def test_qwen2_with_its_q_k_v_biases_matches_transformers(tmp_path):
     model_dir = save_model(tmp_path / "qwen2", Qwen2Config, Qwen2ForCausalLM, randomize_biases=True)
     prompts = random_prompts([3, 20, 45])
@@ -77,6 +78,7 @@ def test_mistral_matches_transformers_within_its_window(tmp_path, window):
     assert greedy(model_dir, prompts, max_model_len=96) == hf_greedy(model_dir, prompts, GREEDY.max_tokens)
 
 
+@pytest.mark.slow
 def test_phi3_from_its_fused_q_k_v_and_gate_up_tensors_matches_transformers(tmp_path):
     model_dir = save_model(tmp_path / "phi3", Phi3Config, Phi3ForCausalLM)
     prompts = random_prompts([3, 20, 45])
@@ -105,6 +107,7 @@ def prompts_with_a_shared_prefix() -> list[list[int]]:
     return [short, shared + [7, 8, 9], shared + [10]]
 
 
+@pytest.mark.slow
 def test_phi4_mini_partial_rotary_matches_transformers(tmp_path):
     # Phi-4-mini turns the first 0.75 of each head (12 of 16 here) and passes the rest through
     model_dir = save_model(tmp_path / "phi4", Phi3Config, Phi3ForCausalLM, partial_rotary_factor=0.75)
@@ -204,6 +207,7 @@ def test_phi3_rotary_tables_equal_transformers_short_within_and_long_past_the_or
 
 
 @pytest.mark.parametrize("partial_rotary_factor", [1.0, 0.75], ids=["phi3.5-mini", "phi4-mini"])
+@pytest.mark.slow
 def test_phi3_longrope_matches_transformers_within_the_original_context(tmp_path, partial_rotary_factor):
     # prompts of up to 36 tokens and 24 generated: every position below the 64-token original context, where
     # transformers too rotates with the short factors (past it, it re-encodes the whole sequence with the

@@ -151,6 +151,7 @@ def test_quantized_at_load_is_the_reference_product_per_channel(qwen3_dir):
     assert (logprobs - expected).abs().max() <= SAME_ARITHMETIC
 
 
+@pytest.mark.slow
 def test_quantized_at_load_on_two_ranks_matches_one_within_activation_rounding(qwen3_dir):
     prompts = random_prompts(count=2)
     one_top, one = teacher_forced(qwen3_dir, prompts, quantization="fp8")
@@ -164,6 +165,7 @@ def test_quantized_at_load_on_two_ranks_matches_one_within_activation_rounding(q
     assert (one - two).abs().mean() <= 0.08
 
 
+@pytest.mark.slow
 def test_block_fp8_checkpoint_with_an_fp8_lm_head_loads_as_stored(block_model_dir, tmp_path):
     fp8 = quantized_tensors(block_model_dir, BLOCK, with_lm_head=True)
     config = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": list(BLOCK)}

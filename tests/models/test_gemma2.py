@@ -66,6 +66,7 @@ def test_prompts_with_a_cached_prefix_match_transformers(gemma2_dir):
     assert_cached_prefix_matches_transformers(gemma2_dir)
 
 
+@pytest.mark.slow
 def test_two_ranks_equal_one(gemma2_dir):
     expected = hf_greedy(gemma2_dir, PROMPTS, GREEDY.max_tokens)
     assert token_ids(generate(gemma2_dir, PROMPTS, tensor_parallel_size=2, device="cpu")) == expected
@@ -88,6 +89,7 @@ def test_flash_attn_which_cannot_soft_cap_is_refused_at_load(gemma2_dir, monkeyp
         Config(gemma2_dir, max_model_len=WINDOW)
 
 
+@pytest.mark.slow
 def test_the_triton_kernels_interpreted_match_transformers(gemma2_dir):
     # the Triton backend's window and soft-cap switches inside the model, under the interpreter on the CPU
     prompts = PROMPTS[1::2]  # 20 and 75 tokens

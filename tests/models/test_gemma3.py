@@ -99,11 +99,13 @@ def test_chunks_and_a_cached_prefix_match_transformers(gemma3_dir):
     assert_cached_prefix_matches_transformers(gemma3_dir, max_num_batched_tokens=10, max_num_seqs=1)
 
 
+@pytest.mark.slow
 def test_two_ranks_equal_transformers(gemma3_dir):
     expected = hf_greedy(gemma3_dir, PROMPTS, GREEDY.max_tokens)
     assert greedy(gemma3_dir, PROMPTS, tensor_parallel_size=2, device="cpu") == expected
 
 
+@pytest.mark.slow
 def test_the_triton_kernels_interpreted_match_transformers(gemma3_dir):
     prompts = PROMPTS[1::2]  # 20 and 75 tokens
     expected = hf_greedy(gemma3_dir, prompts, GREEDY.max_tokens)

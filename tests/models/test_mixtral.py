@@ -33,6 +33,7 @@ def test_greedy_matches_transformers(mixtral_dir):
     assert greedy(mixtral_dir) == hf_greedy(mixtral_dir, PROMPTS, GREEDY.max_tokens)
 
 
+@pytest.mark.slow
 def test_stacked_experts_match_transformers_in_chunks_with_cached_prefixes_and_at_two_ranks(mixtral_dir, tmp_path):
     stacked = save_stacked(mixtral_dir, tmp_path / "stacked")
     assert "model.layers.1.mlp.experts.gate_up_proj" in tensor_names(stacked)

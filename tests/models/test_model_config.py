@@ -332,6 +332,7 @@ def test_a_mixture_of_experts_setting_the_engine_cannot_honour_is_refused(fields
         ModelConfig.from_hf(SimpleNamespace(architectures=["Qwen3MoeForCausalLM"], **fields))
 
 
+@pytest.mark.slow
 def test_reading_a_config_imports_only_its_family_file_and_no_torch_until_the_model_is_built():
     code = (
         "import sys\n"

@@ -116,6 +116,7 @@ def test_preempted_sequences_resume_with_the_tokens_of_transformers(qwen3_moe_di
     assert [o.outputs[0].token_ids for o in outputs] == expected
 
 
+@pytest.mark.slow
 def test_two_ranks_equal_one(qwen3_moe_dir, expected):
     # each rank holds half of every expert's width; the router is the same on both
     assert greedy(qwen3_moe_dir, tensor_parallel_size=2, device="cpu") == expected

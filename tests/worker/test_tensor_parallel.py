@@ -85,6 +85,7 @@ def tp_qwen3(qwen3_dir):
     llm.close()
 
 
+@pytest.mark.slow
 class TestTwoRanks:
     """One N=2 engine shared by tests that only generate."""
 
@@ -139,6 +140,7 @@ class TestTwoRanks:
         assert calls == {"all_reduce": steps * (2 * layers + 1), "gather": steps}
 
 
+@pytest.mark.slow
 def test_llama_with_explicit_port_matches_one_rank(llama_dir):
     port = free_port()
     expected = token_ids(LLM(llama_dir, **ENGINE).generate(random_prompts(2), GREEDY, use_tqdm=False))
@@ -150,6 +152,7 @@ def test_llama_with_explicit_port_matches_one_rank(llama_dir):
         llm.close()
 
 
+@pytest.mark.slow
 def test_deleting_the_engine_stops_workers_and_frees_shared_memory(qwen3_dir):
     llm = LLM(qwen3_dir, tensor_parallel_size=2, **ENGINE)
     llm.generate([[5, 6]], GREEDY, use_tqdm=False)
@@ -164,6 +167,7 @@ def test_deleting_the_engine_stops_workers_and_frees_shared_memory(qwen3_dir):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.slow
 def test_killed_worker_is_an_error_within_seconds(qwen3_dir, device):
     llm = LLM(qwen3_dir, tensor_parallel_size=2, **{**ENGINE, "device": device})
     worker = llm.client.core.executor.processes[0]
@@ -188,6 +192,7 @@ def test_killed_worker_is_an_error_within_seconds(qwen3_dir, device):
         llm.generate([[5]], GREEDY, use_tqdm=False)
 
 
+@pytest.mark.slow
 def test_worker_error_is_reported_with_its_message(qwen3_dir, tmp_path):
     # rows 0..255 of the embedding (rank 0's half) exist, rank 1's half is cut short
     model_dir = str(shutil.copytree(qwen3_dir, tmp_path / "m"))
@@ -261,6 +266,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_two_engines_side_by_side_and_workers_exit_with_their_killed_caller(qwen3_dir, tmp_path):
     script = tmp_path / "engine.py"
     script.write_text(_ORPHANED_ENGINE)
