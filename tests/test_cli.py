@@ -19,9 +19,8 @@ from nanovllm import LLM, SamplingParams
 from nanovllm.cli import build_parser
 
 from helpers.hub_cache import add_to_cache
-from helpers.processes import child_processes
-
-ENGINE_ARGS = dict(block_size=16, num_kvcache_blocks=32, max_model_len=256)
+from helpers.processes import alive, child_processes
+from helpers.serve_command import SERVE_ENGINE_ARGS, nanovllm_command, start_server
 
 
 def test_serve_options_cover_config_fields():
@@ -118,19 +117,6 @@ def test_prefix_caching_flags_come_from_the_config_field():
     assert not build_parser().parse_args(["serve", "/m", "--no-enable-prefix-caching"]).enable_prefix_caching
 
 
-def nanovllm_command() -> list[str]:
-    """The installed console script, next to this interpreter."""
-    script = os.path.join(os.path.dirname(sys.executable), "nanovllm")
-    assert os.path.isfile(script), "install the package (bash scripts/setup.sh) to get the nanovllm command"
-    return [script]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_serve_answers_completions_then_stops(qwen3_dir):
     process, url = start_server(qwen3_dir)
@@ -139,7 +125,7 @@ def test_serve_answers_completions_then_stops(qwen3_dir):
         response = client.completions.create(
             model="tiny", prompt="w5 w6", max_tokens=4, temperature=0, extra_body={"ignore_eos": True}
         )
-        [want] = LLM(qwen3_dir, **ENGINE_ARGS).generate(
+        [want] = LLM(qwen3_dir, **SERVE_ENGINE_ARGS).generate(
             ["w5 w6"], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False
         )
         assert response.choices[0].text == want.outputs[0].text and response.usage.completion_tokens == 4
@@ -201,46 +187,6 @@ def test_serve_reports_a_bad_model_folder(tmp_path):
         nanovllm_command() + ["serve", str(tmp_path / "missing")], capture_output=True, text=True, timeout=120
     )
     assert result.returncode != 0 and "does not exist" in result.stderr
-
-
-def start_server(
-    model: str,
-    *flags: str,
-    temp_dir: str | None = None,
-    served_model_name: str | None = "tiny",
-    env: dict[str, str] | None = None,
-) -> tuple[subprocess.Popen, str]:
-    """`nanovllm serve` on a free port, once /health answers 200: the process and its URL. With
-    `temp_dir`, the server keeps its temporary files (the core's sockets) there; `env` adds to its
-    environment."""
-    port = free_port()
-    engine_flags = [f"--{name.replace('_', '-')}={value}" for name, value in ENGINE_ARGS.items()]
-    name_flags = [] if served_model_name is None else ["--served-model-name", served_model_name]
-    process = subprocess.Popen(
-        nanovllm_command() + ["serve", model, "--port", str(port), *name_flags, *engine_flags, *flags],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, **(env or {}), **({} if temp_dir is None else {"TMPDIR": temp_dir})},
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        assert process.poll() is None, process.stdout.read()
-        assert time.monotonic() < deadline, "the server did not come up"
-        try:
-            if httpx.get(f"{url}/health").status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            time.sleep(0.2)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def stream_body(max_tokens: int) -> dict:

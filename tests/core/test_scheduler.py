@@ -2,41 +2,15 @@
 block budgets, decode with preemption, updates with the sampled tokens, and the overlapped loop's
 rules for tokens still in flight (step n+1 scheduled before step n is read back)."""
 
-from types import SimpleNamespace
-
 import pytest
 
 from nanovllm.core.block_manager import chain_hash
-from nanovllm.core.request import Request, RequestStatus
+from nanovllm.core.request import RequestStatus
 from nanovllm.core.runner_output import ModelRunnerOutput
-from nanovllm.core.scheduler import Scheduler
 from nanovllm.core.scheduler_output import PLACEHOLDER, PromptScoring
 from nanovllm.engine.messages import EngineCoreOutput, EngineStats, TokenLogprobs
-from nanovllm.sampling_params import SamplingParams
 
-BS = 4
-EOS = 1
-
-
-def make_scheduler(
-    num_blocks=16, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64, chunked=False, prefix_caching=True
-):
-    config = SimpleNamespace(
-        max_num_seqs=max_num_seqs,
-        token_budget=max_num_batched_tokens,
-        context_len=max_model_len,
-        enable_chunked_prefill=chunked,
-        kv_block_size=BS,
-        device_type="cpu",
-        speculative=None,
-        enable_prefix_caching=prefix_caching,
-    )
-    return Scheduler(config, num_blocks, (EOS,))
-
-
-def make_req(request_id, token_ids, **params):
-    params.setdefault("max_tokens", 100)
-    return Request(request_id, list(token_ids), SamplingParams(**params), BS)
+from helpers.schedulers import BS, EOS, make_req, make_scheduler
 
 
 def add_all(sched, *reqs):

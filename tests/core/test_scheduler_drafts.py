@@ -2,13 +2,13 @@
 max_tokens, the model length, the token budget and the free blocks; the kept tokens confirmed and the
 rest rolled back, never registered in the prefix cache; a stop inside a kept run ends the request there."""
 
-from test_scheduler import EOS, make_req, make_scheduler
-
 from nanovllm.core.block_manager import chain_hash
 from nanovllm.core.request import RequestStatus
 from nanovllm.core.runner_output import ModelRunnerOutput
 from nanovllm.core.scheduler_output import PLACEHOLDER
 from nanovllm.spec_decode.proposer import Proposer
+
+from helpers.schedulers import EOS, make_req, make_scheduler
 
 DRAFTS = [60, 61, 62]
 

@@ -14,9 +14,10 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_api_server import MODEL, RunningServer, wait_until
 
 from nanovllm.entrypoints.api_server import ServerSettings
+
+from helpers.api_servers import MODEL, RunningServer, wait_until
 
 EXAMPLES = int(os.environ.get("NANOVLLM_FUZZ_EXAMPLES", "200"))
 FUZZ = settings(

@@ -16,8 +16,6 @@ import msgspec
 import pytest
 import uvicorn
 import zmq
-from test_api_server import ENGINE_ARGS, MODEL, RunningServer, error_of, wait_until
-from test_cli import alive, start_server
 
 from nanovllm import LLM, SamplingParams, StructuredOutputsParams
 from nanovllm.core import structured_output
@@ -29,8 +27,10 @@ from nanovllm.entrypoints.api_server import ServerSettings, _Server, build_app
 from nanovllm.frontend import output_processor
 from nanovllm.frontend.online_engine import OnlineEngine
 
+from helpers.api_servers import ENGINE_ARGS, MODEL, RunningServer, error_of, wait_until
 from helpers.core_steps import core_steps
-from helpers.processes import child_processes
+from helpers.processes import alive, child_processes
+from helpers.serve_command import start_server
 
 POISON = "poison"  # a stop string that the patched output processing fails on
 

@@ -1,5 +1,5 @@
 """Tiny engines for tests, and what their steps record: the order of launches and read-backs, the batches,
-the preemptions."""
+the preemptions, the drafts kept."""
 
 from nanovllm import LLM
 
@@ -59,3 +59,9 @@ def record_preemptions(llm) -> list:
 
     llm.client.core.scheduler._preempt = recording_preempt
     return preempted
+
+
+def acceptance(llm) -> tuple[int, int]:
+    """(drafts checked, drafts kept) since the engine started."""
+    stats = llm.client.core.stats()
+    return stats.spec_decode_num_draft_tokens, stats.spec_decode_num_accepted_tokens

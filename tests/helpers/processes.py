@@ -1,4 +1,4 @@
-"""The processes a process started, read from /proc."""
+"""The processes a process started, and whether one runs, read from /proc."""
 
 import os
 
@@ -18,3 +18,12 @@ def child_processes(pid: int) -> list[int]:
         if parent == pid and b"resource_tracker" not in command:
             children.append(int(entry))
     return children
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, which has ended, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -16,17 +16,19 @@ from transformers import (
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
 
-from nanovllm import LLM, SamplingParams
 from nanovllm.config import Config
 from nanovllm.layers.rotary_embedding import RotaryEmbedding
 from nanovllm.models.model_config import ModelConfig
 
+from helpers.family_checks import (
+    GREEDY,
+    assert_matches_transformers,
+    greedy,
+    prompts_with_a_shared_prefix,
+)
 from helpers.hf_reference import hf_greedy
 from helpers.prompts import random_prompts
 from helpers.tiny_models import save_tiny_tokenizer, tiny_config
-
-GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-ENGINE = dict(block_size=16, num_kvcache_blocks=64, max_model_len=256)
 
 
 def save_model(path, config_class, model_class, randomize_biases: bool = False, **fields) -> str:
@@ -39,26 +41,6 @@ def save_model(path, config_class, model_class, randomize_biases: bool = False, 
     model.to(torch.float32).save_pretrained(path)
     save_tiny_tokenizer(path)
     return str(path)
-
-
-def assert_cached_prefix_matches_transformers(model_dir: str, **engine) -> None:
-    """A 61-token prompt sharing three 16-token blocks with a 60-token one run first (one of them outside a
-    24-token window) reads those 48 tokens from the prefix cache and gives transformers' greedy tokens."""
-    first = random_prompts([60], seed=1)[0]
-    second = first[:48] + random_prompts([13], seed=2)[0]
-    llm = LLM(model_dir, **{**ENGINE, **engine})
-    llm.generate([first], GREEDY, use_tqdm=False)
-    [output] = llm.generate([second], GREEDY, use_tqdm=False)
-    llm.close()
-    assert output.num_cached_tokens == 48
-    assert output.outputs[0].token_ids == hf_greedy(model_dir, [second], GREEDY.max_tokens)[0]
-
-
-def greedy(model_dir: str, prompts, **engine) -> list[list[int]]:
-    llm = LLM(model_dir, **{**ENGINE, **engine})
-    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
-    llm.close()
-    return [o.outputs[0].token_ids for o in outputs]
 
 
 @pytest.mark.slow
@@ -86,25 +68,6 @@ def test_phi3_from_its_fused_q_k_v_and_gate_up_tensors_matches_transformers(tmp_
     assert greedy(model_dir, prompts) == expected
     # two ranks each take their heads' slices of q, k and v (and of gate and up) from the fused tensors
     assert greedy(model_dir, prompts, tensor_parallel_size=2, device="cpu") == expected
-
-
-def assert_matches_transformers(model_dir: str, prompts: list[list[int]]) -> None:
-    """Greedy tokens equal transformers' with the prompts prefilled in 16-token chunks, the later two reading
-    the blocks they share from the prefix cache, and at two ranks."""
-    expected = hf_greedy(model_dir, prompts, GREEDY.max_tokens)
-    llm = LLM(model_dir, **{**ENGINE, "max_num_batched_tokens": 16})
-    llm.generate(prompts[1:2], GREEDY, use_tqdm=False)  # caches the prefix the later prompts share
-    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
-    llm.close()
-    assert [o.num_cached_tokens for o in outputs] == [0, 32, 32]
-    assert [o.outputs[0].token_ids for o in outputs] == expected
-    assert greedy(model_dir, prompts, tensor_parallel_size=2, device="cpu") == expected
-
-
-def prompts_with_a_shared_prefix() -> list[list[int]]:
-    """A short prompt, then two that share their first 33 tokens (two 16-token blocks to reuse)."""
-    short, shared = random_prompts([5, 33], seed=3)
-    return [short, shared + [7, 8, 9], shared + [10]]
 
 
 @pytest.mark.slow

@@ -4,12 +4,12 @@ the soft-capped logits' log-probabilities."""
 
 import pytest
 import torch
-from test_families import ENGINE, GREEDY, assert_cached_prefix_matches_transformers
 from transformers import Gemma2Config, Gemma2ForCausalLM
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.config import Config
 
+from helpers.family_checks import ENGINE, GREEDY, assert_cached_prefix_matches_transformers
 from helpers.hf_reference import hf_greedy, hf_logprobs
 from helpers.prompts import random_prompts, token_ids
 from helpers.tiny_models import save_tiny_tokenizer, tiny_config

@@ -5,13 +5,13 @@ prefill, two ranks and the Triton kernels interpreted."""
 
 import pytest
 import torch
-from test_families import ENGINE, GREEDY, assert_cached_prefix_matches_transformers
 from transformers import Gemma3Config, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma3TextConfig
 
 from nanovllm import LLM
 from nanovllm.cache.specs import FullAttention, SlidingWindow
 from nanovllm.models.model_config import ModelConfig
 
+from helpers.family_checks import ENGINE, GREEDY, assert_cached_prefix_matches_transformers, greedy
 from helpers.hf_reference import hf_greedy
 from helpers.prompts import random_prompts
 from helpers.tiny_models import save_tiny_tokenizer, tiny_config
@@ -66,13 +66,6 @@ def gemma3_image_text_dir(tmp_path_factory):
     model.to(torch.float32).save_pretrained(path)
     save_tiny_tokenizer(path)
     return str(path)
-
-
-def greedy(model_dir, prompts, **engine):
-    llm = LLM(model_dir, **{**ENGINE, **engine})
-    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
-    llm.close()
-    return [o.outputs[0].token_ids for o in outputs]
 
 
 # shorter than the window, around it, and three windows long; 24 new tokens each cross the window

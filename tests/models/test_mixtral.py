@@ -4,13 +4,13 @@ from transformers 5's stacked experts in 16-token prefill chunks, with prefix-ca
 with a sliding window that the prompts run past."""
 
 import pytest
-from test_families import GREEDY, assert_matches_transformers, prompts_with_a_shared_prefix
-from test_qwen3_moe import PROMPTS, greedy, save_moe, save_stacked, tensor_names
 from transformers import MixtralConfig, MixtralForCausalLM
 
 from nanovllm.config import Config
 
+from helpers.family_checks import GREEDY, assert_matches_transformers, greedy, prompts_with_a_shared_prefix
 from helpers.hf_reference import hf_greedy
+from helpers.moe_models import PROMPTS, save_moe, save_stacked, tensor_names
 
 # eight experts of width 32 (Mixtral's experts are intermediate_size wide), top-2
 EXPERTS = dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32)
@@ -30,7 +30,7 @@ def test_the_checkpoint_names_the_block_sparse_moe_and_its_experts_w1_w2_w3(mixt
 
 
 def test_greedy_matches_transformers(mixtral_dir):
-    assert greedy(mixtral_dir) == hf_greedy(mixtral_dir, PROMPTS, GREEDY.max_tokens)
+    assert greedy(mixtral_dir, PROMPTS) == hf_greedy(mixtral_dir, PROMPTS, GREEDY.max_tokens)
 
 
 @pytest.mark.slow

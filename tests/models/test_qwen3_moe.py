@@ -7,10 +7,8 @@ import os
 
 import pytest
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from test_families import ENGINE, GREEDY
-from transformers import AutoModelForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from nanovllm import LLM
 from nanovllm.config import Config
@@ -19,36 +17,9 @@ from nanovllm.utils.loader import load_dummy_weights
 from nanovllm.utils.parallel import tensor_parallel
 
 from helpers.engine_probes import record_preemptions
+from helpers.family_checks import ENGINE, GREEDY, greedy
 from helpers.hf_reference import hf_greedy
-from helpers.prompts import random_prompts
-from helpers.tiny_models import save_tiny_tokenizer, tiny_config
-
-PROMPTS = random_prompts([3, 17, 40, 70])
-
-
-def save_moe(path, config_class, model_class, **fields) -> str:
-    """A tiny random model of `model_class` in fp32, with its tokenizer; transformers writes each expert's
-    weights as tensors of their own. The router starts at transformers' init spread (as every weight of
-    `tiny_config`), enough that tokens of one batch go to different experts."""
-    torch.manual_seed(0)
-    model = model_class(config_class(**{**tiny_config(), **fields}))
-    model.to(torch.float32).save_pretrained(path)
-    save_tiny_tokenizer(path)
-    return str(path)
-
-
-def save_stacked(model_dir: str, path) -> str:
-    """The model of `model_dir` saved again as transformers 5 holds it: each layer's experts stacked in
-    two tensors, gate|up [experts, 2 * width, hidden] and down [experts, hidden, width]."""
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model.save_pretrained(path, save_original_format=False)
-    save_tiny_tokenizer(path)
-    return str(path)
-
-
-def tensor_names(model_dir: str) -> list[str]:
-    with safe_open(os.path.join(model_dir, "model.safetensors"), "pt") as f:
-        return list(f.keys())
+from helpers.moe_models import PROMPTS, save_moe, save_stacked, tensor_names
 
 
 @pytest.fixture(scope="module")
@@ -73,13 +44,6 @@ def expected(qwen3_moe_dir):
     return hf_greedy(qwen3_moe_dir, PROMPTS, GREEDY.max_tokens)
 
 
-def greedy(model_dir: str, prompts=PROMPTS, **engine) -> list[list[int]]:
-    llm = LLM(model_dir, **{**ENGINE, **engine})
-    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
-    llm.close()
-    return [o.outputs[0].token_ids for o in outputs]
-
-
 def test_the_checkpoint_holds_one_tensor_per_expert_and_a_dense_first_layer(qwen3_moe_dir):
     names = tensor_names(qwen3_moe_dir)
     assert "model.layers.1.mlp.experts.7.up_proj.weight" in names and "model.layers.1.mlp.gate.weight" in names
@@ -88,12 +52,12 @@ def test_the_checkpoint_holds_one_tensor_per_expert_and_a_dense_first_layer(qwen
 
 
 def test_greedy_matches_transformers(qwen3_moe_dir, expected):
-    assert greedy(qwen3_moe_dir) == expected
+    assert greedy(qwen3_moe_dir, PROMPTS) == expected
 
 
 def test_prefill_chunks_beside_decodes_match_transformers(qwen3_moe_dir, expected):
     # 16-token steps: prompts are absorbed in chunks while the earlier ones decode in the same step
-    assert greedy(qwen3_moe_dir, max_num_batched_tokens=16) == expected
+    assert greedy(qwen3_moe_dir, PROMPTS, max_num_batched_tokens=16) == expected
 
 
 def test_prompts_with_a_cached_prefix_match_transformers(qwen3_moe_dir, expected):
@@ -119,14 +83,14 @@ def test_preempted_sequences_resume_with_the_tokens_of_transformers(qwen3_moe_di
 @pytest.mark.slow
 def test_two_ranks_equal_one(qwen3_moe_dir, expected):
     # each rank holds half of every expert's width; the router is the same on both
-    assert greedy(qwen3_moe_dir, tensor_parallel_size=2, device="cpu") == expected
+    assert greedy(qwen3_moe_dir, PROMPTS, tensor_parallel_size=2, device="cpu") == expected
 
 
 def test_stacked_experts_load_and_give_the_same_tokens(qwen3_moe_dir, expected, tmp_path):
     stacked = save_stacked(qwen3_moe_dir, tmp_path / "stacked")
     names = tensor_names(stacked)
     assert "model.layers.1.mlp.experts.gate_up_proj" in names and not any(".experts.0." in n for n in names)
-    assert greedy(stacked) == expected
+    assert greedy(stacked, PROMPTS) == expected
 
 
 def test_renormalising_off_matches_transformers(tmp_path):

@@ -7,14 +7,13 @@ front."""
 import random
 
 import pytest
-from test_speculative_generation import acceptance, repetitive_prompts
 
 from nanovllm import SamplingParams
 from nanovllm.config import Config
 
 from helpers.draft_models import save_changed_config, save_noisy_copy
-from helpers.engine_probes import BLOCK, engine, record_preemptions
-from helpers.prompts import token_ids
+from helpers.engine_probes import BLOCK, acceptance, engine, record_preemptions
+from helpers.prompts import repetitive_prompts, token_ids
 
 
 def draft_settings(draft_dir: str, k: int = 3) -> dict:

@@ -13,22 +13,12 @@ from nanovllm.core.scheduler_output import PLACEHOLDER
 from nanovllm.sampling_params import StructuredOutputsParams
 from nanovllm.spec_decode.proposer import Proposer
 
-from helpers.engine_probes import BLOCK, engine, record_preemptions
+from helpers.engine_probes import BLOCK, acceptance, engine, record_preemptions
 from helpers.graphs_replayed_eagerly import GraphsReplayedEagerly
-from helpers.prompts import token_ids
+from helpers.prompts import repetitive_prompts, token_ids
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
-
-
-def repetitive_prompts(lengths: list[int], seed: int) -> list[list[int]]:
-    """Prompts of mixed lengths that repeat a short phrase of their own, so that n-grams recur."""
-    rng = random.Random(seed)
-    prompts = []
-    for n in lengths:
-        phrase = [rng.randrange(2, 512) for _ in range(rng.randrange(2, 6))]
-        prompts.append([rng.randrange(2, 512) for _ in range(n % 4)] + (phrase * n)[:n])
-    return prompts
 
 
 class ReferenceProposer(Proposer):
@@ -57,12 +47,6 @@ def spec_engine(model_dir, proposer: Proposer | None = None, **kwargs):
     if proposer is not None:
         llm.client.core.scheduler.proposer = proposer
     return llm
-
-
-def acceptance(llm) -> tuple[int, int]:
-    """(drafts checked, drafts kept) since the engine started."""
-    stats = llm.client.core.stats()
-    return stats.spec_decode_num_draft_tokens, stats.spec_decode_num_accepted_tokens
 
 
 def full_sequences(prompts: list[list[int]], outputs) -> list[list[int]]:

@@ -7,7 +7,6 @@ import pickle
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from nanovllm.core.scheduler_output import SchedulerOutput
 from nanovllm.worker.tensor_parallel import channel_capacity
 
 from helpers.near_ties import NEAR_TIE, gaps_where_greedy_diverges
+from helpers.ports import free_port
 from helpers.prompts import token_ids
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
@@ -35,12 +35,6 @@ DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, needs_two_gpus])]
 def random_prompts(seed=0):
     rng = random.Random(seed)
     return [[rng.randrange(2, 512) for _ in range(n)] for n in (1, 5, 16, 17, 40)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def segment_exists(name: str) -> bool:

@@ -1,0 +1,50 @@
+"""What the model families' tests share: a tiny engine's greedy tokens, and checks of them against
+transformers' on the same weights with prefix-cache hits, prefill chunks and two ranks."""
+
+from nanovllm import LLM, SamplingParams
+
+from helpers.hf_reference import hf_greedy
+from helpers.prompts import random_prompts
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+ENGINE = dict(block_size=16, num_kvcache_blocks=64, max_model_len=256)
+
+
+def assert_cached_prefix_matches_transformers(model_dir: str, **engine) -> None:
+    """A 61-token prompt sharing three 16-token blocks with a 60-token one run first (one of them outside a
+    24-token window) reads those 48 tokens from the prefix cache and gives transformers' greedy tokens."""
+    first = random_prompts([60], seed=1)[0]
+    second = first[:48] + random_prompts([13], seed=2)[0]
+    llm = LLM(model_dir, **{**ENGINE, **engine})
+    llm.generate([first], GREEDY, use_tqdm=False)
+    [output] = llm.generate([second], GREEDY, use_tqdm=False)
+    llm.close()
+    assert output.num_cached_tokens == 48
+    assert output.outputs[0].token_ids == hf_greedy(model_dir, [second], GREEDY.max_tokens)[0]
+
+
+def greedy(model_dir: str, prompts, **engine) -> list[list[int]]:
+    """Each prompt's GREEDY tokens from an engine of ENGINE's size (`engine` overrides its settings)."""
+    llm = LLM(model_dir, **{**ENGINE, **engine})
+    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    llm.close()
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+def assert_matches_transformers(model_dir: str, prompts: list[list[int]]) -> None:
+    """Greedy tokens equal transformers' with the prompts prefilled in 16-token chunks, the later two reading
+    the blocks they share from the prefix cache, and at two ranks."""
+    expected = hf_greedy(model_dir, prompts, GREEDY.max_tokens)
+    llm = LLM(model_dir, **{**ENGINE, "max_num_batched_tokens": 16})
+    llm.generate(prompts[1:2], GREEDY, use_tqdm=False)  # caches the prefix the later prompts share
+    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    llm.close()
+    assert [o.num_cached_tokens for o in outputs] == [0, 32, 32]
+    assert [o.outputs[0].token_ids for o in outputs] == expected
+    assert greedy(model_dir, prompts, tensor_parallel_size=2, device="cpu") == expected
+
+
+def prompts_with_a_shared_prefix() -> list[list[int]]:
+    """A short prompt, then two that share their first 33 tokens (two 16-token blocks to reuse)."""
+    short, shared = random_prompts([5, 33], seed=3)
+    return [short, shared + [7, 8, 9], shared + [10]]

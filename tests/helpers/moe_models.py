@@ -1,0 +1,39 @@
+"""Tiny mixture-of-experts models saved with transformers, the prompts their tests share, and the names of
+the tensors a checkpoint holds."""
+
+import os
+
+import torch
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM
+
+from helpers.prompts import random_prompts
+from helpers.tiny_models import save_tiny_tokenizer, tiny_config
+
+PROMPTS = random_prompts([3, 17, 40, 70])
+
+
+def save_moe(path, config_class, model_class, **fields) -> str:
+    """A tiny random model of `model_class` in fp32, with its tokenizer; transformers writes each expert's
+    weights as tensors of their own. The router starts at transformers' init spread (as every weight of
+    `tiny_config`), enough that tokens of one batch go to different experts."""
+    torch.manual_seed(0)
+    model = model_class(config_class(**{**tiny_config(), **fields}))
+    model.to(torch.float32).save_pretrained(path)
+    save_tiny_tokenizer(path)
+    return str(path)
+
+
+def save_stacked(model_dir: str, path) -> str:
+    """The model of `model_dir` saved again as transformers 5 holds it: each layer's experts stacked in
+    two tensors, gate|up [experts, 2 * width, hidden] and down [experts, hidden, width]."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.save_pretrained(path, save_original_format=False)
+    save_tiny_tokenizer(path)
+    return str(path)
+
+
+def tensor_names(model_dir: str) -> list[str]:
+    """The names of the tensors in `model_dir`'s model.safetensors."""
+    with safe_open(os.path.join(model_dir, "model.safetensors"), "pt") as f:
+        return list(f.keys())
