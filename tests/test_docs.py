@@ -34,7 +34,6 @@ import re
 import select
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -45,6 +44,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from helpers.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
@@ -111,12 +112,6 @@ GPU_BLOCKS = [block for block in ALL_BLOCKS if block.gpus and block.runs]
 UNRUN_BASH = [
     block for block in ALL_BLOCKS if block.language == "bash" and (block.gpus or block.marker.startswith("not run"))
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def block_env() -> dict:
