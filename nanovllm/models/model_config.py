@@ -13,6 +13,7 @@ This module imports neither torch nor transformers.
 from dataclasses import dataclass, field
 
 from nanovllm.cache.specs import CacheSpec, FullAttention, SlidingWindow
+from nanovllm.models.families import family_of, supported_architecture
 from nanovllm.models.family_spec import CheckpointNames, ExpertDefaults, FamilySpec, HFDefaults, SlidingLayers
 from nanovllm.models.quantization_config import Fp8Weights, read_quantization
 
@@ -100,8 +101,6 @@ class ModelConfig:
     def from_hf(cls, hf_config) -> "ModelConfig":
         """The fields of `hf_config` (a transformers PretrainedConfig or anything with its attributes),
         with the family's defaults; ValueError for an architecture or a setting the engine cannot run."""
-        from nanovllm.models import family_of, supported_architecture
-
         architectures = tuple(_get(hf_config, "architectures", None) or ())
         architecture = supported_architecture(architectures)
         family = family_of(architecture)
