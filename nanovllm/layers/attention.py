@@ -67,7 +67,8 @@ class Attention(nn.Module):
     """Rotates q and k, stores this step's K/V at the slot mapping, then attends.
 
     The layer's cache (`kv_cache`, a `LayerKVCache` of views into the worker's
-    KV tensor) is handed over by `bind_kv_cache` once it is allocated; before
+    KV tensor, and its cache group, whose slots and block tables the layer
+    reads) is handed over by `bind_kv_cache` once it is allocated; before
     that (the start-up step that sizes it) prompts attend only themselves and
     nothing is stored. On CUDA the store is fused into the rotation: one kernel
     normalises and rotates q and k and writes k, already rotated, and v to the
@@ -152,6 +153,7 @@ class Attention(nn.Module):
         if cache is None:  # the start-up step before the cache exists: no prefix to read, nothing stored
             q, k = self.rotary_emb(positions, q, k, q_norm, k_norm)
             return self.backend.prefill(q, k, v, None, None, context, self.scale, **self.scoring).flatten(1)
+        context = context.for_group(cache.group)  # the slots and block tables of the layer's cache group
         q, k = self._rotate_and_store(positions, q, k, v, q_norm, k_norm, cache, context.slot_mapping)
         if context.is_prefill:
             o = self.backend.prefill(q, k, v, cache.k, cache.v, context, self.scale, *cache.scales, **self.scoring)

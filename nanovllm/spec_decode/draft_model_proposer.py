@@ -14,13 +14,24 @@ _GREEDY = SamplingParams(temperature=0.0, max_tokens=1)
 
 @dataclass
 class _DraftCache:
-    """One request's part of the draft's KV cache: its blocks, and the tokens whose K/V they hold, the
-    request's first `num_confirmed` tokens and then `drafted`, the drafts fed back at its last proposal
-    (whose K/V stay right as far as the target kept them)."""
+    """One request's part of the draft's KV cache: its block table of each of the draft's cache groups (every
+    one holding a block per `block_size` tokens: the draft frees none behind a sliding window), and the
+    tokens whose K/V they hold, the request's first `num_confirmed` tokens and then `drafted`, the drafts fed
+    back at its last proposal (whose K/V stay right as far as the target kept them)."""
 
-    block_table: list[int] = field(default_factory=list)
+    block_tables: list[list[int]]
     num_confirmed: int = 0
     drafted: list[int] = field(default_factory=list)
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks the request holds in each group."""
+        return len(self.block_tables[0])
+
+    @property
+    def blocks(self) -> list[int]:
+        """Every block the request holds."""
+        return [block for table in self.block_tables for block in table]
 
     def num_valid(self, token_ids: list[int]) -> int:
         """How many leading tokens of `token_ids`, the request's confirmed tokens now, the cache holds."""
@@ -36,7 +47,7 @@ def _greedy_step(
     request_ids: list[str],
     token_ids: list[list[int]],
     starts: list[int],
-    block_tables: list[list[int]],
+    block_tables: list[list[list[int]]],
     samples: list[bool],
 ) -> SchedulerOutput:
     """A draft step: request i computes `token_ids[i]` from position `starts[i]` and, where `samples[i]`, takes
@@ -52,8 +63,10 @@ class DraftModelProposer(Proposer):
 
     The draft runs on a `ModelRunner` of its own (`Config.draft_config`) whose
     KV cache has as many blocks as the target's: the draft never holds more
-    tokens of a request than the target does, so every running request fits.
-    Each request keeps its blocks between steps (`_DraftCache`, by request id):
+    tokens of a request than the target does, so every running request fits
+    where the draft has one cache group (with several, each holds a block per
+    `block_size` tokens of the request). Each request keeps its blocks between
+    steps (`_DraftCache`, by request id):
     a call computes the confirmed tokens the draft has not seen (a new
     request's whole prompt, in chunks of the token budget; after a step, the
     tokens the target emitted past the drafts it kept) and samples the first
@@ -75,6 +88,7 @@ class DraftModelProposer(Proposer):
         self.runner = ModelRunner(replace(config.draft_config, num_kvcache_blocks=num_kvcache_blocks))
         self.token_budget = config.draft_config.token_budget
         self.free_blocks = list(range(self.runner.num_kvcache_blocks))
+        self.num_groups = len(config.draft_config.kv_layout.groups)
         self.caches: dict[str, _DraftCache] = {}
 
     def propose(self, token_ids: list[list[int]], max_drafts: list[int], request_ids: list[str]) -> list[list[int]]:
@@ -93,7 +107,7 @@ class DraftModelProposer(Proposer):
                     [request_ids[i] for i in going],
                     [drafts[i][-1:] for i in going],
                     [len(token_ids[i]) + step - 1 for i in going],
-                    [self.caches[request_ids[i]].block_table for i in going],
+                    [self.caches[request_ids[i]].block_tables for i in going],
                     [True] * len(going),
                 )
             )
@@ -105,16 +119,17 @@ class DraftModelProposer(Proposer):
         return drafts
 
     def _reserve(self, request_id: str, num_tokens: int) -> bool:
-        """Give the request's cache blocks for `num_tokens` tokens; False (and its cache freed) when too few
-        blocks are free."""
-        cache = self.caches.setdefault(request_id, _DraftCache())
+        """Give the request's cache blocks for `num_tokens` tokens in every cache group; False (and its cache
+        freed) when too few blocks are free."""
+        cache = self.caches.setdefault(request_id, _DraftCache([[] for _ in range(self.num_groups)]))
         bs = self.runner.block_size
-        needed = (num_tokens + bs - 1) // bs - len(cache.block_table)
-        if needed > len(self.free_blocks):
+        needed = (num_tokens + bs - 1) // bs - cache.num_blocks
+        if needed * self.num_groups > len(self.free_blocks):
             self.release(request_id)
             return False
-        for _ in range(needed):
-            cache.block_table.append(self.free_blocks.pop())
+        for table in cache.block_tables:
+            for _ in range(needed):
+                table.append(self.free_blocks.pop())
         return True
 
     def _catch_up(self, request_ids: list[str], token_ids: list[list[int]]) -> list[int]:
@@ -137,7 +152,7 @@ class DraftModelProposer(Proposer):
                 [request_ids[j] for j in batch],
                 chunks,
                 [starts[j] for j in batch],
-                [self.caches[request_ids[j]].block_table for j in batch],
+                [self.caches[request_ids[j]].block_tables for j in batch],
                 [starts[j] + len(chunk) == len(token_ids[j]) for j, chunk in zip(batch, chunks)],
             )
             first.update(zip(step.sampled_req_ids, self._run(step)))
@@ -155,7 +170,7 @@ class DraftModelProposer(Proposer):
         """Give the request's draft blocks back."""
         cache = self.caches.pop(request_id, None)
         if cache is not None:
-            self.free_blocks += cache.block_table
+            self.free_blocks += cache.blocks
 
     def close(self) -> None:
         """Free the draft runner's decode graphs."""

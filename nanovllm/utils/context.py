@@ -3,7 +3,7 @@
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -26,6 +26,11 @@ class Context:
     row per sequence.
     `seq_order`, where set, lists the decode rows longest context first, the
     order decode attention starts them in when it takes one split per row.
+
+    `slot_mapping` and `block_tables` are those of cache group 0
+    (`CacheLayout.groups`); a model of several groups carries the others' in
+    `groups`, one context each, the same step but for those two fields
+    (`for_group`). A one-group model's context has none, and is read as ever.
     """
 
     is_prefill: bool = False
@@ -40,6 +45,24 @@ class Context:
     block_tables: torch.Tensor | None = None  # [num_seqs, max_blocks]; -1 pads
     seq_order: torch.Tensor | None = None  # [num_seqs]
     queries_per_seq: int = 1
+    groups: tuple["Context", ...] = ()  # cache groups 1 .. G-1: their slots and block tables
+
+    def for_group(self, group: int) -> "Context":
+        """The context of the layers of cache group `group`: this one for group 0, else that group's."""
+        return self if group == 0 else self.groups[group - 1]
+
+    def with_groups(self, slot_mappings: torch.Tensor, block_tables: torch.Tensor | None) -> "Context":
+        """This context, group 0's, with each other group's: its slots `slot_mappings[g]` and block tables
+        `block_tables[g]` (None: no table is read); this very context when there is one group. Built once
+        per step, so that a layer's look-up costs an index."""
+        # slot_mappings: [groups, tokens]; block_tables: [groups, seqs, max_blocks]
+        if slot_mappings.size(0) == 1:
+            return self
+        others = tuple(
+            replace(self, slot_mapping=slot_mappings[g], block_tables=None if block_tables is None else block_tables[g])
+            for g in range(1, slot_mappings.size(0))
+        )
+        return replace(self, groups=others)
 
     def query_block_tables(self) -> torch.Tensor:
         """[decode queries, max_blocks]: each decode query's sequence's block table, for a backend that

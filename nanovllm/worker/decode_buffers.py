@@ -7,8 +7,10 @@ import torch
 
 from nanovllm.sample.noise import draw_row_seeds
 
-_TOKEN_FIELDS = 7  # per query: input_ids, src_rows, positions, slot_mapping, context_lens, temperatures, seeds
-_TEMPERATURES = 5
+# per query: input_ids, src_rows, positions, then a slot_mapping row per cache group, then context_lens,
+# temperatures, seeds
+_FIELDS_BESIDE_SLOTS = 6
+_SLOTS = 3  # the first slot_mapping row
 
 
 class DecodeBuffers:
@@ -19,11 +21,14 @@ class DecodeBuffers:
     decoding) the last token, then its drafts, then copies of the last real
     query up to `queries` (padding within a sequence: same position, so the
     same keys, and nothing stored). With rows = size * queries, a sequence's
-    queries one after another, the int64 layout is
-    input_ids[rows] | src_rows[rows] | positions[rows] | slot_mapping[rows] | context_lens[rows]
-    | temperatures[rows] | seeds[rows] | seq_order[size] | block_tables[size, width],
+    queries one after another, and G cache groups (`CacheLayout.groups`), the
+    int64 layout is
+    input_ids[rows] | src_rows[rows] | positions[rows] | slot_mapping[G, rows] | context_lens[rows]
+    | temperatures[rows] | seeds[rows] | seq_order[size] | block_tables[G, size, width],
     so the device views of a given shape always sit at the same addresses: a CUDA
-    graph captured on them replays on the next step's copy. `src_rows[i] >= 0`
+    graph captured on them replays on the next step's copy. Group g's slots are
+    computed from its own block table, whose entries for blocks behind a sliding
+    window are -1 (never a block a query stores to or reads). `src_rows[i] >= 0`
     means query i's token is the previous step's sampled id of that row, still
     on the device (the input id there is a placeholder). `context_lens` are per
     query: its position + 1, the keys it sees. The temperatures are float64
@@ -43,11 +48,20 @@ class DecodeBuffers:
     """
 
     def __init__(
-        self, max_seqs: int, width: int, block_size: int, device: torch.device, seed: int = 0, max_queries: int = 1
+        self,
+        max_seqs: int,
+        width: int,
+        block_size: int,
+        device: torch.device,
+        seed: int = 0,
+        max_queries: int = 1,
+        num_groups: int = 1,
     ):
         self.width = width
         self.block_size = block_size
-        capacity = max_seqs * (max_queries * _TOKEN_FIELDS + 1 + width)
+        self.num_groups = num_groups
+        self._token_fields = _FIELDS_BESIDE_SLOTS + num_groups
+        capacity = self._used(max_seqs, max_queries)
         pin = device.type == "cuda"
         self.hosts = [torch.zeros(capacity, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
         self.device = torch.zeros(capacity, dtype=torch.int64, device=device)
@@ -60,28 +74,35 @@ class DecodeBuffers:
         self._host_views: list[dict[tuple[int, int], tuple[np.ndarray, ...]]] = [{}, {}]
 
     def _split(self, buffer, size: int, queries: int, float64) -> tuple:
-        rows = size * queries
-        fields = list(buffer[: rows * _TOKEN_FIELDS].reshape(_TOKEN_FIELDS, rows))
-        fields[_TEMPERATURES] = fields[_TEMPERATURES].view(float64)
-        order = buffer[rows * _TOKEN_FIELDS : rows * _TOKEN_FIELDS + size]
-        tables = buffer[rows * _TOKEN_FIELDS + size : self._used(size, queries)].reshape(size, self.width)
-        return (*fields, order, tables)
+        rows, groups, fields = size * queries, self.num_groups, self._token_fields
+        per_query = buffer[: rows * fields].reshape(fields, rows)
+        ids, src, pos = per_query[:_SLOTS]
+        slots = per_query[_SLOTS : _SLOTS + groups]  # [groups, rows]
+        lens, temps, seeds = per_query[_SLOTS + groups :]
+        order = buffer[rows * fields : rows * fields + size]
+        tables = buffer[rows * fields + size : self._used(size, queries)].reshape(groups, size, self.width)
+        return ids, src, pos, slots, lens, temps.view(float64), seeds, order, tables
 
     def _used(self, size: int, queries: int) -> int:
-        return size * (queries * _TOKEN_FIELDS + 1 + self.width)
+        return size * (queries * self._token_fields + 1 + self.num_groups * self.width)
 
     def _host_views_of(self, size: int, queries: int) -> tuple[np.ndarray, ...]:
         """The current host buffer's views of that shape, the per-query fields (but the seeds) as
-        [size, queries]; made once per shape."""
+        [size, queries] (the slots [groups, size, queries]); made once per shape."""
         views = self._host_views[self._turn]
         if (size, queries) not in views:
-            *fields, seeds, order, tables = self._split(self._host_arrays[self._turn], size, queries, np.float64)
-            views[size, queries] = (*(x.reshape(size, queries) for x in fields), seeds, order, tables)
+            ids, src, pos, slots, lens, temps, seeds, order, tables = self._split(
+                self._host_arrays[self._turn], size, queries, np.float64
+            )
+            ids, src, pos, lens, temps = (x.reshape(size, queries) for x in (ids, src, pos, lens, temps))
+            slots = slots.reshape(self.num_groups, size, queries)
+            views[size, queries] = (ids, src, pos, slots, lens, temps, seeds, order, tables)
         return views[size, queries]
 
     def views(self, size: int, queries: int = 1) -> tuple[torch.Tensor, ...]:
         """Device (input_ids, src_rows, positions, slot_mapping, context_lens, temperatures, seeds,
-        seq_order, block_tables) of `size` sequences of `queries` queries."""
+        seq_order, block_tables) of `size` sequences of `queries` queries: [size * queries] each, but
+        slot_mapping [groups, size * queries], seq_order [size] and block_tables [groups, size, width]."""
         if (size, queries) not in self._device_views:
             self._device_views[size, queries] = self._split(self.device, size, queries, torch.float64)
         return self._device_views[size, queries]
@@ -92,7 +113,7 @@ class DecodeBuffers:
         src_rows: list[int],
         positions: list[int],
         temperatures: list[float],
-        block_tables: list[list[int]],
+        block_tables: list[list[list[int]]],
         size: int,
         drafts: list[list[int]] | None = None,
         queries: int = 1,
@@ -103,8 +124,8 @@ class DecodeBuffers:
         Per sequence: its last token (any value where `src_rows` >= 0), the row of
         the previous step's samples that holds it (-1: none), its position (the
         context length less one), the temperature its tokens are drawn at, its
-        block table, and with `drafts` the tokens that follow it in this step
-        (at most queries - 1).
+        block table of each cache group, and with `drafts` the tokens that
+        follow it in this step (at most queries - 1).
         """
         n, q, bs = len(input_ids), queries, self.block_size
         ids, src, pos, slots, lens, temps, seeds, order, tables = self._host_views_of(size, q)
@@ -124,14 +145,15 @@ class DecodeBuffers:
         seeds[:] = draw_row_seeds(self._rng, size * q)
         order[:] = np.argsort(-lens[:, -1], kind="stable")
         tables.fill(-1)  # the pad the Context promises
-        # every block table in one pass: row i takes widths[i] entries of the concatenation
-        widths = np.fromiter((len(table) for table in block_tables), np.int64, n)
-        in_table = np.arange(self.width) < widths[:, None]
-        tables[:n][in_table] = np.fromiter(chain.from_iterable(block_tables), np.int64, int(widths.sum()))
-        slots[:n] = tables[np.arange(n)[:, None], pos[:n] // bs] * bs + pos[:n] % bs
+        # every block table in one pass: group-major, table (g, i) takes widths[g, i] entries of the concatenation
+        by_group = list(chain.from_iterable(zip(*block_tables)))
+        widths = np.fromiter(map(len, by_group), np.int64, len(by_group)).reshape(self.num_groups, n, 1)
+        in_table = np.arange(self.width) < widths  # [groups, n, width]
+        tables[:, :n][in_table] = np.fromiter(chain.from_iterable(by_group), np.int64, int(widths.sum()))
+        slots[:, :n] = tables[:, np.arange(n)[:, None], pos[:n] // bs] * bs + pos[:n] % bs
         if drafts is not None:
-            slots[:n][np.arange(q) > num_drafts[:, None]] = -1  # a padding query stores nothing
-        slots[n:] = -1
+            slots[:, :n][:, np.arange(q) > num_drafts[:, None]] = -1  # a padding query stores nothing
+        slots[:, n:] = -1
         used = self._used(size, q)
         self.device[:used].copy_(self.hosts[self._turn][:used], non_blocking=True)
         self._turn ^= 1

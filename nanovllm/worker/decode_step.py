@@ -28,19 +28,21 @@ def moved_back(
     num_rejected: torch.Tensor,
     block_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The positions, cache slots and context lengths of a decode step launched before the drafts of the step
-    before it were checked: the queries of a sequence whose first input token is that step's sample in row
-    r move back by `num_rejected[r]`, the drafts rejected there (the host scheduled them as if every draft
-    would be kept). A query that stores nothing (slot -1) still stores nothing."""
-    # positions, slot_mapping, context_lens, src_rows: [size * queries]; block_tables: [size, width];
-    # num_rejected: [rows of the step before] -> positions, slot_mapping, context_lens: [size * queries]
-    size = block_tables.size(0)
+    """The positions, cache slots (of every cache group) and context lengths of a decode step launched before
+    the drafts of the step before it were checked: the queries of a sequence whose first input token is that
+    step's sample in row r move back by `num_rejected[r]`, the drafts rejected there (the host scheduled them
+    as if every draft would be kept). A query that stores nothing (slot -1) still stores nothing."""
+    # positions, context_lens, src_rows: [size * queries]; slot_mapping: [groups, size * queries];
+    # block_tables: [groups, size, width]; num_rejected: [rows of the step before]
+    # -> positions, context_lens: [size * queries]; slot_mapping: [groups, size * queries]
+    groups, size = block_tables.shape[:2]
     first = src_rows.view(size, -1)[:, :1]
     shift = torch.where(first >= 0, num_rejected[first.clamp(min=0)], 0)  # [size, 1]
-    moved = positions.view(size, -1) - shift
-    slots = block_tables.gather(1, moved // block_size) * block_size + moved % block_size
-    slots = torch.where(slot_mapping.view(size, -1) >= 0, slots, -1)
-    return moved.view(-1), slots.view(-1), (context_lens.view(size, -1) - shift).view(-1)
+    moved = positions.view(size, -1) - shift  # [size, queries]
+    blocks = block_tables.gather(2, (moved // block_size).expand(groups, -1, -1))  # [groups, size, queries]
+    slots = blocks * block_size + moved % block_size
+    slots = torch.where(slot_mapping.view(groups, size, -1) >= 0, slots, -1)
+    return moved.view(-1), slots.view(groups, -1), (context_lens.view(size, -1) - shift).view(-1)
 
 
 @dataclass
@@ -137,8 +139,8 @@ class DecodeStep:
     ) -> torch.Tensor:
         """One step over the decode buffers' views of its shape (`DecodeBuffers.views`); `sample=False`
         skips the temperature sampling where no graph needs it: an eager step that the full sampler samples."""
-        # input_ids, src_rows, positions, slot_mapping, context_lens, temperatures, seeds: [rows = size * queries];
-        # seq_order: [size]; block_tables: [size, width]
+        # input_ids, src_rows, positions, context_lens, temperatures, seeds: [rows = size * queries];
+        # slot_mapping: [groups, rows]; seq_order: [size]; block_tables: [groups, size, width]
         # -> logits [rows, vocab] with `samples`, else hidden states [rows, hidden]
         if self.verify is not None:
             positions, slot_mapping, context_lens = moved_back(
@@ -146,12 +148,12 @@ class DecodeStep:
             )
         context = Context(
             is_prefill=False,
-            slot_mapping=slot_mapping,
+            slot_mapping=slot_mapping[0],
             context_lens=context_lens,
-            block_tables=block_tables,
+            block_tables=block_tables[0],
             seq_order=seq_order,
             queries_per_seq=input_ids.numel() // seq_order.numel(),
-        )
+        ).with_groups(slot_mapping, block_tables)
         with forward_context(context):
             hidden_states = self.forward(input_ids, src_rows, positions)
         if not self.samples:
@@ -161,7 +163,8 @@ class DecodeStep:
         out = None if self.logits is None or rows > self.logits.size(0) else self.logits[:rows]
         logits = self.forward.model.compute_logits(hidden_states, out)
         if sample and rows > seq_order.numel():
-            self._sample_and_check(logits, temperatures, seeds, input_ids, slot_mapping, seq_order.numel())
+            # group 0's slots tell a padding query (-1) as well as any group's
+            self._sample_and_check(logits, temperatures, seeds, input_ids, slot_mapping[0], seq_order.numel())
         elif sample:
             sample_with_temperatures(logits, temperatures, seeds, out=self.forward.last_sampled[:rows])
         return logits

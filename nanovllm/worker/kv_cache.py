@@ -1,15 +1,19 @@
 """The paged KV cache: its shape and element type (`KVCacheSpec`), the one allocation of it (`KVCache`)
 and the views each attention layer works on (`LayerKVCache`).
 
-Layout: K and V of every layer in one tensor `[2, layers, blocks, block_size,
-kv_heads, head_dim]` (kv_heads per rank); token t of a sequence lives in block
-`block_table[t // block_size]` at offset `t % block_size`. The element type is
-the model's, or float8 e4m3 (`kv_cache_dtype="fp8"`), which also keeps one
-fp32 scale per token and KV head in `[2, layers, blocks, kv_heads, block_size]`
-(`kernels/fp8_kv.py` describes the number format). This is the only file
-outside `kernels/` that knows an FP8 cache exists: layers and the runner see a
-`LayerKVCache` whose scales are None for a cache in the model's dtype, and hand
-them to the kernels as they are.
+Layout: one tensor `[2, page_layers, blocks, block_size, kv_heads, head_dim]`
+(kv_heads per rank) for K and V of every paged layer. A block holds
+`block_size` tokens of `page_layers` layers: those of one cache group
+(`CacheLayout.groups`), layer j of the group in slot j, so that the groups
+share one pool of blocks. Token t of a sequence lives, for a layer of group g,
+in block `block_tables[g][t // block_size]` at offset `t % block_size`; a
+model whose layers are all alike has one group and a slot per layer. The
+element type is the model's, or float8 e4m3 (`kv_cache_dtype="fp8"`), which
+also keeps one fp32 scale per token and KV head in `[2, page_layers, blocks,
+kv_heads, block_size]` (`kernels/fp8_kv.py` describes the number format). This
+is the only file outside `kernels/` that knows an FP8 cache exists: layers and
+the runner see a `LayerKVCache` whose scales are None for a cache in the
+model's dtype, and hand them to the kernels as they are.
 """
 
 from dataclasses import dataclass
@@ -29,12 +33,14 @@ def kv_cache_dtype(setting: str, model_dtype: torch.dtype) -> torch.dtype:
 class LayerKVCache:
     """One attention layer's slice of the cache: K and V `[blocks, block_size, kv_heads, head_dim]`, and
     for an FP8 cache their scales `[blocks, kv_heads, block_size]` (None otherwise). Views of the
-    `KVCache` tensors: writing through them writes the cache."""
+    `KVCache` tensors: writing through them writes the cache. `group` is the cache group whose block
+    tables and slots the layer reads (`Context.for_group`)."""
 
     k: torch.Tensor
     v: torch.Tensor
     k_scale: torch.Tensor | None = None
     v_scale: torch.Tensor | None = None
+    group: int = 0
 
     def __post_init__(self):
         assert self.k.shape == self.v.shape and (self.k_scale is None) == (self.v_scale is None)
@@ -61,15 +67,15 @@ class LayerKVCache:
 
 @dataclass(frozen=True)
 class KVCacheSpec:
-    """What one rank's cache holds per token: K and V of `num_layers` layers, `num_kv_heads` (this rank's
-    share) heads of `head_dim` values each, in `dtype` (the model's, or float8 e4m3 with an fp32 scale
-    per token and head); `block_size` tokens a block."""
+    """What one rank's cache holds per token of a block: K and V of `page_layers` layers (those of one cache
+    group), `num_kv_heads` (this rank's share) heads of `head_dim` values each, in `dtype` (the model's, or
+    float8 e4m3 with an fp32 scale per token and head); `block_size` tokens a block."""
 
     dtype: torch.dtype
     block_size: int
     num_kv_heads: int
     head_dim: int
-    num_layers: int
+    page_layers: int
 
     @property
     def is_fp8(self) -> bool:
@@ -94,8 +100,8 @@ class KVCacheSpec:
 
     @property
     def bytes_per_token(self) -> int:
-        """Bytes one token takes: K and V of every layer and KV head, with the scales."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_bytes
+        """Bytes one token of a block takes: K and V of each of its layers and KV heads, with the scales."""
+        return 2 * self.page_layers * self.num_kv_heads * self.head_bytes
 
     @property
     def block_bytes(self) -> int:
@@ -110,11 +116,11 @@ class KVCacheSpec:
 
     def allocate(self, num_blocks: int, device: torch.device | str) -> "KVCache":
         """The whole cache of `num_blocks` blocks, zeroed (FP8 scales set to 1, so that an unwritten slot
-        reads as zeros), with each layer's views."""
-        # kv: [2, layers, blocks, block_size, kv_heads, head_dim]
+        reads as zeros), with each slot's views (of group 0: `bind_kv_cache` gives each layer its own)."""
+        # kv: [2, page_layers, blocks, block_size, kv_heads, head_dim]
         kv = torch.zeros(
             2,
-            self.num_layers,
+            self.page_layers,
             num_blocks,
             self.block_size,
             self.num_kv_heads,
@@ -124,32 +130,32 @@ class KVCacheSpec:
         )
         scales = None
         if self.is_fp8:
-            # scales: [2, layers, blocks, kv_heads, block_size]
+            # scales: [2, page_layers, blocks, kv_heads, block_size]
             scales = torch.ones(
                 2,
-                self.num_layers,
+                self.page_layers,
                 num_blocks,
                 self.num_kv_heads,
                 self.block_size,
                 dtype=self.scale_dtype,
                 device=device,
             )
-        layers = [
-            LayerKVCache(kv[0, i], kv[1, i], *((scales[0, i], scales[1, i]) if scales is not None else ()))
-            for i in range(self.num_layers)
+        slots = [
+            LayerKVCache(kv[0, j], kv[1, j], *((scales[0, j], scales[1, j]) if scales is not None else ()))
+            for j in range(self.page_layers)
         ]
-        return KVCache(self, kv, scales, layers)
+        return KVCache(self, kv, scales, slots)
 
 
 @dataclass(frozen=True, eq=False)
 class KVCache:
-    """One rank's allocated cache: `kv` [2, layers, blocks, block_size, kv_heads, head_dim], the FP8
-    scales [2, layers, blocks, kv_heads, block_size] or None, and `layers[i]`, layer i's views of both."""
+    """One rank's allocated cache: `kv` [2, page_layers, blocks, block_size, kv_heads, head_dim], the FP8
+    scales [2, page_layers, blocks, kv_heads, block_size] or None, and `slots[j]`, slot j's views of both."""
 
     spec: KVCacheSpec
     kv: torch.Tensor
     scales: torch.Tensor | None
-    layers: list[LayerKVCache]
+    slots: list[LayerKVCache]
 
     @property
     def num_blocks(self) -> int:

@@ -3,23 +3,27 @@
 The start-up order sets what is measured: the model is built and warmed up
 (its activation peak recorded), then `kv_capacity` turns the memory left into
 blocks of `KVCacheSpec.block_bytes` and `bind_kv_cache` allocates them and
-hands each attention layer its views. The capacity is
+hands each attention layer its views and its cache group. The capacity is
 
     config.num_kvcache_blocks                               where it is set, else
-    min(blocks that fit, max_num_seqs * max_blocks_per_seq) the least over the ranks
+    min(blocks that fit, max_num_seqs * blocks held)        the least over the ranks
 
-where blocks that fit are, on CUDA, gpu_memory_utilization of the device less
-what is in use and the warm-up's extra peak, and on the CPU cpu_kvcache_gb,
-refused when it exceeds a share of the memory available. Sizing reads the
-cache through its bytes per block alone; the spec's shape comes from the
-attention layers (`kv_cache_spec`), the one place that reads them.
+where blocks held are those one sequence at `context_len` tokens holds over
+every cache group (`CacheLayout.blocks_held`), and blocks that fit are, on
+CUDA, gpu_memory_utilization of the device less what is in use and the
+warm-up's extra peak, and on the CPU cpu_kvcache_gb, refused when it exceeds a
+share of the memory available. Sizing reads the cache through its bytes per
+block alone; the spec's shape comes from the attention layers and the cache
+layout (`kv_cache_spec`), the one place that reads them.
 """
 
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
+from nanovllm.cache.layout import CacheLayout
 from nanovllm.config import Config
 from nanovllm.layers.attention import Attention
 from nanovllm.utils.parallel import all_ranks_min
@@ -42,11 +46,20 @@ def available_memory_bytes() -> int:
 
 
 def kv_cache_spec(config: Config, attention_layers: Sequence[Attention]) -> KVCacheSpec:
-    """The layout of one rank's cache: K and V for each of `attention_layers`, every one shaped as the first
-    (its KV heads this rank's share), in the element type `config.kv_cache_dtype` asks for."""
+    """The layout of one rank's cache: blocks of K and V for the layers of one cache group
+    (`config.kv_layout.page_layers`), every one shaped as the first of `attention_layers` (its KV heads this
+    rank's share), in the element type `config.kv_cache_dtype` asks for."""
     first = attention_layers[0]
     dtype = kv_cache_dtype(config.kv_cache_dtype, config.torch_dtype)
-    return KVCacheSpec(dtype, config.kv_block_size, first.num_kv_heads, first.head_dim, len(attention_layers))
+    page_layers = config.kv_layout.page_layers
+    return KVCacheSpec(dtype, config.kv_block_size, first.num_kv_heads, first.head_dim, page_layers)
+
+
+def most_blocks_used(config: Config) -> int:
+    """The blocks `max_num_seqs` sequences at `context_len` tokens hold at once, over every cache group:
+    more than that is never used."""
+    per_sequence = config.kv_layout.blocks_held(config.context_len, config.kv_block_size, config.kv_lookback)
+    return config.max_num_seqs * per_sequence
 
 
 def kv_capacity(config: Config, block_bytes: int, device: torch.device, world_size: int) -> int:
@@ -54,7 +67,7 @@ def kv_capacity(config: Config, block_bytes: int, device: torch.device, world_si
     every sequence at full length could use), the same on every rank."""
     if config.num_kvcache_blocks != -1:
         return config.num_kvcache_blocks
-    num_blocks = min(_blocks_that_fit(config, block_bytes, device), config.max_num_seqs * config.max_blocks_per_seq)
+    num_blocks = min(_blocks_that_fit(config, block_bytes, device), most_blocks_used(config))
     if world_size > 1:
         # every rank must hold the blocks rank 0's scheduler hands out
         num_blocks = all_ranks_min(num_blocks, device)
@@ -67,12 +80,20 @@ def kv_capacity(config: Config, block_bytes: int, device: torch.device, world_si
 
 
 def bind_kv_cache(
-    spec: KVCacheSpec, num_blocks: int, attention_layers: Sequence[Attention], device: torch.device
+    spec: KVCacheSpec,
+    num_blocks: int,
+    attention_layers: Sequence[Attention],
+    layout: CacheLayout,
+    device: torch.device,
 ) -> KVCache:
-    """The cache of `num_blocks` blocks, allocated, with attention layer i bound to its views `layers[i]`."""
+    """The cache of `num_blocks` blocks, allocated, with each of `attention_layers` (in module order: the
+    paged decoder layers in increasing order) bound to its slot's views and its cache group
+    (`CacheLayout.group_of`)."""
     cache = spec.allocate(num_blocks, device)
-    for layer, layer_cache in zip(attention_layers, cache.layers, strict=True):
-        layer.bind_kv_cache(layer_cache)
+    paged_layers = sorted(layer for group in layout.groups for layer in group.layers)
+    for module, layer in zip(attention_layers, paged_layers, strict=True):
+        group, slot = layout.group_of(layer)
+        module.bind_kv_cache(replace(cache.slots[slot], group=group))
     return cache
 
 
@@ -86,7 +107,7 @@ def _cpu_blocks_that_fit(config: Config, block_bytes: int) -> int:
     """The blocks cpu_kvcache_gb holds; ValueError when the part of them sequences can use exceeds the
     memory's share for the cache."""
     num_blocks = int(config.cpu_kvcache_gb * _GIB) // block_bytes
-    cache_bytes = min(num_blocks, config.max_num_seqs * config.max_blocks_per_seq) * block_bytes
+    cache_bytes = min(num_blocks, most_blocks_used(config)) * block_bytes
     available = available_memory_bytes()
     allowed = _CPU_KV_CACHE_SHARE * available
     if cache_bytes > allowed:

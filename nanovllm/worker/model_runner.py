@@ -119,10 +119,13 @@ class ModelRunner(Executor):
         if self.device.type == "cuda":
             warm_up(self._run_start_up_step, self.sampler, config, self.max_sampling_rows, self.device)
         self.num_kvcache_blocks = kv_capacity(config, self.kv_cache_spec.block_bytes, self.device, self.world_size)
-        self.kv_cache = bind_kv_cache(self.kv_cache_spec, self.num_kvcache_blocks, self.attention_layers, self.device)
+        self.kv_cache = bind_kv_cache(
+            self.kv_cache_spec, self.num_kvcache_blocks, self.attention_layers, config.kv_layout, self.device
+        )
         self.kv_cache_dtype_name = self.kv_cache_spec.dtype_name
+        num_groups = len(config.kv_layout.groups)
         if self.device.type == "cuda":
-            warm_up_cached_prefix(self._run_start_up_step)
+            warm_up_cached_prefix(self._run_start_up_step, num_groups)
         self.decode_buffers = DecodeBuffers(
             config.max_num_seqs,
             config.max_blocks_per_seq,
@@ -130,6 +133,7 @@ class ModelRunner(Executor):
             self.device,
             config.seed,
             self.verify_queries or 1,
+            num_groups,
         )
         capture_seconds = None
         if use_graphs:

@@ -5,9 +5,9 @@ Request i computes its tokens from position num_computed_tokens[i] on; its
 queries see the cached prefix and the request's own tokens up to theirs. The
 packed token order gives every per-token input ([tokens]: input ids, the row
 of the previous step's samples a placeholder takes its id from, positions,
-cache slots), and `cu_q`, the cumulative query lengths, says where each
-request's tokens start. Built on the host at each step and copied to the device
-without waiting.
+and per cache group the cache slots), and `cu_q`, the cumulative query
+lengths, says where each request's tokens start. Built on the host at each
+step and copied to the device without waiting.
 """
 
 from itertools import accumulate, chain
@@ -22,38 +22,40 @@ from nanovllm.utils.context import Context
 def varlen_inputs(
     out: SchedulerOutput, src_rows: list[int], block_size: int, new_keys_from_cache: bool, to_device: ToDevice
 ) -> tuple[Context, torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
-    """The step's attention context, input ids, source rows and positions ([tokens] each, int64), and `cu_q`.
+    """The step's attention context (every cache group's, `Context.for_group`), input ids, source rows and
+    positions ([tokens] each, int64), and `cu_q`.
 
     `src_rows[i]` is the row of the previous step's samples that holds request i's token still in flight (-1:
     none); `new_keys_from_cache`: the cache gives back other keys than it was given (FP8), so the new
     tokens' keys are read back from it too, so that they match a cached prefix's."""
     seqlens_q = out.num_scheduled_tokens
     seqlens_k = [start + n for start, n in zip(out.num_computed_tokens, seqlens_q)]
-    positions, slots, token_src_rows = [], [], []
-    for ids, table, start, end, src in zip(
+    num_groups = len(out.block_tables[0])
+    positions, token_src_rows = [], []
+    slots = [[] for _ in range(num_groups)]  # [groups][tokens]
+    for ids, tables, start, end, src in zip(
         out.token_ids, out.block_tables, out.num_computed_tokens, seqlens_k, src_rows
     ):
         positions += range(start, end)
-        slots += _slots(table, start, end, block_size)
+        for group_slots, table in zip(slots, tables, strict=True):
+            group_slots += _slots(table, start, end, block_size)
         token_src_rows += [src if token_id == PLACEHOLDER else -1 for token_id in ids]
     cu_q = list(accumulate(seqlens_q, initial=0))
     cu_k = list(accumulate(seqlens_k, initial=0))
     reads_cache = any(out.num_computed_tokens) or new_keys_from_cache
-    width = max(len(table) for table in out.block_tables)
+    slot_mappings = to_device(slots, torch.int64)  # [groups, tokens]
+    block_tables = _padded_tables(out.block_tables, to_device) if reads_cache else None
     context = Context(
         is_prefill=True,
-        slot_mapping=to_device(slots, torch.int64),  # [tokens]
+        slot_mapping=slot_mappings[0],  # [tokens]
         cu_seqlens_q=to_device(cu_q, torch.int32),  # [requests + 1]
         cu_seqlens_k=to_device(cu_k, torch.int32),  # [requests + 1]
         max_seqlen_q=max(seqlens_q),
         max_seqlen_k=max(seqlens_k),
         seqlens_q=seqlens_q,
         seqlens_k=seqlens_k,
-        # [requests, width], -1 padded
-        block_tables=to_device([t + [-1] * (width - len(t)) for t in out.block_tables], torch.int32)
-        if reads_cache
-        else None,
-    )
+        block_tables=None if block_tables is None else block_tables[0],  # [requests, width]
+    ).with_groups(slot_mappings, block_tables)
     input_ids = to_device(list(chain.from_iterable(out.token_ids)), torch.int64)
     return context, input_ids, to_device(token_src_rows, torch.int64), to_device(positions, torch.int64), cu_q
 
@@ -68,6 +70,12 @@ def scored_tokens(out: SchedulerOutput, cu_q: list[int]) -> list[int]:
             d = len(next(drafts)) if out.draft_token_ids is not None else 0
             rows += range(cu_q[i + 1] - 1 - d, cu_q[i + 1])
     return rows
+
+
+def _padded_tables(block_tables: list[list[list[int]]], to_device: ToDevice) -> torch.Tensor:
+    """Every request's block table of each cache group, -1 padded to the longest: [groups, requests, width]."""
+    width = max(len(table) for tables in block_tables for table in tables)
+    return to_device([[t + [-1] * (width - len(t)) for t in group] for group in zip(*block_tables)], torch.int32)
 
 
 def _slots(table: list[int], start: int, end: int, block_size: int) -> list[int]:

@@ -56,7 +56,7 @@ class VerifyStep:
         them on the device: the ids after each request's last token and which of them are drafts (a padding
         query stores nothing), [num_requests, queries - 1] each."""
         input_ids, _, _, slots, *_ = buffers.views(size, self.queries)
-        draft_ids, is_draft = drafts_in_step(input_ids, slots, size)
+        draft_ids, is_draft = drafts_in_step(input_ids, slots[0], size)  # group 0's slots tell the padding
         return draft_ids[:num_requests], is_draft[:num_requests]
 
     def check(

@@ -23,9 +23,10 @@ StartUpRunner = Callable[[SchedulerOutput], None]
 
 
 def start_up_step(
-    token_ids: list[list[int]], num_computed_tokens: list[int], block_tables: list[list[int]]
+    token_ids: list[list[int]], num_computed_tokens: list[int], block_tables: list[list[list[int]]]
 ) -> SchedulerOutput:
-    """A step of made-up requests that each compute `token_ids[i]` and sample (start-up compiles and sizing)."""
+    """A step of made-up requests that each compute `token_ids[i]` and sample (start-up compiles and sizing);
+    `block_tables[i]` holds request i's table of each cache group."""
     n = len(token_ids)
     req_ids = [f"start-up-{i}" for i in range(n)]
     return SchedulerOutput(
@@ -49,21 +50,23 @@ def warm_up(run: StartUpRunner, sampler: Sampler, config: Config, max_sampling_r
     # no step holds more than max_num_batched_tokens tokens: a longer prompt is chunked
     max_len = min(config.context_len, config.token_budget)
     num_seqs = max(1, min(config.token_budget // max_len, config.max_num_seqs))
-    run(start_up_step([[0] * max_len] * num_seqs, [0] * num_seqs, [[]] * num_seqs))
+    no_blocks = [[] for _ in config.kv_layout.groups]  # an empty table per cache group: nothing is stored
+    run(start_up_step([[0] * max_len] * num_seqs, [0] * num_seqs, [no_blocks] * num_seqs))
     # kernels whose tiles depend on the token count (a mixture of experts' grouped GEMMs) compile now, one
     # prompt per power of two, rather than in the middle of the first step of each size, which the compile stalls
     for num_tokens in _powers_of_two(16, max_len // 2):
-        run(start_up_step([[0] * num_tokens], [0], [[]]))
+        run(start_up_step([[0] * num_tokens], [0], [no_blocks]))
     _warm_up_sampler(sampler, max_sampling_rows, config.model_config.vocab_size, config.torch_dtype, device)
     torch.cuda.empty_cache()
 
 
-def warm_up_cached_prefix(run: StartUpRunner) -> None:
-    """A step over a cached prefix, once the cache is bound."""
+def warm_up_cached_prefix(run: StartUpRunner, num_groups: int) -> None:
+    """A step over a cached prefix, once the cache of `num_groups` cache groups is bound."""
     # The prefill kernel has a second variant for queries over a cached prefix
     # (prefix-cache hits, and every mixed step of decodes and prompt chunks);
     # compile it now rather than in the middle of the first request that needs it.
-    run(start_up_step([[0, 0]], [1], [[0]]))
+    # Every group's table is block 0, which the first request to get it overwrites before reading it.
+    run(start_up_step([[0, 0]], [1], [[[0]] * num_groups]))
 
 
 def _warm_up_sampler(sampler: Sampler, rows: int, vocab_size: int, dtype: torch.dtype, device: torch.device) -> None:

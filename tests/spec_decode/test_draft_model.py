@@ -55,7 +55,7 @@ def test_greedy_with_a_different_draft_is_token_identical(qwen3_dir, draft_dir, 
     checked, kept = acceptance(llm)
     assert 0 < kept < checked
     assert_draft_cache_empty(llm)
-    assert llm.client.core.scheduler.block_manager.num_free_blocks == 64
+    assert llm.client.core.scheduler.kv_cache.num_free_blocks == 64
 
 
 @pytest.mark.parametrize("chunked", [True, False])

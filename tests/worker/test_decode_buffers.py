@@ -1,5 +1,5 @@
 """DecodeBuffers: one decode step's inputs, padded to a graph size, in one buffer, written through
-two host buffers in turn."""
+two host buffers in turn; with several cache groups, each group's slots from its own block table."""
 
 import torch
 
@@ -14,9 +14,10 @@ def make_buffers() -> DecodeBuffers:
     return DecodeBuffers(16, WIDTH, BLOCK_SIZE, torch.device("cpu"))
 
 
-def blocks(num_tokens: int, first_block: int) -> list[int]:
-    """A block table holding `num_tokens` tokens, numbered from `first_block`."""
-    return list(range(first_block, first_block + (num_tokens + BLOCK_SIZE - 1) // BLOCK_SIZE))
+def blocks(num_tokens: int, first_block: int) -> list[list[int]]:
+    """The block tables of a model of one cache group: one table holding `num_tokens` tokens, numbered
+    from `first_block`."""
+    return [list(range(first_block, first_block + (num_tokens + BLOCK_SIZE - 1) // BLOCK_SIZE))]
 
 
 def test_real_rows_hold_token_position_slot_length_temperature_and_table():
@@ -28,9 +29,9 @@ def test_real_rows_hold_token_position_slot_length_temperature_and_table():
     assert temperatures.dtype == torch.float64 and temperatures.tolist() == [0.0, 0.7]
     assert src.tolist() == [-1, -1]
     assert positions.tolist() == [5, 8]
-    assert slots.tolist() == [101 * BLOCK_SIZE + 1, 202 * BLOCK_SIZE + 0]
+    assert slots.tolist() == [[101 * BLOCK_SIZE + 1, 202 * BLOCK_SIZE + 0]]
     assert lens.tolist() == [6, 9]
-    assert tables.tolist() == [[100, 101] + [-1] * 6, [200, 201, 202] + [-1] * 5]
+    assert tables.tolist() == [[[100, 101] + [-1] * 6, [200, 201, 202] + [-1] * 5]]
 
 
 def test_src_rows_of_real_rows_are_kept_and_padding_rows_get_minus_one():
@@ -56,10 +57,10 @@ def test_padding_rows_are_valid_indices_after_a_smaller_step_left_other_fields_t
     assert ids[2:].tolist() == [0] * 14
     assert src[2:].tolist() == [-1] * 14
     assert positions[2:].tolist() == [0] * 14
-    assert slots[2:].tolist() == [-1] * 14
+    assert slots[0, 2:].tolist() == [-1] * 14
     assert lens[2:].tolist() == [0] * 14
     assert temperatures[2:].tolist() == [0.0] * 14
-    assert (tables[2:] == -1).all()
+    assert (tables[0, 2:] == -1).all()
     assert ids[:2].tolist() == [3, 5] and positions[:2].tolist() == [2, 4]
 
 
@@ -122,10 +123,48 @@ def test_a_verify_step_lays_out_each_sequences_last_token_drafts_and_padding_que
     # padding queries repeat the last real one's position (and so its keys) and store nothing
     assert positions.tolist() == [3, 4, 5, 6, 7, 7, 1, 1, 1, 0, 0, 0]
     assert lens.tolist() == [4, 5, 6, 7, 8, 8, 2, 2, 2, 0, 0, 0]
-    assert slots.tolist() == [403, 404, 405, 806, 807, -1, 1201, -1, -1, -1, -1, -1]
+    assert slots.tolist() == [[403, 404, 405, 806, 807, -1, 1201, -1, -1, -1, -1, -1]]
     assert temperatures.tolist() == [0.0] * 3 + [0.7] * 3 + [0.5] * 3 + [0.0] * 3
     assert len(set(seeds.tolist())) == 12
     assert order.tolist() == [1, 0, 2, 3]
-    assert tables[:3, :2].tolist() == [[100, 101], [200, 201], [300, -1]]
+    assert tables[0, :3, :2].tolist() == [[100, 101], [200, 201], [300, -1]]
     # the views of this shape are where the device copy put them
     assert all(a.data_ptr() == b.data_ptr() for a, b in zip(buffers.views(4, 3), (ids, src, positions)))
+
+
+def test_each_cache_group_gets_its_slots_from_its_own_block_table():
+    # two groups: the first holds every block, the second slides and its first block, behind every window,
+    # went back to the pool (-1); a verify step of two queries, the second sequence without a draft
+    buffers = DecodeBuffers(16, WIDTH, BLOCK_SIZE, torch.device("cpu"), max_queries=2, num_groups=2)
+    _, _, positions, slots, *_, tables = buffers.load(
+        [5, 7],
+        [-1, -1],
+        [9, 2],
+        [0.0, 0.0],
+        [[[10, 11, 12], [-1, 21, 22]], [[30], [40]]],
+        4,
+        drafts=[[8], []],
+        queries=2,
+    )
+    assert positions.tolist() == [9, 10, 2, 2, 0, 0, 0, 0]
+    # positions 9 and 10 lie in the first sequence's third block, at offsets 1 and 2; the padding query stores nothing
+    assert slots.tolist() == [
+        [12 * 4 + 1, 12 * 4 + 2, 30 * 4 + 2, -1, -1, -1, -1, -1],
+        [22 * 4 + 1, 22 * 4 + 2, 40 * 4 + 2, -1, -1, -1, -1, -1],
+    ]
+    assert tables[:, :2, :3].tolist() == [[[10, 11, 12], [30, -1, -1]], [[-1, 21, 22], [40, -1, -1]]]
+    assert (tables[:, :, 3:] == -1).all() and (tables[:, 2:] == -1).all()
+    # the groups' tables and slots lie where the device views of this shape read them
+    device_views = buffers.views(4, 2)
+    assert device_views[3].data_ptr() == slots.data_ptr() and device_views[-1].data_ptr() == tables.data_ptr()
+
+
+def test_padding_rows_of_every_group_read_nothing_stale():
+    # steps of 8 sequences filled both host buffers; a step of 1 padded to 2 leaves -1 in each group's
+    # padding slots and tables
+    buffers = DecodeBuffers(16, WIDTH, BLOCK_SIZE, torch.device("cpu"), num_groups=2)
+    for _ in range(2):
+        buffers.load([1] * 8, [-1] * 8, [6] * 8, [0.0] * 8, [[[3, 4], [5, 6]]] * 8, 8)
+    _, _, _, slots, *_, tables = buffers.load([1], [-1], [1], [0.0], [[[7], [9]]], 2)
+    assert slots.tolist() == [[7 * 4 + 1, -1], [9 * 4 + 1, -1]]
+    assert tables.tolist() == [[[7] + [-1] * 7, [-1] * 8], [[9] + [-1] * 7, [-1] * 8]]

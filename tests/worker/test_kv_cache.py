@@ -1,13 +1,17 @@
-"""KVCacheSpec sizes the cache; its allocation gives each attention layer views of the one cache tensor."""
+"""KVCacheSpec sizes the cache; its allocation gives each slot of a block views of the one cache tensor, and
+binding hands each attention layer its slot's views and its cache group; the capacity is capped at what the
+sequences can hold over every group."""
 
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from nanovllm.cache.layout import cache_layout
+from nanovllm.cache.specs import FullAttention, SlidingWindow
 from nanovllm.kernels.fp8_kv import FP8_DTYPE, SCALE_DTYPE
 from nanovllm.worker.kv_cache import KVCacheSpec
-from nanovllm.worker.kv_cache_sizing import kv_cache_spec
+from nanovllm.worker.kv_cache_sizing import bind_kv_cache, kv_cache_spec, kv_capacity
 
 LAYERS, BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM = 3, 5, 16, 2, 128
 
@@ -33,20 +37,22 @@ def test_bytes_per_token_count_k_and_v_of_every_layer_and_head_with_the_scales(d
 def test_the_spec_follows_the_config_and_the_attention_layers(qwen3_dir):
     from nanovllm.config import Config
 
-    layers = [SimpleNamespace(num_kv_heads=2, head_dim=64)] * 4
+    # the heads are the attention layers' (this rank's share); the layers a block holds, the cache layout's
+    layers = [SimpleNamespace(num_kv_heads=1, head_dim=64)] * 2
     for kv_cache_dtype, want in (("auto", torch.float32), ("fp8", FP8_DTYPE)):
         config = Config(qwen3_dir, device="cpu", kv_cache_dtype=kv_cache_dtype, block_size=32)
         s = kv_cache_spec(config, layers)
-        assert (s.dtype, s.block_size, s.num_layers, s.num_kv_heads, s.head_dim) == (want, 32, 4, 2, 64)
+        assert config.kv_layout.page_layers == 2  # the tiny model's two layers, one group
+        assert (s.dtype, s.block_size, s.page_layers, s.num_kv_heads, s.head_dim) == (want, 32, 2, 1, 64)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, FP8_DTYPE])
 def test_allocation_shapes_and_each_layer_views_the_shared_tensors(dtype):
     cache = spec(dtype).allocate(BLOCKS, "cpu")
     assert cache.kv.shape == (2, LAYERS, BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM) and cache.kv.dtype == dtype
-    assert cache.num_blocks == BLOCKS and len(cache.layers) == LAYERS
+    assert cache.num_blocks == BLOCKS and len(cache.slots) == LAYERS
     assert not cache.kv.float().any()
-    for i, layer in enumerate(cache.layers):
+    for i, layer in enumerate(cache.slots):
         assert layer.k.shape == layer.v.shape == (BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
         assert layer.block_size == BLOCK_SIZE and layer.is_fp8 == (dtype == FP8_DTYPE)
         layer.k[1, 2, 0, 3] = 1.0
@@ -56,7 +62,7 @@ def test_allocation_shapes_and_each_layer_views_the_shared_tensors(dtype):
     if dtype == FP8_DTYPE:
         assert cache.scales.shape == (2, LAYERS, BLOCKS, KV_HEADS, BLOCK_SIZE) and cache.scales.dtype == SCALE_DTYPE
         assert torch.equal(cache.scales, torch.ones_like(cache.scales))  # an unwritten slot reads as zeros
-        layer = cache.layers[1]
+        layer = cache.slots[1]
         layer.k_scale[3, 1, 7] = 0.5
         layer.v_scale[0, 0, 0] = 0.25
         assert cache.scales[0, 1, 3, 1, 7] == 0.5 and cache.scales[1, 1, 0, 0, 0] == 0.25
@@ -65,7 +71,7 @@ def test_allocation_shapes_and_each_layer_views_the_shared_tensors(dtype):
 def test_a_model_dtype_cache_has_no_scales():
     cache = spec(torch.bfloat16).allocate(BLOCKS, "cpu")
     assert cache.scales is None
-    for layer in cache.layers:
+    for layer in cache.slots:
         assert layer.k_scale is None and layer.v_scale is None and layer.scales == (None, None)
         assert not layer.is_fp8
 
@@ -75,7 +81,7 @@ def test_a_layers_store_writes_its_slots_of_the_shared_cache(dtype):
     torch.manual_seed(0)
     cache = KVCacheSpec(dtype, 4, 2, 8, 2).allocate(3, "cpu")
     k, v = torch.randn(3, 2, 8), torch.randn(3, 2, 8)
-    cache.layers[1].store(k, v, torch.tensor([5, -1, 11]))
+    cache.slots[1].store(k, v, torch.tensor([5, -1, 11]))
     assert not cache.kv[:, 0].float().any()
     stored_k = cache.kv[0, 1].flatten(0, 1)  # [slots, kv_heads, d]
     assert stored_k[[0, 1, 2, 3, 4, 6, 7, 8, 9, 10]].float().count_nonzero() == 0
@@ -87,3 +93,57 @@ def test_a_layers_store_writes_its_slots_of_the_shared_cache(dtype):
     else:
         assert torch.equal(stored_k[5], k[0]) and torch.equal(stored_k[11], k[2])
         assert torch.equal(cache.kv[1, 1].flatten(0, 1)[11], v[2])
+
+
+class BindingProbe:
+    """An attention layer that only keeps the cache it is bound to."""
+
+    def bind_kv_cache(self, cache):
+        self.kv_cache = cache
+
+
+# layers 0, 1, 3, 4 slide over 8 tokens, 2 and 5 read every token: blocks of 2 layers, groups sliding (0, 1),
+# sliding (3, 4) and full (2, 5), in the order of their first layer
+SPECS = [SlidingWindow(KV_HEADS, HEAD_DIM, 8)] * 2 + [FullAttention(KV_HEADS, HEAD_DIM)]
+SPECS = SPECS * 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, FP8_DTYPE])
+def test_each_attention_layer_is_bound_to_its_slot_and_its_cache_group(dtype):
+    layout = cache_layout(SPECS)
+    assert [group.layers for group in layout.groups] == [(0, 1), (3, 4), (2, 5)] and layout.page_layers == 2
+    modules = [BindingProbe() for _ in SPECS]
+    cache = bind_kv_cache(KVCacheSpec(dtype, BLOCK_SIZE, KV_HEADS, HEAD_DIM, 2), BLOCKS, modules, layout, "cpu")
+    assert cache.kv.shape == (2, 2, BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
+    bound = [(m.kv_cache.group, m.kv_cache.k.data_ptr(), m.kv_cache.v.data_ptr()) for m in modules]
+    slot = lambda j: (cache.kv[0, j].data_ptr(), cache.kv[1, j].data_ptr())
+    assert bound == [(0, *slot(0)), (0, *slot(1)), (2, *slot(0)), (1, *slot(0)), (1, *slot(1)), (2, *slot(1))]
+    if dtype == FP8_DTYPE:
+        assert [m.kv_cache.k_scale.data_ptr() for m in modules] == [
+            cache.scales[0, j].data_ptr() for j in (0, 1, 0, 0, 1, 1)
+        ]
+    # a write through layer 4's view lands in slot 1 of the shared tensor
+    modules[4].kv_cache.v[3, 2, 1, 0] = 1.0
+    assert cache.kv[1, 1, 3, 2, 1, 0] == 1.0 and cache.kv.float().count_nonzero() == 1
+
+
+def test_binding_refuses_a_layer_count_other_than_the_paged_layers():
+    layout = cache_layout(SPECS)
+    with pytest.raises(ValueError):
+        bind_kv_cache(spec(torch.float32), BLOCKS, [BindingProbe()] * 5, layout, "cpu")
+
+
+def test_the_capacity_is_capped_at_the_blocks_every_sequence_holds_over_the_groups():
+    # at 64 tokens, blocks of 4: a full-attention group holds 16 blocks, a sliding one of 8 tokens holds
+    # the window's 2 blocks, one the window straddles and, with a lookback of 4, one more
+    config = SimpleNamespace(
+        num_kvcache_blocks=-1,
+        cpu_kvcache_gb=1.0,
+        max_num_seqs=3,
+        kv_layout=cache_layout([SlidingWindow(1, 8, 8), FullAttention(1, 8)]),
+        context_len=64,
+        kv_block_size=4,
+        kv_lookback=4,
+    )
+    assert config.kv_layout.blocks_held(64, 4, 4) == 16 + 4
+    assert kv_capacity(config, 1024, torch.device("cpu"), 1) == 3 * (16 + 4)

@@ -25,8 +25,8 @@ def test_cached_prefix_warm_up_step_leaves_generation_unchanged(qwen3_dir, backe
     kwargs = dict(attention_backend=backend, block_size=16, num_kvcache_blocks=16, max_model_len=128)
     expected = [o.outputs[0].token_ids for o in LLM(qwen3_dir, **kwargs).generate(PROMPTS, GREEDY, use_tqdm=False)]
     warmed = LLM(qwen3_dir, **kwargs)
-    warm_up_cached_prefix(warmed.client.core.executor._run_start_up_step)
-    assert warmed.client.core.scheduler.block_manager.num_free_blocks == 16
+    warm_up_cached_prefix(warmed.client.core.executor._run_start_up_step, 1)
+    assert warmed.client.core.scheduler.kv_cache.num_free_blocks == 16
     assert [o.outputs[0].token_ids for o in warmed.generate(PROMPTS, GREEDY, use_tqdm=False)] == expected
 
 
@@ -35,7 +35,7 @@ def test_start_up_step_without_blocks_stores_nothing_and_samples_every_request(q
     llm = LLM(qwen3_dir, block_size=16, num_kvcache_blocks=16, max_model_len=128)
     runner = llm.client.core.executor
     cache = runner.kv_cache.kv.clone()
-    pending = runner.execute(start_up_step([[5] * 100, [6] * 37], [0, 0], [[], []]))
+    pending = runner.execute(start_up_step([[5] * 100, [6] * 37], [0, 0], [[[]], [[]]]))
     assert len(pending.result().sampled_token_ids) == 2
     assert torch.equal(runner.kv_cache.kv, cache)
 
