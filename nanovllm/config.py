@@ -14,6 +14,7 @@ import warnings
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING
 
+from nanovllm.cache.layout import CacheLayout, cache_layout
 from nanovllm.spec_decode.speculative_config import SpeculativeConfig
 
 if TYPE_CHECKING:
@@ -170,6 +171,11 @@ class Config:
         -1, "KV-cache blocks; -1: as many as memory holds (gpu_memory_utilization on CUDA, cpu_kvcache_gb on the CPU)"
     )
     cpu_kvcache_gb: float = _option(2.0, "GiB of KV cache on the CPU (with num_kvcache_blocks=-1)")
+    disable_hybrid_kv_cache_manager: bool = _option(
+        False,
+        "keep every token of a sliding-window layer in the KV cache too, as for full attention (to measure what "
+        "freeing the blocks behind the window saves)",
+    )
     device: str = _option("auto", "'cuda', 'cpu', or 'auto': cuda when a GPU is visible, else cpu")
     dtype: str = _option(
         "auto",
@@ -211,6 +217,7 @@ class Config:
     context_len: int = field(init=False)  # max_model_len resolved: the longest sequence in tokens
     token_budget: int = field(init=False)  # max_num_batched_tokens resolved: the most tokens per step
     kv_block_size: int = field(init=False)  # block_size resolved: tokens per KV-cache block
+    kv_layout: CacheLayout = field(init=False, repr=False)  # the paged layers' cache groups (`cache/layout.py`)
     # the linear weights' FP8 layout: the checkpoint's, else per channel with quantization="fp8"; None: none
     fp8_weights: "Fp8Weights | None" = field(init=False)
     speculative: SpeculativeConfig | None = field(init=False)  # speculative_config read; None: no speculation
@@ -248,6 +255,7 @@ class Config:
             )
         self.hf_config, self.model_config = self._load_model_config()
         self.context_len = self._resolve_max_model_len()
+        self.kv_layout = cache_layout(self.model_config.layer_specs, self.disable_hybrid_kv_cache_manager)
         self._check_attention_features()
         self.fp8_weights = self._resolve_fp8_weights()
         self.token_budget = self._resolve_token_budget()
@@ -258,6 +266,12 @@ class Config:
                 f"raise max_num_batched_tokens, lower max_model_len or set enable_chunked_prefill=True"
             )
         self.draft_config = self._resolve_draft_config()
+
+    @property
+    def kv_lookback(self) -> int:
+        """Positions a step may move back by once it is launched: the drafts of the step before it, which the
+        host scheduled it behind as if all were kept. A sliding-window group keeps that many more tokens."""
+        return self.speculative.num_speculative_tokens if self.speculative is not None else 0
 
     @property
     def max_blocks_per_seq(self) -> int:

@@ -159,7 +159,7 @@ def test_request_larger_than_kv_pool_is_refused_and_others_finish(qwen3_dir):
     # 4 blocks of 16 hold 64 tokens, less than max_model_len allows
     llm = LLM(qwen3_dir, block_size=BLOCK, num_kvcache_blocks=4, max_model_len=256)
     good = llm.add_request([5, 6, 7], GREEDY)
-    with pytest.raises(ValueError, match="needs 5 KV-cache blocks"):
+    with pytest.raises(ValueError, match="may reach 70 tokens .* holds at most 64 for one request"):
         llm.add_request(list(range(2, 32)), SamplingParams(temperature=0, max_tokens=40))
     outputs = run_steps(llm, {})
     assert len(outputs[good].outputs[0].token_ids) == GREEDY.max_tokens

@@ -178,7 +178,7 @@ def test_abort_ends_every_completion_of_a_request(llm):
     llm.step()
     llm.abort(request_id)
     assert not llm.has_unfinished_requests()
-    assert llm.client.core.scheduler.block_manager.num_free_blocks == 64
+    assert llm.client.core.scheduler.kv_cache.num_free_blocks == 64
     assert llm.client.core.stats().num_running == 0
 
 

@@ -31,6 +31,12 @@ class Request:
     counts the tokens whose K/V is in the cache or being written by a launched
     step; a step computes positions `num_computed_tokens` onwards, or a first
     chunk of them, and samples when it reaches `num_tokens`.
+    `block_tables` holds its KV blocks, one table per cache group (empty while
+    it waits), and `block_hashes` the chained hashes of its leading full blocks
+    of confirmed tokens, computed once each for the prefix cache. On a model
+    with recurrent layers it holds, while it runs, the state slot its state
+    lives in and one holding its state as of its first `snapshot_tokens` tokens
+    (`core/state_slots.py`); -1 otherwise.
     `num_cached_tokens` is how many prompt tokens the prefix cache supplied at
     the last admission. `num_prompt_scored` counts the prompt positions whose
     next-token log-probabilities were computed (for prompt logprobs).
@@ -59,7 +65,11 @@ class Request:
         "num_accepted_tokens",
         "num_fruitless_drafts",
         "draft_pause",
-        "block_table",
+        "block_tables",
+        "block_hashes",
+        "state_slot",
+        "snapshot_slot",
+        "snapshot_tokens",
         "finish_reason",
     )
 
@@ -79,7 +89,10 @@ class Request:
         self.first_draft_position = 0
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
         self.num_fruitless_drafts = self.draft_pause = 0
-        self.block_table: list[int] = []
+        self.block_tables: list[list[int]] = []
+        self.block_hashes: list[int] = []
+        self.state_slot = self.snapshot_slot = -1
+        self.snapshot_tokens = 0
         self.finish_reason: str | None = None
 
     @property

@@ -26,7 +26,7 @@ import math
 from collections import deque
 
 from nanovllm.config import Config
-from nanovllm.core.block_manager import BlockManager
+from nanovllm.core.kv_cache_manager import KVCacheManager
 from nanovllm.core.request import Request, RequestStatus
 from nanovllm.core.runner_output import ModelRunnerOutput
 from nanovllm.core.scheduler_output import PromptScoring, SchedulerOutput
@@ -44,9 +44,10 @@ _MOST_DRAFT_PAUSE = 15
 
 
 class Scheduler:
-    """Keeps the waiting and running queues and the block manager in step.
+    """Keeps the waiting and running queues and the KV cache manager in step.
 
-    A running request holds blocks for all its tokens. With chunked prefill it
+    A running request holds blocks for all its tokens (in a sliding-window
+    group, for those its window reads). With chunked prefill it
     may still have prompt tokens to compute: it keeps its place in the running
     queue and gets the next chunk from the budget the decodes ahead of it leave.
     `proposer` (None: no speculation) guesses the next tokens of the requests
@@ -60,12 +61,20 @@ class Scheduler:
         eos_token_ids: tuple[int, ...],
         structured: StructuredOutputs | None = None,
         proposer: Proposer | None = None,
+        num_state_slots: int = 0,
     ):
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.token_budget
         self.chunked_prefill = config.enable_chunked_prefill
         self.stop_checker = StopChecker(eos_token_ids, config.context_len)
-        self.block_manager = BlockManager(num_kvcache_blocks, config.kv_block_size, config.enable_prefix_caching)
+        self.kv_cache = KVCacheManager(
+            config.kv_layout,
+            num_kvcache_blocks,
+            config.kv_block_size,
+            config.enable_prefix_caching,
+            config.kv_lookback,
+            num_state_slots,
+        )
         self.structured = structured or StructuredOutputs(None)
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
@@ -129,11 +138,10 @@ class Scheduler:
         )
 
     def stats(self) -> EngineStats:
-        bm = self.block_manager
         return EngineStats(
             len(self.running),
             len(self.waiting),
-            1.0 - bm.num_free_blocks / len(bm.blocks),
+            self.kv_cache.usage(),
             self.prefix_cache_queries,
             self.prefix_cache_hits,
             self.num_preemptions,
@@ -170,15 +178,17 @@ class Scheduler:
             if req.num_placeholders:
                 break  # preempted with a token in flight: its recompute waits until that token is known
             # prompt logprobs need the logits of every prompt position: nothing comes from the cache
-            hits = [] if req.params.prompt_logprobs is not None else self.block_manager.cached_prefix(req)
-            num_cached = len(hits) * self.block_manager.block_size
+            kv_cache = self.kv_cache
+            hit = kv_cache.no_hit() if req.params.prompt_logprobs is not None else kv_cache.cached_prefix(req)
+            num_cached = hit.num_tokens
             n = req.num_tokens - num_cached
             if self.chunked_prefill:
                 n = min(n, budget)
-            if n > budget or not self.block_manager.can_allocate(req, hits):
+            n = kv_cache.chunk_end(num_cached, num_cached + n) - num_cached
+            if n > budget or not kv_cache.can_allocate(req, hit, num_cached + n):
                 break
-            self.block_manager.allocate(req, hits, num_cached + n)
-            if req.params.prompt_logprobs is None and self.block_manager.enable_prefix_caching:
+            kv_cache.allocate(req, hit, num_cached + n)
+            if req.params.prompt_logprobs is None and kv_cache.enable_prefix_caching:
                 self.prefix_cache_queries += req.num_tokens
                 self.prefix_cache_hits += num_cached
             budget -= n
@@ -197,7 +207,7 @@ class Scheduler:
         passed its drafts in flight."""
         scheduled, counts, kept, passed = [], [], [], False
         left = math.inf if budget is None else budget
-        block_manager, running = self.block_manager, self.running
+        kv_cache, running = self.kv_cache, self.running
         decode_only = self._may_pass_drafts()
         proposals = self._propose(decode_only)
         spare = self._spare_blocks() if proposals else 0
@@ -216,18 +226,19 @@ class Scheduler:
                 req.pass_drafts_in_flight()
                 passed = True
             # drafts only for a request whose own tokens fit: one that must preempt may preempt itself
-            if proposals.get(req.request_id) and block_manager.can_append(req):
+            if proposals.get(req.request_id) and kv_cache.can_append(req, req.num_computed_tokens + 1):
                 drafts, spare = self._drafts_that_fit(req, proposals[req.request_id], left, spare)
                 req.add_drafts(drafts)
-            while not block_manager.can_append(req):
+            start = req.num_computed_tokens
+            n = kv_cache.chunk_end(start, start + min(req.num_new_tokens, left)) - start
+            while not kv_cache.can_append(req, req.num_computed_tokens + n):
                 if running:
                     self._preempt(running.pop())
                 else:
                     self._preempt(req)
                     break
             else:
-                n = min(req.num_new_tokens, left)
-                block_manager.may_append(req, req.num_computed_tokens + n)
+                kv_cache.may_append(req, req.num_computed_tokens + n)
                 scheduled.append(req)
                 counts.append(n)
                 kept.append(req)
@@ -296,18 +307,19 @@ class Scheduler:
     def _spare_blocks(self) -> int:
         """Free blocks beyond those the running requests need for the tokens they have: what drafts may
         take without making a request wait or be preempted."""
-        needed = sum(max(0, req.num_blocks - len(req.block_table)) for req in self.running)
-        return self.block_manager.num_free_blocks - needed
+        needed = sum(max(0, self.kv_cache.blocks_needed(req, req.num_tokens)) for req in self.running)
+        return self.kv_cache.num_free_blocks - needed
 
     def _drafts_that_fit(self, req: Request, drafts: list[int], left: float, spare: int) -> tuple[list[int], int]:
         """The leading drafts that fit beside the request's last token in what is left of the step's token
         budget and in its blocks, those it needs anyway and `spare` more; and the spare blocks left after
         them. Drafts never cause a preemption."""
-        bs = self.block_manager.block_size
-        own = max(len(req.block_table), req.num_blocks)
-        drafts = drafts[: max(0, min(left - 1, (own + max(spare, 0)) * bs - req.num_tokens))]
-        extra = (req.num_tokens + len(drafts) + bs - 1) // bs - own
-        return drafts, spare - max(extra, 0)
+        own = max(0, self.kv_cache.blocks_needed(req, req.num_tokens))
+        for d in range(int(min(len(drafts), max(0, left - 1))), -1, -1):
+            extra = self.kv_cache.blocks_needed(req, req.num_tokens + d, req.num_tokens + d) - own
+            if extra <= max(spare, 0):
+                return drafts[:d], spare - max(extra, 0)
+        return [], spare
 
     def _preempt(self, req: Request) -> None:
         # Recompute later: the completion so far becomes part of the next prefill,
@@ -315,7 +327,7 @@ class Scheduler:
         # drafts in flight stay: reading the step back confirms the kept ones and forgets the rest, before the
         # request is admitted again (it waits for its placeholders)
         req.status = RequestStatus.WAITING
-        self.block_manager.deallocate(req)
+        self.kv_cache.deallocate(req)
         self._release_from_proposer(req)
         self.waiting.appendleft(req)
         self.num_preemptions += 1
@@ -331,7 +343,8 @@ class Scheduler:
             out.req_ids.append(req.request_id)
             out.token_ids.append(req.chunk_token_ids(n))
             out.num_computed_tokens.append(req.num_computed_tokens)
-            out.block_tables.append(req.block_table)
+            out.block_tables.append(req.block_tables)
+            out.state_slots.append(req.state_slot)
             if req.params.prompt_logprobs is not None:
                 self._score_prompt(req, n, len(out.req_ids) - 1, out)
             req.num_computed_tokens += n
@@ -350,6 +363,7 @@ class Scheduler:
                 req.add_placeholder()
         if any(drafts):
             out.draft_token_ids = drafts
+        out.state_restores, out.state_snapshots = self.kv_cache.take_state_copies()
         return out
 
     @staticmethod
@@ -450,7 +464,7 @@ class Scheduler:
     def _finish(self, req: Request, reason: str) -> None:
         if req.status == RequestStatus.RUNNING:
             self.running.remove(req)
-            self.block_manager.deallocate(req)
+            self.kv_cache.deallocate(req)
         elif req.status == RequestStatus.WAITING:
             self.waiting.remove(req)
         self._release_from_proposer(req)

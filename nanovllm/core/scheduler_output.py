@@ -28,7 +28,9 @@ class SchedulerOutput:
 
     Per scheduled request, in batch order: `token_ids` are the tokens whose
     K/V this step computes (a decode's single token, or a prompt chunk), starting
-    at position `num_computed_tokens`; `block_tables` hold its KV blocks;
+    at position `num_computed_tokens`; `block_tables` hold its KV blocks, one
+    table per cache group (`CacheLayout.groups`), where a sliding group's table
+    has -1 for the blocks behind every window the step may read;
     `samples` says whether the chunk reaches the request's last token, so that
     the step samples its next one. The per-sampler fields list only the requests
     that sample, in batch order: their settings and how many completion tokens
@@ -41,6 +43,11 @@ class SchedulerOutput:
     draft's position and one after the last, and keeps its drafts while each
     equals the token drawn for its position.
     `prompt_scoring` lists the prompt positions to score for prompt logprobs.
+    On a model with recurrent layers, `state_slots` holds each request's state
+    slot (-1 elsewhere), `state_restores` the (source slot, or -1 for zeros;
+    live slot) copies to make before the forward pass, and `state_snapshots`
+    the (live slot, snapshot slot) copies to make after it
+    (`core/state_slots.py`).
 
     The lists are built for this step and read during `execute` only.
     """
@@ -48,7 +55,7 @@ class SchedulerOutput:
     req_ids: list[str] = field(default_factory=list)
     token_ids: list[list[int]] = field(default_factory=list)
     num_computed_tokens: list[int] = field(default_factory=list)
-    block_tables: list[list[int]] = field(default_factory=list)
+    block_tables: list[list[list[int]]] = field(default_factory=list)  # [requests][cache groups][blocks]
     samples: list[bool] = field(default_factory=list)
     sampled_req_ids: list[str] = field(default_factory=list)
     sampling_params: list[SamplingParams] = field(default_factory=list)
@@ -56,6 +63,9 @@ class SchedulerOutput:
     penalty_token_ids: list[tuple[list[int], list[int]]] | None = None
     draft_token_ids: list[list[int]] | None = None
     prompt_scoring: list[PromptScoring] = field(default_factory=list)
+    state_slots: list[int] = field(default_factory=list)
+    state_restores: list[tuple[int, int]] = field(default_factory=list)
+    state_snapshots: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_scheduled_tokens(self) -> list[int]:
@@ -86,4 +96,7 @@ class SchedulerOutput:
             self.sampled_req_ids,
             draft_token_ids=self.draft_token_ids,
             prompt_scoring=self.prompt_scoring,
+            state_slots=self.state_slots,
+            state_restores=self.state_restores,
+            state_snapshots=self.state_snapshots,
         )

@@ -9,6 +9,7 @@ from nanovllm.core.runner_output import ModelRunnerOutput
 from nanovllm.core.scheduler import Scheduler
 from nanovllm.core.scheduler_output import SchedulerOutput
 from nanovllm.core.structured_output import StructuredOutputs
+from nanovllm.engine.kv_capacity import group_capacities, longest_request, max_concurrency
 from nanovllm.engine.messages import EngineCoreInfo, EngineCoreOutput, EngineCoreRequest, EngineStats
 from nanovllm.spec_decode.proposer_factory import make_proposer
 from nanovllm.worker.executor_factory import make_executor
@@ -43,13 +44,17 @@ class EngineCore:
         self.scheduler = Scheduler(
             config, self.executor.num_kvcache_blocks, eos_token_ids, self.structured, self.proposer
         )
+        num_blocks = self.executor.num_kvcache_blocks
         self.info = EngineCoreInfo(
-            self.executor.num_kvcache_blocks,
+            num_blocks,
             config.kv_block_size,
             config.context_len,
             config.model_config.vocab_size,
             self.executor.kv_cache_dtype_name,
             self.executor.start_up,
+            max_concurrency(config, num_blocks),
+            group_capacities(config, num_blocks),
+            longest_request(config, num_blocks),
         )
         self._block_size = config.kv_block_size
         self._in_flight: _InFlight | None = None

@@ -81,10 +81,22 @@ class EngineStats(msgspec.Struct, frozen=True):
     spec_decode_num_accepted_tokens_per_pos: list[int] = msgspec.field(default_factory=list)
 
 
+class KVGroupCapacity(msgspec.Struct, frozen=True):
+    """One cache group's share of the KV cache when every sequence is max_model_len long: `kind` ("full
+    attention", "sliding window 1024"), its layers, and the tokens of K/V it then holds over all
+    sequences."""
+
+    kind: str
+    num_layers: int
+    tokens: int
+
+
 class EngineCoreInfo(msgspec.Struct, frozen=True):
     """What the core found at start-up, for the front end's checks of each request and its start-up log;
     `kv_cache_dtype` is the element type the KV cache was given, as vLLM names it (`KVCacheSpec.dtype_name`:
-    "bfloat16" ...), and `start_up` what the model runner measured while starting."""
+    "bfloat16" ...), and `start_up` what the model runner measured while starting. `max_concurrency` is the
+    number of max_model_len-long sequences the cache holds at once, `kv_groups` what each cache group then
+    holds, and `max_request_tokens` the longest request (prompt and completion) the cache can hold alone."""
 
     num_kvcache_blocks: int
     block_size: int
@@ -92,6 +104,9 @@ class EngineCoreInfo(msgspec.Struct, frozen=True):
     vocab_size: int
     kv_cache_dtype: str
     start_up: StartUpReport
+    max_concurrency: float
+    kv_groups: list[KVGroupCapacity]
+    max_request_tokens: int
 
 
 class EngineCoreOutputs(msgspec.Struct, tag="outputs"):

@@ -138,12 +138,12 @@ class InputProcessor:
                 f"leaves no room for a completion; shorten the prompt or raise max_model_len"
             )
         final_len = min(len(token_ids) + params.max_tokens, info.max_model_len)
-        blocks = (final_len + info.block_size - 1) // info.block_size
-        if blocks > info.num_kvcache_blocks:
+        if final_len > info.max_request_tokens:
             raise ValueError(
-                f"the request needs {blocks} KV-cache blocks ({final_len} tokens) but the cache holds only "
-                f"{info.num_kvcache_blocks}; lower max_tokens or give the KV cache more memory "
-                f"(num_kvcache_blocks, cpu_kvcache_gb or gpu_memory_utilization)"
+                f"the request may reach {final_len} tokens but the KV cache ({info.num_kvcache_blocks} blocks of "
+                f"{info.block_size} tokens) holds at most {info.max_request_tokens} for one request; lower "
+                f"max_tokens or give the KV cache more memory (num_kvcache_blocks, cpu_kvcache_gb or "
+                f"gpu_memory_utilization)"
             )
 
     def _whole_vocabulary(self, params: SamplingParams) -> SamplingParams:

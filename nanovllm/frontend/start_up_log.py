@@ -42,6 +42,12 @@ def log_start_up(model: str, config: Config, info: EngineCoreInfo, seconds: floa
         memory_size(report.kv_cache_bytes),
         per_rank,
     )
+    logger.info(
+        "KV cache holds %.2f sequences of max_model_len %s tokens at once: %s",
+        info.max_concurrency,
+        f"{info.max_model_len:,}",
+        "; ".join(f"{g.kind} ({g.num_layers} layers) {g.tokens:,} tokens" for g in info.kv_groups),
+    )
     if report.graph_capture_seconds is not None:
         logger.info("CUDA graphs captured in %.2f s", report.graph_capture_seconds)
     logger.info("engine ready in %.1f s", seconds)

@@ -16,7 +16,7 @@ def test_new_request_counts():
     assert req.num_placeholders == 0 and req.num_computed_tokens == 0 and req.num_cached_tokens == 0
     assert req.num_new_tokens == 10 and req.num_blocks == 3
     assert req.status == RequestStatus.WAITING and not req.is_finished
-    assert req.block_table == [] and req.finish_reason is None
+    assert req.block_tables == [] and req.finish_reason is None
 
 
 def test_block_slices_tokens_by_block_size():

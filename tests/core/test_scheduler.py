@@ -4,13 +4,13 @@ rules for tokens still in flight (step n+1 scheduled before step n is read back)
 
 import pytest
 
-from nanovllm.core.block_manager import chain_hash
+from nanovllm.core.kv_cache_manager import chain_hash
 from nanovllm.core.request import RequestStatus
 from nanovllm.core.runner_output import ModelRunnerOutput
 from nanovllm.core.scheduler_output import PLACEHOLDER, PromptScoring
 from nanovllm.engine.messages import EngineCoreOutput, EngineStats, TokenLogprobs
 
-from helpers.schedulers import BS, EOS, make_req, make_scheduler
+from helpers.schedulers import BS, EOS, block_hash, held_blocks, hit_blocks, make_req, make_scheduler
 
 
 def add_all(sched, *reqs):
@@ -82,7 +82,7 @@ def test_admission_stops_when_blocks_run_out():
     _, b, c = add_all(sched, make_req("a", range(2, 10)), make_req("b", range(20, 28)), make_req("c", [30]))
     assert sched.schedule().req_ids == ["a"]
     assert list(sched.waiting) == [b, c]
-    assert b.block_table == [] and sched.block_manager.num_free_blocks == 1
+    assert b.block_tables == [] and sched.kv_cache.num_free_blocks == 1
 
 
 def test_decode_takes_running_requests_in_order():
@@ -116,9 +116,9 @@ def test_decode_preempts_from_tail_when_a_block_is_missing():
     assert out.is_decode and out.req_ids == ["a", "b", "c"]
     assert list(sched.running) == [a, b, c] and list(sched.waiting) == [d, e]
     assert d.status == RequestStatus.WAITING
-    assert d.block_table == [] and d.num_computed_tokens == 0
+    assert d.block_tables == [] and d.num_computed_tokens == 0
     assert d.token_ids == [10, 11, 50] and d.num_placeholders == 0
-    assert len(a.block_table) == 2 and sched.block_manager.num_free_blocks == 0
+    assert len(a.block_tables[0]) == 2 and sched.kv_cache.num_free_blocks == 0
 
 
 def test_decode_preempts_itself_when_nothing_else_is_left():
@@ -127,8 +127,8 @@ def test_decode_preempts_itself_when_nothing_else_is_left():
     step(sched)
     assert sched.schedule().req_ids == ["a"]
     assert list(sched.running) == [a] and list(sched.waiting) == [b]
-    assert b.status == RequestStatus.WAITING and b.block_table == [] and b.num_computed_tokens == 0
-    assert sched.block_manager.num_free_blocks == 1
+    assert b.status == RequestStatus.WAITING and b.block_tables == [] and b.num_computed_tokens == 0
+    assert sched.kv_cache.num_free_blocks == 1
 
 
 def test_preempted_request_is_prefilled_again_with_its_completion():
@@ -138,7 +138,7 @@ def test_preempted_request_is_prefilled_again_with_its_completion():
     assert step(sched, token=60).req_ids == ["a"] and a.is_finished
     out = sched.schedule()
     assert out.req_ids == ["b"] and out.token_ids == [[10, 50]] and out.num_computed_tokens == [4]
-    assert b.num_cached_tokens == 4 and len(b.block_table) == 2
+    assert b.num_cached_tokens == 4 and len(b.block_tables[0]) == 2
 
 
 def test_update_confirms_the_sampled_token():
@@ -171,13 +171,13 @@ def test_update_finishes_on_eos_and_frees_blocks():
     sched = make_scheduler(num_blocks=8)
     a, b = add_all(sched, make_req("a", [2, 3, 4, 5, 6]), make_req("b", [7, 8]))
     out = sched.schedule()
-    assert sched.block_manager.num_free_blocks == 5
+    assert sched.kv_cache.num_free_blocks == 5
     outputs = read_back(sched, out, EOS, 42)
     assert [o.finish_reason for o in outputs] == ["stop", None]
     assert a.is_finished and a.finish_reason == "stop" and a.token_ids[5:] == [EOS]
-    assert a.block_table == [] and "a" not in sched.requests
+    assert a.block_tables == [] and "a" not in sched.requests
     assert list(sched.running) == [b] and not b.is_finished
-    assert sched.block_manager.num_free_blocks == 7
+    assert sched.kv_cache.num_free_blocks == 7
 
 
 def test_update_ignores_eos_when_asked():
@@ -196,7 +196,7 @@ def test_update_finishes_at_max_tokens():
     assert not a.is_finished
     step(sched)
     assert a.finish_reason == "length" and a.token_ids[2:] == [50, 50]
-    assert not sched.has_requests() and sched.block_manager.num_free_blocks == 16
+    assert not sched.has_requests() and sched.kv_cache.num_free_blocks == 16
 
 
 def test_update_finishes_at_max_model_len():
@@ -219,7 +219,7 @@ def test_mixed_load_keeps_blocks_consistent_and_finishes_every_request(chunked, 
     shared = [2, 3, 4, 5]
     prompts = [shared + [6, 7], shared + [8], [9, 10, 11], shared + [6, 7], [12] * 7]
     reqs = add_all(sched, *(make_req(str(i), p, max_tokens=6 + i) for i, p in enumerate(prompts)))
-    bm = sched.block_manager
+    bm = sched.kv_cache
     reprefills = cache_hits = partial_chunks = num_sampled = 0
     in_flight = None
     for n in range(500):
@@ -236,20 +236,20 @@ def test_mixed_load_keeps_blocks_consistent_and_finishes_every_request(chunked, 
             assert ids == req.token_ids[start:end] or (overlap and ids == [PLACEHOLDER])
             reprefills += len(ids) > 1 and end > req.num_prompt_tokens
             cache_hits += start > 0 and start == req.num_cached_tokens
-            assert len(req.block_table) == (req.num_tokens - sampled + BS - 1) // BS
+            assert len(req.block_tables[0]) == (req.num_tokens - sampled + BS - 1) // BS
             if end % BS:
-                assert bm.blocks[req.block_table[end // BS]].ref_count == 1
-            assert all(bm.blocks[b].hash != -1 for b in req.block_table[: min(end, len(req.token_ids)) // BS])
-            assert all(bm.blocks[b].hash == -1 for b in req.block_table[end // BS :])
-            for i, b in enumerate(req.block_table):
-                if bm.blocks[b].hash != -1:
+                assert bm.blocks[req.block_tables[0][end // BS]].ref_count == 1
+            assert all(block_hash(bm, b) != -1 for b in req.block_tables[0][: min(end, len(req.token_ids)) // BS])
+            assert all(block_hash(bm, b) == -1 for b in req.block_tables[0][end // BS :])
+            for i, b in enumerate(req.block_tables[0]):
+                if block_hash(bm, b) != -1:
                     assert bm.blocks[b].token_ids == req.token_ids[i * BS : (i + 1) * BS] and len(req.block(i)) == BS
         refs = [0] * len(bm.blocks)
         for req in sched.running:
-            for b in req.block_table:
+            for b in req.block_tables[0]:
                 refs[b] += 1
         assert refs == [b.ref_count for b in bm.blocks]
-        assert sorted([*bm.free_block_ids, *bm.used_block_ids]) == list(range(6))
+        assert sorted([*bm.free_block_ids, *held_blocks(bm)]) == list(range(6))
         to_read, in_flight = (in_flight, out) if overlap else (out, None)
         if to_read is not None:
             read_back(sched, to_read, *((n * 7 + int(r)) % 40 + 2 for r in to_read.sampled_req_ids))
@@ -258,7 +258,7 @@ def test_mixed_load_keeps_blocks_consistent_and_finishes_every_request(chunked, 
     assert [len(r.token_ids) - r.num_prompt_tokens for r in reqs] == [6, 7, 8, 9, 10]
     assert all(r.finish_reason == "length" for r in reqs)
     assert num_sampled == 6 + 7 + 8 + 9 + 10
-    assert bm.num_free_blocks == 6 and not bm.used_block_ids
+    assert bm.num_free_blocks == 6 and not held_blocks(bm)
 
 
 def test_abort_running_request_frees_its_blocks():
@@ -266,8 +266,8 @@ def test_abort_running_request_frees_its_blocks():
     a, b = add_all(sched, make_req("a", [2, 3, 4, 5, 6]), make_req("b", [7, 8]))
     step(sched)
     sched.abort(["a"])
-    assert a.finish_reason == "abort" and a.block_table == [] and "a" not in sched.requests
-    assert list(sched.running) == [b] and sched.block_manager.num_free_blocks == 7
+    assert a.finish_reason == "abort" and a.block_tables == [] and "a" not in sched.requests
+    assert list(sched.running) == [b] and sched.kv_cache.num_free_blocks == 7
     assert step(sched).req_ids == ["b"]
 
 
@@ -278,7 +278,7 @@ def test_abort_waiting_request_leaves_the_queue():
     sched.abort(["b", "unknown"])
     assert b.finish_reason == "abort" and not sched.waiting and list(sched.running) == [a]
     sched.abort(["a"])
-    assert not sched.has_requests() and sched.block_manager.num_free_blocks == 16
+    assert not sched.has_requests() and sched.kv_cache.num_free_blocks == 16
 
 
 # ---- chunked prefill: mixed steps of decodes and prompt chunks ----
@@ -297,7 +297,7 @@ def test_long_prompt_is_split_into_budget_sized_chunks_and_samples_once():
         out = step(sched)
         assert out.req_ids == ["a"] and out.num_computed_tokens == [computed]
         assert out.token_ids == [list(range(2 + computed, 2 + computed + chunk))]
-        assert a.num_computed_tokens == computed + chunk and len(a.block_table) == 5
+        assert a.num_computed_tokens == computed + chunk and len(a.block_tables[0]) == 5
         assert out.sampled_req_ids == (["a"] if chunk == 4 else [])
         assert a.num_output_tokens == (1 if chunk == 4 else 0) and list(sched.running) == [a]
     assert a.num_computed_tokens == 20 and a.token_ids[20:] == [50]
@@ -357,8 +357,8 @@ def test_prefix_cache_offers_only_blocks_already_computed():
     a = make_req("a", prompt)
     sched.add_request(a)
     step(sched)
-    assert [sched.block_manager.blocks[b].hash != -1 for b in a.block_table] == [True, True, False, False, False]
-    assert sched.block_manager.cached_prefix(make_req("b", prompt)) == a.block_table[:2]
+    assert [block_hash(sched.kv_cache, b) != -1 for b in a.block_tables[0]] == [True, True, False, False, False]
+    assert hit_blocks(sched.kv_cache, make_req("b", prompt)) == a.block_tables[0][:2]
 
 
 def test_preemption_in_the_middle_of_a_chunked_prefill_resumes_from_the_prefix_cache():
@@ -370,11 +370,11 @@ def test_preemption_in_the_middle_of_a_chunked_prefill_resumes_from_the_prefix_c
     sched.add_request(c)
     out = step(sched)
     assert out.req_ids == ["a", "c"] and out.num_scheduled_tokens == [1, 7]
-    assert sched.block_manager.num_free_blocks == 0 and c.num_computed_tokens == 7
+    assert sched.kv_cache.num_free_blocks == 0 and c.num_computed_tokens == 7
     out = sched.schedule()
     assert out.req_ids == ["a"] and out.num_scheduled_tokens == [1]
     assert list(sched.waiting) == [c] and c.status == RequestStatus.WAITING
-    assert c.block_table == [] and c.num_computed_tokens == 0 and c.num_output_tokens == 0
+    assert c.block_tables == [] and c.num_computed_tokens == 0 and c.num_output_tokens == 0
     read_back(sched, out, 50)
     sched.abort(["a"])
     out = sched.schedule()
@@ -390,12 +390,12 @@ def test_next_step_decodes_a_placeholder_and_allocates_its_block():
     a = make_req("a", [2, 3, 4, 5])
     sched.add_request(a)
     first = sched.schedule()
-    assert len(a.block_table) == 1
+    assert len(a.block_tables[0]) == 1
     second = sched.schedule()
     assert second.token_ids == [[PLACEHOLDER]] and second.num_computed_tokens == [4]
     assert second.num_output_tokens == [1] and second.samples == [True]
     assert a.num_tokens == 6 and a.num_placeholders == 2 and a.token_ids == [2, 3, 4, 5]
-    assert len(a.block_table) == 2 and sched.block_manager.num_free_blocks == 14
+    assert len(a.block_tables[0]) == 2 and sched.kv_cache.num_free_blocks == 14
     read_back(sched, first, 50)
     read_back(sched, second, 51)
     assert a.token_ids == [2, 3, 4, 5, 50, 51] and a.num_placeholders == 0 and a.num_tokens == 6
@@ -405,32 +405,32 @@ def test_block_is_hashed_only_once_its_last_token_is_confirmed():
     sched = make_scheduler()
     a = make_req("a", [2, 3, 4])
     sched.add_request(a)
-    bm = sched.block_manager
+    bm = sched.kv_cache
     follower = make_req("f", [2, 3, 4, 50, 9])
     first = sched.schedule()
     sched.schedule()
-    block = bm.blocks[a.block_table[0]]
-    assert a.num_computed_tokens == 4 and block.hash == -1
+    block = a.block_tables[0][0]
+    assert a.num_computed_tokens == 4 and block_hash(bm, block) == -1
     read_back(sched, first, 50)
-    assert block.hash == -1 and bm.cached_prefix(follower) == []
+    assert block_hash(bm, block) == -1 and hit_blocks(bm, follower) == []
     sched.schedule()
-    assert block.hash == chain_hash([2, 3, 4, 50]) and bm.cached_prefix(follower) == [a.block_table[0]]
+    assert block_hash(bm, block) == chain_hash([2, 3, 4, 50]) and hit_blocks(bm, follower) == [block]
 
 
 def test_token_sampled_after_a_stop_is_dropped():
     sched = make_scheduler(num_blocks=8)
     a, b = add_all(sched, make_req("a", [2, 3, 4, 5, 6]), make_req("b", [7, 8]))
-    bm = sched.block_manager
+    bm = sched.kv_cache
     first = sched.schedule()
     second = sched.schedule()
     assert second.req_ids == ["a", "b"]
     assert [o.finish_reason for o in read_back(sched, first, EOS, 42)] == ["stop", None]
-    assert a.block_table == [] and bm.num_free_blocks == 7
+    assert a.block_tables == [] and bm.num_free_blocks == 7
     assert sched.schedule().req_ids == ["b"]
     assert read_back(sched, second, 60, 61) == [EngineCoreOutput("b", [61])]
     assert a.token_ids == [2, 3, 4, 5, 6, EOS] and b.token_ids == [7, 8, 42, 61]
-    assert sorted(bm.free_block_ids) == sorted(set(range(8)) - set(b.block_table))
-    assert bm.used_block_ids == set(b.block_table)
+    assert sorted(bm.free_block_ids) == sorted(set(range(8)) - set(b.block_tables[0]))
+    assert held_blocks(bm) == set(b.block_tables[0])
 
 
 @pytest.mark.parametrize("max_tokens, max_model_len", [(2, 64), (100, 4)])
@@ -453,7 +453,7 @@ def test_step_is_empty_while_the_only_request_waits_for_its_last_token():
     first = sched.schedule()
     assert sched.schedule().is_empty and sched.has_requests()
     assert read_back(sched, first, 50) == [EngineCoreOutput("a", [50], finish_reason="length")]
-    assert not sched.has_requests() and sched.block_manager.num_free_blocks == 16
+    assert not sched.has_requests() and sched.kv_cache.num_free_blocks == 16
 
 
 def test_preempted_request_is_readmitted_only_once_its_token_is_confirmed():
@@ -461,14 +461,14 @@ def test_preempted_request_is_readmitted_only_once_its_token_is_confirmed():
     # would find both its full blocks in use and fit in the block that its preemption freed.
     sched = make_scheduler(num_blocks=4, chunked=True)
     a, b = add_all(sched, make_req("a", [2, 3, 4, 5, 6, 7, 8]), make_req("b", [2, 3, 4, 5, 6, 7, 8, 50]))
-    bm = sched.block_manager
+    bm = sched.kv_cache
     first = sched.schedule()
     second = sched.schedule()
     read_back(sched, first, 50, 60)
     assert sched.schedule().req_ids == ["a"]
-    assert list(sched.waiting) == [b] and b.block_table == [] and b.num_placeholders == 1
-    hits = bm.cached_prefix(b)
-    assert hits == a.block_table[:2] and bm.can_allocate(b, hits)
+    assert list(sched.waiting) == [b] and b.block_tables == [] and b.num_placeholders == 1
+    hit = bm.cached_prefix(b)
+    assert hit.tables == [a.block_tables[0][:2]] and bm.can_allocate(b, hit, b.num_tokens)
     read_back(sched, second, 51, 61)
     out = sched.schedule()
     assert out.req_ids == ["a", "b"] and out.token_ids == [[PLACEHOLDER], [60, 61]]
@@ -480,7 +480,7 @@ def test_token_of_an_aborted_request_is_dropped():
     a, _ = add_all(sched, make_req("a", [2, 3, 4, 5, 6]), make_req("b", [7, 8]))
     first = sched.schedule()
     sched.abort(["a"])
-    assert a.finish_reason == "abort" and sched.block_manager.num_free_blocks == 7
+    assert a.finish_reason == "abort" and sched.kv_cache.num_free_blocks == 7
     assert sched.schedule().req_ids == ["b"]
     assert read_back(sched, first, 50, 60) == [EngineCoreOutput("b", [60])]
     assert a.token_ids == [2, 3, 4, 5, 6]
@@ -537,7 +537,7 @@ def test_a_request_with_prompt_logprobs_gets_no_prefix_cache_hit():
     sched.add_request(make_req("a", prompt))
     step(sched)
     scored, plain = add_all(sched, make_req("scored", prompt, prompt_logprobs=0), make_req("plain", prompt))
-    assert sched.block_manager.cached_prefix(scored) != []  # its prefix is there to take
+    assert hit_blocks(sched.kv_cache, scored) != []  # its prefix is there to take
     out = sched.schedule()
     # every prompt position's logits are needed: "scored" computes all 9 tokens, "plain" only the last
     assert out.req_ids == ["scored", "plain"] and out.num_computed_tokens == [0, 8]

@@ -2,13 +2,13 @@
 max_tokens, the model length, the token budget and the free blocks; the kept tokens confirmed and the
 rest rolled back, never registered in the prefix cache; a stop inside a kept run ends the request there."""
 
-from nanovllm.core.block_manager import chain_hash
+from nanovllm.core.kv_cache_manager import chain_hash
 from nanovllm.core.request import RequestStatus
 from nanovllm.core.runner_output import ModelRunnerOutput
 from nanovllm.core.scheduler_output import PLACEHOLDER
 from nanovllm.spec_decode.proposer import Proposer
 
-from helpers.schedulers import EOS, make_req, make_scheduler
+from helpers.schedulers import EOS, block_hash, make_req, make_scheduler
 
 DRAFTS = [60, 61, 62]
 
@@ -55,14 +55,14 @@ def test_the_last_token_and_its_drafts_run_as_one_chunk_with_blocks_for_them():
     assert out.num_output_tokens == [1]
     # the last token, three drafts and the token sampled after them
     assert a.num_tokens == 8 and a.num_placeholders == 4 and a.num_computed_tokens == 7
-    assert len(a.block_table) == 2
+    assert len(a.block_tables[0]) == 2
     assert sched.proposer.asked == [[10, 11, 12, 50]]
 
 
 def test_kept_drafts_are_confirmed_and_the_rest_rolled_back_unregistered():
     sched = drafting_scheduler()
     a = prefilled(sched, make_req("a", [10, 11, 12]))
-    bm = sched.block_manager
+    bm = sched.kv_cache
     out = sched.schedule()
     # 60 kept, 61 rejected: 70 was sampled in its place
     [output] = sched.update(out, ModelRunnerOutput([[60, 70]]))
@@ -70,16 +70,16 @@ def test_kept_drafts_are_confirmed_and_the_rest_rolled_back_unregistered():
     assert a.token_ids == [10, 11, 12, 50, 60, 70] and a.num_tokens == 6 and a.num_placeholders == 0
     # positions 0-4 hold the right K/V; 70's position (where 61's K/V went) is computed again next step
     assert a.num_computed_tokens == 5 and a.draft_token_ids == []
-    assert bm.blocks[a.block_table[0]].hash == chain_hash([10, 11, 12, 50])
-    assert bm.blocks[a.block_table[1]].hash == -1
+    assert block_hash(bm, a.block_tables[0][0]) == chain_hash([10, 11, 12, 50])
+    assert block_hash(bm, a.block_tables[0][1]) == -1
     out = sched.schedule()
     assert out.token_ids == [[70, *DRAFTS]] and out.num_computed_tokens == [5]
-    assert len(a.block_table) == 3
+    assert len(a.block_tables[0]) == 3
     sched.update(out, ModelRunnerOutput([[60, 61, 62, 63]]))
     assert a.token_ids[-5:] == [70, 60, 61, 62, 63] and a.num_computed_tokens == 9
-    assert bm.blocks[a.block_table[1]].hash == -1  # [60, 70, 60, 61]: confirmed, registered once computed
+    assert block_hash(bm, a.block_tables[0][1]) == -1  # [60, 70, 60, 61]: confirmed, registered once computed
     sched.schedule()
-    assert bm.blocks[a.block_table[1]].hash == chain_hash([60, 70, 60, 61], chain_hash([10, 11, 12, 50]))
+    assert block_hash(bm, a.block_tables[0][1]) == chain_hash([60, 70, 60, 61], chain_hash([10, 11, 12, 50]))
     stats = sched.stats()
     assert (stats.spec_decode_num_drafts, stats.spec_decode_num_draft_tokens) == (2, 6)
     assert stats.spec_decode_num_accepted_tokens == 4
@@ -112,7 +112,7 @@ def test_drafts_take_only_free_blocks_and_never_preempt():
     # a holds one block, b two: no block is free, so a drafts nothing, and b only within its second block
     out = sched.schedule()
     assert out.draft_token_ids == [[], DRAFTS[:2]]
-    assert sched.num_preemptions == 0 and len(a.block_table) == 1 and len(b.block_table) == 2
+    assert sched.num_preemptions == 0 and len(a.block_tables[0]) == 1 and len(b.block_tables[0]) == 2
 
 
 def test_drafts_leave_the_blocks_later_requests_need_for_their_own_tokens():
@@ -124,7 +124,7 @@ def test_drafts_leave_the_blocks_later_requests_need_for_their_own_tokens():
     # one block is free, and b needs it for its fifth token: a may not draft into it, b drafts within it
     out = sched.schedule()
     assert out.draft_token_ids == [[], DRAFTS] and out.req_ids == ["a", "b"]
-    assert sched.num_preemptions == 0 and len(b.block_table) == 2
+    assert sched.num_preemptions == 0 and len(b.block_tables[0]) == 2
 
 
 def test_a_request_that_preempts_itself_leaves_without_drafts():
@@ -172,7 +172,7 @@ def test_a_stop_inside_a_kept_run_ends_the_request_there():
     out = sched.schedule()
     [output] = sched.update(out, ModelRunnerOutput([[60, EOS, 62]]))
     assert output.new_token_ids == [60, EOS] and output.finish_reason == "stop"
-    assert a.is_finished and sched.block_manager.num_free_blocks == 16
+    assert a.is_finished and sched.kv_cache.num_free_blocks == 16
 
 
 def test_max_tokens_reached_inside_a_run_ends_it_with_length():

@@ -53,7 +53,7 @@ def test_stop_tokens_mid_batch_leak_no_token_and_free_every_block(qwen3_dir):
     )
     assert token_ids(outputs) == [f[: f.index(s) + 1] for f, s in zip(free, stops)]
     assert [o.outputs[0].finish_reason for o in outputs] == ["stop"] * 4
-    assert llm.client.core.scheduler.block_manager.num_free_blocks == 64
+    assert llm.client.core.scheduler.kv_cache.num_free_blocks == 64
 
 
 def test_stop_strings_cut_as_in_the_plain_loop(qwen3_dir, monkeypatch):
@@ -99,7 +99,7 @@ def test_abort_with_a_step_in_flight_drops_its_token_and_frees_its_blocks(qwen3_
     assert (
         outputs[kept].outputs[0].token_ids == hf_greedy(qwen3_dir, random_prompts([6], seed=25), GREEDY.max_tokens)[0]
     )
-    assert llm.client.core.scheduler.block_manager.num_free_blocks == 64
+    assert llm.client.core.scheduler.kv_cache.num_free_blocks == 64
 
 
 @pytest.mark.parametrize(
@@ -133,4 +133,4 @@ def test_stop_tokens_mid_batch_leak_no_token_on_gpu(qwen3_dir):
     outputs = llm.generate(batch, params, use_tqdm=False)
     assert token_ids(outputs) == [f[: f.index(s) + 1] for f, s in zip(free, stops)]
     assert all(out.outputs[0].finish_reason == "stop" for out in outputs)
-    assert llm.client.core.scheduler.block_manager.num_free_blocks == llm.client.info.num_kvcache_blocks
+    assert llm.client.core.scheduler.kv_cache.num_free_blocks == llm.client.info.num_kvcache_blocks

@@ -30,13 +30,15 @@ def test_llm_logs_its_start_up_with_the_measured_figures(qwen3_dir, caplog):
     assert report.weights_bytes == weights and report.kv_cache_bytes == kv_cache.numel() * kv_cache.element_size()
     assert report.load_seconds > 0 and report.graph_capture_seconds is None  # no CUDA graphs on the CPU
     lines = start_up_lines(caplog)
-    assert lines[:4] == [
+    assert lines[:5] == [
         f"model: {qwen3_dir}",
         f"architecture Qwen3ForCausalLM, dtype float32, device {report.device_name}",
         f"weights: {memory_size(weights)}, loaded in {report.load_seconds:.2f} s",
         f"KV cache: 512 tokens in 32 blocks of 16 tokens (float32, {memory_size(report.kv_cache_bytes)})",
+        # 32 blocks of 16 tokens hold two sequences of 256 tokens in the one group of every layer
+        "KV cache holds 2.00 sequences of max_model_len 256 tokens at once: full attention (2 layers) 512 tokens",
     ]
-    assert report.device_name.startswith("cpu (") and lines[4].startswith("engine ready in ")
+    assert report.device_name.startswith("cpu (") and lines[5].startswith("engine ready in ")
     assert not any("CUDA graphs" in line for line in lines)
 
 

@@ -76,7 +76,7 @@ def test_ngram_greedy_is_token_identical_and_both_keeps_and_rejects_drafts(qwen3
     assert any(len(ids) > 1 and ids[0] == PLACEHOLDER for ids in chunks)
     stats = llm.client.core.stats()
     assert 0 < stats.spec_decode_num_drafts <= checked
-    assert llm.client.core.scheduler.block_manager.num_free_blocks == 64
+    assert llm.client.core.scheduler.kv_cache.num_free_blocks == 64
 
 
 def test_an_always_right_proposer_keeps_every_draft_in_fewer_steps(qwen3_dir, prompts, plain_greedy):
@@ -143,7 +143,7 @@ def test_prefix_hits_and_preemption_give_the_same_tokens(qwen3_dir):
     assert stats.prefix_cache_hits > 0 and stats.spec_decode_num_accepted_tokens > 0
     # the prefix cache holds only confirmed tokens: a second round reads them back and changes nothing
     assert token_ids(llm.generate(prompts, params, use_tqdm=False)) == plain
-    assert llm.client.core.scheduler.block_manager.num_free_blocks == 14
+    assert llm.client.core.scheduler.kv_cache.num_free_blocks == 14
 
 
 def test_stop_tokens_and_max_tokens_inside_a_run_of_kept_drafts(qwen3_dir, prompts, plain_greedy):
@@ -162,7 +162,7 @@ def test_stop_tokens_and_max_tokens_inside_a_run_of_kept_drafts(qwen3_dir, promp
     for out, p in zip(outputs, params):
         ids = out.outputs[0].token_ids
         assert ids[-1] in p.stop_token_ids or len(ids) == p.max_tokens
-    assert llm.client.core.scheduler.block_manager.num_free_blocks == 64
+    assert llm.client.core.scheduler.kv_cache.num_free_blocks == 64
 
 
 def test_stop_strings_cut_as_without_speculation(qwen3_dir, prompts, plain_greedy):
@@ -277,7 +277,7 @@ def test_random_drafts_under_preemption_and_prefix_sharing_change_no_token(qwen3
     assert [o.outputs[0].finish_reason for o in outputs] == [o.outputs[0].finish_reason for o in plain]
     checked, kept = acceptance(llm)
     assert 0 < kept < checked and preempted
-    assert llm.client.core.scheduler.block_manager.num_free_blocks == 10
+    assert llm.client.core.scheduler.kv_cache.num_free_blocks == 10
 
 
 class GuessingProposer(Proposer):
@@ -344,4 +344,4 @@ def test_requests_that_pass_their_drafts_in_flight_change_no_token(qwen3_dir, pr
     checked, kept = acceptance(llm)
     assert passes and (kept == checked if right == 1.0 else kept < checked)
     assert bool(preempted) == (num_blocks < 64)
-    assert llm.client.core.scheduler.block_manager.num_free_blocks == num_blocks
+    assert llm.client.core.scheduler.kv_cache.num_free_blocks == num_blocks

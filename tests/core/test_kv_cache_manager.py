@@ -1,25 +1,40 @@
-"""BlockManager: paged KV blocks, hash-chained prefix cache of confirmed tokens, free FIFO with revival,
-decode-time appends."""
+"""KVCacheManager with one cache group: paged KV blocks, hash-chained prefix cache of confirmed tokens, free
+FIFO with revival, decode-time appends (tests/core/test_cache_groups.py covers several groups)."""
 
 import pytest
 
-import nanovllm.core.block_manager as bm_module
-from nanovllm.core.block_manager import BlockManager, chain_hash
+import nanovllm.core.kv_cache_manager as manager_module
+from nanovllm.core.kv_cache_manager import KVCacheManager, chain_hash
 from nanovllm.core.request import Request
 from nanovllm.sampling_params import SamplingParams
 
+from helpers.schedulers import FULL_ATTENTION, block_hash, held_blocks
+
 BS = 4
+
+
+def BlockManager(num_blocks, block_size, enable_prefix_caching=True):
+    """A manager of one full-attention group."""
+    return KVCacheManager(FULL_ATTENTION, num_blocks, block_size, enable_prefix_caching)
 
 
 def make_req(token_ids):
     return Request("r", list(token_ids), SamplingParams(), BS)
 
 
+def table(req):
+    return req.block_tables[0]
+
+
+def hits_of(bm, req):
+    return bm.cached_prefix(req).tables[0]
+
+
 def admit(bm, req):
-    hits = bm.cached_prefix(req)
-    assert bm.can_allocate(req, hits)
-    bm.allocate(req, hits)
-    return hits
+    hit = bm.cached_prefix(req)
+    assert bm.can_allocate(req, hit, req.num_tokens)
+    bm.allocate(req, hit, req.num_tokens)
+    return hit.tables[0]
 
 
 def decode_step(bm, req, token):
@@ -27,9 +42,9 @@ def decode_step(bm, req, token):
     req.num_computed_tokens = req.num_tokens
     req.add_placeholder()
     req.confirm(token)
-    ok = bm.can_append(req)
+    ok = bm.can_append(req, req.num_tokens)
     if ok:
-        bm.may_append(req)
+        bm.may_append(req, req.num_tokens)
     return ok
 
 
@@ -37,7 +52,7 @@ def assert_writes_go_to_private_blocks(bm, req):
     """Every block receiving K/V this step (positions num_computed..num_tokens-1) is owned by `req` alone."""
     first, last = req.num_computed_tokens // BS, (req.num_tokens - 1) // BS
     for i in range(first, last + 1):
-        assert bm.blocks[req.block_table[i]].ref_count == 1
+        assert bm.blocks[table(req)[i]].ref_count == 1
 
 
 P0, P1, P2 = [1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]
@@ -55,24 +70,24 @@ def test_full_blocks_are_registered_with_chained_hashes():
     bm = BlockManager(8, BS)
     req = make_req(P0 + P1 + [42])
     admit(bm, req)
-    b0, b1, b2 = (bm.blocks[i] for i in req.block_table)
-    assert b0.hash == chain_hash(P0) and b0.token_ids == P0
-    assert b1.hash == chain_hash(P1, chain_hash(P0)) and b1.token_ids == P1
-    assert b2.hash == -1
-    assert bm.hash_to_block_id[b0.hash] == b0.block_id
-    assert bm.hash_to_block_id[b1.hash] == b1.block_id
+    b0, b1, b2 = (bm.blocks[i] for i in table(req))
+    assert block_hash(bm, b0.block_id) == chain_hash(P0) and b0.token_ids == P0
+    assert block_hash(bm, b1.block_id) == chain_hash(P1, chain_hash(P0)) and b1.token_ids == P1
+    assert block_hash(bm, b2.block_id) == -1
+    assert bm.cached_blocks[0, block_hash(bm, b0.block_id)] == b0.block_id
+    assert bm.cached_blocks[0, block_hash(bm, b1.block_id)] == b1.block_id
 
 
 def test_without_prefix_caching_nothing_is_registered_or_shared():
     bm = BlockManager(8, BS, enable_prefix_caching=False)
     a = make_req(P0 + P1 + [42])
     admit(bm, a)
-    assert all(bm.blocks[i].hash == -1 for i in a.block_table) and bm.hash_to_block_id == {}
+    assert all(block_hash(bm, i) == -1 for i in table(a)) and bm.cached_blocks == {}
     assert all(decode_step(bm, a, t) for t in (43, 44, 45))  # the third block fills: still nothing registered
-    assert bm.hash_to_block_id == {}
+    assert bm.cached_blocks == {}
     b = make_req(P0 + P1 + [50])
     assert admit(bm, b) == [] and b.num_cached_tokens == 0
-    assert not set(a.block_table) & set(b.block_table)
+    assert not set(table(a)) & set(table(b))
 
 
 def test_same_block_after_different_prefix_is_a_miss():
@@ -82,7 +97,7 @@ def test_same_block_after_different_prefix_is_a_miss():
     b = make_req(P2 + P1 + [42])
     assert admit(bm, b) == []
     assert b.num_cached_tokens == 0
-    assert not set(a.block_table) & set(b.block_table)
+    assert not set(table(a)) & set(table(b))
 
 
 def test_prefix_hit_shares_blocks_and_counts_cached_tokens():
@@ -91,9 +106,9 @@ def test_prefix_hit_shares_blocks_and_counts_cached_tokens():
     admit(bm, a)
     b = make_req(P0 + P1 + [50, 51, 52])
     hits = admit(bm, b)
-    assert hits == a.block_table[:2]
-    assert b.block_table[:2] == a.block_table[:2] and b.block_table[2] != a.block_table[2]
-    assert [bm.blocks[i].ref_count for i in b.block_table] == [2, 2, 1]
+    assert hits == table(a)[:2]
+    assert table(b)[:2] == table(a)[:2] and table(b)[2] != table(a)[2]
+    assert [bm.blocks[i].ref_count for i in table(b)] == [2, 2, 1]
     assert b.num_cached_tokens == b.num_computed_tokens == 8
     assert bm.num_free_blocks == 8 - 4
 
@@ -112,36 +127,36 @@ def test_blocks_after_first_miss_are_misses_even_if_registered():
     admit(bm, a)
     # Lose the mapping of the first block only (as if it had been evicted);
     # the second block stays registered with matching hash and tokens.
-    del bm.hash_to_block_id[chain_hash(P0)]
+    del bm.cached_blocks[0, chain_hash(P0)]
     h1 = chain_hash(P1, chain_hash(P0))
-    assert bm.blocks[bm.hash_to_block_id[h1]].token_ids == P1
+    assert bm.blocks[bm.cached_blocks[0, h1]].token_ids == P1
     b = make_req(P0 + P1 + [42])
-    assert bm.cached_prefix(b) == []
+    assert hits_of(bm, b) == []
     admit(bm, b)
     assert b.num_cached_tokens == 0
-    assert not set(a.block_table) & set(b.block_table)
+    assert not set(table(a)) & set(table(b))
 
 
 def test_hash_collision_with_different_tokens_is_a_miss(monkeypatch):
-    monkeypatch.setattr(bm_module, "chain_hash", lambda token_ids, prefix_hash=-1: 1234)
+    monkeypatch.setattr(manager_module, "chain_hash", lambda token_ids, prefix_hash=-1: 1234)
     bm = BlockManager(8, BS)
     a = make_req(P0 + [42])
     admit(bm, a)
-    assert bm.hash_to_block_id[1234] == a.block_table[0]
+    assert bm.cached_blocks[0, 1234] == table(a)[0]
     b = make_req(P1 + [42])
-    assert bm.cached_prefix(b) == []
+    assert hits_of(bm, b) == []
     admit(bm, b)
     assert b.num_cached_tokens == 0
-    assert bm.blocks[a.block_table[0]].ref_count == 1
-    assert b.block_table[0] != a.block_table[0]
+    assert bm.blocks[table(a)[0]].ref_count == 1
+    assert table(b)[0] != table(a)[0]
 
 
 def test_tampered_block_tokens_are_a_miss():
     bm = BlockManager(8, BS)
     a = make_req(P0 + [42])
     admit(bm, a)
-    bm.blocks[a.block_table[0]].token_ids = [0, 0, 0, 0]
-    assert bm.cached_prefix(make_req(P0 + [42])) == []
+    bm.blocks[table(a)[0]].token_ids = [0, 0, 0, 0]
+    assert hits_of(bm, make_req(P0 + [42])) == []
 
 
 def test_prompt_of_exact_full_blocks_leaves_last_block_uncached():
@@ -149,10 +164,10 @@ def test_prompt_of_exact_full_blocks_leaves_last_block_uncached():
     a = make_req(P0 + P1 + P2)
     admit(bm, a)
     b = make_req(P0 + P1 + P2)
-    assert admit(bm, b) == a.block_table[:2]
+    assert admit(bm, b) == table(a)[:2]
     assert b.num_cached_tokens == 8 and b.num_new_tokens == 4
-    assert b.block_table[2] != a.block_table[2]
-    assert bm.blocks[b.block_table[2]].ref_count == 1
+    assert table(b)[2] != table(a)[2]
+    assert bm.blocks[table(b)[2]].ref_count == 1
 
 
 def test_single_full_block_prompt_gets_no_hit():
@@ -166,15 +181,15 @@ def test_deallocate_frees_in_reverse_order_to_fifo_tail_keeping_hashes():
     bm = BlockManager(6, BS)
     req = make_req(P0 + P1 + [42])
     admit(bm, req)
-    assert req.block_table == [0, 1, 2]
-    hashes = [bm.blocks[i].hash for i in range(3)]
+    assert table(req) == [0, 1, 2]
+    hashes = [block_hash(bm, i) for i in range(3)]
     bm.deallocate(req)
     assert list(bm.free_block_ids) == [3, 4, 5, 2, 1, 0]
-    assert bm.used_block_ids == set()
+    assert held_blocks(bm) == set()
     assert [bm.blocks[i].ref_count for i in range(3)] == [0, 0, 0]
-    assert [bm.blocks[i].hash for i in range(3)] == hashes
-    assert bm.hash_to_block_id[hashes[1]] == 1
-    assert req.block_table == [] and req.num_computed_tokens == 0
+    assert [block_hash(bm, i) for i in range(3)] == hashes
+    assert bm.cached_blocks[0, hashes[1]] == 1
+    assert req.block_tables == [] and req.num_computed_tokens == 0
 
 
 def test_deallocate_of_one_sharer_keeps_shared_blocks_in_use():
@@ -182,10 +197,10 @@ def test_deallocate_of_one_sharer_keeps_shared_blocks_in_use():
     a, b = make_req(P0 + P1 + [42]), make_req(P0 + P1 + [43])
     admit(bm, a)
     admit(bm, b)
-    shared, a_tail = a.block_table[:2], a.block_table[2]
+    shared, a_tail = table(a)[:2], table(a)[2]
     bm.deallocate(a)
     assert [bm.blocks[i].ref_count for i in shared] == [1, 1]
-    assert set(shared) <= bm.used_block_ids
+    assert set(shared) <= held_blocks(bm)
     assert list(bm.free_block_ids)[-1] == a_tail
     assert bm.num_free_blocks == 8 - 3
     bm.deallocate(b)
@@ -196,14 +211,14 @@ def test_freed_block_is_revived_by_identical_prefix():
     bm = BlockManager(6, BS)
     a = make_req(P0 + P1 + [42])
     admit(bm, a)
-    old = list(a.block_table)
+    old = list(table(a))
     bm.deallocate(a)
     b = make_req(P0 + P1 + [77, 78])
     assert admit(bm, b) == old[:2]
-    assert b.block_table[:2] == old[:2]
+    assert table(b)[:2] == old[:2]
     assert b.num_cached_tokens == 8
     assert [bm.blocks[i].ref_count for i in old[:2]] == [1, 1]
-    assert set(old[:2]) <= bm.used_block_ids
+    assert set(old[:2]) <= held_blocks(bm)
     assert not set(old[:2]) & set(bm.free_block_ids)
     assert bm.num_free_blocks == 6 - 3
 
@@ -216,8 +231,8 @@ def test_freed_block_reused_for_new_content_loses_old_hash():
     assert list(bm.free_block_ids) == [2, 1, 0]
     c = make_req(P2 + P1 + [7, 7, 7, 7])
     admit(bm, c)
-    assert sorted(c.block_table) == [0, 1, 2]
-    assert chain_hash(P0) not in bm.hash_to_block_id
+    assert sorted(table(c)) == [0, 1, 2]
+    assert (0, chain_hash(P0)) not in bm.cached_blocks
     assert bm.blocks[0].token_ids != P0
     bm.deallocate(c)
     d = make_req(P0 + [42])
@@ -230,10 +245,10 @@ def test_can_allocate_does_not_charge_for_in_use_hits():
     b = make_req(P0 + P1 + P2)
     admit(bm, make_req([100]))
     assert bm.num_free_blocks == 1
-    hits = bm.cached_prefix(b)
-    assert len(hits) == 2 and bm.can_allocate(b, hits)
+    hit = bm.cached_prefix(b)
+    assert len(hit.tables[0]) == 2 and bm.can_allocate(b, hit, b.num_tokens)
     admit(bm, make_req([101]))
-    assert bm.num_free_blocks == 0 and not bm.can_allocate(b, hits)
+    assert bm.num_free_blocks == 0 and not bm.can_allocate(b, hit, b.num_tokens)
 
 
 def pool_with_two_freed_cached_blocks():
@@ -249,21 +264,21 @@ def pool_with_two_freed_cached_blocks():
 
 def test_can_allocate_charges_for_revived_free_hits():
     bm, b = pool_with_two_freed_cached_blocks()
-    hits = bm.cached_prefix(b)
-    assert len(hits) == 2 and bm.num_free_blocks == 3
-    assert bm.can_allocate(b, hits)
+    hit = bm.cached_prefix(b)
+    assert len(hit.tables[0]) == 2 and bm.num_free_blocks == 3
+    assert bm.can_allocate(b, hit, b.num_tokens)
     admit(bm, make_req([102]))
-    hits = bm.cached_prefix(b)
-    assert len(hits) == 2 and bm.num_free_blocks == 2
-    assert not bm.can_allocate(b, hits)
+    hit = bm.cached_prefix(b)
+    assert len(hit.tables[0]) == 2 and bm.num_free_blocks == 2
+    assert not bm.can_allocate(b, hit, b.num_tokens)
 
 
 def test_allocate_takes_exactly_the_blocks_can_allocate_counted():
     bm, b = pool_with_two_freed_cached_blocks()
     admit(bm, b)
     assert bm.num_free_blocks == 0
-    assert len(set(b.block_table)) == 3
-    assert len(bm.used_block_ids) == 5
+    assert len(set(table(b))) == 3
+    assert len(held_blocks(bm)) == 5
 
 
 def test_can_append_needs_a_block_only_after_crossing_a_boundary():
@@ -272,10 +287,10 @@ def test_can_append_needs_a_block_only_after_crossing_a_boundary():
     admit(bm, req)
     assert bm.num_free_blocks == 0
     assert decode_step(bm, req, 4)
-    assert req.block_table == [0]
+    assert table(req) == [0]
     req.num_computed_tokens = req.num_tokens
     req.add_placeholder()
-    assert req.num_tokens == 5 and not bm.can_append(req)
+    assert req.num_tokens == 5 and not bm.can_append(req, req.num_tokens)
 
 
 def test_may_append_takes_a_block_at_the_boundary_only():
@@ -283,12 +298,12 @@ def test_may_append_takes_a_block_at_the_boundary_only():
     req = make_req(P0)
     admit(bm, req)
     assert decode_step(bm, req, 50)
-    assert len(req.block_table) == 2 and bm.num_free_blocks == 1
-    new_block = bm.blocks[req.block_table[1]]
-    assert new_block.ref_count == 1 and new_block.hash == -1
+    assert len(table(req)) == 2 and bm.num_free_blocks == 1
+    new_block = bm.blocks[table(req)[1]]
+    assert new_block.ref_count == 1 and block_hash(bm, new_block.block_id) == -1
     for t in (51, 52):
         assert decode_step(bm, req, t)
-        assert len(req.block_table) == 2 and bm.num_free_blocks == 1
+        assert len(table(req)) == 2 and bm.num_free_blocks == 1
 
 
 def test_block_filled_during_decode_is_registered_with_chained_hash():
@@ -297,12 +312,12 @@ def test_block_filled_during_decode_is_registered_with_chained_hash():
     admit(bm, req)
     for t in (51, 52, 53):
         assert decode_step(bm, req, t)
-    filled = bm.blocks[req.block_table[1]]
+    filled = bm.blocks[table(req)[1]]
     expected = chain_hash([50, 51, 52, 53], chain_hash(P0))
-    assert filled.hash == expected and filled.token_ids == [50, 51, 52, 53]
-    assert bm.hash_to_block_id[expected] == filled.block_id
+    assert block_hash(bm, filled.block_id) == expected and filled.token_ids == [50, 51, 52, 53]
+    assert bm.cached_blocks[0, expected] == filled.block_id
     follower = make_req(P0 + [50, 51, 52, 53, 9])
-    assert bm.cached_prefix(follower) == req.block_table[:2]
+    assert hits_of(bm, follower) == table(req)[:2]
 
 
 def test_block_filled_during_decode_after_unhashed_prompt_chains_whole_prefix():
@@ -311,8 +326,8 @@ def test_block_filled_during_decode_after_unhashed_prompt_chains_whole_prefix():
     admit(bm, req)
     for t in (3, 4, 5, 6, 7, 8):
         assert decode_step(bm, req, t)
-    assert bm.blocks[req.block_table[0]].hash == chain_hash([1, 2, 3, 4])
-    assert bm.blocks[req.block_table[1]].hash == chain_hash([5, 6, 7, 8], chain_hash([1, 2, 3, 4]))
+    assert block_hash(bm, table(req)[0]) == chain_hash([1, 2, 3, 4])
+    assert block_hash(bm, table(req)[1]) == chain_hash([5, 6, 7, 8], chain_hash([1, 2, 3, 4]))
 
 
 def test_may_append_registers_only_blocks_full_of_confirmed_tokens():
@@ -321,17 +336,17 @@ def test_may_append_registers_only_blocks_full_of_confirmed_tokens():
     admit(bm, req)
     req.add_placeholder()
     bm.may_append(req, 8)
-    block = bm.blocks[req.block_table[1]]
-    assert block.hash == -1
+    block = bm.blocks[table(req)[1]]
+    assert block_hash(bm, block.block_id) == -1
     req.add_placeholder()
     bm.may_append(req, 9)
-    assert len(req.block_table) == 3 and block.hash == -1
+    assert len(table(req)) == 3 and block_hash(bm, block.block_id) == -1
     req.confirm(8)
     bm.may_append(req, 9)
     expected = chain_hash([5, 6, 7, 8], chain_hash(P0))
-    assert block.hash == expected and block.token_ids == [5, 6, 7, 8]
-    assert bm.hash_to_block_id[expected] == block.block_id
-    assert bm.blocks[req.block_table[2]].hash == -1
+    assert block_hash(bm, block.block_id) == expected and block.token_ids == [5, 6, 7, 8]
+    assert bm.cached_blocks[0, expected] == block.block_id
+    assert block_hash(bm, table(req)[2]) == -1
 
 
 @pytest.mark.parametrize("prompt_len", [3, 4, 5, 8, 9, 12])
@@ -347,4 +362,4 @@ def test_never_writes_into_a_shared_block(prompt_len):
             assert decode_step(bm, req, 100 + step)
             assert_writes_go_to_private_blocks(bm, req)
             if req.num_tokens % BS:
-                assert bm.blocks[req.block_table[-1]].ref_count == 1
+                assert bm.blocks[table(req)[-1]].ref_count == 1

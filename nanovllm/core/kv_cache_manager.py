@@ -1,0 +1,331 @@
+"""Paged KV-cache bookkeeping: one pool of blocks for every cache group, with a hash-chained prefix cache."""
+
+from array import array
+from collections import deque
+from dataclasses import dataclass
+
+import xxhash
+
+from nanovllm.cache.layout import CacheGroup, CacheLayout
+from nanovllm.core.request import Request
+from nanovllm.core.state_slots import ZERO_STATE, StateSlots
+
+# a block table's entry for a block the request gave back (behind a sliding window)
+NO_BLOCK = -1
+
+
+class Block:
+    """One block of the pool: `ref_count` requests hold it; `key` (cache group, prefix hash) names its
+    content once it is full and registered (None before), and `token_ids` guard against hash collisions."""
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_count = 0
+        self.key: tuple[int, int] | None = None
+        self.token_ids: list[int] = []
+
+    def reset(self) -> None:
+        self.ref_count = 1
+        self.key = None
+        self.token_ids = []
+
+
+def chain_hash(token_ids: list[int], prefix_hash: int = -1) -> int:
+    """xxhash64 of the previous block's hash and this block's tokens: names the whole prefix."""
+    h = xxhash.xxh64()
+    if prefix_hash != -1:
+        h.update(prefix_hash.to_bytes(8, "little"))
+    h.update(array("q", token_ids).tobytes())
+    return h.intdigest()
+
+
+@dataclass
+class PrefixHit:
+    """The leading tokens of a request that the cache holds (`num_tokens`, whole blocks), per cache
+    group the block table that reads them (NO_BLOCK behind a sliding group's window), and on a model with
+    recurrent layers the slot of the state snapshot taken after them (ZERO_STATE: none, no tokens)."""
+
+    num_tokens: int
+    tables: list[list[int]]
+    state_source: int = ZERO_STATE
+
+
+class KVCacheManager:
+    """Owns the pool of KV blocks that every cache group (`CacheLayout.groups`) takes from: hands them out,
+    shares cached prefixes, gives them back.
+
+    A request holds one block table per group (`Request.block_tables`). A
+    full-attention group holds a block for every token from admission on; a
+    sliding-window group only the blocks of the window that the request's next
+    step reads (`CacheGroup.first_kept_position`, `lookback` tokens wider for
+    steps that move back over rejected drafts), taken as the step reaches them
+    and given back as the window leaves them. Free blocks wait in a FIFO and
+    keep their content, so a later request with the same prefix can revive them;
+    a block is reused for new content only once it reaches the head of the
+    queue. A prefix hit needs, in every group, the blocks its first computed
+    token reads: all of them for full attention, the window's for a sliding
+    group. With `enable_prefix_caching=False` nothing is looked up or registered.
+
+    On a model with recurrent layers the manager also keeps the `num_state_slots`
+    state slots (`StateSlots`): a request takes two on admission and gives them
+    back when it ends or is preempted, its snapshot then cached. A prefix hit
+    there also needs a snapshot of the state after its last block, so it ends
+    where an earlier request's snapshot does; a step that ends on a block
+    boundary snapshots the state.
+    """
+
+    def __init__(
+        self,
+        layout: CacheLayout,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        lookback: int = 0,
+        num_state_slots: int = 0,
+    ):
+        self.groups: tuple[CacheGroup, ...] = layout.groups
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.lookback = lookback
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.cached_blocks: dict[tuple[int, int], int] = {}  # (group, prefix hash) -> block id
+        self.free_block_ids: deque[int] = deque(range(num_blocks))
+        self.states = StateSlots(num_state_slots) if layout.has_state else None
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_block_ids)
+
+    def usage(self) -> float:
+        """The share of the pool that requests hold."""
+        return 1.0 - self.num_free_blocks / len(self.blocks)
+
+    def no_hit(self) -> PrefixHit:
+        """A hit of nothing: every token is computed."""
+        return PrefixHit(0, [[] for _ in self.groups])
+
+    def cached_prefix(self, req: Request) -> PrefixHit:
+        """The longest run of `req`'s leading full blocks that every group can read from the cache.
+
+        At least one token is always left to compute, so that the step has a
+        last position to sample from and never writes into a shared block.
+        """
+        if not self.enable_prefix_caching:
+            return self.no_hit()
+        bs = self.block_size
+        hashes = self._block_hashes(req, min(req.num_tokens - 1, len(req.token_ids)) // bs)
+        lookup = _Lookup(self, req, hashes)
+        num_blocks = len(hashes)
+        for g, group in enumerate(self.groups):
+            if group.window is None:
+                num_blocks = next((i for i in range(num_blocks) if lookup(g, i) == NO_BLOCK), num_blocks)
+        num_blocks = self._fit_windows_and_snapshots(lookup, num_blocks)
+        tables = []
+        for g, group in enumerate(self.groups):
+            first = group.first_kept_position(num_blocks * bs, 0) // bs
+            tables.append([NO_BLOCK] * first + [lookup(g, i) for i in range(first, num_blocks)])
+        return PrefixHit(num_blocks * bs, tables, lookup.snapshot(num_blocks))
+
+    def _fit_windows_and_snapshots(self, lookup: "_Lookup", num_blocks: int) -> int:
+        """The most leading blocks, at most `num_blocks`, after which every sliding group holds the blocks
+        its window reads (each missing one moves the end back to it) and, with recurrent layers, a snapshot
+        of the state was cached (the end moves back to the last one)."""
+        moved = True
+        while moved and num_blocks:
+            moved = False
+            for g, group in enumerate(self.groups):
+                first = group.first_kept_position(num_blocks * self.block_size, 0) // self.block_size
+                missing = next((i for i in reversed(range(first, num_blocks)) if lookup(g, i) == NO_BLOCK), None)
+                if missing is not None:
+                    num_blocks, moved = missing, True
+            if self.states is not None and lookup.snapshot(num_blocks) == ZERO_STATE:
+                num_blocks = next((i for i in range(num_blocks - 1, 0, -1) if lookup.snapshot(i) != ZERO_STATE), 0)
+                moved = True
+        return num_blocks
+
+    def can_allocate(self, req: Request, hit: PrefixHit, end: int) -> bool:
+        """Whether the free list covers `req`'s blocks on admission, given its prefix hit, when its first
+        step computes its tokens up to `end`."""
+        revived = sum(1 for table in hit.tables for b in table if b != NO_BLOCK and self.blocks[b].ref_count == 0)
+        new = sum(
+            max(0, self._table_length(group, req, end) - len(table)) for group, table in zip(self.groups, hit.tables)
+        )
+        if self.states is not None and not self.states.can_admit(hit.state_source):
+            return False
+        return revived + new <= self.num_free_blocks
+
+    def allocate(self, req: Request, hit: PrefixHit, end: int) -> None:
+        """Give `req` its block tables: the hit's blocks shared, the rest fresh, for its first step, which
+        computes its tokens up to `end`; the full blocks among them are registered in the prefix cache (and
+        no others, so that a later request never shares a block whose K/V is not computed yet)."""
+        assert not req.block_tables
+        for table in hit.tables:
+            for block_id in table:
+                if block_id != NO_BLOCK:
+                    self._hold(block_id)
+        req.block_tables = [list(table) for table in hit.tables]
+        req.num_cached_tokens = req.num_computed_tokens = hit.num_tokens
+        if self.states is not None:
+            self.states.admit(req, hit.state_source)
+        self.may_append(req, end)
+
+    def deallocate(self, req: Request) -> None:
+        """Drop `req`'s references, each table's last block first; freed blocks keep their content. Its
+        state slots go back, its snapshot to the prefix cache."""
+        for table in req.block_tables:
+            for block_id in reversed(table):
+                if block_id != NO_BLOCK:
+                    self._release(block_id)
+        req.block_tables = []
+        req.num_computed_tokens = 0
+        if self.states is not None:
+            self._release_state(req)
+
+    def _release_state(self, req: Request) -> None:
+        """Give `req`'s state slots back, caching its snapshot where its tokens are all confirmed (a snapshot
+        taken by a step still in flight past a placeholder is dropped)."""
+        num_blocks = req.snapshot_tokens // self.block_size
+        if not (self.enable_prefix_caching and num_blocks and req.snapshot_tokens <= len(req.token_ids)):
+            self.states.release(req, None, [])
+            return
+        self.states.release(req, self._block_hashes(req, num_blocks)[-1], req.block(num_blocks - 1))
+
+    def blocks_needed(self, req: Request, end: int, num_tokens: int | None = None) -> int:
+        """Free blocks `req` takes if its next step computes its tokens up to `end` and it then has
+        `num_tokens` tokens (default: as now), less those its windows give back then."""
+        num_tokens = req.num_tokens if num_tokens is None else num_tokens
+        needed = 0
+        for group, table in zip(self.groups, req.block_tables):
+            needed += max(0, self._table_length(group, req, end, num_tokens) - len(table))
+            needed -= sum(1 for b in self._behind_window(group, req, table) if self.blocks[b].ref_count == 1)
+        return needed
+
+    def can_append(self, req: Request, end: int) -> bool:
+        """Whether the free list covers what `req`'s next step needs, which computes its tokens up to `end`."""
+        return self.blocks_needed(req, end) <= self.num_free_blocks
+
+    def may_append(self, req: Request, end: int) -> None:
+        """Prepare `req`'s tables for a step that computes its tokens from `num_computed_tokens` up to `end`:
+        a sliding group gives back the blocks behind its window, each group takes the blocks the step writes
+        (a full group every block of the request's tokens), and the blocks full once the step ran are
+        registered.
+
+        Only confirmed tokens count: a block holding a placeholder is registered
+        by a later step, once its value is known.
+        """
+        for g, (group, table) in enumerate(zip(self.groups, req.block_tables)):
+            for i in self._behind_window_indices(group, req, table):
+                self._release(table[i])
+                table[i] = NO_BLOCK
+            for _ in range(self._table_length(group, req, end) - len(table)):
+                table.append(self._take_free_block())
+            if self.enable_prefix_caching:
+                self._register_full_blocks(g, req, min(end, len(req.token_ids)) // self.block_size)
+        if self._snapshot_due(req, end):
+            self.states.snapshot(req, end)
+
+    def _snapshot_due(self, req: Request, end: int) -> bool:
+        """Whether the step computing `req`'s tokens up to `end` leaves its state at a block boundary that its
+        snapshot is not at yet (steps with drafts, which may be rejected, take none)."""
+        return (
+            self.states is not None
+            and self.enable_prefix_caching
+            and end % self.block_size == 0
+            and end > req.snapshot_tokens
+            and not req.draft_token_ids
+        )
+
+    def chunk_end(self, start: int, end: int) -> int:
+        """Where a chunk that would compute a request's tokens from `start` up to `end` stops: with recurrent
+        layers, at the last block boundary it crosses, so that the state there can be snapshotted (the rest
+        follows in the next step); elsewhere `end`."""
+        boundary = end // self.block_size * self.block_size
+        if self.states is None or not self.enable_prefix_caching or boundary <= start:
+            return end
+        return boundary
+
+    def take_state_copies(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """The state copies of the step being scheduled: (restores before its forward, snapshots after it)."""
+        return self.states.take_copies() if self.states is not None else ([], [])
+
+    def _table_length(self, group: CacheGroup, req: Request, end: int, num_tokens: int | None = None) -> int:
+        """Blocks `group`'s table spans once a step computes up to `end`: every token's for full attention
+        (`num_tokens`, default the request's), up to `end` for a sliding window."""
+        tokens = end if group.window is not None else max(end, req.num_tokens if num_tokens is None else num_tokens)
+        return (tokens + self.block_size - 1) // self.block_size
+
+    def _behind_window_indices(self, group: CacheGroup, req: Request, table: list[int]) -> list[int]:
+        """Indices of the blocks `req` still holds in `group` that its next step's window has left."""
+        first = group.first_kept_position(req.num_computed_tokens, self.lookback) // self.block_size
+        return [i for i in range(min(first, len(table))) if table[i] != NO_BLOCK]
+
+    def _behind_window(self, group: CacheGroup, req: Request, table: list[int]) -> list[int]:
+        return [table[i] for i in self._behind_window_indices(group, req, table)]
+
+    def _block_hashes(self, req: Request, num_blocks: int) -> list[int]:
+        """The chained hashes of `req`'s first `num_blocks` blocks (full, confirmed), computed once each."""
+        hashes = req.block_hashes
+        for i in range(len(hashes), num_blocks):
+            hashes.append(chain_hash(req.block(i), hashes[-1] if hashes else -1))
+        return hashes[:num_blocks]
+
+    def _register_full_blocks(self, group: int, req: Request, num_full: int) -> None:
+        # Walk back to the last block that is registered (or given back), then register forward: most
+        # steps fill no block, and then the walk stops at once.
+        table = req.block_tables[group]
+        first = num_full
+        while first > 0 and table[first - 1] != NO_BLOCK and self.blocks[table[first - 1]].key is None:
+            first -= 1
+        if first == num_full:
+            return
+        hashes = self._block_hashes(req, num_full)
+        for i in range(first, num_full):
+            block = self.blocks[table[i]]
+            block.key = (group, hashes[i])
+            block.token_ids = req.block(i)
+            self.cached_blocks[block.key] = block.block_id
+
+    def _hold(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            self.free_block_ids.remove(block_id)
+        block.ref_count += 1
+
+    def _release(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self.free_block_ids.append(block_id)
+
+    def _take_free_block(self) -> int:
+        block_id = self.free_block_ids.popleft()
+        block = self.blocks[block_id]
+        assert block.ref_count == 0
+        if block.key is not None and self.cached_blocks.get(block.key) == block_id:
+            del self.cached_blocks[block.key]
+        block.reset()
+        return block_id
+
+
+class _Lookup:
+    """One request's blocks in the prefix cache, looked up once each: `lookup(group, i)` is the cached block
+    of the request's block i in that group, or NO_BLOCK (also where a hash collides); `snapshot(n)` the slot
+    of the cached state after its first n blocks, or ZERO_STATE."""
+
+    def __init__(self, manager: KVCacheManager, req: Request, hashes: list[int]):
+        self.manager, self.req, self.hashes = manager, req, hashes
+        self.found: dict[tuple[int, int], int] = {}
+
+    def __call__(self, group: int, i: int) -> int:
+        if (group, i) not in self.found:
+            block_id = self.manager.cached_blocks.get((group, self.hashes[i]), NO_BLOCK)
+            if block_id != NO_BLOCK and self.manager.blocks[block_id].token_ids != self.req.block(i):
+                block_id = NO_BLOCK
+            self.found[group, i] = block_id
+        return self.found[group, i]
+
+    def snapshot(self, num_blocks: int) -> int:
+        states = self.manager.states
+        if states is None or num_blocks == 0:
+            return ZERO_STATE
+        return states.snapshot_at(self.hashes[num_blocks - 1], self.req.block(num_blocks - 1))

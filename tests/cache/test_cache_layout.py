@@ -1,0 +1,59 @@
+"""Cache layout: the paged layers cut into cache groups that share one pool of equal blocks, the recurrent
+layers' state groups, and what a sequence holds in each."""
+
+import pytest
+
+from nanovllm.cache.layout import cache_layout
+from nanovllm.cache.specs import FullAttention, RecurrentState, SlidingWindow
+
+BS = 4
+WINDOW = 8
+FULL, SLIDING = FullAttention(2, 8), SlidingWindow(2, 8, WINDOW)
+ALTERNATING = cache_layout((SLIDING, FULL) * 2)
+
+
+def test_layout_cuts_each_spec_into_groups_of_the_smallest_ones_size():
+    specs = (SLIDING,) * 5 + (FULL,) + (SLIDING,) * 5 + (FULL,) + (SLIDING,) * 3
+    layout = cache_layout(specs)
+    assert layout.page_layers == 2
+    assert [(g.window, g.layers) for g in layout.groups] == [
+        (WINDOW, (0, 1)),
+        (WINDOW, (2, 3)),
+        (WINDOW, (4, 6)),
+        (WINDOW, (7, 8)),
+        (WINDOW, (9, 10)),
+        (WINDOW, (12, 13)),
+        (WINDOW, (14,)),
+        (None, (5, 11)),
+    ]
+    assert layout.group_of(11) == (7, 1) and layout.group_of(6) == (2, 1)
+    everything = cache_layout(specs, full_attention_only=True)
+    assert everything.page_layers == 15 and [g.window for g in everything.groups] == [None]
+
+
+def test_layout_skips_recurrent_layers_and_refuses_mixed_head_sizes():
+    recurrent = RecurrentState(((4, 3),), (None,))
+    layout = cache_layout((recurrent, recurrent, recurrent, FULL) * 2)
+    assert [g.layers for g in layout.groups] == [(3, 7)]
+    assert [(g.spec, g.layers) for g in layout.state_groups] == [(recurrent, (0, 1, 2, 4, 5, 6))]
+    assert layout.has_state and not ALTERNATING.has_state
+    with pytest.raises(ValueError, match=r"agree on KV heads and head size.*\(2, 8\), \(2, 16\)"):
+        cache_layout((FULL, SlidingWindow(2, 16, WINDOW)))
+
+
+def test_blocks_held_by_a_long_sequence_are_bounded_by_the_window_in_sliding_groups():
+    # Gemma 3's shape: 5 sliding layers of window 1024 to 1 full one, 34 layers
+    specs = ((SlidingWindow(4, 256, 1024),) * 5 + (FullAttention(4, 256),)) * 6
+    hybrid, full = cache_layout(specs[:34]), cache_layout(specs[:34], full_attention_only=True)
+    tokens = 32768
+    hybrid_bytes = hybrid.blocks_held(tokens, 16, 0) * hybrid.page_layers
+    full_bytes = full.blocks_held(tokens, 16, 0) * full.page_layers
+    assert full_bytes / hybrid_bytes > 5.5
+    assert hybrid.groups[0].blocks_held(tokens, 16, 0) == 1024 // 16 + 1
+    assert hybrid.groups[0].blocks_held(tokens, 16, 3, chunk=512) == (1024 - 1 + 3 + 512 + 15) // 16 + 1
+
+
+def test_longest_request_is_the_most_tokens_whose_blocks_fit():
+    for num_blocks in (2, 7, 30):
+        n = ALTERNATING.longest_request(num_blocks, BS, 0, 1, 1000)
+        assert ALTERNATING.blocks_held(n, BS, 0) <= num_blocks < ALTERNATING.blocks_held(n + 1, BS, 0)

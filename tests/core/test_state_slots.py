@@ -1,0 +1,151 @@
+"""State slots for recurrent layers, through the scheduler: two slots per running request, a snapshot at each
+block boundary a step ends on, snapshots cached when requests end and restored on a prefix hit, least
+recently used ones evicted, every slot back when requests end."""
+
+from nanovllm.cache.layout import cache_layout
+from nanovllm.cache.specs import FullAttention, RecurrentState
+from nanovllm.core.runner_output import ModelRunnerOutput
+from nanovllm.core.state_slots import ZERO_STATE
+
+from helpers.schedulers import make_req, make_scheduler
+
+RECURRENT = RecurrentState(((2, 3),), ("float32",))
+# three recurrent layers to one of full attention, as Qwen3.5 alternates them
+HYBRID = cache_layout((RECURRENT, RECURRENT, RECURRENT, FullAttention(1, 8)))
+
+
+def hybrid_scheduler(num_state_slots=8, **kwargs):
+    return make_scheduler(layout=HYBRID, num_state_slots=num_state_slots, chunked=True, **kwargs)
+
+
+def step(sched, token=50):
+    out = sched.schedule()
+    sched.update(out, ModelRunnerOutput([[token]] * len(out.sampled_req_ids)))
+    return out
+
+
+def all_slots_back(sched):
+    states = sched.kv_cache.states
+    return sorted(states.free_slots + [s.slot for s in states.cached.values()]) == list(range(states.num_slots))
+
+
+def test_a_request_takes_two_slots_and_starts_from_zeros():
+    sched = hybrid_scheduler()
+    a = make_req("a", range(2, 5))
+    sched.add_request(a)
+    out = sched.schedule()
+    assert out.state_slots == [a.state_slot] and a.state_slot != a.snapshot_slot
+    assert out.state_restores == [(ZERO_STATE, a.state_slot)] and out.state_snapshots == []
+    assert len(sched.kv_cache.states.free_slots) == 6
+
+
+def test_a_prompt_chunk_stops_at_the_last_block_boundary_it_crosses_and_snapshots_there():
+    sched = hybrid_scheduler()
+    a = make_req("a", range(2, 12))  # 10 tokens: blocks end at 4 and 8
+    sched.add_request(a)
+    out = step(sched)
+    assert out.token_ids == [list(range(2, 10))] and out.samples == [False]
+    assert out.state_snapshots == [(a.state_slot, a.snapshot_slot)] and a.snapshot_tokens == 8
+    out = step(sched)
+    assert out.token_ids == [[10, 11]] and out.samples == [True] and out.state_snapshots == []
+
+
+def test_decode_snapshots_each_block_boundary_it_reaches():
+    sched = hybrid_scheduler()
+    a = make_req("a", range(2, 5))  # 3 tokens
+    sched.add_request(a)
+    snapshots = []
+    for _ in range(6):
+        out = step(sched)
+        snapshots.append((out.num_computed_tokens[0] + len(out.token_ids[0]), out.state_snapshots))
+    assert [end for end, copies in snapshots if copies] == [4, 8]
+    assert a.snapshot_tokens == 8
+
+
+def test_a_finished_requests_snapshot_serves_the_next_turn():
+    sched = hybrid_scheduler()
+    first = make_req("a", range(2, 9), max_tokens=4)  # 7 prompt tokens + 4: a snapshot after 8
+    sched.add_request(first)
+    while sched.has_requests():
+        step(sched, token=60)
+    assert all_slots_back(sched) and len(sched.kv_cache.states.cached) == 1
+    (cached,) = sched.kv_cache.states.cached.values()
+    second = make_req("b", first.token_ids + [70, 71, 72, 73, 74])
+    sched.add_request(second)
+    out = sched.schedule()
+    assert second.num_cached_tokens == 8 and out.num_computed_tokens == [8]
+    assert out.state_restores == [(cached.slot, second.state_slot)]
+    assert cached.slot not in (second.state_slot, second.snapshot_slot)
+
+
+def test_a_hit_ends_at_the_last_snapshot_even_where_more_blocks_are_cached():
+    sched = hybrid_scheduler()
+    prompt = list(range(2, 19))  # 17 tokens: the prompt snapshots after 16
+    first = make_req("a", prompt, max_tokens=1)
+    sched.add_request(first)
+    while sched.has_requests():
+        step(sched)
+    states = sched.kv_cache.states
+    assert [s.last_block for s in states.cached.values()] == [prompt[12:16]]
+    states.cached.clear()  # as if evicted: the full-attention blocks are still cached
+    states.free_slots = list(range(states.num_slots))
+    second = make_req("b", prompt + [99])
+    sched.add_request(second)
+    out = sched.schedule()
+    assert second.num_cached_tokens == 0 and out.state_restores == [(ZERO_STATE, second.state_slot)]
+
+
+def test_a_preempted_request_resumes_from_its_own_snapshot():
+    sched = hybrid_scheduler()
+    a = make_req("a", range(2, 8))  # 6 tokens
+    sched.add_request(a)
+    for _ in range(4):
+        step(sched)  # 8, then 9 tokens computed; snapshot after 8
+    assert a.snapshot_tokens == 8
+    sched._preempt(sched.running.pop())
+    assert all_slots_back(sched)
+    out = sched.schedule()
+    assert a.num_cached_tokens == 8 and out.num_computed_tokens == [8]
+    (restore,) = out.state_restores
+    assert restore[0] != ZERO_STATE and restore[1] == a.state_slot
+
+
+def test_cached_snapshots_give_their_slots_to_new_requests_oldest_first():
+    sched = hybrid_scheduler(num_state_slots=5)
+    for name, first in (("a", 2), ("b", 30), ("c", 50)):
+        sched.add_request(make_req(name, range(first, first + 9), max_tokens=1))
+        while sched.has_requests():
+            step(sched)
+    states = sched.kv_cache.states
+    assert len(states.cached) == 3 and len(states.free_slots) == 2
+    newest = list(states.cached)[-1]
+    sched.add_request(make_req("d", range(70, 75)))
+    sched.schedule()
+    assert len(states.cached) == 3 and not states.free_slots
+    sched.add_request(make_req("e", range(80, 85)))
+    sched.schedule()
+    assert list(states.cached) == [newest]
+
+
+def test_a_request_waits_while_no_two_slots_are_free():
+    sched = hybrid_scheduler(num_state_slots=3)
+    sched.add_request(make_req("a", range(2, 5)))
+    sched.add_request(make_req("b", range(10, 13)))
+    out = sched.schedule()
+    assert out.req_ids == ["a"] and [r.request_id for r in sched.waiting] == ["b"]
+    sched.abort(["a"])
+    assert sched.schedule().req_ids == ["b"]
+    sched.abort(["b"])
+    assert all_slots_back(sched)
+
+
+def test_without_prefix_caching_no_chunk_is_cut_and_nothing_is_snapshotted():
+    sched = hybrid_scheduler(prefix_caching=False)
+    a = make_req("a", range(2, 12))
+    sched.add_request(a)
+    out = step(sched)
+    assert out.token_ids == [list(range(2, 12))] and out.state_snapshots == []
+    for _ in range(4):
+        assert step(sched).state_snapshots == []
+    sched.abort(["a"])
+    assert not sched.kv_cache.states.cached and all_slots_back(sched)
