@@ -46,6 +46,8 @@ class Context:
     seq_order: torch.Tensor | None = None  # [num_seqs]
     queries_per_seq: int = 1
     groups: tuple["Context", ...] = ()  # cache groups 1 .. G-1: their slots and block tables
+    # [num_seqs] int64: each sequence's state slot (recurrent layers; padded decode rows get the scratch slot)
+    state_slots: torch.Tensor | None = None
 
     def for_group(self, group: int) -> "Context":
         """The context of the layers of cache group `group`: this one for group 0, else that group's."""
