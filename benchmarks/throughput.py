@@ -391,7 +391,8 @@ def describe(llm: LLM) -> str:
     return (
         f"graphs {'off' if config.enforce_eager else 'on'}, chunked prefill "
         f"{'on' if config.enable_chunked_prefill else 'off'}, {llm.client.info.num_kvcache_blocks} KV blocks "
-        f"of {llm.client.info.block_size}, {llm.client.info.kv_cache_dtype} KV cache"
+        f"of {llm.client.info.block_size}, {llm.client.info.kv_cache_dtype} KV cache, "
+        f"{llm.client.stats().num_preemptions} preemptions"
     )
 
 
