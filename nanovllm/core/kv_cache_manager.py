@@ -84,6 +84,7 @@ class KVCacheManager:
         num_state_slots: int = 0,
     ):
         self.groups: tuple[CacheGroup, ...] = layout.groups
+        self._windows = [group.window for group in layout.groups]  # read at every step of every request
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.lookback = lookback
@@ -193,11 +194,17 @@ class KVCacheManager:
     def blocks_needed(self, req: Request, end: int, num_tokens: int | None = None) -> int:
         """Free blocks `req` takes if its next step computes its tokens up to `end` and it then has
         `num_tokens` tokens (default: as now), less those its windows give back then."""
-        num_tokens = req.num_tokens if num_tokens is None else num_tokens
+        bs = self.block_size
+        every = (max(end, req.num_tokens if num_tokens is None else num_tokens) + bs - 1) // bs
+        written = (end + bs - 1) // bs
         needed = 0
-        for group, table in zip(self.groups, req.block_tables):
-            needed += max(0, self._table_length(group, req, end, num_tokens) - len(table))
-            needed -= sum(1 for b in self._behind_window(group, req, table) if self.blocks[b].ref_count == 1)
+        for group, window, table in zip(self.groups, self._windows, req.block_tables):
+            if window is None:
+                needed += max(0, every - len(table))
+                continue
+            needed += max(0, written - len(table))
+            blocks = self.blocks
+            needed -= sum(1 for i in self._behind_window(group, req, table) if blocks[table[i]].ref_count == 1)
         return needed
 
     def can_append(self, req: Request, end: int) -> bool:
@@ -213,23 +220,30 @@ class KVCacheManager:
         Only confirmed tokens count: a block holding a placeholder is registered
         by a later step, once its value is known.
         """
-        for g, (group, table) in enumerate(zip(self.groups, req.block_tables)):
-            for i in self._behind_window_indices(group, req, table):
-                self._release(table[i])
-                table[i] = NO_BLOCK
-            for _ in range(self._table_length(group, req, end) - len(table)):
+        bs = self.block_size
+        every = (max(end, req.num_tokens) + bs - 1) // bs
+        written = (end + bs - 1) // bs
+        num_full = min(end, len(req.token_ids)) // bs
+        blocks = self.blocks
+        for g, (group, window, table) in enumerate(zip(self.groups, self._windows, req.block_tables)):
+            if window is not None:
+                for i in self._behind_window(group, req, table):
+                    self._release(table[i])
+                    table[i] = NO_BLOCK
+            for _ in range((every if window is None else written) - len(table)):
                 table.append(self._take_free_block())
-            if self.enable_prefix_caching:
-                self._register_full_blocks(g, req, min(end, len(req.token_ids)) // self.block_size)
-        if self._snapshot_due(req, end):
+            # most steps fill no block: then the last full one is registered already
+            last = table[num_full - 1] if num_full else NO_BLOCK
+            if self.enable_prefix_caching and last != NO_BLOCK and blocks[last].key is None:
+                self._register_full_blocks(g, req, num_full)
+        if self.states is not None and self._snapshot_due(req, end):
             self.states.snapshot(req, end)
 
     def _snapshot_due(self, req: Request, end: int) -> bool:
         """Whether the step computing `req`'s tokens up to `end` leaves its state at a block boundary that its
         snapshot is not at yet (steps with drafts, which may be rejected, take none)."""
         return (
-            self.states is not None
-            and self.enable_prefix_caching
+            self.enable_prefix_caching
             and end % self.block_size == 0
             and end > req.snapshot_tokens
             and not req.draft_token_ids
@@ -248,19 +262,25 @@ class KVCacheManager:
         """The state copies of the step being scheduled: (restores before its forward, snapshots after it)."""
         return self.states.take_copies() if self.states is not None else ([], [])
 
-    def _table_length(self, group: CacheGroup, req: Request, end: int, num_tokens: int | None = None) -> int:
-        """Blocks `group`'s table spans once a step computes up to `end`: every token's for full attention
-        (`num_tokens`, default the request's), up to `end` for a sliding window."""
-        tokens = end if group.window is not None else max(end, req.num_tokens if num_tokens is None else num_tokens)
+    def _table_length(self, group: CacheGroup, req: Request, end: int) -> int:
+        """Blocks `group`'s table spans once a step computes up to `end`: every token's for full attention,
+        up to `end` for a sliding window."""
+        tokens = end if group.window is not None else max(end, req.num_tokens)
         return (tokens + self.block_size - 1) // self.block_size
 
-    def _behind_window_indices(self, group: CacheGroup, req: Request, table: list[int]) -> list[int]:
-        """Indices of the blocks `req` still holds in `group` that its next step's window has left."""
+    def _behind_window(self, group: CacheGroup, req: Request, table: list[int]) -> range:
+        """Indices of the blocks `req` still holds in sliding `group` that its next step's window (`lookback`
+        positions wider) has left: those after the leading run it gave back already."""
         first = group.first_kept_position(req.num_computed_tokens, self.lookback) // self.block_size
-        return [i for i in range(min(first, len(table))) if table[i] != NO_BLOCK]
-
-    def _behind_window(self, group: CacheGroup, req: Request, table: list[int]) -> list[int]:
-        return [table[i] for i in self._behind_window_indices(group, req, table)]
+        # the given-back entries are a leading run: find its end by bisection
+        low, high = 0, min(first, len(table))
+        while low < high:
+            mid = (low + high) // 2
+            if table[mid] == NO_BLOCK:
+                low = mid + 1
+            else:
+                high = mid
+        return range(low, min(first, len(table)))
 
     def _block_hashes(self, req: Request, num_blocks: int) -> list[int]:
         """The chained hashes of `req`'s first `num_blocks` blocks (full, confirmed), computed once each."""
@@ -270,8 +290,7 @@ class KVCacheManager:
         return hashes[:num_blocks]
 
     def _register_full_blocks(self, group: int, req: Request, num_full: int) -> None:
-        # Walk back to the last block that is registered (or given back), then register forward: most
-        # steps fill no block, and then the walk stops at once.
+        # Walk back to the last block that is registered (or given back), then register forward.
         table = req.block_tables[group]
         first = num_full
         while first > 0 and table[first - 1] != NO_BLOCK and self.blocks[table[first - 1]].key is None:
