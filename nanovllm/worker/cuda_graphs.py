@@ -73,7 +73,8 @@ class DecodeGraphs:
         # largest first, so that smaller graphs fit in its pool
         for size, queries in sorted(shapes, key=lambda shape: -shape[0] * shape[1]):
             inputs = self.buffers.views(size, queries)
-            input_ids, src_rows, positions, slot_mapping, context_lens, temperatures, seeds, seq_order, _ = inputs
+            input_ids, src_rows, positions, slot_mapping, context_lens, temperatures, seeds, seq_order = inputs[:8]
+            state_slots = inputs[-1]
             # padding rows, as the buffers define them; the views of sizes overlap, so a larger
             # size's -1s would otherwise be read here as token ids and positions
             input_ids.zero_()
@@ -83,6 +84,8 @@ class DecodeGraphs:
             context_lens.zero_()
             temperatures.zero_()
             torch.arange(size, out=seq_order)
+            if state_slots is not None:
+                state_slots.fill_(self.buffers.scratch_state_slot)
             self.step(*inputs)  # compiles the kernels first
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool):

@@ -135,12 +135,14 @@ class DecodeStep:
         seeds: torch.Tensor,
         seq_order: torch.Tensor,
         block_tables: torch.Tensor,
+        state_slots: torch.Tensor | None = None,
         sample: bool = True,
     ) -> torch.Tensor:
         """One step over the decode buffers' views of its shape (`DecodeBuffers.views`); `sample=False`
         skips the temperature sampling where no graph needs it: an eager step that the full sampler samples."""
         # input_ids, src_rows, positions, context_lens, temperatures, seeds: [rows = size * queries];
-        # slot_mapping: [groups, rows]; seq_order: [size]; block_tables: [groups, size, width]
+        # slot_mapping: [groups, rows]; seq_order: [size]; block_tables: [groups, size, width];
+        # state_slots: [size] or None (no recurrent state)
         # -> logits [rows, vocab] with `samples`, else hidden states [rows, hidden]
         if self.verify is not None:
             positions, slot_mapping, context_lens = moved_back(
@@ -153,6 +155,7 @@ class DecodeStep:
             block_tables=block_tables[0],
             seq_order=seq_order,
             queries_per_seq=input_ids.numel() // seq_order.numel(),
+            state_slots=state_slots,
         ).with_groups(slot_mapping, block_tables)
         with forward_context(context):
             hidden_states = self.forward(input_ids, src_rows, positions)

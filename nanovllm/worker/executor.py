@@ -35,12 +35,15 @@ class LaunchedForward:
 class Executor(ABC):
     """Runs the model steps the scheduler plans.
 
-    `num_kvcache_blocks` is the KV capacity start-up found and
-    `kv_cache_dtype_name` the cache's element type ("bfloat16", "fp8_e4m3" ...);
-    `start_up` what rank 0's runner measured while starting.
+    `num_kvcache_blocks` is the KV capacity start-up found,
+    `num_state_slots` the recurrent-state slots (0 on a model without
+    recurrent layers; the same on every rank) and `kv_cache_dtype_name` the
+    cache's element type ("bfloat16", "fp8_e4m3" ...); `start_up` what rank
+    0's runner measured while starting.
     """
 
     num_kvcache_blocks: int
+    num_state_slots: int
     kv_cache_dtype_name: str
     start_up: "StartUpReport"
 

@@ -1,25 +1,35 @@
-"""How large one rank's KV cache is, and the cache built and bound to the attention layers.
+"""How large one rank's caches are (KV blocks and recurrent-state slots), and the KV cache built and bound to
+the attention layers.
 
 The start-up order sets what is measured: the model is built and warmed up
-(its activation peak recorded), then `kv_capacity` turns the memory left into
-blocks of `KVCacheSpec.block_bytes` and `bind_kv_cache` allocates them and
-hands each attention layer its views and its cache group. The capacity is
+(its activation peak recorded), then `cache_capacity` turns the memory left
+into blocks of `KVCacheSpec.block_bytes` and, on a model with recurrent
+layers, state slots of `StateCacheSpec.slot_bytes`, and `bind_kv_cache`
+allocates the blocks and hands each attention layer its views and its cache
+group. The budget is, on CUDA, gpu_memory_utilization of the device less what
+is in use and the warm-up's extra peak, and on the CPU cpu_kvcache_gb, refused
+when the part sequences can use exceeds a share of the memory available. A
+model without recurrent layers gets
 
     config.num_kvcache_blocks                               where it is set, else
     min(blocks that fit, max_num_seqs * blocks held)        the least over the ranks
 
 where blocks held are those one sequence at `context_len` tokens holds over
-every cache group (`CacheLayout.blocks_held`), and blocks that fit are, on
-CUDA, gpu_memory_utilization of the device less what is in use and the
-warm-up's extra peak, and on the CPU cpu_kvcache_gb, refused when it exceeds a
-share of the memory available. Sizing reads the cache through its bytes per
-block alone; the spec's shape comes from the attention layers and the cache
-layout (`kv_cache_spec`), the one place that reads them.
+every cache group (`CacheLayout.blocks_held`). A model with recurrent layers
+splits the budget by need: a sequence at `context_len` holds P blocks and
+(running, with its snapshot) two slots, so the slots get the share
+2 * slot_bytes / (P * block_bytes + 2 * slot_bytes), at most
+3 * max_num_seqs slots (two per running request, one more per sequence for the
+prefix cache's snapshots) and at least 2, and the blocks the rest; with
+num_kvcache_blocks set, the blocks are as given and the slots what remains.
+Sizing reads the caches through their bytes per block and per slot alone; the
+KV spec's shape comes from the attention layers and the cache layout
+(`kv_cache_spec`), the one place that reads them.
 """
 
 import os
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -31,6 +41,9 @@ from nanovllm.worker.kv_cache import KVCache, KVCacheSpec, kv_cache_dtype
 
 _GIB = 1 << 30
 _CPU_KV_CACHE_SHARE = 0.9  # of the available memory; the rest is headroom for activations
+# state slots per sequence at most: a running request's live and snapshot slots, and one for a cached snapshot
+_MOST_STATE_SLOTS_PER_SEQ = 3
+_LEAST_STATE_SLOTS = 2  # one request's live and snapshot slots
 
 
 def available_memory_bytes() -> int:
@@ -58,8 +71,12 @@ def kv_cache_spec(config: Config, attention_layers: Sequence[Attention]) -> KVCa
 def most_blocks_used(config: Config) -> int:
     """The blocks `max_num_seqs` sequences at `context_len` tokens hold at once, over every cache group:
     more than that is never used."""
-    per_sequence = config.kv_layout.blocks_held(config.context_len, config.kv_block_size, config.kv_lookback)
-    return config.max_num_seqs * per_sequence
+    return config.max_num_seqs * blocks_per_sequence(config)
+
+
+def blocks_per_sequence(config: Config) -> int:
+    """The blocks one sequence at `context_len` tokens holds over every cache group while it decodes."""
+    return config.kv_layout.blocks_held(config.context_len, config.kv_block_size, config.kv_lookback)
 
 
 def kv_capacity(config: Config, block_bytes: int, device: torch.device, world_size: int) -> int:
@@ -77,6 +94,59 @@ def kv_capacity(config: Config, block_bytes: int, device: torch.device, world_si
             f"{block_bytes / _GIB:.3f} GiB; raise it or lower block_size"
         )
     return num_blocks
+
+
+@dataclass(frozen=True)
+class CacheCapacity:
+    """What one rank's caches hold, the same on every rank: KV blocks, and state slots (0 on a model without
+    recurrent layers; the scratch slot not counted)."""
+
+    num_blocks: int
+    num_state_slots: int
+
+
+def cache_capacity(
+    config: Config, block_bytes: int, slot_bytes: int, device: torch.device, world_size: int
+) -> CacheCapacity:
+    """Blocks of `block_bytes` and state slots of `slot_bytes` (0: the model keeps no state, and the blocks are
+    `kv_capacity`'s) the caches get, the same on every rank; ValueError where the budget holds not even
+    two slots and a block."""
+    if slot_bytes == 0:
+        return CacheCapacity(kv_capacity(config, block_bytes, device, world_size), 0)
+    budget = _budget_bytes(config, device)
+    most_slots = _MOST_STATE_SLOTS_PER_SEQ * config.max_num_seqs
+    if config.num_kvcache_blocks != -1:
+        num_blocks = config.num_kvcache_blocks
+        num_slots = min(most_slots, max(budget - num_blocks * block_bytes, 0) // slot_bytes)
+    else:
+        num_slots, num_blocks = split_budget(config, budget, block_bytes, slot_bytes)
+        if device.type == "cpu":
+            _check_cpu_cache_bytes(config, num_blocks * block_bytes + num_slots * slot_bytes)
+    if world_size > 1:
+        # every rank must hold the blocks and slots rank 0's scheduler hands out
+        num_blocks = all_ranks_min(num_blocks, device)
+        num_slots = all_ranks_min(num_slots, device)
+    if num_slots < _LEAST_STATE_SLOTS or num_blocks < 1:
+        setting = "cpu_kvcache_gb" if device.type == "cpu" else "gpu_memory_utilization"
+        raise ValueError(
+            f"no room for the caches: {budget / _GIB:.3f} GiB ({setting}={getattr(config, setting)}"
+            f"{'' if device.type == 'cpu' else ' less what is in use'}) must hold {_LEAST_STATE_SLOTS} "
+            f"recurrent-state slots of {slot_bytes / _GIB:.3f} GiB and {max(config.num_kvcache_blocks, 1)} KV "
+            f"block(s) of {block_bytes / _GIB:.3f} GiB; raise {setting}, or lower num_kvcache_blocks"
+        )
+    return CacheCapacity(num_blocks, num_slots)
+
+
+def split_budget(config: Config, budget: int, block_bytes: int, slot_bytes: int) -> tuple[int, int]:
+    """(state slots, KV blocks) that `budget` bytes hold, split by what a sequence at `context_len` tokens
+    needs: P blocks and two slots, so the slots get 2 * slot_bytes / (P * block_bytes + 2 * slot_bytes) of
+    it, between 2 and 3 * max_num_seqs slots, and the blocks what is left (at most what every sequence
+    could use)."""
+    # floor(budget * share / slot_bytes), in integers
+    by_share = 2 * budget // (blocks_per_sequence(config) * block_bytes + 2 * slot_bytes)
+    num_slots = max(_LEAST_STATE_SLOTS, min(_MOST_STATE_SLOTS_PER_SEQ * config.max_num_seqs, by_share))
+    num_blocks = min(max(budget - num_slots * slot_bytes, 0) // block_bytes, most_blocks_used(config))
+    return num_slots, num_blocks
 
 
 def bind_kv_cache(
@@ -103,11 +173,28 @@ def _blocks_that_fit(config: Config, block_bytes: int, device: torch.device) -> 
     return _gpu_blocks_that_fit(config, block_bytes, device)
 
 
+def _budget_bytes(config: Config, device: torch.device) -> int:
+    """Bytes the caches may take: cpu_kvcache_gb on the CPU; on CUDA gpu_memory_utilization of the device
+    besides what is in use (weights, other processes) and the extra peak the warm-up reached (activations)."""
+    if device.type == "cpu":
+        return int(config.cpu_kvcache_gb * _GIB)
+    free, total = torch.cuda.mem_get_info(device)
+    stats = torch.cuda.memory_stats(device)
+    used_elsewhere = total - free
+    warm_up_extra = stats["allocated_bytes.all.peak"] - stats["allocated_bytes.all.current"]
+    return max(int(total * config.gpu_memory_utilization - used_elsewhere - warm_up_extra), 0)
+
+
 def _cpu_blocks_that_fit(config: Config, block_bytes: int) -> int:
     """The blocks cpu_kvcache_gb holds; ValueError when the part of them sequences can use exceeds the
     memory's share for the cache."""
-    num_blocks = int(config.cpu_kvcache_gb * _GIB) // block_bytes
-    cache_bytes = min(num_blocks, most_blocks_used(config)) * block_bytes
+    num_blocks = _budget_bytes(config, torch.device("cpu")) // block_bytes
+    _check_cpu_cache_bytes(config, min(num_blocks, most_blocks_used(config)) * block_bytes)
+    return num_blocks
+
+
+def _check_cpu_cache_bytes(config: Config, cache_bytes: int) -> None:
+    """ValueError when a CPU cache of `cache_bytes` exceeds the memory's share for the cache."""
     available = available_memory_bytes()
     allowed = _CPU_KV_CACHE_SHARE * available
     if cache_bytes > allowed:
@@ -117,22 +204,17 @@ def _cpu_blocks_that_fit(config: Config, block_bytes: int) -> int:
             f"{_CPU_KV_CACHE_SHARE:.0%} of it ({allowed / _GIB:.3g} GiB), leaving the rest for activations; "
             f"lower cpu_kvcache_gb (or set num_kvcache_blocks)"
         )
-    return num_blocks
 
 
 def _gpu_blocks_that_fit(config: Config, block_bytes: int, device: torch.device) -> int:
-    """The blocks gpu_memory_utilization of the device holds besides what is in use (weights, other
-    processes) and the extra peak the warm-up reached (activations); ValueError when not even one does."""
-    free, total = torch.cuda.mem_get_info(device)
-    stats = torch.cuda.memory_stats(device)
-    used_elsewhere = total - free
-    warm_up_extra = stats["allocated_bytes.all.peak"] - stats["allocated_bytes.all.current"]
-    budget = total * config.gpu_memory_utilization - used_elsewhere - warm_up_extra
+    """The blocks the budget on the device holds (`_budget_bytes`); ValueError when not even one does."""
+    budget = _budget_bytes(config, device)
     if budget < block_bytes:
+        total = torch.cuda.mem_get_info(device)[1]
         raise ValueError(
             f"no room for the KV cache: one block needs {block_bytes / _GIB:.3f} GiB but only "
-            f"{max(budget, 0) / _GIB:.3f} GiB is left of gpu_memory_utilization="
+            f"{budget / _GIB:.3f} GiB is left of gpu_memory_utilization="
             f"{config.gpu_memory_utilization} x {total / _GIB:.1f} GiB; raise "
             f"gpu_memory_utilization, or lower max_model_len/max_num_batched_tokens"
         )
-    return int(budget) // block_bytes
+    return budget // block_bytes

@@ -11,6 +11,7 @@ from nanovllm.config import Config
 from nanovllm.core.scheduler_output import PLACEHOLDER, SchedulerOutput
 from nanovllm.core.structured_output import GrammarBitmasks
 from nanovllm.layers.attention import Attention, make_attention_backend
+from nanovllm.layers.recurrent_state import RecurrentLayer
 from nanovllm.sample.metadata import SamplingTensors, sampling_rows, sampling_tensors, step_sampling
 from nanovllm.sample.sampler import Sampler, SamplerOutput, token_logprobs
 from nanovllm.spec_decode.verification import VerifiedDrafts, first_sampling_rows
@@ -22,10 +23,11 @@ from nanovllm.worker.decode_step import DecodeStep, DeviceInputForward
 from nanovllm.worker.executor import Executor, LaunchedForward
 from nanovllm.worker.grammar_mask_buffers import GrammarMaskBuffers
 from nanovllm.worker.kv_cache import KVCache
-from nanovllm.worker.kv_cache_sizing import bind_kv_cache, kv_cache_spec, kv_capacity
+from nanovllm.worker.kv_cache_sizing import bind_kv_cache, cache_capacity, kv_cache_spec
 from nanovllm.worker.model_loading import build_model, tensor_bytes
 from nanovllm.worker.pending_output import PendingOutput, PromptScores
 from nanovllm.worker.start_up_report import StartUpReport
+from nanovllm.worker.state_cache import StateCache, StateCacheSpec
 from nanovllm.worker.varlen_inputs import scored_tokens, varlen_inputs
 from nanovllm.worker.verify_step import VerifyStep
 from nanovllm.worker.warm_up import warm_up, warm_up_cached_prefix
@@ -38,13 +40,16 @@ class ModelRunner(Executor):
 
     Start-up runs in this order: the model is built and loaded (`build_model`);
     on CUDA the warm-up runs the largest step the config allows (`warm_up`);
-    the KV cache is sized from the memory left and bound to the attention
-    layers (`kv_capacity`, `bind_kv_cache`); the decode step's CUDA graphs are
-    captured (`DecodeGraphs`). `kv_cache_spec` is the cache's layout, `kv_cache`
-    its one allocation, `num_kvcache_blocks` its capacity and
-    `kv_cache_dtype_name` its element type as vLLM names it
-    (`KVCacheSpec.dtype_name`); `start_up` is what the runner measured while
-    starting (load time, bytes, graph capture time).
+    the KV cache (and, on a model with recurrent layers, the state cache) is
+    sized from the memory left and bound to the attention layers (and the
+    recurrent ones) (`cache_capacity`, `bind_kv_cache`, `StateCache.bind`); the
+    decode step's CUDA graphs are captured (`DecodeGraphs`). `kv_cache_spec` is
+    the cache's layout, `kv_cache` its one allocation, `num_kvcache_blocks` its
+    capacity and `kv_cache_dtype_name` its element type as vLLM names it
+    (`KVCacheSpec.dtype_name`); `state_cache` holds the recurrent states
+    (None without recurrent layers) in `num_state_slots` slots (0 without);
+    `start_up` is what the runner measured while starting (load time, bytes,
+    graph capture time).
 
     `execute` launches a step and returns without waiting for the device: the
     sampled ids stay on the device (`last_sampled`), where the next step's
@@ -53,8 +58,10 @@ class ModelRunner(Executor):
     runs packed (`varlen_inputs`); a decode step loads its inputs into
     `DecodeBuffers` and replays its graph, samples its greedy and
     plain-temperature rows itself (`DecodeStep`), and hands its logits to the
-    full sampler when some row needs more: the LM head runs once a step. A step
-    with drafts (speculative decoding) samples each drafting request at every
+    full sampler when some row needs more: the LM head runs once a step.
+    Either kind of step copies recurrent states between slots as the scheduler
+    asks: `state_restores` before its forward pass, `state_snapshots` after
+    it. A step with drafts (speculative decoding) samples each drafting request at every
     draft's position and after the last, and its drafts are checked on the
     device (`VerifyStep`); a step whose every request decodes its last token and
     its drafts is a verify step, a decode step of num_speculative_tokens + 1
@@ -73,12 +80,17 @@ class ModelRunner(Executor):
         self.device = torch.device("cuda", rank) if config.device_type == "cuda" else torch.device("cpu")
         self.dtype = config.torch_dtype
         self._join_device(store)
+        # None without recurrent layers; refuses a tensor-parallel size that splits no state evenly, before loading
+        self.state_cache_spec = StateCacheSpec.of(config.kv_layout, self.dtype, self.world_size)
+        self.state_cache: StateCache | None = None  # allocated with the KV cache
+        self.num_state_slots = 0
         torch.manual_seed(config.seed)
         self.model, load_seconds = self._timed(lambda: build_model(config, self.device, rank, self.world_size))
         backend = make_attention_backend(config.attention_impl)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         for layer in self.attention_layers:
             layer.backend = backend
+        self.recurrent_layers = [m for m in self.model.modules() if isinstance(m, RecurrentLayer)]
         self.kv_cache_spec = kv_cache_spec(config, self.attention_layers)
         self.kv_cache: KVCache | None = None  # allocated once the start-up step has measured activations
         self.sampler = Sampler()
@@ -118,10 +130,16 @@ class ModelRunner(Executor):
             )
         if self.device.type == "cuda":
             warm_up(self._run_start_up_step, self.sampler, config, self.max_sampling_rows, self.device)
-        self.num_kvcache_blocks = kv_capacity(config, self.kv_cache_spec.block_bytes, self.device, self.world_size)
+        slot_bytes = self.state_cache_spec.slot_bytes if self.state_cache_spec is not None else 0
+        capacity = cache_capacity(config, self.kv_cache_spec.block_bytes, slot_bytes, self.device, self.world_size)
+        self.num_kvcache_blocks = capacity.num_blocks
         self.kv_cache = bind_kv_cache(
             self.kv_cache_spec, self.num_kvcache_blocks, self.attention_layers, config.kv_layout, self.device
         )
+        self.num_state_slots = capacity.num_state_slots
+        if self.state_cache_spec is not None:
+            self.state_cache = self.state_cache_spec.allocate(self.num_state_slots, self.device)
+            self.state_cache.bind(self.recurrent_layers)
         self.kv_cache_dtype_name = self.kv_cache_spec.dtype_name
         num_groups = len(config.kv_layout.groups)
         if self.device.type == "cuda":
@@ -134,6 +152,7 @@ class ModelRunner(Executor):
             config.seed,
             self.verify_queries or 1,
             num_groups,
+            self.state_cache.scratch_slot if self.state_cache is not None else None,
         )
         capture_seconds = None
         if use_graphs:
@@ -143,6 +162,7 @@ class ModelRunner(Executor):
             tensor_bytes(self.model),
             load_seconds,
             self.num_kvcache_blocks * self.kv_cache_spec.block_bytes,
+            self.state_cache.nbytes if self.state_cache is not None else 0,
             capture_seconds,
         )
 
@@ -176,7 +196,10 @@ class ModelRunner(Executor):
         return f"cpu ({torch.get_num_threads()} threads)"
 
     def _run_start_up_step(self, out: SchedulerOutput) -> None:
-        """Run a start-up step (`warm_up`) to its end and forget its samples."""
+        """Run a start-up step (`warm_up`) to its end and forget its samples. On a model with recurrent layers
+        its requests have the scratch slot (which no layer reads before the state cache is bound)."""
+        if self.state_cache_spec is not None:
+            out = replace(out, state_slots=[self.num_state_slots] * len(out.req_ids))
         pending = self.execute(out)
         if pending is not None:
             pending.result()
@@ -200,8 +223,9 @@ class ModelRunner(Executor):
         """Prompt chunks and any decodes beside them, packed: hidden states of every token, and where
         each request's tokens start (cumulative query lengths)."""
         new_keys_from_cache = self.kv_cache is not None and self.kv_cache_spec.prefill_reads_cache
+        has_state = self.state_cache_spec is not None
         context, input_ids, src_rows, positions, cu_q = varlen_inputs(
-            out, self._src_rows(out), self.block_size, new_keys_from_cache, self._to_device
+            out, self._src_rows(out), self.block_size, new_keys_from_cache, self._to_device, has_state
         )
         with forward_context(context):
             hidden_states = self._forward(input_ids, src_rows, positions)
@@ -260,6 +284,7 @@ class ModelRunner(Executor):
             size,
             out.draft_token_ids,
             queries,
+            out.state_slots,
         )
         if self.graphs is not None and self.graphs.captured(size, queries):
             return self.graphs.replay(size, queries)[: n * queries]
@@ -299,11 +324,18 @@ class ModelRunner(Executor):
             return SamplerOutput(token_ids), verified
         return SamplerOutput(token_ids, *token_logprobs(step.logits, token_ids, step.num_logprobs)), verified
 
+    def _copy_states(self, pairs: list[tuple[int, int]]) -> None:
+        """The (source slot or -1 for zeros, destination slot) state copies the scheduler asks for; none (and
+        no cost) on a model without recurrent layers, whose steps ask for none."""
+        if pairs:
+            self.state_cache.copy_states(pairs)
+
     @torch.inference_mode()
     def launch_forward(self, out: SchedulerOutput, constrained: bool = False) -> LaunchedForward:
         """Queue a step's forward pass and LM head (and, in a decode step whose rows need no more, its
         sampling) without waiting for the device; `constrained`: some sampling row is held to a grammar."""
         prompt_scores = logits = num_logprobs = drafts_on_device = None
+        self._copy_states(out.state_restores)
         if out.is_decode:
             asked = None
             if self._decode_step.samples:
@@ -323,6 +355,7 @@ class ModelRunner(Executor):
                 prompt_scores = self._score_prompts(out, hidden_states, cu_q)
             hidden_states = hidden_states[self._to_device(scored_tokens(out, cu_q), torch.int64)]
             sampled_in_step = False
+        self._copy_states(out.state_snapshots)
         if out.sampled_req_ids and logits is None:
             logits = self.model.compute_logits(hidden_states)  # every rank joins the gather to rank 0
         return LaunchedForward(out, logits, sampled_in_step, prompt_scores, num_logprobs, drafts_on_device)

@@ -155,6 +155,7 @@ class TensorParallelRunner(Executor):
         self._guarded(lambda: None)  # every worker reached the rendezvous
         self.runner = self._workers.rank0 = self._guarded(lambda: ModelRunner(config, eos_token_ids, 0, store))
         self.num_kvcache_blocks = self.runner.num_kvcache_blocks
+        self.num_state_slots = self.runner.num_state_slots  # every rank's: the sizing takes the least over them
         self.kv_cache_dtype_name = self.runner.kv_cache_dtype_name
         self.start_up = self.runner.start_up
 

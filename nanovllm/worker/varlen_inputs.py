@@ -6,8 +6,9 @@ queries see the cached prefix and the request's own tokens up to theirs. The
 packed token order gives every per-token input ([tokens]: input ids, the row
 of the previous step's samples a placeholder takes its id from, positions,
 and per cache group the cache slots), and `cu_q`, the cumulative query
-lengths, says where each request's tokens start. Built on the host at each
-step and copied to the device without waiting.
+lengths, says where each request's tokens start. On a model with recurrent
+layers the context also holds each request's state slot. Built on the host at
+each step and copied to the device without waiting.
 """
 
 from itertools import accumulate, chain
@@ -20,14 +21,20 @@ from nanovllm.utils.context import Context
 
 
 def varlen_inputs(
-    out: SchedulerOutput, src_rows: list[int], block_size: int, new_keys_from_cache: bool, to_device: ToDevice
+    out: SchedulerOutput,
+    src_rows: list[int],
+    block_size: int,
+    new_keys_from_cache: bool,
+    to_device: ToDevice,
+    has_state: bool = False,
 ) -> tuple[Context, torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
     """The step's attention context (every cache group's, `Context.for_group`), input ids, source rows and
     positions ([tokens] each, int64), and `cu_q`.
 
     `src_rows[i]` is the row of the previous step's samples that holds request i's token still in flight (-1:
     none); `new_keys_from_cache`: the cache gives back other keys than it was given (FP8), so the new
-    tokens' keys are read back from it too, so that they match a cached prefix's."""
+    tokens' keys are read back from it too, so that they match a cached prefix's; `has_state`: the model has
+    recurrent layers, which read each request's `out.state_slots` entry."""
     seqlens_q = out.num_scheduled_tokens
     seqlens_k = [start + n for start, n in zip(out.num_computed_tokens, seqlens_q)]
     num_groups = len(out.block_tables[0])
@@ -55,6 +62,7 @@ def varlen_inputs(
         seqlens_q=seqlens_q,
         seqlens_k=seqlens_k,
         block_tables=None if block_tables is None else block_tables[0],  # [requests, width]
+        state_slots=to_device(out.state_slots, torch.int64) if has_state else None,  # [requests]
     ).with_groups(slot_mappings, block_tables)
     input_ids = to_device(list(chain.from_iterable(out.token_ids)), torch.int64)
     return context, input_ids, to_device(token_src_rows, torch.int64), to_device(positions, torch.int64), cu_q

@@ -1,5 +1,6 @@
 """DecodeBuffers: one decode step's inputs, padded to a graph size, in one buffer, written through
-two host buffers in turn; with several cache groups, each group's slots from its own block table."""
+two host buffers in turn; with several cache groups, each group's slots from its own block table; on a model
+with recurrent state, each sequence's state slot, padding rows the scratch slot."""
 
 import torch
 
@@ -22,9 +23,10 @@ def blocks(num_tokens: int, first_block: int) -> list[list[int]]:
 
 def test_real_rows_hold_token_position_slot_length_temperature_and_table():
     # a request of 6 tokens computes its last one at position 5; one of 9 tokens at position 8
-    ids, src, positions, slots, lens, temperatures, _, _, tables = make_buffers().load(
+    ids, src, positions, slots, lens, temperatures, _, _, tables, state_slots = make_buffers().load(
         [6, 9], [-1, -1], [5, 8], [0.0, 0.7], [blocks(6, first_block=100), blocks(9, first_block=200)], 2
     )
+    assert state_slots is None  # the model keeps no recurrent state
     assert ids.tolist() == [6, 9]
     assert temperatures.dtype == torch.float64 and temperatures.tolist() == [0.0, 0.7]
     assert src.tolist() == [-1, -1]
@@ -51,7 +53,7 @@ def test_padding_rows_are_valid_indices_after_a_smaller_step_left_other_fields_t
     buffers = make_buffers()
     for _ in range(2):
         buffers.load([30], [-1], [29], [0.5], [blocks(30, first_block=5000)], 1)
-    ids, src, positions, slots, lens, temperatures, _, _, tables = buffers.load(
+    ids, src, positions, slots, lens, temperatures, _, _, tables, _ = buffers.load(
         [3, 5], [-1, -1], [2, 4], [0.5, 0.5], [blocks(3, first_block=7), blocks(5, first_block=9)], 16
     )
     assert ids[2:].tolist() == [0] * 14
@@ -65,7 +67,7 @@ def test_padding_rows_are_valid_indices_after_a_smaller_step_left_other_fields_t
 
 
 def test_seq_order_lists_the_rows_longest_context_first_and_padding_last():
-    *_, lens, _, _, order, _ = make_buffers().load(
+    *_, lens, _, _, order, _, _ = make_buffers().load(
         [1, 2, 3], [-1, -1, -1], [4, 9, 6], [0.0] * 3, [blocks(5, 10), blocks(10, 20), blocks(7, 30)], 4
     )
     assert lens.tolist() == [5, 10, 7, 0]
@@ -75,7 +77,7 @@ def test_seq_order_lists_the_rows_longest_context_first_and_padding_last():
 def test_consecutive_loads_use_different_host_buffers_and_leave_the_previous_one_alone():
     buffers = make_buffers()
     # the device views of one size lie end to end at the buffer's start: joined, they are the copied region
-    as_int64 = lambda views: torch.cat([view.view(torch.int64).flatten() for view in views])
+    as_int64 = lambda views: torch.cat([view.view(torch.int64).flatten() for view in views if view is not None])
     first = as_int64(
         buffers.load([6, 9], [-1, -1], [5, 8], [0.6, 0.6], [blocks(6, first_block=100), blocks(9, first_block=200)], 2)
     )
@@ -108,7 +110,7 @@ def test_a_verify_step_lays_out_each_sequences_last_token_drafts_and_padding_que
     # three queries per sequence: the first has two drafts, the second one, the third none; a padding
     # sequence follows
     buffers = DecodeBuffers(16, WIDTH, BLOCK_SIZE, torch.device("cpu"), max_queries=3)
-    ids, src, positions, slots, lens, temperatures, seeds, order, tables = buffers.load(
+    ids, src, positions, slots, lens, temperatures, seeds, order, tables, _ = buffers.load(
         [PLACEHOLDER, 9, 4],
         [2, -1, -1],
         [3, 6, 1],
@@ -136,7 +138,7 @@ def test_each_cache_group_gets_its_slots_from_its_own_block_table():
     # two groups: the first holds every block, the second slides and its first block, behind every window,
     # went back to the pool (-1); a verify step of two queries, the second sequence without a draft
     buffers = DecodeBuffers(16, WIDTH, BLOCK_SIZE, torch.device("cpu"), max_queries=2, num_groups=2)
-    _, _, positions, slots, *_, tables = buffers.load(
+    _, _, positions, slots, *_, tables, _ = buffers.load(
         [5, 7],
         [-1, -1],
         [9, 2],
@@ -156,7 +158,7 @@ def test_each_cache_group_gets_its_slots_from_its_own_block_table():
     assert (tables[:, :, 3:] == -1).all() and (tables[:, 2:] == -1).all()
     # the groups' tables and slots lie where the device views of this shape read them
     device_views = buffers.views(4, 2)
-    assert device_views[3].data_ptr() == slots.data_ptr() and device_views[-1].data_ptr() == tables.data_ptr()
+    assert device_views[3].data_ptr() == slots.data_ptr() and device_views[8].data_ptr() == tables.data_ptr()
 
 
 def test_padding_rows_of_every_group_read_nothing_stale():
@@ -165,6 +167,41 @@ def test_padding_rows_of_every_group_read_nothing_stale():
     buffers = DecodeBuffers(16, WIDTH, BLOCK_SIZE, torch.device("cpu"), num_groups=2)
     for _ in range(2):
         buffers.load([1] * 8, [-1] * 8, [6] * 8, [0.0] * 8, [[[3, 4], [5, 6]]] * 8, 8)
-    _, _, _, slots, *_, tables = buffers.load([1], [-1], [1], [0.0], [[[7], [9]]], 2)
+    _, _, _, slots, *_, tables, _ = buffers.load([1], [-1], [1], [0.0], [[[7], [9]]], 2)
     assert slots.tolist() == [[7 * 4 + 1, -1], [9 * 4 + 1, -1]]
     assert tables.tolist() == [[[7] + [-1] * 7, [-1] * 8], [[9] + [-1] * 7, [-1] * 8]]
+
+
+def test_each_sequence_has_its_state_slot_and_padding_rows_the_scratch_slot():
+    # slots 0..29 and the scratch slot 30; after a step of 8 sequences, a step of 3 padded to 4
+    buffers = DecodeBuffers(16, WIDTH, BLOCK_SIZE, torch.device("cpu"), num_groups=2, scratch_state_slot=30)
+    for _ in range(2):
+        buffers.load([1] * 8, [-1] * 8, [6] * 8, [0.0] * 8, [[[3, 4], [5, 6]]] * 8, 8, state_slots=list(range(8)))
+    ids, _, positions, slots, lens, _, _, order, tables, state_slots = buffers.load(
+        [4, 5, 6],
+        [-1] * 3,
+        [1, 5, 2],
+        [0.0] * 3,
+        [[[7], [9]], [[10, 11], [12, 13]], [[14], [15]]],
+        4,
+        state_slots=[12, 3, 27],
+    )
+    assert state_slots.tolist() == [12, 3, 27, 30]
+    # the other fields lie as without state
+    assert ids.tolist() == [4, 5, 6, 0] and positions.tolist() == [1, 5, 2, 0] and lens.tolist() == [2, 6, 3, 0]
+    assert slots.tolist() == [[7 * 4 + 1, 11 * 4 + 1, 14 * 4 + 2, -1], [9 * 4 + 1, 13 * 4 + 1, 15 * 4 + 2, -1]]
+    assert order.tolist() == [1, 2, 0, 3]
+    assert tables[:, :, :2].tolist() == [
+        [[7, -1], [10, 11], [14, -1], [-1, -1]],
+        [[9, -1], [12, 13], [15, -1], [-1, -1]],
+    ]
+    # the device view of this shape is where the copy put them
+    assert buffers.views(4)[9].data_ptr() == state_slots.data_ptr()
+
+
+def test_the_state_slots_take_a_word_per_sequence_and_nothing_without_state():
+    stateless = DecodeBuffers(16, WIDTH, BLOCK_SIZE, torch.device("cpu"))
+    with_state = DecodeBuffers(16, WIDTH, BLOCK_SIZE, torch.device("cpu"), scratch_state_slot=48)
+    # per sequence: 7 per-query fields, seq_order and a table (a state slot too with state)
+    assert stateless.device.numel() == 16 * (7 + 1 + WIDTH)
+    assert with_state.device.numel() == stateless.device.numel() + 16

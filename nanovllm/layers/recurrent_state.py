@@ -1,0 +1,43 @@
+"""The mark of a layer that keeps a recurrent state per sequence, and how it gets its states from the worker.
+
+A recurrent layer (Gated DeltaNet, for example) subclasses `RecurrentLayer`;
+the worker finds such modules by this class and hands each its states once
+they are allocated. The layer never imports the worker: it runs on the views
+it is handed and on the step's `Context`.
+"""
+
+from abc import ABC, abstractmethod
+
+import torch
+from torch import nn
+
+
+class RecurrentLayer(nn.Module, ABC):
+    """A layer whose cache is a fixed-size state per sequence (`cache.specs.RecurrentState`), updated in place.
+
+    The contract with the worker:
+
+    - `bind_state_cache(states)` hands over the layer's states, once allocated:
+      state i is a view `[num_state_slots + 1, *shape_i]` of `dtype_i`, where
+      shape_i is the spec's `shapes[i]` with its first dimension divided by the
+      tensor-parallel size (this rank's share), and dtype_i the torch dtype the
+      spec names (None: the model's). Slot `num_state_slots`, the last, is a
+      scratch slot: padded decode rows read and write it, and nothing reads it back.
+    - Each forward pass reads `get_context().state_slots` ([num_seqs] int64):
+      each sequence's live slot in batch order. In a prefill (varlen) step
+      there is one per request, whose tokens `cu_seqlens_q` delimits; in a
+      decode step one per sequence, padded rows holding the scratch slot. The
+      layer starts each sequence from the state in its slot and writes the
+      state after the sequence's last token of the step back to that slot.
+    - Before binding (the start-up step that measures activations) the layer
+      runs every sequence from a zero state and stores nothing.
+    - The runner, not the layer, zeroes or restores a new request's live slot
+      before a step and copies live states to snapshot slots after it.
+
+    The worker binds these modules, in module order, to the model's recurrent
+    layers in increasing layer order (`CacheLayout.state_groups`).
+    """
+
+    @abstractmethod
+    def bind_state_cache(self, states: tuple[torch.Tensor, ...]) -> None:
+        """Keep `states`, one view `[num_state_slots + 1, *shape]` per state of the layer's spec, in its order."""
