@@ -41,10 +41,8 @@ class EngineCore:
         self.executor = make_executor(config, eos_token_ids)
         self.structured = StructuredOutputs(vocabulary)
         self.proposer = make_proposer(config, self.executor.num_kvcache_blocks)
-        self.scheduler = Scheduler(
-            config, self.executor.num_kvcache_blocks, eos_token_ids, self.structured, self.proposer
-        )
-        num_blocks = self.executor.num_kvcache_blocks
+        num_blocks, num_state_slots = self.executor.num_kvcache_blocks, self.executor.num_state_slots
+        self.scheduler = Scheduler(config, num_blocks, eos_token_ids, self.structured, self.proposer, num_state_slots)
         self.info = EngineCoreInfo(
             num_blocks,
             config.kv_block_size,
@@ -52,9 +50,10 @@ class EngineCore:
             config.model_config.vocab_size,
             self.executor.kv_cache_dtype_name,
             self.executor.start_up,
-            max_concurrency(config, num_blocks),
-            group_capacities(config, num_blocks),
+            max_concurrency(config, num_blocks, num_state_slots),
+            group_capacities(config, num_blocks, num_state_slots),
             longest_request(config, num_blocks),
+            num_state_slots,
         )
         self._block_size = config.kv_block_size
         self._in_flight: _InFlight | None = None

@@ -1,20 +1,23 @@
 """What the KV cache holds, in the terms a user sizes it by: sequences at max_model_len, tokens per cache group,
-and the longest request it can hold alone."""
+and the longest request it can hold alone. On a model with recurrent layers each running sequence also
+holds two state slots (its live state and its latest snapshot), which can bound the sequences too."""
 
 from nanovllm.config import Config
 from nanovllm.engine.messages import KVGroupCapacity
 
 
-def max_concurrency(config: Config, num_blocks: int) -> float:
-    """Sequences of max_model_len tokens the pool of `num_blocks` blocks holds at once, while they decode."""
+def max_concurrency(config: Config, num_blocks: int, num_state_slots: int) -> float:
+    """Sequences of max_model_len tokens the pool of `num_blocks` blocks (and, on a model with recurrent
+    layers, of `num_state_slots` state slots, two per sequence) holds at once, while they decode."""
     per_sequence = config.kv_layout.blocks_held(config.context_len, config.kv_block_size, config.kv_lookback)
-    return num_blocks / per_sequence
+    by_blocks = num_blocks / per_sequence
+    return min(by_blocks, num_state_slots / 2) if config.kv_layout.has_state else by_blocks
 
 
-def group_capacities(config: Config, num_blocks: int) -> list[KVGroupCapacity]:
-    """The tokens each kind of cache group holds when the pool holds `max_concurrency` sequences of
+def group_capacities(config: Config, num_blocks: int, num_state_slots: int) -> list[KVGroupCapacity]:
+    """The tokens each kind of cache group holds when the caches hold `max_concurrency` sequences of
     max_model_len tokens (groups of one spec, cut to the pool's block width, are counted as one)."""
-    concurrency = max_concurrency(config, num_blocks)
+    concurrency = max_concurrency(config, num_blocks, num_state_slots)
     capacities: dict[str, KVGroupCapacity] = {}
     for group in config.kv_layout.groups:
         held = group.blocks_held(config.context_len, config.kv_block_size, config.kv_lookback)

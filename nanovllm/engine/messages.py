@@ -96,7 +96,8 @@ class EngineCoreInfo(msgspec.Struct, frozen=True):
     `kv_cache_dtype` is the element type the KV cache was given, as vLLM names it (`KVCacheSpec.dtype_name`:
     "bfloat16" ...), and `start_up` what the model runner measured while starting. `max_concurrency` is the
     number of max_model_len-long sequences the cache holds at once, `kv_groups` what each cache group then
-    holds, and `max_request_tokens` the longest request (prompt and completion) the cache can hold alone."""
+    holds, and `max_request_tokens` the longest request (prompt and completion) the cache can hold alone.
+    `num_state_slots` is the number of recurrent-state slots (0: the model has no recurrent layers)."""
 
     num_kvcache_blocks: int
     block_size: int
@@ -107,6 +108,7 @@ class EngineCoreInfo(msgspec.Struct, frozen=True):
     max_concurrency: float
     kv_groups: list[KVGroupCapacity]
     max_request_tokens: int
+    num_state_slots: int
 
 
 class EngineCoreOutputs(msgspec.Struct, tag="outputs"):

@@ -18,9 +18,9 @@ def memory_size(num_bytes: int) -> str:
 
 def log_start_up(model: str, config: Config, info: EngineCoreInfo, seconds: float) -> None:
     """Log the model (as given, and the folder it was read from), its architecture, dtype and device, what
-    the model runner measured (weights' memory and load time, the KV cache's capacity, the CUDA graphs'
-    capture time where it captured some) and the `seconds` the whole start-up took. Rank 0's figures
-    hold for each rank of a tensor-parallel engine."""
+    the model runner measured (weights' memory and load time, the KV cache's capacity, the state cache's
+    slots on a model with recurrent layers, the CUDA graphs' capture time where it captured some) and the
+    `seconds` the whole start-up took. Rank 0's figures hold for each rank of a tensor-parallel engine."""
     report = info.start_up
     per_rank = " per rank" if config.tensor_parallel_size > 1 else ""
     given = str(model)
@@ -48,6 +48,10 @@ def log_start_up(model: str, config: Config, info: EngineCoreInfo, seconds: floa
         f"{info.max_model_len:,}",
         "; ".join(f"{g.kind} ({g.num_layers} layers) {g.tokens:,} tokens" for g in info.kv_groups),
     )
+    if info.num_state_slots:
+        logger.info(
+            "state cache: %d slots (%s%s)", info.num_state_slots, memory_size(report.state_cache_bytes), per_rank
+        )
     if report.graph_capture_seconds is not None:
         logger.info("CUDA graphs captured in %.2f s", report.graph_capture_seconds)
     logger.info("engine ready in %.1f s", seconds)
