@@ -13,6 +13,7 @@ each step and copied to the device without waiting.
 
 from itertools import accumulate, chain
 
+import numpy as np
 import torch
 
 from nanovllm.core.scheduler_output import PLACEHOLDER, SchedulerOutput
@@ -81,9 +82,14 @@ def scored_tokens(out: SchedulerOutput, cu_q: list[int]) -> list[int]:
 
 
 def _padded_tables(block_tables: list[list[list[int]]], to_device: ToDevice) -> torch.Tensor:
-    """Every request's block table of each cache group, -1 padded to the longest: [groups, requests, width]."""
-    width = max(len(table) for tables in block_tables for table in tables)
-    return to_device([[t + [-1] * (width - len(t)) for t in group] for group in zip(*block_tables)], torch.int32)
+    """Every request's block table of each cache group, -1 padded to the longest: [groups, requests, width].
+    Filled through numpy in one pass: a nested list of 256 requests' tables took torch.tensor milliseconds."""
+    by_group = list(zip(*block_tables))  # [groups][requests] -> table
+    widths = np.array([[len(table) for table in group] for group in by_group], dtype=np.int64)  # [groups, requests]
+    padded = np.full((*widths.shape, int(widths.max())), -1, dtype=np.int32)
+    entries = chain.from_iterable(chain.from_iterable(by_group))
+    padded[np.arange(padded.shape[2]) < widths[..., None]] = np.fromiter(entries, np.int32, int(widths.sum()))
+    return to_device(padded, torch.int32)
 
 
 def _slots(table: list[int], start: int, end: int, block_size: int) -> list[int]:
