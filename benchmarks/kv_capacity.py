@@ -12,7 +12,7 @@ preemptions. The physical limit is the KV memory itself: the bytes the cache
 has, over what one sequence of max_model_len tokens needs in the layers that
 read it (every token in a full layer, the window in a sliding one).
 
-    python benchmarks/kv_capacity.py [--model-shape gemma-3-4b] [--max-model-len 32768] [--output-len 64]
+    python benchmarks/kv_capacity.py [--model-shape gemma-3-4b] [--max-model-len 32768] [--output-len 1024]
                                      [--requests N]   # default: the grouped engine's capacity, rounded down
 """
 
@@ -72,7 +72,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-shape", default="gemma-3-4b", choices=sorted(SHAPES))
     parser.add_argument("--max-model-len", type=int, default=32768)
-    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--output-len", type=int, default=1024)
     parser.add_argument("--requests", type=int, default=None)
     args = parser.parse_args()
     model_dir = write_model_dir(args.model_shape)
