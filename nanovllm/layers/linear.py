@@ -66,6 +66,26 @@ def linear(
     return torch.mm(x, weight.T, out=out) if bias is None else torch.addmm(bias, x, weight.T, out=out)
 
 
+def load_fused_rows(param: nn.Parameter, loaded, shard_sizes: dict, shard_id, rank: int, ranks: int) -> None:
+    """Copy into `param` rank `rank`'s rows (of `ranks` ranks) of the shards `loaded` holds: shard `shard_id`,
+    the shards of a tuple of ids one after another, or with None every shard of `shard_sizes` (id -> the whole
+    shard's rows, in the order `param` holds each shard's rows of this rank). A block-FP8 scale holds one row
+    per `rows_per_entry` rows of the weight."""
+    parts = tuple(shard_sizes) if shard_id is None else shard_id if isinstance(shard_id, tuple) else (shard_id,)
+    unknown = [part for part in parts if part not in shard_sizes]
+    if unknown:
+        raise KeyError(f"unknown shard {unknown[0]!r}; expected one of {list(shard_sizes)}")
+    unit = getattr(param, "rows_per_entry", 1)
+    offset, start = 0, 0  # where each shard begins in this rank's parameter, and in the loaded tensor
+    for sid, full_size in shard_sizes.items():
+        full_size //= unit
+        size = full_size // ranks
+        if sid in parts:
+            param.data.narrow(0, offset, size).copy_(shard(loaded, 0, start + rank * size, size))
+            start += full_size
+        offset += size
+
+
 class LinearBase(nn.Module):
     """y = x W^T (+ b), with W stored as this rank's shard along `tp_dim` (None = replicated)."""
 
@@ -159,22 +179,10 @@ class FusedColumnParallelLinear(ColumnParallelLinear):
         self.shard_sizes = shard_sizes
 
     def weight_loader(self, param: nn.Parameter, loaded, shard_id=None) -> None:
-        """Load one shard's checkpoint tensor, or with `shard_id` None a checkpoint tensor that holds every
-        shard one after another (Phi-3 stores q|k|v and gate|up so): each shard's slice for this rank.
-        A block-FP8 scale holds one row per `rows_per_entry` rows of the weight."""
-        unit = getattr(param, "rows_per_entry", 1)
-        offset, start = 0, 0  # where each shard begins in this rank's parameter, and in the whole fused tensor
-        for sid, full_size in self.shard_sizes.items():
-            full_size //= unit
-            size = full_size // self.tp_size
-            if shard_id is None or sid == shard_id:
-                source = (start if shard_id is None else 0) + self.tp_rank * size
-                param.data.narrow(0, offset, size).copy_(shard(loaded, 0, source, size))
-                if shard_id is not None:
-                    return
-            offset, start = offset + size, start + full_size
-        if shard_id is not None:
-            raise KeyError(f"unknown shard {shard_id!r}; expected one of {list(self.shard_sizes)}")
+        """Load one shard's checkpoint tensor, a tuple of shards' held one after another (Qwen3.5 stores the
+        q|k|v of its Gated DeltaNet so, beside z, b and a), or with `shard_id` None one that holds every shard
+        (Phi-3 stores q|k|v and gate|up so): each shard's slice for this rank (`load_fused_rows`)."""
+        load_fused_rows(param, loaded, self.shard_sizes, shard_id, self.tp_rank, self.tp_size)
 
 
 class MergedColumnParallelLinear(FusedColumnParallelLinear):
@@ -185,12 +193,22 @@ class MergedColumnParallelLinear(FusedColumnParallelLinear):
 
 
 class QKVParallelLinear(FusedColumnParallelLinear):
-    """q, k and v projections in one matmul; heads and KV heads split across ranks."""
+    """q, k and v projections in one matmul; heads and KV heads split across ranks. With `output_gate` q's
+    rows hold each head's q and then its output gate, 2 * head_dim a head (Qwen3.5's q_proj)."""
 
-    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool = False):
+    def __init__(
+        self,
+        hidden_size: int,
+        head_dim: int,
+        num_heads: int,
+        num_kv_heads: int,
+        bias: bool = False,
+        output_gate: bool = False,
+    ):
         divide(num_heads, tp_size(), "attention heads")
         divide(num_kv_heads, tp_size(), "KV heads")
-        sizes = {"q": num_heads * head_dim, "k": num_kv_heads * head_dim, "v": num_kv_heads * head_dim}
+        q_rows = num_heads * head_dim * (2 if output_gate else 1)
+        sizes = {"q": q_rows, "k": num_kv_heads * head_dim, "v": num_kv_heads * head_dim}
         super().__init__(hidden_size, sizes, bias)
 
 
