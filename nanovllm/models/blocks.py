@@ -3,8 +3,9 @@ blocks, the decoder layer that owns their norms, the decoder stack and the causa
 
 What families add is an option of these parts, set by `ModelConfig`: a layer's
 sliding window and score soft-cap, norms on the blocks' outputs too (Gemma 2's
-"sandwich"), scaled embeddings, soft-capped logits, and experts in place of a
-layer's dense MLP (Qwen3-MoE, Mixtral).
+"sandwich"), scaled embeddings, soft-capped logits, experts in place of a
+layer's dense MLP (Qwen3-MoE, Mixtral), an output gate on attention and Gated
+DeltaNet (linear attention) in place of it in some layers (Qwen3.5).
 
 Each residual add is deferred into the next norm. Each block is given, when it
 is built, the norm in front of it (its decoder layer owns the norm, so the
@@ -21,6 +22,7 @@ from nanovllm.layers.attention import Attention
 from nanovllm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from nanovllm.layers.fused_moe import FusedMoE
 from nanovllm.layers.fused_projection import NormedGatedProjections, NormedProjection
+from nanovllm.layers.gated_delta_net import GatedDeltaNet
 from nanovllm.layers.layernorm import RMSNorm
 from nanovllm.layers.linear import (
     MergedColumnParallelLinear,
@@ -36,23 +38,30 @@ from nanovllm.utils.parallel import tp_size
 
 class AttentionBlock(nn.Module):
     """input_norm(x + residual) -> fused QKV projection -> q/k RMSNorm per head (config.qk_norm) and rotary
-    -> paged attention (over the last `window` tokens when given) -> output projection."""
+    -> paged attention (over the last `window` tokens when given) -> output projection. With
+    config.attn_output_gate the projection also gives each head a gate, and the attention's output is
+    multiplied by sigmoid(gate) before the output projection."""
 
     def __init__(self, config: ModelConfig, input_norm: nn.Module, rotary: RotaryEmbedding, window: int | None = None):
         super().__init__()
         self.head_dim = config.head_dim
         self.num_heads = config.num_attention_heads // tp_size()
         self.num_kv_heads = config.num_key_value_heads // tp_size()
+        self.output_gate = config.attn_output_gate
         self.qkv_proj = QKVParallelLinear(
             config.hidden_size,
             self.head_dim,
             config.num_attention_heads,
             config.num_key_value_heads,
             bias=config.qkv_bias,
+            output_gate=self.output_gate,
         )
         self.o_proj = RowParallelLinear(
             config.num_attention_heads * self.head_dim, config.hidden_size, bias=config.o_proj_bias
         )
+        # this rank's q (and gates), k and v, as the projection gives them
+        kv_size = self.num_kv_heads * self.head_dim
+        self.splits = [self.num_heads * self.head_dim * (2 if self.output_gate else 1), kv_size, kv_size]
         qk_norm = functools.partial(RMSNorm, self.head_dim, config.rms_norm_eps, config.norm_unit_offset)
         self.q_norm = qk_norm() if config.qk_norm else None
         self.k_norm = qk_norm() if config.qk_norm else None
@@ -72,13 +81,16 @@ class AttentionBlock(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Attention over input_norm(x + residual), and x + residual, the next residual."""
         # x, residual: [tokens, hidden]
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         qkv, residual = self.normed_qkv(x, residual)
-        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
+        q, k, v = qkv.split(self.splits, dim=-1)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        return self.o_proj(self.attn(positions, q, k, v, self.q_norm, self.k_norm)), residual
+        if not self.output_gate:
+            q = q.view(-1, self.num_heads, self.head_dim)
+            return self.o_proj(self.attn(positions, q, k, v, self.q_norm, self.k_norm)), residual
+        q, gate = q.view(-1, self.num_heads, 2, self.head_dim).unbind(2)  # [tokens, heads, head_dim] each
+        o = self.attn(positions, q, k, v, self.q_norm, self.k_norm).view_as(gate)
+        return self.o_proj((o * gate.sigmoid()).flatten(1)), residual
 
 
 class GatedMLP(nn.Module):
@@ -131,14 +143,30 @@ def _norm(config: ModelConfig) -> RMSNorm:
     return RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_unit_offset)
 
 
-class DecoderLayer(nn.Module):
-    """Pre-norm layer `index`: attention, then the MLP (experts where config.moe_layers names the layer),
-    each behind its RMSNorm. With config.sandwich_norms each block's output is normalised too before it
-    joins the residual stream (Gemma 2); the checkpoint then names the norms input_layernorm,
-    post_attention_layernorm (on the attention's output), pre_feedforward_layernorm and
-    post_feedforward_layernorm."""
+def _gated_delta_net(config: ModelConfig, input_norm: RMSNorm) -> GatedDeltaNet:
+    """The Gated DeltaNet of a "linear_attention" layer, behind `input_norm`; its convolution's activation is
+    the model's hidden_act (SiLU in Qwen3.5), as transformers has it."""
+    return GatedDeltaNet(
+        config.hidden_size,
+        config.linear_num_key_heads,
+        config.linear_num_value_heads,
+        config.linear_key_head_dim,
+        config.linear_value_head_dim,
+        config.linear_conv_kernel_dim,
+        config.rms_norm_eps,
+        config.hidden_act,
+        input_norm,
+    )
 
-    def __init__(self, config: ModelConfig, index: int, rotary: RotaryEmbedding):
+
+class DecoderLayer(nn.Module):
+    """Pre-norm layer `index`: attention (a Gated DeltaNet, `linear_attn`, in a "linear_attention" layer),
+    then the MLP (experts where config.moe_layers names the layer), each behind its RMSNorm. With
+    config.sandwich_norms each block's output is normalised too before it joins the residual stream (Gemma 2);
+    the checkpoint then names the norms input_layernorm, post_attention_layernorm (on the attention's output),
+    pre_feedforward_layernorm and post_feedforward_layernorm."""
+
+    def __init__(self, config: ModelConfig, index: int, rotary: RotaryEmbedding | None):
         super().__init__()
         self.input_layernorm = _norm(config)
         self.post_attention_layernorm = _norm(config)
@@ -147,14 +175,21 @@ class DecoderLayer(nn.Module):
         if self.sandwich_norms:
             self.pre_feedforward_layernorm = mlp_norm = _norm(config)
             self.post_feedforward_layernorm = _norm(config)
-        self.self_attn = AttentionBlock(config, self.input_layernorm, rotary, config.layer_window(index))
+        self.self_attn = self.linear_attn = None
+        if config.layer_types[index] == "linear_attention":
+            self.linear_attn = _gated_delta_net(config, self.input_layernorm)
+        else:
+            self.self_attn = AttentionBlock(config, self.input_layernorm, rotary, config.layer_window(index))
         mlp = SparseMoeBlock if index in config.moe_layers else GatedMLP
         self.mlp = mlp(config, mlp_norm)
 
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        x, residual = self.self_attn(positions, x, residual)
+        if self.linear_attn is None:
+            x, residual = self.self_attn(positions, x, residual)
+        else:
+            x, residual = self.linear_attn(x, residual)
         if not self.sandwich_norms:
             return self.mlp(x, residual)
         # the residual add stays deferred into the next norm: it adds the normalised output
@@ -163,14 +198,15 @@ class DecoderLayer(nn.Module):
 
 
 def rotary_embeddings(config: ModelConfig) -> dict[str, RotaryEmbedding]:
-    """One rotary embedding per layer type, which the layers of that type share: its cos/sin table holds
-    max_position_embeddings rows (268 MB in fp32 for Gemma 3's 131,072 positions and 256 dimensions), too
-    much to repeat in every layer."""
+    """One rotary embedding per attention layer type, which the layers of that type share: its cos/sin table
+    holds max_position_embeddings rows (268 MB in fp32 for Gemma 3's 131,072 positions and 256 dimensions), too
+    much to repeat in every layer. Linear-attention layers rotate nothing."""
     return {
         layer_type: RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.rope_parameters_of(layer_type), config.rotary_dim
         )
         for layer_type in dict.fromkeys(config.layer_types)
+        if layer_type != "linear_attention"
     }
 
 
@@ -183,7 +219,7 @@ class DecoderModel(nn.Module):
         self.embed_scale = config.embed_scale
         rotary = rotary_embeddings(config)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, rotary[layer_type]) for i, layer_type in enumerate(config.layer_types)
+            DecoderLayer(config, i, rotary.get(layer_type)) for i, layer_type in enumerate(config.layer_types)
         )
         self.norm = _norm(config)
 

@@ -4,7 +4,7 @@ A family file (`llama.py`, `gemma2.py`, ...) declares a `FamilySpec`: the
 defaults of transformers' config class for the fields a config.json may leave
 out (`HFDefaults`), and the traits the family fixes whatever its config says
 (norms, activation key, which layers slide, rotary of the sliding layers,
-experts, checkpoint names). `ModelConfig.from_hf` reads the spec of the
+experts, linear-attention layers, checkpoint names). `ModelConfig.from_hf` reads the spec of the
 checkpoint's architecture; every family runs on the decoder of `blocks`.
 
 This module imports neither torch nor transformers, so reading a config loads
@@ -44,6 +44,8 @@ class HFDefaults:
     final_logit_softcapping: float | None = None
     # the context a scaled rotary extends; None: the rope dict's, else max_position_embeddings
     original_max_position_embeddings: int | None = None
+    # the share of each head that rotary turns, where neither the rope dict nor the config's top level gives it
+    partial_rotary_factor: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,21 @@ class ExpertDefaults:
     # False where transformers' class for the family ignores the config's norm_topk_prob, decoder_sparse_step
     # and mlp_only_layers: the defaults above then hold whatever the config says
     config_sets_layout: bool = True
+
+
+@dataclass(frozen=True)
+class LinearAttentionDefaults:
+    """A hybrid family's defaults for its Gated DeltaNet (linear attention) layers, which sit where the
+    config's layer_types say "linear_attention", else in every layer but each full_attention_interval-th
+    (those attend over the whole sequence). Each value head reads key head h * num_key_heads //
+    num_value_heads."""
+
+    linear_num_key_heads: int
+    linear_num_value_heads: int
+    linear_key_head_dim: int
+    linear_value_head_dim: int
+    linear_conv_kernel_dim: int  # the causal depthwise convolution's width, over q, k and v
+    full_attention_interval: int
 
 
 class SlidingLayers(Enum):
@@ -118,5 +135,9 @@ class FamilySpec:
     sliding_rope_theta: float | None = None
     rope_type_aliases: Mapping[str, str] = field(default_factory=dict)  # a rope type's other names -> its name
     experts: ExpertDefaults | None = None  # None: a dense family, whose config is read for no expert field
+    # None: every layer attends, and the config is read for no linear-attention field
+    linear_attention: LinearAttentionDefaults | None = None
+    # q_proj also gives each head a gate: the attention's output times sigmoid(gate) goes to o_proj (Qwen3.5)
+    attn_output_gate: bool = False
     language_model_in_text_config: bool = False  # the settings are in the config's text_config (image-text models)
     checkpoint: CheckpointNames = field(default_factory=CheckpointNames)

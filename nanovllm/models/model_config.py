@@ -12,13 +12,31 @@ This module imports neither torch nor transformers.
 
 from dataclasses import dataclass, field
 
-from nanovllm.cache.specs import CacheSpec, FullAttention, SlidingWindow
+from nanovllm.cache.specs import CacheSpec, FullAttention, RecurrentState, SlidingWindow
 from nanovllm.models.families import family_of, supported_architecture
-from nanovllm.models.family_spec import CheckpointNames, ExpertDefaults, FamilySpec, HFDefaults, SlidingLayers
+from nanovllm.models.family_spec import (
+    CheckpointNames,
+    ExpertDefaults,
+    FamilySpec,
+    HFDefaults,
+    LinearAttentionDefaults,
+    SlidingLayers,
+)
 from nanovllm.models.quantization_config import Fp8Weights, read_quantization
 
 _SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 _LAYER_TYPES = ("full_attention", "sliding_attention")
+_HYBRID_LAYER_TYPES = ("linear_attention", "full_attention")
+# transformers' older names of the layer types of hybrid models -> theirs now
+_LEGACY_LAYER_TYPES = {"linear": "linear_attention", "mamba": "linear_attention", "attention": "full_attention"}
+# the Gated DeltaNet layers' sizes, config fields of ModelConfig's names
+_LINEAR_ATTENTION_SIZES = (
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+)
 _SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 # the keys each rope type needs besides rope_theta (and original_max_position_embeddings, which defaults)
 _ROPE_KEYS = {
@@ -69,7 +87,8 @@ class ModelConfig:
     tie_word_embeddings: bool
     qk_norm: bool  # RMSNorm on each q and k head before rotary (Qwen3, Gemma 3)
     sliding_window: int | None  # the sliding layers attend over at most this many tokens (None: no layer slides)
-    # per layer, "sliding_attention" (over sliding_window tokens) or "full_attention" (the whole sequence)
+    # per layer, "sliding_attention" (over sliding_window tokens), "full_attention" (the whole sequence) or
+    # "linear_attention" (a Gated DeltaNet: a recurrent state in place of K/V)
     layer_types: tuple[str, ...]
     layer_specs: tuple[CacheSpec, ...]  # per layer, the cache it needs (with the model's KV heads, not one rank's)
     attention_scale: float  # multiplies q.k: query_pre_attn_scalar ** -0.5 (head_dim ** -0.5 but for Gemma 2)
@@ -83,6 +102,14 @@ class ModelConfig:
     moe_intermediate_size: int  # each expert's MLP width
     norm_topk_prob: bool  # the chosen experts' weights are renormalised to sum to 1
     moe_layers: tuple[int, ...]  # the layers whose MLP is a mixture of experts; the others' is dense
+    attn_output_gate: bool  # q_proj also gives each head a gate: attention's output times sigmoid(gate) (Qwen3.5)
+    # the Gated DeltaNet layers' sizes (0 where no layer is "linear_attention"): value head h reads key head
+    # h * linear_num_key_heads // linear_num_value_heads; the convolution spans linear_conv_kernel_dim tokens
+    linear_num_key_heads: int
+    linear_num_value_heads: int
+    linear_key_head_dim: int
+    linear_value_head_dim: int
+    linear_conv_kernel_dim: int
     dtype: str | None  # the checkpoint's dtype as torch names it ("bfloat16"), None if unsaid
     weight_quantization: Fp8Weights | None  # how an FP8 checkpoint stores its linear weights (None: unquantized)
     eos_token_id: int | tuple[int, ...] | None
@@ -113,7 +140,7 @@ class ModelConfig:
 
         hidden_size, num_heads = read("hidden_size"), read("num_attention_heads")
         head_dim = read("head_dim") or hidden_size // num_heads
-        rotary_dim = _rotary_dim(hf_config, head_dim)
+        rotary_dim = _rotary_dim(hf_config, head_dim, defaults.partial_rotary_factor)
         activation_key = family.activation_key
         hidden_act = _get(hf_config, activation_key, defaults.hidden_act)
         if hidden_act not in _SUPPORTED_ACTIVATIONS:
@@ -137,6 +164,9 @@ class ModelConfig:
         num_layers = read("num_hidden_layers")
         num_kv_heads = read("num_key_value_heads") or num_heads
         sliding_window, layer_types = _sliding_layers(hf_config, family, num_layers)
+        linear = _linear_attention_fields(hf_config, family.linear_attention)
+        if family.linear_attention is not None:
+            layer_types = _hybrid_layer_types(hf_config, family.linear_attention, num_layers)
         max_position_embeddings = read("max_position_embeddings")
         rope, sliding_rope = _layer_rope_parameters(hf_config, family, max_position_embeddings, rotary_dim)
         intermediate_size = read("intermediate_size")
@@ -163,7 +193,7 @@ class ModelConfig:
             qk_norm=family.qk_norm,
             sliding_window=sliding_window,
             layer_types=layer_types,
-            layer_specs=_layer_specs(layer_types, num_kv_heads, head_dim, sliding_window),
+            layer_specs=_layer_specs(layer_types, num_kv_heads, head_dim, sliding_window, linear),
             attention_scale=_positive("query_pre_attn_scalar", read("query_pre_attn_scalar") or head_dim) ** -0.5,
             attn_logit_softcapping=_softcap(hf_config, "attn_logit_softcapping", defaults),
             final_logit_softcapping=_softcap(hf_config, "final_logit_softcapping", defaults),
@@ -171,6 +201,8 @@ class ModelConfig:
             sandwich_norms=family.sandwich_norms,
             embed_scale=hidden_size**0.5 if family.scaled_embeddings else None,
             **_moe_fields(hf_config, family.experts, intermediate_size, num_layers),
+            attn_output_gate=family.attn_output_gate,
+            **linear,
             dtype=None if dtype is None else str(dtype).removeprefix("torch."),
             weight_quantization=weight_quantization,
             eos_token_id=tuple(eos) if isinstance(eos, (list, tuple)) else eos,
@@ -274,14 +306,79 @@ def _sliding_layers(hf_config, family: FamilySpec, num_layers: int) -> tuple[int
 
 
 def _layer_specs(
-    layer_types: tuple[str, ...], num_kv_heads: int, head_dim: int, window: int | None
+    layer_types: tuple[str, ...], num_kv_heads: int, head_dim: int, window: int | None, linear: dict
 ) -> tuple[CacheSpec, ...]:
-    """The cache each layer needs: paged K/V over its window for a sliding layer, over every token otherwise."""
-    full = FullAttention(num_kv_heads, head_dim)
-    return tuple(
-        SlidingWindow(num_kv_heads, head_dim, window) if layer_type == "sliding_attention" else full
-        for layer_type in layer_types
+    """The cache each layer needs: paged K/V over its window for a sliding layer, over every token for a
+    full-attention one, and a Gated DeltaNet's states (`_gated_delta_net_state`, of the sizes in `linear`)
+    for a linear-attention one."""
+
+    def spec(layer_type: str) -> CacheSpec:
+        if layer_type == "sliding_attention":
+            return SlidingWindow(num_kv_heads, head_dim, window)
+        if layer_type == "linear_attention":
+            return _gated_delta_net_state(**linear)
+        return FullAttention(num_kv_heads, head_dim)
+
+    return tuple(spec(layer_type) for layer_type in layer_types)
+
+
+def _gated_delta_net_state(
+    linear_num_key_heads: int,
+    linear_num_value_heads: int,
+    linear_key_head_dim: int,
+    linear_value_head_dim: int,
+    linear_conv_kernel_dim: int,
+) -> RecurrentState:
+    """A Gated DeltaNet layer's states: the last kernel - 1 inputs of its convolution over q, k and v
+    ([channels, kernel - 1], in the model's dtype), and the recurrent state of each value head ([value heads,
+    key_head_dim, value_head_dim], in float32). Both split across ranks by their first dimension: a rank
+    holds its own heads' channels, q, k and v (`layers/gated_delta_net.py`)."""
+    channels = 2 * linear_num_key_heads * linear_key_head_dim + linear_num_value_heads * linear_value_head_dim
+    return RecurrentState(
+        shapes=(
+            (channels, linear_conv_kernel_dim - 1),
+            (linear_num_value_heads, linear_key_head_dim, linear_value_head_dim),
+        ),
+        dtypes=(None, "float32"),
     )
+
+
+def _linear_attention_fields(hf_config, defaults: LinearAttentionDefaults | None) -> dict:
+    """The Gated DeltaNet sizes of ModelConfig: zeros for a family without linear attention (`defaults`
+    None), else the config's with the family's defaults. ValueError for sizes the layer cannot run."""
+    if defaults is None:
+        return dict.fromkeys(_LINEAR_ATTENTION_SIZES, 0)
+    fields = {name: _whole(name, _get(hf_config, name, getattr(defaults, name))) for name in _LINEAR_ATTENTION_SIZES}
+    if fields["linear_num_value_heads"] % fields["linear_num_key_heads"]:
+        raise ValueError(
+            f"linear_num_value_heads ({fields['linear_num_value_heads']}) must be a multiple of "
+            f"linear_num_key_heads ({fields['linear_num_key_heads']}): value heads share key heads in equal groups"
+        )
+    if fields["linear_conv_kernel_dim"] < 2:
+        raise ValueError(
+            f"linear_conv_kernel_dim must be at least 2 (a convolution over earlier tokens), got "
+            f"{fields['linear_conv_kernel_dim']}"
+        )
+    return fields
+
+
+def _hybrid_layer_types(hf_config, defaults: LinearAttentionDefaults, num_layers: int) -> tuple[str, ...]:
+    """Each layer's type in a family of Gated DeltaNet and full-attention layers: the config's layer_types
+    (under transformers' current names), else every full_attention_interval-th layer attends."""
+    interval = _whole(
+        "full_attention_interval", _get(hf_config, "full_attention_interval", defaults.full_attention_interval)
+    )
+    layer_types = _get(hf_config, "layer_types", None) or [
+        "linear_attention" if (i + 1) % interval else "full_attention" for i in range(num_layers)
+    ]
+    layer_types = tuple(_LEGACY_LAYER_TYPES.get(t, t) for t in layer_types)
+    unknown = sorted(set(layer_types) - set(_HYBRID_LAYER_TYPES))
+    if unknown or len(layer_types) != num_layers:
+        raise ValueError(
+            f"layer_types must name {num_layers} layers (num_hidden_layers), each one of "
+            f"{', '.join(_HYBRID_LAYER_TYPES)}; got {list(layer_types)}"
+        )
+    return layer_types
 
 
 def _given_rope_parameters(hf_config) -> dict:
@@ -289,11 +386,12 @@ def _given_rope_parameters(hf_config) -> dict:
     return dict(_get(hf_config, "rope_parameters", None) or _get(hf_config, "rope_scaling", None) or {})
 
 
-def _rotary_dim(hf_config, head_dim: int) -> int:
+def _rotary_dim(hf_config, head_dim: int, default_factor: float) -> int:
     """The leading dimensions of each head that rotary turns, int(head_dim * partial_rotary_factor), the factor
-    read where transformers 5 reads it: from the rope dict, else from the config's top level."""
+    read where transformers 5 reads it: from the rope dict, else from the config's top level, else the family's
+    `default_factor`."""
     factor = _given_rope_parameters(hf_config).get("partial_rotary_factor")
-    factor = _get(hf_config, "partial_rotary_factor", 1.0) if factor is None else factor
+    factor = _get(hf_config, "partial_rotary_factor", default_factor) if factor is None else factor
     rotary_dim = int(head_dim * factor)
     if not 0 < factor <= 1 or rotary_dim % 2:
         raise ValueError(

@@ -52,6 +52,9 @@ def check_divisible(model_config, size: int) -> None:
         dims["MLP width (intermediate_size)"] = model_config.intermediate_size
     if model_config.moe_layers:
         dims["expert MLP width (moe_intermediate_size)"] = model_config.moe_intermediate_size
+    if model_config.linear_num_key_heads:  # Gated DeltaNet layers, split by their heads
+        dims["linear-attention key heads (linear_num_key_heads)"] = model_config.linear_num_key_heads
+        dims["linear-attention value heads (linear_num_value_heads)"] = model_config.linear_num_value_heads
     uneven = [f"{name} = {value}" for name, value in dims.items() if value % size]
     if uneven:
         raise ValueError(

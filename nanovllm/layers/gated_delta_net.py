@@ -1,0 +1,214 @@
+"""Gated DeltaNet: linear attention whose cache is a fixed-size state per sequence (Qwen3.5's
+"linear_attention" layers).
+
+For y = input_norm(x + residual), one fused projection gives q, k, v (key and value heads), z (an output
+gate per value channel), b and a (one each per value head). q, k and v run through a causal depthwise
+convolution (kernel_size tokens wide, then the activation, SiLU); then the gated delta rule
+(`kernels/torch_gated_delta.py`) reads and writes each value head's state with beta = sigmoid(b) and the
+decay g = -exp(A_log) * softplus(a + dt_bias); each head's output is RMS-normalised and multiplied by
+SiLU(z), and out_proj maps the heads back to the hidden size.
+
+Tensor parallel by heads: a rank holds key heads and the value heads that read them (value head h reads
+key head h // (value heads / key heads), so contiguous shares of both agree), the rows of the fused
+projection, the convolution's channels, A_log and dt_bias that belong to them, and out_proj's columns
+(one all-reduce). A rank's convolution channels are its q, k and v, in that order, as its states hold them.
+
+The states, bound by the worker (`RecurrentLayer`): the convolution's last kernel_size - 1 inputs
+[slots + 1, channels, kernel_size - 1] in the model's dtype, and the recurrent state [slots + 1, value
+heads, key_head_dim, value_head_dim] in fp32. Each sequence starts from its slot (`Context.state_slots`)
+and leaves its state there. The recurrence runs in plain PyTorch on every device for now.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nanovllm.kernels.torch_causal_conv import causal_conv_step, causal_conv_varlen
+from nanovllm.kernels.torch_gated_delta import gated_delta_rule
+from nanovllm.layers.activation import ACTIVATIONS
+from nanovllm.layers.fused_projection import NormedProjection
+from nanovllm.layers.layernorm import rms_norm
+from nanovllm.layers.linear import FusedColumnParallelLinear, RowParallelLinear, divide, load_fused_rows
+from nanovllm.layers.recurrent_state import RecurrentLayer
+from nanovllm.utils.context import Context, get_context
+from nanovllm.utils.loader import shard
+from nanovllm.utils.parallel import tp_rank, tp_size
+
+
+class GatedRMSNorm(nn.Module):
+    """weight * RMSNorm(x) * SiLU(gate) over each head's values: the norm in fp32, the gate's product too."""
+
+    def __init__(self, head_dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(head_dim), requires_grad=False)
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        # x, gate: [tokens, heads, head_dim]
+        return (rms_norm(x, self.weight, self.eps) * F.silu(gate.float())).to(x.dtype)
+
+
+class DepthwiseConvWeight(nn.Module):
+    """The causal convolution's weight [channels of this rank, 1, kernel_size], as checkpoints hold it for every
+    channel (q | k | v one after another): a rank loads its own q, k and v channels."""
+
+    def __init__(self, channel_sizes: dict[str, int], kernel_size: int):
+        super().__init__()
+        self.channel_sizes, self.rank, self.ranks = channel_sizes, tp_rank(), tp_size()
+        channels = sum(channel_sizes.values()) // self.ranks
+        self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id=None) -> None:
+        load_fused_rows(param, loaded, self.channel_sizes, None, self.rank, self.ranks)
+
+
+def _per_head(num_heads: int) -> nn.Parameter:
+    """An fp32 parameter of one value per value head of this rank (A_log, dt_bias), whose loader copies the
+    rank's share of the checkpoint's values of every head."""
+    param = nn.Parameter(torch.empty(num_heads, dtype=torch.float32), requires_grad=False)
+    start = tp_rank() * num_heads
+
+    def load(target: nn.Parameter, loaded, shard_id=None) -> None:
+        target.data.copy_(shard(loaded, 0, start, num_heads))
+
+    param.weight_loader = load
+    return param
+
+
+class GatedDeltaNet(RecurrentLayer):
+    """Gated DeltaNet over input_norm(x + residual); returns its output and x + residual, the next residual.
+    `input_norm` (owned by the decoder layer) runs with the fused projection (`NormedProjection`)."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_key_heads: int,
+        num_value_heads: int,
+        key_head_dim: int,
+        value_head_dim: int,
+        conv_kernel_size: int,
+        eps: float,
+        activation: str,
+        input_norm: nn.Module,
+    ):
+        super().__init__()
+        ranks = tp_size()
+        self.num_key_heads = divide(num_key_heads, ranks, "linear-attention key heads")
+        self.num_value_heads = divide(num_value_heads, ranks, "linear-attention value heads")
+        self.key_head_dim, self.value_head_dim = key_head_dim, value_head_dim
+        key_dim, value_dim = num_key_heads * key_head_dim, num_value_heads * value_head_dim
+        channel_sizes = {"q": key_dim, "k": key_dim, "v": value_dim}
+        self.in_proj = FusedColumnParallelLinear(
+            hidden_size, {**channel_sizes, "z": value_dim, "b": num_value_heads, "a": num_value_heads}
+        )
+        self.conv1d = DepthwiseConvWeight(channel_sizes, conv_kernel_size)
+        self.A_log = _per_head(self.num_value_heads)  # the decay rate of each head's state, as log(A)
+        self.dt_bias = _per_head(self.num_value_heads)
+        self.norm = GatedRMSNorm(value_head_dim, eps)
+        self.out_proj = RowParallelLinear(value_dim, hidden_size)
+        self.activation = ACTIVATIONS[activation]
+        self.normed_in_proj = NormedProjection(input_norm, self.in_proj)
+        # this rank's q, k, v (the convolution's channels), z, b and a, as the fused projection gives them
+        rank_key_dim, rank_value_dim = self.num_key_heads * key_head_dim, self.num_value_heads * value_head_dim
+        self.splits = [2 * rank_key_dim + rank_value_dim, rank_value_dim, self.num_value_heads, self.num_value_heads]
+        self.channel_splits = [rank_key_dim, rank_key_dim, rank_value_dim]
+        self.conv_state: torch.Tensor | None = None  # [slots + 1, channels, kernel_size - 1], the model's dtype
+        self.recurrent_state: torch.Tensor | None = None  # [slots + 1, value heads, key_head_dim, value_head_dim], fp32
+
+    def bind_state_cache(self, states: tuple[torch.Tensor, ...]) -> None:
+        """Keep the convolution's and the recurrence's states (`RecurrentLayer`)."""
+        conv_state, recurrent_state = states
+        assert conv_state.shape[1:] == (self.splits[0], self.conv1d.weight.size(-1) - 1)
+        assert recurrent_state.shape[1:] == (self.num_value_heads, self.key_head_dim, self.value_head_dim)
+        self.conv_state, self.recurrent_state = conv_state, recurrent_state
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        # x, residual: [tokens, hidden] -> [tokens, hidden], [tokens, hidden]
+        projected, residual = self.normed_in_proj(x, residual)
+        mixed, z, b, a = projected.split(self.splits, dim=-1)
+        context = get_context()
+        q, k, v = self._convolve(mixed, context).split(self.channel_splits, dim=-1)
+        tokens = x.size(0)
+        q = q.view(tokens, self.num_key_heads, self.key_head_dim)
+        k = k.view(tokens, self.num_key_heads, self.key_head_dim)
+        v = v.view(tokens, self.num_value_heads, self.value_head_dim)
+        g = -self.A_log.exp() * F.softplus(a.float() + self.dt_bias)  # [tokens, value heads], <= 0
+        out = self._recur(q, k, v, g, b.sigmoid(), context).to(x.dtype)  # [tokens, value heads, value_head_dim]
+        out = self.norm(out, z.view_as(out))
+        return self.out_proj(out.flatten(1)), residual
+
+    def _slots(self, context: Context, num_seqs: int) -> torch.Tensor | None:
+        """Each sequence's state slot, None before the states are bound (they then start from zeros)."""
+        if self.conv_state is None:
+            return None
+        assert context.state_slots is not None and context.state_slots.numel() == num_seqs
+        return context.state_slots
+
+    def _convolve(self, mixed: torch.Tensor, context: Context) -> torch.Tensor:
+        """The activated causal convolution of each sequence's new q, k and v channels, from its state, the
+        state after its last token written back to its slot."""
+        # mixed: [tokens, channels] -> [tokens, channels]
+        weight = self.conv1d.weight[:, 0]  # [channels, kernel_size]
+        num_seqs = context.cu_seqlens_q.numel() - 1 if context.is_prefill else mixed.size(0)
+        slots = self._slots(context, num_seqs)
+        if slots is None:
+            states = mixed.new_zeros(num_seqs, mixed.size(1), weight.size(1) - 1)
+        else:
+            states = self.conv_state[slots]
+        if context.is_prefill:
+            out, states = causal_conv_varlen(mixed, weight, states, context.cu_seqlens_q)
+        else:
+            out, states = causal_conv_step(mixed, weight, states)
+        if slots is not None:
+            self.conv_state[slots] = states.to(self.conv_state.dtype)
+        return self.activation(out)
+
+    def _recur(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, context: Context
+    ) -> torch.Tensor:
+        """The gated delta rule over each sequence's new tokens from its state, the state after its last
+        token written back to its slot; fp32 outputs [tokens, value heads, value_head_dim]."""
+        if not context.is_prefill:  # one token per sequence
+            return self._recur_batch(*(t.unsqueeze(1) for t in (q, k, v, g, beta)), context)[:, 0]
+        # sequences padded to the longest: padding (g = 0, beta = 0) leaves a state as it is
+        seq, step, num_seqs = _token_places(context, q.size(0))
+        batch = (num_seqs, context.max_seqlen_q)
+        return self._recur_batch(*(_padded(t, seq, step, batch) for t in (q, k, v, g, beta)), context)[seq, step]
+
+    def _recur_batch(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, context: Context
+    ) -> torch.Tensor:
+        """`gated_delta_rule` over a batch of sequences, one per state slot, from their slots' states (zeros
+        before binding), which it then updates."""
+        # q, k: [seqs, steps, key heads, dk]; v: [seqs, steps, value heads, dv]; g, beta: [seqs, steps, value heads]
+        num_seqs = q.size(0)
+        slots = self._slots(context, num_seqs)
+        if slots is None:
+            state = q.new_zeros(
+                num_seqs, self.num_value_heads, self.key_head_dim, self.value_head_dim, dtype=torch.float32
+            )
+        else:
+            state = self.recurrent_state[slots]
+        out, state = gated_delta_rule(q, k, v, g, beta, state)
+        if slots is not None:
+            self.recurrent_state[slots] = state
+        return out
+
+
+def _token_places(context: Context, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Each packed token's sequence and step within it (`cu_seqlens_q` delimits the sequences), and the
+    number of sequences."""
+    cu_seqlens = context.cu_seqlens_q
+    num_seqs = cu_seqlens.numel() - 1
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+    seq = torch.repeat_interleave(torch.arange(num_seqs, device=cu_seqlens.device), lengths, output_size=num_tokens)
+    step = torch.arange(num_tokens, device=cu_seqlens.device) - cu_seqlens[seq]
+    return seq, step, num_seqs
+
+
+def _padded(x: torch.Tensor, seq: torch.Tensor, step: torch.Tensor, batch: tuple[int, int]) -> torch.Tensor:
+    """Packed tokens' rows `x` [tokens, ...] placed at (sequence, step) of a zero tensor [*batch, ...]."""
+    out = x.new_zeros(*batch, *x.shape[1:])
+    out[seq, step] = x
+    return out
