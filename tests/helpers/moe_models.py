@@ -1,16 +1,24 @@
-"""Tiny mixture-of-experts models saved with transformers, the prompts their tests share, and the names of
-the tensors a checkpoint holds."""
+"""Tiny mixture-of-experts models saved with transformers (a Mixtral and a Qwen3-MoE among them), the prompts
+their tests share, and the names of the tensors a checkpoint holds."""
 
 import os
 
 import torch
 from safetensors import safe_open
-from transformers import AutoModelForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 
 from helpers.prompts import random_prompts
 from helpers.tiny_models import save_tiny_tokenizer, tiny_config
 
 PROMPTS = random_prompts([3, 17, 40, 70])
+# eight experts of width 32 (Mixtral's experts are intermediate_size wide), top-2
+MIXTRAL_EXPERTS = dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32)
 
 
 def save_moe(path, config_class, model_class, **fields) -> str:
@@ -22,6 +30,28 @@ def save_moe(path, config_class, model_class, **fields) -> str:
     model.to(torch.float32).save_pretrained(path)
     save_tiny_tokenizer(path)
     return str(path)
+
+
+def save_mixtral(path, **fields) -> str:
+    """A tiny Mixtral of MIXTRAL_EXPERTS in every layer, with its published tensor names (block_sparse_moe,
+    w1/w2/w3); `fields` add to its config."""
+    return save_moe(path, MixtralConfig, MixtralForCausalLM, **MIXTRAL_EXPERTS, **fields)
+
+
+def save_qwen3_moe(path) -> str:
+    """A tiny Qwen3-MoE of four layers, the first dense (mlp_only_layers), the others with 8 experts of width
+    32, top-2, renormalised (norm_topk_prob, as the published Qwen3-MoE checkpoints)."""
+    return save_moe(
+        path,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+        num_hidden_layers=4,
+        mlp_only_layers=[0],
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+    )
 
 
 def save_stacked(model_dir: str, path) -> str:

@@ -37,6 +37,20 @@ def tiny_config(max_positions: int = 1024) -> dict:
     )
 
 
+def save_model(path, config_class, model_class, randomize_biases: bool = False, **fields) -> str:
+    """A tiny random model of `model_class` (`tiny_config` and `fields`) in fp32 with its tokenizer; with
+    `randomize_biases`, its biases drawn at random."""
+    torch.manual_seed(0)
+    model = model_class(config_class(**{**tiny_config(), **fields}))
+    if randomize_biases:  # transformers starts biases at zero, which would hide a bias left out
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias"):
+                parameter.data.normal_(0.0, 0.5)
+    model.to(torch.float32).save_pretrained(path)
+    save_tiny_tokenizer(path)
+    return str(path)
+
+
 def save_tiny_model(path, arch: str = "qwen3", tie: bool = False, seed: int = 0) -> None:
     """Save a random-init tiny model of `arch` ('qwen3' or 'llama') in fp32 with its tokenizer."""
     torch.manual_seed(seed)

@@ -28,19 +28,7 @@ from helpers.family_checks import (
 )
 from helpers.hf_reference import hf_greedy
 from helpers.prompts import random_prompts
-from helpers.tiny_models import save_tiny_tokenizer, tiny_config
-
-
-def save_model(path, config_class, model_class, randomize_biases: bool = False, **fields) -> str:
-    torch.manual_seed(0)
-    model = model_class(config_class(**{**tiny_config(), **fields}))
-    if randomize_biases:  # transformers starts biases at zero, which would hide a bias left out
-        for name, parameter in model.named_parameters():
-            if name.endswith("bias"):
-                parameter.data.normal_(0.0, 0.5)
-    model.to(torch.float32).save_pretrained(path)
-    save_tiny_tokenizer(path)
-    return str(path)
+from helpers.tiny_models import save_model, tiny_config
 
 
 @pytest.mark.slow

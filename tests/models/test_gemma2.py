@@ -3,42 +3,19 @@ over 24 tokens: greedy tokens across the window, with prefix-cache hits, chunked
 the soft-capped logits' log-probabilities."""
 
 import pytest
-import torch
-from transformers import Gemma2Config, Gemma2ForCausalLM
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.config import Config
 
 from helpers.family_checks import ENGINE, GREEDY, assert_cached_prefix_matches_transformers
+from helpers.gemma_models import WINDOW, save_gemma2
 from helpers.hf_reference import hf_greedy, hf_logprobs
 from helpers.prompts import random_prompts, token_ids
-from helpers.tiny_models import save_tiny_tokenizer, tiny_config
-
-WINDOW = 24
 
 
 @pytest.fixture(scope="module")
 def gemma2_dir(tmp_path_factory):
-    """Four layers (sliding, full, sliding, full); a soft-cap of 4 that these attention scores reach, and
-    a query scale (query_pre_attn_scalar 24) other than head_dim's; norm weights drawn at random, as
-    transformers starts them at 0 (a scale of 1 + 0), which would hide a norm read as `weight`."""
-    path = tmp_path_factory.mktemp("tiny-gemma2")
-    fields = dict(
-        tiny_config(),
-        num_hidden_layers=4,
-        sliding_window=WINDOW,
-        attn_logit_softcapping=4.0,
-        final_logit_softcapping=5.0,
-        query_pre_attn_scalar=24,
-    )
-    torch.manual_seed(0)
-    model = Gemma2ForCausalLM(Gemma2Config(**fields))
-    for name, parameter in model.named_parameters():
-        if name.endswith("norm.weight"):
-            parameter.data.normal_(0.0, 0.3)
-    model.to(torch.float32).save_pretrained(path)
-    save_tiny_tokenizer(path)
-    return str(path)
+    return save_gemma2(tmp_path_factory.mktemp("tiny-gemma2"))
 
 
 def generate(model_dir, prompts, params=GREEDY, **engine):

@@ -4,68 +4,25 @@ checkpoint run as its language model, greedy tokens across the window, with pref
 prefill, two ranks and the Triton kernels interpreted."""
 
 import pytest
-import torch
-from transformers import Gemma3Config, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma3TextConfig
 
 from nanovllm import LLM
 from nanovllm.cache.specs import FullAttention, SlidingWindow
 from nanovllm.models.model_config import ModelConfig
 
 from helpers.family_checks import ENGINE, GREEDY, assert_cached_prefix_matches_transformers, greedy
+from helpers.gemma_models import WINDOW, save_gemma3, save_gemma3_image_text
 from helpers.hf_reference import hf_greedy
 from helpers.prompts import random_prompts
-from helpers.tiny_models import save_tiny_tokenizer, tiny_config
-
-WINDOW = 24
-TEXT_FIELDS = dict(
-    tiny_config(),
-    num_hidden_layers=6,  # layers 0-4 slide, layer 5 is global
-    sliding_window=WINDOW,
-    query_pre_attn_scalar=24,
-    rope_theta=10000.0,
-    rope_local_base_freq=500.0,
-    rope_scaling={"rope_type": "linear", "factor": 4.0},
-)
-
-
-def randomize_norms(model: torch.nn.Module) -> None:
-    """Norm weights drawn at random: transformers starts them at 0 (a scale of 1 + 0), which would hide a
-    norm read as `weight`, q/k norms among them."""
-    for name, parameter in model.named_parameters():
-        if name.endswith("norm.weight"):
-            parameter.data.normal_(0.0, 0.3)
 
 
 @pytest.fixture(scope="module")
 def gemma3_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-gemma3")
-    torch.manual_seed(0)
-    model = Gemma3ForCausalLM(Gemma3TextConfig(**TEXT_FIELDS))
-    randomize_norms(model)
-    model.to(torch.float32).save_pretrained(path)
-    save_tiny_tokenizer(path)
-    return str(path)
+    return save_gemma3(tmp_path_factory.mktemp("tiny-gemma3"))
 
 
 @pytest.fixture(scope="module")
 def gemma3_image_text_dir(tmp_path_factory):
-    """An image-text checkpoint with a tiny vision tower, which the engine does not load."""
-    path = tmp_path_factory.mktemp("tiny-gemma3-image-text")
-    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
-    config = Gemma3Config(
-        text_config=TEXT_FIELDS,
-        vision_config=dict(vision, image_size=28, patch_size=14),
-        mm_tokens_per_image=4,
-        image_token_index=TEXT_FIELDS["vocab_size"] - 1,
-        boi_token_index=TEXT_FIELDS["vocab_size"] - 2,
-        eoi_token_index=TEXT_FIELDS["vocab_size"] - 3,
-    )
-    torch.manual_seed(1)
-    model = Gemma3ForConditionalGeneration(config)
-    randomize_norms(model)
-    model.to(torch.float32).save_pretrained(path)
-    save_tiny_tokenizer(path)
-    return str(path)
+    return save_gemma3_image_text(tmp_path_factory.mktemp("tiny-gemma3-image-text"))
 
 
 # shorter than the window, around it, and three windows long; 24 new tokens each cross the window

@@ -4,21 +4,17 @@ from transformers 5's stacked experts in 16-token prefill chunks, with prefix-ca
 with a sliding window that the prompts run past."""
 
 import pytest
-from transformers import MixtralConfig, MixtralForCausalLM
 
 from nanovllm.config import Config
 
 from helpers.family_checks import GREEDY, assert_matches_transformers, greedy, prompts_with_a_shared_prefix
 from helpers.hf_reference import hf_greedy
-from helpers.moe_models import PROMPTS, save_moe, save_stacked, tensor_names
-
-# eight experts of width 32 (Mixtral's experts are intermediate_size wide), top-2
-EXPERTS = dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32)
+from helpers.moe_models import PROMPTS, save_mixtral, save_stacked, tensor_names
 
 
 @pytest.fixture(scope="module")
 def mixtral_dir(tmp_path_factory):
-    return save_moe(tmp_path_factory.mktemp("tiny-mixtral"), MixtralConfig, MixtralForCausalLM, **EXPERTS)
+    return save_mixtral(tmp_path_factory.mktemp("tiny-mixtral"))
 
 
 def test_the_checkpoint_names_the_block_sparse_moe_and_its_experts_w1_w2_w3(mixtral_dir):
@@ -42,6 +38,6 @@ def test_stacked_experts_match_transformers_in_chunks_with_cached_prefixes_and_a
 
 def test_a_context_past_the_sliding_window_matches_transformers(tmp_path):
     # every layer attends over 24 tokens, as Mistral's; prompts and their 24 new tokens run past it
-    model_dir = save_moe(tmp_path / "windowed", MixtralConfig, MixtralForCausalLM, sliding_window=24, **EXPERTS)
+    model_dir = save_mixtral(tmp_path / "windowed", sliding_window=24)
     prompts = PROMPTS[1:3]
     assert greedy(model_dir, prompts) == hf_greedy(model_dir, prompts, GREEDY.max_tokens)

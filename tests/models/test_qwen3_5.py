@@ -10,13 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import (
-    AutoConfig,
-    Qwen3_5Config,
-    Qwen3_5ForCausalLM,
-    Qwen3_5ForConditionalGeneration,
-    Qwen3_5TextConfig,
-)
+from transformers import AutoConfig, Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
 from nanovllm import LLM, SamplingParams
 from nanovllm.cache.specs import FullAttention, RecurrentState
@@ -35,62 +29,20 @@ from helpers.engine_probes import record_preemptions
 from helpers.family_checks import ENGINE, GREEDY, greedy
 from helpers.hf_reference import hf_greedy
 from helpers.prompts import random_prompts, token_ids
-from helpers.tiny_models import save_tiny_tokenizer, tiny_config
+from helpers.qwen3_5_models import LAYER_TYPES, save_qwen3_5, save_qwen3_5_image_text
 
-LAYER_TYPES = (["linear_attention"] * 3 + ["full_attention"]) * 2
-FIELDS = dict(
-    tiny_config(),
-    num_hidden_layers=len(LAYER_TYPES),
-    layer_types=LAYER_TYPES,
-    # two key heads, each read by two value heads: the grouping and a two-rank split both show
-    linear_num_key_heads=2,
-    linear_num_value_heads=4,
-    linear_key_head_dim=16,
-    linear_value_head_dim=8,
-    linear_conv_kernel_dim=4,
-    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
-)
 CONV_CHANNELS = 2 * 2 * 16 + 4 * 8  # q and k of two key heads, v of four value heads
 BLOCK_SIZE = 16
-IMAGE_TEXT_TOKENS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
-
-
-def randomize(model: torch.nn.Module) -> None:
-    """Norm weights and dt_bias drawn at random: transformers starts the decoder's norms at 0 (a scale of
-    1 + 0), the Gated DeltaNet's own at 1 and dt_bias at 1, which would hide a norm read with the wrong offset
-    or a per-head parameter given to the wrong head."""
-    for name, parameter in model.named_parameters():
-        if name.endswith("linear_attn.norm.weight"):
-            parameter.data.uniform_(0.5, 1.5)
-        elif name.endswith("norm.weight"):
-            parameter.data.normal_(0.0, 0.3)
-        elif name.endswith("dt_bias"):
-            parameter.data.uniform_(-1.0, 1.0)
 
 
 @pytest.fixture(scope="module")
 def qwen3_5_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-qwen3_5")
-    torch.manual_seed(0)
-    model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**FIELDS))
-    randomize(model)
-    model.to(torch.float32).save_pretrained(path)
-    save_tiny_tokenizer(path)
-    return str(path)
+    return save_qwen3_5(tmp_path_factory.mktemp("tiny-qwen3_5"))
 
 
 @pytest.fixture(scope="module")
 def qwen3_5_image_text_dir(tmp_path_factory):
-    """An image-text checkpoint with a tiny vision tower, which the engine does not load."""
-    path = tmp_path_factory.mktemp("tiny-qwen3_5-image-text")
-    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=64, patch_size=14)
-    special = {name: FIELDS["vocab_size"] - 1 - i for i, name in enumerate(IMAGE_TEXT_TOKENS)}
-    torch.manual_seed(1)
-    model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=FIELDS, vision_config=vision, **special))
-    randomize(model)
-    model.to(torch.float32).save_pretrained(path)
-    save_tiny_tokenizer(path)
-    return str(path)
+    return save_qwen3_5_image_text(tmp_path_factory.mktemp("tiny-qwen3_5-image-text"))
 
 
 @pytest.fixture(scope="module")

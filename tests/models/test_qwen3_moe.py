@@ -19,24 +19,12 @@ from nanovllm.utils.parallel import tensor_parallel
 from helpers.engine_probes import record_preemptions
 from helpers.family_checks import ENGINE, GREEDY, greedy
 from helpers.hf_reference import hf_greedy
-from helpers.moe_models import PROMPTS, save_moe, save_stacked, tensor_names
+from helpers.moe_models import PROMPTS, save_moe, save_qwen3_moe, save_stacked, tensor_names
 
 
 @pytest.fixture(scope="module")
 def qwen3_moe_dir(tmp_path_factory):
-    """Four layers, the first dense (mlp_only_layers), the others with 8 experts of width 32, top-2,
-    renormalised (norm_topk_prob, as the published Qwen3-MoE checkpoints)."""
-    return save_moe(
-        tmp_path_factory.mktemp("tiny-qwen3-moe"),
-        Qwen3MoeConfig,
-        Qwen3MoeForCausalLM,
-        num_hidden_layers=4,
-        mlp_only_layers=[0],
-        num_experts=8,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        norm_topk_prob=True,
-    )
+    return save_qwen3_moe(tmp_path_factory.mktemp("tiny-qwen3-moe"))
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,59 @@
+"""Tiny random Qwen3.5 models saved with transformers: three Gated DeltaNet layers to one gated
+full-attention layer, twice, as a text model and as an image-text checkpoint."""
+
+import torch
+from transformers import Qwen3_5Config, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3_5TextConfig
+
+from helpers.tiny_models import save_tiny_tokenizer, tiny_config
+
+LAYER_TYPES = (["linear_attention"] * 3 + ["full_attention"]) * 2
+FIELDS = dict(
+    tiny_config(),
+    num_hidden_layers=len(LAYER_TYPES),
+    layer_types=LAYER_TYPES,
+    # two key heads, each read by two value heads: the grouping and a two-rank split both show
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=8,
+    linear_conv_kernel_dim=4,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+)
+IMAGE_TEXT_TOKENS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+
+
+def randomize(model: torch.nn.Module) -> None:
+    """Norm weights and dt_bias drawn at random: transformers starts the decoder's norms at 0 (a scale of
+    1 + 0), the Gated DeltaNet's own at 1 and dt_bias at 1, which would hide a norm read with the wrong offset
+    or a per-head parameter given to the wrong head."""
+    for name, parameter in model.named_parameters():
+        if name.endswith("linear_attn.norm.weight"):
+            parameter.data.uniform_(0.5, 1.5)
+        elif name.endswith("norm.weight"):
+            parameter.data.normal_(0.0, 0.3)
+        elif name.endswith("dt_bias"):
+            parameter.data.uniform_(-1.0, 1.0)
+
+
+def _save(model: torch.nn.Module, path) -> str:
+    randomize(model)
+    model.to(torch.float32).save_pretrained(path)
+    save_tiny_tokenizer(path)
+    return str(path)
+
+
+def save_qwen3_5(path) -> str:
+    """The text model (Qwen3_5ForCausalLM) of FIELDS."""
+    torch.manual_seed(0)
+    return _save(Qwen3_5ForCausalLM(Qwen3_5TextConfig(**FIELDS)), path)
+
+
+def save_qwen3_5_image_text(path) -> str:
+    """An image-text checkpoint of FIELDS' text model with a tiny vision tower, which the engine does not
+    load."""
+    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=64, patch_size=14)
+    special = {name: FIELDS["vocab_size"] - 1 - i for i, name in enumerate(IMAGE_TEXT_TOKENS)}
+    torch.manual_seed(1)
+    return _save(
+        Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=FIELDS, vision_config=vision, **special)), path
+    )
