@@ -1,5 +1,6 @@
 """What the model families' tests share: a tiny engine's greedy tokens, and checks of them against
-transformers' on the same weights with prefix-cache hits, prefill chunks and two ranks."""
+transformers' on the same weights with prefix-cache hits (a second turn among them), prefill chunks and two
+ranks."""
 
 from nanovllm import LLM, SamplingParams
 
@@ -21,6 +22,25 @@ def assert_cached_prefix_matches_transformers(model_dir: str, **engine) -> None:
     llm.close()
     assert output.num_cached_tokens == 48
     assert output.outputs[0].token_ids == hf_greedy(model_dir, [second], GREEDY.max_tokens)[0]
+
+
+def assert_second_turn_matches_transformers(model_dir: str, **engine) -> None:
+    """A second turn that resends a 40-token first turn and its 24-token greedy answer, then 5 new tokens,
+    gives transformers' greedy tokens in the same engine, and reads from the prefix cache every whole block
+    whose K/V the first turn computed: its prompt and answer but the answer's last token, which was sampled
+    and never fed back (63 tokens, 3 blocks of 16: a fourth block cached would be one that holds no K/V
+    for its last token)."""
+    settings = {**ENGINE, **engine}
+    prompt, follow_up = random_prompts([40, 5], seed=7)
+    llm = LLM(model_dir, **settings)
+    [first] = llm.generate([prompt], GREEDY, use_tqdm=False)
+    answer = first.outputs[0].token_ids
+    second_turn = prompt + answer + follow_up
+    [second] = llm.generate([second_turn], GREEDY, use_tqdm=False)
+    llm.close()
+    computed = len(prompt) + len(answer) - 1
+    assert second.num_cached_tokens == computed // settings["block_size"] * settings["block_size"]
+    assert second.outputs[0].token_ids == hf_greedy(model_dir, [second_turn], GREEDY.max_tokens)[0]
 
 
 def greedy(model_dir: str, prompts, **engine) -> list[list[int]]:
