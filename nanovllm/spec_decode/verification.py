@@ -15,9 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import accumulate
 
+import numpy as np
 import torch
 
-ToDevice = Callable[[list, torch.dtype], torch.Tensor]
+ToDevice = Callable[[list | np.ndarray, torch.dtype], torch.Tensor]  # host values -> a device tensor, queued
 
 
 @dataclass

@@ -4,6 +4,7 @@ sampling."""
 import time
 from dataclasses import replace
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -205,11 +206,16 @@ class ModelRunner(Executor):
             pending.result()
         self._last_sampled_rows = {}
 
-    def _to_device(self, values: list, dtype: torch.dtype) -> torch.Tensor:
+    def _to_device(self, values: list | np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         # pinned memory comes from PyTorch's caching host allocator, which keeps a
         # block from reuse until the copy queued from it has run
         pin = self.device.type == "cuda"
-        return torch.tensor(values, dtype=dtype, pin_memory=pin).to(self.device, non_blocking=True)
+        if isinstance(values, np.ndarray):  # torch.tensor cannot pin an array's copy itself
+            host = torch.from_numpy(values).to(dtype)
+            host = host.pin_memory() if pin else host
+        else:
+            host = torch.tensor(values, dtype=dtype, pin_memory=pin)
+        return host.to(self.device, non_blocking=True)
 
     def _src_rows(self, out: SchedulerOutput) -> list[int]:
         """Per request: the row of the previous step's samples that holds its input token still in flight (its
