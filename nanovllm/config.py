@@ -153,8 +153,7 @@ class Config:
     block_size: int | None = _option(
         None,
         "tokens per KV-cache block, a power of two >= 16, and the prefix cache's unit (a prompt shares only whole "
-        "blocks with an earlier one); unset or -1: 16 on CUDA (256 with attention_backend='flash_attn'), 256 on "
-        "the CPU, whose PyTorch attention makes one call per run of consecutive blocks",
+        "blocks with an earlier one); unset or -1: 16 (256 with attention_backend='flash_attn')",
         type=int,
     )
     kv_cache_dtype: str = _option(
@@ -444,8 +443,8 @@ class Config:
     def _resolve_block_size(self) -> int:
         if self.block_size not in (None, -1):
             return self.block_size
-        # small blocks let chats share their prefixes; the CPU's attention pays per run of blocks
-        return 16 if self.device_type == "cuda" and self.attention_backend != "flash_attn" else 256
+        # small blocks let chats share their prefixes; flash-attn's paged layout needs 256
+        return 256 if self.attention_backend == "flash_attn" else 16
 
     def _resolve_token_budget(self) -> int:
         if self.max_num_batched_tokens != -1:

@@ -66,7 +66,7 @@ def test_every_serve_flag_says_what_it_does():
         ("--max-num-batched-tokens", "-1: 16384 on CUDA, 256 on the CPU"),
         ("--master-port", "0: $MASTER_PORT if set, else a free port"),
         ("--shutdown-timeout", "0: end them at once"),
-        ("--block-size", "unset or -1: 16 on CUDA"),
+        ("--block-size", "unset or -1: 16 (256 with"),
     ],
 )
 def test_flags_say_what_their_special_values_mean(flag, meaning):

@@ -26,7 +26,7 @@ def test_defaults_follow_the_design(qwen3_dir):
         config.tensor_parallel_size,
         config.kv_block_size,
         config.num_kvcache_blocks,
-    ) == (256, 512, 0.9, 1, 256, -1)
+    ) == (256, 512, 0.9, 1, 16, -1)
     assert config.block_size is None  # the device's default, resolved into kv_block_size
     assert (config.device_type, config.attention_impl) == ("cpu", "torch")
     # max_model_len defaults to the model's max_position_embeddings (1024 here), at most 4096
@@ -201,9 +201,9 @@ def test_small_power_of_two_blocks_are_accepted(qwen3_dir):
 
 
 @pytest.mark.parametrize("block_size", [None, -1])
-def test_the_block_size_default_is_16_tokens_on_cuda_and_256_on_the_cpu(qwen3_dir, monkeypatch, block_size):
+def test_the_block_size_default_is_16_tokens_on_cuda_and_on_the_cpu(qwen3_dir, monkeypatch, block_size):
     config = Config(qwen3_dir, device="cpu", block_size=block_size)
-    assert (config.block_size, config.kv_block_size) == (block_size, 256)  # the option stays as given
+    assert (config.block_size, config.kv_block_size) == (block_size, 16)  # the option stays as given
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert Config(qwen3_dir, device="cuda", block_size=block_size).kv_block_size == 16

@@ -4,10 +4,13 @@ Cache layout: k_cache, v_cache: [num_blocks, block_size, kv_heads, head_dim];
 token t of a sequence lives in block `block_table[t // block_size]` at offset
 `t % block_size`, i.e. flat slot `block_id * block_size + offset`.
 
-The cache is read in place, never gathered: a run of consecutive block ids is
-one strided view of the cache, each query attends over each run (and over its
-own new tokens) separately, and the partial results are combined by their
-log-sum-exp, the way a paged flash-attention kernel combines its tiles.
+A sequence whose blocks lie in one run of consecutive ids is read in place, as
+one strided view of the cache; one whose blocks are scattered (small blocks,
+handed out to several growing sequences in turn) is gathered into one tensor
+first, since a call per block would cost more than the copy. Each query attends
+over its cached keys and over its own new tokens separately, and the partial
+results are combined by their log-sum-exp, the way a paged flash-attention
+kernel combines its tiles.
 
 An FP8 cache (`fp8_kv`) comes with its scales, k_scale, v_scale: [num_blocks,
 kv_heads, block_size]; each run is dequantized to the queries' dtype as it is
@@ -143,7 +146,8 @@ def _view(cache: torch.Tensor, first: int, offset: int, num_tokens: int) -> torc
 
 
 class _CacheReader:
-    """One layer's paged K/V, read a run of blocks at a time as [kv_heads, tokens, d] in `dtype`."""
+    """One layer's paged K/V, read as [kv_heads, tokens, d] in `dtype`: a run of consecutive blocks in place,
+    scattered blocks gathered."""
 
     def __init__(
         self,
@@ -153,17 +157,33 @@ class _CacheReader:
         v_scale: torch.Tensor | None,
         dtype: torch.dtype,
     ):
-        self.k, self.v = _heads_first(k_cache), _heads_first(v_cache)
-        # scales: [num_blocks, kv_heads, block_size] -> views [kv_heads, num_blocks, block_size]
-        self.scales = None if k_scale is None else (k_scale.transpose(0, 1), v_scale.transpose(0, 1))
+        # caches: [num_blocks, block_size, kv_heads, d]; scales: [num_blocks, kv_heads, block_size]
+        self.caches, self.scales = (k_cache, v_cache), None if k_scale is None else (k_scale, v_scale)
         self.dtype = dtype
         self.block_size = k_cache.size(1)
 
     def run(self, first: int, offset: int, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-        k, v = _view(self.k, first, offset, num_tokens), _view(self.v, first, offset, num_tokens)
+        """`num_tokens` tokens from `offset` in block `first`, of a run of consecutive blocks, read in place."""
+        k, v = (_view(_heads_first(cache), first, offset, num_tokens) for cache in self.caches)
         if self.scales is None:
             return k, v
-        k_scale, v_scale = (_view(s, first, offset, num_tokens) for s in self.scales)
+        # scales: views [kv_heads, num_blocks, block_size]
+        k_scale, v_scale = (_view(scale.transpose(0, 1), first, offset, num_tokens) for scale in self.scales)
+        return dequantize_heads(k, k_scale, self.dtype), dequantize_heads(v, v_scale, self.dtype)
+
+    def gather(self, block_ids: list[int], offset: int, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`num_tokens` tokens from `offset` in the first of `block_ids`, in order, copied block by block
+        (one index_select over the leading dimension each)."""
+        ids = torch.tensor(block_ids, device=self.caches[0].device)
+        tokens = slice(offset, offset + num_tokens)
+        # [blocks, block_size, kv_heads, d] -> [kv_heads, tokens, d]
+        k, v = (cache.index_select(0, ids).flatten(0, 1)[tokens].transpose(0, 1) for cache in self.caches)
+        if self.scales is None:
+            return k, v
+        # [blocks, kv_heads, block_size] -> [kv_heads, tokens]
+        k_scale, v_scale = (
+            scale.index_select(0, ids).transpose(0, 1).flatten(1, 2)[:, tokens] for scale in self.scales
+        )
         return dequantize_heads(k, k_scale, self.dtype), dequantize_heads(v, v_scale, self.dtype)
 
 
@@ -178,9 +198,17 @@ def _attend_cached(
     q_pos: torch.Tensor | None = None,
 ) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
     """Attention of q ([heads, q_len, d], output rows from `row`) over a sequence's cached positions
-    start .. end - 1, one part per run of blocks, for `_combine`. With `q_pos` (the queries' positions
-    [q_len]) each query sees only the keys in its window; without, every query sees every key."""
+    start .. end - 1, for `_combine`: one part when its blocks are one run (or gathered into one), else
+    one per run. With `q_pos` (the queries' positions [q_len]) each query sees only the keys in its window;
+    without, every query sees every key."""
     runs = _block_runs(block_ids, start, end, cache.block_size, in_order=q_pos is not None)
+    if len(runs) > 1:
+        bs = cache.block_size
+        k, v = cache.gather(block_ids[start // bs : (end + bs - 1) // bs], start % bs, end - start)
+        visible = None
+        if q_pos is not None:
+            visible = _visible(q_pos, torch.arange(start, end, device=q_pos.device), scoring.window)
+        return [(*_attend(q, k, v, False, scoring, visible), row)]
     parts, position = [], start
     for first, offset, tokens in runs:
         visible = None
