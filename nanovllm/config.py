@@ -255,12 +255,6 @@ class Config:
         self.hf_config, self.model_config = self._load_model_config()
         self.context_len = self._resolve_max_model_len()
         self.kv_layout = cache_layout(self.model_config.layer_specs, self.disable_hybrid_kv_cache_manager)
-        if self.speculative is not None and self.kv_layout.has_state:
-            # a rejected draft would stay in the recurrent state, which a step updates in place
-            raise ValueError(
-                "speculative_config is not supported yet on models with recurrent layers (this model's "
-                f"{self.model_config.architecture}); leave speculative_config unset"
-            )
         self._check_attention_features()
         self.fp8_weights = self._resolve_fp8_weights()
         self.token_budget = self._resolve_token_budget()

@@ -313,13 +313,26 @@ class Scheduler:
     def _drafts_that_fit(self, req: Request, drafts: list[int], left: float, spare: int) -> tuple[list[int], int]:
         """The leading drafts that fit beside the request's last token in what is left of the step's token
         budget and in its blocks, those it needs anyway and `spare` more; and the spare blocks left after
-        them. Drafts never cause a preemption."""
+        them. Drafts never cause a preemption, and stop before a block boundary where the state is snapshotted
+        (`_stops_before_state_cut`)."""
         own = max(0, self.kv_cache.blocks_needed(req, req.num_tokens))
         for d in range(int(min(len(drafts), max(0, left - 1))), -1, -1):
+            if d and not self._stops_before_state_cut(req, d):
+                continue
             extra = self.kv_cache.blocks_needed(req, req.num_tokens + d, req.num_tokens + d) - own
             if extra <= max(spare, 0):
                 return drafts[:d], spare - max(extra, 0)
         return [], spare
+
+    def _stops_before_state_cut(self, req: Request, num_drafts: int) -> bool:
+        """Whether `req`'s last token and `num_drafts` drafts end before the next block boundary at which a
+        chunk of a model with recurrent layers stops to snapshot its state (`KVCacheManager.chunk_end`; no
+        boundary stops a chunk of other models). A step with drafts may not stop there (its drafts would go
+        unchecked) and takes no snapshot (they may be rejected), so it ends a token short at least: the plain
+        decode step that reaches the boundary takes the snapshot."""
+        start = req.num_computed_tokens
+        past = start + 1 + num_drafts + 1  # one token past the chunk: the chunk may end just before a boundary
+        return self.kv_cache.chunk_end(start, past) == past
 
     def _preempt(self, req: Request) -> None:
         # Recompute later: the completion so far becomes part of the next prefill,

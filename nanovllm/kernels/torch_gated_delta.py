@@ -25,11 +25,15 @@ def gated_delta_rule(
     g: torch.Tensor,
     beta: torch.Tensor,
     state: torch.Tensor,
+    step_states: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The outputs of B sequences of T tokens each from their initial `state`, and the state after the last
     token, all in fp32. A token with g = 0 and beta = 0 leaves the state as it was: the padding of a shorter
-    sequence in the batch."""
-    # q, k: [B, T, key_heads, dk]; v: [B, T, heads, dv]; g, beta: [B, T, heads]; state: [B, heads, dk, dv]
+    sequence in the batch. `step_states`, where given, receives the state after each of the first S tokens
+    (speculative decoding keeps the one after its last kept draft)."""
+    # q, k: [B, T, key_heads, dk]; v: [B, T, heads, dv]; g, beta: [B, T, heads]; state: [B, heads, dk, dv];
+    # step_states: [B, S, heads, dk, dv] fp32
+    recorded = 0 if step_states is None else min(step_states.size(1), v.size(1))
     group = v.size(2) // k.size(2)
     q = l2_normalized(q.float()).repeat_interleave(group, dim=2) * q.size(-1) ** -0.5
     k = l2_normalized(k.float()).repeat_interleave(group, dim=2)
@@ -42,4 +46,6 @@ def gated_delta_rule(
         delta = (v[:, t] - held) * beta[:, t, :, None]
         state = state + k[:, t, :, :, None] * delta[:, :, None, :]
         out[:, t] = torch.einsum("bhk,bhkv->bhv", q[:, t], state)
+        if t < recorded:
+            step_states[:, t] = state
     return out, state

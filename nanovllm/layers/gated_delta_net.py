@@ -16,14 +16,17 @@ projection, the convolution's channels, A_log and dt_bias that belong to them, a
 The states, bound by the worker (`RecurrentLayer`): the convolution's last kernel_size - 1 inputs
 [slots + 1, channels, kernel_size - 1] in the model's dtype, and the recurrent state [slots + 1, value
 heads, key_head_dim, value_head_dim] in fp32. Each sequence starts from its slot (`Context.state_slots`)
-and leaves its state there. The recurrence runs in plain PyTorch on every device for now.
+and leaves its state there. With speculative decoding the worker also binds per-position states
+[max_num_seqs, queries, ...] of each: a verify step writes the state after each query there instead of the
+slot, and a varlen step the state after each of a sequence's first queries too, so that the runner can keep
+the state after each request's last kept draft. The recurrence runs in plain PyTorch on every device for now.
 """
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nanovllm.kernels.torch_causal_conv import causal_conv_step, causal_conv_varlen
+from nanovllm.kernels.torch_causal_conv import causal_conv_queries, causal_conv_step, causal_conv_varlen
 from nanovllm.kernels.torch_gated_delta import gated_delta_rule
 from nanovllm.layers.activation import ACTIVATIONS
 from nanovllm.layers.fused_projection import NormedProjection
@@ -115,6 +118,9 @@ class GatedDeltaNet(RecurrentLayer):
         self.channel_splits = [rank_key_dim, rank_key_dim, rank_value_dim]
         self.conv_state: torch.Tensor | None = None  # [slots + 1, channels, kernel_size - 1], the model's dtype
         self.recurrent_state: torch.Tensor | None = None  # [slots + 1, value heads, key_head_dim, value_head_dim], fp32
+        # with speculative decoding, the states after each query: [max_num_seqs, queries, *the state's shape]
+        self.conv_steps: torch.Tensor | None = None
+        self.recurrent_steps: torch.Tensor | None = None
 
     def bind_state_cache(self, states: tuple[torch.Tensor, ...]) -> None:
         """Keep the convolution's and the recurrence's states (`RecurrentLayer`)."""
@@ -122,6 +128,13 @@ class GatedDeltaNet(RecurrentLayer):
         assert conv_state.shape[1:] == (self.splits[0], self.conv1d.weight.size(-1) - 1)
         assert recurrent_state.shape[1:] == (self.num_value_heads, self.key_head_dim, self.value_head_dim)
         self.conv_state, self.recurrent_state = conv_state, recurrent_state
+
+    def bind_draft_states(self, step_states: tuple[torch.Tensor, ...]) -> None:
+        """Keep the per-position states of steps with drafts (`RecurrentLayer`)."""
+        conv_steps, recurrent_steps = step_states
+        assert conv_steps.shape[2:] == (self.splits[0], self.conv1d.weight.size(-1) - 1)
+        assert recurrent_steps.shape[2:] == (self.num_value_heads, self.key_head_dim, self.value_head_dim)
+        self.conv_steps, self.recurrent_steps = conv_steps, recurrent_steps
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         # x, residual: [tokens, hidden] -> [tokens, hidden], [tokens, hidden]
@@ -145,19 +158,39 @@ class GatedDeltaNet(RecurrentLayer):
         assert context.state_slots is not None and context.state_slots.numel() == num_seqs
         return context.state_slots
 
+    def _num_seqs(self, context: Context, num_tokens: int) -> int:
+        """The step's sequences: those `cu_seqlens_q` delimits, or a decode step's rows of
+        `queries_per_seq` queries each."""
+        return context.cu_seqlens_q.numel() - 1 if context.is_prefill else num_tokens // context.queries_per_seq
+
+    def _step_states(self, steps: torch.Tensor | None, slots: torch.Tensor | None, context: Context, num_seqs: int):
+        """The rows of per-position states `steps` ([max_num_seqs, queries, *shape]) the step writes: those of
+        its sequences in a verify step or a varlen step once bound, else None."""
+        if steps is None or slots is None or not (context.is_prefill or context.queries_per_seq > 1):
+            return None
+        assert context.is_prefill or context.queries_per_seq == steps.size(1)
+        return steps[:num_seqs]
+
     def _convolve(self, mixed: torch.Tensor, context: Context) -> torch.Tensor:
         """The activated causal convolution of each sequence's new q, k and v channels, from its state, the
-        state after its last token written back to its slot."""
+        state after its last token written back to its slot (in a verify step the state after each query to
+        the per-position states instead)."""
         # mixed: [tokens, channels] -> [tokens, channels]
         weight = self.conv1d.weight[:, 0]  # [channels, kernel_size]
-        num_seqs = context.cu_seqlens_q.numel() - 1 if context.is_prefill else mixed.size(0)
+        num_seqs = self._num_seqs(context, mixed.size(0))
         slots = self._slots(context, num_seqs)
         if slots is None:
             states = mixed.new_zeros(num_seqs, mixed.size(1), weight.size(1) - 1)
         else:
             states = self.conv_state[slots]
+        step_states = self._step_states(self.conv_steps, slots, context, num_seqs)
         if context.is_prefill:
-            out, states = causal_conv_varlen(mixed, weight, states, context.cu_seqlens_q)
+            out, states = causal_conv_varlen(mixed, weight, states, context.cu_seqlens_q, step_states)
+        elif context.queries_per_seq > 1:
+            out, per_query = causal_conv_queries(mixed.view(num_seqs, context.queries_per_seq, -1), weight, states)
+            if step_states is not None:
+                step_states.copy_(per_query)
+            return self.activation(out.flatten(0, 1))
         else:
             out, states = causal_conv_step(mixed, weight, states)
         if slots is not None:
@@ -168,9 +201,11 @@ class GatedDeltaNet(RecurrentLayer):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, context: Context
     ) -> torch.Tensor:
         """The gated delta rule over each sequence's new tokens from its state, the state after its last
-        token written back to its slot; fp32 outputs [tokens, value heads, value_head_dim]."""
-        if not context.is_prefill:  # one token per sequence
-            return self._recur_batch(*(t.unsqueeze(1) for t in (q, k, v, g, beta)), context)[:, 0]
+        token written back to its slot (in a verify step the state after each query to the per-position
+        states instead); fp32 outputs [tokens, value heads, value_head_dim]."""
+        if not context.is_prefill:  # queries_per_seq tokens per sequence, one after another
+            batch = (q.size(0) // context.queries_per_seq, context.queries_per_seq)
+            return self._recur_batch(*(t.view(*batch, *t.shape[1:]) for t in (q, k, v, g, beta)), context).flatten(0, 1)
         # sequences padded to the longest: padding (g = 0, beta = 0) leaves a state as it is
         seq, step, num_seqs = _token_places(context, q.size(0))
         batch = (num_seqs, context.max_seqlen_q)
@@ -180,7 +215,7 @@ class GatedDeltaNet(RecurrentLayer):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, context: Context
     ) -> torch.Tensor:
         """`gated_delta_rule` over a batch of sequences, one per state slot, from their slots' states (zeros
-        before binding), which it then updates."""
+        before binding), which it then updates (a verify step writes its per-position states instead)."""
         # q, k: [seqs, steps, key heads, dk]; v: [seqs, steps, value heads, dv]; g, beta: [seqs, steps, value heads]
         num_seqs = q.size(0)
         slots = self._slots(context, num_seqs)
@@ -190,8 +225,9 @@ class GatedDeltaNet(RecurrentLayer):
             )
         else:
             state = self.recurrent_state[slots]
-        out, state = gated_delta_rule(q, k, v, g, beta, state)
-        if slots is not None:
+        step_states = self._step_states(self.recurrent_steps, slots, context, num_seqs)
+        out, state = gated_delta_rule(q, k, v, g, beta, state, step_states)
+        if slots is not None and (context.is_prefill or context.queries_per_seq == 1):
             self.recurrent_state[slots] = state
         return out
 

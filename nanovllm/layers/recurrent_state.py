@@ -33,6 +33,18 @@ class RecurrentLayer(nn.Module, ABC):
       runs every sequence from a zero state and stores nothing.
     - The runner, not the layer, zeroes or restores a new request's live slot
       before a step and copies live states to snapshot slots after it.
+    - With speculative decoding, `bind_draft_states(step_states)` also hands
+      over per-position states: state i as a view `[max_num_seqs, queries,
+      *shape_i]` (queries = num_speculative_tokens + 1). A verify step (a
+      decode step of `Context.queries_per_seq` > 1 queries per sequence, the
+      sequence's last token and its drafts, padded) runs each sequence's
+      queries in order from its live slot, writes the state after query j to
+      row (sequence, j) and leaves the live slot as it was. A varlen step also
+      writes the state after each of a sequence's first `queries` tokens to
+      its row (its place in the step; a shorter sequence's last state past
+      its end), besides its live slot. Once the drafts are checked the runner
+      copies the state after each request's last kept token to its live slot
+      (`worker/draft_states.py`).
 
     The worker binds these modules, in module order, to the model's recurrent
     layers in increasing layer order (`CacheLayout.state_groups`).
@@ -41,3 +53,9 @@ class RecurrentLayer(nn.Module, ABC):
     @abstractmethod
     def bind_state_cache(self, states: tuple[torch.Tensor, ...]) -> None:
         """Keep `states`, one view `[num_state_slots + 1, *shape]` per state of the layer's spec, in its order."""
+
+    def bind_draft_states(self, step_states: tuple[torch.Tensor, ...]) -> None:
+        """Keep `step_states`, one view `[max_num_seqs, queries, *shape]` per state of the layer's spec, in its
+        order, where verify and varlen steps leave their per-position states; a layer that keeps none refuses
+        speculative decoding."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no per-position states for speculative decoding")

@@ -1,5 +1,6 @@
 """A decode step's device work, from its input buffers to its sampled ids: what the decode CUDA graphs capture."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -113,7 +114,9 @@ class DecodeStep:
     the step before rejected (`moved_back`), for the host may launch it before it knows them; KV blocks are
     `block_size` tokens. A verify step (several queries per sequence) that samples writes its queries' ids
     to `verify.query_samples` and checks its drafts itself (`check_drafts_in_step`): each request's last
-    kept token goes to its row of `last_sampled`."""
+    kept token goes to its row of `last_sampled`. On a model with recurrent layers, `keep_states` (set by the
+    runner) then gives each sequence's live state slot its state after its last kept query (`DraftStates.keep`,
+    here with the graph)."""
 
     def __init__(
         self, forward: DeviceInputForward, samples: bool, block_size: int, verify: VerifyOutputs | None = None
@@ -123,6 +126,8 @@ class DecodeStep:
         self.block_size = block_size
         self.verify = verify
         self.logits: torch.Tensor | None = None
+        # (rows, kept queries, live slots) [n] each -> None: None on a model without recurrent state
+        self.keep_states: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None
 
     def __call__(
         self,
@@ -168,6 +173,11 @@ class DecodeStep:
         if sample and rows > seq_order.numel():
             # group 0's slots tell a padding query (-1) as well as any group's
             self._sample_and_check(logits, temperatures, seeds, input_ids, slot_mapping[0], seq_order.numel())
+            if self.keep_states is not None:
+                num_emitted = self.verify.num_emitted[: seq_order.numel()]
+                self.keep_states(
+                    torch.arange(num_emitted.numel(), device=num_emitted.device), num_emitted - 1, state_slots
+                )
         elif sample:
             sample_with_temperatures(logits, temperatures, seeds, out=self.forward.last_sampled[:rows])
         return logits

@@ -3,6 +3,7 @@ sampling."""
 
 import time
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import torch
@@ -21,6 +22,7 @@ from nanovllm.utils.parallel import destroy_process_group, init_process_group, s
 from nanovllm.worker.cuda_graphs import MAX_VERIFY_GRAPH_ROWS, DecodeGraphs, max_graph_rows
 from nanovllm.worker.decode_buffers import DecodeBuffers
 from nanovllm.worker.decode_step import DecodeStep, DeviceInputForward
+from nanovllm.worker.draft_states import DraftStates
 from nanovllm.worker.executor import Executor, LaunchedForward
 from nanovllm.worker.grammar_mask_buffers import GrammarMaskBuffers
 from nanovllm.worker.kv_cache import KVCache
@@ -66,7 +68,12 @@ class ModelRunner(Executor):
     draft's position and after the last, and its drafts are checked on the
     device (`VerifyStep`); a step whose every request decodes its last token and
     its drafts is a verify step, a decode step of num_speculative_tokens + 1
-    queries per request (padded), with CUDA graphs of its own. With
+    queries per request (padded), with CUDA graphs of its own. On a model with
+    recurrent layers such steps leave each request's state after every query
+    in `draft_states` (a verify step leaves the live slots as they were), and
+    each live slot takes the state after the request's last kept token once
+    the drafts are checked: inside the decode step where it checks them, else
+    right after the full sampler's check, on every rank. With
     `tensor_parallel_size > 1` this is rank `rank`: it joins the group at
     `store` (rank 0 serves it) and holds its share of the model and the cache;
     rank 0 samples and broadcasts the ids to the others.
@@ -119,6 +126,12 @@ class ModelRunner(Executor):
         # with several ranks the LM head gathers to rank 0, which samples outside the graphs
         verify_outputs = self._verify_step.outputs if self._verify_step is not None else None
         self._decode_step = DecodeStep(self._forward, self.world_size == 1, self.block_size, verify_outputs)
+        # per-position states of steps with drafts; taken before the caches are sized, so that they leave room
+        self.draft_states = None
+        if config.speculative is not None and self.state_cache_spec is not None:
+            self.draft_states = DraftStates.allocate(
+                self.state_cache_spec, config.max_num_seqs, self.verify_queries, self.device
+            )
         self._grammar_masks = GrammarMaskBuffers(self.max_sampling_rows, self.device)
         self.graphs = None
         use_graphs = self.device.type == "cuda" and not config.enforce_eager and backend.supports_cuda_graphs
@@ -141,6 +154,9 @@ class ModelRunner(Executor):
         if self.state_cache_spec is not None:
             self.state_cache = self.state_cache_spec.allocate(self.num_state_slots, self.device)
             self.state_cache.bind(self.recurrent_layers)
+        if self.draft_states is not None:
+            self.draft_states.bind(self.recurrent_layers)
+            self._decode_step.keep_states = partial(self.draft_states.keep, self.state_cache)
         self.kv_cache_dtype_name = self.kv_cache_spec.dtype_name
         num_groups = len(config.kv_layout.groups)
         if self.device.type == "cuda":
@@ -385,11 +401,33 @@ class ModelRunner(Executor):
                 dist.broadcast(self.last_sampled[:num_sampled], src=0)
         if self._verify_step is not None:
             self._verify_step.share_rejections(out)
+            if self.draft_states is not None and out.draft_token_ids is not None and not step.sampled_in_step:
+                self._keep_draft_states(step)
         self._last_sampled_rows = {req_id: row for row, req_id in enumerate(out.sampled_req_ids)}
         if self.rank != 0 or (sampled is None and prompt_scores is None):
             return None
         params = out.sampling_params if verified is None else sampling_rows(out, self._rows_per_request(out)).params
         return PendingOutput(sampled, [p.logprobs for p in params], prompt_scores, verified)
+
+    def _keep_draft_states(self, step: LaunchedForward) -> None:
+        """After the check of a step with drafts that the decode step did not check itself: each drafting
+        request's live state slot takes its state after its last kept token (the query of its kept drafts),
+        from the counts of rejected drafts every rank has (`VerifyStep.share_rejections`); no host sync."""
+        out = step.out
+        n = len(out.sampled_req_ids)
+        if out.is_decode:  # a verify step: its rows are its requests, its drafts and state slots on the device
+            _, is_draft = step.drafts_on_device  # [n, queries - 1]
+            size = self.decode_size(n, self.verify_queries)
+            slots = self.decode_buffers.views(size, self.verify_queries)[-1][:n]
+            rows, num_drafts = torch.arange(n, device=self.device), is_draft.sum(dim=1)
+        else:  # a varlen step: a sampling request's row is its place in the step; one without drafts keeps its slot
+            sampling = [i for i, samples in enumerate(out.samples) if samples]
+            scratch = self.state_cache.scratch_slot
+            slots = [out.state_slots[i] if drafts else scratch for i, drafts in zip(sampling, out.draft_token_ids)]
+            counts = [len(drafts) for drafts in out.draft_token_ids]
+            rows, slots, num_drafts = self._to_device([sampling, slots, counts], torch.int64)  # [3, n]
+        kept = num_drafts - self._verify_step.outputs.num_rejected[:n]
+        self.draft_states.keep(self.state_cache, rows, kept, slots)
 
     def release_graphs(self) -> None:
         """Destroy the decode graphs now; later decode steps run eagerly. NCCL (2.26 on) destroys or

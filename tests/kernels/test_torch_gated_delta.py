@@ -1,5 +1,5 @@
 """The gated delta rule's PyTorch reference against transformers' chunked form (Qwen3.5's), from a given state
-and in pieces, and the padding a batch of unequal sequences relies on."""
+and in pieces, the padding a batch of unequal sequences relies on, and the states after each token it records."""
 
 import torch
 from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
@@ -56,3 +56,18 @@ def test_padding_with_no_decay_and_no_write_leaves_the_state():
     torch.testing.assert_close(out[:, :6], short_out, atol=0, rtol=0)
     torch.testing.assert_close(final, short_final, atol=0, rtol=0)
     assert not torch.equal(final, state)  # the real steps did write
+
+
+def test_step_states_hold_the_state_after_each_of_the_first_tokens():
+    q, k, v, g, beta, state = random_inputs(batch=2, steps=7, seed=3)
+    steps = torch.full((2, 4, HEADS, DK, DV), float("nan"))
+    out, final = gated_delta_rule(q, k, v, g, beta, state, steps)
+    torch.testing.assert_close(out, gated_delta_rule(q, k, v, g, beta, state)[0], atol=0, rtol=0)
+    for t in range(4):
+        _, after = gated_delta_rule(q[:, : t + 1], k[:, : t + 1], v[:, : t + 1], g[:, : t + 1], beta[:, : t + 1], state)
+        torch.testing.assert_close(steps[:, t], after, atol=1e-6, rtol=1e-6)
+    # fewer tokens than recorded positions: only those are written
+    short = torch.full((2, 4, HEADS, DK, DV), float("nan"))
+    _, short_final = gated_delta_rule(q[:, :2], k[:, :2], v[:, :2], g[:, :2], beta[:, :2], state, short)
+    torch.testing.assert_close(short[:, 1], short_final, atol=0, rtol=0)
+    assert short[:, 2:].isnan().all()

@@ -310,3 +310,55 @@ def test_an_image_text_checkpoint_runs_as_its_language_model(qwen3_5_image_text_
 def test_two_ranks_equal_transformers(qwen3_5_dir):
     expected = hf_greedy(qwen3_5_dir, ENGINE_PROMPTS, GREEDY.max_tokens)
     assert greedy(qwen3_5_dir, ENGINE_PROMPTS, tensor_parallel_size=2, device="cpu") == expected
+
+
+def _one_token_at_a_time(layer: GatedDeltaNet, x: torch.Tensor, states: tuple[torch.Tensor, torch.Tensor]):
+    """The layer's outputs [tokens, hidden] over one sequence's tokens `x` in single-token decode steps from
+    `states` (its slot's conv and recurrent state), and the states after each token ([tokens, ...] each)."""
+    layer.bind_state_cache(tuple(s.clone()[None] for s in states))  # the sequence alone, in slot 0
+    outputs, after = [], ([], [])
+    for token in x:
+        with torch.inference_mode(), forward_context(Context(is_prefill=False, state_slots=torch.tensor([0]))):
+            outputs.append(layer(token[None], None)[0])
+        for kept, state in zip(after, (layer.conv_state, layer.recurrent_state)):
+            kept.append(state[0].clone())
+    return torch.cat(outputs), tuple(torch.stack(kept) for kept in after)
+
+
+def test_steps_with_drafts_leave_the_state_after_each_query_as_single_token_steps_do(qwen3_5_dir, model_config):
+    """A verify step of Q queries per sequence (two sequences, in slots out of order) gives the outputs and,
+    in the per-position states, the state after each query that Q single-token decode steps give, and leaves
+    the live slots as they were; a varlen step leaves the state after each of a sequence's first Q tokens
+    there too (a shorter sequence's last one past its end) besides its live slot."""
+    torch.manual_seed(0)
+    queries, slots = 4, [1, 0]
+    layer = our_model(qwen3_5_dir, model_config).model.layers[0].linear_attn
+    zeros = (torch.zeros(CONV_CHANNELS, 3), torch.zeros(4, 16, 8))
+    prompts = [torch.randn(6, 64), torch.randn(2, 64)]  # the longer one has more tokens than queries, the other fewer
+    single = [_one_token_at_a_time(layer, x, zeros) for x in prompts]
+    live = (torch.zeros(3, CONV_CHANNELS, 3), torch.zeros(3, 4, 16, 8))
+    steps = (torch.full((2, queries, CONV_CHANNELS, 3), float("nan")), torch.full((2, queries, 4, 16, 8), float("nan")))
+    layer.bind_state_cache(live)
+    layer.bind_draft_states(steps)
+    prefill = Context(
+        is_prefill=True, cu_seqlens_q=_cumulative([6, 2]), max_seqlen_q=6, state_slots=torch.tensor(slots)
+    )
+    with torch.inference_mode(), forward_context(prefill):
+        layer(torch.cat(prompts), None)
+    for row, (slot, (_, after)) in enumerate(zip(slots, single)):
+        for state, step_states, want in zip(live, steps, after):
+            torch.testing.assert_close(state[slot], want[-1], atol=1e-5, rtol=1e-5)
+            recorded = want[torch.arange(queries).clamp(max=want.size(0) - 1)]
+            torch.testing.assert_close(step_states[row], recorded, atol=1e-5, rtol=1e-5)
+    before = tuple(state.clone() for state in live)
+    drafts = torch.randn(2, queries, 64)  # each sequence's last token and three drafts, one after another
+    verify = Context(is_prefill=False, queries_per_seq=queries, state_slots=torch.tensor(slots))
+    with torch.inference_mode(), forward_context(verify):
+        out = layer(drafts.flatten(0, 1), None)[0].view(2, queries, -1)
+    for state, untouched in zip(live, before):
+        torch.testing.assert_close(state, untouched, atol=0, rtol=0)
+    for row, slot in enumerate(slots):
+        want_out, after = _one_token_at_a_time(layer, drafts[row], tuple(state[slot] for state in before))
+        torch.testing.assert_close(out[row], want_out, atol=1e-5, rtol=1e-5)
+        for step_states, want in zip(steps, after):
+            torch.testing.assert_close(step_states[row], want, atol=1e-5, rtol=1e-5)
