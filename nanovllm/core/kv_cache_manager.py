@@ -241,12 +241,15 @@ class KVCacheManager:
 
     def _snapshot_due(self, req: Request, end: int) -> bool:
         """Whether the step computing `req`'s tokens up to `end` leaves its state at a block boundary that its
-        snapshot is not at yet (steps with drafts, which may be rejected, take none)."""
+        snapshot is not at yet. A step with drafts, which may be rejected, takes none; nor does one scheduled
+        past drafts still in flight (more unknown tokens than the one sampled last), whose end moves back by
+        the drafts rejected there."""
         return (
             self.enable_prefix_caching
             and end % self.block_size == 0
             and end > req.snapshot_tokens
             and not req.draft_token_ids
+            and req.num_placeholders <= 1
         )
 
     def chunk_end(self, start: int, end: int) -> int:

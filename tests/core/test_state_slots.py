@@ -149,3 +149,21 @@ def test_without_prefix_caching_no_chunk_is_cut_and_nothing_is_snapshotted():
         assert step(sched).state_snapshots == []
     sched.abort(["a"])
     assert not sched.kv_cache.states.cached and all_slots_back(sched)
+
+
+def test_no_snapshot_is_taken_past_drafts_still_in_flight():
+    sched = hybrid_scheduler()
+    a = make_req("a", range(2, 10))  # 8 tokens
+    sched.add_request(a)
+    step(sched)  # 8 computed, the 9th (50) confirmed
+    manager = sched.kv_cache
+    # a step in flight computes the 9th token, checks two drafts after it and samples one more
+    a.add_drafts([60, 61])
+    a.add_placeholder()
+    a.pass_drafts_in_flight()
+    # the next step is scheduled as if both drafts are kept; had it ended on a boundary, the state there
+    # would be of fewer tokens once a draft is rejected
+    assert a.num_placeholders == 3 and not manager._snapshot_due(a, 12)
+    a.drop_rejected(2)
+    a.confirm(70)
+    assert a.num_placeholders == 0 and manager._snapshot_due(a, 12)
