@@ -76,6 +76,9 @@ class CoreProcessClient(EngineClient):
         remove_stale_socket_folders()
         self._folder = tempfile.mkdtemp(prefix=f"{_FOLDER_PREFIX}{os.getpid()}-")
         self._zmq = zmq.Context()
+        # a socket closed with messages unsent (to a core that died) drops them: with ZMQ's default of waiting
+        # for delivery, terminating the context, even from the garbage collector, would wait forever
+        self._zmq.setsockopt(zmq.LINGER, 0)
         self._requests = self._zmq.socket(zmq.PUSH)
         self._requests.setsockopt(zmq.SNDHWM, 0)  # a burst of requests queues, it never blocks
         self._outputs = self._zmq.socket(zmq.PULL)
