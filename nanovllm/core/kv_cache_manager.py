@@ -114,9 +114,8 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return self.no_hit()
         bs = self.block_size
-        hashes = self._block_hashes(req, min(req.num_tokens - 1, len(req.token_ids)) // bs)
-        lookup = _Lookup(self, req, hashes)
-        num_blocks = len(hashes)
+        num_blocks = min(req.num_tokens - 1, len(req.token_ids)) // bs
+        lookup = _Lookup(self, req, self._block_hashes(req, num_blocks))
         for g, group in enumerate(self.groups):
             if group.window is None:
                 num_blocks = next((i for i in range(num_blocks) if lookup(g, i) == NO_BLOCK), num_blocks)
@@ -148,9 +147,8 @@ class KVCacheManager:
         """Whether the free list covers `req`'s blocks on admission, given its prefix hit, when its first
         step computes its tokens up to `end`."""
         revived = sum(1 for table in hit.tables for b in table if b != NO_BLOCK and self.blocks[b].ref_count == 0)
-        new = sum(
-            max(0, self._table_length(group, req, end) - len(table)) for group, table in zip(self.groups, hit.tables)
-        )
+        lengths = self._table_lengths(req, end)
+        new = sum(max(0, length - len(table)) for length, table in zip(lengths, hit.tables))
         if self.states is not None and not self.states.can_admit(hit.state_source):
             return False
         return revived + new <= self.num_free_blocks
@@ -189,22 +187,18 @@ class KVCacheManager:
         if not (self.enable_prefix_caching and num_blocks and req.snapshot_tokens <= len(req.token_ids)):
             self.states.release(req, None, [])
             return
-        self.states.release(req, self._block_hashes(req, num_blocks)[-1], req.block(num_blocks - 1))
+        self.states.release(req, self._block_hashes(req, num_blocks)[num_blocks - 1], req.block(num_blocks - 1))
 
     def blocks_needed(self, req: Request, end: int, num_tokens: int | None = None) -> int:
         """Free blocks `req` takes if its next step computes its tokens up to `end` and it then has
         `num_tokens` tokens (default: as now), less those its windows give back then."""
-        bs = self.block_size
-        every = (max(end, req.num_tokens if num_tokens is None else num_tokens) + bs - 1) // bs
-        written = (end + bs - 1) // bs
-        needed = 0
-        for group, window, table in zip(self.groups, self._windows, req.block_tables):
-            if window is None:
-                needed += max(0, every - len(table))
-                continue
-            needed += max(0, written - len(table))
-            blocks = self.blocks
-            needed -= sum(1 for i in self._behind_window(group, req, table) if blocks[table[i]].ref_count == 1)
+        needed, blocks = 0, self.blocks
+        for group, window, table, length in zip(
+            self.groups, self._windows, req.block_tables, self._table_lengths(req, end, num_tokens)
+        ):
+            needed += max(0, length - len(table))
+            if window is not None:
+                needed -= sum(1 for i in self._behind_window(group, req, table) if blocks[table[i]].ref_count == 1)
         return needed
 
     def can_append(self, req: Request, end: int) -> bool:
@@ -220,17 +214,15 @@ class KVCacheManager:
         Only confirmed tokens count: a block holding a placeholder is registered
         by a later step, once its value is known.
         """
-        bs = self.block_size
-        every = (max(end, req.num_tokens) + bs - 1) // bs
-        written = (end + bs - 1) // bs
-        num_full = min(end, len(req.token_ids)) // bs
+        num_full = min(end, len(req.token_ids)) // self.block_size
         blocks = self.blocks
-        for g, (group, window, table) in enumerate(zip(self.groups, self._windows, req.block_tables)):
+        lengths = self._table_lengths(req, end)
+        for g, (group, window, table, length) in enumerate(zip(self.groups, self._windows, req.block_tables, lengths)):
             if window is not None:
                 for i in self._behind_window(group, req, table):
                     self._release(table[i])
                     table[i] = NO_BLOCK
-            for _ in range((every if window is None else written) - len(table)):
+            for _ in range(length - len(table)):
                 table.append(self._take_free_block())
             # most steps fill no block: then the last full one is registered already
             last = table[num_full - 1] if num_full else NO_BLOCK
@@ -265,11 +257,13 @@ class KVCacheManager:
         """The state copies of the step being scheduled: (restores before its forward, snapshots after it)."""
         return self.states.take_copies() if self.states is not None else ([], [])
 
-    def _table_length(self, group: CacheGroup, req: Request, end: int) -> int:
-        """Blocks `group`'s table spans once a step computes up to `end`: every token's for full attention,
-        up to `end` for a sliding window."""
-        tokens = end if group.window is not None else max(end, req.num_tokens)
-        return (tokens + self.block_size - 1) // self.block_size
+    def _table_lengths(self, req: Request, end: int, num_tokens: int | None = None) -> list[int]:
+        """Per group, the blocks its table spans once a step computes `req`'s tokens up to `end`: those of
+        every token (`num_tokens`, default the request's) for full attention, up to `end` for a sliding window."""
+        bs = self.block_size
+        every = (max(end, req.num_tokens if num_tokens is None else num_tokens) + bs - 1) // bs
+        written = (end + bs - 1) // bs
+        return [every if window is None else written for window in self._windows]
 
     def _behind_window(self, group: CacheGroup, req: Request, table: list[int]) -> range:
         """Indices of the blocks `req` still holds in sliding `group` that its next step's window (`lookback`
@@ -286,11 +280,12 @@ class KVCacheManager:
         return range(low, min(first, len(table)))
 
     def _block_hashes(self, req: Request, num_blocks: int) -> list[int]:
-        """The chained hashes of `req`'s first `num_blocks` blocks (full, confirmed), computed once each."""
+        """`req`'s chained block hashes, those of its first `num_blocks` blocks (full, confirmed) computed by
+        now, each once; the list may hold more."""
         hashes = req.block_hashes
         for i in range(len(hashes), num_blocks):
             hashes.append(chain_hash(req.block(i), hashes[-1] if hashes else -1))
-        return hashes[:num_blocks]
+        return hashes
 
     def _register_full_blocks(self, group: int, req: Request, num_full: int) -> None:
         # Walk back to the last block that is registered (or given back), then register forward.

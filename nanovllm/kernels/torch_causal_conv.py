@@ -44,19 +44,11 @@ def causal_conv_varlen(
     return out, inputs[last_rows].transpose(1, 2)
 
 
-def causal_conv_step(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The convolution of one new token per sequence (a decode step) from each one's state, and the states
-    after it."""
-    # x: [seqs, C]; weight: [C, K]; states: [seqs, C, K - 1] -> [seqs, C], [seqs, C, K - 1]
-    windows = torch.cat((states.to(x.dtype), x[:, :, None]), dim=2)  # [seqs, C, K]
-    return torch.einsum("sck,ck->sc", windows, weight), windows[:, :, 1:]
-
-
 def causal_conv_queries(
     x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The convolution of Q new tokens per sequence (a verify step of speculative decoding) from each one's
-    state, and the state after each of them."""
+    """The convolution of Q new tokens per sequence (one in a decode step; a verify step's last token and its
+    drafts) from each one's state, and the state after each of them."""
     # x: [seqs, Q, C]; weight: [C, K]; states: [seqs, C, K - 1] -> [seqs, Q, C], [seqs, Q, C, K - 1]
     inputs = torch.cat((states.to(x.dtype), x.transpose(1, 2)), dim=2)  # [seqs, C, K - 1 + Q]
     windows = inputs.unfold(2, weight.size(1), 1)  # [seqs, C, Q, K]: query j's inputs end at column K - 1 + j

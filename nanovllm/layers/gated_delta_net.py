@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nanovllm.kernels.torch_causal_conv import causal_conv_queries, causal_conv_step, causal_conv_varlen
+from nanovllm.kernels.torch_causal_conv import causal_conv_queries, causal_conv_varlen
 from nanovllm.kernels.torch_gated_delta import gated_delta_rule
 from nanovllm.layers.activation import ACTIVATIONS
 from nanovllm.layers.fused_projection import NormedProjection
@@ -186,13 +186,14 @@ class GatedDeltaNet(RecurrentLayer):
         step_states = self._step_states(self.conv_steps, slots, context, num_seqs)
         if context.is_prefill:
             out, states = causal_conv_varlen(mixed, weight, states, context.cu_seqlens_q, step_states)
-        elif context.queries_per_seq > 1:
-            out, per_query = causal_conv_queries(mixed.view(num_seqs, context.queries_per_seq, -1), weight, states)
-            if step_states is not None:
-                step_states.copy_(per_query)
-            return self.activation(out.flatten(0, 1))
         else:
-            out, states = causal_conv_step(mixed, weight, states)
+            out, per_query = causal_conv_queries(mixed.view(num_seqs, context.queries_per_seq, -1), weight, states)
+            out = out.flatten(0, 1)
+            if context.queries_per_seq > 1:  # a verify step: the states after each query, the live ones untouched
+                if step_states is not None:
+                    step_states.copy_(per_query)
+                return self.activation(out)
+            states = per_query[:, -1]
         if slots is not None:
             self.conv_state[slots] = states.to(self.conv_state.dtype)
         return self.activation(out)

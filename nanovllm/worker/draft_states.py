@@ -36,27 +36,12 @@ class DraftStates:
     ) -> "DraftStates":
         """Per-position states for steps of up to `max_num_seqs` rows of `queries` queries (uninitialised: a
         row is written before it is read)."""
-        tensors = tuple(
-            tuple(
-                # [layers, max_num_seqs, queries, *shape]
-                torch.empty(len(group.layers), max_num_seqs, queries, *shape, dtype=dtype, device=device)
-                for shape, dtype in zip(group.shapes, group.dtypes)
-            )
-            for group in spec.groups
-        )
-        return cls(spec, tensors)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of every per-position state tensor."""
-        return sum(t.numel() * t.element_size() for states in self.tensors for t in states)
+        return cls(spec, spec.tensors((max_num_seqs, queries), device))
 
     def bind(self, modules: Sequence[RecurrentLayer]) -> None:
         """Hand each of `modules` (in module order: the recurrent layers in increasing order) its views."""
-        places = {layer: (g, j) for g, group in enumerate(self.spec.groups) for j, layer in enumerate(group.layers)}
-        for module, layer in zip(modules, sorted(places), strict=True):
-            g, j = places[layer]
-            module.bind_draft_states(tuple(t[j] for t in self.tensors[g]))
+        for module, views in zip(modules, self.spec.layer_views(self.tensors), strict=True):
+            module.bind_draft_states(views)
 
     def keep(self, live: StateCache, rows: torch.Tensor, kept: torch.Tensor, slots: torch.Tensor) -> None:
         """Each live slot `slots[i]` takes the state of row `rows[i]` after its query `kept[i]`: the state after

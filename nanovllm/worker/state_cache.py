@@ -64,15 +64,23 @@ class StateCacheSpec:
 
     def allocate(self, num_slots: int, device: torch.device | str) -> "StateCache":
         """The cache of `num_slots` slots and the scratch slot, zeroed."""
-        tensors = tuple(
+        return StateCache(self, num_slots, self.tensors((num_slots + 1,), device, torch.zeros), torch.device(device))
+
+    def tensors(self, rows: tuple[int, ...], device: torch.device | str, make=torch.empty) -> tuple[tuple, ...]:
+        """Per group and state, one tensor [layers, *rows, *shape] made by `make` (torch.empty or torch.zeros)."""
+        return tuple(
             tuple(
-                # [layers, num_slots + 1, *shape]
-                torch.zeros(len(group.layers), num_slots + 1, *shape, dtype=dtype, device=device)
+                make(len(group.layers), *rows, *shape, dtype=dtype, device=device)
                 for shape, dtype in zip(group.shapes, group.dtypes)
             )
             for group in self.groups
         )
-        return StateCache(self, num_slots, tensors, torch.device(device))
+
+    def layer_views(self, tensors: tuple[tuple[torch.Tensor, ...], ...]) -> list[tuple[torch.Tensor, ...]]:
+        """Per recurrent layer, in increasing layer order, its row of each of its group's `tensors` (laid out
+        as `tensors` makes them)."""
+        places = {layer: (g, j) for g, group in enumerate(self.groups) for j, layer in enumerate(group.layers)}
+        return [tuple(t[places[layer][1]] for t in tensors[places[layer][0]]) for layer in sorted(places)]
 
 
 @dataclass(frozen=True, eq=False)
@@ -94,16 +102,11 @@ class StateCache:
         """Bytes of every state tensor, the scratch slot included."""
         return sum(t.numel() * t.element_size() for states in self.tensors for t in states)
 
-    def layer_states(self, group: int, index: int) -> tuple[torch.Tensor, ...]:
-        """The views of the `index`-th layer of state group `group`: one [num_slots + 1, *shape] per state."""
-        return tuple(t[index] for t in self.tensors[group])
-
     def bind(self, modules: Sequence[RecurrentLayer]) -> None:
         """Hand each of `modules` (in module order: the recurrent layers in increasing order) its views;
         ValueError where their number is not that of the recurrent layers."""
-        places = {layer: (g, j) for g, group in enumerate(self.spec.groups) for j, layer in enumerate(group.layers)}
-        for module, layer in zip(modules, sorted(places), strict=True):
-            module.bind_state_cache(self.layer_states(*places[layer]))
+        for module, views in zip(modules, self.spec.layer_views(self.tensors), strict=True):
+            module.bind_state_cache(views)
 
     def copy_states(self, pairs: list[tuple[int, int]]) -> None:
         """For each (source, destination) of `pairs`, the destination slot's states of every layer become the

@@ -4,7 +4,7 @@ F.conv1d over each sequence with its history in front, the states it leaves, and
 import torch
 import torch.nn.functional as F
 
-from nanovllm.kernels.torch_causal_conv import causal_conv_step, causal_conv_varlen
+from nanovllm.kernels.torch_causal_conv import causal_conv_queries, causal_conv_varlen
 
 CHANNELS, KERNEL = 6, 4
 
@@ -34,7 +34,8 @@ def test_a_decode_step_equals_packed_sequences_of_one_token():
     torch.manual_seed(1)
     weight = torch.randn(CHANNELS, KERNEL)
     states, x = torch.randn(3, CHANNELS, KERNEL - 1), torch.randn(3, CHANNELS)
-    out, new_states = causal_conv_step(x, weight, states)
+    out, per_query = causal_conv_queries(x[:, None], weight, states)  # one query per sequence
+    out, new_states = out[:, 0], per_query[:, -1]
     packed_out, packed_states = causal_conv_varlen(x, weight, states, torch.arange(4, dtype=torch.int32))
     torch.testing.assert_close(out, packed_out, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(new_states, packed_states, atol=0, rtol=0)
