@@ -251,6 +251,11 @@ def make_llm(
         enable_chunked_prefill=not args.no_chunked_prefill,
         kv_cache_dtype=kv_cache_dtype,
         block_size=args.block_size,
+        **(
+            {}
+            if args.schedule_conservativeness is None
+            else {"schedule_conservativeness": args.schedule_conservativeness}
+        ),
     )
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8), use_tqdm=False)
     return llm
@@ -522,6 +527,12 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, help="tokens per KV-cache block (default: the engine's)")
     parser.add_argument(
         "--no-chunked-prefill", action="store_true", help="whole-prompt prefill steps (enable_chunked_prefill=False)"
+    )
+    parser.add_argument(
+        "--schedule-conservativeness",
+        type=float,
+        help="room admission keeps for decoding, as a multiple of what requests are expected to write "
+        "(default: the engine's, 1; 0: admit while prompts fit, as vLLM does)",
     )
     parser.add_argument("--profile", action="store_true", help="print per-kernel GPU time of decode steps")
     parser.add_argument(

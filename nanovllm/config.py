@@ -145,6 +145,12 @@ class Config:
     enable_prefix_caching: bool = _option(
         True, "reuse the KV blocks of a prompt prefix computed before; off: every prompt is computed in full"
     )
+    schedule_conservativeness: float = _option(
+        1.0,
+        "how much room admission keeps for running requests to decode into: this times the share of their "
+        "max_tokens (at most 4096) that finished requests wrote; 0: none, admit while prompts fit and preempt "
+        "when blocks run out",
+    )
     gpu_memory_utilization: float = _option(
         0.9, "share of the GPU's memory the engine may take, KV cache included (with num_kvcache_blocks=-1)"
     )
@@ -312,6 +318,10 @@ class Config:
         require(
             0.0 < self.gpu_memory_utilization <= 1.0,
             f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}",
+        )
+        require(
+            0.0 <= self.schedule_conservativeness and math.isfinite(self.schedule_conservativeness),
+            f"schedule_conservativeness must be a finite number >= 0, got {self.schedule_conservativeness}",
         )
         require(self.tensor_parallel_size >= 1, f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         require(

@@ -105,6 +105,11 @@ def test_unknown_keyword_is_named(qwen3_dir):
         ({"cpu_kvcache_gb": 0}, "cpu_kvcache_gb must be a finite number > 0, got 0"),
         ({"cpu_kvcache_gb": float("inf")}, "cpu_kvcache_gb must be a finite number > 0, got inf"),
         ({"cpu_kvcache_gb": float("nan")}, "cpu_kvcache_gb must be a finite number > 0, got nan"),
+        ({"schedule_conservativeness": -0.5}, "schedule_conservativeness must be a finite number >= 0, got -0.5"),
+        (
+            {"schedule_conservativeness": float("inf")},
+            "schedule_conservativeness must be a finite number >= 0, got inf",
+        ),
         ({"seed": 1 << 63}, r"seed must be in \[-2\*\*63, 2\*\*63 - 1\]"),
         ({"seed": -(1 << 63) - 1}, r"seed must be in \[-2\*\*63, 2\*\*63 - 1\]"),
     ],

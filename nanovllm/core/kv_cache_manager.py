@@ -85,6 +85,11 @@ class KVCacheManager:
     ):
         self.groups: tuple[CacheGroup, ...] = layout.groups
         self._windows = [group.window for group in layout.groups]  # read at every step of every request
+        # one group of each window and how many groups have it: groups of one window grow alike
+        self._group_kinds = [
+            (next(group for group in layout.groups if group.window == window), self._windows.count(window))
+            for window in dict.fromkeys(self._windows)
+        ]
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.lookback = lookback
@@ -143,15 +148,24 @@ class KVCacheManager:
                 moved = True
         return num_blocks
 
-    def can_allocate(self, req: Request, hit: PrefixHit, end: int) -> bool:
+    def can_allocate(self, req: Request, hit: PrefixHit, end: int, reserve: int = 0) -> bool:
         """Whether the free list covers `req`'s blocks on admission, given its prefix hit, when its first
-        step computes its tokens up to `end`."""
+        step computes its tokens up to `end`, and leaves `reserve` blocks free beside them."""
         revived = sum(1 for table in hit.tables for b in table if b != NO_BLOCK and self.blocks[b].ref_count == 0)
         lengths = self._table_lengths(req, end)
         new = sum(max(0, length - len(table)) for length, table in zip(lengths, hit.tables))
         if self.states is not None and not self.states.can_admit(hit.state_source):
             return False
-        return revived + new <= self.num_free_blocks
+        return revived + new + reserve <= self.num_free_blocks
+
+    def growth_blocks(self, req: Request, start: int, final: int) -> int:
+        """The blocks a request takes over every group as it grows from `start` tokens to `final`, less those
+        its windows give back meanwhile."""
+        bs, lookback = self.block_size, self.lookback
+        return sum(
+            count * max(0, group.blocks_held(final, bs, lookback) - group.blocks_held(start, bs, lookback))
+            for group, count in self._group_kinds
+        )
 
     def allocate(self, req: Request, hit: PrefixHit, end: int) -> None:
         """Give `req` its block tables: the hit's blocks shared, the rest fresh, for its first step, which

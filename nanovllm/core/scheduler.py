@@ -1,5 +1,8 @@
 """Chooses which requests run each step and how many of their tokens, preempting when blocks run out.
 
+Admission keeps room for the running requests to decode into (`OutputEstimate`),
+so that blocks run out only where requests write more than expected.
+
 With chunked prefill (the default) a step first gives each running request
 its decode token, then fills what is left of the token budget with prompt
 chunks, oldest request first. Without it a step is either a batch of whole
@@ -27,6 +30,7 @@ from collections import deque
 
 from nanovllm.config import Config
 from nanovllm.core.kv_cache_manager import KVCacheManager
+from nanovllm.core.output_estimate import OutputEstimate
 from nanovllm.core.request import Request, RequestStatus
 from nanovllm.core.runner_output import ModelRunnerOutput
 from nanovllm.core.scheduler_output import PromptScoring, SchedulerOutput
@@ -67,6 +71,7 @@ class Scheduler:
         self.max_num_batched_tokens = config.token_budget
         self.chunked_prefill = config.enable_chunked_prefill
         self.stop_checker = StopChecker(eos_token_ids, config.context_len)
+        self.output_estimate = OutputEstimate(config.context_len, config.schedule_conservativeness)
         self.kv_cache = KVCacheManager(
             config.kv_layout,
             num_kvcache_blocks,
@@ -170,9 +175,13 @@ class Scheduler:
         """Move waiting requests to running, in order, while seats, tokens and blocks last.
 
         Each gets blocks for all its tokens; with chunked prefill the last one
-        admitted may compute only the first part of its prompt this step.
+        admitted may compute only the first part of its prompt this step. Beside
+        other running requests, a request is admitted only where the blocks that
+        they and it are expected to take as they decode (`OutputEstimate`) stay free.
         """
         scheduled, counts = [], []
+        estimating = self.output_estimate.conservativeness > 0
+        reserve = self._growth_reserve() if estimating and self.waiting else 0
         while self.waiting and num_running + len(scheduled) < self.max_num_seqs and budget > 0:
             req = self.waiting[0]
             if req.num_placeholders:
@@ -185,9 +194,13 @@ class Scheduler:
             if self.chunked_prefill:
                 n = min(n, budget)
             n = kv_cache.chunk_end(num_cached, num_cached + n) - num_cached
-            if n > budget or not kv_cache.can_allocate(req, hit, num_cached + n):
+            growth = self._expected_growth(req) if estimating else 0
+            # a request admitted alone runs whatever it is expected to write: the pool holds its longest
+            keep_free = reserve + growth if self.running else 0
+            if n > budget or not kv_cache.can_allocate(req, hit, num_cached + n, keep_free):
                 break
             kv_cache.allocate(req, hit, num_cached + n)
+            reserve += growth
             if req.params.prompt_logprobs is None and kv_cache.enable_prefix_caching:
                 self.prefix_cache_queries += req.num_tokens
                 self.prefix_cache_hits += num_cached
@@ -198,6 +211,13 @@ class Scheduler:
             scheduled.append(req)
             counts.append(n)
         return scheduled, counts
+
+    def _growth_reserve(self) -> int:
+        """The blocks the running requests are expected to take before they finish."""
+        return sum(self._expected_growth(req) for req in self.running)
+
+    def _expected_growth(self, req: Request) -> int:
+        return self.kv_cache.growth_blocks(req, req.num_tokens, self.output_estimate.final_tokens(req))
 
     def _schedule_running(self, budget: int | None) -> tuple[list[Request], list[int], bool]:
         """Running requests in order, each with its decode token or its next prompt chunk,
@@ -481,6 +501,8 @@ class Scheduler:
         elif req.status == RequestStatus.WAITING:
             self.waiting.remove(req)
         self._release_from_proposer(req)
+        if reason != "abort":
+            self.output_estimate.observe(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         if req.num_drafts:

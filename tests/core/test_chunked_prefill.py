@@ -81,7 +81,7 @@ def test_preemption_in_the_middle_of_a_chunked_prefill(qwen3_dir):
     [long] = random_prompts([150], seed=16)
     # the decodes cross into their second block while the long prompt holds the rest of the pool
     params = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)] * 4 + [GREEDY]
-    llm = LLM(qwen3_dir, max_num_batched_tokens=32, num_kvcache_blocks=16, **ENGINE)
+    llm = LLM(qwen3_dir, max_num_batched_tokens=32, num_kvcache_blocks=16, schedule_conservativeness=0, **ENGINE)
     preempted = []
     scheduler = llm.client.core.scheduler
     original = scheduler._preempt

@@ -662,3 +662,57 @@ def test_without_prefix_caching_a_repeated_prompt_is_computed_again_and_no_query
     out = sched.schedule()
     assert out.req_ids == ["b"] and out.num_computed_tokens == [0] and out.token_ids == [prompt]
     assert (sched.stats().prefix_cache_queries, sched.stats().prefix_cache_hits) == (0, 0)
+
+
+def run_to_completion(sched, reqs):
+    """Add `reqs` and run steps (each read back at once) until every request finished; the most requests
+    that ran at once."""
+    add_all(sched, *reqs)
+    most = 0
+    while sched.has_requests():
+        step(sched)
+        most = max(most, len(sched.running))
+    return most
+
+
+def outgrowing_requests():
+    # 4 prompts of 2 blocks that share none, each writing 3 blocks more: 20 blocks in all, 16 in the pool
+    return [make_req(name, range(2 + 10 * i, 10 + 10 * i), max_tokens=12) for i, name in enumerate("abcd")]
+
+
+def test_admission_keeps_room_for_the_running_requests_to_decode():
+    sched = make_scheduler(conservativeness=1.0)
+    # each request is expected to end with 20 tokens (5 blocks): 3 of them run at once, and none is preempted
+    assert run_to_completion(sched, outgrowing_requests()) == 3
+    assert sched.num_preemptions == 0
+    assert sched.kv_cache.num_free_blocks == 16
+
+
+def test_admission_while_prompts_fit_preempts_as_requests_outgrow_the_pool():
+    sched = make_scheduler(conservativeness=0.0)
+    assert run_to_completion(sched, outgrowing_requests()) == 4
+    assert sched.num_preemptions > 0
+
+
+def test_a_lone_request_is_admitted_whatever_it_is_expected_to_write():
+    # expected to reach 64 tokens (16 blocks) once its 40 tokens of output are written; others wait meanwhile
+    sched = make_scheduler(conservativeness=1.0)
+    a, b = add_all(sched, make_req("a", range(2, 26), max_tokens=40), make_req("b", [3, 4]))
+    assert step(sched).req_ids == ["a"]
+    assert list(sched.waiting) == [b]
+    assert run_to_completion(sched, []) == 1
+    assert sched.num_preemptions == 0
+
+
+def test_admission_learns_that_requests_stop_early():
+    sched = make_scheduler(num_blocks=64, max_model_len=256, conservativeness=1.0)
+    # requests allowed 100 tokens that stop at their second: the estimate comes down to a few tokens each
+    for i in range(100):
+        sched.add_request(make_req(f"warm{i}", [5, 6, 7, 8], max_tokens=100))
+        out = step(sched)
+        sched.update(sched.schedule(), ModelRunnerOutput([[EOS]] * len(sched.running)))
+        assert out.req_ids == [f"warm{i}"] and not sched.has_requests()
+    assert sched.output_estimate.share < 0.1
+    add_all(sched, *[make_req(f"r{i}", range(2, 6), max_tokens=100) for i in range(8)])
+    # 8 one-block prompts expected to write a few blocks each fit the 64 blocks where 8 x 26 would not
+    assert len(step(sched).req_ids) == 8

@@ -127,3 +127,13 @@ def test_many_sliding_requests_fit_where_full_attention_would_preempt():
     # the same memory: 26 blocks of 2 layers, or 13 blocks of all 4 layers
     assert run(ALTERNATING, 26) == (0, [21, 21, 21])
     assert run(cache_layout((SLIDING, FULL) * 2, full_attention_only=True), 13)[0] > 0
+
+
+def test_growth_counts_a_sliding_groups_blocks_only_up_to_its_window():
+    manager = KVCacheManager(ALTERNATING, 64, BS)
+    req = make_req("a", range(2, 10))
+    # full group: from 2 blocks to 25; sliding group: from 2 blocks to the 3 that a window of 8 spans at most
+    assert manager.growth_blocks(req, 8, 100) == 23 + 1
+    assert manager.growth_blocks(req, 8, 8) == 0
+    full_only = KVCacheManager(cache_layout((SLIDING, FULL) * 2, full_attention_only=True), 64, BS)
+    assert full_only.growth_blocks(req, 8, 100) == 23

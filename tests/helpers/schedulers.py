@@ -26,9 +26,10 @@ def make_scheduler(
     layout: CacheLayout = FULL_ATTENTION,
     lookback=0,
     num_state_slots=0,
+    conservativeness=0.0,
 ):
     """A scheduler of `num_blocks` blocks for the cache groups of `layout`; the other arguments set its
-    config's fields."""
+    config's fields. It admits while prompts fit (`conservativeness` 0) unless told otherwise."""
     config = SimpleNamespace(
         max_num_seqs=max_num_seqs,
         token_budget=max_num_batched_tokens,
@@ -40,6 +41,7 @@ def make_scheduler(
         enable_prefix_caching=prefix_caching,
         kv_layout=layout,
         kv_lookback=lookback,
+        schedule_conservativeness=conservativeness,
     )
     return Scheduler(config, num_blocks, (EOS,), num_state_slots=num_state_slots)
 

@@ -133,7 +133,8 @@ def test_prefix_hits_and_preemption_give_the_same_tokens(qwen3_dir):
     shared = repetitive_prompts([3 * BLOCK], seed=2)[0]
     prompts = [shared + p for p in repetitive_prompts([2, 9, 20, 5, 13, 1], seed=3)]
     params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
-    kwargs = dict(num_kvcache_blocks=14, max_num_batched_tokens=256)
+    # admitted while their prompts fit (no room kept for decoding), the requests outgrow the pool
+    kwargs = dict(num_kvcache_blocks=14, max_num_batched_tokens=256, schedule_conservativeness=0)
     plain = token_ids(engine(qwen3_dir, **kwargs).generate(prompts, params, use_tqdm=False))
     llm = spec_engine(qwen3_dir, **kwargs)
     preempted = record_preemptions(llm)
@@ -267,7 +268,12 @@ def test_random_drafts_under_preemption_and_prefix_sharing_change_no_token(qwen3
         )
         for _ in prompts
     ]
-    kwargs = dict(num_kvcache_blocks=10, enable_chunked_prefill=chunked, max_num_batched_tokens=256 if chunked else 512)
+    kwargs = dict(
+        num_kvcache_blocks=10,
+        enable_chunked_prefill=chunked,
+        max_num_batched_tokens=256 if chunked else 512,
+        schedule_conservativeness=0,  # admitted while their prompts fit, the requests outgrow the pool
+    )
     plain = engine(qwen3_dir, **kwargs).generate(prompts, params, use_tqdm=False)
     # proposing ahead, requests with drafts in flight sit steps out and may be preempted meanwhile
     llm = spec_engine(qwen3_dir, NoisyProposer(full_sequences(prompts, plain), seed, ahead=seed != 1), **kwargs)
