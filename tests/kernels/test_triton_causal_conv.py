@@ -1,0 +1,138 @@
+"""The causal convolution's Triton kernels against the PyTorch reference (`torch_causal_conv.py`) on the same
+inputs: outputs, the states they leave in their slots (and no other slot), and the per-position states (on
+the CPU under the Triton interpreter, which conftest selects)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+from nanovllm.kernels.torch_causal_conv import causal_conv_queries, causal_conv_varlen  # noqa: E402
+from nanovllm.kernels.triton_causal_conv import conv_queries, conv_varlen  # noqa: E402
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"
+UNUSED_SLOTS = 4  # besides those of the sequences and the scratch slot
+# one rounding of the output to bf16 past fp32 sums in another order: to nearest on the GPU (half an ulp, 2^-8
+# of the value at most), toward zero in the interpreter (an ulp)
+BF16_ROUNDING = 2**-8 if ON_GPU else 2**-7
+TOLERANCE = {torch.float32: {"atol": 1e-5, "rtol": 1e-5}, torch.bfloat16: {"atol": 1e-5, "rtol": BF16_ROUNDING}}
+
+
+def strided(rows: torch.Tensor) -> torch.Tensor:
+    """`rows` [..., C] as a column slice of a wider tensor, as the layer's projection output gives it."""
+    wide = torch.randn(*rows.shape[:-1], rows.size(-1) + 9, device=rows.device, dtype=rows.dtype)
+    wide[..., 5 : 5 + rows.size(-1)] = rows
+    return wide[..., 5 : 5 + rows.size(-1)]
+
+
+def make_inputs(num_seqs: int, channels: int, kernel: int, dtype: torch.dtype, seed: int):
+    """Weights [C, K], a state cache [slots + 1, C, K - 1] and distinct slots in no order [seqs], some slots
+    unused."""
+    torch.manual_seed(seed)
+    weight = torch.randn(channels, kernel, device=DEVICE).to(dtype)
+    num_slots = num_seqs + UNUSED_SLOTS
+    conv_state = torch.randn(num_slots + 1, channels, kernel - 1, device=DEVICE).to(dtype)
+    slots = torch.randperm(num_slots, device=DEVICE)[:num_seqs]
+    return weight, conv_state, slots
+
+
+def activated(out: torch.Tensor, silu: bool) -> torch.Tensor:
+    return F.silu(out) if silu else out
+
+
+def assert_other_slots_untouched(conv_state: torch.Tensor, before: torch.Tensor, slots: torch.Tensor) -> None:
+    others = torch.ones(conv_state.size(0), dtype=torch.bool, device=conv_state.device)
+    others[slots] = False
+    assert torch.equal(conv_state[others], before[others])
+
+
+def check_varlen(lengths: list[int], channels: int, kernel: int, dtype: torch.dtype, silu: bool, num_steps: int):
+    """conv_varlen on sequences of `lengths` (x a strided view) against the reference in fp32 on the same
+    values: outputs within one rounding, states exact."""
+    weight, conv_state, slots = make_inputs(len(lengths), channels, kernel, dtype, seed=len(lengths) + kernel)
+    x = strided(torch.randn(sum(lengths), channels, device=DEVICE).to(dtype))
+    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
+    states, before = conv_state[slots], conv_state.clone()
+    step_states = want_steps = None
+    if num_steps:
+        step_states = torch.full((len(lengths), num_steps, channels, kernel - 1), 7.0, device=DEVICE, dtype=dtype)
+        want_steps = torch.empty_like(step_states, dtype=torch.float32)
+    want_out, want_states = causal_conv_varlen(x.float(), weight.float(), states.float(), cu_seqlens, want_steps)
+    out = conv_varlen(x, weight, conv_state, slots, cu_seqlens, step_states, silu=silu)
+    assert out.shape == x.shape and out.dtype == dtype
+    torch.testing.assert_close(out.float(), activated(want_out, silu), **TOLERANCE[dtype])
+    assert torch.equal(conv_state[slots], want_states.to(dtype))
+    assert_other_slots_untouched(conv_state, before, slots)
+    if num_steps:
+        assert torch.equal(step_states, want_steps.to(dtype))
+
+
+@pytest.mark.parametrize("silu", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kernel", [2, 3, 4])
+def test_varlen_equals_the_reference_and_leaves_each_sequence_its_last_inputs(kernel, dtype, silu):
+    # one token, shorter than K - 1, exactly K - 1, and a 2-token sequence across the 64-token tile's edge
+    lengths = [5, 1, 2, 55, 2, 9, 1, 3]
+    check_varlen(lengths, channels=44, kernel=kernel, dtype=dtype, silu=silu, num_steps=3)
+
+
+def test_varlen_without_step_states():
+    check_varlen([3, 1, 7], channels=70, kernel=4, dtype=torch.float32, silu=True, num_steps=0)
+
+
+@pytest.mark.parametrize("silu", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("queries", [1, 3])
+def test_queries_equal_the_reference(queries, dtype, silu):
+    num_seqs, channels, kernel = 4, 60, 4
+    weight, conv_state, slots = make_inputs(num_seqs, channels, kernel, dtype, seed=queries)
+    x = strided(torch.randn(num_seqs, queries, channels, device=DEVICE).to(dtype))
+    states, before = conv_state[slots], conv_state.clone()
+    step_states = torch.full((num_seqs, queries, channels, kernel - 1), 7.0, device=DEVICE, dtype=dtype)
+    want_out, want_steps = causal_conv_queries(x.float(), weight.float(), states.float())
+    out = conv_queries(x, weight, conv_state, slots, step_states, silu=silu)
+    assert out.shape == x.shape and out.dtype == dtype
+    torch.testing.assert_close(out.float(), activated(want_out, silu), **TOLERANCE[dtype])
+    assert torch.equal(step_states, want_steps.to(dtype))
+    if queries == 1:  # a decode step moves each slot on to the state after its token
+        assert torch.equal(conv_state[slots], want_steps[:, -1].to(dtype))
+        assert_other_slots_untouched(conv_state, before, slots)
+    else:  # a verify step leaves every slot alone
+        assert torch.equal(conv_state, before)
+
+
+def test_a_decode_step_without_step_states_moves_the_slots_on():
+    num_seqs, channels, kernel = 3, 40, 3
+    weight, conv_state, slots = make_inputs(num_seqs, channels, kernel, torch.float32, seed=5)
+    x = torch.randn(num_seqs, 1, channels, device=DEVICE)
+    want_out, want_steps = causal_conv_queries(x, weight, conv_state[slots])
+    out = conv_queries(x, weight, conv_state, slots, silu=False)
+    torch.testing.assert_close(out, want_out, atol=1e-5, rtol=1e-5)
+    assert torch.equal(conv_state[slots], want_steps[:, -1])
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize("lengths", [[16384], [9000, 1, 2, 7381], [8] * 2048], ids=["one", "mixed", "short"])
+def test_a_large_prefill_on_the_gpu(lengths):
+    # Qwen3.5-9B's channels: q and k of 16 heads x 128, v of 32 x 128
+    check_varlen(lengths, channels=8192, kernel=4, dtype=torch.bfloat16, silu=True, num_steps=4)
+
+
+@pytest.mark.gpu
+def test_a_decode_step_replays_in_a_cuda_graph():
+    num_seqs, channels, kernel = 8, 8192, 4
+    weight, conv_state, slots = make_inputs(num_seqs, channels, kernel, torch.bfloat16, seed=9)
+    x = torch.randn(num_seqs, 1, channels, device=DEVICE, dtype=torch.bfloat16)
+    conv_queries(x, weight, conv_state.clone(), slots)  # compiles outside the capture
+    graph = torch.cuda.CUDAGraph()
+    start = conv_state.clone()
+    with torch.cuda.graph(graph):
+        out = conv_queries(x, weight, conv_state, slots)
+    conv_state.copy_(start)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    want_out, want_steps = causal_conv_queries(x.float(), weight.float(), start[slots].float())
+    torch.testing.assert_close(out.float(), F.silu(want_out), **TOLERANCE[torch.bfloat16])
+    assert torch.equal(conv_state[slots], want_steps[:, -1].to(torch.bfloat16))
