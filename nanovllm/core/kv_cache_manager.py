@@ -4,6 +4,7 @@ from array import array
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
 import xxhash
 
 from nanovllm.cache.layout import CacheGroup, CacheLayout
@@ -85,10 +86,11 @@ class KVCacheManager:
     ):
         self.groups: tuple[CacheGroup, ...] = layout.groups
         self._windows = [group.window for group in layout.groups]  # read at every step of every request
-        # one group of each window and how many groups have it: groups of one window grow alike
+        # per window, how many groups have it and the most blocks a request holds in one of them (None: every
+        # block, full attention)
         self._group_kinds = [
-            (next(group for group in layout.groups if group.window == window), self._windows.count(window))
-            for window in dict.fromkeys(self._windows)
+            (self._windows.count(window), None if window is None else group.blocks_held(1 << 40, block_size, lookback))
+            for window, group in {group.window: group for group in layout.groups}.items()
         ]
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -97,6 +99,10 @@ class KVCacheManager:
         self.cached_blocks: dict[tuple[int, int], int] = {}  # (group, prefix hash) -> block id
         self.free_block_ids: deque[int] = deque(range(num_blocks))
         self.states = StateSlots(num_state_slots) if layout.has_state else None
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
 
     @property
     def num_free_blocks(self) -> int:
@@ -148,23 +154,36 @@ class KVCacheManager:
                 moved = True
         return num_blocks
 
-    def can_allocate(self, req: Request, hit: PrefixHit, end: int, reserve: int = 0) -> bool:
+    def can_allocate(self, req: Request, hit: PrefixHit, end: int) -> bool:
         """Whether the free list covers `req`'s blocks on admission, given its prefix hit, when its first
-        step computes its tokens up to `end`, and leaves `reserve` blocks free beside them."""
+        step computes its tokens up to `end`."""
         revived = sum(1 for table in hit.tables for b in table if b != NO_BLOCK and self.blocks[b].ref_count == 0)
         lengths = self._table_lengths(req, end)
         new = sum(max(0, length - len(table)) for length, table in zip(lengths, hit.tables))
         if self.states is not None and not self.states.can_admit(hit.state_source):
             return False
-        return revived + new + reserve <= self.num_free_blocks
+        return revived + new <= self.num_free_blocks
 
-    def growth_blocks(self, req: Request, start: int, final: int) -> int:
-        """The blocks a request takes over every group as it grows from `start` tokens to `final`, less those
-        its windows give back meanwhile."""
-        bs, lookback = self.block_size, self.lookback
+    def peak_blocks(self, plans: list[tuple[int, int, int]]) -> int:
+        """A bound on the most blocks that requests hold at once as they decode on, each given as (tokens
+        now, tokens at its end, steps until its end) and taking at most a token per step until then.
+
+        In a full-attention group the requests hold the most just before one of
+        them ends, when each that ends no sooner holds at most its tokens now
+        plus the steps gone; a sliding group holds at most what each request's
+        window spans at its end.
+        """
+        now, end, steps = np.array(plans, dtype=np.int64).reshape(-1, 3).T  # [requests] each
+        bs = self.block_size
+        order = np.argsort(-steps, kind="stable")
+        running = np.arange(1, len(order) + 1)
+        held = np.cumsum(now[order])
+        # sum(ceil(tokens_i / bs)) <= (sum(tokens_i) + running * (bs - 1)) // bs
+        peak = int(((held + running * (steps[order] + bs - 1)) // bs).max(initial=0))
+        end_blocks = (end + bs - 1) // bs
         return sum(
-            count * max(0, group.blocks_held(final, bs, lookback) - group.blocks_held(start, bs, lookback))
-            for group, count in self._group_kinds
+            count * (peak if most is None else int(np.minimum(end_blocks, most).sum()))
+            for count, most in self._group_kinds
         )
 
     def allocate(self, req: Request, hit: PrefixHit, end: int) -> None:

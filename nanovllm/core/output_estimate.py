@@ -2,15 +2,16 @@
 
 A request admitted while the pool holds its prompt may later find no block for
 its completion; then a request is preempted, and its whole sequence computed
-again. Admission therefore keeps free the blocks the running requests are
-expected to take as they decode: each request's remaining `max_tokens`
-(capped at `CAPPED_OUTPUT` tokens, so that a request without a limit does not
-reserve the whole context), times the share of their budget that finished
-requests wrote, times `Config.schedule_conservativeness`. The share starts at
-1 (a request may write every token it was allowed) and follows the requests
-that finish, so that chat requests that stop at a few hundred tokens of a
-large `max_tokens` reserve about that much.
-An estimate that falls short still ends in a preemption, as without it.
+again. Admission therefore looks ahead: it admits a request only where the
+running requests and it, decoding to their expected ends, never hold more blocks
+than the pool has (`KVCacheManager.peak_blocks`). A request is expected to
+write its `max_tokens` (capped at `CAPPED_OUTPUT` tokens, so that a request
+without a limit does not plan for the whole context), times the share of their
+budget that finished requests wrote, times `Config.schedule_conservativeness`.
+The share starts at 1 (a request may write every token it was allowed) and
+follows the requests that finish, so that chat requests that stop at a few
+hundred tokens of a large `max_tokens` are planned at about that much. An
+estimate that falls short still ends in a preemption, as without it.
 """
 
 import math
@@ -18,7 +19,7 @@ import math
 from nanovllm.core.request import Request
 
 # the most tokens a request is expected to write however large its max_tokens: requests without a limit
-# would otherwise reserve the whole context each
+# would otherwise plan for the whole context each
 CAPPED_OUTPUT = 4096
 
 # weight of each finished request in the running average of the share of its budget it wrote

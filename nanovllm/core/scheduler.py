@@ -177,11 +177,12 @@ class Scheduler:
         Each gets blocks for all its tokens; with chunked prefill the last one
         admitted may compute only the first part of its prompt this step. Beside
         other running requests, a request is admitted only where the blocks that
-        they and it are expected to take as they decode (`OutputEstimate`) stay free.
+        all of them hold as they decode to their expected ends (`OutputEstimate`)
+        never outgrow the pool (`KVCacheManager.peak_blocks`).
         """
         scheduled, counts = [], []
-        estimating = self.output_estimate.conservativeness > 0
-        reserve = self._growth_reserve() if estimating and self.waiting else 0
+        estimating = self.output_estimate.conservativeness > 0 and bool(self.waiting)
+        plans, queued = self._decode_plans() if estimating else ([], 0)
         while self.waiting and num_running + len(scheduled) < self.max_num_seqs and budget > 0:
             req = self.waiting[0]
             if req.num_placeholders:
@@ -194,13 +195,15 @@ class Scheduler:
             if self.chunked_prefill:
                 n = min(n, budget)
             n = kv_cache.chunk_end(num_cached, num_cached + n) - num_cached
-            growth = self._expected_growth(req) if estimating else 0
-            # a request admitted alone runs whatever it is expected to write: the pool holds its longest
-            keep_free = reserve + growth if self.running else 0
-            if n > budget or not kv_cache.can_allocate(req, hit, num_cached + n, keep_free):
+            if n > budget or not kv_cache.can_allocate(req, hit, num_cached + n):
                 break
+            if estimating:
+                queued += req.num_tokens - num_cached
+                plans.append(self._decode_plan(req, queued))
+                # a request admitted alone runs whatever it is expected to write: the pool holds its longest
+                if self.running and kv_cache.peak_blocks(plans) > kv_cache.num_blocks:
+                    break
             kv_cache.allocate(req, hit, num_cached + n)
-            reserve += growth
             if req.params.prompt_logprobs is None and kv_cache.enable_prefix_caching:
                 self.prefix_cache_queries += req.num_tokens
                 self.prefix_cache_hits += num_cached
@@ -212,12 +215,22 @@ class Scheduler:
             counts.append(n)
         return scheduled, counts
 
-    def _growth_reserve(self) -> int:
-        """The blocks the running requests are expected to take before they finish."""
-        return sum(self._expected_growth(req) for req in self.running)
+    def _decode_plans(self) -> tuple[list[tuple[int, int, int]], int]:
+        """Each running request's (tokens now, tokens at its expected end, steps until then), and the tokens
+        that the running requests have still to compute."""
+        plans, queued = [], 0
+        for req in self.running:
+            queued += req.num_tokens - req.num_computed_tokens
+            plans.append(self._decode_plan(req, queued))
+        return plans, queued
 
-    def _expected_growth(self, req: Request) -> int:
-        return self.kv_cache.growth_blocks(req, req.num_tokens, self.output_estimate.final_tokens(req))
+    def _decode_plan(self, req: Request, queued: int) -> tuple[int, int, int]:
+        """`req`'s (tokens now, tokens at its expected end, steps until then), where it samples its next token
+        in the step that computes the last of the `queued` tokens (those ahead of it and its own uncomputed
+        ones, a token budget a step), and a token a step after that."""
+        now, end = req.num_tokens, self.output_estimate.final_tokens(req)
+        first_step = -(-queued // self.max_num_batched_tokens)
+        return now, end, end - now + max(0, first_step - 1)
 
     def _schedule_running(self, budget: int | None) -> tuple[list[Request], list[int], bool]:
         """Running requests in order, each with its decode token or its next prompt chunk,

@@ -676,22 +676,35 @@ def run_to_completion(sched, reqs):
 
 
 def outgrowing_requests():
-    # 4 prompts of 2 blocks that share none, each writing 3 blocks more: 20 blocks in all, 16 in the pool
-    return [make_req(name, range(2 + 10 * i, 10 + 10 * i), max_tokens=12) for i, name in enumerate("abcd")]
+    # 5 prompts of 2 blocks that share none, each writing 8 blocks more: 50 blocks in all, 40 in the pool
+    return [make_req(name, range(2 + 10 * i, 10 + 10 * i), max_tokens=32) for i, name in enumerate("abcde")]
 
 
 def test_admission_keeps_room_for_the_running_requests_to_decode():
-    sched = make_scheduler(conservativeness=1.0)
-    # each request is expected to end with 20 tokens (5 blocks): 3 of them run at once, and none is preempted
-    assert run_to_completion(sched, outgrowing_requests()) == 3
+    sched = make_scheduler(num_blocks=40, max_model_len=64, conservativeness=1.0)
+    reqs = add_all(sched, *outgrowing_requests())
+    # each request is expected to end with 40 tokens (10 blocks): 3 start (the bound on their peak counts up to
+    # a block more each for part-full last blocks); a fourth joins once they near their ends, none is preempted
+    assert step(sched).req_ids == ["a", "b", "c"]
+    assert run_to_completion(sched, []) == 4
+    assert sched.num_preemptions == 0 and all(req.num_output_tokens == 32 for req in reqs)
     assert sched.num_preemptions == 0
-    assert sched.kv_cache.num_free_blocks == 16
+    assert sched.kv_cache.num_free_blocks == 40
 
 
 def test_admission_while_prompts_fit_preempts_as_requests_outgrow_the_pool():
-    sched = make_scheduler(conservativeness=0.0)
-    assert run_to_completion(sched, outgrowing_requests()) == 4
+    sched = make_scheduler(num_blocks=40, max_model_len=64, conservativeness=0.0)
+    assert run_to_completion(sched, outgrowing_requests()) == 5
     assert sched.num_preemptions > 0
+
+
+def test_admission_counts_that_requests_end_at_different_times():
+    # a ends after 4 more tokens, b after 36: b's growth takes the blocks a gives back
+    sched = make_scheduler(num_blocks=16, max_model_len=64, conservativeness=1.0)
+    a, b = add_all(sched, make_req("a", range(2, 22), max_tokens=4), make_req("b", range(30, 34), max_tokens=36))
+    assert step(sched).req_ids == ["a", "b"]
+    assert run_to_completion(sched, []) == 2
+    assert sched.num_preemptions == 0
 
 
 def test_a_lone_request_is_admitted_whatever_it_is_expected_to_write():

@@ -129,11 +129,18 @@ def test_many_sliding_requests_fit_where_full_attention_would_preempt():
     assert run(cache_layout((SLIDING, FULL) * 2, full_attention_only=True), 13)[0] > 0
 
 
-def test_growth_counts_a_sliding_groups_blocks_only_up_to_its_window():
+def test_peak_counts_a_sliding_groups_blocks_only_up_to_its_window():
     manager = KVCacheManager(ALTERNATING, 64, BS)
-    req = make_req("a", range(2, 10))
-    # full group: from 2 blocks to 25; sliding group: from 2 blocks to the 3 that a window of 8 spans at most
-    assert manager.growth_blocks(req, 8, 100) == 23 + 1
-    assert manager.growth_blocks(req, 8, 8) == 0
+    # one request of 8 tokens growing to 100 in 92 steps: the full group ends at 25 blocks, the sliding group
+    # at the 3 blocks a window of 8 spans at most
+    assert manager.peak_blocks([(8, 100, 92)]) == 25 + 3
     full_only = KVCacheManager(cache_layout((SLIDING, FULL) * 2, full_attention_only=True), 64, BS)
-    assert full_only.growth_blocks(req, 8, 100) == 23
+    assert full_only.peak_blocks([(8, 100, 92)]) == 25
+
+
+def test_peak_is_just_before_a_request_ends():
+    manager = KVCacheManager(cache_layout((FULL,) * 2), 64, BS)
+    # a: 40 tokens ending in 4 steps; b: 4 tokens ending in 36 steps. Just before a ends they hold 44 + 8
+    # tokens, just before b ends 40 tokens: the peak is the first, in 4-token blocks rounded up each
+    assert manager.peak_blocks([(40, 44, 4), (4, 40, 36)]) == (52 + 2 * 3) // 4
+    assert manager.peak_blocks([]) == 0

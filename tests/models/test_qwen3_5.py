@@ -293,7 +293,8 @@ def test_preempted_requests_resume_with_transformers_tokens(qwen3_5_dir):
     prompts = random_prompts([20, 30, 12, 25, 18, 40], seed=3)
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     # 8 blocks hold 128 tokens of the two attention layers; together the requests need about twice that
-    tight = LLM(qwen3_5_dir, **{**ENGINE, "num_kvcache_blocks": 8})
+    # admitted while prompts fit (no room kept for decoding), the requests outgrow the pool
+    tight = LLM(qwen3_5_dir, **{**ENGINE, "num_kvcache_blocks": 8, "schedule_conservativeness": 0})
     preempted = record_preemptions(tight)
     outputs = token_ids(tight.generate(prompts, params, use_tqdm=False))
     tight.close()

@@ -338,9 +338,12 @@ def test_requests_that_pass_their_drafts_in_flight_change_no_token(qwen3_dir, pr
         else SamplingParams(temperature=0.8, seed=i, max_tokens=30, ignore_eos=True)
         for i in range(len(prompts))
     ]
-    plain = engine(qwen3_dir, num_kvcache_blocks=num_blocks).generate(prompts, params, use_tqdm=False)
+    # admitted while prompts fit (no room kept for decoding), the requests outgrow a pool of 10 blocks
+    plain = engine(qwen3_dir, num_kvcache_blocks=num_blocks, schedule_conservativeness=0).generate(
+        prompts, params, use_tqdm=False
+    )
     proposer = GuessingProposer(full_sequences(prompts, plain), right, seed=num_blocks)
-    llm = spec_engine(qwen3_dir, proposer, num_kvcache_blocks=num_blocks)
+    llm = spec_engine(qwen3_dir, proposer, num_kvcache_blocks=num_blocks, schedule_conservativeness=0)
     llm.client.core.scheduler.verify_ahead = True
     runner = llm.client.core.executor
     if graphs and not torch.cuda.is_available():
