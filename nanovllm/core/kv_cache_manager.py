@@ -168,21 +168,19 @@ class KVCacheManager:
         """A bound on the most blocks that requests hold at once as they decode on, each given as (tokens
         now, tokens at its end, steps until its end) and taking at most a token per step until then.
 
-        In a full-attention group the requests hold the most just before one of
-        them ends, when each that ends no sooner holds at most its tokens now
-        plus the steps gone; a sliding group holds at most what each request's
-        window spans at its end.
+        The requests hold the most just before one of them ends: then each that
+        ends no sooner holds at most its tokens now plus the steps gone, and in a
+        sliding group at most what its window spans.
         """
         now, end, steps = np.array(plans, dtype=np.int64).reshape(-1, 3).T  # [requests] each
         bs = self.block_size
         order = np.argsort(-steps, kind="stable")
-        running = np.arange(1, len(order) + 1)
+        running = np.arange(1, len(order) + 1)  # [requests]: those still running just before each one ends
         held = np.cumsum(now[order])
         # sum(ceil(tokens_i / bs)) <= (sum(tokens_i) + running * (bs - 1)) // bs
-        peak = int(((held + running * (steps[order] + bs - 1)) // bs).max(initial=0))
-        end_blocks = (end + bs - 1) // bs
+        full = (held + running * (steps[order] + bs - 1)) // bs  # [requests]
         return sum(
-            count * (peak if most is None else int(np.minimum(end_blocks, most).sum()))
+            count * int((full if most is None else np.minimum(full, running * most)).max(initial=0))
             for count, most in self._group_kinds
         )
 

@@ -134,6 +134,8 @@ def test_peak_counts_a_sliding_groups_blocks_only_up_to_its_window():
     # one request of 8 tokens growing to 100 in 92 steps: the full group ends at 25 blocks, the sliding group
     # at the 3 blocks a window of 8 spans at most
     assert manager.peak_blocks([(8, 100, 92)]) == 25 + 3
+    # short of its window a sliding group holds what a full group does
+    assert manager.peak_blocks([(2, 6, 4), (3, 7, 4)]) == 4 + 4
     full_only = KVCacheManager(cache_layout((SLIDING, FULL) * 2, full_attention_only=True), 64, BS)
     assert full_only.peak_blocks([(8, 100, 92)]) == 25
 
