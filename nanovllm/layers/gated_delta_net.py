@@ -19,7 +19,12 @@ heads, key_head_dim, value_head_dim] in fp32. Each sequence starts from its slot
 and leaves its state there. With speculative decoding the worker also binds per-position states
 [max_num_seqs, queries, ...] of each: a verify step writes the state after each query there instead of the
 slot, and a varlen step the state after each of a sequence's first queries too, so that the runner can keep
-the state after each request's last kept draft. The recurrence runs in plain PyTorch on every device for now.
+the state after each request's last kept draft.
+
+On CUDA, once the states are bound, Triton kernels run in place on the slots: the convolution
+(`kernels/triton_causal_conv.py`), the chunked delta rule for prefill steps and the token-by-token one for
+decode and verify steps and for varlen steps that keep per-position states, with the decay, write strength and
+q/k norms computed inside them. The CPU, and every device before binding, runs the PyTorch references.
 """
 
 import torch
@@ -28,6 +33,9 @@ from torch import nn
 
 from nanovllm.kernels.torch_causal_conv import causal_conv_queries, causal_conv_varlen
 from nanovllm.kernels.torch_gated_delta import gated_delta_rule
+from nanovllm.kernels.triton_causal_conv import conv_queries, conv_varlen
+from nanovllm.kernels.triton_gated_delta_chunked import gated_delta_chunked
+from nanovllm.kernels.triton_gated_delta_recurrent import gated_delta_recurrent
 from nanovllm.layers.activation import ACTIVATIONS
 from nanovllm.layers.fused_projection import NormedProjection
 from nanovllm.layers.layernorm import rms_norm
@@ -111,6 +119,7 @@ class GatedDeltaNet(RecurrentLayer):
         self.norm = GatedRMSNorm(value_head_dim, eps)
         self.out_proj = RowParallelLinear(value_dim, hidden_size)
         self.activation = ACTIVATIONS[activation]
+        self.activation_is_silu = activation in ("silu", "swish")  # the one the convolution kernels fuse
         self.normed_in_proj = NormedProjection(input_norm, self.in_proj)
         # this rank's q, k, v (the convolution's channels), z, b and a, as the fused projection gives them
         rank_key_dim, rank_value_dim = self.num_key_heads * key_head_dim, self.num_value_heads * value_head_dim
@@ -146,8 +155,7 @@ class GatedDeltaNet(RecurrentLayer):
         q = q.view(tokens, self.num_key_heads, self.key_head_dim)
         k = k.view(tokens, self.num_key_heads, self.key_head_dim)
         v = v.view(tokens, self.num_value_heads, self.value_head_dim)
-        g = -self.A_log.exp() * F.softplus(a.float() + self.dt_bias)  # [tokens, value heads], <= 0
-        out = self._recur(q, k, v, g, b.sigmoid(), context).to(x.dtype)  # [tokens, value heads, value_head_dim]
+        out = self._recur(q, k, v, a, b, context).to(x.dtype)  # [tokens, value heads, value_head_dim]
         out = self.norm(out, z.view_as(out))
         return self.out_proj(out.flatten(1)), residual
 
@@ -184,6 +192,11 @@ class GatedDeltaNet(RecurrentLayer):
         else:
             states = self.conv_state[slots]
         step_states = self._step_states(self.conv_steps, slots, context, num_seqs)
+        if self._on_kernels(mixed, slots) and self.activation_is_silu:
+            if context.is_prefill:
+                return conv_varlen(mixed, weight, self.conv_state, slots, context.cu_seqlens_q, step_states)
+            queries = mixed.view(num_seqs, context.queries_per_seq, -1)
+            return conv_queries(queries, weight, self.conv_state, slots, step_states).flatten(0, 1)
         if context.is_prefill:
             out, states = causal_conv_varlen(mixed, weight, states, context.cu_seqlens_q, step_states)
         else:
@@ -198,12 +211,23 @@ class GatedDeltaNet(RecurrentLayer):
             self.conv_state[slots] = states.to(self.conv_state.dtype)
         return self.activation(out)
 
+    def _on_kernels(self, x: torch.Tensor, slots: torch.Tensor | None) -> bool:
+        """Whether this step runs the Triton kernels: on CUDA, once the states are bound."""
+        return x.is_cuda and slots is not None
+
     def _recur(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, context: Context
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor, context: Context
     ) -> torch.Tensor:
         """The gated delta rule over each sequence's new tokens from its state, the state after its last
         token written back to its slot (in a verify step the state after each query to the per-position
-        states instead); fp32 outputs [tokens, value heads, value_head_dim]."""
+        states instead), with the decay -exp(A_log) softplus(a + dt_bias) and the write strength sigmoid(b);
+        fp32 outputs [tokens, value heads, value_head_dim]."""
+        num_seqs = self._num_seqs(context, q.size(0))
+        slots = self._slots(context, num_seqs)
+        if self._on_kernels(q, slots):
+            return self._recur_on_kernels(q, k, v, a, b, context, slots)
+        g = -self.A_log.exp() * F.softplus(a.float() + self.dt_bias)  # [tokens, value heads], <= 0
+        beta = b.sigmoid()
         if not context.is_prefill:  # queries_per_seq tokens per sequence, one after another
             batch = (q.size(0) // context.queries_per_seq, context.queries_per_seq)
             return self._recur_batch(*(t.view(*batch, *t.shape[1:]) for t in (q, k, v, g, beta)), context).flatten(0, 1)
@@ -211,6 +235,29 @@ class GatedDeltaNet(RecurrentLayer):
         seq, step, num_seqs = _token_places(context, q.size(0))
         batch = (num_seqs, context.max_seqlen_q)
         return self._recur_batch(*(_padded(t, seq, step, batch) for t in (q, k, v, g, beta)), context)[seq, step]
+
+    def _recur_on_kernels(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        context: Context,
+        slots: torch.Tensor,
+    ) -> torch.Tensor:
+        """`_recur` in the Triton kernels: the chunked rule for a varlen step, token by token where per-position
+        states are kept (a varlen step with drafts) and in decode and verify steps."""
+        params = (a, b, self.A_log, self.dt_bias, self.recurrent_state, slots)
+        step_states = self._step_states(self.recurrent_steps, slots, context, slots.numel())
+        if not context.is_prefill:
+            queries = context.queries_per_seq
+            return gated_delta_recurrent(
+                q, k, v, *params, queries_per_seq=queries, step_states=step_states, write_state=queries == 1
+            )
+        if step_states is not None:
+            return gated_delta_recurrent(q, k, v, *params, cu_seqlens=context.cu_seqlens_q, step_states=step_states)
+        return gated_delta_chunked(q, k, v, *params, context.cu_seqlens_q, context.max_seqlen_q)
 
     def _recur_batch(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, context: Context

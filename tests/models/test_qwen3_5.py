@@ -26,7 +26,7 @@ from nanovllm.utils.parallel import tensor_parallel
 from nanovllm.worker.kv_cache import LayerKVCache
 
 from helpers.engine_probes import record_preemptions
-from helpers.family_checks import ENGINE, GREEDY, greedy
+from helpers.family_checks import ENGINE, GREEDY, assert_second_turn_matches_transformers, greedy
 from helpers.hf_reference import hf_greedy
 from helpers.prompts import random_prompts, token_ids
 from helpers.qwen3_5_models import LAYER_TYPES, save_qwen3_5, save_qwen3_5_image_text
@@ -274,6 +274,21 @@ ENGINE_PROMPTS = random_prompts([5, 20, 45], seed=6)
 def test_greedy_tokens_in_small_prefill_chunks_equal_transformers(qwen3_5_dir):
     expected = hf_greedy(qwen3_5_dir, ENGINE_PROMPTS, GREEDY.max_tokens)
     assert greedy(qwen3_5_dir, ENGINE_PROMPTS, max_num_batched_tokens=16) == expected
+
+
+@pytest.mark.gpu
+def test_the_triton_kernels_give_transformers_tokens_on_the_gpu(qwen3_5_dir):
+    """On CUDA the convolution and the delta rule run in the Triton kernels: whole prompts of up to 100 tokens
+    (two 64-token chunks of the delta rule), prompts cut every 16 tokens, decode steps in CUDA graphs."""
+    prompts = ENGINE_PROMPTS + random_prompts([100], seed=8)
+    expected = hf_greedy(qwen3_5_dir, prompts, GREEDY.max_tokens)
+    assert greedy(qwen3_5_dir, prompts, device="cuda") == expected
+    assert greedy(qwen3_5_dir, prompts, device="cuda", max_num_batched_tokens=16) == expected
+
+
+@pytest.mark.gpu
+def test_a_second_turn_on_the_gpu_reads_the_first_from_the_prefix_cache(qwen3_5_dir):
+    assert_second_turn_matches_transformers(qwen3_5_dir, device="cuda")
 
 
 def test_a_second_turn_reads_the_first_from_the_prefix_cache(qwen3_5_dir):

@@ -157,6 +157,20 @@ def test_steps_launched_before_the_check_before_them_change_no_token(qwen3_5_dir
     assert_every_state_slot_returned(llm)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("params", [GREEDY, TOP_K_GREEDY], ids=["checked-in-step", "full-sampler"])
+def test_half_right_drafts_on_the_gpu_change_no_token(qwen3_5_dir, prompts, params):
+    """On CUDA: the Triton kernels keep the per-position states, verify steps run in CUDA graphs and are
+    launched before the step before them is checked."""
+    plain = token_ids(engine(qwen3_5_dir, device="cuda").generate(prompts, GREEDY, use_tqdm=False))
+    sequences = [p + t for p, t in zip(prompts, plain)]
+    llm = spec_engine(qwen3_5_dir, ReferenceProposer(sequences, 0.5), device="cuda")
+    assert token_ids(llm.generate(prompts, params, use_tqdm=False)) == plain
+    checked, kept = acceptance(llm)
+    assert 0 < kept < checked
+    assert_every_state_slot_returned(llm)
+
+
 def test_the_per_position_states_are_bound_to_every_recurrent_layer(qwen3_5_dir):
     runner = spec_engine(qwen3_5_dir).client.core.executor
     layers = runner.recurrent_layers
