@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 pytest.importorskip("triton")
+from nanovllm.kernels import triton_causal_conv  # noqa: E402
 from nanovllm.kernels.torch_causal_conv import causal_conv_queries, causal_conv_varlen  # noqa: E402
 from nanovllm.kernels.triton_causal_conv import conv_queries, conv_varlen  # noqa: E402
 
@@ -35,6 +36,15 @@ def make_inputs(num_seqs: int, channels: int, kernel: int, dtype: torch.dtype, s
     conv_state = torch.randn(num_slots + 1, channels, kernel - 1, device=DEVICE).to(dtype)
     slots = torch.randperm(num_slots, device=DEVICE)[:num_seqs]
     return weight, conv_state, slots
+
+
+@pytest.fixture
+def small_tiles(monkeypatch):
+    """Blocks of a few tokens, sequences and channels, so that tiny shapes cross their edges."""
+    for name, value in dict(
+        TOKENS_BLOCK_T=4, TOKENS_BLOCK_C=32, TOKENS_WARPS=1, STATES_BLOCK_C=32, QUERIES_BLOCK_S=2, QUERIES_BLOCK_C=32
+    ).items():
+        monkeypatch.setattr(triton_causal_conv, name, value)
 
 
 def activated(out: torch.Tensor, silu: bool) -> torch.Tensor:
@@ -72,7 +82,7 @@ def check_varlen(lengths: list[int], channels: int, kernel: int, dtype: torch.dt
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kernel", [2, 3, 4])
 def test_varlen_equals_the_reference_and_leaves_each_sequence_its_last_inputs(kernel, dtype, silu):
-    # one token, shorter than K - 1, exactly K - 1, and a 2-token sequence across the 64-token tile's edge
+    # one token, shorter than K - 1, exactly K - 1, and a 2-token sequence across a tile's edge (tokens 63, 64)
     lengths = [5, 1, 2, 55, 2, 9, 1, 3]
     check_varlen(lengths, channels=44, kernel=kernel, dtype=dtype, silu=silu, num_steps=3)
 
@@ -81,11 +91,16 @@ def test_varlen_without_step_states():
     check_varlen([3, 1, 7], channels=70, kernel=4, dtype=torch.float32, silu=True, num_steps=0)
 
 
-@pytest.mark.parametrize("silu", [True, False])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("queries", [1, 3])
-def test_queries_equal_the_reference(queries, dtype, silu):
-    num_seqs, channels, kernel = 4, 60, 4
+@pytest.mark.parametrize("kernel", [3, 4])
+def test_varlen_on_tiles_that_sequences_and_channels_cross(small_tiles, kernel):
+    # 4-token tiles: sequences start inside them, span several, or end before K - 1 tokens; 70 channels end
+    # inside the third 32-channel block
+    check_varlen([1, 6, 2, 3, 9, 1], channels=70, kernel=kernel, dtype=torch.bfloat16, silu=True, num_steps=2)
+
+
+def check_queries(num_seqs: int, channels: int, kernel: int, queries: int, dtype: torch.dtype, silu: bool):
+    """conv_queries (x a strided view) against the reference in fp32 on the same values: outputs within one
+    rounding; per-query states, and the slots a decode step moves on, exact; a verify step's slots untouched."""
     weight, conv_state, slots = make_inputs(num_seqs, channels, kernel, dtype, seed=queries)
     x = strided(torch.randn(num_seqs, queries, channels, device=DEVICE).to(dtype))
     states, before = conv_state[slots], conv_state.clone()
@@ -100,6 +115,19 @@ def test_queries_equal_the_reference(queries, dtype, silu):
         assert_other_slots_untouched(conv_state, before, slots)
     else:  # a verify step leaves every slot alone
         assert torch.equal(conv_state, before)
+
+
+@pytest.mark.parametrize("silu", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("queries", [1, 3])
+def test_queries_equal_the_reference(queries, dtype, silu):
+    check_queries(num_seqs=4, channels=60, kernel=4, queries=queries, dtype=dtype, silu=silu)
+
+
+@pytest.mark.parametrize("queries", [1, 2])
+def test_queries_on_blocks_that_sequences_and_channels_cross(small_tiles, queries):
+    # blocks of 2 sequences, the last one half empty; 70 channels end inside the third 32-channel block
+    check_queries(num_seqs=5, channels=70, kernel=4, queries=queries, dtype=torch.bfloat16, silu=True)
 
 
 def test_a_decode_step_without_step_states_moves_the_slots_on():
@@ -118,6 +146,13 @@ def test_a_decode_step_without_step_states_moves_the_slots_on():
 def test_a_large_prefill_on_the_gpu(lengths):
     # Qwen3.5-9B's channels: q and k of 16 heads x 128, v of 32 x 128
     check_varlen(lengths, channels=8192, kernel=4, dtype=torch.bfloat16, silu=True, num_steps=4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("queries", [1, 4])
+def test_a_large_decode_on_the_gpu(queries):
+    # 100 sequences: full blocks of sequences and a last one partly empty, over Qwen3.5-9B's channels
+    check_queries(num_seqs=100, channels=8192, kernel=4, queries=queries, dtype=torch.bfloat16, silu=True)
 
 
 @pytest.mark.gpu
