@@ -74,6 +74,36 @@ def timed_in_graph(fn) -> float:
     return triton.testing.do_bench_cudagraph(fn, rep=200)
 
 
+def peer(rule, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: dict, cu_seqlens: torch.Tensor):
+    """flash-linear-attention's `rule` over the packed tokens as one batch row, from the slots' states gathered
+    beforehand, with the gates computed in its kernels as ours are."""
+    initial = x["state"][x["slots"]].contiguous()
+    return lambda: rule(
+        q[None],
+        k[None],
+        v[None],
+        g=x["a"][None],
+        beta=x["b"][None],
+        initial_state=initial,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+        use_gate_in_kernel=True,
+        A_log=x["A_log"],
+        dt_bias=x["dt_bias"],
+        use_beta_sigmoid_in_kernel=True,
+        cu_seqlens=cu_seqlens.long(),
+    )
+
+
+def largest_difference(ours_rule, peer_rule, state: torch.Tensor) -> float:
+    """The largest difference between the outputs of ours and the peer's, from the same states (ours updates
+    `state` in place: it is put back before the peer runs)."""
+    before = state.clone()
+    ours = ours_rule()
+    state.copy_(before)
+    return (ours - peer_rule()[0][0].float()).abs().max().item()
+
+
 def decode_case(num_seqs: int, bandwidth: float) -> None:
     from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
 
@@ -86,30 +116,9 @@ def decode_case(num_seqs: int, bandwidth: float) -> None:
     def ours_rule():
         return gated_delta_recurrent(q, k, v, x["a"], x["b"], x["A_log"], x["dt_bias"], x["state"], x["slots"])
 
-    initial = x["state"][x["slots"]].contiguous()
+    peer_rule = peer(fused_recurrent_gated_delta_rule, q, k, v, x, torch.arange(num_seqs + 1, device="cuda"))
 
-    def peer_rule():
-        return fused_recurrent_gated_delta_rule(
-            q[None],
-            k[None],
-            v[None],
-            g=x["a"][None],
-            beta=x["b"][None],
-            initial_state=initial,
-            output_final_state=True,
-            use_qk_l2norm_in_kernel=True,
-            use_gate_in_kernel=True,
-            A_log=x["A_log"],
-            dt_bias=x["dt_bias"],
-            use_beta_sigmoid_in_kernel=True,
-            cu_seqlens=torch.arange(num_seqs + 1, device="cuda", dtype=torch.long),
-        )
-
-    state_before = x["state"].clone()
-    ours = ours_rule()
-    x["state"].copy_(state_before)
-    peer = peer_rule()[0][0].float()
-    difference = (ours - peer).abs().max().item()
+    difference = largest_difference(ours_rule, peer_rule, x["state"])
     state_bytes = num_seqs * (HEADS * DK * DV * 4 + CHANNELS * (WIDTH - 1) * 2) * 2
     conv_ms, rule_ms, peer_ms = timed_in_graph(ours_conv), timed_in_graph(ours_rule), timed_in_graph(peer_rule)
     limit_ms = state_bytes / bandwidth * 1e3
@@ -138,30 +147,9 @@ def prefill_case(lengths: list[int]) -> None:
             q, k, v, x["a"], x["b"], x["A_log"], x["dt_bias"], x["state"], x["slots"], cu32, max(lengths)
         )
 
-    initial = x["state"][x["slots"]].contiguous()
+    peer_rule = peer(chunk_gated_delta_rule, q, k, v, x, cu_seqlens)
 
-    def peer_rule():
-        return chunk_gated_delta_rule(
-            q[None],
-            k[None],
-            v[None],
-            g=x["a"][None],
-            beta=x["b"][None],
-            initial_state=initial,
-            output_final_state=True,
-            use_qk_l2norm_in_kernel=True,
-            use_gate_in_kernel=True,
-            A_log=x["A_log"],
-            dt_bias=x["dt_bias"],
-            use_beta_sigmoid_in_kernel=True,
-            cu_seqlens=cu_seqlens,
-        )
-
-    state_before = x["state"].clone()
-    ours = ours_rule()
-    x["state"].copy_(state_before)
-    peer = peer_rule()[0][0].float()
-    difference = (ours - peer).abs().max().item()
+    difference = largest_difference(ours_rule, peer_rule, x["state"])
     conv_ms, rule_ms, peer_ms = timed(ours_conv), timed(ours_rule), timed(peer_rule)
     label = f"{num_seqs} x {lengths[0]:,}" if len(set(lengths)) == 1 else f"{num_seqs} prompts"
     print(
