@@ -95,11 +95,18 @@ class FusedMoE(nn.Module):
         width = param.size(2)
         experts.copy_(shard(loaded, experts.dim() - 1, self.tp_rank * width, width))
 
-    def forward(self, x: torch.Tensor, router_logits: torch.Tensor, input_norm: RMSNorm | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        router_logits: torch.Tensor,
+        input_norm: RMSNorm | None = None,
+        shared: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The experts' weighted sum for each token, summed over the ranks. With `input_norm`, x is the norm's
         input and the experts run on input_norm(x): a single row on CUDA is normalised inside the experts'
-        first kernel (one launch fewer in a one-sequence step), anything else first."""
-        # x: [tokens, hidden]; router_logits: [tokens, experts] -> [tokens, hidden]
+        first kernel (one launch fewer in a one-sequence step), anything else first. `shared`, this rank's
+        partial output of a shared expert (`SharedExpert`), is added before the sum, which then sums both."""
+        # x: [tokens, hidden]; router_logits: [tokens, experts]; shared: [tokens, hidden] -> [tokens, hidden]
         norm_in_kernel = input_norm is not None and one_row_on_cuda(x)
         if input_norm is not None and not norm_in_kernel:
             x = input_norm(x)
@@ -113,6 +120,8 @@ class FusedMoE(nn.Module):
         else:
             weights, ids = route(router_logits, self.top_k, self.renormalize)
             y = moe_experts(x, self.w13, self.w2, weights, ids, self.hidden_act)
+        if shared is not None:
+            y = y + shared
         if self.tp_size > 1:
             dist.all_reduce(y)
         return y

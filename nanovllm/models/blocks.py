@@ -32,6 +32,7 @@ from nanovllm.layers.linear import (
     one_row_on_cuda,
 )
 from nanovllm.layers.rotary_embedding import RotaryEmbedding
+from nanovllm.layers.shared_expert import SharedExpert
 from nanovllm.models.model_config import ModelConfig
 from nanovllm.utils.parallel import tp_size
 
@@ -110,7 +111,8 @@ class GatedMLP(nn.Module):
 
 class SparseMoeBlock(nn.Module):
     """Experts in place of the MLP: for y = input_norm(x + residual), the router (gate) scores every expert
-    of each token, and the num_experts_per_tok best run on it, their outputs weighted (`FusedMoE`)."""
+    of each token, and the num_experts_per_tok best run on it, their outputs weighted (`FusedMoE`). Where
+    config.shared_expert_intermediate_size is set, a shared expert's gated output is added (`SharedExpert`)."""
 
     def __init__(self, config: ModelConfig, input_norm: RMSNorm):
         super().__init__()
@@ -126,17 +128,24 @@ class SparseMoeBlock(nn.Module):
             config.norm_topk_prob,
         )
         self.normed_gate = NormedProjection(input_norm, self.gate)
+        self.shared_expert = None
+        if config.shared_expert_intermediate_size:
+            self.shared_expert = SharedExpert(
+                config.hidden_size, config.shared_expert_intermediate_size, config.hidden_act
+            )
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The experts' output for input_norm(x + residual), and x + residual, the next residual."""
         # x, residual: [tokens, hidden]
-        if one_row_on_cuda(x):
+        if one_row_on_cuda(x) and self.shared_expert is None:
             # one row on CUDA: the norm runs inside the router's GEMV and again inside the experts' first
             # kernel, each reading x + residual, rather than in a launch of its own between the two
             router_logits, residual = self.normed_gate(x, residual)
             return self.experts(residual, router_logits, self.normed_gate.norm), residual
+        # with a shared expert the norm runs once: the router, the experts and the shared expert all read y
         y, residual = self.input_norm(x, residual)
-        return self.experts(y, self.gate(y)), residual
+        shared = None if self.shared_expert is None else self.shared_expert(y)
+        return self.experts(y, self.gate(y), shared=shared), residual
 
 
 def _norm(config: ModelConfig) -> RMSNorm:

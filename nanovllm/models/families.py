@@ -30,6 +30,8 @@ FAMILIES: dict[str, str] = {
     "Qwen3MoeForCausalLM": "nanovllm.models.qwen3_moe:QWEN3_MOE",
     "Qwen3_5ForCausalLM": "nanovllm.models.qwen3_5:QWEN3_5",
     "Qwen3_5ForConditionalGeneration": "nanovllm.models.qwen3_5:QWEN3_5_IMAGE_TEXT",
+    "Qwen3_5MoeForCausalLM": "nanovllm.models.qwen3_5_moe:QWEN3_5_MOE",
+    "Qwen3_5MoeForConditionalGeneration": "nanovllm.models.qwen3_5_moe:QWEN3_5_MOE_IMAGE_TEXT",
 }
 
 

@@ -59,6 +59,9 @@ class ExpertDefaults:
     norm_topk_prob: bool = False  # the chosen experts' weights are renormalised to sum to 1
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    # the width of the one expert every token also runs through, its output scaled by a sigmoid gate (Qwen3.5-MoE);
+    # None: the family has none, and a config that sets one is refused
+    shared_expert_intermediate_size: int | None = None
     # False where transformers' class for the family ignores the config's norm_topk_prob, decoder_sparse_step
     # and mlp_only_layers: the defaults above then hold whatever the config says
     config_sets_layout: bool = True

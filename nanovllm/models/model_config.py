@@ -48,8 +48,8 @@ _ROPE_KEYS = {
 }
 # the types that stretch a model trained at original_max_position_embeddings
 _EXTENDED_CONTEXT_TYPES = ("llama3", "yarn", "longrope")
-# Mixture-of-experts settings of other families that the router here (softmax, top-k, no shared expert)
-# does not honour: config field -> the values that change nothing
+# Mixture-of-experts settings of other families that the router here (softmax, top-k, no shared expert but in
+# a family whose spec declares one) does not honour: config field -> the values that change nothing
 _UNSUPPORTED_MOE_SETTINGS = {
     "shared_expert_intermediate_size": (0,),  # Qwen2-MoE, Qwen3-Next: an expert every token runs through
     "n_shared_experts": (0,),  # DeepSeek
@@ -102,6 +102,8 @@ class ModelConfig:
     moe_intermediate_size: int  # each expert's MLP width
     norm_topk_prob: bool  # the chosen experts' weights are renormalised to sum to 1
     moe_layers: tuple[int, ...]  # the layers whose MLP is a mixture of experts; the others' is dense
+    # the width of the shared expert beside each layer's routed ones, scaled by sigmoid(shared_expert_gate) (0: none)
+    shared_expert_intermediate_size: int
     attn_output_gate: bool  # q_proj also gives each head a gate: attention's output times sigmoid(gate) (Qwen3.5)
     # the Gated DeltaNet layers' sizes (0 where no layer is "linear_attention"): value head h reads key head
     # h * linear_num_key_heads // linear_num_value_heads; the convolution spans linear_conv_kernel_dim tokens
@@ -239,7 +241,14 @@ def _moe_fields(hf_config, experts: ExpertDefaults | None, intermediate_size: in
     decoder_sparse_step-th, but those in mlp_only_layers). ValueError for a setting the router here does not
     honour."""
     if experts is None:
-        return dict(num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0, norm_topk_prob=False, moe_layers=())
+        return dict(
+            num_experts=0,
+            num_experts_per_tok=0,
+            moe_intermediate_size=0,
+            norm_topk_prob=False,
+            moe_layers=(),
+            shared_expert_intermediate_size=0,
+        )
 
     def read(name: str):
         return _get(hf_config, name, getattr(experts, name))
@@ -247,7 +256,12 @@ def _moe_fields(hf_config, experts: ExpertDefaults | None, intermediate_size: in
     def read_layout(name: str):
         return read(name) if experts.config_sets_layout else getattr(experts, name)
 
+    shared = 0
+    if experts.shared_expert_intermediate_size is not None:  # a family whose layers have a shared expert
+        shared = _whole("shared_expert_intermediate_size", read("shared_expert_intermediate_size"))
     for name, honoured in _UNSUPPORTED_MOE_SETTINGS.items():
+        if name == "shared_expert_intermediate_size" and shared:
+            continue
         value = _get(hf_config, name, honoured[0])
         if value not in honoured:
             raise ValueError(
@@ -267,6 +281,7 @@ def _moe_fields(hf_config, experts: ExpertDefaults | None, intermediate_size: in
         moe_intermediate_size=_whole("moe_intermediate_size", read("moe_intermediate_size") or intermediate_size),
         norm_topk_prob=bool(read_layout("norm_topk_prob")),
         moe_layers=tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0),
+        shared_expert_intermediate_size=shared,
     )
 
 

@@ -8,7 +8,12 @@ from transformers import MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForC
 
 from helpers.gemma_models import WINDOW, save_gemma2, save_gemma3, save_gemma3_image_text
 from helpers.moe_models import save_mixtral, save_qwen3_moe
-from helpers.qwen3_5_models import save_qwen3_5, save_qwen3_5_image_text
+from helpers.qwen3_5_models import (
+    save_qwen3_5,
+    save_qwen3_5_image_text,
+    save_qwen3_5_moe,
+    save_qwen3_5_moe_image_text,
+)
 from helpers.tiny_models import save_model, save_tiny_model
 
 
@@ -36,4 +41,6 @@ FAMILY_MODELS: dict[str, Callable[..., str]] = {
     "Qwen3MoeForCausalLM": save_qwen3_moe,
     "Qwen3_5ForCausalLM": save_qwen3_5,
     "Qwen3_5ForConditionalGeneration": save_qwen3_5_image_text,
+    "Qwen3_5MoeForCausalLM": save_qwen3_5_moe,
+    "Qwen3_5MoeForConditionalGeneration": save_qwen3_5_moe_image_text,
 }

@@ -1,8 +1,17 @@
 """Tiny random Qwen3.5 models saved with transformers: three Gated DeltaNet layers to one gated
-full-attention layer, twice, as a text model and as an image-text checkpoint."""
+full-attention layer, twice, dense and with experts, each as a text model and as an image-text checkpoint."""
 
 import torch
-from transformers import Qwen3_5Config, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3_5TextConfig
+from transformers import (
+    Qwen3_5Config,
+    Qwen3_5ForCausalLM,
+    Qwen3_5ForConditionalGeneration,
+    Qwen3_5MoeConfig,
+    Qwen3_5MoeForCausalLM,
+    Qwen3_5MoeForConditionalGeneration,
+    Qwen3_5MoeTextConfig,
+    Qwen3_5TextConfig,
+)
 
 from helpers.tiny_models import save_tiny_tokenizer, tiny_config
 
@@ -18,6 +27,10 @@ FIELDS = dict(
     linear_value_head_dim=8,
     linear_conv_kernel_dim=4,
     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+)
+# FIELDS with experts in every layer's place of the MLP: eight of width 32, top-2, and a shared expert of 48
+MOE_FIELDS = dict(
+    FIELDS, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48
 )
 IMAGE_TEXT_TOKENS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
 
@@ -48,12 +61,26 @@ def save_qwen3_5(path) -> str:
     return _save(Qwen3_5ForCausalLM(Qwen3_5TextConfig(**FIELDS)), path)
 
 
-def save_qwen3_5_image_text(path) -> str:
-    """An image-text checkpoint of FIELDS' text model with a tiny vision tower, which the engine does not
-    load."""
+def _image_text_config(config_class, text_fields: dict):
+    """An image-text config of `text_fields` with a tiny vision tower, which the engine does not load."""
     vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=64, patch_size=14)
     special = {name: FIELDS["vocab_size"] - 1 - i for i, name in enumerate(IMAGE_TEXT_TOKENS)}
+    return config_class(text_config=text_fields, vision_config=vision, **special)
+
+
+def save_qwen3_5_image_text(path) -> str:
+    """An image-text checkpoint of FIELDS' text model with a tiny vision tower."""
     torch.manual_seed(1)
-    return _save(
-        Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=FIELDS, vision_config=vision, **special)), path
-    )
+    return _save(Qwen3_5ForConditionalGeneration(_image_text_config(Qwen3_5Config, FIELDS)), path)
+
+
+def save_qwen3_5_moe(path) -> str:
+    """The mixture-of-experts text model (Qwen3_5MoeForCausalLM) of MOE_FIELDS."""
+    torch.manual_seed(0)
+    return _save(Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**MOE_FIELDS)), path)
+
+
+def save_qwen3_5_moe_image_text(path) -> str:
+    """An image-text checkpoint of MOE_FIELDS' text model with a tiny vision tower."""
+    torch.manual_seed(1)
+    return _save(Qwen3_5MoeForConditionalGeneration(_image_text_config(Qwen3_5MoeConfig, MOE_FIELDS)), path)
