@@ -57,9 +57,14 @@ class CacheGroup:
         every = (num_tokens + block_size - 1) // block_size
         if self.window is None:
             return every
+        return min(every, self.window_blocks(block_size, lookback, chunk))
+
+    def window_blocks(self, block_size: int, lookback: int, chunk: int = 1) -> int:
+        """The most blocks a request holds in this sliding group however long it grows, when its steps
+        compute at most `chunk` tokens each."""
         # a step from position p on reads p - window + 1 - lookback onwards and writes up to p + chunk - 1
         span = self.window - 1 + lookback + chunk
-        return min(every, (span + block_size - 1) // block_size + 1)
+        return (span + block_size - 1) // block_size + 1
 
 
 @dataclass(frozen=True)

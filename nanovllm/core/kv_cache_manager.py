@@ -89,7 +89,7 @@ class KVCacheManager:
         # per window, how many groups have it and the most blocks a request holds in one of them (None: every
         # block, full attention)
         self._group_kinds = [
-            (self._windows.count(window), None if window is None else group.blocks_held(1 << 40, block_size, lookback))
+            (self._windows.count(window), None if window is None else group.window_blocks(block_size, lookback))
             for window, group in {group.window: group for group in layout.groups}.items()
         ]
         self.block_size = block_size

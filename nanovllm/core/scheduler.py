@@ -181,8 +181,8 @@ class Scheduler:
         never outgrow the pool (`KVCacheManager.peak_blocks`).
         """
         scheduled, counts = [], []
-        estimating = self.output_estimate.conservativeness > 0 and bool(self.waiting)
-        plans, queued = self._decode_plans() if estimating else ([], 0)
+        estimating = self.output_estimate.conservativeness > 0
+        plans, queued = None, 0  # the running requests' plans (`_decode_plans`), made once a candidate fits
         while self.waiting and num_running + len(scheduled) < self.max_num_seqs and budget > 0:
             req = self.waiting[0]
             if req.num_placeholders:
@@ -198,6 +198,8 @@ class Scheduler:
             if n > budget or not kv_cache.can_allocate(req, hit, num_cached + n):
                 break
             if estimating:
+                if plans is None:
+                    plans, queued = self._decode_plans()
                 queued += req.num_tokens - num_cached
                 plans.append(self._decode_plan(req, queued))
                 # a request admitted alone runs whatever it is expected to write: the pool holds its longest

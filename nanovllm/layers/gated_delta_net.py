@@ -187,16 +187,16 @@ class GatedDeltaNet(RecurrentLayer):
         weight = self.conv1d.weight[:, 0]  # [channels, kernel_size]
         num_seqs = self._num_seqs(context, mixed.size(0))
         slots = self._slots(context, num_seqs)
-        if slots is None:
-            states = mixed.new_zeros(num_seqs, mixed.size(1), weight.size(1) - 1)
-        else:
-            states = self.conv_state[slots]
         step_states = self._step_states(self.conv_steps, slots, context, num_seqs)
         if self._on_kernels(mixed, slots) and self.activation_is_silu:
             if context.is_prefill:
                 return conv_varlen(mixed, weight, self.conv_state, slots, context.cu_seqlens_q, step_states)
             queries = mixed.view(num_seqs, context.queries_per_seq, -1)
             return conv_queries(queries, weight, self.conv_state, slots, step_states).flatten(0, 1)
+        if slots is None:
+            states = mixed.new_zeros(num_seqs, mixed.size(1), weight.size(1) - 1)
+        else:
+            states = self.conv_state[slots]
         if context.is_prefill:
             out, states = causal_conv_varlen(mixed, weight, states, context.cu_seqlens_q, step_states)
         else:
