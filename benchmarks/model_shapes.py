@@ -7,9 +7,13 @@ the engine loads, at the size people run: Qwen2.5-7B, Mistral-7B (v0.3: no
 sliding window), Gemma-2-9B (every other layer over a 4,096-token window,
 soft-capped attention and logits), Gemma-3-4B (five 1,024-token sliding layers
 to one global), Phi-4-mini (partial rotary, LongRoPE), Qwen3-30B-A3B (128 experts, 8 per
-token, on every layer). The values are those of
-the published config.json files; LongRoPE's factor lists are placeholders of
-the right length, which change no speed.
+token, on every layer), and the hybrids of three Gated DeltaNet layers to one gated full-attention layer:
+Qwen3.5-9B, Qwen3.6-27B and Qwen3.6-35B-A3B (256 experts, 8 per token, and a shared expert). The values are
+those of the published config.json files (of the hybrids, their text_config); LongRoPE's factor lists are
+placeholders of the right length, which change no speed.
+
+A Gated DeltaNet layer keeps no KV: each sequence's state (its convolution's last inputs in bf16, and
+value heads x key_head_dim x value_head_dim in fp32) is read and written once per step, whatever the context.
 """
 
 from dataclasses import dataclass
@@ -27,6 +31,29 @@ def _qwen3(**shape) -> dict:
         "rope_theta": 1000000,
         "hidden_act": "silu",
         "attention_bias": False,
+        **shape,
+    }
+
+
+def _qwen3_5(**shape) -> dict:
+    return {
+        "architectures": ["Qwen3_5ForCausalLM"],
+        "model_type": "qwen3_5_text",
+        "vocab_size": 248320,
+        "max_position_embeddings": 262144,
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25},
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "attn_output_gate": True,
+        "head_dim": 256,
+        "full_attention_interval": 4,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_num_key_heads": 16,
+        "mamba_ssm_dtype": "float32",
+        "tie_word_embeddings": False,
         **shape,
     }
 
@@ -160,6 +187,35 @@ SHAPES = {
         mlp_only_layers=[],
         tie_word_embeddings=False,
     ),
+    "qwen3.5-9b": _qwen3_5(
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=32,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        linear_num_value_heads=32,
+    ),
+    "qwen3.6-27b": _qwen3_5(
+        hidden_size=5120,
+        intermediate_size=17408,
+        num_hidden_layers=64,
+        num_attention_heads=24,
+        num_key_value_heads=4,
+        linear_num_value_heads=48,
+    ),
+    "qwen3.6-35b-a3b": _qwen3_5(
+        architectures=["Qwen3_5MoeForCausalLM"],
+        model_type="qwen3_5_moe_text",
+        hidden_size=2048,
+        num_hidden_layers=40,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        linear_num_value_heads=32,
+        num_experts=256,
+        num_experts_per_tok=8,
+        moe_intermediate_size=512,
+        shared_expert_intermediate_size=512,
+    ),
 }
 
 
@@ -190,18 +246,32 @@ class WeightRead:
 @dataclass
 class KVRead:
     """The KV bytes a decode step reads per cached token of a sequence, by layer window (None: the layers
-    that read the whole context)."""
+    that read the whole context), and the recurrent-state bytes each sequence reads and writes whatever its
+    context (0 without Gated DeltaNet layers)."""
 
     per_token: dict[int | None, int]
+    per_sequence: int = 0
 
     def bytes(self, context: int) -> int:
-        """What one sequence with `context` cached tokens reads."""
-        return sum(b * (context if w is None else min(context, w)) for w, b in self.per_token.items())
+        """What one sequence with `context` cached tokens reads (and, of its states, writes)."""
+        kv = sum(b * (context if w is None else min(context, w)) for w, b in self.per_token.items())
+        return kv + self.per_sequence
 
 
-def layer_windows(shape: str) -> list[int | None]:
-    """Each layer's sliding window (None: global attention), as the engine reads the config."""
+def layer_types(shape: str) -> list[str]:
+    """Each layer's type, as the engine reads the config: "linear_attention" (Gated DeltaNet),
+    "sliding_attention" or "full_attention"."""
     s = SHAPES[shape]
+    layers = s["num_hidden_layers"]
+    if "full_attention_interval" in s:
+        return [
+            "full_attention" if (i + 1) % s["full_attention_interval"] == 0 else "linear_attention"
+            for i in range(layers)
+        ]
+    return ["sliding_attention" if w is not None else "full_attention" for w in _attention_windows(s)]
+
+
+def _attention_windows(s: dict) -> list[int | None]:
     layers, window = s["num_hidden_layers"], s.get("sliding_window")
     if s["model_type"] == "gemma2":
         return [window if i % 2 == 0 else None for i in range(layers)]
@@ -210,25 +280,60 @@ def layer_windows(shape: str) -> list[int | None]:
     return [window] * layers
 
 
+def layer_windows(shape: str) -> list[int | None]:
+    """Each attention layer's sliding window (None: global attention), as the engine reads the config; a
+    Gated DeltaNet layer has none and is left out."""
+    s = SHAPES[shape]
+    if "full_attention_interval" in s:
+        return [None for t in layer_types(shape) if t == "full_attention"]
+    return _attention_windows(s)
+
+
+def _gated_delta_net_sizes(s: dict) -> tuple[int, int, int, int]:
+    """(rows of its input projection, other weight elements, fp32 elements, state bytes per sequence) of one
+    Gated DeltaNet layer; its output projection is [hidden, value heads x value_head_dim]."""
+    kernel = s["linear_conv_kernel_dim"]
+    keys = s["linear_num_key_heads"] * s["linear_key_head_dim"]
+    value_heads = s["linear_num_value_heads"]
+    values = value_heads * s["linear_value_head_dim"]
+    channels = 2 * keys + values  # the convolution's: q, k and v
+    in_rows = channels + values + 2 * value_heads  # q, k, v, z, b and a
+    other = channels * kernel + s["linear_value_head_dim"]  # the convolution and the gated norm's weight
+    state = channels * (kernel - 1) * 2 + value_heads * s["linear_key_head_dim"] * s["linear_value_head_dim"] * 4
+    return in_rows, other, 2 * value_heads, state  # A_log and dt_bias in fp32
+
+
 def model_bytes(
     shape: str, kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1, quantization: str | None = None
 ) -> tuple[WeightRead, KVRead]:
     """(weight read, KV read) of a decode step of one rank of the bf16 model, the KV in bf16 or in FP8 with a
-    4-byte scale per head; with quantization "fp8" the decoder's projections (attention's and the dense
-    MLP's) in FP8 with a 4-byte scale per output row."""
+    4-byte scale per head; with quantization "fp8" the decoder's projections (attention's, the Gated DeltaNet's
+    and the dense MLP's) in FP8 with a 4-byte scale per output row. A Gated DeltaNet layer's state is read and
+    written once a step."""
     s = SHAPES[shape]
     h, d = s["hidden_size"], s.get("head_dim") or s["hidden_size"] // s["num_attention_heads"]
     q, kv = s["num_attention_heads"] * d, s["num_key_value_heads"] * d
+    gated_q = 2 * q if s.get("attn_output_gate") else q  # q_proj gives each head its q and its gate
     gemma = s["model_type"].startswith("gemma")
-    norms = (4 if gemma else 2) * h + (2 * d if s["model_type"] in ("qwen3", "gemma3_text") else 0)
+    qk_norms = 2 * d if s["model_type"] in ("qwen3", "gemma3_text") or "full_attention_interval" in s else 0
     biases = q + 2 * kv if s["model_type"] == "qwen2" else 0
     experts = s.get("num_experts", 0)
     mlp = 0 if experts else 3 * h * s["intermediate_size"]
-    projections = h * (q + 2 * kv) + q * h + mlp
+    shared = 3 * h * s.get("shared_expert_intermediate_size", 0)
+    shared += h if shared else 0  # the shared expert's gate
+    attention = h * (gated_q + 2 * kv) + q * h
     if quantization == "fp8":  # 1 byte each, and a 4-byte scale per output row: counted here in 2-byte units
-        rows = q + 2 * kv + h + (2 * s["intermediate_size"] + h if mlp else 0)
-        projections = projections // 2 + 2 * rows
-    per_layer = projections + norms + biases + h * experts  # the router: [experts, hidden]
+        attention = attention // 2 + 2 * (gated_q + 2 * kv + h)
+        mlp = mlp // 2 + 2 * (2 * s["intermediate_size"] + h) if mlp else 0
+    per_layer = mlp + shared + (4 if gemma else 2) * h + h * experts  # the router: [experts, hidden]
+    types = layer_types(shape)
+    linear = types.count("linear_attention")
+    in_rows, other, linear_fp32, state = _gated_delta_net_sizes(s) if linear else (0, 0, 0, 0)
+    values = s.get("linear_num_value_heads", 0) * s.get("linear_value_head_dim", 0)
+    projections = in_rows * h + values * h
+    if quantization == "fp8":
+        projections = projections // 2 + 2 * (in_rows + h)
+    linear_weights = projections + other
     # the LM head is read whole; of the input embedding table, tied to it or not, a step reads only the rows
     # of its tokens (an untied Qwen3-8B table is 1.2 GB that no step reads)
     lm_head = s["vocab_size"] * h
@@ -237,6 +342,9 @@ def model_bytes(
     for window in layer_windows(shape):
         read[window] = read.get(window, 0) + 2 * per_head // tensor_parallel_size
     layers = s["num_hidden_layers"]
-    dense = 2 * (lm_head + layers * per_layer + h) // tensor_parallel_size
+    decoder = layers * per_layer + (layers - linear) * (attention + qk_norms + biases)
+    decoder += linear * (linear_weights + linear_fp32)
+    dense = 2 * (lm_head + decoder + h) // tensor_parallel_size
     expert = 2 * layers * 3 * h * s.get("moe_intermediate_size", 0) // tensor_parallel_size
-    return WeightRead(dense, expert, experts, s.get("num_experts_per_tok", 0)), KVRead(read)
+    states = 2 * linear * state // tensor_parallel_size  # each read and written once
+    return WeightRead(dense, expert, experts, s.get("num_experts_per_tok", 0)), KVRead(read, states)

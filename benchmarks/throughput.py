@@ -28,7 +28,9 @@ gemma-3-4b phi-4-mini`: Qwen3-8B and a model of each other family, from
 `model_shapes.py`) run one after another in the same call; each is then
 compared with the first: its roofline fraction over the first's, and its
 single-sequence ms/token over its own roofline. A sliding-window layer's KV
-read counts only its window.
+read counts only its window; a Gated DeltaNet layer's state (`--model-shape
+qwen3.5-9b qwen3.6-27b qwen3.6-35b-a3b`) counts as read and written once per
+sequence and step.
 
 Several tensor-parallel sizes (`--tensor-parallel-size 1 2`) run one after
 another in the same call; each later size is then compared with the first:
@@ -473,10 +475,12 @@ def run_engine(
         print(f"prefill of 64 prompts x 4,000 tokens: {run.prefill_rate:,.0f} prompt tok/s")
     if first or compare_weights:
         step, steps = single_sequence_latency(llm)
-        run.single_ms, run.single_roofline_ms = step * 1e3, weight_read.bytes(1) / bandwidth * 1e3
+        single_bytes = weight_read.bytes(1) + kv_read.per_sequence
+        run.single_ms, run.single_roofline_ms = step * 1e3, single_bytes / bandwidth * 1e3
         print(
             f"single sequence decode: {run.single_ms:.3f} ms/token ({1 / step:,.0f} tok/s); "
-            f"roofline {run.single_roofline_ms:.3f} ms/token (the weights a step reads, once per token); "
+            f"roofline {run.single_roofline_ms:.3f} ms/token (the weights a step reads, and any recurrent "
+            "state read and written, once per token); "
             f"{run.single_ms / run.single_roofline_ms:.2f}x the roofline"
         )
         print(steps)
