@@ -389,9 +389,15 @@ def _hybrid_layer_types(hf_config, defaults: LinearAttentionDefaults, num_layers
     layer_types = tuple(_LEGACY_LAYER_TYPES.get(t, t) for t in layer_types)
     unknown = sorted(set(layer_types) - set(_HYBRID_LAYER_TYPES))
     if unknown or len(layer_types) != num_layers:
+        problem = (
+            f"{', '.join(unknown)} {'is not a layer type' if len(unknown) == 1 else 'are not layer types'} of "
+            f"this hybrid decoder"
+            if unknown
+            else f"it names {len(layer_types)}"
+        )
         raise ValueError(
-            f"layer_types must name {num_layers} layers (num_hidden_layers), each one of "
-            f"{', '.join(_HYBRID_LAYER_TYPES)}; got {list(layer_types)}"
+            f"layer_types must name {num_layers} layers (num_hidden_layers), each one of linear_attention "
+            f"(Gated DeltaNet) or full_attention; got {list(layer_types)}: {problem}"
         )
     return layer_types
 
