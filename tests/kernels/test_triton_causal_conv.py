@@ -140,6 +140,33 @@ def test_a_decode_step_without_step_states_moves_the_slots_on():
     assert torch.equal(conv_state[slots], want_steps[:, -1])
 
 
+@pytest.mark.parametrize("kernel", [2, 6, 8])
+def test_widths_besides_four_equal_the_reference(small_tiles, kernel):
+    # the config allows any width from 2: windows of K taps, states of K - 1 columns and sequences shorter than
+    # K - 1 tokens all follow K, across tiles of 4 tokens and blocks of 2 sequences and 32 channels
+    check_varlen([1, 6, 2, 3, 9, 1], channels=40, kernel=kernel, dtype=torch.bfloat16, silu=True, num_steps=3)
+    for queries in (1, 3):
+        check_queries(num_seqs=3, channels=40, kernel=kernel, queries=queries, dtype=torch.bfloat16, silu=True)
+
+
+def test_a_width_of_six_equals_f_conv1d_over_each_sequence_with_its_state_in_front():
+    # beside the reference: the prefill kernel, then a decode step, against F.conv1d over the whole history
+    lengths, channels, kernel = [2, 9, 5], 12, 6
+    weight, conv_state, slots = make_inputs(len(lengths), channels, kernel, torch.float32, seed=6)
+    histories = conv_state[slots].clone()  # [seqs, C, K - 1]: each sequence's inputs before its first token
+    x = torch.randn(sum(lengths), channels, device=DEVICE)
+    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
+    out = conv_varlen(x, weight, conv_state, slots, cu_seqlens, silu=False)
+    step = torch.randn(len(lengths), 1, channels, device=DEVICE)
+    step_out = conv_queries(step, weight, conv_state, slots, silu=False)
+    for i, seq in enumerate(x.split(lengths)):
+        inputs = torch.cat((histories[i], seq.T, step[i].T), dim=1)[None]  # [1, C, K - 1 + tokens + 1]
+        want = F.conv1d(inputs, weight[:, None], groups=channels)[0].T  # [tokens + 1, C]
+        torch.testing.assert_close(out[cu_seqlens[i] : cu_seqlens[i + 1]], want[:-1], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(step_out[i], want[-1:], atol=1e-5, rtol=1e-5)
+        assert torch.equal(conv_state[slots[i]], inputs[0, :, -(kernel - 1) :])
+
+
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.parametrize("lengths", [[16384], [9000, 1, 2, 7381], [8] * 2048], ids=["one", "mixed", "short"])
