@@ -12,6 +12,8 @@ Tensor parallel by heads: a rank holds key heads and the value heads that read t
 key head h // (value heads / key heads), so contiguous shares of both agree), the rows of the fused
 projection, the convolution's channels, A_log and dt_bias that belong to them, and out_proj's columns
 (one all-reduce). A rank's convolution channels are its q, k and v, in that order, as its states hold them.
+Checkpoints that group the projection's rows per key head (Qwen3-Next's in_proj_qkvz and in_proj_ba) load
+as those that hold them shard after shard (`InputProjection`).
 
 The states, bound by the worker (`RecurrentLayer`): the convolution's last kernel_size - 1 inputs
 [slots + 1, channels, kernel_size - 1] in the model's dtype, and the recurrent state [slots + 1, value
@@ -41,6 +43,7 @@ from nanovllm.layers.fused_projection import NormedProjection
 from nanovllm.layers.layernorm import rms_norm
 from nanovllm.layers.linear import FusedColumnParallelLinear, RowParallelLinear, divide, load_fused_rows
 from nanovllm.layers.recurrent_state import RecurrentLayer
+from nanovllm.models.family_spec import PerKeyHead
 from nanovllm.utils.context import Context, get_context
 from nanovllm.utils.loader import shard
 from nanovllm.utils.parallel import tp_rank, tp_size
@@ -57,6 +60,53 @@ class GatedRMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         # x, gate: [tokens, heads, head_dim]
         return (rms_norm(x, self.weight, self.eps) * F.silu(gate.float())).to(x.dtype)
+
+
+class KeyHeadGroupedRows:
+    """A checkpoint tensor whose rows are grouped per key head (for each of `groups` key heads, its
+    `part_rows[i]` rows of each part i in turn) seen part after part, each part's rows over every key head
+    one after another: indexing rows [start, stop) reads only the checkpoint rows they are."""
+
+    def __init__(self, loaded, part_rows: list[int], groups: int):
+        self.loaded, self.part_rows, self.groups = loaded, part_rows, groups
+        self.group_rows = sum(part_rows)
+
+    def __getitem__(self, index) -> torch.Tensor:
+        rows, *rest = index if isinstance(index, tuple) else (index,)
+        start, stop, step = rows.indices(self.groups * self.group_rows)
+        assert step == 1, "only contiguous rows are read"
+        pieces, seen, in_group = [], 0, 0  # where the part begins, as seen and within a checkpoint group
+        for rows_per_group in self.part_rows:
+            row = max(start, seen) - seen  # the first row of this part that is wanted, counted within the part
+            end = min(stop, seen + rows_per_group * self.groups) - seen
+            while row < end:  # one read per key head
+                group, within = divmod(row, rows_per_group)
+                count = min(rows_per_group - within, end - row)
+                first = group * self.group_rows + in_group + within
+                pieces.append(self.loaded[first : first + count])
+                row += count
+            seen += rows_per_group * self.groups
+            in_group += rows_per_group
+        return torch.cat(pieces)[(slice(None), *rest)]
+
+
+class InputProjection(FusedColumnParallelLinear):
+    """The Gated DeltaNet's fused input projection (q | k | v | z | b | a, each over all of its heads), which
+    also loads a checkpoint tensor that groups its rows per key head (shard id `PerKeyHead`): seen shard after
+    shard (`KeyHeadGroupedRows`), it loads as a tensor of those shards held so does, each rank reading only its
+    own heads' rows."""
+
+    def __init__(self, hidden_size: int, shard_sizes: dict[str, int], num_key_heads: int):
+        super().__init__(hidden_size, shard_sizes)
+        self.num_key_heads = num_key_heads  # every rank's
+
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id=None) -> None:
+        if isinstance(shard_id, PerKeyHead):
+            # a block-FP8 scale holds one row per rows_per_entry rows of the weight, in the same groups
+            unit = self.num_key_heads * getattr(param, "rows_per_entry", 1)
+            part_rows = [self.shard_sizes[part] // unit for part in shard_id.shards]
+            loaded, shard_id = KeyHeadGroupedRows(loaded, part_rows, self.num_key_heads), shard_id.shards
+        super().weight_loader(param, loaded, shard_id)
 
 
 class DepthwiseConvWeight(nn.Module):
@@ -110,8 +160,8 @@ class GatedDeltaNet(RecurrentLayer):
         self.key_head_dim, self.value_head_dim = key_head_dim, value_head_dim
         key_dim, value_dim = num_key_heads * key_head_dim, num_value_heads * value_head_dim
         channel_sizes = {"q": key_dim, "k": key_dim, "v": value_dim}
-        self.in_proj = FusedColumnParallelLinear(
-            hidden_size, {**channel_sizes, "z": value_dim, "b": num_value_heads, "a": num_value_heads}
+        self.in_proj = InputProjection(
+            hidden_size, {**channel_sizes, "z": value_dim, "b": num_value_heads, "a": num_value_heads}, num_key_heads
         )
         self.conv1d = DepthwiseConvWeight(channel_sizes, conv_kernel_size)
         self.A_log = _per_head(self.num_value_heads)  # the decay rate of each head's state, as log(A)

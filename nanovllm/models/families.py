@@ -30,6 +30,7 @@ FAMILIES: dict[str, str] = {
     "Qwen2ForCausalLM": "nanovllm.models.qwen2:QWEN2",
     "Qwen3ForCausalLM": "nanovllm.models.qwen3:QWEN3",
     "Qwen3MoeForCausalLM": "nanovllm.models.qwen3_moe:QWEN3_MOE",
+    "Qwen3NextForCausalLM": "nanovllm.models.qwen3_next:QWEN3_NEXT",
     "Qwen3_5ForCausalLM": "nanovllm.models.qwen3_5:QWEN3_5",
     "Qwen3_5ForConditionalGeneration": "nanovllm.models.qwen3_5:QWEN3_5_IMAGE_TEXT",
     "Qwen3_5MoeForCausalLM": "nanovllm.models.qwen3_5_moe:QWEN3_5_MOE",

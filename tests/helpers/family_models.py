@@ -14,6 +14,7 @@ from helpers.qwen3_5_models import (
     save_qwen3_5_moe,
     save_qwen3_5_moe_image_text,
 )
+from helpers.qwen3_next_models import save_qwen3_next
 from helpers.tiny_models import save_model, save_tiny_model
 
 
@@ -39,6 +40,7 @@ FAMILY_MODELS: dict[str, Callable[..., str]] = {
     ),
     "Qwen3ForCausalLM": partial(_save_tiny, "qwen3"),
     "Qwen3MoeForCausalLM": save_qwen3_moe,
+    "Qwen3NextForCausalLM": save_qwen3_next,
     "Qwen3_5ForCausalLM": save_qwen3_5,
     "Qwen3_5ForConditionalGeneration": save_qwen3_5_image_text,
     "Qwen3_5MoeForCausalLM": save_qwen3_5_moe,
