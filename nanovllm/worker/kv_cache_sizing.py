@@ -20,14 +20,8 @@ splits the budget by need: a sequence at `context_len` holds P blocks and
 (running, with its snapshot) two slots, so the slots get the share
 2 * slot_bytes / (P * block_bytes + 2 * slot_bytes), at most
 3 * max_num_seqs slots (two per running request, one more per sequence for the
-prefix cache's snapshots) and at least 2, and the blocks the rest. Where the
-budget holds the states of all max_num_seqs sequences but not their KV at
-`context_len` as well, fewer run at once by design (the start-up log's
-concurrency says how many); where it cannot hold even their states beside a KV
-block, max_num_seqs cannot be met and is refused, as vLLM refuses a Mamba cache
-smaller than max_num_seqs, with the number that fits. With num_kvcache_blocks
-set, the blocks are as given and the slots what remains, however few
-sequences' states that is.
+prefix cache's snapshots) and at least 2, and the blocks the rest; with
+num_kvcache_blocks set, the blocks are as given and the slots what remains.
 Sizing reads the caches through their bytes per block and per slot alone; the
 KV spec's shape comes from the attention layers and the cache layout
 (`kv_cache_spec`), the one place that reads them.
@@ -47,10 +41,9 @@ from nanovllm.worker.kv_cache import KVCache, KVCacheSpec, kv_cache_dtype
 
 _GIB = 1 << 30
 _CPU_KV_CACHE_SHARE = 0.9  # of the available memory; the rest is headroom for activations
-_RUNNING_SEQ_SLOTS = 2  # the state slots a running request holds: its live state and its latest snapshot
-# state slots per sequence at most: a running request's two, and one for a cached snapshot
+# state slots per sequence at most: a running request's live and snapshot slots, and one for a cached snapshot
 _MOST_STATE_SLOTS_PER_SEQ = 3
-_LEAST_STATE_SLOTS = _RUNNING_SEQ_SLOTS  # one request's
+_LEAST_STATE_SLOTS = 2  # one request's live and snapshot slots
 
 
 def available_memory_bytes() -> int:
@@ -117,8 +110,7 @@ def cache_capacity(
 ) -> CacheCapacity:
     """Blocks of `block_bytes` and state slots of `slot_bytes` (0: the model keeps no state, and the blocks are
     `kv_capacity`'s) the caches get, the same on every rank; ValueError where the budget holds not even
-    two slots and a block, or (sized from memory) not the states of max_num_seqs running sequences beside
-    a block."""
+    two slots and a block."""
     if slot_bytes == 0:
         return CacheCapacity(kv_capacity(config, block_bytes, device, world_size), 0)
     budget = _budget_bytes(config, device)
@@ -142,33 +134,7 @@ def cache_capacity(
             f"recurrent-state slots of {slot_bytes / _GIB:.3f} GiB and {max(config.num_kvcache_blocks, 1)} KV "
             f"block(s) of {block_bytes / _GIB:.3f} GiB; raise {setting}, or lower num_kvcache_blocks"
         )
-    if config.num_kvcache_blocks == -1:
-        _check_running_states_fit(config, budget, block_bytes, slot_bytes, device, world_size)
     return CacheCapacity(num_blocks, num_slots)
-
-
-def _check_running_states_fit(
-    config: Config, budget: int, block_bytes: int, slot_bytes: int, device: torch.device, world_size: int
-) -> None:
-    """ValueError where `budget` (on some rank) holds the states of fewer than max_num_seqs running sequences
-    beside one KV block, saying how many fit, and how many with their KV at context_len."""
-    seq_state_bytes = _RUNNING_SEQ_SLOTS * slot_bytes
-    states_fit = max(budget - block_bytes, 0) // seq_state_bytes
-    if world_size > 1:
-        states_fit = all_ranks_min(states_fit, device)
-    if states_fit >= config.max_num_seqs:
-        return
-    setting = "cpu_kvcache_gb" if device.type == "cpu" else "gpu_memory_utilization"
-    seq_kv_bytes = blocks_per_sequence(config) * block_bytes
-    full_length = budget // (seq_state_bytes + seq_kv_bytes)
-    raise ValueError(
-        f"max_num_seqs={config.max_num_seqs} is more sequences than the caches can run: the state of one "
-        f"sequence takes {seq_state_bytes / _GIB:.3g} GiB ({_RUNNING_SEQ_SLOTS} recurrent-state slots: its live "
-        f"state and its snapshot); the budget of {budget / _GIB:.3g} GiB ({setting}={getattr(config, setting)}"
-        f"{'' if device.type == 'cpu' else ' less what is in use'}) holds {states_fit} sequences' states beside "
-        f"one KV block, and {full_length} sequences' states with their KV at context_len {config.context_len} "
-        f"tokens ({seq_kv_bytes / _GIB:.3g} GiB each); lower max_num_seqs to at most {states_fit}, or raise {setting}"
-    )
 
 
 def split_budget(config: Config, budget: int, block_bytes: int, slot_bytes: int) -> tuple[int, int]:

@@ -1,7 +1,6 @@
 """One budget for KV blocks and recurrent-state slots: split by what a sequence at max_model_len needs (P blocks,
-two slots), the slots capped at 3 * max_num_seqs and never fewer than 2, the blocks as given where set; a budget
-sized from memory that cannot hold the states of max_num_seqs running sequences is refused saying how many fit;
-a model without recurrent layers gets the blocks alone, as before."""
+two slots), the slots capped at 3 * max_num_seqs and never fewer than 2, the blocks as given where set; a model
+without recurrent layers gets the blocks alone, as before."""
 
 from types import SimpleNamespace
 
@@ -47,11 +46,10 @@ def test_slots_are_capped_at_three_per_sequence_and_blocks_at_what_the_sequences
 
 
 def test_at_least_two_slots_where_the_share_gives_fewer():
-    # a 1024-token sequence holds 256 blocks: 400 KiB slots would get one slot by their share; the one
-    # sequence max_num_seqs allows has its two beside a block
+    # a 1024-token sequence holds 256 blocks: 400 KiB slots would get one slot by their share
     slot_bytes = 400 << 10
     assert 2 * MIB // (256 * BLOCK_BYTES + 2 * slot_bytes) == 1
-    capacity = cache_capacity(config(context_len=1024, max_num_seqs=1), BLOCK_BYTES, slot_bytes, CPU, 1)
+    capacity = cache_capacity(config(context_len=1024), BLOCK_BYTES, slot_bytes, CPU, 1)
     assert (capacity.num_state_slots, capacity.num_blocks) == (2, (MIB - 2 * slot_bytes) // BLOCK_BYTES)
 
 
@@ -61,50 +59,11 @@ def test_a_budget_without_room_for_two_slots_and_a_block_is_refused(slot_bytes):
         cache_capacity(config(), BLOCK_BYTES, slot_bytes, CPU, 1)
 
 
-# 64 KiB slots: a sequence's state takes 128 KiB, and with its KV at 1024 tokens (256 blocks) 384 KiB
-BIG_SLOT_BYTES = 64 << 10
-
-
-def test_max_num_seqs_whose_states_do_not_fit_is_refused_saying_how_many_do():
-    # (1 MiB - one block) // 128 KiB = 7 sequences' states; 1 MiB // 384 KiB = 2 with their KV at 1024 tokens
-    message = (
-        r"max_num_seqs=8 is more sequences than the caches can run: the state of one sequence takes 0.000122 GiB "
-        r"\(2 recurrent-state slots: its live state and its snapshot\); the budget of 0.000977 GiB "
-        r"\(cpu_kvcache_gb=0.0009765625\) holds 7 sequences' states beside one KV block, and 2 sequences' states "
-        r"with their KV at context_len 1024 tokens \(0.000244 GiB each\); lower max_num_seqs to at most 7, or raise "
-        r"cpu_kvcache_gb$"
-    )
-    with pytest.raises(ValueError, match=message):
-        cache_capacity(config(context_len=1024, max_num_seqs=8), BLOCK_BYTES, BIG_SLOT_BYTES, CPU, 1)
-
-
-def test_max_num_seqs_whose_states_fit_but_not_their_kv_runs_fewer_at_max_model_len():
-    # seven sequences' states fit: the split gives the slots their share, five, so two run at 1024 tokens
-    capacity = cache_capacity(config(context_len=1024, max_num_seqs=7), BLOCK_BYTES, BIG_SLOT_BYTES, CPU, 1)
-    assert capacity.num_state_slots == 2 * MIB // (256 * BLOCK_BYTES + 2 * BIG_SLOT_BYTES) == 5
-    assert capacity.num_blocks == (MIB - 5 * BIG_SLOT_BYTES) // BLOCK_BYTES
-
-
-@pytest.mark.parametrize("other_rank_has_less", [False, True])
-def test_the_sequences_whose_states_fit_are_the_least_over_the_ranks(monkeypatch, other_rank_has_less):
-    # another rank whose budget holds one block, one slot and one sequence's states fewer: seven are refused
-    monkeypatch.setattr(kv_cache_sizing, "all_ranks_min", lambda value, device: value - other_rank_has_less)
-    seven = config(context_len=1024, max_num_seqs=7)
-    if other_rank_has_less:
-        with pytest.raises(ValueError, match=r"holds 6 sequences' states .* lower max_num_seqs to at most 6, or"):
-            cache_capacity(seven, BLOCK_BYTES, BIG_SLOT_BYTES, CPU, 2)
-    else:
-        assert cache_capacity(seven, BLOCK_BYTES, BIG_SLOT_BYTES, CPU, 2).num_state_slots == 5
-
-
 def test_blocks_set_by_the_user_leave_the_rest_to_the_slots():
     capacity = cache_capacity(config(num_kvcache_blocks=900), BLOCK_BYTES, SLOT_BYTES, CPU, 1)
     assert (capacity.num_blocks, capacity.num_state_slots) == (900, (MIB - 900 * BLOCK_BYTES) // SLOT_BYTES)
     capacity = cache_capacity(config(num_kvcache_blocks=100, max_num_seqs=10), BLOCK_BYTES, SLOT_BYTES, CPU, 1)
     assert (capacity.num_blocks, capacity.num_state_slots) == (100, 30)
-    # blocks set by the user leave the slots of a few running sequences, who run fewer: no refusal
-    capacity = cache_capacity(config(num_kvcache_blocks=1000), BLOCK_BYTES, SLOT_BYTES, CPU, 1)
-    assert capacity.num_state_slots == 12
     with pytest.raises(ValueError, match="no room for the caches"):
         cache_capacity(config(num_kvcache_blocks=1023), BLOCK_BYTES, SLOT_BYTES, CPU, 1)
 
