@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from nanovllm.core.request import Request
 
+RUNNING_SEQUENCE_SLOTS = 2  # the slots a running request holds: its live state and its snapshot
 # the source of a restore that zeroes its slot: the request starts from the empty state
 ZERO_STATE = -1
 
@@ -51,7 +52,7 @@ class StateSlots:
 
     def can_admit(self, source: int) -> bool:
         """Whether two slots can be found for a new request, keeping the snapshot in `source` it starts from."""
-        return len(self.free_slots) + len(self.cached) - (source != ZERO_STATE) >= 2
+        return len(self.free_slots) + len(self.cached) - (source != ZERO_STATE) >= RUNNING_SEQUENCE_SLOTS
 
     def admit(self, req: Request, source: int) -> None:
         """Give `req` its live and snapshot slots; its live state starts as a copy of `source` (a cached

@@ -3,6 +3,7 @@
 import logging
 
 from nanovllm.config import Config
+from nanovllm.core.state_slots import RUNNING_SEQUENCE_SLOTS
 from nanovllm.engine.messages import EngineCoreInfo
 
 logger = logging.getLogger(__name__)
@@ -14,6 +15,24 @@ _GIB = 1 << 30
 def memory_size(num_bytes: int) -> str:
     """Bytes as the log shows them: GiB from 1 GiB up, MiB below."""
     return f"{num_bytes / _GIB:.2f} GiB" if num_bytes >= _GIB else f"{num_bytes / _MIB:.1f} MiB"
+
+
+def _warn_of_fewer_running_states(config: Config, num_state_slots: int) -> None:
+    """A warning where the state slots hold fewer running sequences (two slots each: the live state and its
+    snapshot) than max_num_seqs: the scheduler then runs no more than they hold."""
+    running = num_state_slots // RUNNING_SEQUENCE_SLOTS
+    if running < config.max_num_seqs:
+        setting = "gpu_memory_utilization" if config.device_type == "cuda" else "cpu_kvcache_gb"
+        logger.warning(
+            "the state cache holds the recurrent states of %d running sequences (%d slots each), fewer than "
+            "max_num_seqs=%d: at most %d run at once; raise %s for more, or set max_num_seqs=%d to say so",
+            running,
+            RUNNING_SEQUENCE_SLOTS,
+            config.max_num_seqs,
+            running,
+            setting,
+            running,
+        )
 
 
 def log_start_up(model: str, config: Config, info: EngineCoreInfo, seconds: float) -> None:
@@ -52,6 +71,7 @@ def log_start_up(model: str, config: Config, info: EngineCoreInfo, seconds: floa
         logger.info(
             "state cache: %d slots (%s%s)", info.num_state_slots, memory_size(report.state_cache_bytes), per_rank
         )
+        _warn_of_fewer_running_states(config, info.num_state_slots)
     if report.graph_capture_seconds is not None:
         logger.info("CUDA graphs captured in %.2f s", report.graph_capture_seconds)
     logger.info("engine ready in %.1f s", seconds)

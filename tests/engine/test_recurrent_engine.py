@@ -41,8 +41,14 @@ def test_the_core_gets_the_state_slots_counts_them_in_its_concurrency_and_logs_t
     assert state_lines == [f"state cache: 12 slots ({report.state_cache_bytes / (1 << 20):.1f} MiB)"]
     # a budget that leaves four slots beside the 64 blocks: their two sequences bound the concurrency
     budget = 64 * core.executor.kv_cache_spec.block_bytes + 4 * core.executor.state_cache_spec.slot_bytes
+    assert not [r for r in caplog.records if r.levelname == "WARNING" and "state cache holds" in r.getMessage()]
     small = engine(qwen3_dir, max_num_seqs=4, cpu_kvcache_gb=budget / (1 << 30))
     assert small.client.info.num_state_slots == 4 and small.client.info.max_concurrency == 2.0
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert (
+        "the state cache holds the recurrent states of 2 running sequences (2 slots each), fewer than max_num_seqs=4: "
+        "at most 2 run at once; raise cpu_kvcache_gb for more, or set max_num_seqs=2 to say so"
+    ) in warnings
 
 
 def test_batched_requests_give_the_tokens_each_gives_alone(qwen3_dir, monkeypatch):
