@@ -56,7 +56,7 @@ def _weights(w_ptr, stride_wc, stride_wk, channels, mask_c, K: tl.constexpr):
     return taps
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens"])  # one compile for every count
 def _conv_tokens_kernel(
     x_ptr,
     w_ptr,
@@ -100,7 +100,7 @@ def _input(x_seq, stride_x, state, stride_sk, mask_c, rel):
     return tl.where(rel >= 0, new, old.to(new.dtype))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_steps"])  # one compile for every count
 def _conv_states_kernel(
     x_ptr,
     w_ptr,
@@ -203,7 +203,7 @@ def conv_varlen(
     return out
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs"])  # one compile for every count
 def _conv_queries_kernel(
     x_ptr,
     w_ptr,

@@ -178,7 +178,7 @@ def _inverse_by_blocks(hi_ptr, lo_ptr, C: tl.constexpr, OPERAND: tl.constexpr):
     _store_block(hi_ptr, lo_ptr, square, 3, 3, t33, C)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs"])  # one compile for every count
 def _chunk_prepare_kernel(
     q_ptr,
     k_ptr,

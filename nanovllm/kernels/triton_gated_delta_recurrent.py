@@ -44,7 +44,7 @@ def _l2_normalized(x):
     return x * tl.rsqrt(tl.sum(x * x, axis=0) + _L2_EPS)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_steps"])  # one compile for every count
 def _gated_delta_kernel(
     q_ptr,
     k_ptr,
