@@ -110,11 +110,20 @@ class StateCache:
 
     def copy_states(self, pairs: list[tuple[int, int]]) -> None:
         """For each (source, destination) of `pairs`, the destination slot's states of every layer become the
-        source slot's (a source of -1: zeros). Every source is read before any destination is written; one
-        gather and one scatter per tensor, queued without waiting."""
-        pin = self.device.type == "cuda"
+        source slot's (a source of -1: zeros). Every source is read before any destination is written; queued
+        without waiting. On CUDA, where no destination is also a source (every step's snapshots, and nearly
+        every step's restores), one copy kernel per tensor reads each source once; else one gather and one
+        scatter per tensor."""
+        on_cuda = self.device.type == "cuda"
         # pinned memory is kept from reuse by PyTorch's caching host allocator until the copy from it has run
-        index = torch.tensor(pairs, dtype=torch.int64, pin_memory=pin).to(self.device, non_blocking=True)  # [n, 2]
+        index = torch.tensor(pairs, dtype=torch.int64, pin_memory=on_cuda).to(self.device, non_blocking=True)  # [n, 2]
+        if on_cuda and _distinct_slots(pairs):
+            from nanovllm.kernels.triton_slot_copy import copy_slots  # Triton is needed on CUDA only
+
+            for states in self.tensors:
+                for t in states:
+                    copy_slots(t, index)
+            return
         sources, destinations = index[:, 0], index[:, 1]
         zeroed = sources < 0  # [n]
         sources = sources.clamp(min=0)
@@ -123,6 +132,12 @@ class StateCache:
                 values = t.index_select(1, sources)  # [layers, n, *shape]
                 values.masked_fill_(zeroed.view(1, -1, *(1,) * (t.dim() - 2)), 0)
                 t.index_copy_(1, destinations, values)
+
+
+def _distinct_slots(pairs: list[tuple[int, int]]) -> bool:
+    """Whether no destination of `pairs` is also a source, nor any the destination of two."""
+    destinations = {d for _, d in pairs}
+    return len(destinations) == len(pairs) and destinations.isdisjoint(s for s, _ in pairs)
 
 
 def _rank_share(shape: tuple[int, ...], world_size: int) -> tuple[int, ...]:

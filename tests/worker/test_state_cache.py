@@ -85,8 +85,12 @@ def filled(cache) -> list[torch.Tensor]:
     return tensors
 
 
-def test_restores_zero_a_slot_or_copy_another_into_it_in_every_layer_and_state():
-    cache = spec().allocate(SLOTS, "cpu")
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("device", DEVICES)  # on CUDA distinct slots take the copy kernel
+def test_restores_zero_a_slot_or_copy_another_into_it_in_every_layer_and_state(device):
+    cache = spec().allocate(SLOTS, device)
     tensors = filled(cache)
     before = [t.clone() for t in tensors]
     cache.copy_states([(-1, 4), (1, 3)])  # slot 4 held NaN: zeroed all the same
@@ -96,9 +100,10 @@ def test_restores_zero_a_slot_or_copy_another_into_it_in_every_layer_and_state()
         assert torch.equal(t[:, [0, 1, 2, 5]], old[:, [0, 1, 2, 5]])  # nothing else moved
 
 
-def test_copies_read_every_source_before_writing_any_destination():
+@pytest.mark.parametrize("device", DEVICES)
+def test_copies_read_every_source_before_writing_any_destination(device):
     # a snapshot into slot 2 and a restore from slot 2 in one list: the restore takes slot 2's old states
-    cache = spec().allocate(SLOTS, "cpu")
+    cache = spec().allocate(SLOTS, device)
     tensors = filled(cache)
     before = [t.clone() for t in tensors]
     cache.copy_states([(0, 2), (2, 1)])
