@@ -1,9 +1,12 @@
-"""Gated activations of the MLP: act(gate) * up over gate_up = gate | up."""
+"""Gated activations of the MLP: act(gate) * up over gate_up = gate | up; and the sigmoid output gate of
+gated attention."""
 
 import functools
 
 import torch
 import torch.nn.functional as F
+
+from nanovllm.layers.fusion import fused_on_cuda
 
 # hidden_act -> act; "gelu_pytorch_tanh" is GELU's tanh approximation (GeGLU)
 ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh")}
@@ -18,3 +21,10 @@ def gated_activation(gate_up: torch.Tensor, hidden_act: str) -> torch.Tensor:
         return triton_gated_activation.gated_activation(gate_up, hidden_act)
     gate, up = gate_up.chunk(2, dim=-1)
     return ACTIVATIONS[hidden_act](gate) * up
+
+
+@fused_on_cuda
+def sigmoid_gated(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """x * sigmoid(gate) in their dtype (one generated kernel on CUDA rather than two launches)."""
+    # x, gate: [tokens, heads, head_dim] -> [tokens, heads, head_dim]
+    return x * gate.sigmoid()

@@ -18,6 +18,7 @@ import functools
 import torch
 from torch import nn
 
+from nanovllm.layers.activation import sigmoid_gated
 from nanovllm.layers.attention import Attention
 from nanovllm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from nanovllm.layers.fused_moe import FusedMoE
@@ -91,7 +92,7 @@ class AttentionBlock(nn.Module):
             return self.o_proj(self.attn(positions, q, k, v, self.q_norm, self.k_norm)), residual
         q, gate = q.view(-1, self.num_heads, 2, self.head_dim).unbind(2)  # [tokens, heads, head_dim] each
         o = self.attn(positions, q, k, v, self.q_norm, self.k_norm).view_as(gate)
-        return self.o_proj((o * gate.sigmoid()).flatten(1)), residual
+        return self.o_proj(sigmoid_gated(o, gate).flatten(1)), residual
 
 
 class GatedMLP(nn.Module):
