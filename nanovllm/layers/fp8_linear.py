@@ -3,7 +3,8 @@
 (`quantize_weights`, `quantization="fp8"`).
 
 Every column- and row-parallel projection of the decoder goes FP8 (attention's qkv and o, the MLP's
-gate_up and down); the embeddings, the norms and the LM head stay full precision. Each rank converts its
+gate_up and down, the Gated DeltaNet's q|k|v|z and out) but one that keeps full precision (the Gated
+DeltaNet's b|a); the embeddings, the norms and the LM head stay full precision. Each rank converts its
 own slice: a column-parallel layer's scales are sharded with its output rows; a row-parallel layer's
 rows are whole output features, so a per-channel scale is the whole row's on every rank (quantizing at
 load takes the largest magnitude over every rank's part of the row), and block scales are sharded with
@@ -20,8 +21,13 @@ from nanovllm.layers.linear import ColumnParallelLinear, LinearBase, RowParallel
 
 
 def fp8_layers(model: nn.Module) -> list[tuple[str, LinearBase]]:
-    """The layers whose weights go FP8, by name: every column- and row-parallel projection."""
-    return [(name, m) for name, m in model.named_modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
+    """The layers whose weights go FP8, by name: every column- and row-parallel projection but those that keep
+    full precision."""
+    return [
+        (name, m)
+        for name, m in model.named_modules()
+        if isinstance(m, (ColumnParallelLinear, RowParallelLinear)) and not m.keeps_full_precision
+    ]
 
 
 def layer_block(layer: LinearBase, block: tuple[int, int] | None) -> tuple[int, int]:

@@ -102,7 +102,7 @@ class KeyHeadGroupedRows:
 
 
 class InputProjection(FusedColumnParallelLinear):
-    """The Gated DeltaNet's fused input projection (q | k | v | z | b | a, each over all of its heads), which
+    """A Gated DeltaNet's fused input projection (q | k | v | z, or b | a, each over all of its heads), which
     also loads a checkpoint tensor that groups its rows per key head (shard id `PerKeyHead`): seen shard after
     shard (`KeyHeadGroupedRows`), it loads as a tensor of those shards held so does, each rank reading only its
     own heads' rows."""
@@ -171,9 +171,11 @@ class GatedDeltaNet(RecurrentLayer):
         self.key_head_dim, self.value_head_dim = key_head_dim, value_head_dim
         key_dim, value_dim = num_key_heads * key_head_dim, num_value_heads * value_head_dim
         channel_sizes = {"q": key_dim, "k": key_dim, "v": value_dim}
-        self.in_proj = InputProjection(
-            hidden_size, {**channel_sizes, "z": value_dim, "b": num_value_heads, "a": num_value_heads}, num_key_heads
-        )
+        self.in_proj_qkvz = InputProjection(hidden_size, {**channel_sizes, "z": value_dim}, num_key_heads)
+        # b and a, one row per value head each, in a projection of their own that stays in the model's dtype:
+        # too few rows for whole 128-row FP8 blocks beside q, k, v and z, and a small share of the reads
+        self.in_proj_ba = InputProjection(hidden_size, {"b": num_value_heads, "a": num_value_heads}, num_key_heads)
+        self.in_proj_ba.keeps_full_precision = True
         self.conv1d = DepthwiseConvWeight(channel_sizes, conv_kernel_size)
         self.A_log = _per_head(self.num_value_heads)  # the decay rate of each head's state, as log(A)
         self.dt_bias = _per_head(self.num_value_heads)
@@ -181,10 +183,11 @@ class GatedDeltaNet(RecurrentLayer):
         self.out_proj = RowParallelLinear(value_dim, hidden_size)
         self.activation = ACTIVATIONS[activation]
         self.activation_is_silu = activation in ("silu", "swish")  # the one the convolution kernels fuse
-        self.normed_in_proj = NormedProjection(input_norm, self.in_proj)
-        # this rank's q, k, v (the convolution's channels), z, b and a, as the fused projection gives them
+        self.normed_qkvz = NormedProjection(input_norm, self.in_proj_qkvz)
+        self.normed_ba = NormedProjection(input_norm, self.in_proj_ba)
+        # this rank's q, k, v (the convolution's channels) and z, and b and a, as the projections give them
         rank_key_dim, rank_value_dim = self.num_key_heads * key_head_dim, self.num_value_heads * value_head_dim
-        self.splits = [2 * rank_key_dim + rank_value_dim, rank_value_dim, self.num_value_heads, self.num_value_heads]
+        self.splits = [2 * rank_key_dim + rank_value_dim, rank_value_dim]
         self.channel_splits = [rank_key_dim, rank_key_dim, rank_value_dim]
         self.conv_state: torch.Tensor | None = None  # [slots + 1, channels, kernel_size - 1], the model's dtype
         self.recurrent_state: torch.Tensor | None = None  # [slots + 1, value heads, key_head_dim, value_head_dim], fp32
@@ -208,8 +211,10 @@ class GatedDeltaNet(RecurrentLayer):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         # x, residual: [tokens, hidden] -> [tokens, hidden], [tokens, hidden]
-        projected, residual = self.normed_in_proj(x, residual)
-        mixed, z, b, a = projected.split(self.splits, dim=-1)
+        projected, residual = self.normed_qkvz(x, residual)
+        ba, _ = self.normed_ba(residual, None)  # the same norm of x + residual
+        mixed, z = projected.split(self.splits, dim=-1)
+        b, a = ba.chunk(2, dim=-1)
         context = get_context()
         q, k, v = self._convolve(mixed, context).split(self.channel_splits, dim=-1)
         tokens = x.size(0)

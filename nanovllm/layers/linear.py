@@ -89,6 +89,9 @@ def load_fused_rows(param: nn.Parameter, loaded, shard_sizes: dict, shard_id, ra
 class LinearBase(nn.Module):
     """y = x W^T (+ b), with W stored as this rank's shard along `tp_dim` (None = replicated)."""
 
+    # a layer that stays in the model's dtype when the decoder's projections go FP8 (`fp8_linear.fp8_layers`)
+    keeps_full_precision = False
+
     def __init__(self, input_size: int, output_size: int, bias: bool, tp_dim: int | None):
         super().__init__()
         self.tp_dim = tp_dim

@@ -3,8 +3,8 @@ config's layer_types, else every full_attention_interval-th layer attends). The 
 Qwen3's RMSNorm on each q and k head, an output gate (q_proj gives each head its q and a gate, and the
 attention's output is multiplied by sigmoid(gate)) and rotary on the first quarter of each head; every
 RMSNorm but the Gated DeltaNet's own scales by 1 + weight. The checkpoints keep the Gated DeltaNet's input
-projections as four tensors (q|k|v, z, b, a), which fill one fused projection; their multi-token-prediction
-head and, in image-text checkpoints, their vision tower are not loaded.
+projections as four tensors (q|k|v, z, b, a), which fill two fused projections (q|k|v|z and b|a); their
+multi-token-prediction head and, in image-text checkpoints, their vision tower are not loaded.
 
 `Qwen3_5ForCausalLM` checkpoints hold the language model alone; `Qwen3_5ForConditionalGeneration` ones
 (every released size) run as their language model: its settings come from the config's text_config and its
@@ -21,12 +21,12 @@ from nanovllm.models.family_spec import (
     LinearAttentionDefaults,
 )
 
-# the Gated DeltaNet's input projections -> (our fused in_proj, the shards each fills): in_proj_qkv holds q|k|v
+# the Gated DeltaNet's input projections -> (our fused projection, the shards each fills): in_proj_qkv holds q|k|v
 GATED_DELTA_NET_PROJECTIONS = {
-    "in_proj_qkv": ("in_proj", ("q", "k", "v")),
-    "in_proj_z": ("in_proj", "z"),
-    "in_proj_b": ("in_proj", "b"),
-    "in_proj_a": ("in_proj", "a"),
+    "in_proj_qkv": ("in_proj_qkvz", ("q", "k", "v")),
+    "in_proj_z": ("in_proj_qkvz", "z"),
+    "in_proj_b": ("in_proj_ba", "b"),
+    "in_proj_a": ("in_proj_ba", "a"),
 }
 
 QWEN3_5 = FamilySpec(

@@ -9,7 +9,8 @@ the chosen experts' weights are renormalised, and the layers in mlp_only_layers 
 decoder_sparse_step-th keep a dense MLP of intermediate_size. The checkpoints hold the Gated DeltaNet's input
 projections as two tensors, in_proj_qkvz and in_proj_ba, whose rows are grouped per key head (for each key
 head its q, k, then the v and z of the value heads that read it; and its value heads' b, then their a): they
-fill the fused projection's shards (`PerKeyHead`). The multi-token-prediction head (mtp.) is not loaded.
+fill the shards of the fused projections of the same names (`PerKeyHead`). The multi-token-prediction head
+(mtp.) is not loaded.
 """
 
 from dataclasses import replace
@@ -57,8 +58,8 @@ QWEN3_NEXT = replace(
         renames=QWEN3_5_MOE.checkpoint.renames,
         packed_modules={
             **SEPARATE_PROJECTIONS,
-            "in_proj_qkvz": ("in_proj", PerKeyHead(("q", "k", "v", "z"))),
-            "in_proj_ba": ("in_proj", PerKeyHead(("b", "a"))),
+            "in_proj_qkvz": ("in_proj_qkvz", PerKeyHead(("q", "k", "v", "z"))),
+            "in_proj_ba": ("in_proj_ba", PerKeyHead(("b", "a"))),
         },
     ),
 )

@@ -16,6 +16,7 @@ from nanovllm import LLM, SamplingParams
 from nanovllm.cache.specs import FullAttention, RecurrentState
 from nanovllm.layers import linear
 from nanovllm.layers.attention import Attention
+from nanovllm.layers.fp8_linear import store_fp8_weights
 from nanovllm.layers.gated_delta_net import GatedDeltaNet
 from nanovllm.layers.recurrent_state import RecurrentLayer
 from nanovllm.models.blocks import DecoderForCausalLM
@@ -378,3 +379,14 @@ def test_steps_with_drafts_leave_the_state_after_each_query_as_single_token_step
         torch.testing.assert_close(out[row], want_out, atol=1e-5, rtol=1e-5)
         for step_states, want in zip(steps, after):
             torch.testing.assert_close(step_states[row], want, atol=1e-5, rtol=1e-5)
+
+
+def test_block_fp8_layers_leave_the_gated_delta_nets_b_and_a_in_full_precision(model_config):
+    # b and a have one row per value head, 4 here: never whole 16-row blocks, which refused the model when they
+    # shared one fused projection with q, k, v and z
+    model = DecoderForCausalLM(model_config)
+    store_fp8_weights(model, (16, 16))
+    layer = model.model.layers[0].linear_attn
+    assert layer.in_proj_qkvz.weight.dtype == torch.float8_e4m3fn and layer.in_proj_qkvz.weight_block == (16, 16)
+    assert layer.in_proj_ba.weight.dtype == torch.float32 and layer.in_proj_ba.weight_scale is None
+    assert layer.out_proj.weight.dtype == torch.float8_e4m3fn

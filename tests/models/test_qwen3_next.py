@@ -77,7 +77,7 @@ def _shards_over_all_heads(hf_layer) -> dict[str, torch.Tensor]:
 
 
 def test_each_rank_loads_its_heads_rows_of_the_grouped_projections(next_dir, model_config):
-    """The fused projection of a rank of one or two holds, shard after shard, the rank's half of every shard's
+    """The fused projections of a rank of one or two hold, shard after shard, the rank's half of every shard's
     rows as transformers cuts them from its grouped tensors (key heads 0 and 1, value heads 0-1 and 2-3)."""
     hf_layer = Qwen3NextForCausalLM.from_pretrained(next_dir, dtype=torch.float32).model.layers[0].linear_attn
     shards = _shards_over_all_heads(hf_layer)
@@ -85,8 +85,10 @@ def test_each_rank_loads_its_heads_rows_of_the_grouped_projections(next_dir, mod
         with tensor_parallel(rank, ranks):
             model = DecoderForCausalLM(model_config)
             load_model(model, next_dir)
+        layer = model.model.layers[0].linear_attn
+        got = torch.cat([layer.in_proj_qkvz.weight, layer.in_proj_ba.weight])
         want = torch.cat([t.chunk(ranks)[rank] for t in shards.values()])
-        torch.testing.assert_close(model.model.layers[0].linear_attn.in_proj.weight, want, atol=0, rtol=0)
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
 def test_the_multi_token_prediction_head_is_not_loaded(next_dir, model_config, tmp_path):
