@@ -187,7 +187,8 @@ def _chunk_prepare_kernel(
     a_log_ptr,
     dt_bias_ptr,
     chunk_seq_ptr,
-    cu_seqlens_ptr,
+    starts_ptr,
+    ends_ptr,
     cu_chunks_ptr,
     g_ptr,
     beta_ptr,
@@ -215,8 +216,8 @@ def _chunk_prepare_kernel(
     if seq >= num_seqs:  # past the step's last chunk: the grid counts the most chunks there can be
         return
     BT: tl.constexpr = 4 * C
-    end = tl.load(cu_seqlens_ptr + seq + 1).to(tl.int64)
-    start = tl.load(cu_seqlens_ptr + seq) + (chunk - tl.load(cu_chunks_ptr + seq)) * BT
+    end = tl.load(ends_ptr + seq).to(tl.int64)
+    start = tl.load(starts_ptr + seq) + (chunk - tl.load(cu_chunks_ptr + seq)) * BT
     r = tl.arange(0, BT)
     rows = start.to(tl.int64) + r
     valid = rows < end
@@ -270,7 +271,8 @@ def _chunk_recur_kernel(
     matrices_ptr,
     state_ptr,
     slots_ptr,
-    cu_seqlens_ptr,
+    starts_ptr,
+    ends_ptr,
     cu_chunks_ptr,
     out_ptr,
     stride_qt,
@@ -297,8 +299,8 @@ def _chunk_recur_kernel(
     cols_k = tl.arange(0, BK)
     valid_v = cols_v < DV
     valid_k = cols_k < DK
-    seq_start = tl.load(cu_seqlens_ptr + seq).to(tl.int64)
-    end = tl.load(cu_seqlens_ptr + seq + 1).to(tl.int64)
+    seq_start = tl.load(starts_ptr + seq).to(tl.int64)
+    end = tl.load(ends_ptr + seq).to(tl.int64)
     first_chunk = tl.load(cu_chunks_ptr + seq)
     last_chunk = tl.load(cu_chunks_ptr + seq + 1)
     key_head = head // GROUP
@@ -360,14 +362,17 @@ def gated_delta_chunked(
     cu_seqlens: torch.Tensor,
     max_seqlen: int,
     chunk_size: int = CHUNK,
+    seqs: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The gated delta rule over each sequence's tokens (rows cu_seqlens[s] .. cu_seqlens[s + 1]) from the state
     in its slot, the state after its last token written back there; returns the fp32 outputs. q and k are
     raw (normalised here), the decay is -exp(A_log) softplus(a + dt_bias) and the write strength sigmoid(b),
     all in fp32. `chunk_size` is 4 blocks of at least 16 tokens on the GPU (any multiple of 4 in the
-    interpreter); `max_seqlen` only bounds the number of chunks."""
+    interpreter); `max_seqlen` only bounds the number of chunks. With `seqs`, only those sequences run: the
+    others' output rows are left unwritten and their slots untouched."""
     # q, k: [tokens, key heads, dk]; v: [tokens, heads, dv]; a, b: [tokens, heads]; A_log, dt_bias: [heads] fp32;
-    # state: [slots, heads, dk, dv] fp32; slots: [seqs] int64; cu_seqlens: [seqs + 1] int32 -> [tokens, heads, dv]
+    # state: [slots, heads, dk, dv] fp32; slots: [seqs] int64; cu_seqlens: [seqs + 1] int32; seqs: [n] int64
+    # -> [tokens, heads, dv]
     tokens, key_heads, dk = q.shape
     heads, dv = v.shape[1:]
     block = chunk_size // 4
@@ -378,11 +383,14 @@ def gated_delta_chunked(
     q, k, v, a, b = (_last_contiguous(x) for x in (q, k, v, a, b))
     device = v.device
     out = torch.empty(tokens, heads, dv, dtype=torch.float32, device=device)
+    starts, ends = cu_seqlens[:-1], cu_seqlens[1:]  # [seqs] each
+    if seqs is not None:
+        starts, ends, slots = starts[seqs], ends[seqs], slots[seqs]
     num_seqs = slots.numel()
-    if tokens == 0:
+    if tokens == 0 or num_seqs == 0:
         return out
     # each sequence's first chunk, and the sequence of each chunk the grid may hold (num_seqs past the last)
-    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+    lengths = ends - starts
     cu_chunks = torch.zeros(num_seqs + 1, dtype=torch.int32, device=device)
     cu_chunks[1:] = torch.cumsum(torch.div(lengths + chunk_size - 1, chunk_size, rounding_mode="floor"), 0)
     most_chunks = min(tokens // chunk_size + num_seqs, num_seqs * triton.cdiv(max_seqlen, chunk_size))
@@ -396,13 +404,13 @@ def gated_delta_chunked(
     group, block_k = heads // key_heads, triton.next_power_of_2(dk)
     operand = tl.bfloat16 if q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1" else tl.float32
     _chunk_prepare_kernel[(most_chunks, heads)](
-        q, k, a, b, A_log, dt_bias, chunk_seq, cu_seqlens, cu_chunks, *gates, *norms, matrices,
+        q, k, a, b, A_log, dt_bias, chunk_seq, starts, ends, cu_chunks, *gates, *norms, matrices,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), a.stride(0), b.stride(0), num_seqs, dk**-0.5,
         HEADS=heads, GROUP=group, DK=dk, BK=block_k, C=block, OPERAND=operand, num_warps=4,
     )  # fmt: skip
     block_v = min(_BLOCK_V, triton.next_power_of_2(dv))
     _chunk_recur_kernel[(num_seqs, heads, triton.cdiv(dv, block_v))](
-        q, k, v, *gates, *norms, matrices, state, slots, cu_seqlens, cu_chunks, out,
+        q, k, v, *gates, *norms, matrices, state, slots, starts, ends, cu_chunks, out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         state.stride(0), state.stride(1), state.stride(2),
         HEADS=heads, GROUP=group, DK=dk, DV=dv, BK=block_k, BV=block_v, BT=chunk_size, OPERAND=operand,

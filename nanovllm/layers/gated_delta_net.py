@@ -323,7 +323,16 @@ class GatedDeltaNet(RecurrentLayer):
             )
         if step_states is not None:
             return gated_delta_recurrent(q, k, v, *params, cu_seqlens=context.cu_seqlens_q, step_states=step_states)
-        return gated_delta_chunked(q, k, v, *params, context.cu_seqlens_q, context.max_seqlen_q)
+        one_query = context.one_query
+        if one_query is None:
+            return gated_delta_chunked(q, k, v, *params, context.cu_seqlens_q, context.max_seqlen_q)
+        # the prompts in chunks; the decodes beside them in the one-token kernel, each a whole chunk's work there
+        out = gated_delta_chunked(q, k, v, *params, context.cu_seqlens_q, context.max_seqlen_q, seqs=one_query.others)
+        rows = one_query.rows
+        out[rows] = gated_delta_recurrent(
+            q[rows], k[rows], v[rows], a[rows], b[rows], *params[2:5], slots[one_query.seqs]
+        )
+        return out
 
     def _recur_batch(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, context: Context

@@ -8,6 +8,17 @@ from dataclasses import dataclass, replace
 import torch
 
 
+@dataclass(frozen=True)
+class OneQuerySequences:
+    """Which sequences of a varlen step have one query: a recurrent layer steps them with its one-token kernel
+    rather than as chunks of one token beside the prompts', each of which costs a whole chunk's work."""
+
+    seqs: torch.Tensor  # [n] int64: the sequences of one query
+    rows: torch.Tensor  # [n] int64: their tokens' rows
+    others: torch.Tensor  # [m] int64: every other sequence
+    num_others: int  # m, on the host
+
+
 @dataclass
 class Context:
     """What the attention layers need to know about the current step.
@@ -48,6 +59,8 @@ class Context:
     groups: tuple["Context", ...] = ()  # cache groups 1 .. G-1: their slots and block tables
     # [num_seqs] int64: each sequence's state slot (recurrent layers; padded decode rows get the scratch slot)
     state_slots: torch.Tensor | None = None
+    # a varlen step's sequences of one query (decodes beside prompt chunks), which recurrent layers step apart
+    one_query: "OneQuerySequences | None" = None
 
     def for_group(self, group: int) -> "Context":
         """The context of the layers of cache group `group`: this one for group 0, else that group's."""

@@ -18,7 +18,7 @@ import torch
 
 from nanovllm.core.scheduler_output import PLACEHOLDER, SchedulerOutput
 from nanovllm.spec_decode.verification import ToDevice
-from nanovllm.utils.context import Context
+from nanovllm.utils.context import Context, OneQuerySequences
 
 
 def varlen_inputs(
@@ -64,9 +64,22 @@ def varlen_inputs(
         seqlens_k=seqlens_k,
         block_tables=None if block_tables is None else block_tables[0],  # [requests, width]
         state_slots=to_device(out.state_slots, torch.int64) if has_state else None,  # [requests]
+        one_query=_one_query_sequences(seqlens_q, cu_q, to_device) if has_state else None,
     ).with_groups(slot_mappings, block_tables)
     input_ids = to_device(list(chain.from_iterable(out.token_ids)), torch.int64)
     return context, input_ids, to_device(token_src_rows, torch.int64), to_device(positions, torch.int64), cu_q
+
+
+def _one_query_sequences(seqlens_q: list[int], cu_q: list[int], to_device: ToDevice) -> OneQuerySequences | None:
+    """The step's sequences of one query, their rows and the other sequences; None where there are none."""
+    ones = [i for i, n in enumerate(seqlens_q) if n == 1]
+    if not ones:
+        return None
+    others = [i for i, n in enumerate(seqlens_q) if n != 1]
+    return OneQuerySequences(
+        to_device(ones, torch.int64), to_device([cu_q[i] for i in ones], torch.int64), to_device(others, torch.int64),
+        len(others),
+    )  # fmt: skip
 
 
 def scored_tokens(out: SchedulerOutput, cu_q: list[int]) -> list[int]:

@@ -105,6 +105,24 @@ def test_equals_the_recurrence_from_each_sequences_slot(shape, dtype, decay):
     assert torch.equal(got_state[unused], state[unused])
 
 
+def test_a_subset_of_sequences_runs_alone_leaving_the_others_rows_and_slots():
+    """With `seqs`, the chosen sequences' outputs and states are those of the whole step, and the others' slots
+    keep their states; none chosen runs nothing."""
+    lengths = [1, BT + 3, 1, 2 * BT]
+    q, k, v, a, b, A_log, dt_bias, state, slots, cu_seqlens = random_step(lengths, 1, 2, 16, 8, torch.float32, "mild")
+    want_out, want_state = reference(q, k, v, a, b, A_log, dt_bias, state, slots, cu_seqlens)
+    chosen = torch.tensor([1, 3], device=DEVICE)
+    states = state.clone()
+    got = gated_delta_chunked(q, k, v, a, b, A_log, dt_bias, states, slots, cu_seqlens, 2 * BT, BT, seqs=chosen)
+    rows = torch.cat([torch.arange(cu_seqlens[i], cu_seqlens[i + 1]) for i in (1, 3)]).to(DEVICE)
+    torch.testing.assert_close(got[rows], want_out[rows], atol=2e-4, rtol=2e-4)
+    chosen_slots, other_slots = slots[chosen], slots[[0, 2]]
+    torch.testing.assert_close(states[chosen_slots], want_state[chosen_slots], atol=2e-4, rtol=2e-4)
+    assert torch.equal(states[other_slots], state[other_slots])
+    none = gated_delta_chunked(q, k, v, a, b, A_log, dt_bias, states, slots, cu_seqlens, 2 * BT, BT, seqs=chosen[:0])
+    assert none.shape == want_out.shape and torch.equal(states[other_slots], state[other_slots])
+
+
 def test_a_sequence_in_two_steps_equals_it_whole():
     """The state the first step leaves in the slot is where the second starts, whatever the chunks' bounds."""
     lengths = [2 * BT + 5, 3]
