@@ -383,9 +383,12 @@ def gated_delta_chunked(
     q, k, v, a, b = (_last_contiguous(x) for x in (q, k, v, a, b))
     device = v.device
     out = torch.empty(tokens, heads, dv, dtype=torch.float32, device=device)
-    starts, ends = cu_seqlens[:-1], cu_seqlens[1:]  # [seqs] each
-    if seqs is not None:
-        starts, ends, slots = starts[seqs], ends[seqs], slots[seqs]
+    # [seqs] each, new tensors (a view one entry into cu_seqlens is not 16-byte aligned, and Triton compiles a
+    # kernel variant per alignment: a step's first subset would pay a second compile)
+    if seqs is None:
+        starts, ends = cu_seqlens[:-1].clone(), cu_seqlens[1:].clone()
+    else:
+        starts, ends, slots = cu_seqlens[:-1][seqs], cu_seqlens[1:][seqs], slots[seqs]
     num_seqs = slots.numel()
     if tokens == 0 or num_seqs == 0:
         return out
