@@ -3,8 +3,8 @@
 both row-wise scales (x's per token, W's per output channel) and the bias before rounding once.
 
 The arithmetic is `fp8_weights.fp8_linear`'s for per-channel weights, up to the order of the fp32 sums.
-Block-scaled weights take `triton_fp8_block_gemm` instead (cuBLASLt's row-wise scaling has no scale per
-group of columns), and fp32 models that PyTorch reference (it writes 16-bit outputs only).
+Block-scaled weights and fp32 models take that PyTorch reference instead (cuBLASLt's row-wise scaling
+writes 16-bit outputs only).
 """
 
 import torch

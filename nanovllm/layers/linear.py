@@ -137,8 +137,7 @@ class LinearBase(nn.Module):
 
     def project(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x W^T (+ bias), W in FP8 where the layer holds it so: a few rows on CUDA through the GEMV, more
-        rows of a 16-bit model with per-channel or 128 x 128 block scales on FP8 tensor cores, the rest in
-        PyTorch."""
+        rows of a 16-bit model with per-channel scales on FP8 tensor cores, the rest in PyTorch."""
         # x: [tokens, in] -> [tokens, out]
         if self.weight_scale is None:
             return linear(x, self.weight, bias)
@@ -147,13 +146,8 @@ class LinearBase(nn.Module):
 
             return gemv(x, self.weight, bias=bias, **self.fp8_weights())
         per_channel = self.weight_block == (1, self.weight.size(1))
-        if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
-            if per_channel:
-                return scaled_mm_linear(x, self.weight, self.weight_scale, bias)
-            if self.weight_block == (128, 128):
-                from nanovllm.kernels.triton_fp8_block_gemm import block_fp8_linear  # Triton on CUDA only
-
-                return block_fp8_linear(x, self.weight, self.weight_scale, bias)
+        if x.is_cuda and per_channel and x.dtype in (torch.bfloat16, torch.float16):
+            return scaled_mm_linear(x, self.weight, self.weight_scale, bias)
         # the rows the GEMV would take are multiplied unquantized, as it does
         quantize_x = x.size(0) > GEMV_MAX_ROWS
         return fp8_linear(x, self.weight, self.weight_scale, self.weight_block, bias, quantize_x=quantize_x)
