@@ -43,8 +43,8 @@ from nanovllm.layers.fused_projection import NormedProjection
 from nanovllm.layers.fusion import fused_on_cuda
 from nanovllm.layers.layernorm import rms_norm
 from nanovllm.layers.linear import FusedColumnParallelLinear, RowParallelLinear, divide, load_fused_rows
+from nanovllm.layers.per_key_head import PerKeyHead
 from nanovllm.layers.recurrent_state import RecurrentLayer
-from nanovllm.models.family_spec import PerKeyHead
 from nanovllm.utils.context import Context, get_context
 from nanovllm.utils.loader import shard
 from nanovllm.utils.parallel import tp_rank, tp_size

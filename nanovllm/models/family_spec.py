@@ -91,16 +91,6 @@ class SlidingLayers(Enum):
     PER_LAYER_TYPE = "per_layer_type"
 
 
-@dataclass(frozen=True)
-class PerKeyHead:
-    """The shard id of a checkpoint tensor that fills several shards of a Gated DeltaNet's fused projection
-    with its rows grouped per key head: for each key head, its rows of each of `shards` in turn (Qwen3-Next's
-    in_proj_qkvz: a key head's q, k, then the v and z of the value heads that read it), rather than shard
-    after shard over all heads."""
-
-    shards: tuple[str, ...]
-
-
 # transformers' checkpoint names of the projections our fused ones hold -> (our fused parameter, shard id)
 SEPARATE_PROJECTIONS = {
     "q_proj": ("qkv_proj", "q"),

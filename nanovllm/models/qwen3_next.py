@@ -15,13 +15,13 @@ fill the shards of the fused projections of the same names (`PerKeyHead`). The m
 
 from dataclasses import replace
 
+from nanovllm.layers.per_key_head import PerKeyHead
 from nanovllm.models.family_spec import (
     SEPARATE_PROJECTIONS,
     CheckpointNames,
     ExpertDefaults,
     HFDefaults,
     LinearAttentionDefaults,
-    PerKeyHead,
 )
 from nanovllm.models.qwen3_5_moe import QWEN3_5_MOE
 
