@@ -21,7 +21,6 @@ from nanovllm.models.family_spec import (
     CheckpointNames,
     ExpertDefaults,
     HFDefaults,
-    LinearAttentionDefaults,
 )
 from nanovllm.models.qwen3_5_moe import QWEN3_5_MOE
 
@@ -44,14 +43,6 @@ QWEN3_NEXT = replace(
         moe_intermediate_size=512,
         norm_topk_prob=True,
         shared_expert_intermediate_size=512,
-    ),
-    linear_attention=LinearAttentionDefaults(
-        linear_num_key_heads=16,
-        linear_num_value_heads=32,
-        linear_key_head_dim=128,
-        linear_value_head_dim=128,
-        linear_conv_kernel_dim=4,
-        full_attention_interval=4,
     ),
     checkpoint=CheckpointNames(
         prefixes={"mtp.": None},
