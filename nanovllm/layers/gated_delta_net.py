@@ -35,9 +35,6 @@ from torch import nn
 
 from nanovllm.kernels.torch_causal_conv import causal_conv_queries, causal_conv_varlen
 from nanovllm.kernels.torch_gated_delta import gated_delta_rule
-from nanovllm.kernels.triton_causal_conv import conv_queries, conv_varlen
-from nanovllm.kernels.triton_gated_delta_chunked import gated_delta_chunked
-from nanovllm.kernels.triton_gated_delta_recurrent import gated_delta_recurrent
 from nanovllm.layers.activation import ACTIVATIONS
 from nanovllm.layers.fused_projection import NormedProjection
 from nanovllm.layers.fusion import fused_on_cuda
@@ -255,6 +252,8 @@ class GatedDeltaNet(RecurrentLayer):
         slots = self._slots(context, num_seqs)
         step_states = self._step_states(self.conv_steps, slots, context, num_seqs)
         if self._on_kernels(mixed, slots) and self.activation_is_silu:
+            from nanovllm.kernels.triton_causal_conv import conv_queries, conv_varlen  # Triton is needed on CUDA only
+
             if context.is_prefill:
                 return conv_varlen(mixed, weight, self.conv_state, slots, context.cu_seqlens_q, step_states)
             queries = mixed.view(num_seqs, context.queries_per_seq, -1)
@@ -314,6 +313,10 @@ class GatedDeltaNet(RecurrentLayer):
     ) -> torch.Tensor:
         """`_recur` in the Triton kernels: the chunked rule for a varlen step, token by token where per-position
         states are kept (a varlen step with drafts) and in decode and verify steps."""
+        # Triton is needed on CUDA only
+        from nanovllm.kernels.triton_gated_delta_chunked import gated_delta_chunked
+        from nanovllm.kernels.triton_gated_delta_recurrent import gated_delta_recurrent
+
         params = (a, b, self.A_log, self.dt_bias, self.recurrent_state, slots)
         step_states = self._step_states(self.recurrent_steps, slots, context, slots.numel())
         if not context.is_prefill:
