@@ -1,9 +1,9 @@
-"""Speculative decoding on a model with recurrent layers (the tiny Qwen3.5) on the CPU: a step with drafts leaves
-each request's state after every query aside and keeps the one after its last kept token, so greedy output is
-token for token that of decoding without drafts, with n-gram drafts, with always-wrong and half-right ones,
-in verify steps checked inside the decode step (greedy), by the full sampler after it (top-k rows), in varlen
-steps beside prompt chunks and in steps launched before the one before was checked; every state slot comes
-back once the requests end."""
+"""Speculative decoding on a model with recurrent layers (the tiny Qwen3.5, Qwen3.5-MoE and Qwen3-Next) on the
+CPU: a step with drafts leaves each request's state after every query aside and keeps the one after its last
+kept token, so greedy output is token for token that of decoding without drafts, with n-gram drafts, with
+always-wrong and half-right ones, in verify steps checked inside the decode step (greedy), by the full sampler
+after it (top-k rows), in varlen steps beside prompt chunks and in steps launched before the one before was
+checked; every state slot comes back once the requests end."""
 
 import random
 from pathlib import Path
@@ -18,7 +18,8 @@ from nanovllm.spec_decode.proposer import Proposer
 from helpers.engine_probes import acceptance, engine
 from helpers.graphs_replayed_eagerly import GraphsReplayedEagerly
 from helpers.prompts import repetitive_prompts, token_ids
-from helpers.qwen3_5_models import save_qwen3_5
+from helpers.qwen3_5_models import save_qwen3_5, save_qwen3_5_moe
+from helpers.qwen3_next_models import save_qwen3_next
 
 K = 3  # drafts per step
 NGRAM = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
@@ -127,6 +128,17 @@ def test_wrong_and_half_right_drafts_change_no_token(qwen3_5_dir, prompts, plain
     assert token_ids(llm.generate(prompts, params, use_tqdm=False)) == plain
     checked, kept = acceptance(llm)
     assert checked > 0 and (kept == 0 if wrong == 1.0 else 0 < kept < checked)
+    assert_every_state_slot_returned(llm)
+
+
+@pytest.mark.parametrize("save", [save_qwen3_5_moe, save_qwen3_next], ids=["qwen3_5_moe", "qwen3_next"])
+def test_half_right_drafts_change_no_token_of_the_mixture_of_experts_hybrids(save, prompts, tmp_path):
+    model_dir = save(tmp_path)
+    plain = token_ids(engine(model_dir).generate(prompts, GREEDY, use_tqdm=False))
+    llm = spec_engine(model_dir, ReferenceProposer([p + t for p, t in zip(prompts, plain)], 0.5))
+    assert token_ids(llm.generate(prompts, GREEDY, use_tqdm=False)) == plain
+    checked, kept = acceptance(llm)
+    assert 0 < kept < checked
     assert_every_state_slot_returned(llm)
 
 
