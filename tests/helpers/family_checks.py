@@ -1,9 +1,10 @@
 """What the model families' tests share: a tiny engine's greedy tokens, and checks of them against
-transformers' on the same weights with prefix-cache hits (a second turn among them), prefill chunks and two
-ranks."""
+transformers' on the same weights with prefix-cache hits (a second turn among them), prefill chunks,
+preemption and two ranks."""
 
 from nanovllm import LLM, SamplingParams
 
+from helpers.engine_probes import record_preemptions
 from helpers.hf_reference import hf_greedy
 from helpers.prompts import random_prompts
 
@@ -68,3 +69,16 @@ def prompts_with_a_shared_prefix() -> list[list[int]]:
     """A short prompt, then two that share their first 33 tokens (two 16-token blocks to reuse)."""
     short, shared = random_prompts([5, 33], seed=3)
     return [short, shared + [7, 8, 9], shared + [10]]
+
+
+def assert_preempted_requests_match_transformers(model_dir: str) -> None:
+    """Requests that outgrow an 8-block pool (admitted while their prompts fit, no room kept for decoding: about
+    twice the 128 tokens per layer it holds together) are preempted and resume with transformers' tokens."""
+    prompts = random_prompts([20, 30, 12, 25, 18, 40], seed=3)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    tight = LLM(model_dir, **{**ENGINE, "num_kvcache_blocks": 8, "schedule_conservativeness": 0})
+    preempted = record_preemptions(tight)
+    outputs = [o.outputs[0].token_ids for o in tight.generate(prompts, params, use_tqdm=False)]
+    tight.close()
+    assert preempted
+    assert outputs == hf_greedy(model_dir, prompts, params.max_tokens)

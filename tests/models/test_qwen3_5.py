@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoConfig, Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
-from nanovllm import LLM, SamplingParams
+from nanovllm import LLM
 from nanovllm.cache.specs import FullAttention, RecurrentState
 from nanovllm.layers import linear
 from nanovllm.layers.attention import Attention
@@ -26,10 +26,15 @@ from nanovllm.utils.loader import load_model
 from nanovllm.utils.parallel import tensor_parallel
 from nanovllm.worker.kv_cache import LayerKVCache
 
-from helpers.engine_probes import record_preemptions
-from helpers.family_checks import ENGINE, GREEDY, assert_second_turn_matches_transformers, greedy
+from helpers.family_checks import (
+    ENGINE,
+    GREEDY,
+    assert_preempted_requests_match_transformers,
+    assert_second_turn_matches_transformers,
+    greedy,
+)
 from helpers.hf_reference import hf_greedy
-from helpers.prompts import random_prompts, token_ids
+from helpers.prompts import random_prompts
 from helpers.qwen3_5_models import LAYER_TYPES, save_qwen3_5, save_qwen3_5_image_text
 
 CONV_CHANNELS = 2 * 2 * 16 + 4 * 8  # q and k of two key heads, v of four value heads
@@ -306,16 +311,7 @@ def test_a_second_turn_reads_the_first_from_the_prefix_cache(qwen3_5_dir):
 
 
 def test_preempted_requests_resume_with_transformers_tokens(qwen3_5_dir):
-    prompts = random_prompts([20, 30, 12, 25, 18, 40], seed=3)
-    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
-    # 8 blocks hold 128 tokens of the two attention layers; together the requests need about twice that
-    # admitted while prompts fit (no room kept for decoding), the requests outgrow the pool
-    tight = LLM(qwen3_5_dir, **{**ENGINE, "num_kvcache_blocks": 8, "schedule_conservativeness": 0})
-    preempted = record_preemptions(tight)
-    outputs = token_ids(tight.generate(prompts, params, use_tqdm=False))
-    tight.close()
-    assert preempted
-    assert outputs == hf_greedy(qwen3_5_dir, prompts, params.max_tokens)
+    assert_preempted_requests_match_transformers(qwen3_5_dir)
 
 
 def test_an_image_text_checkpoint_runs_as_its_language_model(qwen3_5_image_text_dir):

@@ -16,7 +16,12 @@ from nanovllm.models.model_config import ModelConfig
 from nanovllm.utils.loader import load_model
 from nanovllm.utils.parallel import tensor_parallel
 
-from helpers.family_checks import GREEDY, assert_second_turn_matches_transformers, greedy
+from helpers.family_checks import (
+    GREEDY,
+    assert_preempted_requests_match_transformers,
+    assert_second_turn_matches_transformers,
+    greedy,
+)
 from helpers.hf_reference import hf_greedy
 from helpers.moe_models import save_stacked, tensor_names
 from helpers.prompts import random_prompts
@@ -96,6 +101,10 @@ def test_greedy_tokens_in_small_prefill_chunks_equal_transformers(moe_dir, expec
 
 def test_a_second_turn_reads_the_first_from_the_prefix_cache(moe_dir):
     assert_second_turn_matches_transformers(moe_dir)
+
+
+def test_preempted_requests_resume_with_transformers_tokens(moe_dir):
+    assert_preempted_requests_match_transformers(moe_dir)
 
 
 def test_stacked_experts_load_and_give_the_same_tokens(moe_dir, expected, tmp_path):

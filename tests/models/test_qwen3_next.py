@@ -14,16 +14,19 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoConfig, Qwen3NextConfig, Qwen3NextForCausalLM
 
-from nanovllm import LLM, SamplingParams
 from nanovllm.models.blocks import DecoderForCausalLM
 from nanovllm.models.model_config import ModelConfig
 from nanovllm.utils.loader import load_model
 from nanovllm.utils.parallel import tensor_parallel
 
-from helpers.engine_probes import record_preemptions
-from helpers.family_checks import ENGINE, GREEDY, assert_second_turn_matches_transformers, greedy
+from helpers.family_checks import (
+    GREEDY,
+    assert_preempted_requests_match_transformers,
+    assert_second_turn_matches_transformers,
+    greedy,
+)
 from helpers.hf_reference import hf_greedy
-from helpers.prompts import random_prompts, token_ids
+from helpers.prompts import random_prompts
 from helpers.qwen3_next_models import DENSE_LAYER, FIELDS, LAYER_TYPES, save_qwen3_next
 
 PROMPTS = random_prompts([5, 20, 45], seed=6)
@@ -109,16 +112,7 @@ def test_a_second_turn_reads_the_first_from_the_prefix_cache(next_dir):
 
 
 def test_preempted_requests_resume_with_transformers_tokens(next_dir):
-    prompts = random_prompts([20, 30, 12, 25, 18, 40], seed=3)
-    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
-    # 8 blocks hold 128 tokens of the two attention layers; admitted while prompts fit (no room kept for
-    # decoding), the requests, about twice that together, outgrow the pool
-    tight = LLM(next_dir, **{**ENGINE, "num_kvcache_blocks": 8, "schedule_conservativeness": 0})
-    preempted = record_preemptions(tight)
-    outputs = token_ids(tight.generate(prompts, params, use_tqdm=False))
-    tight.close()
-    assert preempted
-    assert outputs == hf_greedy(next_dir, prompts, params.max_tokens)
+    assert_preempted_requests_match_transformers(next_dir)
 
 
 @pytest.mark.slow
