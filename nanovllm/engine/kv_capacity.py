@@ -3,6 +3,7 @@ and the longest request it can hold alone. On a model with recurrent layers each
 holds two state slots (its live state and its latest snapshot), which can bound the sequences too."""
 
 from nanovllm.config import Config
+from nanovllm.core.state_slots import RUNNING_SEQUENCE_SLOTS
 from nanovllm.engine.messages import KVGroupCapacity
 
 
@@ -11,7 +12,7 @@ def max_concurrency(config: Config, num_blocks: int, num_state_slots: int) -> fl
     layers, of `num_state_slots` state slots, two per sequence) holds at once, while they decode."""
     per_sequence = config.kv_layout.blocks_held(config.context_len, config.kv_block_size, config.kv_lookback)
     by_blocks = num_blocks / per_sequence
-    return min(by_blocks, num_state_slots / 2) if config.kv_layout.has_state else by_blocks
+    return min(by_blocks, num_state_slots / RUNNING_SEQUENCE_SLOTS) if config.kv_layout.has_state else by_blocks
 
 
 def group_capacities(config: Config, num_blocks: int, num_state_slots: int) -> list[KVGroupCapacity]:

@@ -311,8 +311,9 @@ class GatedDeltaNet(RecurrentLayer):
         context: Context,
         slots: torch.Tensor,
     ) -> torch.Tensor:
-        """`_recur` in the Triton kernels: the chunked rule for a varlen step, token by token where per-position
-        states are kept (a varlen step with drafts) and in decode and verify steps."""
+        """`_recur` in the Triton kernels: the chunked rule for a varlen step's prompts, token by token for the
+        sequences of one query beside them (`Context.one_query`), where per-position states are kept (a varlen
+        step with drafts) and in decode and verify steps."""
         # Triton is needed on CUDA only
         from nanovllm.kernels.triton_gated_delta_chunked import gated_delta_chunked
         from nanovllm.kernels.triton_gated_delta_recurrent import gated_delta_recurrent
@@ -329,6 +330,8 @@ class GatedDeltaNet(RecurrentLayer):
         one_query = context.one_query
         if one_query is None:
             return gated_delta_chunked(q, k, v, *params, context.cu_seqlens_q, context.max_seqlen_q)
+        if one_query.num_others == 0:  # one token per sequence, in order: a decode step's layout
+            return gated_delta_recurrent(q, k, v, *params)
         # the prompts in chunks; the decodes beside them in the one-token kernel, each a whole chunk's work there
         out = gated_delta_chunked(q, k, v, *params, context.cu_seqlens_q, context.max_seqlen_q, seqs=one_query.others)
         rows = one_query.rows
