@@ -196,7 +196,7 @@ class KVCacheManager:
         req.block_tables = [list(table) for table in hit.tables]
         req.num_cached_tokens = req.num_computed_tokens = hit.num_tokens
         if self.states is not None:
-            self.states.admit(req, hit.state_source)
+            self.states.admit(req, hit.state_source, with_snapshot=self.enable_prefix_caching)
         self.may_append(req, end)
 
     def deallocate(self, req: Request) -> None:

@@ -2,13 +2,18 @@
 
 A recurrent layer keeps one state per sequence, updated in place at every
 token, so a running request owns a slot (`Request.state_slot`) in every
-recurrent layer's state tensor. It owns a second one (`snapshot_slot`) that
-holds its state as of its latest block boundary (`snapshot_tokens`): a step that
-ends on a boundary copies the live state there. When the request finishes or is
-preempted, that snapshot goes to the prefix cache under the hash of the prefix
-it ends (the chained hash of its last block); a later request whose prefix
-matches starts from a copy of it. Cached snapshots give up their slots, least
-recently used first, when a request needs one.
+recurrent layer's state tensor. With prefix caching it also owns, where one can
+be had, a second one (`snapshot_slot`) that holds its state as of its latest
+block boundary (`snapshot_tokens`): a step that ends on a boundary copies the
+live state there. When the request finishes or is preempted, that snapshot goes
+to the prefix cache under the hash of the prefix it ends (the chained hash of
+its last block); a later request whose prefix matches starts from a copy of it.
+
+Running comes first: a new request takes a free slot, else a cached
+snapshot's (least recently used first), else a running request's snapshot slot
+(the one holding the fewest tokens), so that as many requests run as there are
+slots. A request left without a snapshot slot takes one again at a later
+boundary where one is free or cached.
 
 The device work is a list of copies per step, which the model runner runs:
 `restores` before the step's forward pass (a cached snapshot, or zeros, into a
@@ -21,7 +26,8 @@ from dataclasses import dataclass
 
 from nanovllm.core.request import Request
 
-RUNNING_SEQUENCE_SLOTS = 2  # the slots a running request holds: its live state and its snapshot
+SLOTS_PER_SEQUENCE = 2  # the slots a running request holds with prefix caching: its live state and its snapshot
+NO_SLOT = -1  # a request's slot where it holds none
 # the source of a restore that zeroes its slot: the request starts from the empty state
 ZERO_STATE = -1
 
@@ -35,12 +41,14 @@ class _Snapshot:
 
 
 class StateSlots:
-    """The pool of `num_slots` state slots: two per running request, the rest cached snapshots or free."""
+    """The pool of `num_slots` state slots: one or two per running request (its live state, and its snapshot
+    where it has one), the rest cached snapshots or free."""
 
     def __init__(self, num_slots: int):
         self.num_slots = num_slots
         self.free_slots: list[int] = list(range(num_slots - 1, -1, -1))
         self.cached: OrderedDict[int, _Snapshot] = OrderedDict()  # prefix hash -> snapshot, oldest use first
+        self.snapshot_holders: dict[int, Request] = {}  # snapshot slot -> the running request it belongs to
         self.restores: list[tuple[int, int]] = []  # (source slot or ZERO_STATE, live slot), before the forward
         self.snapshots: list[tuple[int, int]] = []  # (live slot, snapshot slot), after the forward
 
@@ -51,14 +59,19 @@ class StateSlots:
         return snapshot.slot if snapshot is not None and snapshot.last_block == last_block else ZERO_STATE
 
     def can_admit(self, source: int) -> bool:
-        """Whether two slots can be found for a new request, keeping the snapshot in `source` it starts from."""
-        return len(self.free_slots) + len(self.cached) - (source != ZERO_STATE) >= RUNNING_SEQUENCE_SLOTS
+        """Whether a live slot can be found for a new request, keeping the snapshot in `source` it starts from."""
+        return len(self.free_slots) + len(self.cached) - (source != ZERO_STATE) + len(self.snapshot_holders) >= 1
 
-    def admit(self, req: Request, source: int) -> None:
-        """Give `req` its live and snapshot slots; its live state starts as a copy of `source` (a cached
-        snapshot, which is used again and so moves to the back of the eviction queue) or zeros."""
+    def admit(self, req: Request, source: int, with_snapshot: bool) -> None:
+        """Give `req` its live slot, and with `with_snapshot` a snapshot slot where one is free or cached; its
+        live state starts as a copy of `source` (a cached snapshot, which is used again and so moves to the
+        back of the eviction queue) or zeros."""
         req.state_slot = self._take(keep=source)
-        req.snapshot_slot = self._take(keep=source)
+        if req.state_slot == NO_SLOT:
+            req.state_slot = self._take_from_running()
+        req.snapshot_slot = self._take(keep=source) if with_snapshot else NO_SLOT
+        if req.snapshot_slot != NO_SLOT:
+            self.snapshot_holders[req.snapshot_slot] = req
         req.snapshot_tokens = 0
         self.restores.append((source, req.state_slot))
         for prefix_hash, snapshot in self.cached.items():
@@ -68,7 +81,13 @@ class StateSlots:
 
     def snapshot(self, req: Request, num_tokens: int) -> None:
         """After the step now scheduled, `req`'s state is that of its first `num_tokens` tokens, a block
-        boundary: copy it to the request's snapshot slot."""
+        boundary: copy it to the request's snapshot slot (taking one first where it has none and one is free
+        or cached; else no snapshot is taken)."""
+        if req.snapshot_slot == NO_SLOT:
+            req.snapshot_slot = self._take(keep=ZERO_STATE)
+            if req.snapshot_slot == NO_SLOT:
+                return
+            self.snapshot_holders[req.snapshot_slot] = req
         self.snapshots.append((req.state_slot, req.snapshot_slot))
         req.snapshot_tokens = num_tokens
 
@@ -76,11 +95,13 @@ class StateSlots:
         """Take `req`'s slots back: its live one is freed, its snapshot cached under `prefix_hash` (None: its
         snapshot is of no use, freed too)."""
         self.free_slots.append(req.state_slot)
-        if prefix_hash is None or prefix_hash in self.cached:
-            self.free_slots.append(req.snapshot_slot)
-        else:
-            self.cached[prefix_hash] = _Snapshot(req.snapshot_slot, last_block)
-        req.state_slot = req.snapshot_slot = -1
+        if req.snapshot_slot != NO_SLOT:
+            del self.snapshot_holders[req.snapshot_slot]
+            if prefix_hash is None or prefix_hash in self.cached:
+                self.free_slots.append(req.snapshot_slot)
+            else:
+                self.cached[prefix_hash] = _Snapshot(req.snapshot_slot, last_block)
+        req.state_slot = req.snapshot_slot = NO_SLOT
         req.snapshot_tokens = 0
 
     def take_copies(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
@@ -90,10 +111,23 @@ class StateSlots:
         return copies
 
     def _take(self, keep: int) -> int:
+        """A free slot, else the slot of the least recently used cached snapshot other than `keep`, else
+        NO_SLOT."""
         if self.free_slots:
             return self.free_slots.pop()
         for prefix_hash, snapshot in self.cached.items():
             if snapshot.slot != keep:
                 del self.cached[prefix_hash]
                 return snapshot.slot
-        raise AssertionError("no state slot to take: can_admit was not asked")
+        return NO_SLOT
+
+    def _take_from_running(self) -> int:
+        """The snapshot slot of the running request whose snapshot holds the fewest tokens: it goes on
+        without one, and the copy into that slot this step would have made is dropped."""
+        assert self.snapshot_holders, "no state slot to take: can_admit was not asked"
+        slot, holder = min(self.snapshot_holders.items(), key=lambda item: item[1].snapshot_tokens)
+        del self.snapshot_holders[slot]
+        holder.snapshot_slot = NO_SLOT
+        holder.snapshot_tokens = 0
+        self.snapshots = [copy for copy in self.snapshots if copy[1] != slot]
+        return slot

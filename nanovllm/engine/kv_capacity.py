@@ -1,18 +1,18 @@
 """What the KV cache holds, in the terms a user sizes it by: sequences at max_model_len, tokens per cache group,
 and the longest request it can hold alone. On a model with recurrent layers each running sequence also
-holds two state slots (its live state and its latest snapshot), which can bound the sequences too."""
+holds a state slot (its live state; a second for its latest snapshot where one is left), which can bound the
+sequences too."""
 
 from nanovllm.config import Config
-from nanovllm.core.state_slots import RUNNING_SEQUENCE_SLOTS
 from nanovllm.engine.messages import KVGroupCapacity
 
 
 def max_concurrency(config: Config, num_blocks: int, num_state_slots: int) -> float:
     """Sequences of max_model_len tokens the pool of `num_blocks` blocks (and, on a model with recurrent
-    layers, of `num_state_slots` state slots, two per sequence) holds at once, while they decode."""
+    layers, of `num_state_slots` state slots, one per sequence) holds at once, while they decode."""
     per_sequence = config.kv_layout.blocks_held(config.context_len, config.kv_block_size, config.kv_lookback)
     by_blocks = num_blocks / per_sequence
-    return min(by_blocks, num_state_slots / RUNNING_SEQUENCE_SLOTS) if config.kv_layout.has_state else by_blocks
+    return min(by_blocks, num_state_slots) if config.kv_layout.has_state else by_blocks
 
 
 def group_capacities(config: Config, num_blocks: int, num_state_slots: int) -> list[KVGroupCapacity]:

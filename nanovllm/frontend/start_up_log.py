@@ -3,7 +3,7 @@
 import logging
 
 from nanovllm.config import Config
-from nanovllm.core.state_slots import RUNNING_SEQUENCE_SLOTS
+from nanovllm.core.state_slots import SLOTS_PER_SEQUENCE
 from nanovllm.engine.messages import EngineCoreInfo
 
 logger = logging.getLogger(__name__)
@@ -18,20 +18,20 @@ def memory_size(num_bytes: int) -> str:
 
 
 def _warn_of_fewer_running_states(config: Config, num_state_slots: int) -> None:
-    """A warning where the state slots hold fewer running sequences (two slots each: the live state and its
-    snapshot) than max_num_seqs: the scheduler then runs no more than they hold."""
-    running = num_state_slots // RUNNING_SEQUENCE_SLOTS
-    if running < config.max_num_seqs:
+    """A warning where the state slots (one per running sequence, its live state) are fewer than max_num_seqs:
+    the scheduler then runs no more sequences than there are slots."""
+    if num_state_slots < config.max_num_seqs:
         setting = "gpu_memory_utilization" if config.device_type == "cuda" else "cpu_kvcache_gb"
         logger.warning(
-            "the state cache holds the recurrent states of %d running sequences (%d slots each), fewer than "
-            "max_num_seqs=%d: at most %d run at once; raise %s for more, or set max_num_seqs=%d to say so",
-            running,
-            RUNNING_SEQUENCE_SLOTS,
+            "the state cache holds %d recurrent-state slots, fewer than max_num_seqs=%d: at most %d sequences "
+            "run at once (beyond %d, some without the snapshot that prefix caching reuses); raise %s for more, "
+            "or set max_num_seqs=%d to say so",
+            num_state_slots,
             config.max_num_seqs,
-            running,
+            num_state_slots,
+            num_state_slots // SLOTS_PER_SEQUENCE,
             setting,
-            running,
+            num_state_slots,
         )
 
 

@@ -35,7 +35,7 @@ import torch
 
 from nanovllm.cache.layout import CacheLayout
 from nanovllm.config import Config
-from nanovllm.core.state_slots import RUNNING_SEQUENCE_SLOTS
+from nanovllm.core.state_slots import SLOTS_PER_SEQUENCE
 from nanovllm.layers.attention import Attention
 from nanovllm.utils.parallel import all_ranks_min
 from nanovllm.worker.kv_cache import KVCache, KVCacheSpec, kv_cache_dtype
@@ -44,7 +44,7 @@ _GIB = 1 << 30
 _CPU_KV_CACHE_SHARE = 0.9  # of the available memory; the rest is headroom for activations
 # state slots per sequence at most: a running request's live and snapshot slots, and one for a cached snapshot
 _MOST_STATE_SLOTS_PER_SEQ = 3
-_LEAST_STATE_SLOTS = RUNNING_SEQUENCE_SLOTS  # one request's live and snapshot slots
+_LEAST_STATE_SLOTS = SLOTS_PER_SEQUENCE  # one request's live and snapshot slots
 
 
 def available_memory_bytes() -> int:
@@ -144,7 +144,7 @@ def split_budget(config: Config, budget: int, block_bytes: int, slot_bytes: int)
     it, between 2 and 3 * max_num_seqs slots, and the blocks what is left (at most what every sequence
     could use)."""
     # floor(budget * share / slot_bytes), in integers
-    pair = RUNNING_SEQUENCE_SLOTS
+    pair = SLOTS_PER_SEQUENCE
     by_share = pair * budget // (blocks_per_sequence(config) * block_bytes + pair * slot_bytes)
     num_slots = max(_LEAST_STATE_SLOTS, min(_MOST_STATE_SLOTS_PER_SEQ * config.max_num_seqs, by_share))
     num_blocks = min(max(budget - num_slots * slot_bytes, 0) // block_bytes, most_blocks_used(config))

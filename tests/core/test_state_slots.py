@@ -1,6 +1,7 @@
-"""State slots for recurrent layers, through the scheduler: two slots per running request, a snapshot at each
-block boundary a step ends on, snapshots cached when requests end and restored on a prefix hit, least
-recently used ones evicted, every slot back when requests end."""
+"""State slots for recurrent layers, through the scheduler: two slots per running request where there are
+enough, else one (a live state without a snapshot), a snapshot at each block boundary a step ends on,
+snapshots cached when requests end and restored on a prefix hit, least recently used ones evicted, every slot
+back when requests end."""
 
 from nanovllm.cache.layout import cache_layout
 from nanovllm.cache.specs import FullAttention, RecurrentState
@@ -127,8 +128,8 @@ def test_cached_snapshots_give_their_slots_to_new_requests_oldest_first():
     assert list(states.cached) == [newest]
 
 
-def test_a_request_waits_while_no_two_slots_are_free():
-    sched = hybrid_scheduler(num_state_slots=3)
+def test_a_request_waits_while_no_slot_is_free():
+    sched = hybrid_scheduler(num_state_slots=1)
     sched.add_request(make_req("a", range(2, 5)))
     sched.add_request(make_req("b", range(10, 13)))
     out = sched.schedule()
@@ -139,12 +140,46 @@ def test_a_request_waits_while_no_two_slots_are_free():
     assert all_slots_back(sched)
 
 
-def test_without_prefix_caching_no_chunk_is_cut_and_nothing_is_snapshotted():
+def test_as_many_requests_run_as_there_are_slots_the_last_ones_without_snapshots():
+    sched = hybrid_scheduler(num_state_slots=3)
+    a, b, c = make_req("a", range(2, 5)), make_req("b", range(10, 13)), make_req("c", range(20, 23))
+    for req in (a, b, c):
+        sched.add_request(req)
+    out = step(sched)
+    assert out.req_ids == ["a", "b", "c"]
+    # a took two slots, b the last free one, and c a's snapshot slot
+    assert sorted(r.state_slot for r in (a, b, c)) == [0, 1, 2]
+    assert a.snapshot_slot == b.snapshot_slot == -1
+    sched.abort(["b", "c"])
+    out = step(sched)  # a reaches its first block boundary: it takes a freed slot for its snapshot
+    assert out.state_snapshots == [(a.state_slot, a.snapshot_slot)] and a.snapshot_tokens == 4
+    sched.abort(["a"])
+    assert all_slots_back(sched) and len(sched.kv_cache.states.cached) == 1
+
+
+def test_a_snapshot_slot_taken_by_a_new_request_is_not_copied_into_that_step():
+    sched = hybrid_scheduler(num_state_slots=2)
+    a = make_req("a", range(2, 5))  # 3 tokens: its next step ends on the first block boundary
+    sched.add_request(a)
+    step(sched)
+    taken = a.snapshot_slot
+    b = make_req("b", range(10, 13))
+    sched.add_request(b)
+    out = step(sched)
+    assert out.req_ids == ["a", "b"] and b.state_slot == taken
+    assert out.state_snapshots == [] and a.snapshot_slot == -1 and a.snapshot_tokens == 0
+    assert out.state_restores == [(ZERO_STATE, taken)]
+    sched.abort(["a", "b"])
+    assert all_slots_back(sched) and not sched.kv_cache.states.cached
+
+
+def test_without_prefix_caching_no_chunk_is_cut_nothing_is_snapshotted_and_a_request_takes_one_slot():
     sched = hybrid_scheduler(prefix_caching=False)
     a = make_req("a", range(2, 12))
     sched.add_request(a)
     out = step(sched)
     assert out.token_ids == [list(range(2, 12))] and out.state_snapshots == []
+    assert a.snapshot_slot == -1 and len(sched.kv_cache.states.free_slots) == 7
     for _ in range(4):
         assert step(sched).state_snapshots == []
     sched.abort(["a"])

@@ -31,7 +31,7 @@ def test_the_core_gets_the_state_slots_counts_them_in_its_concurrency_and_logs_t
     llm = engine(qwen3_dir, max_num_seqs=4)
     core = llm.client.core
     info = llm.client.info
-    # 64 blocks hold four sequences of 256 tokens, the 12 slots (three per sequence) six: the blocks bound it
+    # 64 blocks hold four sequences of 256 tokens, the 12 slots (three per sequence) twelve: the blocks bound it
     assert core.executor.num_state_slots == info.num_state_slots == 12
     assert core.scheduler.kv_cache.states.num_slots == 12
     assert info.max_concurrency == 4.0
@@ -39,15 +39,16 @@ def test_the_core_gets_the_state_slots_counts_them_in_its_concurrency_and_logs_t
     assert report.state_cache_bytes == core.executor.state_cache.nbytes > 0
     state_lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("state cache:")]
     assert state_lines == [f"state cache: 12 slots ({report.state_cache_bytes / (1 << 20):.1f} MiB)"]
-    # a budget that leaves four slots beside the 64 blocks: their two sequences bound the concurrency
-    budget = 64 * core.executor.kv_cache_spec.block_bytes + 4 * core.executor.state_cache_spec.slot_bytes
+    # a budget that leaves three slots beside the 64 blocks: their three sequences bound the concurrency
+    budget = 64 * core.executor.kv_cache_spec.block_bytes + 3 * core.executor.state_cache_spec.slot_bytes
     assert not [r for r in caplog.records if r.levelname == "WARNING" and "state cache holds" in r.getMessage()]
     small = engine(qwen3_dir, max_num_seqs=4, cpu_kvcache_gb=budget / (1 << 30))
-    assert small.client.info.num_state_slots == 4 and small.client.info.max_concurrency == 2.0
+    assert small.client.info.num_state_slots == 3 and small.client.info.max_concurrency == 3.0
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert (
-        "the state cache holds the recurrent states of 2 running sequences (2 slots each), fewer than max_num_seqs=4: "
-        "at most 2 run at once; raise cpu_kvcache_gb for more, or set max_num_seqs=2 to say so"
+        "the state cache holds 3 recurrent-state slots, fewer than max_num_seqs=4: at most 3 sequences run at once "
+        "(beyond 1, some without the snapshot that prefix caching reuses); raise cpu_kvcache_gb for more, "
+        "or set max_num_seqs=3 to say so"
     ) in warnings
 
 
