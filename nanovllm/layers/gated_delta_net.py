@@ -192,8 +192,11 @@ class GatedDeltaNet(RecurrentLayer):
         self.conv_steps: torch.Tensor | None = None
         self.recurrent_steps: torch.Tensor | None = None
 
-    def bind_state_cache(self, states: tuple[torch.Tensor, ...]) -> None:
-        """Keep the convolution's and the recurrence's states (`RecurrentLayer`)."""
+    def bind_state_cache(self, states: tuple[torch.Tensor, ...] | None) -> None:
+        """Keep the convolution's and the recurrence's states, or with None let them go (`RecurrentLayer`)."""
+        if states is None:
+            self.conv_state = self.recurrent_state = None
+            return
         conv_state, recurrent_state = states
         assert conv_state.shape[1:] == (self.splits[0], self.conv1d.weight.size(-1) - 1)
         assert recurrent_state.shape[1:] == (self.num_value_heads, self.key_head_dim, self.value_head_dim)

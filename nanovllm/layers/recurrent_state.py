@@ -29,8 +29,10 @@ class RecurrentLayer(nn.Module, ABC):
       decode step one per sequence, padded rows holding the scratch slot. The
       layer starts each sequence from the state in its slot and writes the
       state after the sequence's last token of the step back to that slot.
-    - Before binding (the start-up step that measures activations) the layer
-      runs every sequence from a zero state and stores nothing.
+    - Before binding, and after `bind_state_cache(None)`, the layer runs every
+      sequence from a zero state and stores nothing. (The start-up steps that
+      measure activations run on a cache of the scratch slot alone, then let it
+      go before the caches are sized.)
     - The runner, not the layer, zeroes or restores a new request's live slot
       before a step and copies live states to snapshot slots after it.
     - With speculative decoding, `bind_draft_states(step_states)` also hands
@@ -51,8 +53,9 @@ class RecurrentLayer(nn.Module, ABC):
     """
 
     @abstractmethod
-    def bind_state_cache(self, states: tuple[torch.Tensor, ...]) -> None:
-        """Keep `states`, one view `[num_state_slots + 1, *shape]` per state of the layer's spec, in its order."""
+    def bind_state_cache(self, states: tuple[torch.Tensor, ...] | None) -> None:
+        """Keep `states`, one view `[num_state_slots + 1, *shape]` per state of the layer's spec, in its order
+        (None: let the views kept go)."""
 
     def bind_draft_states(self, step_states: tuple[torch.Tensor, ...]) -> None:
         """Keep `step_states`, one view `[max_num_seqs, queries, *shape]` per state of the layer's spec, in its

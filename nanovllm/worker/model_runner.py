@@ -143,7 +143,7 @@ class ModelRunner(Executor):
                 rows, config.model_config.vocab_size, dtype=self.dtype, device=self.device
             )
         if self.device.type == "cuda":
-            warm_up(self._run_start_up_step, self.sampler, config, self.max_sampling_rows, self.device)
+            self._warm_up_on_the_scratch_slot()
         slot_bytes = self.state_cache_spec.slot_bytes if self.state_cache_spec is not None else 0
         capacity = cache_capacity(config, self.kv_cache_spec.block_bytes, slot_bytes, self.device, self.world_size)
         self.num_kvcache_blocks = capacity.num_blocks
@@ -212,9 +212,22 @@ class ModelRunner(Executor):
             return f"{self.device} ({torch.cuda.get_device_name(self.device)})"
         return f"cpu ({torch.get_num_threads()} threads)"
 
+    def _warm_up_on_the_scratch_slot(self) -> None:
+        """`warm_up`, on a model with recurrent layers with a state cache of the scratch slot alone bound, so
+        that the layers run their kernels (not the reference they run unbound) and the peak is theirs; the
+        layers let that cache go before the caches are sized."""
+        scratch = self.state_cache_spec.allocate(0, self.device) if self.state_cache_spec is not None else None
+        if scratch is not None:
+            scratch.bind(self.recurrent_layers)
+        warm_up(self._run_start_up_step, self.sampler, self.config, self.max_sampling_rows, self.device)
+        if scratch is not None:
+            scratch.unbind(self.recurrent_layers)
+            del scratch
+            torch.cuda.empty_cache()
+
     def _run_start_up_step(self, out: SchedulerOutput) -> None:
         """Run a start-up step (`warm_up`) to its end and forget its samples. On a model with recurrent layers
-        its requests have the scratch slot (which no layer reads before the state cache is bound)."""
+        its requests have the scratch slot."""
         if self.state_cache_spec is not None:
             out = replace(out, state_slots=[self.num_state_slots] * len(out.req_ids))
         pending = self.execute(out)

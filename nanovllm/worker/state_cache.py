@@ -108,6 +108,11 @@ class StateCache:
         for module, views in zip(modules, self.spec.layer_views(self.tensors), strict=True):
             module.bind_state_cache(views)
 
+    def unbind(self, modules: Sequence[RecurrentLayer]) -> None:
+        """Have each of `modules` let its views go (they then run from zero states and store nothing)."""
+        for module in modules:
+            module.bind_state_cache(None)
+
     def copy_states(self, pairs: list[tuple[int, int]]) -> None:
         """For each (source, destination) of `pairs`, the destination slot's states of every layer become the
         source slot's (a source of -1: zeros). Every source is read before any destination is written; queued

@@ -37,7 +37,7 @@ class DecayingSum(RecurrentLayer):
         self.states: tuple[torch.Tensor, ...] | None = None
         self.calls: list[list[int] | None] = []
 
-    def bind_state_cache(self, states: tuple[torch.Tensor, ...]) -> None:
+    def bind_state_cache(self, states: tuple[torch.Tensor, ...] | None) -> None:
         self.states = states
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -68,6 +68,8 @@ def test_the_cache_is_zeroed_with_a_scratch_slot_and_binds_each_layer_to_its_gro
     # a write through layer 5's view lands in its row of the group's tensor
     probes[3].states[0][2, 1, 0, 1] = 7.0
     assert delta[1, 2, 1, 0, 1] == 7.0 and delta.count_nonzero() == 1
+    cache.unbind(probes)  # as after the start-up steps on the scratch slot alone
+    assert all(probe.states is None for probe in probes)
 
 
 def test_binding_refuses_a_module_count_other_than_the_recurrent_layers():
