@@ -8,7 +8,8 @@ sliding window), Gemma-2-9B (every other layer over a 4,096-token window,
 soft-capped attention and logits), Gemma-3-4B (five 1,024-token sliding layers
 to one global), Phi-4-mini (partial rotary, LongRoPE), Qwen3-30B-A3B (128 experts, 8 per
 token, on every layer), and the hybrids of three Gated DeltaNet layers to one gated full-attention layer:
-Qwen3.5-9B, Qwen3.6-27B and Qwen3.6-35B-A3B (256 experts, 8 per token, and a shared expert). The values are
+Qwen3.5-9B, Qwen3.6-27B (also as its FP8 checkpoint: 128 x 128 blocks) and Qwen3.6-35B-A3B (256 experts, 8
+per token, and a shared expert). The values are
 those of the published config.json files (of the hybrids, their text_config); LongRoPE's factor lists are
 placeholders of the right length, which change no speed.
 
@@ -203,6 +204,16 @@ SHAPES = {
         num_key_value_heads=4,
         linear_num_value_heads=48,
     ),
+    # as the official FP8 checkpoint stores it: the decoder's projections in e4m3 with a scale per 128 x 128 block
+    "qwen3.6-27b-fp8": _qwen3_5(
+        hidden_size=5120,
+        intermediate_size=17408,
+        num_hidden_layers=64,
+        num_attention_heads=24,
+        num_key_value_heads=4,
+        linear_num_value_heads=48,
+        quantization_config={"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]},
+    ),
     "qwen3.6-35b-a3b": _qwen3_5(
         architectures=["Qwen3_5MoeForCausalLM"],
         model_type="qwen3_5_moe_text",
@@ -309,8 +320,11 @@ def model_bytes(
     """(weight read, KV read) of a decode step of one rank of the bf16 model, the KV in bf16 or in FP8 with a
     4-byte scale per head; with quantization "fp8" the decoder's projections (attention's, the Gated DeltaNet's
     and the dense MLP's) in FP8 with a 4-byte scale per output row. A Gated DeltaNet layer's state is read and
-    written once a step."""
+    written once a step. A shape stored in FP8 blocks counts as "fp8" (its block scales are a 16,384th of its
+    weights)."""
     s = SHAPES[shape]
+    if "quantization_config" in s:
+        quantization = "fp8"
     h, d = s["hidden_size"], s.get("head_dim") or s["hidden_size"] // s["num_attention_heads"]
     q, kv = s["num_attention_heads"] * d, s["num_key_value_heads"] * d
     gated_q = 2 * q if s.get("attn_output_gate") else q  # q_proj gives each head its q and its gate

@@ -461,7 +461,9 @@ def run_engine(
     llm = make_llm(model_dir, args, skip_tokenizer_init, size, kv_cache_dtype, quantization)
     elapsed, recorder = run_workload(llm, prompts, max_tokens, sampling)
     rate = total_out / elapsed
-    label = f"{tokenizer_label(skip_tokenizer_init)}, TP={size}, {kv_cache_dtype} KV, {quantization or 'bf16'} weights"
+    label = (
+        f"{tokenizer_label(skip_tokenizer_init)}, TP={size}, {kv_cache_dtype} KV, {weights_label(shape, quantization)}"
+    )
     if sampling:
         label += ", " + sampling_label(sampling)
     print(
@@ -570,6 +572,13 @@ def main() -> None:
         print_shape_comparison(firsts)
 
 
+def weights_label(shape: str, quantization: str | None = None) -> str:
+    """How the shape's weights are stored: as its checkpoint stores them, or quantized at load."""
+    if "quantization_config" in SHAPES[shape]:
+        return "fp8 weights in 128x128 blocks"
+    return f"{quantization or 'bf16'} weights"
+
+
 def run_shape(shape: str, args, prompts: list[list[int]], max_tokens: list[int], bandwidth: float) -> EngineRun:
     """Every engine the options ask for on one model shape; returns the first one's run."""
     model_dir = write_model_dir(shape)
@@ -578,7 +587,7 @@ def run_shape(shape: str, args, prompts: list[list[int]], max_tokens: list[int],
         add_qwen3_tokenizer(model_dir)
     total_out = sum(max_tokens)
     print(
-        f"workload: {shape} shape ({SHAPES[shape]['architectures'][0]}), bf16, dummy weights, {len(prompts)} "
+        f"workload: {shape} shape ({SHAPES[shape]['architectures'][0]}), {weights_label(shape)}, dummy, {len(prompts)} "
         f"requests, {sum(map(len, prompts)):,} prompt tokens, {total_out:,} output tokens, temperature 0.6"
     )
 
