@@ -49,6 +49,9 @@ class PrefixHit:
     num_tokens: int
     tables: list[list[int]]
     state_source: int = ZERO_STATE
+    # with recurrent layers, where the blocks every full-attention group holds end, past the snapshot's tokens
+    # (0: they end there): the state there is cached for the requests that share this prefix
+    branch_tokens: int = 0
 
 
 class KVCacheManager:
@@ -130,12 +133,14 @@ class KVCacheManager:
         for g, group in enumerate(self.groups):
             if group.window is None:
                 num_blocks = next((i for i in range(num_blocks) if lookup(g, i) == NO_BLOCK), num_blocks)
+        held = num_blocks
         num_blocks = self._fit_windows_and_snapshots(lookup, num_blocks)
         tables = []
         for g, group in enumerate(self.groups):
             first = group.first_kept_position(num_blocks * bs, 0) // bs
             tables.append([NO_BLOCK] * first + [lookup(g, i) for i in range(first, num_blocks)])
-        return PrefixHit(num_blocks * bs, tables, lookup.snapshot(num_blocks))
+        branch = held * bs if self.states is not None and held > num_blocks else 0
+        return PrefixHit(num_blocks * bs, tables, lookup.snapshot(num_blocks), branch)
 
     def _fit_windows_and_snapshots(self, lookup: "_Lookup", num_blocks: int) -> int:
         """The most leading blocks, at most `num_blocks`, after which every sliding group holds the blocks
@@ -195,6 +200,7 @@ class KVCacheManager:
                     self._hold(block_id)
         req.block_tables = [list(table) for table in hit.tables]
         req.num_cached_tokens = req.num_computed_tokens = hit.num_tokens
+        req.branch_tokens = hit.branch_tokens
         if self.states is not None:
             self.states.admit(req, hit.state_source, with_snapshot=self.enable_prefix_caching)
         self.may_append(req, end)
@@ -261,6 +267,11 @@ class KVCacheManager:
                 self._register_full_blocks(g, req, num_full)
         if self.states is not None and self._snapshot_due(req, end):
             self.states.snapshot(req, end)
+            if end in (req.branch_tokens, req.num_prompt_tokens // self.block_size * self.block_size):
+                num_blocks = end // self.block_size
+                self.states.cache_now(
+                    req, self._block_hashes(req, num_blocks)[num_blocks - 1], req.block(num_blocks - 1)
+                )
 
     def _snapshot_due(self, req: Request, end: int) -> bool:
         """Whether the step computing `req`'s tokens up to `end` leaves its state at a block boundary that its
@@ -275,14 +286,15 @@ class KVCacheManager:
             and req.num_placeholders <= 1
         )
 
-    def chunk_end(self, start: int, end: int) -> int:
+    def chunk_end(self, start: int, end: int, branch_tokens: int = 0) -> int:
         """Where a chunk that would compute a request's tokens from `start` up to `end` stops: with recurrent
-        layers, at the last block boundary it crosses, so that the state there can be snapshotted (the rest
-        follows in the next step); elsewhere `end`."""
+        layers, at `branch_tokens` (`PrefixHit.branch_tokens`) where it crosses that, else at the last block
+        boundary it crosses, so that the state there can be snapshotted (the rest follows in the next step);
+        elsewhere `end`."""
         boundary = end // self.block_size * self.block_size
         if self.states is None or not self.enable_prefix_caching or boundary <= start:
             return end
-        return boundary
+        return branch_tokens if start < branch_tokens < boundary else boundary
 
     def take_state_copies(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """The state copies of the step being scheduled: (restores before its forward, snapshots after it)."""

@@ -36,7 +36,9 @@ class Request:
     of confirmed tokens, computed once each for the prefix cache. On a model
     with recurrent layers it holds, while it runs, the state slot its state
     lives in and one holding its state as of its first `snapshot_tokens` tokens
-    (`core/state_slots.py`); -1 otherwise.
+    (`core/state_slots.py`); -1 otherwise. `branch_tokens` is where the cache held
+    its KV blocks past that snapshot at its last admission (0: nowhere), a
+    prefix that others share: its state there is cached too.
     `num_cached_tokens` is how many prompt tokens the prefix cache supplied at
     the last admission. `num_prompt_scored` counts the prompt positions whose
     next-token log-probabilities were computed (for prompt logprobs).
@@ -70,6 +72,7 @@ class Request:
         "state_slot",
         "snapshot_slot",
         "snapshot_tokens",
+        "branch_tokens",
         "finish_reason",
     )
 
@@ -93,6 +96,7 @@ class Request:
         self.block_hashes: list[int] = []
         self.state_slot = self.snapshot_slot = -1
         self.snapshot_tokens = 0
+        self.branch_tokens = 0
         self.finish_reason: str | None = None
 
     @property

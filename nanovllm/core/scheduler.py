@@ -194,7 +194,7 @@ class Scheduler:
             n = req.num_tokens - num_cached
             if self.chunked_prefill:
                 n = min(n, budget)
-            n = kv_cache.chunk_end(num_cached, num_cached + n) - num_cached
+            n = kv_cache.chunk_end(num_cached, num_cached + n, hit.branch_tokens) - num_cached
             if n > budget or not kv_cache.can_allocate(req, hit, num_cached + n):
                 break
             if estimating:
@@ -265,7 +265,7 @@ class Scheduler:
                 drafts, spare = self._drafts_that_fit(req, proposals[req.request_id], left, spare)
                 req.add_drafts(drafts)
             start = req.num_computed_tokens
-            n = kv_cache.chunk_end(start, start + min(req.num_new_tokens, left)) - start
+            n = kv_cache.chunk_end(start, start + min(req.num_new_tokens, left), req.branch_tokens) - start
             while not kv_cache.can_append(req, req.num_computed_tokens + n):
                 if running:
                     self._preempt(running.pop())
@@ -367,7 +367,7 @@ class Scheduler:
         decode step that reaches the boundary takes the snapshot."""
         start = req.num_computed_tokens
         past = start + 1 + num_drafts + 1  # one token past the chunk: the chunk may end just before a boundary
-        return self.kv_cache.chunk_end(start, past) == past
+        return self.kv_cache.chunk_end(start, past, req.branch_tokens) == past
 
     def _preempt(self, req: Request) -> None:
         # Recompute later: the completion so far becomes part of the next prefill,

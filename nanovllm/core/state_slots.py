@@ -8,6 +8,13 @@ block boundary (`snapshot_tokens`): a step that ends on a boundary copies the
 live state there. When the request finishes or is preempted, that snapshot goes
 to the prefix cache under the hash of the prefix it ends (the chained hash of
 its last block); a later request whose prefix matches starts from a copy of it.
+Two prompt positions are cached at once, in a slot of their own: where a prompt's
+last block ends, since a later turn of a chat resends the prompt (its answer may
+come back as other tokens), and where the cache holds a request's KV blocks
+beyond the snapshot it starts from (a prefix other requests share, a system
+prompt say, ends there or later). Such a snapshot is found once the copies of
+its step are handed over: a request admitted in that same step restores its
+state before the forward pass that computes it.
 
 Running comes first: a new request takes a free slot, else a cached
 snapshot's (least recently used first), else a running request's snapshot slot
@@ -49,6 +56,7 @@ class StateSlots:
         self.free_slots: list[int] = list(range(num_slots - 1, -1, -1))
         self.cached: OrderedDict[int, _Snapshot] = OrderedDict()  # prefix hash -> snapshot, oldest use first
         self.snapshot_holders: dict[int, Request] = {}  # snapshot slot -> the running request it belongs to
+        self.fresh: dict[int, _Snapshot] = {}  # cached by the step being scheduled: found once it is handed over
         self.restores: list[tuple[int, int]] = []  # (source slot or ZERO_STATE, live slot), before the forward
         self.snapshots: list[tuple[int, int]] = []  # (live slot, snapshot slot), after the forward
 
@@ -91,13 +99,24 @@ class StateSlots:
         self.snapshots.append((req.state_slot, req.snapshot_slot))
         req.snapshot_tokens = num_tokens
 
+    def cache_now(self, req: Request, prefix_hash: int, last_block: list[int]) -> None:
+        """After the step now scheduled, `req`'s state is that of a prefix of confirmed tokens whose chained hash
+        is `prefix_hash` and whose last block holds `last_block`: cache a copy of it in a slot of its own (a
+        free one or a cached snapshot's), unless it is cached already or no such slot is left."""
+        if prefix_hash in self.cached or prefix_hash in self.fresh:
+            return
+        slot = self._take(keep=ZERO_STATE)
+        if slot != NO_SLOT:
+            self.snapshots.append((req.state_slot, slot))
+            self.fresh[prefix_hash] = _Snapshot(slot, last_block)
+
     def release(self, req: Request, prefix_hash: int | None, last_block: list[int]) -> None:
         """Take `req`'s slots back: its live one is freed, its snapshot cached under `prefix_hash` (None: its
         snapshot is of no use, freed too)."""
         self.free_slots.append(req.state_slot)
         if req.snapshot_slot != NO_SLOT:
             del self.snapshot_holders[req.snapshot_slot]
-            if prefix_hash is None or prefix_hash in self.cached:
+            if prefix_hash is None or prefix_hash in self.cached or prefix_hash in self.fresh:
                 self.free_slots.append(req.snapshot_slot)
             else:
                 self.cached[prefix_hash] = _Snapshot(req.snapshot_slot, last_block)
@@ -105,7 +124,10 @@ class StateSlots:
         req.snapshot_tokens = 0
 
     def take_copies(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-        """The restores and snapshots of the step being scheduled, handed over once."""
+        """The restores and snapshots of the step being scheduled, handed over once; the snapshots it cached
+        can be found from now on."""
+        self.cached.update(self.fresh)
+        self.fresh = {}
         copies = (self.restores, self.snapshots)
         self.restores, self.snapshots = [], []
         return copies

@@ -46,7 +46,10 @@ def test_a_prompt_chunk_stops_at_the_last_block_boundary_it_crosses_and_snapshot
     sched.add_request(a)
     out = step(sched)
     assert out.token_ids == [list(range(2, 10))] and out.samples == [False]
-    assert out.state_snapshots == [(a.state_slot, a.snapshot_slot)] and a.snapshot_tokens == 8
+    # the prompt's last block ends there: its state is also cached at once, in a slot of its own
+    (cached,) = sched.kv_cache.states.cached.values()
+    assert out.state_snapshots == [(a.state_slot, a.snapshot_slot), (a.state_slot, cached.slot)]
+    assert a.snapshot_tokens == 8 and cached.last_block == list(range(6, 10))
     out = step(sched)
     assert out.token_ids == [[10, 11]] and out.samples == [True] and out.state_snapshots == []
 
@@ -69,8 +72,9 @@ def test_a_finished_requests_snapshot_serves_the_next_turn():
     sched.add_request(first)
     while sched.has_requests():
         step(sched, token=60)
-    assert all_slots_back(sched) and len(sched.kv_cache.states.cached) == 1
-    (cached,) = sched.kv_cache.states.cached.values()
+    # the state where the prompt's last block ends (4) was cached at once, the last snapshot (8) at the end
+    assert all_slots_back(sched) and len(sched.kv_cache.states.cached) == 2
+    cached = next(s for s in sched.kv_cache.states.cached.values() if s.last_block == first.token_ids[4:8])
     second = make_req("b", first.token_ids + [70, 71, 72, 73, 74])
     sched.add_request(second)
     out = sched.schedule()
@@ -120,10 +124,10 @@ def test_cached_snapshots_give_their_slots_to_new_requests_oldest_first():
     states = sched.kv_cache.states
     assert len(states.cached) == 3 and len(states.free_slots) == 2
     newest = list(states.cached)[-1]
-    sched.add_request(make_req("d", range(70, 75)))
+    sched.add_request(make_req("d", range(70, 73)))
     sched.schedule()
     assert len(states.cached) == 3 and not states.free_slots
-    sched.add_request(make_req("e", range(80, 85)))
+    sched.add_request(make_req("e", range(80, 83)))
     sched.schedule()
     assert list(states.cached) == [newest]
 
@@ -202,3 +206,42 @@ def test_no_snapshot_is_taken_past_drafts_still_in_flight():
     a.drop_rejected(2)
     a.confirm(70)
     assert a.num_placeholders == 0 and manager._snapshot_due(a, 12)
+
+
+SHARED = list(range(2, 11))  # 9 tokens that several prompts start with: two whole blocks of 4
+
+
+def finish(sched, prompt, name):
+    req = make_req(name, prompt, max_tokens=1)
+    sched.add_request(req)
+    while sched.has_requests():
+        step(sched)
+    return req
+
+
+def test_where_requests_share_kv_blocks_past_any_snapshot_the_state_there_is_cached_for_the_next_ones():
+    sched = hybrid_scheduler()
+    finish(sched, SHARED + [100, 101, 102], "a")  # its states cached after 12 tokens only
+    b = make_req("b", SHARED + [200, 201, 202])
+    sched.add_request(b)
+    out = step(sched)
+    # the cache holds b's first two blocks but no state after them: b computes them first, and that state is cached
+    assert out.num_computed_tokens == [0] and out.token_ids == [SHARED[:8]] and b.branch_tokens == 8
+    at_branch = next(s for s in sched.kv_cache.states.cached.values() if s.last_block == SHARED[4:8])
+    assert (b.state_slot, at_branch.slot) in out.state_snapshots
+    c = make_req("c", SHARED + [300, 301, 302])
+    sched.add_request(c)
+    out = step(sched)
+    assert c.num_cached_tokens == 8 and (at_branch.slot, c.state_slot) in out.state_restores
+
+
+def test_a_state_cached_by_a_step_is_not_found_by_a_request_admitted_in_that_step():
+    sched = hybrid_scheduler()
+    finish(sched, SHARED + [100, 101, 102], "a")
+    b, c = make_req("b", SHARED + [200, 201, 202]), make_req("c", SHARED + [300, 301, 302])
+    sched.add_request(b)
+    sched.add_request(c)
+    out = step(sched)
+    # c's restore would run before the forward pass that computes b's state: both compute the shared blocks
+    assert out.num_computed_tokens == [0, 0] and out.token_ids == [SHARED[:8], SHARED[:8]]
+    assert [s.last_block for s in sched.kv_cache.states.cached.values()].count(SHARED[4:8]) == 1
