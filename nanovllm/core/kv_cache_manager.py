@@ -159,6 +159,14 @@ class KVCacheManager:
                 moved = True
         return num_blocks
 
+    def state_on_its_way(self, req: Request, hit: PrefixHit) -> bool:
+        """Whether the step being scheduled caches the state where `req`'s shared blocks end (another request
+        that shares them computes it): admitted one step later, `req` starts from it."""
+        if not hit.branch_tokens:
+            return False
+        num_blocks = hit.branch_tokens // self.block_size
+        return self.states.is_fresh(self._block_hashes(req, num_blocks)[num_blocks - 1], req.block(num_blocks - 1))
+
     def can_allocate(self, req: Request, hit: PrefixHit, end: int) -> bool:
         """Whether the free list covers `req`'s blocks on admission, given its prefix hit, when its first
         step computes its tokens up to `end`."""

@@ -190,6 +190,8 @@ class Scheduler:
             # prompt logprobs need the logits of every prompt position: nothing comes from the cache
             kv_cache = self.kv_cache
             hit = kv_cache.no_hit() if req.params.prompt_logprobs is not None else kv_cache.cached_prefix(req)
+            if kv_cache.state_on_its_way(req, hit):
+                break  # a request admitted now would compute again what this step computes for it
             num_cached = hit.num_tokens
             n = req.num_tokens - num_cached
             if self.chunked_prefill:

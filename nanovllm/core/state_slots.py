@@ -66,6 +66,12 @@ class StateSlots:
         snapshot = self.cached.get(prefix_hash)
         return snapshot.slot if snapshot is not None and snapshot.last_block == last_block else ZERO_STATE
 
+    def is_fresh(self, prefix_hash: int, last_block: list[int]) -> bool:
+        """Whether the step being scheduled caches the state after the prefix whose chained hash is `prefix_hash`
+        and whose last block holds `last_block`."""
+        snapshot = self.fresh.get(prefix_hash)
+        return snapshot is not None and snapshot.last_block == last_block
+
     def can_admit(self, source: int) -> bool:
         """Whether a live slot can be found for a new request, keeping the snapshot in `source` it starts from."""
         return len(self.free_slots) + len(self.cached) - (source != ZERO_STATE) + len(self.snapshot_holders) >= 1

@@ -235,13 +235,14 @@ def test_where_requests_share_kv_blocks_past_any_snapshot_the_state_there_is_cac
     assert c.num_cached_tokens == 8 and (at_branch.slot, c.state_slot) in out.state_restores
 
 
-def test_a_state_cached_by_a_step_is_not_found_by_a_request_admitted_in_that_step():
+def test_a_request_that_shares_the_blocks_whose_state_a_step_caches_waits_a_step_for_it():
     sched = hybrid_scheduler()
     finish(sched, SHARED + [100, 101, 102], "a")
     b, c = make_req("b", SHARED + [200, 201, 202]), make_req("c", SHARED + [300, 301, 302])
     sched.add_request(b)
     sched.add_request(c)
     out = step(sched)
-    # c's restore would run before the forward pass that computes b's state: both compute the shared blocks
-    assert out.num_computed_tokens == [0, 0] and out.token_ids == [SHARED[:8], SHARED[:8]]
-    assert [s.last_block for s in sched.kv_cache.states.cached.values()].count(SHARED[4:8]) == 1
+    # c's restore would run before the forward pass that computes b's state there: it waits for the next step
+    assert out.req_ids == ["b"] and out.token_ids == [SHARED[:8]] and [r.request_id for r in sched.waiting] == ["c"]
+    out = step(sched)
+    assert c.num_cached_tokens == 8 and out.req_ids == ["b", "c"]
