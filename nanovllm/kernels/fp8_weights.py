@@ -100,3 +100,12 @@ def fp8_linear(
     if bias is not None:
         product += bias.float()
     return product.to(x.dtype)
+
+
+def dequantize_to(q: torch.Tensor, scale: torch.Tensor, block: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
+    """float8 values times their blocks' scales, in fp32, rounded once to `dtype`; the weight's sizes must be
+    whole blocks."""
+    # q: [N, K] fp8; scale: [N / rows, K / columns] -> [N, K] in dtype
+    rows, columns = block
+    blocks = q.view(q.size(0) // rows, rows, q.size(1) // columns, columns)
+    return (blocks.float() * scale[:, None, :, None]).to(dtype).view(q.shape)

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from nanovllm.kernels.fp8_gemm import scaled_mm_linear
-from nanovllm.kernels.fp8_weights import fp8_linear
+from nanovllm.kernels.fp8_weights import dequantize_to, fp8_linear
+from nanovllm.layers.fusion import fused_on_cuda
 from nanovllm.utils.loader import shard
 from nanovllm.utils.parallel import tp_rank, tp_size
 
@@ -32,6 +33,9 @@ def divide(numerator: int, denominator: int, what: str) -> int:
 # the most rows a product sends to the Triton GEMV, which reads W once for all of them: up to it (its kernel's
 # limit) the GEMV beats cuBLAS on every projection of Qwen3-0.6B and -8B (`benchmarks/gemv.py --rows`)
 GEMV_MAX_ROWS = 16
+# a block-FP8 weight for products of more rows on CUDA, until an FP8 GEMM with block scales runs them: one
+# generated kernel reads the FP8 values and writes the 16-bit weight, then cuBLAS multiplies in 16 bits
+_dequantize_weight = fused_on_cuda(dequantize_to)
 
 
 def uses_gemv(x: torch.Tensor) -> bool:
@@ -137,7 +141,8 @@ class LinearBase(nn.Module):
 
     def project(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x W^T (+ bias), W in FP8 where the layer holds it so: a few rows on CUDA through the GEMV, more
-        rows of a 16-bit model with per-channel scales on FP8 tensor cores, the rest in PyTorch."""
+        rows of a 16-bit model with per-channel scales on FP8 tensor cores, with block scales (whole blocks)
+        by a 16-bit GEMM of W dequantized, the rest in PyTorch."""
         # x: [tokens, in] -> [tokens, out]
         if self.weight_scale is None:
             return linear(x, self.weight, bias)
@@ -146,11 +151,19 @@ class LinearBase(nn.Module):
 
             return gemv(x, self.weight, bias=bias, **self.fp8_weights())
         per_channel = self.weight_block == (1, self.weight.size(1))
-        if x.is_cuda and per_channel and x.dtype in (torch.bfloat16, torch.float16):
-            return scaled_mm_linear(x, self.weight, self.weight_scale, bias)
+        if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
+            if per_channel:
+                return scaled_mm_linear(x, self.weight, self.weight_scale, bias)
+            if self._whole_blocks():
+                return linear(x, _dequantize_weight(self.weight, self.weight_scale, self.weight_block, x.dtype), bias)
         # the rows the GEMV would take are multiplied unquantized, as it does
         quantize_x = x.size(0) > GEMV_MAX_ROWS
         return fp8_linear(x, self.weight, self.weight_scale, self.weight_block, bias, quantize_x=quantize_x)
+
+    def _whole_blocks(self) -> bool:
+        """Whether the FP8 weight's rows and columns are whole blocks of its scales."""
+        rows, columns = self.weight_block
+        return self.weight.size(0) % rows == 0 and self.weight.size(1) % columns == 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.project(x, self.bias)

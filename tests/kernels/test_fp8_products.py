@@ -1,7 +1,8 @@
 """The FP8-weight products against their PyTorch reference (`fp8_weights.fp8_linear`): the one-row GEMV
 (plain, with the RMSNorm or the gated activation in front, per-channel and 128 x 128 block scales) under
 the Triton interpreter on small shapes and compiled on a GPU on the Qwen3-8B projections, eager and in a
-graph; on a GPU also the row-wise scaled product of several rows (`fp8_gemm.scaled_mm_linear`)."""
+graph; on a GPU also the row-wise scaled product of several rows (`fp8_gemm.scaled_mm_linear`), and a layer's
+product of several rows with block scales (its weight dequantized to 16 bits)."""
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from nanovllm.kernels.fp8_gemm import scaled_mm_linear  # noqa: E402
 from nanovllm.kernels.fp8_weights import fp8_linear, quantize_blocks  # noqa: E402
 from nanovllm.kernels.triton_gemv import gated_gemv, gemv, rms_norm_gemv  # noqa: E402
 from nanovllm.layers.layernorm import rms_norm  # noqa: E402
+from nanovllm.layers.linear import ReplicatedLinear  # noqa: E402
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
@@ -113,3 +115,16 @@ def test_scaled_mm_replayed_in_a_graph_quantizes_new_inputs():
         x.normal_()
         graph.replay()
         assert_close(got, fp8_linear(x, values, scale, block))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not FP8_GPU, reason="needs a GPU with FP8 tensor cores (compute capability 8.9)")
+@pytest.mark.parametrize("rows", [17, 256, 4096])
+def test_a_layer_with_block_scales_multiplies_several_rows_as_the_reference(rows):
+    features, inputs = SHAPES[0]
+    values, scale, block = fp8_weight(features, inputs, (128, 128), seed=2)
+    layer = ReplicatedLinear(inputs, features).to(DEVICE)
+    layer.weight = torch.nn.Parameter(values, requires_grad=False)
+    layer.weight_scale, layer.weight_block = torch.nn.Parameter(scale, requires_grad=False), block
+    x = torch.randn(rows, inputs, device=DEVICE, dtype=torch.bfloat16)
+    assert_close(layer(x), reference(x, values, scale, block).to(torch.bfloat16))

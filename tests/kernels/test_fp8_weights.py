@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from nanovllm.kernels.fp8_kv import FP8_DTYPE, FP8_MAX
-from nanovllm.kernels.fp8_weights import dequantize_blocks, fp8_linear, quantize_blocks, quantize_rows
+from nanovllm.kernels.fp8_weights import dequantize_blocks, dequantize_to, fp8_linear, quantize_blocks, quantize_rows
 
 # e4m3 keeps 3 mantissa bits: a normal value rounds within 2^-4 of itself; below 2^-6 (times the scale)
 # the spacing is 2^-9, so a subnormal rounds within 2^-10
@@ -72,3 +72,12 @@ def test_fp8_linear_is_near_the_full_precision_product():
     for block in ((1, 256), (128, 128)):
         y = fp8_linear(x, *quantize_blocks(weight, block), block)
         assert (y - exact).norm() / exact.norm() < 0.04  # two e4m3 roundings of about 2% each
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_weight_of_whole_blocks_dequantizes_to_a_dtype_rounded_once(dtype):
+    torch.manual_seed(2)
+    values, scale = quantize_blocks(torch.randn(256, 384), (128, 128))
+    assert torch.equal(
+        dequantize_to(values, scale, (128, 128), dtype), dequantize_blocks(values, scale, (128, 128)).to(dtype)
+    )
