@@ -59,6 +59,15 @@ def _qwen3_5(**shape) -> dict:
     }
 
 
+_QWEN3_6_27B = dict(
+    hidden_size=5120,
+    intermediate_size=17408,
+    num_hidden_layers=64,
+    num_attention_heads=24,
+    num_key_value_heads=4,
+    linear_num_value_heads=48,
+)
+
 SHAPES = {
     "0.6b": _qwen3(
         hidden_size=1024,
@@ -196,22 +205,10 @@ SHAPES = {
         num_key_value_heads=4,
         linear_num_value_heads=32,
     ),
-    "qwen3.6-27b": _qwen3_5(
-        hidden_size=5120,
-        intermediate_size=17408,
-        num_hidden_layers=64,
-        num_attention_heads=24,
-        num_key_value_heads=4,
-        linear_num_value_heads=48,
-    ),
+    "qwen3.6-27b": _qwen3_5(**_QWEN3_6_27B),
     # as the official FP8 checkpoint stores it: the decoder's projections in e4m3 with a scale per 128 x 128 block
     "qwen3.6-27b-fp8": _qwen3_5(
-        hidden_size=5120,
-        intermediate_size=17408,
-        num_hidden_layers=64,
-        num_attention_heads=24,
-        num_key_value_heads=4,
-        linear_num_value_heads=48,
+        **_QWEN3_6_27B,
         quantization_config={"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]},
     ),
     "qwen3.6-35b-a3b": _qwen3_5(
