@@ -22,6 +22,7 @@ from nanovllm.entrypoints.protocol import (
     error_body,
     prompt_logprobs_json,
 )
+from nanovllm.entrypoints.reasoning import ReasoningStream
 from nanovllm.entrypoints.server_settings import ServerSettings
 from nanovllm.entrypoints.tool_calls import TOOL_CALL_START, parse_tool_calls, tool_choice_constraint
 from nanovllm.frontend.chat import render_chat
@@ -200,7 +201,9 @@ class GenerationHandler:
             structured_outputs=constraint,
             defaults=self.engine.sampling_defaults,
         )
-        shape = _Chat(self, body, tool_choice if tools else None)
+        # a constrained reply is constrained from its first token: it holds no reasoning
+        reasoning_parser = self.settings.reasoning_parser if params.structured_outputs is None else None
+        shape = _Chat(self, body, tool_choice if tools else None, reasoning_parser)
         return await self._generate([_Job(prompt, params)], body, request, shape)
 
     def _chat_prompt(self, body: ChatCompletionRequest, tools: list | None, tool_choice) -> ProcessedPrompt:
@@ -462,14 +465,26 @@ class _Chat(_Shape):
     back and "auto" text only up to a call's start; the calls come in the
     last chunk of the choice, once they parse. `prompt_logprobs` (vLLM's) sit
     beside the choices.
+
+    With a `reasoning_parser` the reply's reasoning goes in `reasoning_content`
+    (streamed: in deltas of its own) and only its answer is content, where
+    tool calls are looked for.
     """
 
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
 
-    def __init__(self, handler: GenerationHandler, body: ChatCompletionRequest, tool_choice: str | dict | None):
+    def __init__(
+        self,
+        handler: GenerationHandler,
+        body: ChatCompletionRequest,
+        tool_choice: str | dict | None,
+        reasoning_parser: str | None = None,
+    ):
         self.body = body
         self.tool_choice = tool_choice
+        self.reasoning_parser = reasoning_parser
+        self._reasoning: dict[int, ReasoningStream] = {}  # per choice: its split, with a reasoning parser
         self.header = ResponseHeader.new("chatcmpl", handler.settings.model_name)
         self._text: dict[int, str] = {}  # per choice: the text so far, when tools are on
         self._shown: dict[int, int] = {}  # per choice: how much of it went out as content
@@ -484,21 +499,38 @@ class _Chat(_Shape):
             "finish_reason": choice.finish_reason,
             "stop_reason": choice.stop_reason,
         }
-        message = {"content": choice.text} if self.tool_choice is None else self._tool_message(index, choice, final)
+        reasoning, answer = self._split(index, choice)
+        if self.tool_choice is None:
+            message = {"content": answer}
+        else:
+            message = self._tool_message(index, answer, choice.finish_reason, final)
         if message.get("tool_calls") and choice.finish_reason == "stop":
             body["finish_reason"] = "tool_calls"
+        if self.reasoning_parser is not None:
+            message = _with_reasoning(message, reasoning, final)
         if final:
             return {**body, "message": {"role": "assistant", **message}}
         return {**body, "delta": message if choice.started else {"role": "assistant", **message}}
 
-    def _tool_message(self, index: int, choice: _Choice, final: bool) -> dict:
-        """Content (and, once the choice ends, tool calls) of a reply that may call tools; streamed
-        calls carry their index."""
-        text = self._text[index] = self._text.get(index, "") + choice.text
-        if choice.finish_reason is None:
+    def _split(self, index: int, choice: _Choice) -> tuple[str, str]:
+        """The reasoning and the answer text that `choice` brings (no reasoning without a parser)."""
+        if self.reasoning_parser is None:
+            return "", choice.text
+        stream = self._reasoning.setdefault(index, ReasoningStream(self.reasoning_parser))
+        reasoning, answer = stream.feed(choice.text)
+        if choice.finish_reason is not None:
+            rest_reasoning, rest_answer = stream.finish()
+            reasoning, answer = reasoning + rest_reasoning, answer + rest_answer
+        return reasoning, answer
+
+    def _tool_message(self, index: int, answer: str, finish_reason: str | None, final: bool) -> dict:
+        """Content (and, once the choice ends, tool calls) of a reply that may call tools, given its
+        answer text (new since the last chunk, when streamed); streamed calls carry their index."""
+        text = self._text[index] = self._text.get(index, "") + answer
+        if finish_reason is None:
             return {"content": self._showable(index, text)}
         content, calls = parse_tool_calls(
-            text, self.tool_choice, cut=choice.finish_reason == "length", parallel=not self.body.one_tool_call
+            text, self.tool_choice, cut=finish_reason == "length", parallel=not self.body.one_tool_call
         )
         shown = self._shown.get(index, 0)
         if not calls:
@@ -528,6 +560,17 @@ class _Chat(_Shape):
         if self.body.prompt_logprobs is None:
             return {}
         return {"prompt_logprobs": prompt_logprobs_json(prompt_logprobs[0]) if 0 in prompt_logprobs else None}
+
+
+def _with_reasoning(message: dict, reasoning: str, final: bool) -> dict:
+    """`message` with its reasoning: whole, `reasoning_content` and `content` (each null when empty);
+    streamed, `reasoning_content` in a delta that brings some, beside content only where that
+    brings some too."""
+    if final:
+        return {"reasoning_content": reasoning or None, **message, "content": message["content"] or None}
+    if not reasoning:
+        return message
+    return {"reasoning_content": reasoning, **{k: v for k, v in message.items() if v or k != "content"}}
 
 
 def _sse(payload: dict) -> bytes:

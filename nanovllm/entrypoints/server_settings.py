@@ -6,6 +6,8 @@ command line parses at once.
 
 from dataclasses import dataclass, field
 
+from nanovllm.entrypoints.reasoning import REASONING_PARSERS
+
 TOOL_CALL_PARSERS = ("hermes",)
 
 
@@ -49,6 +51,12 @@ class ServerSettings:
     tool_call_parser: str = _setting(
         "hermes", "how 'auto' tool calls are read from the reply (<tool_call> tags)", choices=TOOL_CALL_PARSERS
     )
+    reasoning_parser: str | None = _setting(
+        None,
+        "split chat replies into reasoning_content (up to </think>) and content (default: no split)",
+        type=str,
+        choices=REASONING_PARSERS,
+    )
 
     def __post_init__(self) -> None:
         for name in ("max_waiting", "max_n", "max_logprobs", "max_request_bytes"):
@@ -62,4 +70,9 @@ class ServerSettings:
             raise ValueError(
                 f"tool_call_parser {self.tool_call_parser!r} is not available; this server parses "
                 f"{', '.join(TOOL_CALL_PARSERS)} calls"
+            )
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(
+                f"reasoning_parser {self.reasoning_parser!r} is not available; the reasoning parsers are "
+                f"{', '.join(REASONING_PARSERS)}"
             )
