@@ -224,3 +224,13 @@ def test_tool_calls_are_read_from_the_answer_only(server, script):
     chunks = deltas(chat(server, max_tokens, stream=True, tools=tools))
     assert "".join(c["delta"].get("reasoning_content", "") for c in chunks) == "Need the time."
     assert [c["function"]["name"] for c in chunks[-1]["delta"]["tool_calls"]] == ["get_time"]
+
+
+def test_a_reply_under_a_grammar_is_all_content(server, script):
+    """The grammar holds from the reply's first token, so the reply has no reasoning to split off."""
+    pytest.importorskip("xgrammar")
+    if server.parser is None:
+        pytest.skip("no reasoning without a parser")
+    max_tokens = script(["Reasoning?", "</think>", "Answer."])
+    constrained = chat(server, max_tokens, structured_outputs={"choice": ["w5 w6 w7"]}).json()["choices"][0]
+    assert "reasoning_content" not in constrained["message"] and "</think>" in constrained["message"]["content"]
