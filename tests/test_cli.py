@@ -246,8 +246,9 @@ def test_serve_takes_vllms_chat_template_and_tool_flags(monkeypatch, capsys):
     )
     assert (args.chat_template, args.enable_auto_tool_choice, args.tool_call_parser) == ("t.jinja", True, "hermes")
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["serve", "/m", "--tool-call-parser", "mistral"])
-    assert "choose from 'hermes'" in capsys.readouterr().err
+        build_parser().parse_args(["serve", "/m", "--tool-call-parser", "pythonic"])
+    assert "choose from 'hermes', 'qwen3_coder', 'llama3_json', 'mistral'" in capsys.readouterr().err
+    assert build_parser().parse_args(["serve", "/m", "--tool-call-parser", "mistral"]).tool_call_parser == "mistral"
     from nanovllm import cli
     from nanovllm.entrypoints import api_server
 

@@ -242,7 +242,9 @@ def serve(model: str, served_model_name: str | None = None, **options) -> None:
     settings = ServerSettings(served_model_name or model, **server_options)
     configure_logging()
     if settings.enable_auto_tool_choice:
-        logger.info("--enable-auto-tool-choice: tool_choice 'auto' is always on, with the hermes parser")
+        logger.info(
+            "--enable-auto-tool-choice: tool_choice 'auto' is always on, with the %s parser", settings.tool_call_parser
+        )
     with _bind(settings.host, settings.port) as sock:
         engine = OnlineEngine(model, **options)
         logger.info("serving %r at %s (the OpenAI API under /v1)", settings.model_name, _url(sock))

@@ -24,7 +24,8 @@ from nanovllm.entrypoints.protocol import (
 )
 from nanovllm.entrypoints.reasoning import ReasoningStream
 from nanovllm.entrypoints.server_settings import ServerSettings
-from nanovllm.entrypoints.tool_calls import TOOL_CALL_START, parse_tool_calls, tool_choice_constraint
+from nanovllm.entrypoints.tool_call_formats import FORMATS
+from nanovllm.entrypoints.tool_calls import parse_tool_calls, tool_choice_constraint
 from nanovllm.frontend.chat import render_chat
 from nanovllm.frontend.input_processor import ProcessedPrompt
 from nanovllm.frontend.online_engine import OnlineEngine, RequestStream
@@ -201,6 +202,8 @@ class GenerationHandler:
             structured_outputs=constraint,
             defaults=self.engine.sampling_defaults,
         )
+        if tool_choice == "auto" and tools and FORMATS[self.settings.tool_call_parser].keeps_special_tokens:
+            params.skip_special_tokens = False  # the calls start with a special token ([TOOL_CALLS], <|python_tag|>)
         # a constrained reply is constrained from its first token: it holds no reasoning
         reasoning_parser = self.settings.reasoning_parser if params.structured_outputs is None else None
         shape = _Chat(self, body, tool_choice if tools else None, reasoning_parser)
@@ -483,6 +486,7 @@ class _Chat(_Shape):
     ):
         self.body = body
         self.tool_choice = tool_choice
+        self.tool_format = FORMATS[handler.settings.tool_call_parser]
         self.reasoning_parser = reasoning_parser
         self._reasoning: dict[int, ReasoningStream] = {}  # per choice: its split, with a reasoning parser
         self.header = ResponseHeader.new("chatcmpl", handler.settings.model_name)
@@ -530,7 +534,12 @@ class _Chat(_Shape):
         if finish_reason is None:
             return {"content": self._showable(index, text)}
         content, calls = parse_tool_calls(
-            text, self.tool_choice, cut=finish_reason == "length", parallel=not self.body.one_tool_call
+            text,
+            self.tool_choice,
+            cut=finish_reason == "length",
+            parallel=not self.body.one_tool_call,
+            fmt=self.tool_format,
+            tools=self.body.tool_list() or [],
         )
         shown = self._shown.get(index, 0)
         if not calls:
@@ -543,15 +552,10 @@ class _Chat(_Shape):
 
     def _showable(self, index: int, text: str) -> str:
         """New content that is surely no tool call: none for a forced call, and for "auto" the text
-        before a call's start tag (less a tail that may be the tag's beginning)."""
+        before the calls start (`ToolCallFormat.content_end`)."""
         if self.tool_choice != "auto":
             return ""
-        end = text.find(TOOL_CALL_START)
-        if end < 0:
-            end = next(
-                (len(text) - k for k in range(len(TOOL_CALL_START) - 1, 0, -1) if text.endswith(TOOL_CALL_START[:k])),
-                len(text),
-            )
+        end = self.tool_format.content_end(text)
         shown = self._shown.get(index, 0)
         self._shown[index] = max(shown, end)
         return text[shown:end]

@@ -7,8 +7,9 @@ command line parses at once.
 from dataclasses import dataclass, field
 
 from nanovllm.entrypoints.reasoning import REASONING_PARSERS
+from nanovllm.entrypoints.tool_call_formats import FORMATS
 
-TOOL_CALL_PARSERS = ("hermes",)
+TOOL_CALL_PARSERS = tuple(FORMATS)
 
 
 def _setting(default, help: str, **flag):
@@ -49,7 +50,10 @@ class ServerSettings:
         False, "accepted for vLLM's command lines: tool_choice 'auto' is always on"
     )
     tool_call_parser: str = _setting(
-        "hermes", "how 'auto' tool calls are read from the reply (<tool_call> tags)", choices=TOOL_CALL_PARSERS
+        "hermes",
+        "how 'auto' tool calls are read from the reply: hermes (<tool_call> JSON), qwen3_coder (Qwen3-Coder's and "
+        "Qwen3.5's <tool_call><function=...> XML), llama3_json or mistral ([TOOL_CALLS])",
+        choices=TOOL_CALL_PARSERS,
     )
     reasoning_parser: str | None = _setting(
         None,

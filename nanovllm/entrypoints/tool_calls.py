@@ -4,38 +4,18 @@ With `tool_choice` naming a function the reply is constrained to that
 function's parameters (a JSON object: the call's arguments); with "required",
 to a JSON array of {"name", "parameters"} objects, one per call; both parse
 unless the reply was cut short by its token limit. With "auto" the model may
-write calls in the Hermes / Qwen format (vLLM's `hermes` parser),
-`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, between other text.
+write calls in the format of the server's `--tool-call-parser`
+(`tool_call_formats.py`), between other text.
 """
 
 import json
 import re
-import uuid
-from dataclasses import dataclass
 
+from nanovllm.entrypoints.tool_call_formats import FORMATS, ToolCall, ToolCallFormat
 from nanovllm.sampling_params import StructuredOutputsParams
 
-_TAGGED_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 # the start of a "required" call cut short: its complete name, then the parameters as far as they got
 _CUT_CALL = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*(?:,\s*"parameters"\s*:\s*(.*))?', re.S)
-TOOL_CALL_START = "<tool_call>"
-
-
-@dataclass
-class ToolCall:
-    """One call: the function's name and its arguments as JSON text."""
-
-    name: str
-    arguments: str
-    id: str = ""
-
-    def __post_init__(self) -> None:
-        self.id = self.id or f"call_{uuid.uuid4().hex[:24]}"
-
-    def as_openai(self, index: int | None = None) -> dict:
-        """OpenAI's `tool_calls` entry (with `index`, the streamed delta's)."""
-        call = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-        return call if index is None else {"index": index, **call}
 
 
 def _parameters(tool: dict) -> dict:
@@ -75,10 +55,15 @@ def tool_choice_constraint(tools: list[dict], tool_choice, parallel: bool = True
 
 
 def parse_tool_calls(
-    text: str, tool_choice, cut: bool = False, parallel: bool = True
+    text: str,
+    tool_choice,
+    cut: bool = False,
+    parallel: bool = True,
+    fmt: ToolCallFormat = FORMATS["hermes"],
+    tools: list[dict] = (),
 ) -> tuple[str | None, list[ToolCall]]:
     """The reply's content (None when it is all calls) and the calls in it; with `parallel` false only
-    the first call.
+    the first call. "auto" calls are read in `fmt` (`--tool-call-parser`), given the request's `tools`.
 
     A forced call (a named function or "required") whose reply was `cut` short
     by the token limit is still returned as calls, arguments as far as they
@@ -95,7 +80,7 @@ def parse_tool_calls(
     if tool_choice == "required":
         content, calls = _required_calls(text, cut)
     else:
-        content, calls = _tagged_calls(text)
+        content, calls = fmt.parse(text, list(tools))
     return (content, calls) if parallel else (content, calls[:1])
 
 
@@ -138,17 +123,3 @@ def _cut_call(text: str) -> list[ToolCall]:
     if match is None:
         return []
     return [ToolCall(json.loads(match.group(1)), (match.group(2) or "").rstrip())]
-
-
-def _tagged_calls(text: str) -> tuple[str | None, list[ToolCall]]:
-    calls = []
-    for body in _TAGGED_CALL.findall(text):
-        try:
-            call = json.loads(body)
-            calls.append(ToolCall(call["name"], json.dumps(call.get("arguments", {}))))
-        except (json.JSONDecodeError, TypeError, KeyError):
-            return text, []
-    if not calls:
-        return text, []
-    content = _TAGGED_CALL.sub("", text).strip()
-    return content or None, calls

@@ -5,15 +5,14 @@ the tiny model's text replaced by scripted replies."""
 import itertools
 import json
 
-import httpx
 import pytest
 
 from nanovllm.cli import build_parser
 from nanovllm.entrypoints.api_server import ServerSettings
 from nanovllm.entrypoints.reasoning import REASONING_PARSERS, ReasoningStream, split_reasoning
-from nanovllm.frontend import detokenizer
 
 from helpers.api_servers import MODEL, RunningServer
+from helpers.scripted_replies import chat, deltas, scripted_replies
 
 QWEN3 = "<think>\nThe user greets me.\n</think>\n\nHello! How can I help?"
 QWEN3_TEMPLATE_THINKS = "The <think> was in the prompt.\n</think>\n\nAnswer."
@@ -133,43 +132,7 @@ def server(request, chat_model_dir):
 
 @pytest.fixture
 def script(monkeypatch):
-    """Replies read as the pieces set with `script(pieces)`, one per generated token (then nothing), whatever
-    the tiny model generates."""
-    pieces = []
-
-    def step(self, token_ids):
-        start = self.__dict__.setdefault("scripted", 0)
-        self.scripted += len(token_ids)
-        return "".join(pieces[start : self.scripted])
-
-    monkeypatch.setattr(detokenizer.IncrementalDetokenizer, "step", step)
-
-    def set_pieces(new: list[str]) -> int:
-        pieces[:] = new
-        return len(new)
-
-    return set_pieces
-
-
-def chat(server, max_tokens: int, stream: bool = False, **fields) -> httpx.Response:
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "w5 w6"}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": stream,
-        **fields,
-    }
-    response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)
-    assert response.status_code == 200, response.text
-    return response
-
-
-def deltas(response: httpx.Response) -> list[dict]:
-    """The choice deltas of a streamed chat response."""
-    payloads = [line[6:] for line in response.iter_lines() if line.startswith("data: ") and line != "data: [DONE]"]
-    return [json.loads(payload)["choices"][0] for payload in payloads]
+    return scripted_replies(monkeypatch)
 
 
 @pytest.mark.parametrize(
