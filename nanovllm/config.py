@@ -527,6 +527,13 @@ class Config:
                 f"speculative_config 'model' {spec.model!r} has a vocabulary of {draft_vocab} tokens but the target "
                 f"model {self.model!r} has {vocab}; the draft model must share the target's tokenizer"
             )
+        if draft.kv_layout.has_state:
+            # the draft's runner gets no state slots: its steps carry none
+            raise ValueError(
+                f"speculative_config 'model' {spec.model!r} ({draft.model_config.architecture}) has recurrent "
+                "layers, which method 'draft_model' cannot run as a draft; use a draft model of attention layers "
+                "only, or method 'ngram'"
+            )
         return draft
 
     def _check_generation_config(self) -> None:

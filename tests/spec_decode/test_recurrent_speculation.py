@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from nanovllm import SamplingParams
+from nanovllm.config import Config
 from nanovllm.spec_decode.proposer import Proposer
 
 from helpers.engine_probes import acceptance, engine
@@ -191,3 +192,9 @@ def test_the_per_position_states_are_bound_to_every_recurrent_layer(qwen3_5_dir)
     assert len(views) == len(layers)
     assert all(layer.recurrent_steps.shape[:2] == (runner.config.max_num_seqs, K + 1) for layer in layers)
     assert all(torch.is_tensor(layer.conv_steps) for layer in layers)
+
+
+def test_a_draft_model_with_recurrent_layers_is_refused(qwen3_5_dir):
+    settings = {"method": "draft_model", "model": qwen3_5_dir, "num_speculative_tokens": K}
+    with pytest.raises(ValueError, match=r"\(Qwen3_5ForCausalLM\) has recurrent layers, .* method 'ngram'"):
+        Config(qwen3_5_dir, speculative_config=settings)
