@@ -164,8 +164,7 @@ class KVCacheManager:
         that shares them computes it): admitted one step later, `req` starts from it."""
         if not hit.branch_tokens:
             return False
-        num_blocks = hit.branch_tokens // self.block_size
-        return self.states.is_fresh(self._block_hashes(req, num_blocks)[num_blocks - 1], req.block(num_blocks - 1))
+        return self.states.is_fresh(*self._prefix_key(req, hit.branch_tokens // self.block_size))
 
     def can_allocate(self, req: Request, hit: PrefixHit, end: int) -> bool:
         """Whether the free list covers `req`'s blocks on admission, given its prefix hit, when its first
@@ -232,7 +231,7 @@ class KVCacheManager:
         if not (self.enable_prefix_caching and num_blocks and req.snapshot_tokens <= len(req.token_ids)):
             self.states.release(req, None, [])
             return
-        self.states.release(req, self._block_hashes(req, num_blocks)[num_blocks - 1], req.block(num_blocks - 1))
+        self.states.release(req, *self._prefix_key(req, num_blocks))
 
     def blocks_needed(self, req: Request, end: int, num_tokens: int | None = None) -> int:
         """Free blocks `req` takes if its next step computes its tokens up to `end` and it then has
@@ -276,10 +275,7 @@ class KVCacheManager:
         if self.states is not None and self._snapshot_due(req, end):
             self.states.snapshot(req, end)
             if end in (req.branch_tokens, req.num_prompt_tokens // self.block_size * self.block_size):
-                num_blocks = end // self.block_size
-                self.states.cache_now(
-                    req, self._block_hashes(req, num_blocks)[num_blocks - 1], req.block(num_blocks - 1)
-                )
+                self.states.cache_now(req, *self._prefix_key(req, end // self.block_size))
 
     def _snapshot_due(self, req: Request, end: int) -> bool:
         """Whether the step computing `req`'s tokens up to `end` leaves its state at a block boundary that its
@@ -337,6 +333,11 @@ class KVCacheManager:
         for i in range(len(hashes), num_blocks):
             hashes.append(chain_hash(req.block(i), hashes[-1] if hashes else -1))
         return hashes
+
+    def _prefix_key(self, req: Request, num_blocks: int) -> tuple[int, list[int]]:
+        """What a state snapshot after `req`'s first `num_blocks` (> 0) full blocks is cached under: their
+        chained hash, and the tokens of the last (a guard against hash collisions)."""
+        return self._block_hashes(req, num_blocks)[num_blocks - 1], req.block(num_blocks - 1)
 
     def _register_full_blocks(self, group: int, req: Request, num_full: int) -> None:
         # Walk back to the last block that is registered (or given back), then register forward.

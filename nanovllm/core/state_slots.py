@@ -63,14 +63,13 @@ class StateSlots:
     def snapshot_at(self, prefix_hash: int, last_block: list[int]) -> int:
         """The slot of the cached snapshot of the prefix whose chained hash is `prefix_hash` and whose last
         block holds `last_block`, or ZERO_STATE."""
-        snapshot = self.cached.get(prefix_hash)
-        return snapshot.slot if snapshot is not None and snapshot.last_block == last_block else ZERO_STATE
+        snapshot = _matching(self.cached, prefix_hash, last_block)
+        return ZERO_STATE if snapshot is None else snapshot.slot
 
     def is_fresh(self, prefix_hash: int, last_block: list[int]) -> bool:
         """Whether the step being scheduled caches the state after the prefix whose chained hash is `prefix_hash`
         and whose last block holds `last_block`."""
-        snapshot = self.fresh.get(prefix_hash)
-        return snapshot is not None and snapshot.last_block == last_block
+        return _matching(self.fresh, prefix_hash, last_block) is not None
 
     def can_admit(self, source: int) -> bool:
         """Whether a live slot can be found for a new request, keeping the snapshot in `source` it starts from."""
@@ -159,3 +158,9 @@ class StateSlots:
         holder.snapshot_tokens = 0
         self.snapshots = [copy for copy in self.snapshots if copy[1] != slot]
         return slot
+
+
+def _matching(snapshots: dict[int, _Snapshot], prefix_hash: int, last_block: list[int]) -> _Snapshot | None:
+    """The snapshot of `snapshots` under `prefix_hash` whose last block holds `last_block`, else None."""
+    snapshot = snapshots.get(prefix_hash)
+    return snapshot if snapshot is not None and snapshot.last_block == last_block else None

@@ -24,6 +24,8 @@ start of a tag; a qwen3 reply shows nothing before its `</think>` arrives
 when none came. The deltas of a stream join into exactly the whole split.
 """
 
+from nanovllm.entrypoints.partial_tags import partial_tag
+
 THINK_START = "<think>"
 THINK_END = "</think>"
 REASONING_PARSERS = ("deepseek_r1", "qwen3")
@@ -35,11 +37,6 @@ def split_reasoning(text: str, parser: str) -> tuple[str | None, str | None]:
     reasoning, answer = stream.feed(text)
     rest_reasoning, rest_answer = stream.finish()
     return (reasoning + rest_reasoning) or None, (answer + rest_answer) or None
-
-
-def _partial_tag(text: str, tag: str) -> int:
-    """How many characters at the end of `text` may be the start of `tag` (a strict prefix of it)."""
-    return next((k for k in range(min(len(tag) - 1, len(text)), 0, -1) if text.endswith(tag[:k])), 0)
 
 
 class ReasoningStream:
@@ -87,7 +84,7 @@ class ReasoningStream:
         if end < 0:
             if self._holds_reasoning:
                 return "", ""
-            settled = len(text) - _partial_tag(text, THINK_END)
+            settled = len(text) - partial_tag(text, THINK_END)
             reasoning, self._sent = text[self._sent : settled], max(self._sent, settled)
             return reasoning, ""
         # the held text of qwen3 starts at _start: nothing of it was sent yet

@@ -25,6 +25,8 @@ import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+from nanovllm.entrypoints.partial_tags import partial_tag
+
 
 @dataclass
 class ToolCall:
@@ -54,11 +56,7 @@ class ToolCallFormat(ABC):
         """How much of `text`, a reply so far, is surely content: all of it up to `start`, less a tail that
         may be the beginning of `start`."""
         end = text.find(self.start)
-        if end >= 0:
-            return end
-        return next(
-            (len(text) - k for k in range(len(self.start) - 1, 0, -1) if text.endswith(self.start[:k])), len(text)
-        )
+        return end if end >= 0 else len(text) - partial_tag(text, self.start)
 
     @abstractmethod
     def parse(self, text: str, tools: list[dict]) -> tuple[str | None, list[ToolCall]]:
