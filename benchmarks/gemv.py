@@ -13,10 +13,11 @@ a CUDA graph, each on a different copy of the weight (copies of 256 MB in all,
 so none is read from L2), and the time includes the gaps between them.
 `--sweep` also times each BLOCK_N, BLOCK_K and warp count (and pipeline stages, for several rows) and prints
 the best per shape and row count.
-`--fp8` times the products with the weights in FP8 (per-channel scales, a byte per weight) instead, beside
-the same torch + cuBLAS bf16 product.
+`--fp8` times the products with the weights in FP8 (a byte per weight; per-channel scales, or with
+`--fp8 128x128` one scale per block of 128 x 128 as block-FP8 checkpoints hold them) instead, beside the same
+torch + cuBLAS bf16 product.
 
-    python benchmarks/gemv.py [--sweep] [--fp8] [--rows 1 5 16] [--shapes 0.6b 8b gemma-2-9b ...]
+    python benchmarks/gemv.py [--sweep] [--fp8 [per-channel | 128x128]] [--rows 1 5 16] [--shapes 0.6b 8b ...]
 """
 
 import argparse
@@ -29,7 +30,7 @@ from model_shapes import SHAPES
 from throughput import hbm_bandwidth
 
 from nanovllm.kernels import triton_gemv
-from nanovllm.kernels.fp8_weights import quantize_rows
+from nanovllm.kernels.fp8_weights import quantize_blocks
 from nanovllm.layers.activation import gated_activation
 from nanovllm.layers.layernorm import rms_norm
 
@@ -58,11 +59,16 @@ def projections(shape: str, rows: int) -> dict[str, tuple[int, int, str]]:
     return attention | {"gate_up": (2 * inter, h, "norm+activation"), "down": (h, inter, "none")} | lm_head
 
 
-def products(k: int, prologue: str, act: str, fp8: bool = False, rows: int = 1):
+def fp8_block(fp8: str | None, k: int) -> tuple[int, int] | None:
+    """The block one scale covers for the `--fp8` setting and a weight of `k` inputs (None: bf16)."""
+    return {None: None, "per-channel": (1, k), "128x128": (128, 128)}[fp8]
+
+
+def products(k: int, prologue: str, act: str, fp8: str | None = None, rows: int = 1):
     """(our GEMV, torch then cuBLAS) for products of `rows` rows with a weight with `k` inputs, with
     `prologue` fused (the RMSNorm in front for "norm", the activation `act` in front for "activation", the
     norm in front and the activation behind for "norm+activation") on fixed inputs. With `fp8` our GEMV takes
-    (FP8 weight, its per-channel scales) instead of the bf16 weight."""
+    (FP8 weight, its scales per `fp8_block`) instead of the bf16 weight."""
     x = torch.randn(rows, 2 * k if prologue == "activation" else k, device="cuda", dtype=torch.bfloat16)
     residual = torch.randn_like(x)
     norm_weight = torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5
@@ -70,7 +76,7 @@ def products(k: int, prologue: str, act: str, fp8: bool = False, rows: int = 1):
     def scaled(gemv):
         if not fp8:
             return gemv
-        return lambda w: gemv(w[0], weight_scale=w[1], weight_block=(1, k))
+        return lambda w: gemv(w[0], weight_scale=w[1], weight_block=fp8_block(fp8, k))
 
     if prologue == "norm":
         return (
@@ -110,13 +116,13 @@ def chooser(rows: int) -> str:
     return "blocks_for" if rows == 1 else "rows_blocks_for"
 
 
-def block_sizes(prologue: str, n: int, k: int, fp8: bool, rows: int) -> str:
+def block_sizes(prologue: str, n: int, k: int, fp8: str | None, rows: int) -> str:
     """The GEMV's BLOCK_N, BLOCK_K and warps (and stages, for several rows) for a product of `rows` rows with
     an [n, k] weight with `prologue` in front."""
     if rows > 1:
         return ", ".join(map(str, triton_gemv.rows_blocks_for(n)))
     constant = {"norm": triton_gemv.RMS_NORM, "activation": triton_gemv.GATED}.get(prologue, triton_gemv.PLAIN)
-    return ", ".join(map(str, triton_gemv.blocks_for(constant, n, k, fp8)))
+    return ", ".join(map(str, triton_gemv.blocks_for(constant, n, k, fp8 is not None)))
 
 
 def with_blocks(product, rows: int, blocks: tuple[int, ...]):
@@ -134,7 +140,7 @@ def with_blocks(product, rows: int, blocks: tuple[int, ...]):
     return run
 
 
-def sweep_choices(rows: int, fp8: bool) -> list[tuple[int, ...]]:
+def sweep_choices(rows: int, fp8: str | None) -> list[tuple[int, ...]]:
     """The tiles a sweep times: (BLOCK_N, BLOCK_K, warps) for one row, (BLOCK_N, BLOCK_K, warps, stages) for
     several."""
     if rows == 1:
@@ -148,7 +154,8 @@ def time_row(shape: str, name: str, n: int, k: int, prologue: str, rows: int, ar
     weights = weight_copies(n, k)
     ours, reference = products(k, prologue, hidden_act(shape), args.fp8, rows)
     cublas = back_to_back_us(reference, weights)
-    ours_weights = [quantize_rows(w) for w in weights] if args.fp8 else weights
+    block = fp8_block(args.fp8, k)
+    ours_weights = weights if block is None else [quantize_blocks(w, block) for w in weights]
     timed = back_to_back_us(ours, ours_weights)
     best = ""
     if args.sweep:
@@ -169,13 +176,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sweep", action="store_true", help="time every BLOCK_N, BLOCK_K and warp count too")
     parser.add_argument("--shapes", nargs="+", choices=SHAPES, default=["0.6b", "8b"], help="model shapes")
-    parser.add_argument("--fp8", action="store_true", help="our GEMV on FP8 weights (per-channel scales)")
+    parser.add_argument(
+        "--fp8",
+        nargs="?",
+        const="per-channel",
+        choices=["per-channel", "128x128"],
+        help="our GEMV on FP8 weights, with per-channel scales (the default) or 128 x 128 block scales",
+    )
     parser.add_argument(
         "--rows", nargs="+", type=int, default=[1], help=f"rows of x, 1 to {triton_gemv.MAX_ROWS} (default 1)"
     )
     args = parser.parse_args()
     bandwidth, source = hbm_bandwidth()
-    weights_label = "FP8 weights (cuBLAS: bf16)" if args.fp8 else "bf16"
+    weights_label = f"FP8 weights, {args.fp8} scales (cuBLAS: bf16)" if args.fp8 else "bf16"
     print(
         f"machine: {torch.cuda.get_device_name()}, HBM {bandwidth / 1e12:.2f} TB/s ({source}); {weights_label}; "
         f"products back to back in a CUDA graph, weights not in L2"

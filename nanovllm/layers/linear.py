@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from nanovllm.kernels.fp8_gemm import scaled_mm_linear
+from nanovllm.kernels.fp8_gemm import block_scaled_mm_linear, scaled_mm_linear, takes_block_scaled_mm
 from nanovllm.kernels.fp8_weights import dequantize_to, fp8_linear
 from nanovllm.layers.fusion import fused_on_cuda
 from nanovllm.utils.loader import shard
@@ -33,8 +33,9 @@ def divide(numerator: int, denominator: int, what: str) -> int:
 # the most rows a product sends to the Triton GEMV, which reads W once for all of them: up to it (its kernel's
 # limit) the GEMV beats cuBLAS on every projection of Qwen3-0.6B and -8B (`benchmarks/gemv.py --rows`)
 GEMV_MAX_ROWS = 16
-# a block-FP8 weight for products of more rows on CUDA, until an FP8 GEMM with block scales runs them: one
-# generated kernel reads the FP8 values and writes the 16-bit weight, then cuBLAS multiplies in 16 bits
+# a block-FP8 weight for products of more rows on CUDA that cuBLASLt's block scaling does not take (not Hopper,
+# blocks other than 128 x 128): one generated kernel reads the FP8 values and writes the 16-bit weight, then
+# cuBLAS multiplies in 16 bits
 _dequantize_weight = fused_on_cuda(dequantize_to)
 
 
@@ -141,8 +142,8 @@ class LinearBase(nn.Module):
 
     def project(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x W^T (+ bias), W in FP8 where the layer holds it so: a few rows on CUDA through the GEMV, more
-        rows of a 16-bit model with per-channel scales on FP8 tensor cores, with block scales (whole blocks)
-        by a 16-bit GEMM of W dequantized, the rest in PyTorch."""
+        rows of a 16-bit model on FP8 tensor cores (per-channel scales, or 128 x 128 blocks on Hopper), with
+        other block scales (whole blocks) by a 16-bit GEMM of W dequantized, the rest in PyTorch."""
         # x: [tokens, in] -> [tokens, out]
         if self.weight_scale is None:
             return linear(x, self.weight, bias)
@@ -154,6 +155,8 @@ class LinearBase(nn.Module):
         if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
             if per_channel:
                 return scaled_mm_linear(x, self.weight, self.weight_scale, bias)
+            if takes_block_scaled_mm(self.weight, self.weight_block):
+                return block_scaled_mm_linear(x, self.weight, self.weight_scale, bias)
             if self._whole_blocks():
                 return linear(x, _dequantize_weight(self.weight, self.weight_scale, self.weight_block, x.dtype), bias)
         # the rows the GEMV would take are multiplied unquantized, as it does

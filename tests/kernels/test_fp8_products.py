@@ -2,13 +2,14 @@
 (plain, with the RMSNorm or the gated activation in front, per-channel and 128 x 128 block scales) under
 the Triton interpreter on small shapes and compiled on a GPU on the Qwen3-8B projections, eager and in a
 graph; on a GPU also the row-wise scaled product of several rows (`fp8_gemm.scaled_mm_linear`), and a layer's
-product of several rows with block scales (its weight dequantized to 16 bits)."""
+product of several rows with block scales (on Hopper by cuBLASLt's block scaling, x quantized per 128 columns;
+where that does not take the weight, by the weight dequantized to 16 bits)."""
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
-from nanovllm.kernels.fp8_gemm import scaled_mm_linear  # noqa: E402
+from nanovllm.kernels.fp8_gemm import scaled_mm_linear, takes_block_scaled_mm  # noqa: E402
 from nanovllm.kernels.fp8_weights import fp8_linear, quantize_blocks  # noqa: E402
 from nanovllm.kernels.triton_gemv import gated_gemv, gemv, rms_norm_gemv  # noqa: E402
 from nanovllm.layers.layernorm import rms_norm  # noqa: E402
@@ -17,6 +18,7 @@ from nanovllm.layers.linear import ReplicatedLinear  # noqa: E402
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
 FP8_GPU = ON_GPU and torch.cuda.get_device_capability() >= (8, 9)
+HOPPER = ON_GPU and torch.cuda.get_device_capability()[0] == 9
 # (features, inputs): the Qwen3-8B projections (qkv, o, gate_up, down) on a GPU; small uneven ones on the CPU
 SHAPES = [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288)] if ON_GPU else [(40, 70), (136, 300)]
 DTYPES = [torch.float32, torch.bfloat16] if ON_GPU else [torch.float32]
@@ -117,14 +119,51 @@ def test_scaled_mm_replayed_in_a_graph_quantizes_new_inputs():
         assert_close(got, fp8_linear(x, values, scale, block))
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not FP8_GPU, reason="needs a GPU with FP8 tensor cores (compute capability 8.9)")
-@pytest.mark.parametrize("rows", [17, 256, 4096])
-def test_a_layer_with_block_scales_multiplies_several_rows_as_the_reference(rows):
-    features, inputs = SHAPES[0]
+def block_layer(features: int, inputs: int) -> ReplicatedLinear:
+    """A layer holding a random FP8 weight in 128 x 128 blocks."""
     values, scale, block = fp8_weight(features, inputs, (128, 128), seed=2)
     layer = ReplicatedLinear(inputs, features).to(DEVICE)
     layer.weight = torch.nn.Parameter(values, requires_grad=False)
     layer.weight_scale, layer.weight_block = torch.nn.Parameter(scale, requires_grad=False), block
-    x = torch.randn(rows, inputs, device=DEVICE, dtype=torch.bfloat16)
-    assert_close(layer(x), reference(x, values, scale, block).to(torch.bfloat16))
+    return layer
+
+
+def quantized_x_reference(layer: ReplicatedLinear, x: torch.Tensor) -> torch.Tensor:
+    return fp8_linear(x, layer.weight, layer.weight_scale, layer.weight_block)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="cuBLASLt's block scaling needs a Hopper GPU")
+@pytest.mark.parametrize("rows", [17, 256, 4096])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_a_layer_with_128_blocks_multiplies_several_rows_on_fp8_tensor_cores(shape, rows):
+    layer = block_layer(*shape)
+    assert takes_block_scaled_mm(layer.weight, layer.weight_block)
+    x = torch.randn(rows, shape[1], device=DEVICE, dtype=torch.bfloat16)
+    assert_close(layer(x), quantized_x_reference(layer, x))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="cuBLASLt's block scaling needs a Hopper GPU")
+def test_block_scaled_product_replayed_in_a_graph_quantizes_new_inputs():
+    layer = block_layer(*SHAPES[1])
+    x = torch.randn(61, SHAPES[1][1], device=DEVICE, dtype=torch.bfloat16)  # rows padded to 64 inside
+    layer(x)  # compiles outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = layer(x)
+    for _ in range(2):
+        x.normal_()
+        graph.replay()
+        assert_close(got, quantized_x_reference(layer, x))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not FP8_GPU, reason="needs a GPU with FP8 tensor cores (compute capability 8.9)")
+@pytest.mark.parametrize("rows", [17, 256])
+def test_a_layer_with_blocks_cublaslt_does_not_take_multiplies_rows_as_the_reference(rows):
+    layer = block_layer(256, 384)  # 3 blocks of columns: not a whole group of 4
+    assert not takes_block_scaled_mm(layer.weight, layer.weight_block)
+    x = torch.randn(rows, 384, device=DEVICE, dtype=torch.bfloat16)
+    want = reference(x, layer.weight, layer.weight_scale, layer.weight_block).to(torch.bfloat16)
+    assert_close(layer(x), want)
