@@ -13,7 +13,8 @@ models take that PyTorch reference instead (cuBLASLt's scaling writes 16-bit out
 
 import torch
 
-from nanovllm.kernels.fp8_weights import quantize_blocks, quantize_rows
+from nanovllm.kernels.fp8_kv import FP8_DTYPE
+from nanovllm.kernels.fp8_weights import quantize_rows, scales_of
 
 # the amax, the division and the cast to float8 in one generated kernel
 _quantize_rows = torch.compile(quantize_rows, dynamic=True)
@@ -38,15 +39,27 @@ def scaled_mm_linear(
 
 
 def _quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x padded with zero rows to a multiple of 4, as float8 values and one fp32 scale per token and group of
-    128 columns, the scales column-major (the layout cuBLASLt's 1 x 128 scaling reads)."""
-    # x: [tokens, K] -> [padded, K] fp8, [padded, K / 128] fp32 with strides (1, padded)
-    padded = torch.nn.functional.pad(x, (0, 0, 0, -x.size(0) % _SCALE_ROWS_ALIGN))
-    values, scale = quantize_blocks(padded, (1, BLOCK[1]))
-    return values, scale.t().contiguous().t()
+    """x as float8 values and one fp32 scale per token and group of 128 columns (`quantize_blocks`'
+    arithmetic on whole groups)."""
+    # x: [tokens, K] -> [tokens, K] fp8, [tokens, K / 128] fp32
+    tokens, k = x.shape
+    groups = x.float().view(tokens, k // BLOCK[1], BLOCK[1])
+    scale = scales_of(groups.abs().amax(dim=-1))
+    return (groups / scale[..., None]).to(FP8_DTYPE).view(tokens, k), scale
 
 
+# the amax, the division and the cast to float8 in one generated kernel
 _quantize_groups_compiled = torch.compile(_quantize_groups, dynamic=True)
+
+
+def _quantized_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x padded with zero rows to a multiple of 4, quantized per token and group of 128 columns, its scales
+    column-major (the layout cuBLASLt's 1 x 128 scaling reads)."""
+    # x: [tokens, K] -> [padded, K] fp8, [padded, K / 128] fp32 with strides (1, padded)
+    if x.size(0) % _SCALE_ROWS_ALIGN:
+        x = torch.nn.functional.pad(x, (0, 0, 0, -x.size(0) % _SCALE_ROWS_ALIGN))
+    values, scale = _quantize_groups_compiled(x)
+    return values, scale.t().contiguous().t()
 
 
 def takes_block_scaled_mm(weight: torch.Tensor, block: tuple[int, int]) -> bool:
@@ -71,7 +84,7 @@ def block_scaled_mm_linear(
 
     x: [tokens, K]; weight: [N, K] fp8; weight_scale: [N / 128, K / 128] fp32; bias: [N] -> [tokens, N]
     """
-    x_values, x_scale = _quantize_groups_compiled(x)  # [padded, K] fp8, [padded, K / 128] fp32
+    x_values, x_scale = _quantized_x(x)  # [padded, K] fp8, [padded, K / 128] fp32
     # W^T: a column-major view of the row-major weight; its scales [K / 128, N / 128] likewise
     out = torch._scaled_mm(x_values, weight.t(), scale_a=x_scale, scale_b=weight_scale.t(), out_dtype=x.dtype)
     out = out[: x.size(0)]
