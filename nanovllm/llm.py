@@ -5,6 +5,7 @@ from collections.abc import Sequence
 from tqdm.auto import tqdm
 
 from nanovllm.engine.engine_client import InprocClient
+from nanovllm.entrypoints.reasoning import REASONING_PARSERS, split_reasoning
 from nanovllm.frontend.chat import render_chat
 from nanovllm.frontend.engine_frontend import EngineFrontend
 from nanovllm.frontend.input_processor import ProcessedPrompt, Prompt, is_single_prompt
@@ -86,6 +87,7 @@ class LLM(EngineFrontend):
         continue_final_message: bool = False,
         chat_template_kwargs: dict | None = None,
         tools: list[dict] | None = None,
+        reasoning_parser: str | None = None,
     ) -> list[RequestOutput]:
         """Reply to one conversation (a list of {"role", "content"} messages) or a list of them, each
         rendered with the tokenizer's chat template (or `chat_template`); one RequestOutput each.
@@ -93,7 +95,15 @@ class LLM(EngineFrontend):
         A message's content is a string or a list of OpenAI content parts: text parts are joined one per
         line, and any other part (an image ...) is a ValueError, as this is a text-only model. `tools`
         (OpenAI tool dicts) are passed to the template, which describes them to the model.
+
+        With `reasoning_parser` ("qwen3" or "deepseek_r1", the server's `--reasoning-parser`) each
+        completion's reasoning goes in its `reasoning_content` and its `text` is the answer alone, split as the
+        server splits a chat reply; a completion held to a grammar (`structured_outputs`) is all answer.
         """
+        if reasoning_parser is not None and reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(
+                f"unknown reasoning_parser {reasoning_parser!r}; the parsers are {', '.join(REASONING_PARSERS)}"
+            )
         conversations = [messages] if not messages or isinstance(messages[0], dict) else list(messages)
         prompts = []
         for conversation in conversations:
@@ -108,17 +118,29 @@ class LLM(EngineFrontend):
             )
             # the rendered template already holds the special tokens the model expects
             prompts.append(ProcessedPrompt(text, self.input_processor.tokenize(text, add_special_tokens=False)))
-        return self._run(prompts, sampling_params, use_tqdm)
+        params = self._params_per_prompt(len(prompts), sampling_params)
+        outputs = self._run(prompts, params, use_tqdm)
+        if reasoning_parser is not None:
+            for output, output_params in zip(outputs, params):
+                # a grammar holds the reply from its first token: it has no reasoning
+                if output_params.structured_outputs is None:
+                    _split_reasoning(output, reasoning_parser)
+        return outputs
 
-    def _run(self, prompts: list, sampling_params, use_tqdm: bool) -> list[RequestOutput]:
+    def _params_per_prompt(self, num_prompts: int, sampling_params) -> list[SamplingParams]:
+        """One SamplingParams per prompt from what the caller gave: none (the defaults), one for all, or a
+        list of one each."""
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
-            sampling_params = [sampling_params] * len(prompts)
-        if len(sampling_params) != len(prompts):
-            raise ValueError(f"got {len(prompts)} prompts but {len(sampling_params)} sampling params")
+            sampling_params = [sampling_params] * num_prompts
+        if len(sampling_params) != num_prompts:
+            raise ValueError(f"got {num_prompts} prompts but {len(sampling_params)} sampling params")
+        return list(sampling_params)
+
+    def _run(self, prompts: list, sampling_params, use_tqdm: bool) -> list[RequestOutput]:
         checked = []
-        for i, (prompt, params) in enumerate(zip(prompts, sampling_params)):
+        for i, (prompt, params) in enumerate(zip(prompts, self._params_per_prompt(len(prompts), sampling_params))):
             try:
                 checked.append(self._check(prompt, params))
             except ValueError as e:
@@ -139,3 +161,10 @@ class LLM(EngineFrontend):
                 bar.update(len(finished))
         # any request that finished without a step of its own still gets its output
         return [output or parent.output() for output, parent in zip(outputs, parents)]
+
+
+def _split_reasoning(output: RequestOutput, parser: str) -> None:
+    """Each completion of `output` split into its `reasoning_content` and its answer (`text`)."""
+    for completion in output.outputs:
+        reasoning, answer = split_reasoning(completion.text, parser)
+        completion.reasoning_content, completion.text = reasoning, answer or ""

@@ -34,6 +34,8 @@ class CompletionOutput:
     the chosen tokens' log-probabilities when they were computed (logprobs
     asked for, or best_of ranking), else None. In a streamed output, `text`,
     `token_ids` and `logprobs` hold only what is new since the previous one.
+    `reasoning_content` is the reasoning that `LLM.chat` with a `reasoning_parser` split from `text`
+    (None otherwise, or when the reply has none).
     """
 
     index: int
@@ -43,6 +45,7 @@ class CompletionOutput:
     logprobs: list[PositionLogprobs] | None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    reasoning_content: str | None = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None

@@ -1,14 +1,18 @@
 """The offline API in vLLM's shapes: prompt forms, RequestOutput/CompletionOutput, chat, n and best_of
-over a shared prompt, prompt logprobs against transformers, logit bias, max_tokens=None, stop reasons."""
+over a shared prompt, prompt logprobs against transformers, logit bias, max_tokens=None, stop reasons, and
+chat's reasoning split (on scripted replies)."""
 
 import math
 
 import pytest
 
 from nanovllm import LLM, CompletionOutput, RequestOutput, SamplingParams
+from nanovllm.entrypoints.reasoning import REASONING_PARSERS
+from nanovllm.sampling_params import StructuredOutputsParams
 
 from helpers.hf_reference import hf_greedy, hf_logprobs
 from helpers.prompts import random_prompts
+from helpers.scripted_replies import scripted_replies
 from helpers.tiny_models import VOCAB_SIZE
 
 BLOCK = 16
@@ -270,3 +274,43 @@ def test_logprobs_of_minus_one_are_the_whole_vocabulary(llm):
     )
     with pytest.raises(ValueError, match="logprobs=513 asks for more alternatives than the vocabulary's 512"):
         llm.generate([5], SamplingParams(logprobs=VOCAB_SIZE + 1), use_tqdm=False)
+
+
+@pytest.fixture
+def script(monkeypatch):
+    return scripted_replies(monkeypatch)
+
+
+def test_chat_with_a_reasoning_parser_splits_each_reply_as_the_server_does(chat_llm, script):
+    user = [{"role": "user", "content": "w5 w6"}]
+    params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=script(["<think>", "Sum.", "</think>\n\n", "4"]))
+    [plain] = chat_llm.chat(user, params, use_tqdm=False)
+    assert (plain.outputs[0].reasoning_content, plain.outputs[0].text) == (None, "<think>Sum.</think>\n\n4")
+    for parser in REASONING_PARSERS:
+        [out] = chat_llm.chat(user, params, use_tqdm=False, reasoning_parser=parser)
+        assert (out.outputs[0].reasoning_content, out.outputs[0].text) == ("Sum.", "4")
+    params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=script(["Just ", "4"]))
+    replies = {
+        p: chat_llm.chat(user, params, use_tqdm=False, reasoning_parser=p)[0].outputs[0] for p in REASONING_PARSERS
+    }
+    # deepseek_r1's template opens the reasoning in the prompt; qwen3 takes a reply with no </think> as all answer
+    assert (replies["deepseek_r1"].reasoning_content, replies["deepseek_r1"].text) == ("Just 4", "")
+    assert (replies["qwen3"].reasoning_content, replies["qwen3"].text) == (None, "Just 4")
+
+
+def test_chat_under_a_grammar_keeps_the_reply_whole(chat_llm, script):
+    pytest.importorskip("xgrammar")
+    user = [{"role": "user", "content": "w5 w6"}]
+    constrained = SamplingParams(
+        temperature=0,
+        max_tokens=script(["Why?", "</think>", "So."]),
+        structured_outputs=StructuredOutputsParams(choice=["w5 w6 w7"]),
+    )
+    [out] = chat_llm.chat(user, constrained, use_tqdm=False, reasoning_parser="deepseek_r1")
+    # the grammar ends the reply early; what came of the script is left whole
+    assert out.outputs[0].reasoning_content is None and out.outputs[0].text.startswith("Why?</think>")
+
+
+def test_chat_refuses_an_unknown_reasoning_parser_by_name(chat_llm):
+    with pytest.raises(ValueError, match="unknown reasoning_parser 'granite'; the parsers are deepseek_r1, qwen3"):
+        chat_llm.chat([{"role": "user", "content": "w5"}], GREEDY, use_tqdm=False, reasoning_parser="granite")
