@@ -24,8 +24,9 @@ from nanovllm.entrypoints.protocol import (
 )
 from nanovllm.entrypoints.reasoning import ReasoningStream
 from nanovllm.entrypoints.server_settings import ServerSettings
-from nanovllm.entrypoints.tool_call_formats import FORMATS
-from nanovllm.entrypoints.tool_calls import parse_tool_calls, tool_choice_constraint
+from nanovllm.entrypoints.tool_call_formats import FORMATS, PartialCall
+from nanovllm.entrypoints.tool_call_stream import ToolCallStream
+from nanovllm.entrypoints.tool_calls import parse_tool_calls, partial_tool_calls, tool_choice_constraint
 from nanovllm.frontend.chat import render_chat
 from nanovllm.frontend.input_processor import ProcessedPrompt
 from nanovllm.frontend.online_engine import OnlineEngine, RequestStream
@@ -464,10 +465,10 @@ class _Chat(_Shape):
 
     With tools (`tool_choice` not "none") the reply's calls become `tool_calls`
     (finish_reason "tool_calls", or "length" for a forced call cut short, whose
-    arguments go as far as they got). Streamed, a forced call's JSON is held
-    back and "auto" text only up to a call's start; the calls come in the
-    last chunk of the choice, once they parse. `prompt_logprobs` (vLLM's) sit
-    beside the choices.
+    arguments go as far as they got). Streamed, "auto" text goes out as content
+    only up to a call's start, and each call as it is written: its name once
+    whole, then its arguments in pieces (`ToolCallStream`), a forced call's too.
+    `prompt_logprobs` (vLLM's) sit beside the choices.
 
     With a `reasoning_parser` the reply's reasoning goes in `reasoning_content`
     (streamed: in deltas of its own) and only its answer is content, where
@@ -492,6 +493,7 @@ class _Chat(_Shape):
         self.header = ResponseHeader.new("chatcmpl", handler.settings.model_name)
         self._text: dict[int, str] = {}  # per choice: the text so far, when tools are on
         self._shown: dict[int, int] = {}  # per choice: how much of it went out as content
+        self._call_streams: dict[int, ToolCallStream] = {}  # per streamed choice: the calls sent so far
 
     def choice(self, job: _Job, prompt_index: int, index: int, choice: _Choice, prompt_logprobs, final: bool) -> dict:
         logprobs = None
@@ -507,9 +509,9 @@ class _Chat(_Shape):
         if self.tool_choice is None:
             message = {"content": answer}
         else:
-            message = self._tool_message(index, answer, choice.finish_reason, final)
-        if message.get("tool_calls") and choice.finish_reason == "stop":
-            body["finish_reason"] = "tool_calls"
+            message, called = self._tool_message(index, answer, choice.finish_reason, final)
+            if called and choice.finish_reason == "stop":
+                body["finish_reason"] = "tool_calls"
         if self.reasoning_parser is not None:
             message = _with_reasoning(message, reasoning, final)
         if final:
@@ -527,12 +529,13 @@ class _Chat(_Shape):
             reasoning, answer = reasoning + rest_reasoning, answer + rest_answer
         return reasoning, answer
 
-    def _tool_message(self, index: int, answer: str, finish_reason: str | None, final: bool) -> dict:
-        """Content (and, once the choice ends, tool calls) of a reply that may call tools, given its
-        answer text (new since the last chunk, when streamed); streamed calls carry their index."""
+    def _tool_message(self, index: int, answer: str, finish_reason: str | None, final: bool) -> tuple[dict, bool]:
+        """Content and tool calls of a reply that may call tools, given its answer text (new since the last
+        chunk, when streamed), and whether the reply holds calls. Whole, the calls come once the reply ends;
+        streamed, as they are written (`ToolCallStream`), and content up to where they start."""
         text = self._text[index] = self._text.get(index, "") + answer
         if finish_reason is None:
-            return {"content": self._showable(index, text)}
+            return self._with_call_deltas(index, {"content": self._showable(index, text)}, self._partial(text)), False
         content, calls = parse_tool_calls(
             text,
             self.tool_choice,
@@ -543,12 +546,24 @@ class _Chat(_Shape):
         )
         shown = self._shown.get(index, 0)
         if not calls:
-            return {"content": text[shown:]}
+            return {"content": text[shown:]}, False
         rest = (content or "")[shown:] if content and content.startswith(text[:shown]) else None
-        return {
-            "content": rest or None,
-            "tool_calls": [call.as_openai(None if final else i) for i, call in enumerate(calls)],
-        }
+        if final:
+            return {"content": rest or None, "tool_calls": [call.as_openai() for call in calls]}, True
+        whole = [PartialCall(call.name, call.arguments) for call in calls]
+        return self._with_call_deltas(index, {"content": rest or None}, whole), True
+
+    def _partial(self, text: str) -> list[PartialCall]:
+        """The calls a streamed reply so far has begun."""
+        return partial_tool_calls(
+            text, self.tool_choice, not self.body.one_tool_call, self.tool_format, self.body.tool_list() or []
+        )
+
+    def _with_call_deltas(self, index: int, message: dict, calls: list[PartialCall]) -> dict:
+        """`message` with the `tool_calls` deltas that `calls` bring to the choice's stream, if any."""
+        stream = self._call_streams.setdefault(index, ToolCallStream(self.tool_format.new_call_id))
+        entries = stream.deltas(calls)
+        return {**message, "tool_calls": entries} if entries else message
 
     def _showable(self, index: int, text: str) -> str:
         """New content that is surely no tool call: none for a forced call, and for "auto" the text

@@ -5,13 +5,24 @@ function's parameters (a JSON object: the call's arguments); with "required",
 to a JSON array of {"name", "parameters"} objects, one per call; both parse
 unless the reply was cut short by its token limit. With "auto" the model may
 write calls in the format of the server's `--tool-call-parser`
-(`tool_call_formats.py`), between other text.
+(`tool_call_formats.py`), between other text. `partial_tool_calls` reads the
+calls of a reply so far, for streaming: a forced call's arguments are the text
+written so far (a named function's) or each "parameters" value as written
+("required"), as the whole reply's calls hold them.
 """
 
 import json
 import re
 
-from nanovllm.entrypoints.tool_call_formats import FORMATS, ToolCall, ToolCallFormat
+from nanovllm.entrypoints.tool_call_formats import (
+    FORMATS,
+    PartialCall,
+    ToolCall,
+    ToolCallFormat,
+    as_written,
+    scan_call,
+    skip_chars,
+)
 from nanovllm.sampling_params import StructuredOutputsParams
 
 # the start of a "required" call cut short: its complete name, then the parameters as far as they got
@@ -84,6 +95,37 @@ def parse_tool_calls(
     return (content, calls) if parallel else (content, calls[:1])
 
 
+def partial_tool_calls(
+    text: str, tool_choice, parallel: bool = True, fmt: ToolCallFormat = FORMATS["hermes"], tools: list[dict] = ()
+) -> list[PartialCall]:
+    """The calls `text`, a reply so far, has begun (`parse_tool_calls`'s, as far as written)."""
+    name = named_function(tool_choice)
+    if name is not None:
+        calls = [PartialCall(name, text)]
+    elif tool_choice == "required":
+        calls = _partial_required_calls(text)
+    else:
+        calls = fmt.partial_calls(text, list(tools))
+    return calls if parallel else calls[:1]
+
+
+def _partial_required_calls(text: str) -> list[PartialCall]:
+    """The calls of a JSON array of {"name", "parameters"} objects, as far as written."""
+    at = skip_chars(text, 0)
+    if not text.startswith("[", at):
+        return []
+    calls, at = [], at + 1
+    while True:
+        at = skip_chars(text, at, " \t\r\n,")
+        if at == len(text) or text[at] != "{":
+            return calls
+        call, end = scan_call(text, at, ("parameters",))
+        calls.append(call)
+        if end is None:
+            return calls
+        at = end
+
+
 def _named_call(text: str, name: str, cut: bool) -> tuple[str | None, list[ToolCall]]:
     if not cut:
         try:
@@ -114,7 +156,7 @@ def _required_calls(text: str, cut: bool) -> tuple[str | None, list[ToolCall]]:
         rest = rest[end:]
     if not calls or (not cut and rest.strip() != "]"):
         return text, []
-    return None, calls
+    return None, as_written(calls, _partial_required_calls(text))
 
 
 def _cut_call(text: str) -> list[ToolCall]:

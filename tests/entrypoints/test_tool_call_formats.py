@@ -8,10 +8,11 @@ import json
 import pytest
 
 from nanovllm.entrypoints.api_server import ServerSettings
-from nanovllm.entrypoints.tool_call_formats import FORMATS
+from nanovllm.entrypoints.tool_call_formats import FORMATS, PartialCall
+from nanovllm.entrypoints.tool_call_stream import ToolCallStream
 
 from helpers.api_servers import MODEL, RunningServer
-from helpers.scripted_replies import chat, deltas, scripted_replies
+from helpers.scripted_replies import chat, deltas, joined_tool_calls, scripted_replies
 
 WEATHER = {
     "type": "function",
@@ -106,6 +107,32 @@ def test_streamed_content_of_every_prefix_stops_short_of_the_calls(name):
     assert reply[:shown].strip() == (content or "")
 
 
+@pytest.mark.parametrize("name, reply", [*REPLIES.items(), ("mistral", MISTRAL_ARRAY)])
+def test_calls_streamed_token_by_token_join_into_the_whole_replys_calls(name, reply):
+    fmt = FORMATS[name]
+    _, whole = fmt.parse(reply, TOOLS)
+    stream, entries, first_entry_at = ToolCallStream(fmt.new_call_id), [], None
+    for end in range(len(reply) + 1):
+        new = stream.deltas(fmt.partial_calls(reply[:end], TOOLS))
+        if new and first_entry_at is None:
+            first_entry_at = end
+        entries += new
+    entries += stream.deltas([PartialCall(call.name, call.arguments) for call in whole])
+    joined = joined_tool_calls(entries)
+    assert [(c["name"], c["arguments"]) for c in joined] == [(c.name, c.arguments) for c in whole]
+    # each call's arguments came in pieces, the first call's name before the reply was whole
+    assert len(entries) > len(whole) and first_entry_at < len(reply)
+    if name == "mistral":
+        assert all(len(c["id"]) == 9 and c["id"].isalnum() for c in joined)
+
+
+def test_a_call_that_stops_parsing_sends_nothing_more():
+    stream = ToolCallStream(FORMATS["hermes"].new_call_id)
+    [entry] = stream.deltas(FORMATS["hermes"].partial_calls('<tool_call>{"name": "f", "arguments": {"a"', TOOLS))
+    assert entry["function"] == {"name": "f", "arguments": '{"a"'}
+    assert stream.deltas([PartialCall("f", '{"b": 1}')]) == []
+
+
 def test_llama3_content_streams_where_the_reply_begins_with_text():
     assert FORMATS["llama3_json"].content_end("The weather") == len("The weather")
     assert FORMATS["llama3_json"].content_end(" <|python") == 0
@@ -130,4 +157,7 @@ def test_the_chat_endpoint_reads_auto_calls_in_the_servers_format(server, monkey
     assert calls == want_calls
     chunks = deltas(chat(server, max_tokens, stream=True, tools=TOOLS))
     assert "".join(c["delta"].get("content") or "" for c in chunks).strip() == want_content
-    assert [c["function"]["name"] for c in chunks[-1]["delta"]["tool_calls"]] == [name for name, _ in want_calls]
+    joined = joined_tool_calls([entry for c in chunks for entry in c["delta"].get("tool_calls", [])])
+    assert [(c["name"], json.loads(c["arguments"])) for c in joined] == want_calls
+    # the calls came as they were written: the first one's name before the reply's last chunk
+    assert "tool_calls" in next(c["delta"] for c in chunks if "tool_calls" in c["delta"]) and len(chunks) > 2

@@ -18,6 +18,8 @@ from nanovllm.entrypoints.api_server import ServerSettings, build_app
 from nanovllm.entrypoints.tool_calls import parse_tool_calls, tool_choice_constraint
 from nanovllm.frontend.online_engine import OnlineEngine
 
+from helpers.scripted_replies import joined_tool_calls
+
 pytest.importorskip("xgrammar")
 
 WEATHER = {
@@ -213,13 +215,12 @@ def test_a_required_call_streams_as_tool_call_deltas(server):
         )
     )
     assert chunks[0].choices[0].delta.role == "assistant"
-    deltas = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
-    assert deltas and chunks[-1].choices[0].finish_reason == "tool_calls"
+    calls = joined_tool_calls(streamed_tool_call_entries(chunks))
+    assert calls and chunks[-1].choices[0].finish_reason == "tool_calls"
     assert not "".join(c.choices[0].delta.content or "" for c in chunks)
-    for delta in deltas:
-        tool = WEATHER if delta.function.name == "get_weather" else TIME
-        jsonschema.validate(json.loads(delta.function.arguments), tool["function"]["parameters"])
-    assert sorted(d.index for d in deltas) == list(range(len(deltas)))
+    for call in calls:
+        tool = WEATHER if call["name"] == "get_weather" else TIME
+        jsonschema.validate(json.loads(call["arguments"]), tool["function"]["parameters"])
 
 
 @pytest.mark.slow
@@ -299,15 +300,15 @@ def test_a_streamed_call_goes_back_with_its_result(server):
             tool_choice={"type": "function", "function": {"name": "get_weather"}},
         )
     )
-    [delta] = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
+    [joined] = joined_tool_calls(streamed_tool_call_entries(chunks))
     call = {
-        "id": delta.id,
+        "id": joined["id"],
         "type": "function",
-        "function": {"name": delta.function.name, "arguments": delta.function.arguments},
+        "function": {"name": joined["name"], "arguments": joined["arguments"]},
     }
     conversation = QUESTION + [
         {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": delta.id, "content": "18 degrees, sunny"},
+        {"role": "tool", "tool_call_id": joined["id"], "content": "18 degrees, sunny"},
     ]
     answer = client.chat.completions.create(
         model="smol", messages=conversation, tools=[WEATHER], max_tokens=20, temperature=0, stream=True
@@ -353,8 +354,8 @@ def test_a_forced_call_cut_short_comes_back_as_a_call_streamed_or_not(server):
             stream=True,
         )
     )
-    [delta] = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
-    assert delta.function.arguments == call.function.arguments and chunks[-1].choices[0].finish_reason == "length"
+    [joined] = joined_tool_calls(streamed_tool_call_entries(chunks))
+    assert joined["arguments"] == call.function.arguments and chunks[-1].choices[0].finish_reason == "length"
     required = client.chat.completions.create(
         model="smol", messages=QUESTION, tools=[WEATHER, TIME], tool_choice="required", max_tokens=16, temperature=0
     )
@@ -375,3 +376,8 @@ def test_parallel_tool_calls_false_gives_one_call(server):
         parallel_tool_calls=False,
     )
     assert len(response.choices[0].message.tool_calls) == 1
+
+
+def streamed_tool_call_entries(chunks) -> list[dict]:
+    """The `tool_calls` delta entries of a stream of the openai client's chunks, as dicts."""
+    return [d.model_dump(exclude_none=True) for c in chunks for d in (c.choices[0].delta.tool_calls or [])]

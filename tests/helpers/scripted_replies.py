@@ -50,3 +50,20 @@ def deltas(response: httpx.Response) -> list[dict]:
     """The choice deltas of a streamed chat response."""
     payloads = [line[6:] for line in response.iter_lines() if line.startswith("data: ") and line != "data: [DONE]"]
     return [json.loads(payload)["choices"][0] for payload in payloads]
+
+
+def joined_tool_calls(entries: list[dict]) -> list[dict]:
+    """The calls a client makes of a stream's `tool_calls` delta entries (in order): per index, the id, type
+    and name of its first entry, and the arguments of all of them joined; asserts that an index's first entry
+    names the call and no later one does."""
+    calls: dict[int, dict] = {}
+    for entry in entries:
+        function = entry["function"]
+        if entry["index"] not in calls:
+            assert entry.get("id") and function.get("name"), entry
+            calls[entry["index"]] = {"id": entry["id"], "name": function["name"], "arguments": ""}
+        else:
+            assert not entry.get("id") and not function.get("name"), entry
+        calls[entry["index"]]["arguments"] += function.get("arguments") or ""
+    assert sorted(calls) == list(range(len(calls)))
+    return [calls[index] for index in sorted(calls)]
