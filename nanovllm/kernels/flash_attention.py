@@ -31,8 +31,10 @@ class FlashAttentionBackend(TritonAttentionBackend):
         *,
         window: None = None,
         softcap: None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         assert window is None and softcap is None, "Config refuses windows and soft-caps with flash_attn"
+        _refuse_sinks(sinks)
         if context.block_tables is not None:  # a cached prefix: read every key through the block tables
             k, v = k_cache, v_cache
         return flash_attn_varlen_func(
@@ -60,8 +62,10 @@ class FlashAttentionBackend(TritonAttentionBackend):
         *,
         window: None = None,
         softcap: None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         assert window is None and softcap is None, "Config refuses windows and soft-caps with flash_attn"
+        _refuse_sinks(sinks)
         # q: [seqs, heads, d] -> flash-attn's [seqs, 1, heads, d]
         o = flash_attn_with_kvcache(
             q.unsqueeze(1),
@@ -73,3 +77,9 @@ class FlashAttentionBackend(TritonAttentionBackend):
             causal=True,
         )
         return o.squeeze(1)
+
+
+def _refuse_sinks(sinks: torch.Tensor | None) -> None:
+    """ValueError for a layer with attention sinks, which flash_attn's kernels do not take."""
+    if sinks is not None:
+        raise ValueError("attention_backend 'flash_attn' has no attention sinks; use attention_backend='triton'")

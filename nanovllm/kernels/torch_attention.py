@@ -23,6 +23,10 @@ prefix from the first query's window on, in position order, masking each query's
 keys by position. A soft-cap (`softcap` c) turns each score s into c * tanh(s / c)
 before the softmax. Either takes the written-out formula, as PyTorch's fused CPU
 kernel has neither.
+
+An attention sink (`sinks`: one logit per head) joins each query's softmax sum and
+takes no value: it is one more part to combine, of output zero and log-sum-exp
+the sink (`_sink_part`).
 """
 
 from dataclasses import dataclass
@@ -253,6 +257,14 @@ def _combine(parts: list[tuple[torch.Tensor, torch.Tensor, int]], num_rows: int)
     return (merged / total.unsqueeze(-1)).to(dtype)
 
 
+def _sink_part(sinks: torch.Tensor, num_rows: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """A part for `_combine` that adds each head's sink logit to the softmax sum of every row: output zero, its
+    log-sum-exp the sink."""
+    # sinks: [heads] -> o [heads, num_rows, d], lse [heads, num_rows] (fp32), first row 0
+    lse = sinks.float()[:, None].expand(-1, num_rows)
+    return lse.new_zeros(sinks.size(0), num_rows, head_dim), lse, 0
+
+
 def store_kvcache(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -298,9 +310,11 @@ class TorchAttentionBackend:
         *,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Causal attention of each sequence's new tokens over its cached prefix and themselves (the last
-        `window` positions of each query's, when given; scores soft-capped at `softcap`, when given)."""
+        `window` positions of each query's, when given; scores soft-capped at `softcap`, when given; each
+        head's `sinks` logit in its softmax sum, when given)."""
         # q: [tokens, heads, d]; k, v: [tokens, kv_heads, d] (this step's, also in the cache)
         tables = None
         if context.block_tables is not None:  # some sequence reads a cached prefix (else the cache may be unset)
@@ -328,6 +342,8 @@ class TorchAttentionBackend:
                 visible = _visible(q_pos, q_pos, scoring.window)
                 parts.append((*_attend(q_new, k_new, v_new, True, scoring, visible), start))
             start += q_len
+        if sinks is not None:
+            parts.append(_sink_part(sinks, q.size(0), q.size(-1)))
         return _combine(parts, q.size(0))
 
     def decode(
@@ -342,9 +358,10 @@ class TorchAttentionBackend:
         *,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Each query over its `context_lens[i]` cached tokens (the last `window` of them, when given; scores
-        soft-capped at `softcap`, when given)."""
+        soft-capped at `softcap`, when given; each head's `sinks` logit in its softmax sum, when given)."""
         # q: [queries, heads, d]; query_block_tables(): [queries, max_blocks]
         cache = _CacheReader(k_cache, v_cache, k_scale, v_scale, q.dtype)
         scoring = _Scoring(scale, softcap, window)
@@ -354,4 +371,6 @@ class TorchAttentionBackend:
         for i, (table, length) in enumerate(zip(tables, lengths)):
             first = 0 if window is None else max(0, length - window)  # the query sees every key read
             parts += _attend_cached(queries[i], cache, table, first, length, scoring, i)
+        if sinks is not None:
+            parts.append(_sink_part(sinks, q.size(0), q.size(-1)))
         return _combine(parts, q.size(0))

@@ -26,6 +26,7 @@ class TritonAttentionBackend:
         *,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return prefill_attention(
             q,
@@ -42,6 +43,7 @@ class TritonAttentionBackend:
             v_scale,
             window,
             softcap,
+            sinks,
         )
 
     def decode(
@@ -56,6 +58,7 @@ class TritonAttentionBackend:
         *,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return decode_attention(
             q,
@@ -70,4 +73,5 @@ class TritonAttentionBackend:
             window=window,
             softcap=softcap,
             queries=context.queries_per_seq,
+            sinks=sinks,
         )

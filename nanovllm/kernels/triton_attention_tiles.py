@@ -8,6 +8,11 @@ PAGE] fp32 beside it; the tile read converts the values and loads their
 scales, and the softmax step applies the scales, so no full-precision copy of
 the cache exists outside registers. A soft-cap (SOFTCAP) turns each score s into
 c * tanh(s / c) in the softmax step; off, it is compiled out.
+
+An attention sink (gpt-oss: one learned logit per head) joins each row's softmax
+denominator and takes no value: a row whose keys' scores have log-sum-exp L
+(base 2) keeps the share 1 / (1 + 2^(sink - L)) of its output (`sink_share`),
+applied once a row's sum is final.
 """
 
 import torch
@@ -119,3 +124,11 @@ def online_softmax_step(
     else:
         acc += tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return m_new, l, acc
+
+
+@triton.jit
+def sink_share(sinks_ptr, heads, lse):
+    """The share of each row's output its keys keep beside the sink of its head: 1 / (1 + 2^(sink - lse)),
+    lse (base 2) the log-sum-exp of the row's scores; 0 for a row that saw no key (lse -inf)."""
+    sink = tl.load(sinks_ptr + heads).to(tl.float32) * LOG2E
+    return 1.0 / (1.0 + tl.exp2(sink - lse))

@@ -27,7 +27,9 @@ With one split pass 1 writes the final output and pass 2 is skipped.
 With a sliding window (SLIDING, `window` W) a sequence's slices cover only its
 last W positions, all of which its query sees: the cost is bounded by the window,
 not the context. A soft-cap (SOFTCAP) is applied to each score in the softmax
-step. With both off the kernel compiles as without them.
+step. With SINKS each head's sink logit joins the softmax sum once, where the
+output is final: in pass 2, or in pass 1 with one split (`sink_share`). With
+these off the kernels compile as without them.
 
 The split count depends only on the batch shape, never on the context lengths,
 so a captured CUDA graph stays valid: short contexts leave late splits empty.
@@ -39,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nanovllm.kernels.triton_attention_tiles import LOG2E, online_softmax_step, paged_kv_tile, tile_dtype
+from nanovllm.kernels.triton_attention_tiles import LOG2E, online_softmax_step, paged_kv_tile, sink_share, tile_dtype
 from nanovllm.kernels.triton_pdl import pdl_launch, wait_for_previous_kernel
 
 _BLOCK_N = 64  # context tokens per tile
@@ -62,6 +64,7 @@ def _decode_split_kernel(
     block_tables_ptr,
     context_lens_ptr,
     seq_order_ptr,
+    sinks_ptr,
     o_ptr,
     lse_ptr,
     stride_qs,
@@ -93,6 +96,7 @@ def _decode_split_kernel(
     ORDERED: tl.constexpr,
     SLIDING: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    SINKS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     wait_for_previous_kernel(PDL)
@@ -178,10 +182,11 @@ def _decode_split_kernel(
             )
         if QUERIES > 1:
             l = tl.where(l > 0, l, 1.0)  # a row that saw no key of this slice: weight 0 (lse -inf) below
+        out = acc / l[:, None]
+        if SINKS and NUM_SPLITS == 1:  # the output is final: the sink joins its sum here
+            out *= sink_share(sinks_ptr, heads, m + tl.log2(l))[:, None]
         tl.store(
-            o_ptr + o_rows[:, None] + d[None, :],
-            (acc / l[:, None]).to(o_ptr.dtype.element_ty),
-            mask=r_mask[:, None] & d_mask[None, :],
+            o_ptr + o_rows[:, None] + d[None, :], out.to(o_ptr.dtype.element_ty), mask=r_mask[:, None] & d_mask[None, :]
         )
         tl.store(lse_rows, m + tl.log2(l), mask=r_mask)
     else:
@@ -200,6 +205,7 @@ def _decode_split_kernel(
 def _merge_splits_kernel(
     partial_ptr,
     lse_ptr,
+    sinks_ptr,
     o_ptr,
     stride_ps,
     stride_ph,
@@ -212,6 +218,7 @@ def _merge_splits_kernel(
     BLOCK_D: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
+    SINKS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     wait_for_previous_kernel(PDL)
@@ -230,6 +237,8 @@ def _merge_splits_kernel(
         other=0.0,
     ).to(tl.float32)
     out = tl.sum(partial * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
+    if SINKS:  # the log-sum-exp of all the slices' scores: top + log2(total)
+        out *= sink_share(sinks_ptr, head, top + tl.log2(total))
     tl.store(o_ptr + seq * stride_os + head * stride_oh + d, out.to(o_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
 
@@ -261,6 +270,7 @@ def decode_attention(
     window: int | None = None,
     softcap: float | None = None,
     queries: int = 1,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of each query row i over the first `context_lens[i]` cached tokens of its sequence ->
     [rows, heads, head_dim]; every sequence has `queries` rows, one after another (a verify step's last
@@ -270,7 +280,8 @@ def decode_attention(
     kernel's tile and launch settings (benchmarks/decode_attention.py sweeps them). `k_scale`/`v_scale`
     come with an FP8 cache. `seq_order` (None: batch order) is the order the sequences start in,
     best longest context first; it is followed where the batch takes one split per sequence. `window`:
-    the query sees only the last `window` positions; `softcap`: each score s becomes softcap * tanh(s / softcap).
+    the query sees only the last `window` positions; `softcap`: each score s becomes softcap * tanh(s / softcap);
+    `sinks` ([heads]): each head's sink logit joins its softmax sum.
     """
     num_rows, num_heads, head_dim = q.shape
     num_seqs = num_rows // queries
@@ -302,6 +313,7 @@ def decode_attention(
         block_tables,
         context_lens,
         seq_order if ordered else context_lens,
+        lse if sinks is None else sinks,  # never read without sinks
         partial,
         lse,
         q.stride(0),
@@ -333,6 +345,7 @@ def decode_attention(
         ORDERED=ordered,
         SLIDING=window is not None,
         SOFTCAP=softcap is not None,
+        SINKS=sinks is not None,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl,
@@ -343,6 +356,7 @@ def decode_attention(
     _merge_splits_kernel[(num_rows, num_heads)](
         partial,
         lse,
+        lse if sinks is None else sinks,  # never read without sinks
         out,
         partial.stride(0),
         partial.stride(1),
@@ -355,6 +369,7 @@ def decode_attention(
         BLOCK_D=block_d,
         NUM_SPLITS=num_splits,
         SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
+        SINKS=sinks is not None,
         **pdl,
     )
     return out

@@ -21,7 +21,8 @@ With a sliding window (SLIDING, `window` W: a query at position p sees keys
 p - W + 1 .. p) both sweeps start at the window of the program's first row and
 each row masks the keys behind its own window, so nothing before the first
 row's window is read. A soft-cap (SOFTCAP) is applied to each score in the
-softmax step. With both off the kernel compiles as without them.
+softmax step. With SINKS each head's sink logit joins its rows' softmax sum at
+the end (`sink_share`). With these off the kernel compiles as without them.
 
 A chunked-prefill step runs its decodes here too, as queries of length 1 over
 their cached prefix: their programs past the first row tile return at once,
@@ -34,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nanovllm.kernels.triton_attention_tiles import LOG2E, online_softmax_step, paged_kv_tile, tile_dtype
+from nanovllm.kernels.triton_attention_tiles import LOG2E, online_softmax_step, paged_kv_tile, sink_share, tile_dtype
 
 
 # The block-table width follows the batch's longest sequence; specialising on it
@@ -52,6 +53,7 @@ def _prefill_kernel(
     block_tables_ptr,
     cu_q_ptr,
     cu_k_ptr,
+    sinks_ptr,
     o_ptr,
     stride_qt,
     stride_qh,
@@ -81,6 +83,7 @@ def _prefill_kernel(
     PRECISION: tl.constexpr,
     SLIDING: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    SINKS: tl.constexpr,
 ):
     m_block = tl.program_id(0)
     seq = tl.program_id(1)
@@ -213,6 +216,8 @@ def _prefill_kernel(
         )
 
     out = acc / l[:, None]
+    if SINKS:
+        out *= sink_share(sinks_ptr, head, m + tl.log2(l))[:, None]
     tl.store(
         o_ptr + (q_start + rows)[:, None].to(tl.int64) * stride_ot + head * stride_oh + d[None, :],
         out.to(o_ptr.dtype.element_ty),
@@ -235,12 +240,14 @@ def prefill_attention(
     v_scale: torch.Tensor | None = None,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its cached prefix and themselves.
 
     `block_tables` None means no sequence has a cached prefix; an FP8 cache (with
     `k_scale`, `v_scale`) needs them always, as every key is read from it. `window`: each query sees
-    only its last `window` positions; `softcap`: each score s becomes softcap * tanh(s / softcap).
+    only its last `window` positions; `softcap`: each score s becomes softcap * tanh(s / softcap);
+    `sinks` ([heads]): each head's sink logit joins its softmax sum.
     """
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.size(1)
@@ -268,6 +275,7 @@ def prefill_attention(
         block_tables,
         cu_seqlens_q,
         cu_seqlens_k,
+        cu_seqlens_k if sinks is None else sinks,  # never read without sinks
         o,
         q.stride(0),
         q.stride(1),
@@ -297,6 +305,7 @@ def prefill_attention(
         PRECISION="ieee" if fp32 else "tf32",
         SLIDING=window is not None,
         SOFTCAP=softcap is not None,
+        SINKS=sinks is not None,
         num_warps=4,
         num_stages=2,
     )

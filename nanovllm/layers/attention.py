@@ -18,8 +18,8 @@ class AttentionBackend(Protocol):
     """What an attention implementation provides; caches are [blocks, block_size, kv_heads, d] and hold
     this step's K/V already. `cache_scales` are the cache's own (`LayerKVCache.scales`), passed on as
     they are: None, None for a cache in the model's dtype. `window` (a query at position p sees keys
-    p - window + 1 .. p) and `softcap` (each score s becomes softcap * tanh(s / softcap)) are the layer's;
-    None turns each off."""
+    p - window + 1 .. p), `softcap` (each score s becomes softcap * tanh(s / softcap)) and `sinks` (a logit
+    per head that joins each row's softmax sum) are the layer's; None turns each off."""
 
     supports_cuda_graphs: bool
 
@@ -35,6 +35,7 @@ class AttentionBackend(Protocol):
         *cache_scales: torch.Tensor | None,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
 
     def decode(
@@ -47,6 +48,7 @@ class AttentionBackend(Protocol):
         *cache_scales: torch.Tensor | None,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
 
 
@@ -73,8 +75,9 @@ class Attention(nn.Module):
     nothing is stored. On CUDA the store is fused into the rotation: one kernel
     normalises and rotates q and k and writes k, already rotated, and v to the
     cache. The runner sets `backend` to the one the config chose. `window` (the
-    layer's sliding window) and `softcap` (its score soft-cap) go to the backend
-    with every call; None turns each off.
+    layer's sliding window), `softcap` (its score soft-cap) and `sinks` (its
+    heads' sink logits [heads], a parameter of the model's that it loads) go to
+    the backend with every call; None turns each off.
     """
 
     def __init__(
@@ -87,13 +90,15 @@ class Attention(nn.Module):
         backend: AttentionBackend | None = None,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ):
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
-        self.scoring = dict(window=window, softcap=softcap)
+        # not registered here: the model holds `sinks` as its own parameter, under the checkpoint's name
+        self.scoring = dict(window=window, softcap=softcap, sinks=sinks)
         self.rotary_emb = rotary
         self.backend = backend or TorchAttentionBackend()
         self.kv_cache: LayerKVCache | None = None

@@ -11,9 +11,10 @@ from nanovllm.utils.context import Context
 HEADS, KV_HEADS, DIM, BLOCK = 4, 2, 8, 16
 
 
-def dense_attention(q, k, v, window=None, softcap=None):
+def dense_attention(q, k, v, window=None, softcap=None, sinks=None):
     """Causal attention of the last len(q) positions over all len(k), by the textbook formula: each query
-    sees the keys at most `window` - 1 positions behind it, each score s becomes softcap * tanh(s / softcap)."""
+    sees the keys at most `window` - 1 positions behind it, each score s becomes softcap * tanh(s / softcap),
+    and each head's `sinks` logit is one more score of the softmax, whose weight multiplies no value."""
     q_len, k_len = q.size(0), k.size(0)
     group = q.size(1) // k.size(1)
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
@@ -23,7 +24,11 @@ def dense_attention(q, k, v, window=None, softcap=None):
     q_pos, k_pos = torch.arange(q_len)[:, None] + (k_len - q_len), torch.arange(k_len)[None, :]
     allowed = (k_pos <= q_pos) & (k_pos > q_pos - (window or k_len))
     scores = scores.masked_fill(~allowed, float("-inf"))
-    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+    if sinks is None:
+        return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+    sink_scores = sinks[:, None, None].expand(-1, q_len, 1)
+    weights = torch.cat([scores, sink_scores], -1).softmax(-1)[..., :-1]
+    return torch.einsum("hqk,khd->qhd", weights, v)
 
 
 def block_tables(lengths, num_blocks, seed=0, order="scattered"):
@@ -191,3 +196,40 @@ def test_prefill_without_cached_prefixes_does_not_read_the_cache():
     context = Context(is_prefill=True, seqlens_q=[5], seqlens_k=[5])
     out = TorchAttentionBackend().prefill(q, k, v, torch.tensor([]), torch.tensor([]), context, DIM**-0.5)
     torch.testing.assert_close(out, dense_attention(q, k, v))
+
+
+# one sink logit per head: below, about at, and far above these random heads' scores (the last takes
+# nearly all of its rows' weight)
+SINKS = torch.tensor([-3.0, 0.0, 2.0, 8.0])
+
+
+@pytest.mark.parametrize("window", [None, 20])
+def test_sinks_join_each_rows_softmax_sum_in_prefill_and_decode(caches, window):
+    torch.manual_seed(0)
+    k_cache, v_cache = caches
+    backend = TorchAttentionBackend()
+    totals, cached = [56, 17, 50], [16, 0, 35]
+    tables = block_tables(totals, 32, order="scattered")
+    full_k = [torch.randn(n, KV_HEADS, DIM) for n in totals]
+    full_v = [torch.randn(n, KV_HEADS, DIM) for n in totals]
+    for i, n in enumerate(totals):
+        store_kvcache(full_k[i], full_v[i], k_cache, v_cache, torch.tensor(slots_of(tables[i].tolist(), 0, n)))
+    q = [torch.randn(n - c, HEADS, DIM) for n, c in zip(totals, cached)]
+    context = Context(
+        is_prefill=True, seqlens_q=[n - c for n, c in zip(totals, cached)], seqlens_k=totals, block_tables=tables
+    )
+    new_k = torch.cat([fk[c:] for fk, c in zip(full_k, cached)])
+    new_v = torch.cat([fv[c:] for fv, c in zip(full_v, cached)])
+    out = backend.prefill(torch.cat(q), new_k, new_v, k_cache, v_cache, context, DIM**-0.5, window=window, sinks=SINKS)
+    want = torch.cat([dense_attention(qi, fk, fv, window, sinks=SINKS) for qi, fk, fv in zip(q, full_k, full_v)])
+    torch.testing.assert_close(out, want)
+    assert not torch.allclose(out, torch.cat([dense_attention(*x, window) for x in zip(q, full_k, full_v)]))
+    last = torch.stack([qi[-1] for qi in q])  # each sequence's last query, as a decode step asks it
+    decode_context = Context(context_lens=torch.tensor(totals, dtype=torch.int32), block_tables=tables)
+    out = backend.decode(last, k_cache, v_cache, decode_context, DIM**-0.5, window=window, sinks=SINKS)
+    torch.testing.assert_close(out, _last_rows(want, [n - c for n, c in zip(totals, cached)]))
+
+
+def _last_rows(rows: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """The last row of each of the consecutive runs of `lengths` rows."""
+    return torch.stack([part[-1] for part in rows.split(lengths)])

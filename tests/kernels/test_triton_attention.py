@@ -56,7 +56,7 @@ def nan_before(case, caches, first_seen):
 
 
 def check_prefill(case, fp8=False, nan_outside=False, **scoring):
-    """`scoring`: window and softcap, passed to both backends; `nan_outside`: the cache holds NaN before
+    """`scoring`: window, softcap and sinks, passed to both backends; `nan_outside`: the cache holds NaN before
     each sequence's first query's window, which neither may read."""
     caches = stored(case, fp8)
     if nan_outside:
@@ -72,7 +72,7 @@ def check_prefill(case, fp8=False, nan_outside=False, **scoring):
 
 def check_decode(case, num_splits=None, fp8=False, longest_first=False, nan_outside=False, **scoring):
     """`longest_first`: the sequences start in the order the engine gives, longest context first.
-    `scoring`: window and softcap; `nan_outside`: the cache holds NaN before each sequence's window."""
+    `scoring`: window, softcap and sinks; `nan_outside`: the cache holds NaN before each sequence's window."""
     k_cache, v_cache, *scales = stored(case, fp8)
     if nan_outside:
         nan_before(case, (k_cache, v_cache), [max(0, n - scoring["window"]) for n in case.lengths])
@@ -280,6 +280,36 @@ def test_verify_with_window_and_softcap_interpreted(scoring):
     check_verify(verify_case([10, 40, 70], 3, block_size=16, **TINY), 3, num_splits=2, **scoring)
 
 
+def sinks_for(case) -> torch.Tensor:
+    """One sink logit per query head of `case`, from below its scores to far above them (gpt-oss's range)."""
+    heads = case.q.size(1)
+    return torch.linspace(-3.0, 8.0, heads, device=case.q.device)
+
+
+@interpreter
+@pytest.mark.parametrize("window", [None, 12])
+@pytest.mark.parametrize("cached", [[0, 0], [17, 5]])
+def test_prefill_with_sinks_interpreted(cached, window):
+    case = paged_case([40, 21], cached, block_size=16, **TINY)
+    check_prefill(case, window=window, sinks=sinks_for(case))
+
+
+@interpreter
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_with_sinks_interpreted(num_splits, fp8):
+    # the sink joins the sum once: in the merge of the splits, or in the one split's own output
+    case = decode_case([1, 17, 70], block_size=16, heads=8, kv_heads=2, head_dim=16)
+    check_decode(case, num_splits, fp8=fp8, window=12, sinks=sinks_for(case))
+
+
+@interpreter
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_verify_with_sinks_interpreted(num_splits):
+    case = verify_case([10, 40, 70], 3, block_size=16, **TINY)
+    check_verify(case, 3, num_splits=num_splits, sinks=sinks_for(case))
+
+
 @interpreter
 def test_decode_padded_slot_gives_zeros_not_nan():
     case = decode_case([20, 3], block_size=16, **TINY)
@@ -455,9 +485,36 @@ def test_prefill_with_window_and_softcap_on_gpu(dtype, head_dim, scoring, cached
 
 @pytest.mark.gpu
 @requires_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_splits", [None, 1, 7])
+@pytest.mark.parametrize("window", [None, 128])
+def test_decode_and_verify_with_sinks_on_gpu(dtype, num_splits, window):
+    # gpt-oss's layers: head_dim 64, 64 query heads on 8 KV heads, full or a 128-token window
+    shape = dict(block_size=16, heads=64, kv_heads=8, head_dim=64, dtype=dtype, device="cuda")
+    case = decode_case(GPU_LENGTHS, **shape)
+    check_decode(case, num_splits, window=window, sinks=sinks_for(case))
+    case = verify_case([n + 4 for n in GPU_LENGTHS], 4, **shape)
+    check_verify(case, 4, num_splits, window=window, sinks=sinks_for(case))
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [None, 128])
+@pytest.mark.parametrize("cached", [[0] * 6, [0, 39, 299, 200, 1099, 512]])
+def test_prefill_with_sinks_on_gpu(dtype, window, cached):
+    shape = dict(block_size=16, heads=64, kv_heads=8, head_dim=64, dtype=dtype, device="cuda")
+    case = paged_case([1, 40, 300, 257, 1100, 700], cached, **shape)
+    check_prefill(case, window=window, sinks=sinks_for(case))
+
+
+@pytest.mark.gpu
+@requires_gpu
 @pytest.mark.parametrize("num_splits", [None, 1])
 @pytest.mark.parametrize(
-    "head_dim, scoring", [(128, {}), (256, dict(window=100, softcap=2.0))], ids=["plain", "gemma-window-softcap"]
+    "head_dim, scoring",
+    [(128, {}), (256, dict(window=100, softcap=2.0)), (64, dict(window=128, sinks=True))],
+    ids=["plain", "gemma-window-softcap", "gpt-oss-window-sinks"],
 )
 def test_decode_replayed_in_a_graph_reads_the_key_and_value_stored_just_before_it(num_splits, head_dim, scoring):
     # The decode step's chain as the graphs run it: the rotary kernel stores each sequence's newest
@@ -468,6 +525,8 @@ def test_decode_replayed_in_a_graph_reads_the_key_and_value_stored_just_before_i
     case = decode_case(
         lengths, block_size=16, heads=16, kv_heads=8, head_dim=head_dim, dtype=torch.bfloat16, device="cuda"
     )
+    if scoring.get("sinks"):
+        scoring = {**scoring, "sinks": sinks_for(case)}
     rotary = RotaryEmbedding(head_dim, 4096, {"rope_theta": 1e6, "rope_type": "default"}).cuda()
     context, scale = case.decode_context(), head_dim**-0.5
     positions = context.context_lens.long() - 1
