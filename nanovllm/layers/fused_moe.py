@@ -8,7 +8,10 @@ rank routes every token alike (the router is replicated), and one all-reduce sum
 
 A checkpoint holds the experts one tensor each (published checkpoints: an expert's gate and up
 [I, hidden], its down [hidden, I]) or stacked as here (transformers 5's layout); each parameter's loader
-takes both, reading only this rank's slices.
+takes both, reading only this rank's slices. gpt-oss stacks them inputs first ([experts, hidden, 2 * I] with
+gate and up interleaved column by column, down [experts, I, hidden]; `inputs_first`), read whole and laid out
+as here. Its experts also add biases (w13_bias [experts, 2 * I], w2_bias [experts, hidden], the latter added by
+rank 0 alone, as the ranks' outputs are summed); those run in PyTorch only, on the CPU.
 """
 
 import torch
@@ -25,14 +28,22 @@ from nanovllm.utils.parallel import tp_rank, tp_size
 
 
 def moe_experts(
-    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, hidden_act: str
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    hidden_act: str,
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """For each token t, the sum over its choices j of weights[t, j] * down(act(gate(x_t)) * up(x_t)) of
-    expert ids[t, j]. Each expert runs once, over the tokens routed to it; each weighted choice is rounded to
-    x's dtype (the kernels write them so: half the bytes of fp32) and their sum is taken in fp32.
+    expert ids[t, j] (each projection adding its bias, where given). Each expert runs once, over the tokens
+    routed to it; each weighted choice is rounded to x's dtype (the kernels write them so: half the bytes of
+    fp32) and their sum is taken in fp32.
 
-    x: [tokens, hidden]; w13: [experts, 2 * I, hidden]; w2: [experts, hidden, I];
-    weights, ids: [tokens, top_k] -> [tokens, hidden] in x's dtype
+    x: [tokens, hidden]; w13: [experts, 2 * I, hidden]; w2: [experts, hidden, I]; w13_bias: [experts, 2 * I];
+    w2_bias: [experts, hidden]; weights, ids: [tokens, top_k] -> [tokens, hidden] in x's dtype
     """
     top_k = ids.size(1)
     order, counts = group_by_expert(ids, w13.size(0))
@@ -44,8 +55,9 @@ def moe_experts(
     for expert, count in enumerate(counts.tolist()):
         if count:
             rows = slice(start, start + count)
-            h = gated_activation(F.linear(grouped[rows], w13[expert]), hidden_act)  # [count, I]
-            out[rows] = F.linear(h, w2[expert])
+            gate_up = F.linear(grouped[rows], w13[expert], None if w13_bias is None else w13_bias[expert])
+            h = gated_activation(gate_up, hidden_act)  # [count, I]
+            out[rows] = F.linear(h, w2[expert], None if w2_bias is None else w2_bias[expert])
         start += count
     weighted = (out.float() * weights.flatten()[order, None]).to(x.dtype).float()  # [tokens * top_k, hidden]
     summed = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
@@ -54,7 +66,8 @@ def moe_experts(
 
 class FusedMoE(nn.Module):
     """`num_experts` gated MLPs of width `intermediate_size`, each token through the `top_k` its router
-    logits choose (`route`), their outputs weighted and summed; this rank's slice of every expert."""
+    logits choose (`route`), their outputs weighted and summed; this rank's slice of every expert. With
+    `bias` each projection adds one; `inputs_first`: the checkpoint stacks them as gpt-oss does."""
 
     def __init__(
         self,
@@ -64,8 +77,11 @@ class FusedMoE(nn.Module):
         intermediate_size: int,
         hidden_act: str,
         renormalize: bool,
+        bias: bool = False,
+        inputs_first: bool = False,
     ):
         super().__init__()
+        self.inputs_first = inputs_first
         self.top_k, self.renormalize, self.hidden_act = top_k, renormalize, hidden_act
         self.tp_rank, self.tp_size = tp_rank(), tp_size()
         self.intermediate_size = intermediate_size  # an expert's whole width, as the checkpoint holds it
@@ -76,11 +92,25 @@ class FusedMoE(nn.Module):
         # the one-expert checkpoint tensors each parameter is made of, which the loader checks it got
         self.w13.shard_ids = [(e, part) for e in range(num_experts) for part in ("gate", "up")]
         self.w2.shard_ids = [(e, "down") for e in range(num_experts)]
+        self.w13_bias = self.w2_bias = None
+        if bias:
+            self.w13_bias = nn.Parameter(torch.empty(num_experts, 2 * width), requires_grad=False)
+            self.w2_bias = nn.Parameter(torch.empty(num_experts, hidden_size), requires_grad=False)
+            self.w13_bias.weight_loader, self.w2_bias.weight_loader = self._load_w13_bias, self._load_w2_bias
+
+    def _halves_first(self, loaded) -> torch.Tensor:
+        """A gpt-oss stacked gate | up tensor ([experts, hidden, 2 * I], interleaved) as [experts, 2 * I, hidden]
+        with every gate row before every up row; or its bias ([experts, 2 * I]) likewise."""
+        whole = loaded[:]
+        halves = torch.cat([whole[..., 0::2], whole[..., 1::2]], dim=-1)
+        return halves.transpose(1, 2) if halves.dim() == 3 else halves
 
     def _load_w13(self, param: nn.Parameter, loaded, shard_id=None) -> None:
         """Every expert's gate | up ([experts, 2 * I, hidden], shard_id None), or one expert's gate or up
         ([I, hidden], shard_id (expert, "gate" or "up")): this rank's rows of each."""
         stacked = shard_id is None
+        if stacked and self.inputs_first:
+            loaded = self._halves_first(loaded)
         experts = param.data if stacked else param.data[shard_id[0]]  # [(experts,) 2 * width, hidden]
         dim, width = experts.dim() - 2, param.size(1) // 2  # dim: the rows of gate | up
         for half in (0, 1) if stacked else (("gate", "up").index(shard_id[1]),):
@@ -91,9 +121,25 @@ class FusedMoE(nn.Module):
         """Every expert's down ([experts, hidden, I], shard_id None), or one expert's ([hidden, I], shard_id
         (expert, "down")): this rank's columns."""
         assert shard_id is None or shard_id[1] == "down"
+        if shard_id is None and self.inputs_first:
+            loaded = loaded[:].transpose(1, 2)  # gpt-oss's [experts, I, hidden]
         experts = param.data if shard_id is None else param.data[shard_id[0]]  # [(experts,) hidden, width]
         width = param.size(2)
         experts.copy_(shard(loaded, experts.dim() - 1, self.tp_rank * width, width))
+
+    def _load_w13_bias(self, param: nn.Parameter, loaded) -> None:
+        """Every expert's gate | up bias ([experts, 2 * I], interleaved where `inputs_first`): this rank's part
+        of each half."""
+        whole = self._halves_first(loaded) if self.inputs_first else loaded[:]
+        width = param.size(1) // 2
+        for half in (0, 1):
+            start = half * self.intermediate_size + self.tp_rank * width
+            param.data.narrow(1, half * width, width).copy_(whole.narrow(1, start, width))
+
+    def _load_w2_bias(self, param: nn.Parameter, loaded) -> None:
+        """Every expert's down bias ([experts, hidden]), on rank 0; zeros on the others, whose outputs are
+        summed with rank 0's."""
+        param.data.copy_(loaded[:] if self.tp_rank == 0 else torch.zeros_like(param))
 
     def forward(
         self,
@@ -110,6 +156,11 @@ class FusedMoE(nn.Module):
         norm_in_kernel = input_norm is not None and one_row_on_cuda(x)
         if input_norm is not None and not norm_in_kernel:
             x = input_norm(x)
+        if x.is_cuda and self.w13_bias is not None:
+            raise ValueError(
+                "experts with biases (gpt-oss) run on the CPU only for now: the fused MoE kernels take no biases "
+                "nor gpt-oss's clamped SwiGLU yet; use device='cpu'"
+            )
         if x.is_cuda:  # Triton is needed on CUDA only
             from nanovllm.kernels.triton_moe import fused_experts
             from nanovllm.kernels.triton_moe_routing import route_experts
@@ -119,7 +170,7 @@ class FusedMoE(nn.Module):
             y = fused_experts(x, self.w13, self.w2, weights, ids, self.hidden_act, *norm)
         else:
             weights, ids = route(router_logits, self.top_k, self.renormalize)
-            y = moe_experts(x, self.w13, self.w2, weights, ids, self.hidden_act)
+            y = moe_experts(x, self.w13, self.w2, weights, ids, self.hidden_act, self.w13_bias, self.w2_bias)
         if shared is not None:
             y = y + shared
         if self.tp_size > 1:

@@ -4,7 +4,8 @@ blocks, the decoder layer that owns their norms, the decoder stack and the causa
 What families add is an option of these parts, set by `ModelConfig`: a layer's
 sliding window and score soft-cap, norms on the blocks' outputs too (Gemma 2's
 "sandwich"), scaled embeddings, soft-capped logits, experts in place of a
-layer's dense MLP (Qwen3-MoE, Mixtral), an output gate on attention and Gated
+layer's dense MLP (Qwen3-MoE, Mixtral; with biases and a clamped SwiGLU,
+gpt-oss), attention sinks (gpt-oss), an output gate on attention and Gated
 DeltaNet (linear attention) in place of it in some layers (Qwen3.5).
 
 Each residual add is deferred into the next norm. Each block is given, when it
@@ -35,14 +36,16 @@ from nanovllm.layers.linear import (
 from nanovllm.layers.rotary_embedding import RotaryEmbedding
 from nanovllm.layers.shared_expert import SharedExpert
 from nanovllm.models.model_config import ModelConfig
-from nanovllm.utils.parallel import tp_size
+from nanovllm.utils.loader import shard
+from nanovllm.utils.parallel import tp_rank, tp_size
 
 
 class AttentionBlock(nn.Module):
     """input_norm(x + residual) -> fused QKV projection -> q/k RMSNorm per head (config.qk_norm) and rotary
     -> paged attention (over the last `window` tokens when given) -> output projection. With
     config.attn_output_gate the projection also gives each head a gate, and the attention's output is
-    multiplied by sigmoid(gate) before the output projection."""
+    multiplied by sigmoid(gate) before the output projection. With config.attention_sinks each head has a
+    learned sink logit (`sinks`, this rank's heads) in its softmax sum."""
 
     def __init__(self, config: ModelConfig, input_norm: nn.Module, rotary: RotaryEmbedding, window: int | None = None):
         super().__init__()
@@ -67,6 +70,10 @@ class AttentionBlock(nn.Module):
         qk_norm = functools.partial(RMSNorm, self.head_dim, config.rms_norm_eps, config.norm_unit_offset)
         self.q_norm = qk_norm() if config.qk_norm else None
         self.k_norm = qk_norm() if config.qk_norm else None
+        self.sinks, self.tp_rank = None, tp_rank()
+        if config.attention_sinks:
+            self.sinks = nn.Parameter(torch.empty(self.num_heads), requires_grad=False)
+            self.sinks.weight_loader = self._load_sinks
         self.attn = Attention(
             self.num_heads,
             self.num_kv_heads,
@@ -75,8 +82,13 @@ class AttentionBlock(nn.Module):
             rotary,
             window=window,
             softcap=config.attn_logit_softcapping,
+            sinks=self.sinks,
         )
         self.normed_qkv = NormedProjection(input_norm, self.qkv_proj)
+
+    def _load_sinks(self, param: nn.Parameter, loaded) -> None:
+        """This rank's heads' sink logits of the checkpoint's [num_attention_heads]."""
+        param.data.copy_(shard(loaded, 0, self.tp_rank * self.num_heads, self.num_heads))
 
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
@@ -119,14 +131,16 @@ class SparseMoeBlock(nn.Module):
         super().__init__()
         # a bound method, not the module: the norm's weight stays registered (and named) in its decoder layer
         self.input_norm = input_norm.__call__
-        self.gate = ReplicatedLinear(config.hidden_size, config.num_experts)
+        self.gate = ReplicatedLinear(config.hidden_size, config.num_experts, bias=config.expert_bias)
         self.experts = FusedMoE(
             config.num_experts,
             config.num_experts_per_tok,
             config.hidden_size,
             config.moe_intermediate_size,
-            config.hidden_act,
+            config.expert_act,
             config.norm_topk_prob,
+            bias=config.expert_bias,
+            inputs_first=config.checkpoint_names.experts_inputs_first,
         )
         self.normed_gate = NormedProjection(input_norm, self.gate)
         self.shared_expert = None

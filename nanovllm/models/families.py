@@ -23,6 +23,7 @@ FAMILIES: dict[str, str] = {
     "Gemma2ForCausalLM": "nanovllm.models.gemma2:GEMMA2",
     "Gemma3ForCausalLM": "nanovllm.models.gemma3:GEMMA3",
     "Gemma3ForConditionalGeneration": "nanovllm.models.gemma3:GEMMA3_IMAGE_TEXT",
+    "GptOssForCausalLM": "nanovllm.models.gpt_oss:GPT_OSS",
     "LlamaForCausalLM": "nanovllm.models.llama:LLAMA",
     "MistralForCausalLM": "nanovllm.models.mistral:MISTRAL",
     "MixtralForCausalLM": "nanovllm.models.mixtral:MIXTRAL",

@@ -65,6 +65,10 @@ class ExpertDefaults:
     # False where transformers' class for the family ignores the config's norm_topk_prob, decoder_sparse_step
     # and mlp_only_layers: the defaults above then hold whatever the config says
     config_sets_layout: bool = True
+    biased: bool = False  # the router and each expert's projections add a bias (gpt-oss)
+    # the experts' gated activation, fixed by the family whatever hidden_act says (gpt-oss: "gpt_oss_swiglu", a
+    # clamped SwiGLU); None: hidden_act
+    activation: str | None = None
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,9 @@ class CheckpointNames:
     packed_modules: Mapping[str, tuple[str, str | int]] = field(default_factory=SEPARATE_PROJECTIONS.copy)
     expert_weights: Mapping[str, tuple[str, str]] = field(default_factory=EXPERT_PROJECTIONS.copy)
     stacked_expert_weights: Mapping[str, str] = field(default_factory=STACKED_EXPERT_PROJECTIONS.copy)
+    # stacked experts stored inputs first, [experts, in, out], with gate and up interleaved column by column
+    # (gpt-oss), rather than as transformers' other classes hold them ([experts, out, in], gate rows then up)
+    experts_inputs_first: bool = False
 
 
 @dataclass(frozen=True)
@@ -142,5 +149,6 @@ class FamilySpec:
     linear_attention: LinearAttentionDefaults | None = None
     # q_proj also gives each head a gate: the attention's output times sigmoid(gate) goes to o_proj (Qwen3.5)
     attn_output_gate: bool = False
+    attention_sinks: bool = False  # a learned logit per head joins each row's softmax sum (gpt-oss's `sinks`)
     language_model_in_text_config: bool = False  # the settings are in the config's text_config (image-text models)
     checkpoint: CheckpointNames = field(default_factory=CheckpointNames)

@@ -105,6 +105,9 @@ class ModelConfig:
     # the width of the shared expert beside each layer's routed ones, scaled by sigmoid(shared_expert_gate) (0: none)
     shared_expert_intermediate_size: int
     attn_output_gate: bool  # q_proj also gives each head a gate: attention's output times sigmoid(gate) (Qwen3.5)
+    attention_sinks: bool  # a learned logit per head joins each row's softmax sum (gpt-oss)
+    expert_bias: bool  # the router and every expert's projections add a bias (gpt-oss)
+    expert_act: str  # the experts' gated activation (hidden_act but where the family fixes its own; "" if dense)
     # the Gated DeltaNet layers' sizes (0 where no layer is "linear_attention"): value head h reads key head
     # h * linear_num_key_heads // linear_num_value_heads; the convolution spans linear_conv_kernel_dim tokens
     linear_num_key_heads: int
@@ -204,6 +207,9 @@ class ModelConfig:
             embed_scale=hidden_size**0.5 if family.scaled_embeddings else None,
             **_moe_fields(hf_config, family.experts, intermediate_size, num_layers),
             attn_output_gate=family.attn_output_gate,
+            attention_sinks=family.attention_sinks,
+            expert_bias=family.experts is not None and family.experts.biased,
+            expert_act=_expert_act(family.experts, hidden_act),
             **linear,
             dtype=None if dtype is None else str(dtype).removeprefix("torch."),
             weight_quantization=weight_quantization,
@@ -233,6 +239,14 @@ def _softcap(hf_config, name: str, defaults: HFDefaults) -> float | None:
     # a config that says null caps nothing: only one that leaves the field out takes the default
     value = getattr(hf_config, name, default)
     return None if value is None else float(_positive(name, value))
+
+
+def _expert_act(experts: ExpertDefaults | None, hidden_act: str) -> str:
+    """The experts' gated activation: the family's own where it fixes one, else hidden_act ("" for a dense
+    family)."""
+    if experts is None:
+        return ""
+    return experts.activation or hidden_act
 
 
 def _moe_fields(hf_config, experts: ExpertDefaults | None, intermediate_size: int, num_layers: int) -> dict:

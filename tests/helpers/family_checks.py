@@ -71,12 +71,14 @@ def prompts_with_a_shared_prefix() -> list[list[int]]:
     return [short, shared + [7, 8, 9], shared + [10]]
 
 
-def assert_preempted_requests_match_transformers(model_dir: str) -> None:
-    """Requests that outgrow an 8-block pool (admitted while their prompts fit, no room kept for decoding: about
-    twice the 128 tokens per layer it holds together) are preempted and resume with transformers' tokens."""
+def assert_preempted_requests_match_transformers(model_dir: str, num_blocks: int = 8) -> None:
+    """Requests that outgrow a pool of `num_blocks` blocks (admitted while their prompts fit, no room kept for
+    decoding: with 8 blocks of one cache group, about twice the 128 tokens per layer it holds together) are
+    preempted and resume with transformers' tokens. A model with a sliding and a full group splits the pool
+    between them and needs more for its longest request."""
     prompts = random_prompts([20, 30, 12, 25, 18, 40], seed=3)
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
-    tight = LLM(model_dir, **{**ENGINE, "num_kvcache_blocks": 8, "schedule_conservativeness": 0})
+    tight = LLM(model_dir, **{**ENGINE, "num_kvcache_blocks": num_blocks, "schedule_conservativeness": 0})
     preempted = record_preemptions(tight)
     outputs = [o.outputs[0].token_ids for o in tight.generate(prompts, params, use_tqdm=False)]
     tight.close()

@@ -7,7 +7,7 @@ from functools import partial
 from transformers import MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from helpers.gemma_models import WINDOW, save_gemma2, save_gemma3, save_gemma3_image_text
-from helpers.moe_models import save_mixtral, save_qwen3_moe
+from helpers.moe_models import save_gpt_oss, save_mixtral, save_qwen3_moe
 from helpers.qwen3_5_models import (
     save_qwen3_5,
     save_qwen3_5_image_text,
@@ -33,6 +33,7 @@ FAMILY_MODELS: dict[str, Callable[..., str]] = {
     "MistralForCausalLM": partial(
         save_model, config_class=MistralConfig, model_class=MistralForCausalLM, sliding_window=WINDOW
     ),
+    "GptOssForCausalLM": save_gpt_oss,
     "MixtralForCausalLM": save_mixtral,
     "Phi3ForCausalLM": partial(save_model, config_class=Phi3Config, model_class=Phi3ForCausalLM),
     "Qwen2ForCausalLM": partial(

@@ -7,6 +7,8 @@ import torch
 from safetensors import safe_open
 from transformers import (
     AutoModelForCausalLM,
+    GptOssConfig,
+    GptOssForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
     Qwen3MoeConfig,
@@ -51,6 +53,34 @@ def save_qwen3_moe(path) -> str:
         num_experts_per_tok=2,
         moe_intermediate_size=32,
         norm_topk_prob=True,
+    )
+
+
+def save_gpt_oss(path, **fields) -> str:
+    """A tiny gpt-oss of four layers, sliding (a 20-token window) and full in turn, 8 biased experts of width
+    32, top-2, YaRN rotary as the published models have it (scaled 4x from 256 positions, not truncated);
+    `fields` add to its config. Its sinks start at transformers' init spread, as every weight of `tiny_config`."""
+    rope = dict(
+        rope_type="yarn",
+        rope_theta=150000.0,
+        factor=4.0,
+        beta_fast=32.0,
+        beta_slow=1.0,
+        truncate=False,
+        original_max_position_embeddings=256,
+    )
+    return save_moe(
+        path,
+        GptOssConfig,
+        GptOssForCausalLM,
+        num_hidden_layers=4,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+        sliding_window=20,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        intermediate_size=32,
+        rope_parameters=rope,
+        **fields,
     )
 
 
