@@ -5,7 +5,9 @@ contiguous); out [rows, I], contiguous. Grid: (rows, cdiv(I, BLOCK)): a
 program reads BLOCK values of one row's gate and the same of its up, and
 writes their product. The activation is SiLU or GELU's tanh approximation
 (GeGLU), computed in fp32 and rounded to the dtype once, as torch.compile's
-kernel of `act(gate) * up` rounds it.
+kernel of `act(gate) * up` rounds it; or gpt-oss's clamped SwiGLU, (up + 1) *
+gate * sigmoid(1.702 gate) with gate clamped at 7 and up to [-7, 7]
+(`layers/activation.py` has its reference).
 
 A kernel of its own, because torch.compile's for this step (dynamic shapes)
 indexes each value through a division by I and reads well short of the
@@ -17,16 +19,21 @@ import torch
 import triton
 import triton.language as tl
 
-SILU, GELU_TANH = tl.constexpr(0), tl.constexpr(1)
-ACTIVATIONS = {"silu": SILU, "gelu_pytorch_tanh": GELU_TANH}  # hidden_act -> ACT
+SILU, GELU_TANH, GPT_OSS_SWIGLU = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+ACTIVATIONS = {"silu": SILU, "gelu_pytorch_tanh": GELU_TANH, "gpt_oss_swiglu": GPT_OSS_SWIGLU}  # hidden_act -> ACT
+_GPT_OSS_LIMIT, _GPT_OSS_ALPHA = tl.constexpr(7.0), tl.constexpr(1.702)
 _SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
 _BLOCK = 1024
 
 
 @triton.jit
 def gated(gate, up, ACT: tl.constexpr):
-    """act(gate) * up in fp32, from gate and up of any float dtype."""
+    """act(gate) * up in fp32, from gate and up of any float dtype (gpt-oss's: its clamped SwiGLU)."""
     g = gate.to(tl.float32)
+    if ACT == GPT_OSS_SWIGLU:
+        g = tl.minimum(g, _GPT_OSS_LIMIT)
+        u = tl.minimum(tl.maximum(up.to(tl.float32), -_GPT_OSS_LIMIT), _GPT_OSS_LIMIT)
+        return (u + 1.0) * g / (1.0 + tl.exp(-_GPT_OSS_ALPHA * g))
     if ACT == SILU:
         activated = g / (1.0 + tl.exp(-g))
     else:  # 0.5 g (1 + tanh(y)) = g (1 - 1 / (exp(2y) + 1)), which stays finite at either end

@@ -79,6 +79,7 @@ def _block_rows(sorted_slots_ptr, block_experts_ptr, block, num_slots, BLOCK_M: 
 def _gate_up_kernel(
     x_ptr,
     w13_ptr,
+    b13_ptr,
     h_ptr,
     sorted_slots_ptr,
     block_experts_ptr,
@@ -90,8 +91,10 @@ def _gate_up_kernel(
     stride_we,
     stride_wn,
     stride_hr,
+    stride_be,
     TOP_K: tl.constexpr,
     ACT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -116,6 +119,10 @@ def _gate_up_kernel(
         w_mask = k_ok[:, None] & n_ok[None, :]
         gate = tl.dot(a, tl.load(gate_cols + start, mask=w_mask, other=0.0), gate, input_precision=PRECISION)
         up = tl.dot(a, tl.load(up_cols + start, mask=w_mask, other=0.0), up, input_precision=PRECISION)
+    if HAS_BIAS:  # added to the fp32 sums, as the projection adds it before rounding
+        biases = b13_ptr + expert * stride_be + n
+        gate += tl.load(biases, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        up += tl.load(biases + I, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     dtype = h_ptr.dtype.element_ty
     # gate and up rounded as the projection's output is, then the activation rounded once
     h = gated(gate.to(dtype), up.to(dtype), ACT).to(dtype)
@@ -126,6 +133,7 @@ def _gate_up_kernel(
 def _down_kernel(
     h_ptr,
     w2_ptr,
+    b2_ptr,
     out_ptr,
     weights_ptr,
     sorted_slots_ptr,
@@ -138,6 +146,8 @@ def _down_kernel(
     stride_we,
     stride_wn,
     stride_os,
+    stride_be,
+    HAS_BIAS: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -158,6 +168,8 @@ def _down_kernel(
         a = tl.load(h_rows + start, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(down_cols + start, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
         acc = tl.dot(a, w, acc, input_precision=PRECISION)
+    if HAS_BIAS:
+        acc += tl.load(b2_ptr + expert * stride_be + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     weight = tl.load(weights_ptr + slots, mask=row_ok, other=0.0)  # fp32 [BLOCK_M]
     dtype = h_ptr.dtype.element_ty
     y = (acc.to(dtype).to(tl.float32) * weight[:, None]).to(dtype)
@@ -173,21 +185,25 @@ def fused_experts(
     hidden_act: str,
     norm_weight: torch.Tensor | None = None,
     eps: float = 0.0,
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """For each token, the sum over its top_k choices of weight * down(act(gate(x)) * up(x)) of that
-    expert, as `layers/fused_moe.moe_experts` computes it, in two grouped-GEMM launches (or, up to
-    FEW_TOKENS tokens, two launches that read each choice's expert directly). `norm_weight` (few tokens
-    only): x is RMS-normalised first, inside the gate/up kernel (`few_token_experts`).
+    expert (each projection adding its bias, where given), as `layers/fused_moe.moe_experts` computes it,
+    in two grouped-GEMM launches (or, up to FEW_TOKENS tokens, two launches that read each choice's expert
+    directly). `norm_weight` (few tokens only): x is RMS-normalised first, inside the gate/up kernel
+    (`few_token_experts`).
 
-    x: [tokens, hidden]; w13: [experts, 2I, hidden]; w2: [experts, hidden, I];
-    weights (fp32), ids: [tokens, top_k]; norm_weight: [hidden] -> [tokens, hidden] in x's dtype
+    x: [tokens, hidden]; w13: [experts, 2I, hidden]; w2: [experts, hidden, I]; w13_bias: [experts, 2I];
+    w2_bias: [experts, hidden]; weights (fp32), ids: [tokens, top_k]; norm_weight: [hidden]
+    -> [tokens, hidden] in x's dtype
     """
     num_tokens, hidden = x.shape
     num_experts, width = w2.size(0), w2.size(2)
     top_k = ids.size(1)
     assert x.stride(1) == 1 and w13.is_contiguous() and w2.is_contiguous() and weights.dtype == torch.float32
     if num_tokens <= FEW_TOKENS:
-        return few_token_experts(x, w13, w2, weights, ids, hidden_act, norm_weight, eps)
+        return few_token_experts(x, w13, w2, weights, ids, hidden_act, norm_weight, eps, w13_bias, w2_bias)
     assert norm_weight is None, "only the few-token kernels normalise their input"
     block_m, block_n, block_k, num_warps, num_stages = tiles_for(num_tokens)
     if x.dtype == torch.float32:  # tiles of twice the bytes: fewer in flight, or they overflow shared memory
@@ -204,9 +220,13 @@ def fused_experts(
         num_stages=num_stages,
     )
     h = torch.empty(sorted_slots.numel(), width, dtype=x.dtype, device=x.device)  # [rows, I]
+    has_bias = w13_bias is not None
+    if not has_bias:  # never read: the bias is compiled out
+        w13_bias = w2_bias = weights
     _gate_up_kernel[(blocks * triton.cdiv(width, block_n),)](
         x,
         w13,
+        w13_bias,
         h,
         sorted_slots,
         block_experts,
@@ -218,14 +238,17 @@ def fused_experts(
         w13.stride(0),
         w13.stride(1),
         h.stride(0),
+        w13_bias.stride(0),
         TOP_K=top_k,
         ACT=ACTIVATIONS[hidden_act],
+        HAS_BIAS=has_bias,
         **launch,
     )
     out = torch.empty(num_slots, hidden, dtype=x.dtype, device=x.device)  # [slots, hidden]
     _down_kernel[(blocks * triton.cdiv(hidden, block_n),)](
         h,
         w2,
+        w2_bias,
         out,
         weights,
         sorted_slots,
@@ -238,6 +261,8 @@ def fused_experts(
         w2.stride(0),
         w2.stride(1),
         out.stride(0),
+        w2_bias.stride(0),
+        HAS_BIAS=has_bias,
         **launch,
     )
     return out.view(num_tokens, top_k, hidden).sum(dim=1)  # summed in fp32, rounded once

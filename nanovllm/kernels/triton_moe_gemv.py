@@ -44,6 +44,7 @@ _DOWN_BLOCKS = (1, 128, 4)  # a row of each of the token's top_k experts per pro
 def _slot_gate_up_kernel(
     x_ptr,
     w13_ptr,
+    b13_ptr,
     h_ptr,
     ids_ptr,
     norm_weight_ptr,
@@ -52,9 +53,11 @@ def _slot_gate_up_kernel(
     H,
     stride_xt,
     stride_we,
+    stride_be,
     TOP_K: tl.constexpr,
     ACT: tl.constexpr,
     NORM: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
@@ -86,6 +89,10 @@ def _slot_gate_up_kernel(
         rstd = tl.rsqrt(tl.sum(squares, axis=0) / H + eps)
         gate_sum *= rstd
         up_sum *= rstd
+    if HAS_BIAS:
+        biases = b13_ptr + expert * stride_be + n
+        gate_sum += tl.load(biases, mask=n_ok, other=0.0).to(tl.float32)
+        up_sum += tl.load(biases + I, mask=n_ok, other=0.0).to(tl.float32)
     dtype = h_ptr.dtype.element_ty
     # gate and up rounded as the projection's output is, then the activation rounded once
     h = gated(gate_sum.to(dtype), up_sum.to(dtype), ACT).to(dtype)
@@ -96,6 +103,7 @@ def _slot_gate_up_kernel(
 def _token_down_kernel(
     h_ptr,
     w2_ptr,
+    b2_ptr,
     out_ptr,
     weights_ptr,
     ids_ptr,
@@ -103,7 +111,9 @@ def _token_down_kernel(
     H,
     stride_we,
     stride_ot,
+    stride_be,
     TOP_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     BLOCK_J: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -134,7 +144,12 @@ def _token_down_kernel(
         w = w_next
     # each choice's output rounded as the projection's is, weighted and rounded again, then summed in fp32
     dtype = h_ptr.dtype.element_ty
-    y = tl.sum(acc, axis=2).to(dtype).to(tl.float32)  # [BLOCK_J, BLOCK_N]
+    y = tl.sum(acc, axis=2)  # [BLOCK_J, BLOCK_N]
+    if HAS_BIAS:
+        y += tl.load(
+            b2_ptr + experts[:, None] * stride_be + n[None, :], mask=choice_ok[:, None] & (n < H)[None, :], other=0.0
+        ).to(tl.float32)
+    y = y.to(dtype).to(tl.float32)
     weights = tl.load(weights_ptr + slots, mask=choice_ok, other=0.0)
     out = tl.sum((y * weights[:, None]).to(dtype).to(tl.float32), axis=0)
     tl.store(out_ptr + token * stride_ot + n, out.to(out_ptr.dtype.element_ty), mask=n < H)
@@ -149,10 +164,13 @@ def few_token_experts(
     hidden_act: str,
     norm_weight: torch.Tensor | None = None,
     eps: float = 0.0,
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """What `triton_moe.fused_experts` computes, for a few tokens: each choice reads its expert directly.
     With `norm_weight`, the experts run on RMSNorm(x) (weight `norm_weight`, epsilon `eps`), computed
-    inside the gate/up kernel.
+    inside the gate/up kernel; `w13_bias` [experts, 2I] and `w2_bias` [experts, hidden] are added to the
+    projections' sums where given.
 
     x: [tokens, hidden]; w13: [experts, 2I, hidden]; w2: [experts, hidden, I];
     weights (fp32), ids: [tokens, top_k]; norm_weight: [hidden] -> [tokens, hidden] in x's dtype
@@ -163,10 +181,14 @@ def few_token_experts(
     ids, weights = ids.contiguous(), weights.contiguous()
     pdl = pdl_launch(x.device)
     h = torch.empty(num_slots, width, dtype=x.dtype, device=x.device)  # [slots, I]
+    has_bias = w13_bias is not None
+    if not has_bias:  # never read: the bias is compiled out
+        w13_bias = w2_bias = weights
     block_n, block_k, num_warps = _GATE_UP_BLOCKS
     _slot_gate_up_kernel[(num_slots, triton.cdiv(width, block_n))](
         x,
         w13,
+        w13_bias,
         h,
         ids,
         norm_weight if norm_weight is not None else x,
@@ -175,9 +197,11 @@ def few_token_experts(
         hidden,
         x.stride(0),
         w13.stride(0),
+        w13_bias.stride(0),
         TOP_K=top_k,
         ACT=ACTIVATIONS[hidden_act],
         NORM=norm_weight is not None,
+        HAS_BIAS=has_bias,
         BLOCK_N=block_n,
         BLOCK_K=min(block_k, triton.next_power_of_2(hidden)),
         num_warps=num_warps,
@@ -188,6 +212,7 @@ def few_token_experts(
     _token_down_kernel[(num_tokens, triton.cdiv(hidden, block_n))](
         h,
         w2,
+        w2_bias,
         out,
         weights,
         ids,
@@ -195,7 +220,9 @@ def few_token_experts(
         hidden,
         w2.stride(0),
         out.stride(0),
+        w2_bias.stride(0),
         TOP_K=top_k,
+        HAS_BIAS=has_bias,
         BLOCK_J=triton.next_power_of_2(top_k),
         BLOCK_N=block_n,
         BLOCK_K=min(block_k, triton.next_power_of_2(width)),

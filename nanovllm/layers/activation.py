@@ -20,15 +20,14 @@ def gated_activation(gate_up: torch.Tensor, hidden_act: str) -> torch.Tensor:
     """act(gate) * up, act being `hidden_act` (or gpt-oss's clamped SwiGLU, `GPT_OSS_SWIGLU`): one Triton kernel
     on CUDA, PyTorch (the reference) elsewhere."""
     # gate_up: [tokens, 2 * intermediate] -> [tokens, intermediate]
-    if hidden_act == GPT_OSS_SWIGLU:
-        gate, up = gate_up.chunk(2, dim=-1)
-        gate, up = gate.clamp(max=_GPT_OSS_LIMIT), up.clamp(-_GPT_OSS_LIMIT, _GPT_OSS_LIMIT)
-        return (up + 1) * gate * torch.sigmoid(gate * _GPT_OSS_ALPHA)
     if gate_up.is_cuda:
         from nanovllm.kernels import triton_gated_activation  # Triton is needed on CUDA only
 
         return triton_gated_activation.gated_activation(gate_up, hidden_act)
     gate, up = gate_up.chunk(2, dim=-1)
+    if hidden_act == GPT_OSS_SWIGLU:
+        gate, up = gate.clamp(max=_GPT_OSS_LIMIT), up.clamp(-_GPT_OSS_LIMIT, _GPT_OSS_LIMIT)
+        return (up + 1) * gate * torch.sigmoid(gate * _GPT_OSS_ALPHA)
     return ACTIVATIONS[hidden_act](gate) * up
 
 

@@ -11,7 +11,7 @@ A checkpoint holds the experts one tensor each (published checkpoints: an expert
 takes both, reading only this rank's slices. gpt-oss stacks them inputs first ([experts, hidden, 2 * I] with
 gate and up interleaved column by column, down [experts, I, hidden]; `inputs_first`), read whole and laid out
 as here. Its experts also add biases (w13_bias [experts, 2 * I], w2_bias [experts, hidden], the latter added by
-rank 0 alone, as the ranks' outputs are summed); those run in PyTorch only, on the CPU.
+rank 0 alone, as the ranks' outputs are summed).
 """
 
 import torch
@@ -156,18 +156,14 @@ class FusedMoE(nn.Module):
         norm_in_kernel = input_norm is not None and one_row_on_cuda(x)
         if input_norm is not None and not norm_in_kernel:
             x = input_norm(x)
-        if x.is_cuda and self.w13_bias is not None:
-            raise ValueError(
-                "experts with biases (gpt-oss) run on the CPU only for now: the fused MoE kernels take no biases "
-                "nor gpt-oss's clamped SwiGLU yet; use device='cpu'"
-            )
         if x.is_cuda:  # Triton is needed on CUDA only
             from nanovllm.kernels.triton_moe import fused_experts
             from nanovllm.kernels.triton_moe_routing import route_experts
 
-            norm = (input_norm.weight, input_norm.eps) if norm_in_kernel else ()
+            norm = dict(norm_weight=input_norm.weight, eps=input_norm.eps) if norm_in_kernel else {}
             weights, ids = route_experts(router_logits, self.top_k, self.renormalize)
-            y = fused_experts(x, self.w13, self.w2, weights, ids, self.hidden_act, *norm)
+            biases = dict(w13_bias=self.w13_bias, w2_bias=self.w2_bias)
+            y = fused_experts(x, self.w13, self.w2, weights, ids, self.hidden_act, **norm, **biases)
         else:
             weights, ids = route(router_logits, self.top_k, self.renormalize)
             y = moe_experts(x, self.w13, self.w2, weights, ids, self.hidden_act, self.w13_bias, self.w2_bias)

@@ -33,12 +33,18 @@ def experts_case(tokens, experts, top_k, hidden, width, dtype, seed=0, skew=None
     return x, w13, w2, weights, ids
 
 
-def check(case, hidden_act="silu"):
+def check(case, hidden_act="silu", biased=False):
+    """`biased`: every projection adds a random bias (gpt-oss's experts)."""
     x, w13, w2, weights, ids = case
-    want = moe_experts(x, w13, w2, weights, ids, hidden_act)
-    got = fused_experts(x, w13, w2, weights, ids, hidden_act)
+    biases = {}
+    if biased:
+        biases = dict(w13_bias=torch.randn_like(w13[:, :, 0]), w2_bias=torch.randn_like(w2[:, :, 0]))
+    want = moe_experts(x, w13, w2, weights, ids, hidden_act, *biases.values())
+    got = fused_experts(x, w13, w2, weights, ids, hidden_act, **biases)
     tolerance = TOLERANCE[x.dtype]
     torch.testing.assert_close(got, want, atol=tolerance, rtol=tolerance)
+    if biased:  # the biases count
+        assert not torch.allclose(got, fused_experts(x, w13, w2, weights, ids, hidden_act), atol=tolerance)
 
 
 def test_align_puts_each_expert_in_whole_blocks_and_every_slot_once():
@@ -78,6 +84,19 @@ def test_align_places_every_slot_in_its_experts_run(tokens, experts, top_k, bloc
 )
 def test_matches_the_pytorch_experts_interpreted(tokens, skew, hidden_act):
     check(experts_case(tokens, experts=6, top_k=2, hidden=40, width=24, dtype=torch.float32, skew=skew), hidden_act)
+
+
+@pytest.mark.skipif(CUDA, reason="the compiled kernels are tested on the GPU instead")
+@pytest.mark.parametrize("grouped", [False, True], ids=["few-token", "grouped"])
+def test_gpt_oss_experts_add_their_biases_and_clamp_interpreted(monkeypatch, grouped):
+    # 3 tokens through the few-token kernels, or through the grouped GEMMs; x scaled up so that some gate and up
+    # values pass gpt-oss's clamp at 7
+    if grouped:
+        monkeypatch.setattr(triton_moe, "FEW_TOKENS", 0)
+    x, w13, w2, weights, ids = experts_case(3, experts=6, top_k=2, hidden=40, width=24, dtype=torch.float32)
+    x = x * 20.0
+    assert (torch.einsum("th,eih->tei", x, w13).abs() > 7).any()
+    check((x, w13, w2, weights, ids), "gpt_oss_swiglu", biased=True)
 
 
 @pytest.mark.skipif(CUDA, reason="the compiled kernels are tested on the GPU instead")
@@ -135,6 +154,15 @@ def test_large_batch_tiles_interpreted(monkeypatch):
 @pytest.mark.parametrize("skew", [None, "all-one", "few"])
 def test_matches_the_pytorch_experts_on_gpu(dtype, tokens, experts, top_k, hidden, width, skew):
     check(experts_case(tokens, experts, top_k, hidden, width, dtype, skew=skew))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens", [1, 5, 300])
+def test_gpt_oss_experts_on_gpu(dtype, tokens):
+    # gpt-oss-20b's experts at a quarter of their width: 32 experts, top-4, hidden 2880
+    check(experts_case(tokens, 32, 4, 2880, 720, dtype), "gpt_oss_swiglu", biased=True)
 
 
 @pytest.mark.gpu

@@ -1,20 +1,17 @@
 """gpt-oss against transformers' own GptOssForCausalLM on a tiny random model: sliding and full layers in turn
 with prompts that run past the window, attention sinks, biased router and experts with the clamped SwiGLU,
 YaRN rotary; greedy tokens in 16-token prefill chunks, with prefix-cache hits, preemption and at two ranks
-(CPU). MXFP4 checkpoints are refused by name, and on a GPU the biased experts are."""
+(CPU); on a GPU through the Triton kernels. MXFP4 checkpoints are refused by name."""
 
 import json
 from pathlib import Path
 
 import pytest
-import torch
 
-from nanovllm import LLM
 from nanovllm.config import Config
 from nanovllm.layers.attention import Attention
 
 from helpers.family_checks import (
-    ENGINE,
     GREEDY,
     assert_cached_prefix_matches_transformers,
     assert_matches_transformers,
@@ -78,7 +75,9 @@ def test_mxfp4_checkpoints_are_refused_by_name(gpt_oss_dir, tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_the_biased_experts_are_refused_on_a_gpu_with_what_to_do(gpt_oss_dir):
-    with pytest.raises(ValueError, match="device='cpu'"):
-        LLM(gpt_oss_dir, **{**ENGINE, "device": "cuda"})
+def test_the_triton_kernels_give_transformers_tokens_on_the_gpu(gpt_oss_dir):
+    """On CUDA the sinks run in the attention kernels, the biased experts and the clamped SwiGLU in the fused
+    MoE kernels: whole prompts, prompts cut every 16 tokens, decode steps in CUDA graphs."""
+    expected = hf_greedy(gpt_oss_dir, PROMPTS, GREEDY.max_tokens)
+    assert greedy(gpt_oss_dir, PROMPTS, device="cuda") == expected
+    assert greedy(gpt_oss_dir, PROMPTS, device="cuda", max_num_batched_tokens=16) == expected
