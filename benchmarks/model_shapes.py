@@ -9,7 +9,8 @@ soft-capped attention and logits), Gemma-3-4B (five 1,024-token sliding layers
 to one global), Phi-4-mini (partial rotary, LongRoPE), Qwen3-30B-A3B (128 experts, 8 per
 token, on every layer), and the hybrids of three Gated DeltaNet layers to one gated full-attention layer:
 Qwen3.5-9B, Qwen3.6-27B (also as its FP8 checkpoint: 128 x 128 blocks) and Qwen3.6-35B-A3B (256 experts, 8
-per token, and a shared expert). The values are
+per token, and a shared expert); and gpt-oss-20b in bf16 (32 biased experts, 4 per token, sliding and full
+layers in turn, attention sinks; its published checkpoint holds the experts in MXFP4). The values are
 those of the published config.json files (of the hybrids, their text_config); LongRoPE's factor lists are
 placeholders of the right length, which change no speed.
 
@@ -224,6 +225,36 @@ SHAPES = {
         moe_intermediate_size=512,
         shared_expert_intermediate_size=512,
     ),
+    "gpt-oss-20b": {
+        "architectures": ["GptOssForCausalLM"],
+        "model_type": "gpt_oss",
+        "vocab_size": 201088,
+        "hidden_size": 2880,
+        "intermediate_size": 2880,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 32.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 4096,
+        },
+        "hidden_act": "silu",
+        "attention_bias": True,
+        "sliding_window": 128,
+        "layer_types": ["sliding_attention", "full_attention"] * 12,
+        "num_local_experts": 32,
+        "num_experts_per_tok": 4,
+        "swiglu_limit": 7.0,
+        "tie_word_embeddings": False,
+    },
 }
 
 
@@ -281,6 +312,8 @@ def layer_types(shape: str) -> list[str]:
 
 def _attention_windows(s: dict) -> list[int | None]:
     layers, window = s["num_hidden_layers"], s.get("sliding_window")
+    if "layer_types" in s:
+        return [window if t == "sliding_attention" else None for t in s["layer_types"]]
     if s["model_type"] == "gemma2":
         return [window if i % 2 == 0 else None for i in range(layers)]
     if s["model_type"] == "gemma3_text":
@@ -328,7 +361,10 @@ def model_bytes(
     gemma = s["model_type"].startswith("gemma")
     qk_norms = 2 * d if s["model_type"] in ("qwen3", "gemma3_text") or "full_attention_interval" in s else 0
     biases = q + 2 * kv if s["model_type"] == "qwen2" else 0
-    experts = s.get("num_experts", 0)
+    experts = s.get("num_experts") or s.get("num_local_experts", 0)
+    expert_width = s.get("moe_intermediate_size") or (s["intermediate_size"] if experts else 0)
+    if s["model_type"] == "gpt_oss":  # q, k, v and o biases, a sink per head, the router's bias
+        biases = q + 2 * kv + h + s["num_attention_heads"] + experts
     mlp = 0 if experts else 3 * h * s["intermediate_size"]
     shared = 3 * h * s.get("shared_expert_intermediate_size", 0)
     shared += h if shared else 0  # the shared expert's gate
@@ -356,6 +392,8 @@ def model_bytes(
     decoder = layers * per_layer + (layers - linear) * (attention + qk_norms + biases)
     decoder += linear * (linear_weights + linear_fp32)
     dense = 2 * (lm_head + decoder + h) // tensor_parallel_size
-    expert = 2 * layers * 3 * h * s.get("moe_intermediate_size", 0) // tensor_parallel_size
+    expert = 2 * layers * 3 * h * expert_width // tensor_parallel_size
     states = 2 * linear * state // tensor_parallel_size  # each read and written once
+    if s["model_type"] == "gpt_oss":  # each expert's gate|up and down biases
+        expert += 2 * layers * (2 * expert_width + h) // tensor_parallel_size
     return WeightRead(dense, expert, experts, s.get("num_experts_per_tok", 0)), KVRead(read, states)
