@@ -59,13 +59,15 @@ CHAT_TEMPLATE = (
     "{% if messages[0]['role'] == 'assistant' %}{{ raise_exception('the assistant cannot speak first') }}"
     "{% endif %}{% for m in messages %}{{ m['content'] }} {% endfor %}"
     "{% if add_generation_prompt %}w3{% endif %}{% if shout %} w4{% endif %}"
+    "{% if reasoning_effort %} w{{ {'low': 10, 'medium': 11, 'high': 12}[reasoning_effort] }}{% endif %}"
 )
 
 
 @pytest.fixture(scope="session")
 def chat_model_dir(tmp_path_factory):
     """The tiny Qwen3 model, with a chat template its word-level tokenizer can encode: messages joined by
-    spaces, then 'w3' as the generation prompt (and ' w4' when the template variable `shout` is set)."""
+    spaces, then 'w3' as the generation prompt (and ' w4' when the template variable `shout` is set, ' w10' to
+    ' w12' for `reasoning_effort` low to high)."""
     path = tmp_path_factory.mktemp("tiny-qwen3-chat")
     save_tiny_model(path, "qwen3")
     config = path / "tokenizer_config.json"

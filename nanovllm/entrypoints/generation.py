@@ -230,7 +230,7 @@ class GenerationHandler:
             body.add_generation_prompt,
             body.continue_final_message,
             chat_template=template,
-            chat_template_kwargs=body.chat_template_kwargs,
+            chat_template_kwargs=body.template_kwargs(),
             tools=tools,
         )
 

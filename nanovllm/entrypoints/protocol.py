@@ -384,8 +384,10 @@ class ChatCompletionRequest(_GenerationRequest):
     OpenAI documents. `logprobs: true` reports the chosen tokens'
     log-probabilities, with `top_logprobs` alternatives each.
     `chat_template_kwargs`, `add_generation_prompt` and `continue_final_message`
-    go to the template as vLLM passes them. `parallel_tool_calls: false`
-    allows at most one tool call in the reply.
+    go to the template as vLLM passes them; `reasoning_effort` goes to it as the
+    template variable of that name (gpt-oss's writes it into the system message),
+    unless `chat_template_kwargs` sets that variable itself. `parallel_tool_calls:
+    false` allows at most one tool call in the reply.
     """
 
     messages: list[ChatMessage]
@@ -399,6 +401,14 @@ class ChatCompletionRequest(_GenerationRequest):
     chat_template: str | None = None
     chat_template_kwargs: dict | None = None
     parallel_tool_calls: bool | None = None
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
+
+    def template_kwargs(self) -> dict | None:
+        """The chat template's variables beyond the messages: `chat_template_kwargs`, with `reasoning_effort`
+        as a variable of its own where set (and not set there)."""
+        if self.reasoning_effort is None:
+            return self.chat_template_kwargs
+        return {"reasoning_effort": self.reasoning_effort, **(self.chat_template_kwargs or {})}
 
     @property
     def completion_limit(self) -> int | None:

@@ -558,6 +558,10 @@ def test_chat_template_options_reach_the_template(server):
     assert prompt_tokens() == 3
     assert prompt_tokens(add_generation_prompt=False) == 2
     assert prompt_tokens(chat_template_kwargs={"shout": True}) == 4
+    assert prompt_tokens(reasoning_effort="high") == 4
+    assert prompt_tokens(reasoning_effort="high", chat_template_kwargs={"reasoning_effort": None}) == 3
+    with pytest.raises(openai.BadRequestError, match="reasoning_effort"):
+        prompt_tokens(reasoning_effort="max")
     messages.append({"role": "assistant", "content": "w9"})
     assert prompt_tokens(add_generation_prompt=False, continue_final_message=True) == 3
 
