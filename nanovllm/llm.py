@@ -1,11 +1,12 @@
 """The public entry point for offline generation."""
 
+import copy
 from collections.abc import Sequence
 
 from tqdm.auto import tqdm
 
 from nanovllm.engine.engine_client import InprocClient
-from nanovllm.entrypoints.reasoning import REASONING_PARSERS, split_reasoning
+from nanovllm.entrypoints.reasoning import READS_SPECIAL_TOKENS, REASONING_PARSERS, split_reasoning
 from nanovllm.frontend.chat import render_chat
 from nanovllm.frontend.engine_frontend import EngineFrontend
 from nanovllm.frontend.input_processor import ProcessedPrompt, Prompt, is_single_prompt
@@ -96,7 +97,7 @@ class LLM(EngineFrontend):
         line, and any other part (an image ...) is a ValueError, as this is a text-only model. `tools`
         (OpenAI tool dicts) are passed to the template, which describes them to the model.
 
-        With `reasoning_parser` ("qwen3" or "deepseek_r1", the server's `--reasoning-parser`) each
+        With `reasoning_parser` ("qwen3", "deepseek_r1" or "openai_gptoss", the server's `--reasoning-parser`) each
         completion's reasoning goes in its `reasoning_content` and its `text` is the answer alone, split as the
         server splits a chat reply; a completion held to a grammar (`structured_outputs`) is all answer.
         """
@@ -119,6 +120,8 @@ class LLM(EngineFrontend):
             # the rendered template already holds the special tokens the model expects
             prompts.append(ProcessedPrompt(text, self.input_processor.tokenize(text, add_special_tokens=False)))
         params = self._params_per_prompt(len(prompts), sampling_params)
+        if reasoning_parser in READS_SPECIAL_TOKENS:  # harmony's channels are special tokens
+            params = [_keeping_special_tokens(p) for p in params]
         outputs = self._run(prompts, params, use_tqdm)
         if reasoning_parser is not None:
             for output, output_params in zip(outputs, params):
@@ -161,6 +164,13 @@ class LLM(EngineFrontend):
                 bar.update(len(finished))
         # any request that finished without a step of its own still gets its output
         return [output or parent.output() for output, parent in zip(outputs, parents)]
+
+
+def _keeping_special_tokens(params: SamplingParams) -> SamplingParams:
+    """A copy of `params` whose text keeps the special tokens."""
+    kept = copy.copy(params)
+    kept.skip_special_tokens = False
+    return kept
 
 
 def _split_reasoning(output: RequestOutput, parser: str) -> None:

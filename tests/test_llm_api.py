@@ -7,7 +7,7 @@ import math
 import pytest
 
 from nanovllm import LLM, CompletionOutput, RequestOutput, SamplingParams
-from nanovllm.entrypoints.reasoning import REASONING_PARSERS
+from nanovllm.entrypoints.reasoning import READS_SPECIAL_TOKENS, REASONING_PARSERS
 from nanovllm.sampling_params import StructuredOutputsParams
 
 from helpers.hf_reference import hf_greedy, hf_logprobs
@@ -286,16 +286,20 @@ def test_chat_with_a_reasoning_parser_splits_each_reply_as_the_server_does(chat_
     params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=script(["<think>", "Sum.", "</think>\n\n", "4"]))
     [plain] = chat_llm.chat(user, params, use_tqdm=False)
     assert (plain.outputs[0].reasoning_content, plain.outputs[0].text) == (None, "<think>Sum.</think>\n\n4")
-    for parser in REASONING_PARSERS:
+    think_parsers = [p for p in REASONING_PARSERS if p not in READS_SPECIAL_TOKENS]
+    for parser in think_parsers:
         [out] = chat_llm.chat(user, params, use_tqdm=False, reasoning_parser=parser)
         assert (out.outputs[0].reasoning_content, out.outputs[0].text) == ("Sum.", "4")
     params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=script(["Just ", "4"]))
-    replies = {
-        p: chat_llm.chat(user, params, use_tqdm=False, reasoning_parser=p)[0].outputs[0] for p in REASONING_PARSERS
-    }
+    replies = {p: chat_llm.chat(user, params, use_tqdm=False, reasoning_parser=p)[0].outputs[0] for p in think_parsers}
     # deepseek_r1's template opens the reasoning in the prompt; qwen3 takes a reply with no </think> as all answer
     assert (replies["deepseek_r1"].reasoning_content, replies["deepseek_r1"].text) == ("Just 4", "")
     assert (replies["qwen3"].reasoning_content, replies["qwen3"].text) == (None, "Just 4")
+    harmony = ["<|channel|>analysis<|message|>", "Sum.", "<|end|><|start|>assistant<|channel|>final<|message|>4"]
+    params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=script(harmony))
+    [out] = chat_llm.chat(user, params, use_tqdm=False, reasoning_parser="openai_gptoss")
+    assert (out.outputs[0].reasoning_content, out.outputs[0].text) == ("Sum.", "4")
+    assert params.skip_special_tokens  # the caller's params are left as they were
 
 
 def test_chat_under_a_grammar_keeps_the_reply_whole(chat_llm, script):
@@ -312,5 +316,7 @@ def test_chat_under_a_grammar_keeps_the_reply_whole(chat_llm, script):
 
 
 def test_chat_refuses_an_unknown_reasoning_parser_by_name(chat_llm):
-    with pytest.raises(ValueError, match="unknown reasoning_parser 'granite'; the parsers are deepseek_r1, qwen3"):
+    with pytest.raises(
+        ValueError, match="unknown reasoning_parser 'granite'; the parsers are deepseek_r1, openai_gptoss, qwen3"
+    ):
         chat_llm.chat([{"role": "user", "content": "w5"}], GREEDY, use_tqdm=False, reasoning_parser="granite")

@@ -22,7 +22,7 @@ from nanovllm.entrypoints.protocol import (
     error_body,
     prompt_logprobs_json,
 )
-from nanovllm.entrypoints.reasoning import ReasoningStream
+from nanovllm.entrypoints.reasoning import READS_SPECIAL_TOKENS, reasoning_stream
 from nanovllm.entrypoints.server_settings import ServerSettings
 from nanovllm.entrypoints.tool_call_formats import FORMATS, PartialCall
 from nanovllm.entrypoints.tool_call_stream import ToolCallStream
@@ -207,6 +207,8 @@ class GenerationHandler:
             params.skip_special_tokens = False  # the calls start with a special token ([TOOL_CALLS], <|python_tag|>)
         # a constrained reply is constrained from its first token: it holds no reasoning
         reasoning_parser = self.settings.reasoning_parser if params.structured_outputs is None else None
+        if reasoning_parser in READS_SPECIAL_TOKENS:
+            params.skip_special_tokens = False  # harmony's channels are special tokens
         shape = _Chat(self, body, tool_choice if tools else None, reasoning_parser)
         return await self._generate([_Job(prompt, params)], body, request, shape)
 
@@ -489,7 +491,7 @@ class _Chat(_Shape):
         self.tool_choice = tool_choice
         self.tool_format = FORMATS[handler.settings.tool_call_parser]
         self.reasoning_parser = reasoning_parser
-        self._reasoning: dict[int, ReasoningStream] = {}  # per choice: its split, with a reasoning parser
+        self._reasoning: dict = {}  # per choice: its split (`reasoning_stream`), with a reasoning parser
         self.header = ResponseHeader.new("chatcmpl", handler.settings.model_name)
         self._text: dict[int, str] = {}  # per choice: the text so far, when tools are on
         self._shown: dict[int, int] = {}  # per choice: how much of it went out as content
@@ -522,7 +524,7 @@ class _Chat(_Shape):
         """The reasoning and the answer text that `choice` brings (no reasoning without a parser)."""
         if self.reasoning_parser is None:
             return "", choice.text
-        stream = self._reasoning.setdefault(index, ReasoningStream(self.reasoning_parser))
+        stream = self._reasoning.setdefault(index, reasoning_stream(self.reasoning_parser))
         reasoning, answer = stream.feed(choice.text)
         if choice.finish_reason is not None:
             rest_reasoning, rest_answer = stream.finish()

@@ -22,29 +22,42 @@ Streamed, the parts come out as the text arrives, less what may still be the
 start of a tag; a qwen3 reply shows nothing before its `</think>` arrives
 (until then it may yet be all answer), and at the end all of it as answer
 when none came. The deltas of a stream join into exactly the whole split.
+
+- `openai_gptoss`: gpt-oss's harmony messages (`harmony.py`), read from the
+  reply's special tokens: the analysis channel is the reasoning, the final
+  channel the answer, and any other message (a tool call) passes on to the
+  answer as written, for the `openai` tool-call parser.
 """
 
+from nanovllm.entrypoints.harmony import HarmonyReasoningStream
 from nanovllm.entrypoints.partial_tags import partial_tag
 
 THINK_START = "<think>"
 THINK_END = "</think>"
-REASONING_PARSERS = ("deepseek_r1", "qwen3")
+REASONING_PARSERS = ("deepseek_r1", "openai_gptoss", "qwen3")
+# the parsers that read the reply's special tokens, which detokenizing must then keep
+READS_SPECIAL_TOKENS = ("openai_gptoss",)
+
+
+def reasoning_stream(parser: str) -> "ReasoningStream | HarmonyReasoningStream":
+    """The split of one reply under `parser`, fed as it streams."""
+    return HarmonyReasoningStream() if parser == "openai_gptoss" else ReasoningStream(parser)
 
 
 def split_reasoning(text: str, parser: str) -> tuple[str | None, str | None]:
     """(reasoning, answer) of a whole reply under `parser`, each None when empty."""
-    stream = ReasoningStream(parser)
+    stream = reasoning_stream(parser)
     reasoning, answer = stream.feed(text)
     rest_reasoning, rest_answer = stream.finish()
     return (reasoning + rest_reasoning) or None, (answer + rest_answer) or None
 
 
 class ReasoningStream:
-    """One reply's split, fed its text in deltas of any size: each `feed` returns the (reasoning, answer)
-    text it settles, `finish` what is left once the reply ends."""
+    """One reply's split at `</think>`, fed its text in deltas of any size: each `feed` returns the
+    (reasoning, answer) text it settles, `finish` what is left once the reply ends."""
 
     def __init__(self, parser: str):
-        if parser not in REASONING_PARSERS:
+        if parser not in REASONING_PARSERS or parser in READS_SPECIAL_TOKENS:
             raise ValueError(f"unknown reasoning parser {parser!r}; the parsers are {', '.join(REASONING_PARSERS)}")
         self._holds_reasoning = parser == "qwen3"  # qwen3 shows no reasoning before its </think> arrives
         self._text = ""  # the reply so far

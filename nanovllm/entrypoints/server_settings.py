@@ -52,12 +52,14 @@ class ServerSettings:
     tool_call_parser: str = _setting(
         "hermes",
         "how 'auto' tool calls are read from the reply: hermes (<tool_call> JSON), qwen3_coder (Qwen3-Coder's and "
-        "Qwen3.5's <tool_call><function=...> XML), llama3_json or mistral ([TOOL_CALLS])",
+        "Qwen3.5's <tool_call><function=...> XML), llama3_json, mistral ([TOOL_CALLS]) or openai (gpt-oss's harmony "
+        "messages to functions.NAME)",
         choices=TOOL_CALL_PARSERS,
     )
     reasoning_parser: str | None = _setting(
         None,
-        "split chat replies into reasoning_content (up to </think>) and content (default: no split)",
+        "split chat replies into reasoning_content (up to </think>; openai_gptoss: harmony's analysis channel) and "
+        "content (default: no split)",
         type=str,
         choices=REASONING_PARSERS,
     )

@@ -11,10 +11,12 @@ start (so that streamed content stops short of them) and the calls a whole reply
 - `mistral`: `[TOOL_CALLS]` then a JSON array of {"name", "arguments"} (tokenizers before v11), or
   `NAME[ARGS]{...}` per call, each behind its own `[TOOL_CALLS]` (v11 on); Mistral's templates take only
   ids of 9 letters and digits.
+- `openai` (gpt-oss): harmony messages (`harmony.py`); a message to `functions.NAME` is a call, its content
+  the arguments; the content is the final channel's (and plain text outside any message).
 
-`<|python_tag|>` and `[TOOL_CALLS]` are special tokens, which detokenizing drops by default: a reply read
-with these formats keeps its special tokens (`keeps_special_tokens`). Text that does not parse as calls
-stays content, with no calls.
+`<|python_tag|>`, `[TOOL_CALLS]` and harmony's tags are special tokens, which detokenizing drops by default: a
+reply read with these formats keeps its special tokens (`keeps_special_tokens`). Text that does not parse as
+calls stays content, with no calls.
 
 Streamed, `partial_calls` reads the calls a reply so far has begun: each one's name once it is whole and its
 arguments' JSON text as far as it is settled, a prefix of what the whole reply's call holds (the JSON formats'
@@ -29,6 +31,7 @@ import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+from nanovllm.entrypoints.harmony import read_messages
 from nanovllm.entrypoints.partial_tags import partial_tag
 
 
@@ -271,10 +274,28 @@ class Mistral(ToolCallFormat):
         return calls
 
 
+class Harmony(ToolCallFormat):
+    """gpt-oss's harmony messages: those addressed to `functions.NAME` are calls."""
+
+    name, start, keeps_special_tokens = "openai", "<|", True
+
+    def parse(self, text: str, tools: list[dict]) -> tuple[str | None, list[ToolCall]]:
+        messages = read_messages(text, whole=True)
+        calls = [ToolCall(m.called_function, m.content) for m in messages if m.called_function]
+        if not calls:
+            return text, []
+        plain = text[: text.find(self.start)] if self.start in text else text
+        content = plain + "".join(m.content for m in messages if m.channel == "final")
+        return content.strip() or None, calls
+
+    def partial_calls(self, text: str, tools: list[dict]) -> list[PartialCall]:
+        return [PartialCall(m.called_function, m.content) for m in read_messages(text) if m.called_function]
+
+
 _JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", dict: "object", list: "array"}
 _JSON_TYPES[type(None)] = "null"
 
-FORMATS: dict[str, ToolCallFormat] = {f.name: f for f in (Hermes(), Qwen3Coder(), Llama3Json(), Mistral())}
+FORMATS: dict[str, ToolCallFormat] = {f.name: f for f in (Hermes(), Qwen3Coder(), Llama3Json(), Mistral(), Harmony())}
 
 
 _LITERAL = re.compile(r"[^,}\]\s]*")

@@ -9,20 +9,42 @@ import pytest
 
 from nanovllm.cli import build_parser
 from nanovllm.entrypoints.api_server import ServerSettings
-from nanovllm.entrypoints.reasoning import REASONING_PARSERS, ReasoningStream, split_reasoning
+from nanovllm.entrypoints.reasoning import (
+    READS_SPECIAL_TOKENS,
+    REASONING_PARSERS,
+    ReasoningStream,
+    reasoning_stream,
+    split_reasoning,
+)
 
 from helpers.api_servers import MODEL, RunningServer
-from helpers.scripted_replies import chat, deltas, scripted_replies
+from helpers.scripted_replies import chat, deltas, joined_tool_calls, scripted_replies
 
+# the parsers that split at </think>; openai_gptoss reads harmony messages instead
+THINK_PARSERS = [p for p in REASONING_PARSERS if p not in READS_SPECIAL_TOKENS]
 QWEN3 = "<think>\nThe user greets me.\n</think>\n\nHello! How can I help?"
 QWEN3_TEMPLATE_THINKS = "The <think> was in the prompt.\n</think>\n\nAnswer."
 DEEPSEEK_R1 = "Okay, 2 + 2 is 4.\n</think>\n\nThe answer is 4."
 DEEPSEEK_R1_0528 = "<think>\nOkay.\n</think>\n\n**4**\n\nDone."
+# gpt-oss's harmony replies, as its generation prompt (<|start|>assistant) leaves them to be written
+HARMONY = (
+    "<|channel|>analysis<|message|>The user greets me.<|end|>"
+    "<|start|>assistant<|channel|>final<|message|>Hello! How can I help?<|return|>"
+)
+HARMONY_CALL = (
+    "<|channel|>analysis<|message|>Need the weather: call get_weather.<|end|>"
+    '<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}'
+    "<|call|>"
+)
+# a reply cut by max_tokens inside its second analysis message
+HARMONY_CUT = (
+    "<|channel|>analysis<|message|>First thought.<|end|><|start|>assistant<|channel|>analysis<|message|>Second"
+)
 
 
 def streamed(text: str, parser: str, cuts: list[int]) -> tuple[str | None, str | None]:
     """(reasoning, answer) of `text` fed to a stream in pieces ending at `cuts`, joined (each None when empty)."""
-    stream = ReasoningStream(parser)
+    stream = reasoning_stream(parser)
     bounds = [0, *cuts, len(text)]
     parts = [stream.feed(text[a:b]) for a, b in itertools.pairwise(bounds)] + [stream.finish()]
     return "".join(r for r, _ in parts) or None, "".join(a for _, a in parts) or None
@@ -50,6 +72,16 @@ def assert_streams_split_as_whole(text: str, parser: str) -> None:
             " \n<think>Opened after a blank.</think>Then the answer.",
             ("Opened after a blank.", "Then the answer."),
         ),
+        ("openai_gptoss", HARMONY, ("The user greets me.", "Hello! How can I help?")),
+        # the call passes on to the answer as written, for the openai tool-call parser
+        (
+            "openai_gptoss",
+            HARMONY_CALL,
+            ("Need the weather: call get_weather.", HARMONY_CALL[HARMONY_CALL.index("<|start|>") : -len("<|call|>")]),
+        ),
+        ("openai_gptoss", HARMONY_CUT, ("First thought.\nSecond", None)),
+        # text with no harmony message (malformed) is all answer, never an error
+        ("openai_gptoss", "No channels at all.", (None, "No channels at all.")),
     ],
 )
 def test_each_format_splits_whole_and_streamed_in_any_pieces(parser, text, want):
@@ -66,13 +98,13 @@ def test_a_reply_cut_before_its_end_tag():
     assert split_reasoning("<think>", "deepseek_r1") == (None, None)
     assert split_reasoning("<thi", "deepseek_r1") == ("<thi", None)
     assert split_reasoning("<think>", "qwen3") == (None, "<think>")
-    for parser in REASONING_PARSERS:
+    for parser in THINK_PARSERS:
         assert split_reasoning("", parser) == (None, None)
         assert split_reasoning("Reasoning.</think>\n\n", parser) == ("Reasoning.", None)
         assert_streams_split_as_whole(cut, parser)
 
 
-@pytest.mark.parametrize("parser", REASONING_PARSERS)
+@pytest.mark.parametrize("parser", THINK_PARSERS)
 @pytest.mark.parametrize(
     "text, want",
     [
@@ -108,9 +140,9 @@ def test_streamed_deltas_come_as_the_text_does_but_a_possible_tag():
 
 
 def test_an_unknown_parser_is_refused_with_the_names():
-    with pytest.raises(ValueError, match="deepseek_r1, qwen3"):
+    with pytest.raises(ValueError, match="deepseek_r1, openai_gptoss, qwen3"):
         ReasoningStream("granite")
-    with pytest.raises(ValueError, match="deepseek_r1, qwen3"):
+    with pytest.raises(ValueError, match="deepseek_r1, openai_gptoss, qwen3"):
         ServerSettings(MODEL, reasoning_parser="granite")
 
 
@@ -119,10 +151,10 @@ def test_serve_takes_reasoning_parser_and_refuses_an_unknown_one(capsys):
     assert build_parser().parse_args(["serve", "/m", "--reasoning-parser", "qwen3"]).reasoning_parser == "qwen3"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "/m", "--reasoning-parser", "granite"])
-    assert "choose from 'deepseek_r1', 'qwen3'" in capsys.readouterr().err
+    assert "choose from 'deepseek_r1', 'openai_gptoss', 'qwen3'" in capsys.readouterr().err
 
 
-@pytest.fixture(scope="module", params=[None, *REASONING_PARSERS])
+@pytest.fixture(scope="module", params=[None, *THINK_PARSERS])
 def server(request, chat_model_dir):
     running = RunningServer(chat_model_dir, ServerSettings(MODEL, reasoning_parser=request.param), step_seconds=0.002)
     running.parser = request.param
@@ -197,3 +229,29 @@ def test_a_reply_under_a_grammar_is_all_content(server, script):
     max_tokens = script(["Reasoning?", "</think>", "Answer."])
     constrained = chat(server, max_tokens, structured_outputs={"choice": ["w5 w6 w7"]}).json()["choices"][0]
     assert "reasoning_content" not in constrained["message"] and "</think>" in constrained["message"]["content"]
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_server(chat_model_dir):
+    settings = ServerSettings(MODEL, reasoning_parser="openai_gptoss", tool_call_parser="openai")
+    running = RunningServer(chat_model_dir, settings, step_seconds=0.002)
+    yield running
+    running.close()
+
+
+def test_harmony_replies_carry_reasoning_content_content_and_tool_calls(gpt_oss_server, script):
+    max_tokens = script([HARMONY[i : i + 9] for i in range(0, len(HARMONY), 9)])
+    message = chat(gpt_oss_server, max_tokens).json()["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == ("The user greets me.", "Hello! How can I help?")
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    max_tokens = script([HARMONY_CALL[i : i + 9] for i in range(0, len(HARMONY_CALL), 9)])
+    choice = chat(gpt_oss_server, max_tokens, tools=tools).json()["choices"][0]
+    assert choice["message"]["reasoning_content"] == "Need the weather: call get_weather."
+    assert choice["message"]["content"] is None
+    [call] = choice["message"]["tool_calls"]
+    assert (call["function"]["name"], json.loads(call["function"]["arguments"])) == ("get_weather", {"city": "Paris"})
+    chunks = deltas(chat(gpt_oss_server, max_tokens, stream=True, tools=tools))
+    assert "".join(c["delta"].get("reasoning_content", "") for c in chunks) == "Need the weather: call get_weather."
+    assert not "".join(c["delta"].get("content") or "" for c in chunks)
+    [joined] = joined_tool_calls([entry for c in chunks for entry in c["delta"].get("tool_calls", [])])
+    assert (joined["name"], joined["arguments"]) == ("get_weather", '{"city": "Paris"}')

@@ -44,7 +44,20 @@ LLAMA3 = (
 )
 MISTRAL_ARRAY = 'Checking. [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]'
 MISTRAL_NAMED = '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{}'
-REPLIES = {"qwen3_coder": QWEN3_CODER, "hermes": HERMES, "llama3_json": LLAMA3, "mistral": MISTRAL_NAMED}
+# gpt-oss: reasoning, a preamble, then two calls (the recipient after the channel, then in the role part)
+HARMONY = (
+    "<|channel|>analysis<|message|>Two calls needed.<|end|>"
+    "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+    '{"city": "Paris"}<|call|>'
+    "<|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{}<|call|>"
+)
+REPLIES = {
+    "qwen3_coder": QWEN3_CODER,
+    "hermes": HERMES,
+    "llama3_json": LLAMA3,
+    "mistral": MISTRAL_NAMED,
+    "openai": HARMONY,
+}
 
 
 def calls_of(name: str, text: str) -> tuple[str | None, list[tuple[str, dict]]]:
@@ -71,6 +84,20 @@ def test_hermes_llama3_and_mistral_calls_and_content():
     assert calls_of("llama3_json", LLAMA3) == (None, [("get_weather", {"city": "Paris"}), ("get_time", {})])
     assert calls_of("mistral", MISTRAL_ARRAY) == ("Checking.", [("get_weather", {"city": "Paris"})])
     assert calls_of("mistral", MISTRAL_NAMED) == (None, [("get_weather", {"city": "Paris"}), ("get_time", {})])
+
+
+def test_harmony_calls_are_the_messages_to_functions_and_the_content_is_the_final_channels():
+    assert calls_of("openai", HARMONY) == (None, [("get_weather", {"city": "Paris"}), ("get_time", {})])
+    answered = "<|channel|>final<|message|>Sunny.<|return|>"
+    assert calls_of("openai", answered) == (answered, [])  # no call: the text is left as it is
+    with_answer = HARMONY.replace(
+        "<|call|><|start|>assistant to",
+        "<|end|><|start|>assistant<|channel|>final<|message|>Let me check.<|end|><|start|>assistant to",
+    )
+    assert calls_of("openai", with_answer)[0] == "Let me check."
+    # reasoning that mentions a call is no call
+    thought = "<|channel|>analysis<|message|>I could use to=functions.get_weather here.<|end|>"
+    assert calls_of("openai", thought) == (thought, [])
 
 
 def test_mistral_call_ids_are_nine_letters_and_digits():
