@@ -237,7 +237,7 @@ class Mistral(ToolCallFormat):
             return []
         at = skip_chars(text, first + len(self.start))
         if text.startswith("[", at):
-            return self._partial_array(text, at + 1)
+            return partial_array_calls(text, at + 1, ("arguments",))
         calls = []
         for part in text[first:].split(self.start)[1:]:
             name_end = part.find("[ARGS]")
@@ -249,19 +249,6 @@ class Mistral(ToolCallFormat):
             if end is None:
                 break
         return calls
-
-    def _partial_array(self, text: str, at: int) -> list[PartialCall]:
-        """The calls of a JSON array of {"name", "arguments"} objects whose first object may start at `at`."""
-        calls = []
-        while True:
-            at = skip_chars(text, at, " \t\r\n,")
-            if at == len(text) or text[at] != "{":
-                return calls
-            call, end = scan_call(text, at, ("arguments",))
-            calls.append(call)
-            if end is None:
-                return calls
-            at = end
 
     def _array(self, part: str) -> list[ToolCall]:
         return [_mistral_call(call["name"], call["arguments"]) for call in json.loads(part)]
@@ -367,6 +354,21 @@ def scan_call(text: str, start: int, argument_keys: tuple[str, ...]) -> tuple[Pa
             found[key] = text[value:end]
         if end is None:
             return so_far(None)
+        at = end
+
+
+def partial_array_calls(text: str, at: int, argument_keys: tuple[str, ...]) -> list[PartialCall]:
+    """The calls of a JSON array of {"name", one of `argument_keys`} objects, as far as written, the first
+    object starting at `at` (past the "[") or later."""
+    calls = []
+    while True:
+        at = skip_chars(text, at, " \t\r\n,")
+        if at == len(text) or text[at] != "{":
+            return calls
+        call, end = scan_call(text, at, argument_keys)
+        calls.append(call)
+        if end is None:
+            return calls
         at = end
 
 

@@ -20,7 +20,7 @@ from nanovllm.entrypoints.tool_call_formats import (
     ToolCall,
     ToolCallFormat,
     as_written,
-    scan_call,
+    partial_array_calls,
     skip_chars,
 )
 from nanovllm.sampling_params import StructuredOutputsParams
@@ -112,18 +112,7 @@ def partial_tool_calls(
 def _partial_required_calls(text: str) -> list[PartialCall]:
     """The calls of a JSON array of {"name", "parameters"} objects, as far as written."""
     at = skip_chars(text, 0)
-    if not text.startswith("[", at):
-        return []
-    calls, at = [], at + 1
-    while True:
-        at = skip_chars(text, at, " \t\r\n,")
-        if at == len(text) or text[at] != "{":
-            return calls
-        call, end = scan_call(text, at, ("parameters",))
-        calls.append(call)
-        if end is None:
-            return calls
-        at = end
+    return partial_array_calls(text, at + 1, ("parameters",)) if text.startswith("[", at) else []
 
 
 def _named_call(text: str, name: str, cut: bool) -> tuple[str | None, list[ToolCall]]:
