@@ -50,13 +50,14 @@ def read_messages(text: str, whole: bool = False) -> list[HarmonyMessage]:
     """The messages of `text`, a reply so far (`whole`: the whole reply), whose header is whole, in order; text
     before the first header that holds no `<|message|>` (plain text) is none."""
     messages = []
-    for index, segment in enumerate(text.split(START)):
+    segments = text.split(START)
+    for index, segment in enumerate(segments):
         header_end = segment.find(MESSAGE)
         if header_end < 0:
             continue  # plain text, or a header still being written
         header, body = segment[:header_end], segment[header_end + len(MESSAGE) :]
         ends = [at for at in (body.find(end) for end in _ENDS) if at >= 0]
-        last = index == text.count(START)
+        last = index == len(segments) - 1
         if ends:
             body = body[: min(ends)]
         elif last and not whole:  # a tail that may begin <|end|>, <|call|>, <|return|> or <|start|> waits

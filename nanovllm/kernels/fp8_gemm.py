@@ -11,6 +11,8 @@ The arithmetic is `fp8_weights.fp8_linear`'s, up to the order of the fp32 sums. 
 models take that PyTorch reference instead (cuBLASLt's scaling writes 16-bit outputs only).
 """
 
+import functools
+
 import torch
 
 from nanovllm.kernels.fp8_kv import FP8_DTYPE
@@ -62,6 +64,12 @@ def _quantized_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return values, scale.t().contiguous().t()
 
 
+@functools.cache
+def _is_hopper(device: torch.device) -> bool:
+    """Whether `device` is a Hopper GPU (asked once per device: the products ask every step)."""
+    return torch.cuda.get_device_capability(device)[0] == 9
+
+
 def takes_block_scaled_mm(weight: torch.Tensor, block: tuple[int, int]) -> bool:
     """Whether cuBLASLt multiplies by this FP8 weight with its block scales: Hopper, 128 x 128 blocks, whole
     blocks of rows, and whole groups of 4 blocks of columns (the row stride of the scales that every
@@ -69,7 +77,7 @@ def takes_block_scaled_mm(weight: torch.Tensor, block: tuple[int, int]) -> bool:
     n, k = weight.shape
     return (
         weight.is_cuda
-        and torch.cuda.get_device_capability(weight.device)[0] == 9
+        and _is_hopper(weight.device)
         and block == BLOCK
         and n % BLOCK[0] == 0
         and k % (4 * BLOCK[1]) == 0

@@ -108,14 +108,21 @@ class FusedMoE(nn.Module):
     def _load_w13(self, param: nn.Parameter, loaded, shard_id=None) -> None:
         """Every expert's gate | up ([experts, 2 * I, hidden], shard_id None), or one expert's gate or up
         ([I, hidden], shard_id (expert, "gate" or "up")): this rank's rows of each."""
-        stacked = shard_id is None
-        if stacked and self.inputs_first:
-            loaded = self._halves_first(loaded)
-        experts = param.data if stacked else param.data[shard_id[0]]  # [(experts,) 2 * width, hidden]
-        dim, width = experts.dim() - 2, param.size(1) // 2  # dim: the rows of gate | up
-        for half in (0, 1) if stacked else (("gate", "up").index(shard_id[1]),):
-            start = (half * self.intermediate_size if stacked else 0) + self.tp_rank * width
-            experts.narrow(dim, half * width, width).copy_(shard(loaded, dim, start, width))
+        if shard_id is None:
+            self._copy_gate_up(param.data, self._halves_first(loaded) if self.inputs_first else loaded)
+            return
+        expert = param.data[shard_id[0]]  # [2 * width, hidden]
+        width = expert.size(0) // 2
+        half = ("gate", "up").index(shard_id[1])
+        expert.narrow(0, half * width, width).copy_(shard(loaded, 0, self.tp_rank * width, width))
+
+    def _copy_gate_up(self, dest: torch.Tensor, whole) -> None:
+        """This rank's part of the gate half and of the up half of `whole` (every expert's gate | up along
+        dimension 1, the checkpoint's whole width: weights or biases) into `dest`, gate | up of this rank."""
+        width = dest.size(1) // 2
+        for half in (0, 1):
+            start = half * self.intermediate_size + self.tp_rank * width
+            dest.narrow(1, half * width, width).copy_(shard(whole, 1, start, width))
 
     def _load_w2(self, param: nn.Parameter, loaded, shard_id=None) -> None:
         """Every expert's down ([experts, hidden, I], shard_id None), or one expert's ([hidden, I], shard_id
@@ -130,11 +137,7 @@ class FusedMoE(nn.Module):
     def _load_w13_bias(self, param: nn.Parameter, loaded) -> None:
         """Every expert's gate | up bias ([experts, 2 * I], interleaved where `inputs_first`): this rank's part
         of each half."""
-        whole = self._halves_first(loaded) if self.inputs_first else loaded[:]
-        width = param.size(1) // 2
-        for half in (0, 1):
-            start = half * self.intermediate_size + self.tp_rank * width
-            param.data.narrow(1, half * width, width).copy_(whole.narrow(1, start, width))
+        self._copy_gate_up(param.data, self._halves_first(loaded) if self.inputs_first else loaded)
 
     def _load_w2_bias(self, param: nn.Parameter, loaded) -> None:
         """Every expert's down bias ([experts, hidden]), on rank 0; zeros on the others, whose outputs are
