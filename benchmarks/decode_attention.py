@@ -16,12 +16,18 @@ the window's length, 4,000 tokens and longer, for 1, 64 and 256 sequences: a
 sliding layer reads only its window, so its time should not grow with the
 context.
 
+With `--sinks SHAPE` it times the decode attention of that model shape's layers
+(gpt-oss-20b: 64 heads, 8 KV heads, head_dim 64; full and 128-token sliding)
+with and without a sink logit per head, in one CUDA graph each, for the
+workload's cases: the sink is one more term of each row's softmax, applied once
+when a row's sum is final, so it should cost next to nothing.
+
 With `--kv-cache-dtype fp8` the same cache is quantized to FP8 (values and
 per-head scales) and the settings are timed over it; each case also prints the
 bf16 cache's default-tile time and the speed-up, and bandwidth counts the bytes
 an FP8 cache holds (values and scales).
 
-    python benchmarks/decode_attention.py [--kv-cache-dtype fp8] [--sliding gemma-3-4b]
+    python benchmarks/decode_attention.py [--kv-cache-dtype fp8] [--sliding gemma-3-4b] [--sinks gpt-oss-20b]
 """
 
 import argparse
@@ -117,14 +123,57 @@ def sliding_layer(shape: str) -> None:
         )
 
 
+def sinks_cost(shape: str) -> None:
+    """The decode attention of `shape`'s full and sliding layers with and without sinks, by case."""
+    c = SHAPES[shape]
+    heads, kv_heads, head_dim = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    print(
+        f"{shape}: {heads} heads, {kv_heads} KV heads, head_dim {head_dim}; bf16 cache; "
+        "time in a CUDA graph without and with sinks"
+    )
+    sinks = torch.randn(heads, dtype=torch.float32, device="cuda")
+    ratios = []
+    for window in (None, c["sliding_window"]):
+        for name, context_lens in cases().items():
+            q, k_cache, v_cache, block_tables, lens, order = paged_inputs(context_lens, heads, kv_heads, head_dim)
+
+            def time_with(layer_sinks: torch.Tensor | None) -> float:
+                return triton.testing.do_bench_cudagraph(
+                    lambda: decode_attention(
+                        q,
+                        k_cache,
+                        v_cache,
+                        block_tables,
+                        lens,
+                        head_dim**-0.5,
+                        seq_order=order,
+                        window=window,
+                        sinks=layer_sinks,
+                    )
+                )
+
+            plain, with_sinks = time_with(None), time_with(sinks)
+            ratios.append(with_sinks / plain)
+            print(
+                f"  {'window ' + str(window) if window else 'full':>10}, {name}: {plain * 1e3:.1f} us without, "
+                f"{with_sinks * 1e3:.1f} us with sinks ({with_sinks / plain - 1:+.1%})"
+            )
+    print(f"sinks cost at most {max(ratios) - 1:+.1%} (median {sorted(ratios)[len(ratios) // 2] - 1:+.1%})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto")
     parser.add_argument("--sliding", choices=[s for s in SHAPES if SHAPES[s].get("sliding_window")])
+    parser.add_argument("--sinks", choices=[s for s in SHAPES if SHAPES[s].get("model_type") == "gpt_oss"])
     args = parser.parse_args()
     fp8 = args.kv_cache_dtype == "fp8"
     random.seed(0)
     torch.manual_seed(0)
+    if args.sinks:
+        print(f"machine: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+        sinks_cost(args.sinks)
+        return
     if args.sliding:
         print(f"machine: {torch.cuda.get_device_name()}, torch {torch.__version__}")
         sliding_layer(args.sliding)

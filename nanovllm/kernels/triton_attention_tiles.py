@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634  # scores are kept in base 2: exp(x) = exp2(x * LOG2E)
+_LOG2E = tl.constexpr(LOG2E)  # the same inside a kernel, which reads no plain global when compiled
 _TILE_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
@@ -130,5 +131,5 @@ def online_softmax_step(
 def sink_share(sinks_ptr, heads, lse):
     """The share of each row's output its keys keep beside the sink of its head: 1 / (1 + 2^(sink - lse)),
     lse (base 2) the log-sum-exp of the row's scores; 0 for a row that saw no key (lse -inf)."""
-    sink = tl.load(sinks_ptr + heads).to(tl.float32) * LOG2E
+    sink = tl.load(sinks_ptr + heads).to(tl.float32) * _LOG2E
     return 1.0 / (1.0 + tl.exp2(sink - lse))
