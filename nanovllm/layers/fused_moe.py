@@ -92,6 +92,9 @@ class FusedMoE(nn.Module):
         # the one-expert checkpoint tensors each parameter is made of, which the loader checks it got
         self.w13.shard_ids = [(e, part) for e in range(num_experts) for part in ("gate", "up")]
         self.w2.shard_ids = [(e, "down") for e in range(num_experts)]
+        if inputs_first:  # the whole tensors' shapes as the checkpoint stacks them, for dummy weights
+            self.w13.checkpoint_shape = (num_experts, hidden_size, 2 * intermediate_size)
+            self.w2.checkpoint_shape = (num_experts, intermediate_size, hidden_size)
         self.w13_bias = self.w2_bias = None
         if bias:
             self.w13_bias = nn.Parameter(torch.empty(num_experts, 2 * width), requires_grad=False)

@@ -196,7 +196,8 @@ def load_dummy_weights(model: nn.Module, model_config, seed: int = 0, low: float
     with torch.device("meta"), tensor_parallel(0, 1):
         whole = type(model)(model_config)
     modules = dict(whole.named_modules())
-    whole_shapes = {name: p.shape for name, p in whole.named_parameters()}
+    # a parameter stored in another layout than its checkpoint tensor's names that tensor's shape
+    whole_shapes = {name: getattr(p, "checkpoint_shape", p.shape) for name, p in whole.named_parameters()}
     for name, param in model.named_parameters():
         shape = whole_shapes[name]
         module = modules[name.rpartition(".")[0]]

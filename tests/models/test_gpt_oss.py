@@ -10,6 +10,7 @@ import pytest
 
 from nanovllm.config import Config
 from nanovllm.layers.attention import Attention
+from nanovllm.llm import LLM
 
 from helpers.family_checks import (
     GREEDY,
@@ -64,6 +65,15 @@ def test_prefix_hits_and_preemption_match_transformers(gpt_oss_dir):
     # a second turn read from the prefix cache: tests/models/test_second_turn.py
     assert_cached_prefix_matches_transformers(gpt_oss_dir)
     assert_preempted_requests_match_transformers(gpt_oss_dir, num_blocks=12)
+
+
+def test_dummy_weights_fill_the_experts_stacked_inputs_first(gpt_oss_dir):
+    """Benchmarks' dummy weights are drawn in the checkpoint's shapes, which gpt-oss stacks inputs first."""
+    llm = LLM(gpt_oss_dir, load_format="dummy", block_size=16, num_kvcache_blocks=16)
+    experts = llm.client.core.executor.model.model.layers[0].mlp.experts
+    assert 0 < experts.w13.abs().min() and experts.w13.abs().max() <= 1e-3
+    [out] = llm.generate([[5, 6, 7]], GREEDY, use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == GREEDY.max_tokens
 
 
 def test_mxfp4_checkpoints_are_refused_by_name(gpt_oss_dir, tmp_path):
