@@ -257,12 +257,12 @@ def _combine(parts: list[tuple[torch.Tensor, torch.Tensor, int]], num_rows: int)
     return (merged / total.unsqueeze(-1)).to(dtype)
 
 
-def _sink_part(sinks: torch.Tensor, num_rows: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """A part for `_combine` that adds each head's sink logit to the softmax sum of every row: output zero, its
-    log-sum-exp the sink."""
-    # sinks: [heads] -> o [heads, num_rows, d], lse [heads, num_rows] (fp32), first row 0
-    lse = sinks.float()[:, None].expand(-1, num_rows)
-    return lse.new_zeros(sinks.size(0), num_rows, head_dim), lse, 0
+def _sink_part(sinks: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """A part for `_combine` that adds each head's sink logit to the softmax sum of every row of q: output zero
+    (in q's dtype, the other parts' own), its log-sum-exp the sink."""
+    # sinks: [heads]; q: [rows, heads, d] -> o [heads, rows, d], lse [heads, rows] (fp32), first row 0
+    lse = sinks.float()[:, None].expand(-1, q.size(0))
+    return q.new_zeros(sinks.size(0), q.size(0), q.size(-1)), lse, 0
 
 
 def store_kvcache(
@@ -343,7 +343,7 @@ class TorchAttentionBackend:
                 parts.append((*_attend(q_new, k_new, v_new, True, scoring, visible), start))
             start += q_len
         if sinks is not None:
-            parts.append(_sink_part(sinks, q.size(0), q.size(-1)))
+            parts.append(_sink_part(sinks, q))
         return _combine(parts, q.size(0))
 
     def decode(
@@ -372,5 +372,5 @@ class TorchAttentionBackend:
             first = 0 if window is None else max(0, length - window)  # the query sees every key read
             parts += _attend_cached(queries[i], cache, table, first, length, scoring, i)
         if sinks is not None:
-            parts.append(_sink_part(sinks, q.size(0), q.size(-1)))
+            parts.append(_sink_part(sinks, q))
         return _combine(parts, q.size(0))

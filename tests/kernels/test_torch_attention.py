@@ -233,3 +233,15 @@ def test_sinks_join_each_rows_softmax_sum_in_prefill_and_decode(caches, window):
 def _last_rows(rows: torch.Tensor, lengths: list[int]) -> torch.Tensor:
     """The last row of each of the consecutive runs of `lengths` rows."""
     return torch.stack([part[-1] for part in rows.split(lengths)])
+
+
+def test_sinks_keep_the_queries_dtype():
+    # the sink's part of the softmax is made in fp32: it must not turn a bf16 layer's output into fp32
+    q, k, v = torch.randn(5, HEADS, DIM), torch.randn(5, KV_HEADS, DIM), torch.randn(5, KV_HEADS, DIM)
+    q, k, v = (t.bfloat16() for t in (q, k, v))
+    context = Context(is_prefill=True, seqlens_q=[5], seqlens_k=[5])
+    empty = torch.tensor([], dtype=torch.bfloat16)
+    out = TorchAttentionBackend().prefill(q, k, v, empty, empty, context, DIM**-0.5, sinks=SINKS)
+    assert out.dtype == torch.bfloat16
+    want = dense_attention(q.float(), k.float(), v.float(), sinks=SINKS)
+    torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
