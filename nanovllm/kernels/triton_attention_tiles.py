@@ -128,8 +128,14 @@ def online_softmax_step(
 
 
 @triton.jit
-def sink_share(sinks_ptr, heads, lse):
-    """The share of each row's output its keys keep beside the sink of its head: 1 / (1 + 2^(sink - lse)),
-    lse (base 2) the log-sum-exp of the row's scores; 0 for a row that saw no key (lse -inf)."""
-    sink = tl.load(sinks_ptr + heads).to(tl.float32) * _LOG2E
+def sink_logit(sinks_ptr, heads):
+    """The sink logit of each of `heads`, in base 2. Sinks are weights: a kernel reads them before it waits
+    for the kernel before it, so their load costs no time at the end."""
+    return tl.load(sinks_ptr + heads).to(tl.float32) * _LOG2E
+
+
+@triton.jit
+def sink_share(sink, lse):
+    """The share of each row's output its keys keep beside its head's sink (`sink_logit`): 1 / (1 + 2^(sink -
+    lse)), lse (base 2) the log-sum-exp of the row's scores; 0 for a row that saw no key (lse -inf)."""
     return 1.0 / (1.0 + tl.exp2(sink - lse))

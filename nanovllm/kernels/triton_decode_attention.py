@@ -28,8 +28,9 @@ With a sliding window (SLIDING, `window` W) a sequence's slices cover only its
 last W positions, all of which its query sees: the cost is bounded by the window,
 not the context. A soft-cap (SOFTCAP) is applied to each score in the softmax
 step. With SINKS each head's sink logit joins the softmax sum once, where the
-output is final: in pass 2, or in pass 1 with one split (`sink_share`). With
-these off the kernels compile as without them.
+output is final: in pass 2, or in pass 1 with one split (`sink_share`); it is
+read before the wait for the kernel in front (`sink_logit`). With these off the
+kernels compile as without them.
 
 The split count depends only on the batch shape, never on the context lengths,
 so a captured CUDA graph stays valid: short contexts leave late splits empty.
@@ -41,7 +42,14 @@ import torch
 import triton
 import triton.language as tl
 
-from nanovllm.kernels.triton_attention_tiles import LOG2E, online_softmax_step, paged_kv_tile, sink_share, tile_dtype
+from nanovllm.kernels.triton_attention_tiles import (
+    LOG2E,
+    online_softmax_step,
+    paged_kv_tile,
+    sink_logit,
+    sink_share,
+    tile_dtype,
+)
 from nanovllm.kernels.triton_pdl import pdl_launch, wait_for_previous_kernel
 
 _BLOCK_N = 64  # context tokens per tile
@@ -99,17 +107,19 @@ def _decode_split_kernel(
     SINKS: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    wait_for_previous_kernel(PDL)
     kv_head = tl.program_id(0)
+    # rows: GROUP heads of each of the sequence's QUERIES queries, query-major
+    r = tl.arange(0, ROWS_PAD)
+    r_mask = r < GROUP * QUERIES
+    heads = kv_head * GROUP + r % GROUP
+    if SINKS and NUM_SPLITS == 1:  # the output is final here: the sink joins its sum at the end
+        sink = sink_logit(sinks_ptr, heads)
+    wait_for_previous_kernel(PDL)
     seq = tl.program_id(1)
     if ORDERED:
         seq = tl.load(seq_order_ptr + seq)
     split = tl.program_id(2)
-    # rows: GROUP heads of each of the sequence's QUERIES queries, query-major
-    r = tl.arange(0, ROWS_PAD)
-    r_mask = r < GROUP * QUERIES
     tokens = seq * QUERIES + r // GROUP  # each row's query token
-    heads = kv_head * GROUP + r % GROUP
     context_len = tl.load(context_lens_ptr + seq * QUERIES + QUERIES - 1)  # the last query sees the most
     first = 0  # the first position some query sees
     if SLIDING:
@@ -183,8 +193,8 @@ def _decode_split_kernel(
         if QUERIES > 1:
             l = tl.where(l > 0, l, 1.0)  # a row that saw no key of this slice: weight 0 (lse -inf) below
         out = acc / l[:, None]
-        if SINKS and NUM_SPLITS == 1:  # the output is final: the sink joins its sum here
-            out *= sink_share(sinks_ptr, heads, m + tl.log2(l))[:, None]
+        if SINKS and NUM_SPLITS == 1:
+            out *= sink_share(sink, m + tl.log2(l))[:, None]
         tl.store(
             o_ptr + o_rows[:, None] + d[None, :], out.to(o_ptr.dtype.element_ty), mask=r_mask[:, None] & d_mask[None, :]
         )
@@ -221,9 +231,11 @@ def _merge_splits_kernel(
     SINKS: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    wait_for_previous_kernel(PDL)
     seq = tl.program_id(0)
     head = tl.program_id(1)
+    if SINKS:
+        sink = sink_logit(sinks_ptr, head)
+    wait_for_previous_kernel(PDL)
     sp = tl.arange(0, SPLITS_PAD)
     d = tl.arange(0, BLOCK_D)
     lse = tl.load(lse_ptr + seq * stride_ls + head * stride_lh + sp, mask=sp < NUM_SPLITS, other=float("-inf"))
@@ -238,7 +250,7 @@ def _merge_splits_kernel(
     ).to(tl.float32)
     out = tl.sum(partial * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
     if SINKS:  # the log-sum-exp of all the slices' scores: top + log2(total)
-        out *= sink_share(sinks_ptr, head, top + tl.log2(total))
+        out *= sink_share(sink, top + tl.log2(total))
     tl.store(o_ptr + seq * stride_os + head * stride_oh + d, out.to(o_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
 

@@ -35,7 +35,14 @@ import torch
 import triton
 import triton.language as tl
 
-from nanovllm.kernels.triton_attention_tiles import LOG2E, online_softmax_step, paged_kv_tile, sink_share, tile_dtype
+from nanovllm.kernels.triton_attention_tiles import (
+    LOG2E,
+    online_softmax_step,
+    paged_kv_tile,
+    sink_logit,
+    sink_share,
+    tile_dtype,
+)
 
 
 # The block-table width follows the batch's longest sequence; specialising on it
@@ -88,6 +95,8 @@ def _prefill_kernel(
     m_block = tl.program_id(0)
     seq = tl.program_id(1)
     head = tl.program_id(2)
+    if SINKS:
+        sink = sink_logit(sinks_ptr, head)
     q_start = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - q_start
     if m_block * BLOCK_M >= q_len:
@@ -217,7 +226,7 @@ def _prefill_kernel(
 
     out = acc / l[:, None]
     if SINKS:
-        out *= sink_share(sinks_ptr, head, m + tl.log2(l))[:, None]
+        out *= sink_share(sink, m + tl.log2(l))[:, None]
     tl.store(
         o_ptr + (q_start + rows)[:, None].to(tl.int64) * stride_ot + head * stride_oh + d[None, :],
         out.to(o_ptr.dtype.element_ty),
