@@ -120,7 +120,7 @@ def block_sizes(prologue: str, n: int, k: int, fp8: str | None, rows: int) -> st
     """The GEMV's BLOCK_N, BLOCK_K and warps (and stages, for several rows) for a product of `rows` rows with
     an [n, k] weight with `prologue` in front."""
     if rows > 1:
-        return ", ".join(map(str, triton_gemv.rows_blocks_for(n)))
+        return ", ".join(map(str, triton_gemv.rows_blocks_for(n, 2, 128 if fp8 == "128x128" else None)))
     constant = {"norm": triton_gemv.RMS_NORM, "activation": triton_gemv.GATED}.get(prologue, triton_gemv.PLAIN)
     return ", ".join(map(str, triton_gemv.blocks_for(constant, n, k, fp8 is not None)))
 

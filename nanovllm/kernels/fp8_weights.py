@@ -13,8 +13,9 @@ block), so a block's largest value maps to e4m3's largest finite one. Two layout
 Activations of products of several rows are quantized on the fly per token and per group of the weight
 block's width (the whole row for per-channel weights, groups of 128 for block weights, as vLLM does), so
 that each product of a block of x and a block of W carries one scale of each and runs on FP8 tensor
-cores. A few rows (a decode step of one or a few sequences, bound by reading W) are multiplied
-unquantized, as the GEMV (`triton_gemv.py`) does: `quantize_x=False`.
+cores. One row, and a few rows (up to 16: a decode step of a few sequences, a verify step) of
+per-channel weights, are multiplied unquantized, as the GEMV (`triton_gemv.py`) does:
+`quantize_x=False`; its rows kernel quantizes a few rows of block weights like the larger products.
 """
 
 import torch

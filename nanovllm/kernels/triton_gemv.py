@@ -55,11 +55,17 @@ up ([2N, K]): a program multiplies x with the same features of both halves
 and writes act(gate) * up, from the two sums rounded to the dtype, as the
 separate activation kernel would compute it: an MLP's norm, gate/up product
 and activation are one launch, and its down projection a plain one. The same
-bias and FP8 scales apply; FP8 weights are converted to x's dtype, and a
-per-block scale is folded into x, rounded to its dtype. `rows_blocks_for`
-picks its tiles. It lets the next kernel start only after its loop
-(`triton_pdl.py` says why).
+bias and FP8 scales apply. Per-channel FP8 weights are converted to x's dtype.
+Block-FP8 weights (128 x 128 scales) are multiplied on the FP8 tensor cores
+instead: each chunk of x is quantized to float8 per row (one scale each, as
+`fp8_weights.fp8_linear` quantizes x per token and 128 columns) and multiplied
+with the chunk of W as stored, the sums scaled by both scales; converting every
+weight to 16 bits took 1.4-1.5x as long at four rows (docs/benchmarks.md).
+`rows_blocks_for` picks its tiles. It lets the next kernel start only after its
+loop (`triton_pdl.py` says why).
 """
+
+import math
 
 import torch
 import triton
@@ -70,6 +76,7 @@ from nanovllm.kernels.triton_pdl import let_next_kernel_start, pdl_launch, wait_
 
 PLAIN, RMS_NORM, GATED = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # PROLOGUE
 NO_SCALES, PER_ROW, PER_BLOCK = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # SCALES of FP8 weights
+FP8_MAX = tl.constexpr(448.0)  # e4m3fn's largest finite value
 # PROLOGUE -> (BLOCK_N, BLOCK_K, num_warps)
 BLOCKS = {PLAIN.value: (4, 2048, 4), RMS_NORM.value: (8, 512, 4), GATED.value: (8, 2048, 4)}
 # the same for FP8 weights, from `benchmarks/gemv.py --fp8 --sweep --shapes 8b`: narrower chunks, since wider
@@ -89,13 +96,17 @@ def blocks_for(prologue: tl.constexpr, n: int, k: int, fp8: bool) -> tuple[int, 
     return SHAPE_BLOCKS.get((prologue.value, n, k), BLOCKS[prologue.value])
 
 
-def rows_blocks_for(n: int, element_size: int = 2) -> tuple[int, int, int, int]:
+def rows_blocks_for(n: int, element_size: int = 2, scale_columns: int | None = None) -> tuple[int, int, int, int]:
     """BLOCK_N, BLOCK_K, warps and pipeline stages of the rows kernel's product of a weight with n features
     and x of `element_size` bytes: narrower tiles for fewer features, so that enough programs read W (the
     fastest of `benchmarks/gemv.py --rows 5 --sweep` on the projections of Qwen3-0.6B and -8B), and
     half as many columns of 4-byte values, whose stages would not fit in shared memory. The narrowest
     products (n <= 2048: Qwen3-0.6B's o and down, fewer programs than an H100 has SMs) read twice as many
-    columns a stage, to keep more of W in flight per program."""
+    columns a stage, to keep more of W in flight per program. Block-FP8 weights (`scale_columns` a block's
+    columns, a multiple of 16) take 128 columns a chunk, or as many as divide a block, so that one scale
+    covers each chunk (the fastest of 24 tiles on the Qwen3.6-27B shape's products at four rows)."""
+    if scale_columns is not None:
+        return (32 if n <= 8192 else 64), math.gcd(scale_columns, 128), 4, 4
     block_n = 16 if n <= 2048 else 32 if n <= 4096 else 64
     block_k = (1024 if n <= 2048 else 512) // element_size
     return block_n, block_k, 4, 4
@@ -242,27 +253,47 @@ def _store_rows_sum(x_ptr, r_ptr, h_ptr, M, K, stride_x, ROWS: tl.constexpr, SUM
 
 
 @triton.jit
-def _rows_dot(
-    acc,
-    x,
-    w_ptr,
-    scale_ptr,
-    first,
-    features,
-    feature_ok,
-    k,
-    K,
-    SCALES: tl.constexpr,
-    SCALE_ROWS: tl.constexpr,
-    SCALE_COLUMNS: tl.constexpr,
-    PRECISION: tl.constexpr,
-):
-    """acc + x W[features, k]^T: [ROWS, BLOCK_N], on the tensor cores in x's dtype; `first` is features[0]."""
-    if SCALES == PER_BLOCK:  # the scales of these features' block of rows, one per group of columns
-        scale_at = scale_ptr + first // SCALE_ROWS * tl.cdiv(K, SCALE_COLUMNS) + k // SCALE_COLUMNS
-        x = (x.to(tl.float32) * tl.load(scale_at, mask=k < K, other=0.0)[None, :]).to(x.dtype)
+def _rows_dot(acc, x, w_ptr, features, feature_ok, k, K, PRECISION: tl.constexpr):
+    """acc + x W[features, k]^T: [ROWS, BLOCK_N], on the tensor cores in x's dtype."""
     w = _weight_chunk(w_ptr, features, feature_ok, 0, k, K)  # columns k
     return acc + tl.dot(x, tl.trans(w.to(x.dtype)), input_precision=PRECISION)
+
+
+@triton.jit
+def _e4m3_rounded(x):
+    """fp32 x (|x| <= 448) rounded to the nearest float8 e4m3 value, ties to even: the cast that follows is
+    then exact. Triton's interpreter (the CPU tests') casts a value just below a power of two to the power
+    below instead of the one above; the GPU's cast rounds right by itself."""
+    exponent = tl.maximum(((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)  # e4m3's smallest normal: 2^-6
+    ulp = ((exponent - 3 + 127) << 23).to(tl.float32, bitcast=True)  # 3 mantissa bits
+    # adding 1.5 * 2^23 ulps leaves fp32 itself one ulp of precision: the sum rounds x to whole ulps
+    magic = ulp * 12582912.0
+    return (x + magic) - magic
+
+
+@triton.jit
+def _quantized_rows(x, EXACT_CAST: tl.constexpr):
+    """Each row of x [ROWS, BLOCK_K] as float8 e4m3 values and the fp32 scale that restores them (its largest
+    magnitude / 448; 1 for a row of zeros): [ROWS, BLOCK_K], [ROWS]."""
+    x = x.to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)
+    scale = tl.where(amax > 0, amax / FP8_MAX, 1.0)
+    q = x / scale[:, None]
+    if EXACT_CAST:
+        q = _e4m3_rounded(q)
+    return q.to(tl.float8e4nv), scale
+
+
+@triton.jit
+def _block_scaled_dot(
+    acc, xq, x_scale, w_ptr, scale_ptr, first, features, feature_ok, start, columns, K, SCALE_ROWS, SCALE_COLUMNS
+):
+    """acc + x W[features, start:start + BLOCK_K]^T: [ROWS, BLOCK_N], on the FP8 tensor cores, x given as
+    float8 rows xq [ROWS, BLOCK_K] with their scales x_scale [ROWS]; `first` is features[0], and the
+    chunk lies in one block of W's scales."""
+    w = _weight_chunk(w_ptr, features, feature_ok, start, columns, K)
+    w_scale = tl.load(scale_ptr + first // SCALE_ROWS * tl.cdiv(K, SCALE_COLUMNS) + start // SCALE_COLUMNS)
+    return acc + tl.dot(xq, tl.trans(w)) * (x_scale * w_scale)[:, None]
 
 
 @triton.jit
@@ -302,6 +333,7 @@ def _rows_kernel(
     SCALE_ROWS: tl.constexpr,
     SCALE_COLUMNS: tl.constexpr,
     PRECISION: tl.constexpr,
+    EXACT_CAST: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -332,25 +364,43 @@ def _rows_kernel(
         else:
             x = _rows_loads(x_ptr, r_ptr, rows, row_ok, k, K, stride_x, False)[0]
         # x: [ROWS, BLOCK_K] with W[features, k]: [BLOCK_N, BLOCK_K] -> acc [ROWS, BLOCK_N]
-        acc = _rows_dot(
-            acc, x, w_ptr, scale_ptr, first, features, feature_ok, k, K, SCALES, SCALE_ROWS, SCALE_COLUMNS, PRECISION
-        )
-        if GATED_OUTPUT:
-            up = _rows_dot(
-                up,
-                x,
+        if SCALES == PER_BLOCK:
+            xq, x_scale = _quantized_rows(x, EXACT_CAST)
+            acc = _block_scaled_dot(
+                acc,
+                xq,
+                x_scale,
                 w_ptr,
                 scale_ptr,
-                N + first,
-                N + features,
+                first,
+                features,
                 feature_ok,
-                k,
+                start,
+                columns,
                 K,
-                SCALES,
                 SCALE_ROWS,
                 SCALE_COLUMNS,
-                PRECISION,
             )
+            if GATED_OUTPUT:
+                up = _block_scaled_dot(
+                    up,
+                    xq,
+                    x_scale,
+                    w_ptr,
+                    scale_ptr,
+                    N + first,
+                    N + features,
+                    feature_ok,
+                    start,
+                    columns,
+                    K,
+                    SCALE_ROWS,
+                    SCALE_COLUMNS,
+                )
+        else:
+            acc = _rows_dot(acc, x, w_ptr, features, feature_ok, k, K, PRECISION)
+            if GATED_OUTPUT:
+                up = _rows_dot(up, x, w_ptr, N + features, feature_ok, k, K, PRECISION)
     let_next_kernel_start(PDL)
     rstd = tl.full((ROWS,), 1.0, tl.float32)
     if PROLOGUE == RMS_NORM:
@@ -450,7 +500,9 @@ def _launch_rows(
     assert 2 <= x.size(0) <= MAX_ROWS and x.stride(1) == 1 and weight.is_contiguous()
     assert prologue is PLAIN or x.is_contiguous() and (residual is None or residual.is_contiguous())
     scales, scale_rows, scale_columns = _scale_layout(weight, weight_scale, weight_block)
-    block_n, block_k, num_warps, stages = rows_blocks_for(n, x.element_size())
+    block_n, block_k, num_warps, stages = rows_blocks_for(
+        n, x.element_size(), scale_columns if scales is PER_BLOCK else None
+    )
     if act is not None:  # a program reads as many rows of W as in a plain product: half gate, half up (16 at least)
         n, block_n = n // 2, max(16, block_n // 2)
     y = _output(x, n, out)
@@ -483,6 +535,7 @@ def _launch_rows(
         SCALE_COLUMNS=scale_columns,
         # float32 inputs (the CPU tests') are multiplied in full precision rather than as TF32
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        EXACT_CAST=x.device.type == "cpu",  # CPU tensors run in Triton's interpreter (`_e4m3_rounded`)
         ROWS=MAX_ROWS,
         BLOCK_N=block_n,
         BLOCK_K=min(block_k, max(16, triton.next_power_of_2(k))),

@@ -159,8 +159,8 @@ class LinearBase(nn.Module):
                 return block_scaled_mm_linear(x, self.weight, self.weight_scale, bias)
             if self._whole_blocks():
                 return linear(x, _dequantize_weight(self.weight, self.weight_scale, self.weight_block, x.dtype), bias)
-        # the rows the GEMV would take are multiplied unquantized, as it does
-        quantize_x = x.size(0) > GEMV_MAX_ROWS
+        # as the GEMV would: one row, and a few of per-channel weights, unquantized
+        quantize_x = x.size(0) > (1 if not per_channel else GEMV_MAX_ROWS)
         return fp8_linear(x, self.weight, self.weight_scale, self.weight_block, bias, quantize_x=quantize_x)
 
     def _whole_blocks(self) -> bool:

@@ -82,6 +82,8 @@ def _block(block, name: str) -> tuple[int, int]:
     """A block size of the config, as (rows, columns) of positive whole numbers."""
     if not (isinstance(block, (list, tuple)) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
         raise ValueError(f"{name} must be two positive whole numbers [rows, columns], got {block!r}")
+    if block[1] % 16:  # the FP8 tensor cores take 16 columns at a time, and a block's columns share a scale
+        raise ValueError(f"{name} {block!r}: a block's columns must be a multiple of 16 (published: [128, 128])")
     return tuple(block)
 
 

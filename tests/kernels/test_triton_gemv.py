@@ -51,6 +51,20 @@ def normed(x: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * norm_weight.double()
 
 
+def fp8_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [rows, K] quantized to float8 per row and 128 columns and restored, in float64: what the rows kernel
+    multiplies block-FP8 weights with."""
+    values, scale = quantize_blocks(x.float(), (1, 128))
+    return dequantize_blocks(values, scale, (1, 128)).double()
+
+
+def normed_fp8_rows(h: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
+    """RMSNorm of each row of h as the rows kernel multiplies it with block-FP8 weights: h * weight rounded to
+    the dtype and quantized (`fp8_rows`), the row's 1/rms applied to the products."""
+    rstd = torch.rsqrt(h.double().pow(2).mean(-1, keepdim=True) + 1e-6)
+    return fp8_rows((h.float() * norm_weight.float()).to(h.dtype)) * rstd
+
+
 @pytest.mark.parametrize("rows", ROW_COUNTS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
@@ -171,9 +185,11 @@ def test_fp8_weights_in_every_prologue(dtype, block, rows):
     bias = torch.randn(features, device=DEVICE, dtype=dtype)
     gate, up = gate_up.double().chunk(2, dim=-1)
     activated = (torch.nn.functional.silu(gate) * up).to(dtype)  # the prologue rounds it to the dtype
-    normed_sum = normed(x + residual, norm_weight)
+    # several rows of block-FP8 weights are multiplied on the FP8 tensor cores, x quantized like the weights
+    fp8_x = rows > 1 and block == (128, 128)
+    normed_sum = normed_fp8_rows(x + residual, norm_weight) if fp8_x else normed(x + residual, norm_weight)
     products = [
-        (gemv(x, values, bias=bias, **fp8), x.double()),
+        (gemv(x, values, bias=bias, **fp8), fp8_rows(x) if fp8_x else x.double()),
         (rms_norm_gemv(x, residual, norm_weight, 1e-6, values, bias, **fp8)[0], normed_sum),
     ]
     if rows == 1:
