@@ -127,7 +127,7 @@ class LLM(EngineFrontend):
             for output, output_params in zip(outputs, params):
                 # a grammar holds the reply from its first token: it has no reasoning
                 if output_params.structured_outputs is None:
-                    _split_reasoning(output, reasoning_parser)
+                    _split_reasoning(output, reasoning_parser, self.tokenizer)
         return outputs
 
     def _params_per_prompt(self, num_prompts: int, sampling_params) -> list[SamplingParams]:
@@ -173,8 +173,8 @@ def _keeping_special_tokens(params: SamplingParams) -> SamplingParams:
     return kept
 
 
-def _split_reasoning(output: RequestOutput, parser: str) -> None:
+def _split_reasoning(output: RequestOutput, parser: str, tokenizer) -> None:
     """Each completion of `output` split into its `reasoning_content` and its answer (`text`)."""
     for completion in output.outputs:
-        reasoning, answer = split_reasoning(completion.text, parser)
+        reasoning, answer = split_reasoning(completion.text, parser, completion.token_ids, tokenizer)
         completion.reasoning_content, completion.text = reasoning, answer or ""

@@ -491,6 +491,7 @@ class _Chat(_Shape):
         self.tool_choice = tool_choice
         self.tool_format = FORMATS[handler.settings.tool_call_parser]
         self.reasoning_parser = reasoning_parser
+        self.tokenizer = handler.tokenizer  # harmony replies are read by token ids where its vocabulary allows
         self._reasoning: dict = {}  # per choice: its split (`reasoning_stream`), with a reasoning parser
         self.header = ResponseHeader.new("chatcmpl", handler.settings.model_name)
         self._text: dict[int, str] = {}  # per choice: the text so far, when tools are on
@@ -524,8 +525,10 @@ class _Chat(_Shape):
         """The reasoning and the answer text that `choice` brings (no reasoning without a parser)."""
         if self.reasoning_parser is None:
             return "", choice.text
-        stream = self._reasoning.setdefault(index, reasoning_stream(self.reasoning_parser))
-        reasoning, answer = stream.feed(choice.text)
+        if index not in self._reasoning:
+            self._reasoning[index] = reasoning_stream(self.reasoning_parser, self.tokenizer)
+        stream = self._reasoning[index]
+        reasoning, answer = stream.feed(choice.text, choice.token_ids)
         if choice.finish_reason is not None:
             rest_reasoning, rest_answer = stream.finish()
             reasoning, answer = reasoning + rest_reasoning, answer + rest_answer

@@ -14,15 +14,25 @@ ends the message too).
 `read_messages` reads the messages of a reply so far: those whose header is
 whole, the last one's content less a tail that may be the start of a tag, so
 that a streamed reply's messages only grow.
+
+Where the vocabulary holds the tags as special tokens (gpt-oss's does), a
+reply is read by its token ids (`HarmonyReasoningStream` with a tokenizer):
+only those ids are tags, and a tag's text that the model spells out in plain
+tokens stays content.
 """
 
 import re
 from dataclasses import dataclass
 
+from tokenizers.decoders import DecodeStream
+
 from nanovllm.entrypoints.partial_tags import partial_tag
 
 START, MESSAGE, CHANNEL = "<|start|>", "<|message|>", "<|channel|>"
 _ENDS = ("<|end|>", "<|call|>", "<|return|>")
+TAGS = (START, CHANNEL, MESSAGE, "<|constrain|>", *_ENDS)
+# "<|" of a reply's plain text, read by token ids: no tag begins so; restored in what the split returns
+_PLAIN_OPENING = "<\ue000|"
 _RECIPIENT = re.compile(r"\bto=([^\s<]+)")
 _CHANNEL_NAME = re.compile(re.escape(CHANNEL) + r"\s*([^\s<]+)")
 FUNCTIONS = "functions."
@@ -74,7 +84,7 @@ def split_harmony(text: str, whole: bool = False) -> tuple[str, str]:
     per line; and the final messages' contents, with every other message (a tool call, a preamble) passed on as
     written, for the tool parser (`openai`). A reply with no message header at all is all answer."""
     if MESSAGE not in text and whole:
-        return "", text
+        return "", text.replace(_PLAIN_OPENING, "<|")
     reasoning, answer = [], []
     for message in read_messages(text, whole):
         if message.channel == "analysis":
@@ -83,20 +93,49 @@ def split_harmony(text: str, whole: bool = False) -> tuple[str, str]:
             answer.append(message.content)
         else:
             answer.append(message.raw)
-    return "\n".join(reasoning), "".join(answer)
+    return "\n".join(reasoning).replace(_PLAIN_OPENING, "<|"), "".join(answer).replace(_PLAIN_OPENING, "<|")
+
+
+def harmony_tag_ids(tokenizer) -> set[int] | None:
+    """The ids of harmony's tags where the vocabulary of `tokenizer` (a transformers tokenizer) holds each as
+    one special token, else None: the reply is then read from its text."""
+    added = {token.content: token_id for token_id, token in tokenizer.added_tokens_decoder.items() if token.special}
+    if not all(tag in added for tag in TAGS):
+        return None
+    return {added[tag] for tag in TAGS}
 
 
 class HarmonyReasoningStream:
-    """One reply's `split_harmony`, fed its text in deltas of any size: each `feed` returns the (reasoning,
-    answer) text it settles, `finish` what is left once the reply ends (as `reasoning.ReasoningStream`)."""
+    """One reply's `split_harmony`, fed in deltas of any size: each `feed` returns the (reasoning, answer) text
+    it settles, `finish` what is left once the reply ends (as `reasoning.ReasoningStream`). With a `tokenizer`
+    whose vocabulary holds the tags (`harmony_tag_ids`), the reply is read from its token ids, decoded here;
+    else from its text."""
 
-    def __init__(self):
+    def __init__(self, tokenizer=None):
         self._text = ""
         self._sent = ("", "")  # the reasoning and answer sent so far
+        self._tag_ids = None if tokenizer is None else harmony_tag_ids(tokenizer)
+        if self._tag_ids is not None:
+            self._backend = tokenizer.backend_tokenizer
+            self._decoder = DecodeStream(skip_special_tokens=False)
 
-    def feed(self, delta: str) -> tuple[str, str]:
-        self._text += delta
+    def feed(self, delta: str, token_ids: list[int] = ()) -> tuple[str, str]:
+        """The (reasoning, answer) text that the reply's next piece settles: its text `delta`, or where the
+        reply is read by ids, its `token_ids`."""
+        self._text += delta if self._tag_ids is None else self._decoded(token_ids)
         return self._settle(split_harmony(self._text))
+
+    def _decoded(self, token_ids: list[int]) -> str:
+        """The text of `token_ids`, the plain tokens' "<|" changed so that only the tag ids read as tags."""
+        text = self._text
+        for token_id in token_ids:
+            piece = self._decoder.step(self._backend, token_id) or ""
+            if token_id not in self._tag_ids:
+                if piece.startswith("|") and text.endswith("<"):  # a "<|" split between two plain tokens
+                    piece = _PLAIN_OPENING[1:] + piece[1:]
+                piece = piece.replace("<|", _PLAIN_OPENING)
+            text += piece
+        return text[len(self._text) :]
 
     def finish(self) -> tuple[str, str]:
         return self._settle(split_harmony(self._text, whole=True))

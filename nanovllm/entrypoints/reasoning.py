@@ -24,9 +24,10 @@ start of a tag; a qwen3 reply shows nothing before its `</think>` arrives
 when none came. The deltas of a stream join into exactly the whole split.
 
 - `openai_gptoss`: gpt-oss's harmony messages (`harmony.py`), read from the
-  reply's special tokens: the analysis channel is the reasoning, the final
-  channel the answer, and any other message (a tool call) passes on to the
-  answer as written, for the `openai` tool-call parser.
+  reply's special tokens (by their ids where the vocabulary holds them, else
+  from the text): the analysis channel is the reasoning, the final channel the
+  answer, and any other message (a tool call) passes on to the answer as
+  written, for the `openai` tool-call parser.
 """
 
 from nanovllm.entrypoints.harmony import HarmonyReasoningStream
@@ -39,15 +40,17 @@ REASONING_PARSERS = ("deepseek_r1", "openai_gptoss", "qwen3")
 READS_SPECIAL_TOKENS = ("openai_gptoss",)
 
 
-def reasoning_stream(parser: str) -> "ReasoningStream | HarmonyReasoningStream":
-    """The split of one reply under `parser`, fed as it streams."""
-    return HarmonyReasoningStream() if parser == "openai_gptoss" else ReasoningStream(parser)
+def reasoning_stream(parser: str, tokenizer=None) -> "ReasoningStream | HarmonyReasoningStream":
+    """The split of one reply under `parser`, fed as it streams; harmony's is read by token ids where
+    `tokenizer`'s vocabulary holds its tags."""
+    return HarmonyReasoningStream(tokenizer) if parser == "openai_gptoss" else ReasoningStream(parser)
 
 
-def split_reasoning(text: str, parser: str) -> tuple[str | None, str | None]:
-    """(reasoning, answer) of a whole reply under `parser`, each None when empty."""
-    stream = reasoning_stream(parser)
-    reasoning, answer = stream.feed(text)
+def split_reasoning(text: str, parser: str, token_ids: list[int] = (), tokenizer=None) -> tuple[str | None, str | None]:
+    """(reasoning, answer) of a whole reply under `parser`, each None when empty (read by its `token_ids`
+    where `reasoning_stream` says)."""
+    stream = reasoning_stream(parser, tokenizer)
+    reasoning, answer = stream.feed(text, token_ids)
     rest_reasoning, rest_answer = stream.finish()
     return (reasoning + rest_reasoning) or None, (answer + rest_answer) or None
 
@@ -65,8 +68,9 @@ class ReasoningStream:
         self._end: int | None = None  # where the answer starts (past </think> and its newlines), once known
         self._sent = 0  # how far into the text the parts sent so far go
 
-    def feed(self, delta: str) -> tuple[str, str]:
-        """The reasoning and answer text that `delta` settles (either may be "")."""
+    def feed(self, delta: str, token_ids: list[int] = ()) -> tuple[str, str]:
+        """The reasoning and answer text that `delta` settles (either may be ""); </think> is read from the
+        text, so `token_ids` are not needed."""
         # a </think> that `delta` completes begins at most a tag's length before it
         scan = max(len(self._text) - len(THINK_END) + 1, 0)
         self._text += delta
