@@ -187,6 +187,8 @@ def fused_experts(
     eps: float = 0.0,
     w13_bias: torch.Tensor | None = None,
     w2_bias: torch.Tensor | None = None,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """For each token, the sum over its top_k choices of weight * down(act(gate(x)) * up(x)) of that
     expert (each projection adding its bias, where given), as `layers/fused_moe.moe_experts` computes it,
@@ -203,8 +205,10 @@ def fused_experts(
     top_k = ids.size(1)
     assert x.stride(1) == 1 and w13.is_contiguous() and w2.is_contiguous() and weights.dtype == torch.float32
     if num_tokens <= FEW_TOKENS:
-        return few_token_experts(x, w13, w2, weights, ids, hidden_act, norm_weight, eps, w13_bias, w2_bias)
+        scales = dict(w13_scale=w13_scale, w2_scale=w2_scale)
+        return few_token_experts(x, w13, w2, weights, ids, hidden_act, norm_weight, eps, w13_bias, w2_bias, **scales)
     assert norm_weight is None, "only the few-token kernels normalise their input"
+    assert w13_scale is None, "only the few-token kernels read MXFP4 weights"
     block_m, block_n, block_k, num_warps, num_stages = tiles_for(num_tokens)
     if x.dtype == torch.float32:  # tiles of twice the bytes: fewer in flight, or they overflow shared memory
         block_k, num_stages = min(block_k, 32), 2
