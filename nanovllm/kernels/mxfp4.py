@@ -43,8 +43,10 @@ def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     blocks = w.float().unflatten(-1, (-1, BLOCK))  # [..., K / 32, 32]
     amax = blocks.abs().amax(dim=-1)
     exponent = torch.ceil(torch.log2(amax / E2M1_MAX)).nan_to_num(0.0, neginf=0.0).clamp(-_SCALE_BIAS, _SCALE_BIAS)
-    scaled = torch.ldexp(blocks, -exponent[..., None].int())  # |scaled| <= 6
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=w.device)
-    nibbles = (scaled[..., None] - table).abs().argmin(dim=-1).to(torch.uint8).flatten(-2)  # [..., K]
+    scaled = torch.ldexp(blocks, -exponent[..., None].int()).flatten(-2)  # [..., K], |scaled| <= 6
+    # the nearest magnitude: how many of the midpoints between e2m1's magnitudes lie below
+    magnitudes = torch.tensor(_E2M1_MAGNITUDES, device=w.device)
+    nearest = torch.bucketize(scaled.abs(), (magnitudes[1:] + magnitudes[:-1]) / 2).to(torch.uint8)
+    nibbles = nearest | ((scaled < 0).to(torch.uint8) << 3)  # [..., K]
     packed = nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)
     return packed, (exponent + _SCALE_BIAS).to(torch.uint8)
