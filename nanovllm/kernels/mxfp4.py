@@ -40,7 +40,7 @@ def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """
     if w.size(-1) % BLOCK:
         raise ValueError(f"MXFP4 weights need an input size that is a multiple of {BLOCK}, got {w.size(-1)}")
-    blocks = w.float().unflatten(-1, (-1, BLOCK))  # [..., K / 32, 32]
+    blocks = w.float().contiguous().unflatten(-1, (-1, BLOCK))  # [..., K / 32, 32]
     amax = blocks.abs().amax(dim=-1)
     exponent = torch.ceil(torch.log2(amax / E2M1_MAX)).nan_to_num(0.0, neginf=0.0).clamp(-_SCALE_BIAS, _SCALE_BIAS)
     scaled = torch.ldexp(blocks, -exponent[..., None].int()).flatten(-2)  # [..., K], |scaled| <= 6
