@@ -9,8 +9,9 @@ soft-capped attention and logits), Gemma-3-4B (five 1,024-token sliding layers
 to one global), Phi-4-mini (partial rotary, LongRoPE), Qwen3-30B-A3B (128 experts, 8 per
 token, on every layer), and the hybrids of three Gated DeltaNet layers to one gated full-attention layer:
 Qwen3.5-9B, Qwen3.6-27B (also as its FP8 checkpoint: 128 x 128 blocks) and Qwen3.6-35B-A3B (256 experts, 8
-per token, and a shared expert); and gpt-oss-20b in bf16 (32 biased experts, 4 per token, sliding and full
-layers in turn, attention sinks; its published checkpoint holds the experts in MXFP4). The values are
+per token, and a shared expert); and gpt-oss-20b (32 biased experts, 4 per token, sliding and full layers
+in turn, attention sinks) in bf16 and, as published, with MXFP4 experts ("-mxfp4"), and gpt-oss-120b (36
+layers, 128 experts) with MXFP4 experts. The values are
 those of the published config.json files (of the hybrids, their text_config); LongRoPE's factor lists are
 placeholders of the right length, which change no speed.
 
@@ -59,6 +60,49 @@ def _qwen3_5(**shape) -> dict:
         **shape,
     }
 
+
+def _gpt_oss(num_hidden_layers: int, **shape) -> dict:
+    return {
+        "architectures": ["GptOssForCausalLM"],
+        "model_type": "gpt_oss",
+        "vocab_size": 201088,
+        "hidden_size": 2880,
+        "intermediate_size": 2880,
+        "num_hidden_layers": num_hidden_layers,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 32.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 4096,
+        },
+        "hidden_act": "silu",
+        "attention_bias": True,
+        "sliding_window": 128,
+        "layer_types": ["sliding_attention", "full_attention"] * (num_hidden_layers // 2),
+        "num_experts_per_tok": 4,
+        "swiglu_limit": 7.0,
+        "tie_word_embeddings": False,
+        **shape,
+    }
+
+
+_GPT_OSS_MXFP4 = {
+    "quant_method": "mxfp4",
+    "modules_to_not_convert": [
+        "model.layers.*.self_attn",
+        "model.layers.*.mlp.router",
+        "model.embed_tokens",
+        "lm_head",
+    ],
+}
 
 _QWEN3_6_27B = dict(
     hidden_size=5120,
@@ -225,36 +269,10 @@ SHAPES = {
         moe_intermediate_size=512,
         shared_expert_intermediate_size=512,
     ),
-    "gpt-oss-20b": {
-        "architectures": ["GptOssForCausalLM"],
-        "model_type": "gpt_oss",
-        "vocab_size": 201088,
-        "hidden_size": 2880,
-        "intermediate_size": 2880,
-        "num_hidden_layers": 24,
-        "num_attention_heads": 64,
-        "num_key_value_heads": 8,
-        "head_dim": 64,
-        "max_position_embeddings": 131072,
-        "rms_norm_eps": 1e-5,
-        "rope_parameters": {
-            "rope_type": "yarn",
-            "rope_theta": 150000.0,
-            "factor": 32.0,
-            "beta_fast": 32.0,
-            "beta_slow": 1.0,
-            "truncate": False,
-            "original_max_position_embeddings": 4096,
-        },
-        "hidden_act": "silu",
-        "attention_bias": True,
-        "sliding_window": 128,
-        "layer_types": ["sliding_attention", "full_attention"] * 12,
-        "num_local_experts": 32,
-        "num_experts_per_tok": 4,
-        "swiglu_limit": 7.0,
-        "tie_word_embeddings": False,
-    },
+    "gpt-oss-20b": _gpt_oss(num_hidden_layers=24, num_local_experts=32),
+    # as the published checkpoints store them: the experts in MXFP4, every other weight bf16
+    "gpt-oss-20b-mxfp4": _gpt_oss(num_hidden_layers=24, num_local_experts=32, quantization_config=_GPT_OSS_MXFP4),
+    "gpt-oss-120b": _gpt_oss(num_hidden_layers=36, num_local_experts=128, quantization_config=_GPT_OSS_MXFP4),
 }
 
 
@@ -351,9 +369,10 @@ def model_bytes(
     4-byte scale per head; with quantization "fp8" the decoder's projections (attention's, the Gated DeltaNet's
     and the dense MLP's) in FP8 with a 4-byte scale per output row. A Gated DeltaNet layer's state is read and
     written once a step. A shape stored in FP8 blocks counts as "fp8" (its block scales are a 16,384th of its
-    weights)."""
+    weights); one with MXFP4 experts reads 4.25 bits per expert weight (a byte per 32 of them its scale)."""
     s = SHAPES[shape]
-    if "quantization_config" in s:
+    method = s.get("quantization_config", {}).get("quant_method")
+    if method == "fp8":
         quantization = "fp8"
     h, d = s["hidden_size"], s.get("head_dim") or s["hidden_size"] // s["num_attention_heads"]
     q, kv = s["num_attention_heads"] * d, s["num_key_value_heads"] * d
@@ -392,7 +411,9 @@ def model_bytes(
     decoder = layers * per_layer + (layers - linear) * (attention + qk_norms + biases)
     decoder += linear * (linear_weights + linear_fp32)
     dense = 2 * (lm_head + decoder + h) // tensor_parallel_size
-    expert = 2 * layers * 3 * h * expert_width // tensor_parallel_size
+    expert_weights = layers * 3 * h * expert_width
+    # MXFP4: 4 bits a value and 8 a block of 32, 17 / 32 of a byte
+    expert = (expert_weights * 17 // 32 if method == "mxfp4" else 2 * expert_weights) // tensor_parallel_size
     states = 2 * linear * state // tensor_parallel_size  # each read and written once
     if s["model_type"] == "gpt_oss":  # each expert's gate|up and down biases
         expert += 2 * layers * (2 * expert_width + h) // tensor_parallel_size

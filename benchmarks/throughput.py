@@ -574,7 +574,10 @@ def main() -> None:
 
 def weights_label(shape: str, quantization: str | None = None) -> str:
     """How the shape's weights are stored: as its checkpoint stores them, or quantized at load."""
-    if "quantization_config" in SHAPES[shape]:
+    method = SHAPES[shape].get("quantization_config", {}).get("quant_method")
+    if method == "mxfp4":
+        return "MXFP4 experts, bf16 other weights"
+    if method == "fp8":
         return "fp8 weights in 128x128 blocks"
     return f"{quantization or 'bf16'} weights"
 

@@ -101,6 +101,7 @@ class Config:
     fp32 scale per output channel, quantized at load, and quantizes activations per token on the fly;
     "auto" keeps the checkpoint's weights as they are: full precision, or FP8 for an FP8 checkpoint
     (`models/quantization_config.py` lists the layouts that load). Mixture-of-experts models are refused.
+    gpt-oss's MXFP4 checkpoints load with "auto": their experts stay MXFP4, 4.25 bits a weight.
     `skip_tokenizer_init=True` loads no tokenizer: prompts must be token ids
     and outputs have empty text.
     `enable_chunked_prefill=True` splits prompts into chunks that fit

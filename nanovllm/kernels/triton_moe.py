@@ -21,6 +21,12 @@ Programs are numbered column tile first, so the tiles of one block run side
 by side and read its gathered rows from L2 rather than from memory each, and
 the blocks of one expert run close together and share its weights in L2.
 
+MXFP4 experts (`MXFP4`, gpt-oss: w13 [experts, 2I, hidden / 2] and w2
+[experts, hidden, I / 2] uint8 with their blocks' scales) are read as stored,
+4.25 bits a weight: each chunk of BLOCK_K inputs is BLOCK_K / 2 bytes of each
+column, dequantized in registers (`triton_mxfp4.py`) into its even and odd
+elements, which multiply the even and odd columns of the rows, in two dots.
+
 A one-token step reads only its top_k experts' weights: the other experts own
 no block. Up to FEW_TOKENS tokens skip all of this for `triton_moe_gemv.py`.
 Roundings follow the PyTorch path (`layers/fused_moe.moe_experts`): gate, up
@@ -37,6 +43,7 @@ import triton.language as tl
 from nanovllm.kernels.triton_gated_activation import ACTIVATIONS, gated
 from nanovllm.kernels.triton_moe_align import align_by_expert
 from nanovllm.kernels.triton_moe_gemv import few_token_experts
+from nanovllm.kernels.triton_mxfp4 import dequantize_pairs
 
 # up to this many tokens, each choice reads its expert's rows directly (`triton_moe_gemv.py`): blocks of
 # 16 rows would be nearly all padding; past it the grouped GEMMs win (docs/tuning.md)
@@ -75,10 +82,92 @@ def _block_rows(sorted_slots_ptr, block_experts_ptr, block, num_slots, BLOCK_M: 
     return tl.load(block_experts_ptr + block).to(tl.int64), rows, slots, slots < num_slots
 
 
+@triton.jit
+def _mxfp4_dot(a_even, a_odd, values, scales, mask, acc, PRECISION: tl.constexpr):
+    """acc + a . w for MXFP4 columns w: `values` and `scales` [BLOCK_K / 2, BLOCK_N] point at their bytes and
+    their blocks' scales, whose even elements multiply `a_even` and odd ones `a_odd` ([BLOCK_M, BLOCK_K / 2]:
+    a's even and odd columns), in a's dtype."""
+    even, odd = dequantize_pairs(tl.load(values, mask=mask, other=0), tl.load(scales, mask=mask, other=0))
+    acc = tl.dot(a_even, even.to(a_even.dtype), acc, input_precision=PRECISION)
+    return tl.dot(a_odd, odd.to(a_odd.dtype), acc, input_precision=PRECISION)
+
+
+@triton.jit
+def _dense_products(
+    a_rows,
+    w_cols,
+    row_ok,
+    n_ok,
+    K,
+    stride_wn,
+    TWO: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """a . w over K inputs ([BLOCK_M, BLOCK_N] fp32) for a's rows from `a_rows` [BLOCK_M, 1] and w's columns
+    from `w_cols` [1, BLOCK_N]; with TWO also a . w' for the columns w' stride_wn * (K's other half) on: the
+    gate's and the up's products from one read of a."""
+    k = tl.arange(0, BLOCK_K)
+    a_rows = a_rows + k[None, :]  # [BLOCK_M, BLOCK_K]
+    w_cols = w_cols + k[:, None]  # [BLOCK_K, BLOCK_N]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for start in range(0, K, BLOCK_K):
+        k_ok = k + start < K
+        a = tl.load(a_rows + start, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        w_mask = k_ok[:, None] & n_ok[None, :]
+        acc = tl.dot(a, tl.load(w_cols + start, mask=w_mask, other=0.0), acc, input_precision=PRECISION)
+        if TWO:
+            w2 = tl.load(w_cols + stride_wn + start, mask=w_mask, other=0.0)
+            acc2 = tl.dot(a, w2, acc2, input_precision=PRECISION)
+    return acc, acc2
+
+
+@triton.jit
+def _mxfp4_products(
+    a_rows,
+    w_values,
+    w_scales,
+    row_ok,
+    n_ok,
+    K,
+    stride_wn,
+    stride_sn,
+    TWO: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """`_dense_products` of MXFP4 columns: their bytes from `w_values` and their blocks' scales from
+    `w_scales` ([1, BLOCK_N] each, at each column's start; with TWO the other columns stride_wn and stride_sn
+    on), a chunk of BLOCK_K inputs being BLOCK_K / 2 bytes (BLOCK_K a multiple of 32: whole blocks)."""
+    b = tl.arange(0, BLOCK_K // 2)  # byte b of a chunk holds its inputs 2b and 2b + 1
+    a_rows = a_rows + 2 * b[None, :]  # [BLOCK_M, BLOCK_K / 2]: a's even columns
+    w_values = w_values + b[:, None]  # [BLOCK_K / 2, BLOCK_N]
+    w_scales = w_scales + b[:, None] // 16
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for start in range(0, K, BLOCK_K):
+        b_ok = b + start // 2 < K // 2
+        a_mask = row_ok[:, None] & b_ok[None, :]
+        a_even = tl.load(a_rows + start, mask=a_mask, other=0.0)
+        a_odd = tl.load(a_rows + start + 1, mask=a_mask, other=0.0)
+        w_mask = b_ok[:, None] & n_ok[None, :]
+        values, scales = w_values + start // 2, w_scales + start // 32
+        acc = _mxfp4_dot(a_even, a_odd, values, scales, w_mask, acc, PRECISION)
+        if TWO:
+            acc2 = _mxfp4_dot(a_even, a_odd, values + stride_wn, scales + stride_sn, w_mask, acc2, PRECISION)
+    return acc, acc2
+
+
 @triton.jit(do_not_specialize=["num_slots"])  # one compile for every token count
 def _gate_up_kernel(
     x_ptr,
     w13_ptr,
+    s13_ptr,
     b13_ptr,
     h_ptr,
     sorted_slots_ptr,
@@ -90,11 +179,14 @@ def _gate_up_kernel(
     stride_xt,
     stride_we,
     stride_wn,
+    stride_se,
+    stride_sn,
     stride_hr,
     stride_be,
     TOP_K: tl.constexpr,
     ACT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    MXFP4: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -107,18 +199,31 @@ def _gate_up_kernel(
     tokens = (slots // TOP_K).to(tl.int64)
     n = first_column + tl.arange(0, BLOCK_N)
     n_ok = n < I
-    k = tl.arange(0, BLOCK_K)
-    x_rows = x_ptr + tokens[:, None] * stride_xt + k[None, :]  # [BLOCK_M, BLOCK_K]
-    gate_cols = w13_ptr + expert * stride_we + n[None, :].to(tl.int64) * stride_wn + k[:, None]  # [BLOCK_K, BLOCK_N]
-    up_cols = gate_cols + I * stride_wn
-    gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for start in range(0, H, BLOCK_K):
-        k_ok = k + start < H
-        a = tl.load(x_rows + start, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        w_mask = k_ok[:, None] & n_ok[None, :]
-        gate = tl.dot(a, tl.load(gate_cols + start, mask=w_mask, other=0.0), gate, input_precision=PRECISION)
-        up = tl.dot(a, tl.load(up_cols + start, mask=w_mask, other=0.0), up, input_precision=PRECISION)
+    x_rows = x_ptr + tokens[:, None] * stride_xt  # [BLOCK_M, 1]
+    columns = n[None, :].to(tl.int64)  # [1, BLOCK_N]: of the gate; the up's are I rows of w13 on
+    if MXFP4:
+        values = w13_ptr + expert * stride_we + columns * stride_wn
+        scales = s13_ptr + expert * stride_se + columns * stride_sn
+        gate, up = _mxfp4_products(
+            x_rows,
+            values,
+            scales,
+            row_ok,
+            n_ok,
+            H,
+            I * stride_wn,
+            I * stride_sn,
+            True,
+            PRECISION,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+        )
+    else:
+        w_cols = w13_ptr + expert * stride_we + columns * stride_wn
+        gate, up = _dense_products(
+            x_rows, w_cols, row_ok, n_ok, H, I * stride_wn, True, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K
+        )
     if HAS_BIAS:  # added to the fp32 sums, as the projection adds it before rounding
         biases = b13_ptr + expert * stride_be + n
         gate += tl.load(biases, mask=n_ok, other=0.0).to(tl.float32)[None, :]
@@ -133,6 +238,7 @@ def _gate_up_kernel(
 def _down_kernel(
     h_ptr,
     w2_ptr,
+    s2_ptr,
     b2_ptr,
     out_ptr,
     weights_ptr,
@@ -145,9 +251,12 @@ def _down_kernel(
     stride_hr,
     stride_we,
     stride_wn,
+    stride_se,
+    stride_sn,
     stride_os,
     stride_be,
     HAS_BIAS: tl.constexpr,
+    MXFP4: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -159,15 +268,17 @@ def _down_kernel(
     expert, rows, slots, row_ok = _block_rows(sorted_slots_ptr, block_experts_ptr, block, num_slots, BLOCK_M)
     n = first_column + tl.arange(0, BLOCK_N)
     n_ok = n < H
-    k = tl.arange(0, BLOCK_K)
-    h_rows = h_ptr + rows[:, None].to(tl.int64) * stride_hr + k[None, :]  # [BLOCK_M, BLOCK_K]
-    down_cols = w2_ptr + expert * stride_we + n[None, :].to(tl.int64) * stride_wn + k[:, None]  # [BLOCK_K, BLOCK_N]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for start in range(0, I, BLOCK_K):
-        k_ok = k + start < I
-        a = tl.load(h_rows + start, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(down_cols + start, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        acc = tl.dot(a, w, acc, input_precision=PRECISION)
+    h_rows = h_ptr + rows[:, None].to(tl.int64) * stride_hr  # [BLOCK_M, 1]
+    columns = n[None, :].to(tl.int64)  # [1, BLOCK_N]
+    if MXFP4:
+        values = w2_ptr + expert * stride_we + columns * stride_wn
+        scales = s2_ptr + expert * stride_se + columns * stride_sn
+        acc, _ = _mxfp4_products(
+            h_rows, values, scales, row_ok, n_ok, I, 0, 0, False, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K
+        )
+    else:
+        w_cols = w2_ptr + expert * stride_we + columns * stride_wn
+        acc, _ = _dense_products(h_rows, w_cols, row_ok, n_ok, I, 0, False, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
     if HAS_BIAS:
         acc += tl.load(b2_ptr + expert * stride_be + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     weight = tl.load(weights_ptr + slots, mask=row_ok, other=0.0)  # fp32 [BLOCK_M]
@@ -187,6 +298,8 @@ def fused_experts(
     eps: float = 0.0,
     w13_bias: torch.Tensor | None = None,
     w2_bias: torch.Tensor | None = None,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """For each token, the sum over its top_k choices of weight * down(act(gate(x)) * up(x)) of that
     expert (each projection adding its bias, where given), as `layers/fused_moe.moe_experts` computes it,
@@ -199,11 +312,13 @@ def fused_experts(
     -> [tokens, hidden] in x's dtype
     """
     num_tokens, hidden = x.shape
-    num_experts, width = w2.size(0), w2.size(2)
+    mxfp4 = w13_scale is not None
+    num_experts, width = w2.size(0), w2.size(2) * (2 if mxfp4 else 1)
     top_k = ids.size(1)
     assert x.stride(1) == 1 and w13.is_contiguous() and w2.is_contiguous() and weights.dtype == torch.float32
     if num_tokens <= FEW_TOKENS:
-        return few_token_experts(x, w13, w2, weights, ids, hidden_act, norm_weight, eps, w13_bias, w2_bias)
+        scales = dict(w13_scale=w13_scale, w2_scale=w2_scale)
+        return few_token_experts(x, w13, w2, weights, ids, hidden_act, norm_weight, eps, w13_bias, w2_bias, **scales)
     assert norm_weight is None, "only the few-token kernels normalise their input"
     block_m, block_n, block_k, num_warps, num_stages = tiles_for(num_tokens)
     if x.dtype == torch.float32:  # tiles of twice the bytes: fewer in flight, or they overflow shared memory
@@ -223,9 +338,12 @@ def fused_experts(
     has_bias = w13_bias is not None
     if not has_bias:  # never read: the bias is compiled out
         w13_bias = w2_bias = weights
+    if not mxfp4:  # never read: the scales are compiled out
+        w13_scale, w2_scale = w13, w2
     _gate_up_kernel[(blocks * triton.cdiv(width, block_n),)](
         x,
         w13,
+        w13_scale,
         w13_bias,
         h,
         sorted_slots,
@@ -237,17 +355,21 @@ def fused_experts(
         x.stride(0),
         w13.stride(0),
         w13.stride(1),
+        w13_scale.stride(0),
+        w13_scale.stride(1),
         h.stride(0),
         w13_bias.stride(0),
         TOP_K=top_k,
         ACT=ACTIVATIONS[hidden_act],
         HAS_BIAS=has_bias,
+        MXFP4=mxfp4,
         **launch,
     )
     out = torch.empty(num_slots, hidden, dtype=x.dtype, device=x.device)  # [slots, hidden]
     _down_kernel[(blocks * triton.cdiv(hidden, block_n),)](
         h,
         w2,
+        w2_scale,
         w2_bias,
         out,
         weights,
@@ -260,9 +382,12 @@ def fused_experts(
         h.stride(0),
         w2.stride(0),
         w2.stride(1),
+        w2_scale.stride(0),
+        w2_scale.stride(1),
         out.stride(0),
         w2_bias.stride(0),
         HAS_BIAS=has_bias,
+        MXFP4=mxfp4,
         **launch,
     )
     return out.view(num_tokens, top_k, hidden).sum(dim=1)  # summed in fp32, rounded once

@@ -21,6 +21,11 @@ the one-row GEMV (`triton_gemv.py`) does.
    all top_k choices of the token in one program, so no per-slot output is
    written and summed after.
 
+MXFP4 experts (`MXFP4`, gpt-oss) are read as stored, 4.25 bits a weight:
+each chunk of a row is its bytes and their blocks' scales, dequantized in
+registers (`triton_mxfp4.py`) into the row's even and odd elements, which
+multiply the even and odd inputs.
+
 Both are launched with programmatic dependent launch (`triton_pdl.py`): the
 down kernel reads its token's expert ids (written two kernels earlier) and
 the first chunk of their weights while the gate/up kernel finishes.
@@ -33,6 +38,7 @@ import triton
 import triton.language as tl
 
 from nanovllm.kernels.triton_gated_activation import ACTIVATIONS, gated
+from nanovllm.kernels.triton_mxfp4 import dequantize_pairs
 from nanovllm.kernels.triton_pdl import pdl_launch, wait_for_previous_kernel
 
 # (BLOCK_N, BLOCK_K, num_warps): the fastest of a sweep at one token of a Qwen3-30B-A3B layer
@@ -41,35 +47,13 @@ _DOWN_BLOCKS = (1, 128, 4)  # a row of each of the token's top_k experts per pro
 
 
 @triton.jit
-def _slot_gate_up_kernel(
-    x_ptr,
-    w13_ptr,
-    b13_ptr,
-    h_ptr,
-    ids_ptr,
-    norm_weight_ptr,
-    eps,
-    I,
-    H,
-    stride_xt,
-    stride_we,
-    stride_be,
-    TOP_K: tl.constexpr,
-    ACT: tl.constexpr,
-    NORM: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr,
+def _dense_gate_up_sums(
+    x_row, gate_rows, norm_weight_ptr, n_ok, I, H, NORM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
 ):
-    wait_for_previous_kernel(PDL)  # the routing, just before, chose the expert
-    slot = tl.program_id(0)
-    expert = tl.load(ids_ptr + slot).to(tl.int64)
-    x_row = x_ptr + (slot // TOP_K).to(tl.int64) * stride_xt
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < I
+    """gate . x and up . x ([BLOCK_N] each, fp32) for the rows of gate from `gate_rows` [BLOCK_N, 1] (those
+    of up are I rows on), and the sum of x's squares (with NORM, x is first scaled by the norm's weight)."""
     k = tl.arange(0, BLOCK_K)
-    gate_rows = w13_ptr + expert * stride_we + n[:, None].to(tl.int64) * H + k[None, :]  # [BLOCK_N, BLOCK_K]
+    gate_rows = gate_rows + k[None, :]  # [BLOCK_N, BLOCK_K]
     up_rows = gate_rows + I * H
     gate = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     up = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
@@ -83,10 +67,96 @@ def _slot_gate_up_kernel(
         w_mask = n_ok[:, None] & k_ok[None, :]
         gate += tl.load(gate_rows + start, mask=w_mask, other=0.0).to(tl.float32) * x[None, :]
         up += tl.load(up_rows + start, mask=w_mask, other=0.0).to(tl.float32) * x[None, :]
-    gate_sum = tl.sum(gate, axis=1)
-    up_sum = tl.sum(up, axis=1)
+    return tl.sum(gate, axis=1), tl.sum(up, axis=1), tl.sum(squares, axis=0)
+
+
+@triton.jit
+def _mxfp4_gate_up_sums(
+    x_row,
+    gate_values,
+    gate_scales,
+    norm_weight_ptr,
+    n_ok,
+    I,
+    H,
+    NORM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """`_dense_gate_up_sums` of MXFP4 rows: their bytes from `gate_values` and their blocks' scales from
+    `gate_scales` ([BLOCK_N, 1] each, at each row's start), a chunk of BLOCK_K inputs being BLOCK_K / 2 bytes
+    (BLOCK_K a multiple of 32: whole blocks)."""
+    b = tl.arange(0, BLOCK_K // 2)  # byte b of a chunk holds its inputs 2b and 2b + 1
+    gate_values = gate_values + b[None, :]  # [BLOCK_N, BLOCK_K / 2]
+    gate_scales = gate_scales + b[None, :] // 16
+    up_values = gate_values + I * (H // 2)
+    up_scales = gate_scales + I * (H // 32)
+    gate = tl.zeros((BLOCK_N, BLOCK_K // 2), dtype=tl.float32)
+    up = tl.zeros((BLOCK_N, BLOCK_K // 2), dtype=tl.float32)
+    squares = tl.zeros((BLOCK_K // 2,), dtype=tl.float32)
+    for start in range(0, H, BLOCK_K):
+        b_ok = b + start // 2 < H // 2
+        x_even = tl.load(x_row + start + 2 * b, mask=b_ok, other=0.0).to(tl.float32)
+        x_odd = tl.load(x_row + start + 2 * b + 1, mask=b_ok, other=0.0).to(tl.float32)
+        if NORM:
+            squares += x_even * x_even + x_odd * x_odd
+            x_even *= tl.load(norm_weight_ptr + start + 2 * b, mask=b_ok, other=0.0).to(tl.float32)
+            x_odd *= tl.load(norm_weight_ptr + start + 2 * b + 1, mask=b_ok, other=0.0).to(tl.float32)
+        w_mask = n_ok[:, None] & b_ok[None, :]
+        packed = tl.load(gate_values + start // 2, mask=w_mask, other=0)
+        even, odd = dequantize_pairs(packed, tl.load(gate_scales + start // 32, mask=w_mask, other=0))
+        gate += even * x_even[None, :] + odd * x_odd[None, :]
+        packed = tl.load(up_values + start // 2, mask=w_mask, other=0)
+        even, odd = dequantize_pairs(packed, tl.load(up_scales + start // 32, mask=w_mask, other=0))
+        up += even * x_even[None, :] + odd * x_odd[None, :]
+    return tl.sum(gate, axis=1), tl.sum(up, axis=1), tl.sum(squares, axis=0)
+
+
+@triton.jit
+def _slot_gate_up_kernel(
+    x_ptr,
+    w13_ptr,
+    s13_ptr,
+    b13_ptr,
+    h_ptr,
+    ids_ptr,
+    norm_weight_ptr,
+    eps,
+    I,
+    H,
+    stride_xt,
+    stride_we,
+    stride_se,
+    stride_be,
+    TOP_K: tl.constexpr,
+    ACT: tl.constexpr,
+    NORM: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    MXFP4: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    wait_for_previous_kernel(PDL)  # the routing, just before, chose the expert
+    slot = tl.program_id(0)
+    expert = tl.load(ids_ptr + slot).to(tl.int64)
+    x_row = x_ptr + (slot // TOP_K).to(tl.int64) * stride_xt
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < I
+    rows = n[:, None].to(tl.int64)  # [BLOCK_N, 1]
+    if MXFP4:
+        gate_values = w13_ptr + expert * stride_we + rows * (H // 2)
+        gate_scales = s13_ptr + expert * stride_se + rows * (H // 32)
+        gate_sum, up_sum, squares = _mxfp4_gate_up_sums(
+            x_row, gate_values, gate_scales, norm_weight_ptr, n_ok, I, H, NORM, BLOCK_N, BLOCK_K
+        )
+    else:
+        gate_rows = w13_ptr + expert * stride_we + rows * H
+        gate_sum, up_sum, squares = _dense_gate_up_sums(
+            x_row, gate_rows, norm_weight_ptr, n_ok, I, H, NORM, BLOCK_N, BLOCK_K
+        )
     if NORM:
-        rstd = tl.rsqrt(tl.sum(squares, axis=0) / H + eps)
+        rstd = tl.rsqrt(squares / H + eps)
         gate_sum *= rstd
         up_sum *= rstd
     if HAS_BIAS:
@@ -100,9 +170,81 @@ def _slot_gate_up_kernel(
 
 
 @triton.jit
+def _dense_down_sums(
+    down_rows,
+    h_rows,
+    rows_ok,
+    choice_ok,
+    I,
+    BLOCK_J: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """down . h ([BLOCK_J, BLOCK_N], fp32) of each choice's rows from `down_rows` [BLOCK_J, BLOCK_N, 1] and
+    its slot's h from `h_rows` [BLOCK_J, 1, 1]; the first chunk of weights is read before the wait for the
+    kernel before."""
+    k = tl.arange(0, BLOCK_K)[None, None, :]
+    down_rows = down_rows + k  # [BLOCK_J, BLOCK_N, BLOCK_K]
+    h_rows = h_rows + k  # [BLOCK_J, 1, BLOCK_K]
+    w = tl.load(down_rows, mask=rows_ok & (k < I), other=0.0)
+    wait_for_previous_kernel(PDL)
+    acc = tl.zeros((BLOCK_J, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for start in range(0, I, BLOCK_K):
+        k_ok = k + start < I
+        # the next chunk's weights are in flight while this one is multiplied
+        w_next = tl.load(down_rows + start + BLOCK_K, mask=rows_ok & (k + start + BLOCK_K < I), other=0.0)
+        h = tl.load(h_rows + start, mask=choice_ok[:, None, None] & k_ok, other=0.0)
+        acc += w.to(tl.float32) * h.to(tl.float32)
+        w = w_next
+    return tl.sum(acc, axis=2)
+
+
+@triton.jit
+def _mxfp4_down_sums(
+    down_values,
+    down_scales,
+    h_rows,
+    rows_ok,
+    choice_ok,
+    I,
+    BLOCK_J: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """`_dense_down_sums` of MXFP4 rows: their bytes from `down_values` and their blocks' scales from
+    `down_scales` ([BLOCK_J, BLOCK_N, 1] each), a chunk of BLOCK_K inputs being BLOCK_K / 2 bytes (BLOCK_K a
+    multiple of 32: whole blocks)."""
+    b = tl.arange(0, BLOCK_K // 2)[None, None, :]  # byte b of a chunk holds its inputs 2b and 2b + 1
+    down_values = down_values + b  # [BLOCK_J, BLOCK_N, BLOCK_K / 2]
+    down_scales = down_scales + b // 16
+    h_rows = h_rows + 2 * b  # [BLOCK_J, 1, BLOCK_K / 2]: the even inputs
+    w_mask = rows_ok & (b < I // 2)
+    packed = tl.load(down_values, mask=w_mask, other=0)
+    scales = tl.load(down_scales, mask=w_mask, other=0)
+    wait_for_previous_kernel(PDL)
+    acc = tl.zeros((BLOCK_J, BLOCK_N, BLOCK_K // 2), dtype=tl.float32)
+    for start in range(0, I, BLOCK_K):
+        b_ok = b + start // 2 < I // 2
+        next_mask = rows_ok & (b + (start + BLOCK_K) // 2 < I // 2)
+        # the next chunk's bytes and scales are in flight while this one is multiplied
+        packed_next = tl.load(down_values + (start + BLOCK_K) // 2, mask=next_mask, other=0)
+        scales_next = tl.load(down_scales + (start + BLOCK_K) // 32, mask=next_mask, other=0)
+        h_mask = choice_ok[:, None, None] & b_ok
+        h_even = tl.load(h_rows + start, mask=h_mask, other=0.0).to(tl.float32)
+        h_odd = tl.load(h_rows + start + 1, mask=h_mask, other=0.0).to(tl.float32)
+        even, odd = dequantize_pairs(packed, scales)
+        acc += even * h_even + odd * h_odd
+        packed, scales = packed_next, scales_next
+    return tl.sum(acc, axis=2)
+
+
+@triton.jit
 def _token_down_kernel(
     h_ptr,
     w2_ptr,
+    s2_ptr,
     b2_ptr,
     out_ptr,
     weights_ptr,
@@ -110,10 +252,12 @@ def _token_down_kernel(
     I,
     H,
     stride_we,
+    stride_se,
     stride_ot,
     stride_be,
     TOP_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    MXFP4: tl.constexpr,
     BLOCK_J: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -124,27 +268,20 @@ def _token_down_kernel(
     choice_ok = choices < TOP_K
     slots = token * TOP_K + choices  # [BLOCK_J]
     # the routing finished two kernels ago: its ids and the experts' weights are read before the wait
-    experts = tl.load(ids_ptr + slots, mask=choice_ok, other=0).to(tl.int64)
+    experts = tl.load(ids_ptr + slots, mask=choice_ok, other=0).to(tl.int64)  # [BLOCK_J]
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    k = tl.arange(0, BLOCK_K)
+    rows = n[None, :, None].to(tl.int64)  # [1, BLOCK_N, 1]: BLOCK_N rows of each choice's down
     rows_ok = choice_ok[:, None, None] & (n < H)[None, :, None]  # [BLOCK_J, BLOCK_N, 1]
-    # [BLOCK_J, BLOCK_N, BLOCK_K]: BLOCK_N rows of each choice's down
-    down_rows = w2_ptr + experts[:, None, None] * stride_we + n[None, :, None].to(tl.int64) * I + k[None, None, :]
-    h_rows = h_ptr + slots[:, None, None].to(tl.int64) * I + k[None, None, :]  # [BLOCK_J, 1, BLOCK_K]
-    w = tl.load(down_rows, mask=rows_ok & (k < I)[None, None, :], other=0.0)
-    wait_for_previous_kernel(PDL)
-    acc = tl.zeros((BLOCK_J, BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for start in range(0, I, BLOCK_K):
-        k_ok = (k + start < I)[None, None, :]
-        next_ok = (k + start + BLOCK_K < I)[None, None, :]
-        # the next chunk's weights are in flight while this one is multiplied
-        w_next = tl.load(down_rows + start + BLOCK_K, mask=rows_ok & next_ok, other=0.0)
-        h = tl.load(h_rows + start, mask=choice_ok[:, None, None] & k_ok, other=0.0)
-        acc += w.to(tl.float32) * h.to(tl.float32)
-        w = w_next
+    h_rows = h_ptr + slots[:, None, None].to(tl.int64) * I  # [BLOCK_J, 1, 1]
+    if MXFP4:
+        down_values = w2_ptr + experts[:, None, None] * stride_we + rows * (I // 2)
+        down_scales = s2_ptr + experts[:, None, None] * stride_se + rows * (I // 32)
+        y = _mxfp4_down_sums(down_values, down_scales, h_rows, rows_ok, choice_ok, I, BLOCK_J, BLOCK_N, BLOCK_K, PDL)
+    else:
+        down_rows = w2_ptr + experts[:, None, None] * stride_we + rows * I
+        y = _dense_down_sums(down_rows, h_rows, rows_ok, choice_ok, I, BLOCK_J, BLOCK_N, BLOCK_K, PDL)
     # each choice's output rounded as the projection's is, weighted and rounded again, then summed in fp32
     dtype = h_ptr.dtype.element_ty
-    y = tl.sum(acc, axis=2)  # [BLOCK_J, BLOCK_N]
     if HAS_BIAS:
         y += tl.load(
             b2_ptr + experts[:, None] * stride_be + n[None, :], mask=choice_ok[:, None] & (n < H)[None, :], other=0.0
@@ -166,17 +303,23 @@ def few_token_experts(
     eps: float = 0.0,
     w13_bias: torch.Tensor | None = None,
     w2_bias: torch.Tensor | None = None,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """What `triton_moe.fused_experts` computes, for a few tokens: each choice reads its expert directly.
     With `norm_weight`, the experts run on RMSNorm(x) (weight `norm_weight`, epsilon `eps`), computed
     inside the gate/up kernel; `w13_bias` [experts, 2I] and `w2_bias` [experts, hidden] are added to the
-    projections' sums where given.
+    projections' sums where given. With `w13_scale` and `w2_scale` the weights are MXFP4, dequantized as
+    they are read.
 
     x: [tokens, hidden]; w13: [experts, 2I, hidden]; w2: [experts, hidden, I];
-    weights (fp32), ids: [tokens, top_k]; norm_weight: [hidden] -> [tokens, hidden] in x's dtype
+    weights (fp32), ids: [tokens, top_k]; norm_weight: [hidden] -> [tokens, hidden] in x's dtype.
+    MXFP4: w13 [experts, 2I, hidden / 2], w2 [experts, hidden, I / 2] uint8; w13_scale [experts, 2I,
+    hidden / 32], w2_scale [experts, hidden, I / 32] uint8
     """
     num_tokens, hidden = x.shape
-    width, top_k = w2.size(2), ids.size(1)
+    mxfp4 = w13_scale is not None
+    width, top_k = w2.size(2) * (2 if mxfp4 else 1), ids.size(1)
     num_slots = num_tokens * top_k
     ids, weights = ids.contiguous(), weights.contiguous()
     pdl = pdl_launch(x.device)
@@ -184,10 +327,13 @@ def few_token_experts(
     has_bias = w13_bias is not None
     if not has_bias:  # never read: the bias is compiled out
         w13_bias = w2_bias = weights
+    if not mxfp4:  # never read: the scales are compiled out
+        w13_scale, w2_scale = w13, w2
     block_n, block_k, num_warps = _GATE_UP_BLOCKS
     _slot_gate_up_kernel[(num_slots, triton.cdiv(width, block_n))](
         x,
         w13,
+        w13_scale,
         w13_bias,
         h,
         ids,
@@ -197,11 +343,13 @@ def few_token_experts(
         hidden,
         x.stride(0),
         w13.stride(0),
+        w13_scale.stride(0),
         w13_bias.stride(0),
         TOP_K=top_k,
         ACT=ACTIVATIONS[hidden_act],
         NORM=norm_weight is not None,
         HAS_BIAS=has_bias,
+        MXFP4=mxfp4,
         BLOCK_N=block_n,
         BLOCK_K=min(block_k, triton.next_power_of_2(hidden)),
         num_warps=num_warps,
@@ -212,6 +360,7 @@ def few_token_experts(
     _token_down_kernel[(num_tokens, triton.cdiv(hidden, block_n))](
         h,
         w2,
+        w2_scale,
         w2_bias,
         out,
         weights,
@@ -219,10 +368,12 @@ def few_token_experts(
         width,
         hidden,
         w2.stride(0),
+        w2_scale.stride(0),
         out.stride(0),
         w2_bias.stride(0),
         TOP_K=top_k,
         HAS_BIAS=has_bias,
+        MXFP4=mxfp4,
         BLOCK_J=triton.next_power_of_2(top_k),
         BLOCK_N=block_n,
         BLOCK_K=min(block_k, triton.next_power_of_2(width)),

@@ -12,6 +12,14 @@ takes both, reading only this rank's slices. gpt-oss stacks them inputs first ([
 gate and up interleaved column by column, down [experts, I, hidden]; `inputs_first`), read whole and laid out
 as here. Its experts also add biases (w13_bias [experts, 2 * I], w2_bias [experts, hidden], the latter added by
 rank 0 alone, as the ranks' outputs are summed).
+
+MXFP4 experts (`mxfp4`, gpt-oss's published checkpoints; `kernels/mxfp4.py` has the format) stay as stored,
+4.25 bits a weight, and are dequantized inside the kernels (on the CPU, one expert at a time): w13 [experts,
+2 * I, hidden / 2] and w2 [experts, hidden, I / 2] uint8 values with w13_scale [experts, 2 * I, hidden / 32]
+and w2_scale [experts, hidden, I / 32] uint8 scales. The checkpoint stacks them outputs first as blocks of
+32 (`gate_up_proj_blocks` [experts, 2 * I, hidden / 32, 16], `gate_up_proj_scales` [experts, 2 * I,
+hidden / 32], with gate and up rows interleaved; `down_proj_blocks` [experts, hidden, I / 32, 16] and its
+scales), so a rank's slice of I must be whole blocks of 32.
 """
 
 import torch
@@ -19,6 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from nanovllm.kernels.mxfp4 import BLOCK, dequantize
 from nanovllm.layers.activation import gated_activation
 from nanovllm.layers.layernorm import RMSNorm
 from nanovllm.layers.linear import divide, one_row_on_cuda
@@ -36,14 +45,19 @@ def moe_experts(
     hidden_act: str,
     w13_bias: torch.Tensor | None = None,
     w2_bias: torch.Tensor | None = None,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """For each token t, the sum over its choices j of weights[t, j] * down(act(gate(x_t)) * up(x_t)) of
     expert ids[t, j] (each projection adding its bias, where given). Each expert runs once, over the tokens
     routed to it; each weighted choice is rounded to x's dtype (the kernels write them so: half the bytes of
-    fp32) and their sum is taken in fp32.
+    fp32) and their sum is taken in fp32. With `w13_scale` and `w2_scale` the weights are MXFP4, each
+    expert's dequantized to x's dtype when it runs (exactly: the values fit bf16).
 
     x: [tokens, hidden]; w13: [experts, 2 * I, hidden]; w2: [experts, hidden, I]; w13_bias: [experts, 2 * I];
-    w2_bias: [experts, hidden]; weights, ids: [tokens, top_k] -> [tokens, hidden] in x's dtype
+    w2_bias: [experts, hidden]; weights, ids: [tokens, top_k] -> [tokens, hidden] in x's dtype. MXFP4: w13
+    [experts, 2 * I, hidden / 2], w2 [experts, hidden, I / 2] uint8; w13_scale [experts, 2 * I, hidden / 32],
+    w2_scale [experts, hidden, I / 32] uint8
     """
     top_k = ids.size(1)
     order, counts = group_by_expert(ids, w13.size(0))
@@ -55,19 +69,27 @@ def moe_experts(
     for expert, count in enumerate(counts.tolist()):
         if count:
             rows = slice(start, start + count)
-            gate_up = F.linear(grouped[rows], w13[expert], None if w13_bias is None else w13_bias[expert])
+            w_gate_up = _expert_weight(w13, w13_scale, expert, x.dtype)  # [2 * I, hidden]
+            gate_up = F.linear(grouped[rows], w_gate_up, None if w13_bias is None else w13_bias[expert])
             h = gated_activation(gate_up, hidden_act)  # [count, I]
-            out[rows] = F.linear(h, w2[expert], None if w2_bias is None else w2_bias[expert])
+            w_down = _expert_weight(w2, w2_scale, expert, x.dtype)  # [hidden, I]
+            out[rows] = F.linear(h, w_down, None if w2_bias is None else w2_bias[expert])
         start += count
     weighted = (out.float() * weights.flatten()[order, None]).to(x.dtype).float()  # [tokens * top_k, hidden]
     summed = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     return summed.index_add_(0, tokens, weighted).to(x.dtype)
 
 
+def _expert_weight(w: torch.Tensor, scale: torch.Tensor | None, expert: int, dtype: torch.dtype) -> torch.Tensor:
+    """Expert `expert`'s weight in `dtype`: `w`'s own, or its MXFP4 values times `scale`."""
+    return w[expert] if scale is None else dequantize(w[expert], scale[expert], dtype)
+
+
 class FusedMoE(nn.Module):
     """`num_experts` gated MLPs of width `intermediate_size`, each token through the `top_k` its router
     logits choose (`route`), their outputs weighted and summed; this rank's slice of every expert. With
-    `bias` each projection adds one; `inputs_first`: the checkpoint stacks them as gpt-oss does."""
+    `bias` each projection adds one; `inputs_first`: the checkpoint stacks them as gpt-oss does; `mxfp4`: its
+    experts are MXFP4, as gpt-oss's published checkpoints store them."""
 
     def __init__(
         self,
@@ -79,6 +101,7 @@ class FusedMoE(nn.Module):
         renormalize: bool,
         bias: bool = False,
         inputs_first: bool = False,
+        mxfp4: bool = False,
     ):
         super().__init__()
         self.inputs_first = inputs_first
@@ -86,20 +109,67 @@ class FusedMoE(nn.Module):
         self.tp_rank, self.tp_size = tp_rank(), tp_size()
         self.intermediate_size = intermediate_size  # an expert's whole width, as the checkpoint holds it
         width = divide(intermediate_size, self.tp_size, "expert MLP width")
-        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * width, hidden_size), requires_grad=False)
-        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, width), requires_grad=False)
-        self.w13.weight_loader, self.w2.weight_loader = self._load_w13, self._load_w2
-        # the one-expert checkpoint tensors each parameter is made of, which the loader checks it got
-        self.w13.shard_ids = [(e, part) for e in range(num_experts) for part in ("gate", "up")]
-        self.w2.shard_ids = [(e, "down") for e in range(num_experts)]
-        if inputs_first:  # the whole tensors' shapes as the checkpoint stacks them, for dummy weights
-            self.w13.checkpoint_shape = (num_experts, hidden_size, 2 * intermediate_size)
-            self.w2.checkpoint_shape = (num_experts, intermediate_size, hidden_size)
+        self.w13_scale = self.w2_scale = None
+        if mxfp4:
+            self._make_mxfp4_weights(num_experts, hidden_size, width)
+        else:
+            self.w13 = nn.Parameter(torch.empty(num_experts, 2 * width, hidden_size), requires_grad=False)
+            self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, width), requires_grad=False)
+            self.w13.weight_loader, self.w2.weight_loader = self._load_w13, self._load_w2
+            # the one-expert checkpoint tensors each parameter is made of, which the loader checks it got
+            self.w13.shard_ids = [(e, part) for e in range(num_experts) for part in ("gate", "up")]
+            self.w2.shard_ids = [(e, "down") for e in range(num_experts)]
+            if inputs_first:  # the whole tensors' shapes in the checkpoint, which dummy weights take
+                self.w13.checkpoint_shape = (num_experts, hidden_size, 2 * intermediate_size)
+                self.w2.checkpoint_shape = (num_experts, intermediate_size, hidden_size)
         self.w13_bias = self.w2_bias = None
         if bias:
             self.w13_bias = nn.Parameter(torch.empty(num_experts, 2 * width), requires_grad=False)
             self.w2_bias = nn.Parameter(torch.empty(num_experts, hidden_size), requires_grad=False)
             self.w13_bias.weight_loader, self.w2_bias.weight_loader = self._load_w13_bias, self._load_w2_bias
+
+    def _make_mxfp4_weights(self, num_experts: int, hidden: int, width: int) -> None:
+        """MXFP4 values and scales of this rank's slice (`width`) of every expert."""
+        if hidden % BLOCK or width % BLOCK:
+            raise ValueError(
+                f"MXFP4 experts are split in blocks of {BLOCK} inputs, which hidden_size ({hidden}) and each "
+                f"rank's share of the expert width ({self.intermediate_size} / tensor_parallel_size "
+                f"{self.tp_size} = {width}) must be whole multiples of: use a tensor_parallel_size that "
+                f"leaves each rank whole blocks"
+            )
+        whole = self.intermediate_size
+        self.w13 = _uint8_param(num_experts, 2 * width, hidden // 2)
+        self.w13_scale = _uint8_param(num_experts, 2 * width, hidden // BLOCK)
+        self.w2 = _uint8_param(num_experts, hidden, width // 2)
+        self.w2_scale = _uint8_param(num_experts, hidden, width // BLOCK)
+        # the checkpoint's whole tensors, which dummy weights take: blocks of 16 bytes (32 values)
+        self.w13.checkpoint_shape = (num_experts, 2 * whole, hidden // BLOCK, BLOCK // 2)
+        self.w2.checkpoint_shape = (num_experts, hidden, whole // BLOCK, BLOCK // 2)
+        self.w13_scale.checkpoint_shape = (num_experts, 2 * whole, hidden // BLOCK)
+        self.w2_scale.checkpoint_shape = (num_experts, hidden, whole // BLOCK)
+        for param in (self.w13, self.w13_scale):
+            param.weight_loader = self._load_w13_mxfp4
+        for param in (self.w2, self.w2_scale):
+            param.weight_loader = self._load_w2_mxfp4
+        # dummy weights: any values, and scales of 2^-11 to 2^-10, so that the weights are as small as other
+        # layers' dummy ones (`utils/loader.load_dummy_weights`)
+        self.w13.dummy_range = self.w2.dummy_range = (0, 256)
+        self.w13_scale.dummy_range = self.w2_scale.dummy_range = (116, 118)
+
+    def _load_w13_mxfp4(self, param: nn.Parameter, loaded) -> None:
+        """Every expert's gate | up MXFP4 values ([experts, 2 * I, hidden / 32, 16]) or scales ([experts, 2 * I,
+        hidden / 32]), gate and up rows interleaved: this rank's rows, every gate row before every up row."""
+        width = param.size(1) // 2
+        rows = _uint8(
+            shard(loaded, 1, 2 * self.tp_rank * width, 2 * width), "gate_up_proj"
+        )  # [experts, 2 * width, ...]
+        param.data.copy_(torch.cat([rows[:, 0::2], rows[:, 1::2]], dim=1).flatten(2))
+
+    def _load_w2_mxfp4(self, param: nn.Parameter, loaded) -> None:
+        """Every expert's down MXFP4 values ([experts, hidden, I / 32, 16]) or scales ([experts, hidden,
+        I / 32]): this rank's blocks of I."""
+        blocks = self.w2_scale.size(2)
+        param.data.copy_(_uint8(shard(loaded, 2, self.tp_rank * blocks, blocks), "down_proj").flatten(2))
 
     def _halves_first(self, loaded) -> torch.Tensor:
         """A gpt-oss stacked gate | up tensor ([experts, hidden, 2 * I], interleaved) as [experts, 2 * I, hidden]
@@ -168,13 +238,31 @@ class FusedMoE(nn.Module):
 
             norm = dict(norm_weight=input_norm.weight, eps=input_norm.eps) if norm_in_kernel else {}
             weights, ids = route_experts(router_logits, self.top_k, self.renormalize)
-            biases = dict(w13_bias=self.w13_bias, w2_bias=self.w2_bias)
-            y = fused_experts(x, self.w13, self.w2, weights, ids, self.hidden_act, **norm, **biases)
+            extras = dict(
+                w13_bias=self.w13_bias, w2_bias=self.w2_bias, w13_scale=self.w13_scale, w2_scale=self.w2_scale
+            )
+            y = fused_experts(x, self.w13, self.w2, weights, ids, self.hidden_act, **norm, **extras)
         else:
             weights, ids = route(router_logits, self.top_k, self.renormalize)
-            y = moe_experts(x, self.w13, self.w2, weights, ids, self.hidden_act, self.w13_bias, self.w2_bias)
+            extras = dict(w13_scale=self.w13_scale, w2_scale=self.w2_scale)
+            y = moe_experts(x, self.w13, self.w2, weights, ids, self.hidden_act, self.w13_bias, self.w2_bias, **extras)
         if shared is not None:
             y = y + shared
         if self.tp_size > 1:
             dist.all_reduce(y)
         return y
+
+
+def _uint8_param(*shape: int) -> nn.Parameter:
+    """An unfilled parameter of bytes."""
+    return nn.Parameter(torch.empty(shape, dtype=torch.uint8), requires_grad=False)
+
+
+def _uint8(t: torch.Tensor, name: str) -> torch.Tensor:
+    """`t`, checked to be MXFP4 bytes: a checkpoint whose config says MXFP4 but whose experts are not."""
+    if t.dtype != torch.uint8:
+        raise ValueError(
+            f"the experts' {name} is {t.dtype}, not MXFP4 (uint8 blocks and scales) as the checkpoint's "
+            "quantization_config says: remove the quantization_config or use the MXFP4 checkpoint"
+        )
+    return t

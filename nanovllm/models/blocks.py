@@ -141,6 +141,7 @@ class SparseMoeBlock(nn.Module):
             config.norm_topk_prob,
             bias=config.expert_bias,
             inputs_first=config.checkpoint_names.experts_inputs_first,
+            mxfp4=config.expert_quantization is not None,
         )
         self.normed_gate = NormedProjection(input_norm, self.gate)
         self.shared_expert = None

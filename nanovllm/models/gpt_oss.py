@@ -2,7 +2,8 @@
 head with a learned sink logit in its softmax sum, q, k, v and o with biases, YaRN rotary; and experts in every
 layer (32 or 128, four per token) chosen by a biased router (top-k of its logits, then a softmax over those:
 the renormalised top-k of the softmax), each expert biased and activated by a clamped SwiGLU. Its checkpoints
-stack each layer's experts inputs first with gate and up interleaved, and name the router `mlp.router`."""
+stack each layer's experts inputs first with gate and up interleaved, and name the router `mlp.router`; the
+published ones hold the experts in MXFP4 (`_blocks` and `_scales`, outputs first: `layers/fused_moe.py`)."""
 
 from nanovllm.models.family_spec import CheckpointNames, ExpertDefaults, FamilySpec, HFDefaults, SlidingLayers
 
@@ -38,6 +39,10 @@ GPT_OSS = FamilySpec(
             "down_proj": "w2",
             "gate_up_proj_bias": "w13_bias",
             "down_proj_bias": "w2_bias",
+            "gate_up_proj_blocks": "w13",
+            "gate_up_proj_scales": "w13_scale",
+            "down_proj_blocks": "w2",
+            "down_proj_scales": "w2_scale",
         },
         experts_inputs_first=True,
     ),

@@ -22,7 +22,7 @@ from nanovllm.models.family_spec import (
     LinearAttentionDefaults,
     SlidingLayers,
 )
-from nanovllm.models.quantization_config import Fp8Weights, read_quantization
+from nanovllm.models.quantization_config import Fp8Weights, Mxfp4Experts, read_quantization
 
 _SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 _LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -117,6 +117,7 @@ class ModelConfig:
     linear_conv_kernel_dim: int
     dtype: str | None  # the checkpoint's dtype as torch names it ("bfloat16"), None if unsaid
     weight_quantization: Fp8Weights | None  # how an FP8 checkpoint stores its linear weights (None: unquantized)
+    expert_quantization: Mxfp4Experts | None  # how an MXFP4 checkpoint stores its experts (None: unquantized)
     eos_token_id: int | tuple[int, ...] | None
     checkpoint_names: CheckpointNames = field(hash=False)  # how the family's checkpoints name their tensors
 
@@ -162,7 +163,9 @@ class ModelConfig:
                 "use_sliding_window=True is not supported: the windows it puts on the layers from "
                 "max_window_layers on (Qwen2, Qwen3) are not read here; use a checkpoint without it"
             )
-        weight_quantization = read_quantization(_get(hf_config, "quantization_config", None))
+        quantization = read_quantization(_get(hf_config, "quantization_config", None))
+        if isinstance(quantization, Mxfp4Experts):
+            _check_mxfp4_experts(architecture, family)
         dtype = _get(hf_config, "dtype", None)
         eos = _get(hf_config, "eos_token_id", None)
         attention_bias = bool(read("attention_bias"))
@@ -212,7 +215,8 @@ class ModelConfig:
             expert_act=_expert_act(family.experts, hidden_act),
             **linear,
             dtype=None if dtype is None else str(dtype).removeprefix("torch."),
-            weight_quantization=weight_quantization,
+            weight_quantization=quantization if isinstance(quantization, Fp8Weights) else None,
+            expert_quantization=quantization if isinstance(quantization, Mxfp4Experts) else None,
             eos_token_id=tuple(eos) if isinstance(eos, (list, tuple)) else eos,
             checkpoint_names=family.checkpoint,
         )
@@ -239,6 +243,16 @@ def _softcap(hf_config, name: str, defaults: HFDefaults) -> float | None:
     # a config that says null caps nothing: only one that leaves the field out takes the default
     value = getattr(hf_config, name, default)
     return None if value is None else float(_positive(name, value))
+
+
+def _check_mxfp4_experts(architecture: str, family: FamilySpec) -> None:
+    """ValueError unless the family's checkpoints store MXFP4 experts as the loader reads them: stacked, their
+    values and scales in `_blocks` and `_scales` tensors (gpt-oss)."""
+    if "gate_up_proj_blocks" not in family.checkpoint.stacked_expert_weights:
+        raise ValueError(
+            f"MXFP4 checkpoints (quant_method 'mxfp4') load for gpt-oss only, whose experts are stored in "
+            f"blocks and scales; {architecture} is not: use a full-precision checkpoint of it"
+        )
 
 
 def _expert_act(experts: ExpertDefaults | None, hidden_act: str) -> str:

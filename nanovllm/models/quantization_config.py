@@ -9,19 +9,26 @@ Two FP8 layouts load:
 Activations are quantized at run time, per token (and per group of the block's width for block weights);
 a checkpoint's static activation scales (`input_scale`) are not read.
 
+One 4-bit layout loads: `quant_method: "mxfp4"` (gpt-oss), whose mixture-of-experts weights alone are
+MXFP4 (`kernels/mxfp4.py`), every other module full precision, as transformers reads it; its
+`modules_to_not_convert` lists those other modules and must not list the experts.
+
 This module imports neither torch nor transformers.
 """
 
+import re
 from dataclasses import dataclass
 
-SUPPORTED_METHODS = ("fp8", "compressed-tensors")
+SUPPORTED_METHODS = ("fp8", "compressed-tensors", "mxfp4")
 _SUPPORTED_TEXT = (
-    "supported: 'fp8' (float8 e4m3 weights, per tensor or per weight_block_size block) and "
-    "'compressed-tensors' with float8 weights (per channel, per tensor or per block)"
+    "supported: 'fp8' (float8 e4m3 weights, per tensor or per weight_block_size block), "
+    "'compressed-tensors' with float8 weights (per channel, per tensor or per block) and 'mxfp4' "
+    "(mixture-of-experts weights in MXFP4, as gpt-oss's checkpoints)"
 )
 _STRATEGIES = ("channel", "tensor", "block")  # compressed-tensors' weight scale layouts that load
 # modules a checkpoint may leave unquantized that the engine never quantizes anyway
 _ALWAYS_FULL_PRECISION = ("lm_head", "embed_tokens")
+_EXPERTS = "model.layers.0.mlp.experts"  # a mixture-of-experts layer's experts, as transformers names them
 
 
 @dataclass(frozen=True)
@@ -32,8 +39,14 @@ class Fp8Weights:
     block: tuple[int, int] | None = None
 
 
-def read_quantization(quantization) -> Fp8Weights | None:
-    """The FP8 weight layout a config.json's `quantization_config` describes (None when it has none);
+@dataclass(frozen=True)
+class Mxfp4Experts:
+    """Mixture-of-experts weights in MXFP4: e2m1 values two a byte with an e8m0 scale per 32 inputs; every
+    other weight full precision."""
+
+
+def read_quantization(quantization) -> Fp8Weights | Mxfp4Experts | None:
+    """The weight layout a config.json's `quantization_config` describes (None when it has none);
     ValueError for a method or a setting the engine cannot load, naming it and what is supported."""
     if not quantization:
         return None
@@ -44,6 +57,8 @@ def read_quantization(quantization) -> Fp8Weights | None:
         return _read_fp8(quantization)
     if method == "compressed-tensors":
         return _read_compressed_tensors(quantization)
+    if method == "mxfp4":
+        return _read_mxfp4(quantization)
     raise ValueError(f"quantized checkpoints with quant_method {method!r} are not supported; {_SUPPORTED_TEXT}")
 
 
@@ -76,6 +91,24 @@ def _read_compressed_tensors(quantization: dict) -> Fp8Weights:
             f"compressed-tensors checkpoints need one config group of float8 weights, got {len(layouts)} layouts"
         )
     return Fp8Weights(layouts.pop())
+
+
+def _read_mxfp4(quantization: dict) -> Mxfp4Experts:
+    """quant_method "mxfp4": the experts in MXFP4, which modules_to_not_convert must leave in it."""
+    unconverted = [key for key in quantization.get("modules_to_not_convert") or () if _matches(key, _EXPERTS)]
+    if unconverted:
+        raise ValueError(
+            f"this MXFP4 checkpoint leaves its experts unquantized (modules_to_not_convert: "
+            f"{', '.join(unconverted[:3])}), which is not supported: the mixture-of-experts weights must be "
+            "MXFP4 (the attention, the router, the embeddings and the LM head always load in full precision)"
+        )
+    return Mxfp4Experts()
+
+
+def _matches(key: str, module: str) -> bool:
+    """Whether modules_to_not_convert's `key` names `module`, as transformers matches them: a regular
+    expression matching its start, or a suffix."""
+    return re.match(key, module) is not None or module.endswith(key)
 
 
 def _block(block, name: str) -> tuple[int, int]:

@@ -184,6 +184,8 @@ class RandomTensor:
     def __getitem__(self, index) -> torch.Tensor:
         generator = torch.Generator(self.device).manual_seed(self.seed)
         full = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        if not self.dtype.is_floating_point:  # whole numbers from low up to high, exclusive
+            return full.random_(self.low, self.high, generator=generator)[index]
         return full.uniform_(self.low, self.high, generator=generator)[index]
 
 
@@ -192,18 +194,20 @@ def load_dummy_weights(model: nn.Module, model_config, seed: int = 0, low: float
 
     Every rank cuts its slices from the same full tensors, so a model split over
     N ranks computes what the unsplit one does. `model_config` is the ModelConfig `model` was built from.
+    A parameter loaded from a checkpoint tensor of another layout names that tensor's whole shape
+    (`checkpoint_shape`), one of whole numbers the range to draw them from (`dummy_range`).
     """
     with torch.device("meta"), tensor_parallel(0, 1):
         whole = type(model)(model_config)
     modules = dict(whole.named_modules())
-    # a parameter stored in another layout than its checkpoint tensor's names that tensor's shape
-    whole_shapes = {name: getattr(p, "checkpoint_shape", p.shape) for name, p in whole.named_parameters()}
+    whole_params = dict(whole.named_parameters())
     for name, param in model.named_parameters():
-        shape = whole_shapes[name]
+        shape = getattr(whole_params[name], "checkpoint_shape", whole_params[name].shape)
+        bounds = getattr(whole_params[name], "dummy_range", (low, high))
         module = modules[name.rpartition(".")[0]]
         # a fused parameter is filled from one full tensor per checkpoint part
         for shard_id, rows in getattr(module, "shard_sizes", {None: shape[0]}).items():
             tensor_seed = seed + zlib.crc32(f"{name}:{shard_id}".encode())
             _load_into(
-                param, RandomTensor((rows, *shape[1:]), tensor_seed, param.dtype, param.device, low, high), shard_id
+                param, RandomTensor((rows, *shape[1:]), tensor_seed, param.dtype, param.device, *bounds), shard_id
             )

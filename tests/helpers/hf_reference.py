@@ -1,12 +1,24 @@
 """Hugging Face transformers on the same weights: the reference for engine outputs."""
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, Mxfp4Config
 
 
 def _model(model_dir: str):
     # eager: transformers' sdpa attention leaves out Gemma 2's attention soft-cap
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="eager", **_dequantized(model_dir)
+    )
+    # MXFP4 experts are dequantized to bf16 whatever the dtype asked (exactly: their values fit it); the
+    # experts then run in fp32 as the rest of the model does
+    return model.float()
+
+
+def _dequantized(model_dir: str) -> dict:
+    """For an MXFP4 checkpoint, transformers' loading that dequantizes its experts, as it does on a CPU, also on
+    a GPU (where it would run them in kernels fetched from the Hub)."""
+    quantization = getattr(AutoConfig.from_pretrained(model_dir), "quantization_config", None) or {}
+    return {"quantization_config": Mxfp4Config(dequantize=True)} if quantization.get("quant_method") == "mxfp4" else {}
 
 
 def hf_generate(model_dir: str, prompts: list[list[int]], eos_token_id=None, **kwargs) -> list[list[int]]:

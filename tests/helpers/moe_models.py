@@ -1,10 +1,12 @@
 """Tiny mixture-of-experts models saved with transformers (a Mixtral and a Qwen3-MoE among them), the prompts
-their tests share, and the names of the tensors a checkpoint holds."""
+their tests share, a gpt-oss with MXFP4 experts, and the names of the tensors a checkpoint holds."""
 
+import json
 import os
 
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 from transformers import (
     AutoModelForCausalLM,
     GptOssConfig,
@@ -14,6 +16,8 @@ from transformers import (
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
 )
+
+from nanovllm.kernels.mxfp4 import BLOCK, quantize
 
 from helpers.prompts import random_prompts
 from helpers.tiny_models import save_tiny_tokenizer, tiny_config
@@ -59,7 +63,8 @@ def save_qwen3_moe(path) -> str:
 def save_gpt_oss(path, **fields) -> str:
     """A tiny gpt-oss of four layers, sliding (a 20-token window) and full in turn, 8 biased experts of width
     32, top-2, YaRN rotary as the published models have it (scaled 4x from 256 positions, not truncated);
-    `fields` add to its config. Its sinks start at transformers' init spread, as every weight of `tiny_config`."""
+    `fields` add to its config or replace them. Its sinks start at transformers' init spread, as every weight
+    of `tiny_config`."""
     rope = dict(
         rope_type="yarn",
         rope_theta=150000.0,
@@ -69,10 +74,7 @@ def save_gpt_oss(path, **fields) -> str:
         truncate=False,
         original_max_position_embeddings=256,
     )
-    return save_moe(
-        path,
-        GptOssConfig,
-        GptOssForCausalLM,
+    shape = dict(
         num_hidden_layers=4,
         layer_types=["sliding_attention", "full_attention"] * 2,
         sliding_window=20,
@@ -80,8 +82,33 @@ def save_gpt_oss(path, **fields) -> str:
         num_experts_per_tok=2,
         intermediate_size=32,
         rope_parameters=rope,
-        **fields,
     )
+    return save_moe(path, GptOssConfig, GptOssForCausalLM, **{**shape, **fields})
+
+
+# what gpt-oss's published config.json leaves in full precision
+GPT_OSS_UNQUANTIZED = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]
+
+
+def save_gpt_oss_mxfp4(model_dir: str, path) -> str:
+    """The gpt-oss of `model_dir` with its experts quantized to MXFP4 and stored as the published checkpoints
+    store them: per layer `mlp.experts.gate_up_proj_blocks` [experts, 2 * I, hidden / 32, 16] (gate and up
+    rows interleaved) and `_scales` [experts, 2 * I, hidden / 32], `down_proj_blocks` [experts, hidden, I / 32,
+    16] and `_scales`, the biases as they were; config.json says quant_method "mxfp4"."""
+    tensors = load_file(os.path.join(model_dir, "model.safetensors"))
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        packed, scales = quantize(tensors.pop(name).transpose(1, 2))  # outputs first: [experts, out, in / 2]
+        tensors[f"{name}_blocks"] = packed.unflatten(-1, (-1, BLOCK // 2)).contiguous()
+        tensors[f"{name}_scales"] = scales.contiguous()
+    os.makedirs(path, exist_ok=True)
+    save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(model_dir, "config.json")) as f:
+        config = json.load(f)
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": GPT_OSS_UNQUANTIZED}
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    save_tiny_tokenizer(path)
+    return str(path)
 
 
 def save_stacked(model_dir: str, path) -> str:

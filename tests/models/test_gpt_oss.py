@@ -1,16 +1,21 @@
 """gpt-oss against transformers' own GptOssForCausalLM on a tiny random model: sliding and full layers in turn
 with prompts that run past the window, attention sinks, biased router and experts with the clamped SwiGLU,
 YaRN rotary; greedy tokens in 16-token prefill chunks, with prefix-cache hits, preemption and at two ranks
-(CPU); on a GPU through the Triton kernels. MXFP4 checkpoints are refused by name."""
+(CPU); on a GPU through the Triton kernels. A checkpoint with MXFP4 experts, as the published ones, gives
+transformers' tokens (its experts dequantized) with its experts held as bytes."""
 
 import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from nanovllm.config import Config
 from nanovllm.layers.attention import Attention
 from nanovllm.llm import LLM
+from nanovllm.models import model_class
+from nanovllm.utils.loader import load_dummy_weights, load_model
+from nanovllm.utils.parallel import tensor_parallel
 
 from helpers.family_checks import (
     GREEDY,
@@ -21,12 +26,19 @@ from helpers.family_checks import (
     prompts_with_a_shared_prefix,
 )
 from helpers.hf_reference import hf_greedy
-from helpers.moe_models import PROMPTS, save_gpt_oss, tensor_names
+from helpers.moe_models import PROMPTS, save_gpt_oss, save_gpt_oss_mxfp4, tensor_names
 
 
 @pytest.fixture(scope="module")
 def gpt_oss_dir(tmp_path_factory):
     return save_gpt_oss(tmp_path_factory.mktemp("tiny-gpt-oss"))
+
+
+@pytest.fixture(scope="module")
+def mxfp4_dir(tmp_path_factory):
+    # experts 64 wide: at two ranks, 32 each, one MXFP4 block
+    full = save_gpt_oss(tmp_path_factory.mktemp("tiny-gpt-oss-64"), intermediate_size=64)
+    return save_gpt_oss_mxfp4(full, tmp_path_factory.mktemp("tiny-gpt-oss-mxfp4"))
 
 
 def test_the_checkpoint_stacks_biased_experts_and_holds_sinks(gpt_oss_dir):
@@ -76,12 +88,78 @@ def test_dummy_weights_fill_the_experts_stacked_inputs_first(gpt_oss_dir):
     assert len(out.outputs[0].token_ids) == GREEDY.max_tokens
 
 
-def test_mxfp4_checkpoints_are_refused_by_name(gpt_oss_dir, tmp_path):
-    config = json.loads((Path(gpt_oss_dir) / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "mxfp4"}
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="quant_method 'mxfp4' are not supported"):
-        Config(str(tmp_path))
+def experts_of(model_dir: str, rank: int = 0, size: int = 1, dummy: bool = False):
+    """Layer 1's experts of rank `rank` of `size`, loaded from `model_dir`'s checkpoint or `dummy`."""
+    model_config = Config(model_dir).model_config
+    with tensor_parallel(rank, size):
+        model = model_class(model_config)(model_config)
+    if dummy:
+        load_dummy_weights(model, model_config, seed=3)
+    else:
+        load_model(model, model_dir)
+    return model.model.layers[1].mlp.experts
+
+
+def test_mxfp4_experts_are_held_as_bytes(mxfp4_dir):
+    assert {"model.layers.1.mlp.experts.gate_up_proj_blocks", "model.layers.1.mlp.experts.down_proj_scales"} <= set(
+        tensor_names(mxfp4_dir)
+    )
+    experts = experts_of(mxfp4_dir)
+    # hidden 64, experts 64 wide: values two a byte, a scale per 32
+    shapes = {name: (p.dtype, tuple(p.shape)) for name, p in experts.named_parameters()}
+    assert shapes == {
+        "w13": (torch.uint8, (8, 128, 32)),
+        "w13_scale": (torch.uint8, (8, 128, 2)),
+        "w2": (torch.uint8, (8, 64, 32)),
+        "w2_scale": (torch.uint8, (8, 64, 2)),
+        "w13_bias": (torch.float32, (8, 128)),
+        "w2_bias": (torch.float32, (8, 64)),
+    }
+
+
+def test_mxfp4_greedy_matches_transformers_with_the_experts_dequantized(mxfp4_dir):
+    assert greedy(mxfp4_dir, PROMPTS) == hf_greedy(mxfp4_dir, PROMPTS, GREEDY.max_tokens)
+
+
+@pytest.mark.slow
+def test_mxfp4_at_two_ranks_matches_transformers(mxfp4_dir):
+    expected = hf_greedy(mxfp4_dir, PROMPTS, GREEDY.max_tokens)
+    assert greedy(mxfp4_dir, PROMPTS, tensor_parallel_size=2, device="cpu") == expected
+
+
+@pytest.mark.parametrize("dummy", [False, True], ids=["checkpoint", "dummy"])
+def test_each_rank_holds_whole_mxfp4_blocks_of_every_expert(mxfp4_dir, dummy):
+    whole = experts_of(mxfp4_dir, dummy=dummy)
+    for rank in (0, 1):
+        part = experts_of(mxfp4_dir, rank, 2, dummy)
+        for name in ("w13", "w13_scale"):  # this rank's gate rows, then its up rows
+            gate, up = getattr(whole, name).chunk(2, dim=1)
+            assert torch.equal(getattr(part, name), torch.cat([gate.chunk(2, 1)[rank], up.chunk(2, 1)[rank]], 1))
+        for name in ("w2", "w2_scale"):  # this rank's inputs of down
+            assert torch.equal(getattr(part, name), getattr(whole, name).chunk(2, dim=2)[rank])
+    if dummy:  # scales that keep the weights as small as other dummy weights
+        assert whole.w13_scale.min() >= 116 and whole.w13_scale.max() <= 117 and whole.w13.max() > 200
+
+
+def with_quantization(model_dir: str, path: Path, quantization: dict) -> str:
+    """A copy of `model_dir`'s config.json (in `path`) with `quantization` as its quantization_config."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "quantization_config": quantization}))
+    return str(path)
+
+
+def test_mxfp4_checkpoints_that_leave_the_experts_unquantized_are_refused(mxfp4_dir, tmp_path):
+    quantization = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.mlp.experts", "lm_head"]}
+    with pytest.raises(ValueError, match=r"leaves its experts unquantized \(modules_to_not_convert: model"):
+        Config(with_quantization(mxfp4_dir, tmp_path, quantization))
+
+
+def test_full_precision_experts_under_an_mxfp4_config_are_refused(gpt_oss_dir, tmp_path):
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((Path(gpt_oss_dir) / name).read_bytes())
+    model_dir = with_quantization(gpt_oss_dir, tmp_path, {"quant_method": "mxfp4"})
+    with pytest.raises(ValueError, match=r"the experts' (gate_up|down)_proj is torch.float32, not MXFP4"):
+        experts_of(model_dir)
 
 
 @pytest.mark.gpu
@@ -91,3 +169,12 @@ def test_the_triton_kernels_give_transformers_tokens_on_the_gpu(gpt_oss_dir):
     expected = hf_greedy(gpt_oss_dir, PROMPTS, GREEDY.max_tokens)
     assert greedy(gpt_oss_dir, PROMPTS, device="cuda") == expected
     assert greedy(gpt_oss_dir, PROMPTS, device="cuda", max_num_batched_tokens=16) == expected
+
+
+@pytest.mark.gpu
+def test_mxfp4_experts_in_the_triton_kernels_give_transformers_tokens_on_the_gpu(mxfp4_dir):
+    """The MXFP4 experts dequantized inside the fused MoE kernels: grouped GEMMs for whole prompts, the
+    few-token kernels in decode steps, eagerly and in CUDA graphs."""
+    expected = hf_greedy(mxfp4_dir, PROMPTS, GREEDY.max_tokens)
+    assert greedy(mxfp4_dir, PROMPTS, device="cuda") == expected
+    assert greedy(mxfp4_dir, PROMPTS, device="cuda", max_num_batched_tokens=16, enforce_eager=True) == expected

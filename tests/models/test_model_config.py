@@ -224,6 +224,11 @@ def test_a_llama_longrope_takes_its_original_context_from_the_rope_dict_else_its
         ({"use_sliding_window": True}, "use_sliding_window=True is not supported"),
         ({"quantization_config": {"quant_method": "awq"}}, "quant_method 'awq'"),
         (
+            {"quantization_config": {"quant_method": "mxfp4"}},
+            r"MXFP4 checkpoints \(quant_method 'mxfp4'\) load for gpt-oss only, whose experts are stored in blocks "
+            "and scales; Qwen3ForCausalLM is not",
+        ),
+        (
             {"architectures": ["MysteryForCausalLM"]},
             r"unsupported architecture \['MysteryForCausalLM'\]; supported: Gemma2ForCausalLM, Gemma3ForCausalLM, "
             r"Gemma3ForConditionalGeneration, GptOssForCausalLM, LlamaForCausalLM, MistralForCausalLM, "
