@@ -194,6 +194,27 @@ def test_chat_replies_carry_reasoning_content_beside_content(server, script, pie
         assert (reasoning, answer) == ("\nTwo and two.\n" if pieces[0] == "<th" else "Two and two.", "Four.")
 
 
+def test_the_openai_client_reads_reasoning_content_beside_content(server, script):
+    """As clients read it: the openai package's message keeps the field it does not declare, and its streamed
+    deltas carry it."""
+    if server.parser is None:
+        pytest.skip("no reasoning without a parser")
+    max_tokens = script(["<think>", "Two and two.", "</think>", "\n\nFour."])
+    request = dict(
+        model=MODEL,
+        messages=[{"role": "user", "content": "w5 w6"}],
+        max_tokens=max_tokens,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    message = server.client().chat.completions.create(**request).choices[0].message
+    assert (message.model_extra["reasoning_content"], message.content) == ("Two and two.", "Four.")
+    chunks = list(server.client().chat.completions.create(**request, stream=True))
+    reasoning = "".join((c.choices[0].delta.model_extra or {}).get("reasoning_content") or "" for c in chunks)
+    assert reasoning == "Two and two."
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Four."
+
+
 def test_a_reply_cut_by_max_tokens_in_its_reasoning(server, script):
     if server.parser is None:
         pytest.skip("no reasoning without a parser")
