@@ -297,29 +297,10 @@ class DecoderForCausalLM(nn.Module):
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.final_logit_softcapping = config.final_logit_softcapping
-        # the multi-token-prediction layer, built after the decoder and the head so that its attention comes
-        # last in module order, as its cache layer does in `ModelConfig.cache_specs`
-        self.mtp = None
-        if config.with_mtp:
-            from nanovllm.models.mtp import MultiTokenPredictor
-
-            self.mtp = MultiTokenPredictor(config, self.model.rotary.get("full_attention"))
-            self.checkpoint_prefixes = {
-                prefix: ours
-                for prefix, ours in self.checkpoint_prefixes.items()
-                if prefix != MultiTokenPredictor.PREFIX
-            }
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         # input_ids, positions: [tokens] -> hidden states [tokens, hidden]
         return self.model(input_ids, positions)
-
-    def forward_mtp(self, next_ids: torch.Tensor, hidden_states: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """The multi-token-prediction layer at each position: from the token after it and the hidden state
-        there (the decoder's, or this layer's own when it drafts on from its last draft), its hidden state,
-        whose logits (`compute_logits`) predict the token after next."""
-        # next_ids, positions: [tokens]; hidden_states: [tokens, hidden] -> [tokens, hidden]
-        return self.mtp(self.model.embed_tokens(next_ids), hidden_states, positions)
 
     def compute_logits(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor | None:
         """Logits [rows, vocab] of the hidden states (written into `out` when given; None off rank 0)."""

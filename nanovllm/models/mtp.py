@@ -12,6 +12,11 @@ attention reads the K/V of this layer at the earlier positions, so it runs at
 every position the decoder computes. To guess further, y stands for the hidden
 state at position t + 1 beside the guess for token t + 2 (vLLM feeds its MTP
 drafts on the same way). Every norm scales by 1 + weight, as the decoder's do.
+Rotary turns q and k by relative offsets, so reading the layer at position t or
+t + 1 (as long as every position is read alike) gives the same drafts.
+
+`DecoderWithMTP` is the model of speculative method "mtp": the decoder with
+this layer (`models.model_class`).
 """
 
 import torch
@@ -20,7 +25,7 @@ from torch import nn
 from nanovllm.layers.layernorm import RMSNorm
 from nanovllm.layers.linear import ReplicatedLinear
 from nanovllm.layers.rotary_embedding import RotaryEmbedding
-from nanovllm.models.blocks import DecoderLayer
+from nanovllm.models.blocks import DecoderForCausalLM, DecoderLayer
 from nanovllm.models.model_config import ModelConfig
 
 
@@ -48,3 +53,22 @@ class MultiTokenPredictor(nn.Module):
         x = self.fc(torch.cat([self.pre_fc_norm_embedding(embeddings), self.pre_fc_norm_hidden(hidden_states)], -1))
         x, residual = self.layers[0](positions, x, None)
         return self.norm(x, residual)[0]
+
+
+class DecoderWithMTP(DecoderForCausalLM):
+    """The decoder and LM head with the checkpoint's MTP layer (`mtp`, loaded from its `mtp.` tensors), built
+    after them so that its attention comes last in module order, as its cache layer does in
+    `ModelConfig.cache_specs`: the model of speculative method "mtp"."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__(config)
+        self.mtp = MultiTokenPredictor(config, self.model.rotary["full_attention"])
+        prefix = MultiTokenPredictor.PREFIX
+        self.checkpoint_prefixes = {p: ours for p, ours in self.checkpoint_prefixes.items() if p != prefix}
+
+    def forward_mtp(self, next_ids: torch.Tensor, hidden_states: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The MTP layer at each position: from the token after it and the hidden state there (the decoder's,
+        or this layer's own when it drafts on from its last draft), its hidden state, whose logits
+        (`compute_logits`) predict the token after next."""
+        # next_ids, positions: [tokens]; hidden_states: [tokens, hidden] -> [tokens, hidden]
+        return self.mtp(self.model.embed_tokens(next_ids), hidden_states, positions)

@@ -74,8 +74,10 @@ class MTPDrafter:
         ends = [end - 1 for end in step.cu_q[1:]]
         # the token after each position: the next one of the step (a junk one at each request's last)
         next_ids = step.input_ids.roll(-1)  # [tokens]
-        # after a chunk that stops short of its prompt's end, the next prompt token
-        known = [(end, token) for end, token, samples in zip(ends, out.next_token_ids, out.samples) if not samples]
+        # after a chunk that stops short of its prompt's end, the next prompt token (start-up steps, which
+        # name none, all sample)
+        following = out.next_token_ids or [PLACEHOLDER] * len(ends)
+        known = [(end, token) for end, token, samples in zip(ends, following, out.samples) if not samples]
         if known:
             rows, tokens = zip(*known)
             assert PLACEHOLDER not in tokens, "a chunk short of its prompt's end is followed by a known token"
@@ -109,7 +111,8 @@ class MTPDrafter:
         starts = positions.tolist()
         rows = list(range(len(sampling)))
         for j in range(1, self.k):
-            rows = [r for r in rows if starts[r] + j < self.context_len]
+            # a start-up step's requests have no blocks (they store nothing): they draft once
+            rows = [r for r in rows if starts[r] + j < self.context_len and all(out.block_tables[sampling[r]])]
             if not rows:
                 break
             index = self.to_device(rows, torch.int64)

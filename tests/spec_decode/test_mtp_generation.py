@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from nanovllm import SamplingParams
+from nanovllm.sampling_params import StructuredOutputsParams
 
 from helpers.engine_probes import BLOCK, acceptance, engine, record_preemptions
 from helpers.hf_reference import hf_greedy
@@ -97,7 +98,7 @@ def repeating_dir(tmp_path_factory):
     LM head the embeddings), with an MTP layer that guesses the token it is given again: fc passes the normed
     embedding through and the layer adds nothing, so the LM head (the embeddings) picks that token back."""
     path = save_qwen3_5(tmp_path_factory.mktemp("tiny-qwen3_5-repeating"))
-    [file] = [f for f in Path(path).glob("*.safetensors") if f.name != MTP_FILE]
+    file = Path(path) / "model.safetensors"
     weights = load_file(file)
     for name, weight in weights.items():
         if name.endswith(("out_proj.weight", "o_proj.weight", "down_proj.weight")):
@@ -126,3 +127,18 @@ def test_acceptance_counters_add_up_as_drafts_are_kept_and_rejected(repeating_di
     # a draft is kept only behind the kept ones before it
     assert sum(per_position) == kept and per_position == sorted(per_position, reverse=True)
     assert per_position[0] <= stats.spec_decode_num_drafts
+
+
+def test_requests_that_may_not_speculate_run_beside_those_that_do(qwen3_5_dir, prompts):
+    params = [
+        GREEDY,
+        SamplingParams(temperature=0.0, max_tokens=20, repetition_penalty=1.3, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=20, prompt_logprobs=1, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=8, structured_outputs=StructuredOutputsParams(choice=["w5", "w7"])),
+        GREEDY,
+    ]
+    plain = engine(qwen3_5_dir).generate(prompts, params, use_tqdm=False)
+    outputs = engine(qwen3_5_dir, speculative_config=mtp()).generate(prompts, params, use_tqdm=False)
+    assert token_ids(outputs) == token_ids(plain)
+    assert outputs[3].outputs[0].text.strip() in ("w5", "w7")
+    assert [o.prompt_logprobs for o in outputs] == [o.prompt_logprobs for o in plain]
