@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING
 
 from nanovllm.cache.layout import CacheLayout, cache_layout
+from nanovllm.spec_decode.mtp_config import with_mtp
 from nanovllm.spec_decode.speculative_config import SpeculativeConfig
 
 if TYPE_CHECKING:
@@ -260,8 +261,10 @@ class Config:
                 stacklevel=3,
             )
         self.hf_config, self.model_config = self._load_model_config()
+        if self.speculative is not None and self.speculative.method == "mtp":
+            self.model_config = with_mtp(self.model_config, self.model, self.load_format, self.tensor_parallel_size)
         self.context_len = self._resolve_max_model_len()
-        self.kv_layout = cache_layout(self.model_config.layer_specs, self.disable_hybrid_kv_cache_manager)
+        self.kv_layout = cache_layout(self.model_config.cache_specs, self.disable_hybrid_kv_cache_manager)
         self._check_attention_features()
         self.fp8_weights = self._resolve_fp8_weights()
         self.token_budget = self._resolve_token_budget()

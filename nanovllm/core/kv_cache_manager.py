@@ -76,6 +76,11 @@ class KVCacheManager:
     there also needs a snapshot of the state after its last block, so it ends
     where an earlier request's snapshot does; a step that ends on a block
     boundary snapshots the state.
+
+    With `lookahead` > 0 a request holds, in each full-attention group, blocks
+    for that many positions past the end of its step too: speculative method
+    "mtp" writes its further drafts' K/V there (`worker/mtp_drafter.py`), which
+    the request's next step computes again.
     """
 
     def __init__(
@@ -86,6 +91,7 @@ class KVCacheManager:
         enable_prefix_caching: bool = True,
         lookback: int = 0,
         num_state_slots: int = 0,
+        lookahead: int = 0,
     ):
         self.groups: tuple[CacheGroup, ...] = layout.groups
         self._windows = [group.window for group in layout.groups]  # read at every step of every request
@@ -98,6 +104,7 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.lookback = lookback
+        self.lookahead = lookahead
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.cached_blocks: dict[tuple[int, int], int] = {}  # (group, prefix hash) -> block id
         self.free_block_ids: deque[int] = deque(range(num_blocks))
@@ -308,7 +315,7 @@ class KVCacheManager:
         """Per group, the blocks its table spans once a step computes `req`'s tokens up to `end`: those of
         every token (`num_tokens`, default the request's) for full attention, up to `end` for a sliding window."""
         bs = self.block_size
-        every = (max(end, req.num_tokens if num_tokens is None else num_tokens) + bs - 1) // bs
+        every = (max(end + self.lookahead, req.num_tokens if num_tokens is None else num_tokens) + bs - 1) // bs
         written = (end + bs - 1) // bs
         return [every if window is None else written for window in self._windows]
 

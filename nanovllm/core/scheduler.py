@@ -33,7 +33,7 @@ from nanovllm.core.kv_cache_manager import KVCacheManager
 from nanovllm.core.output_estimate import OutputEstimate
 from nanovllm.core.request import Request, RequestStatus
 from nanovllm.core.runner_output import ModelRunnerOutput
-from nanovllm.core.scheduler_output import PromptScoring, SchedulerOutput
+from nanovllm.core.scheduler_output import PLACEHOLDER, PromptScoring, SchedulerOutput
 from nanovllm.core.stop_checker import StopChecker
 from nanovllm.core.structured_output import StructuredOutputs
 from nanovllm.engine.messages import EngineCoreOutput, EngineStats
@@ -71,6 +71,8 @@ class Scheduler:
         self.max_num_batched_tokens = config.token_budget
         self.chunked_prefill = config.enable_chunked_prefill
         self.stop_checker = StopChecker(eos_token_ids, config.context_len)
+        # method "mtp": the runner drafts beside each step, from the token after each position it computes
+        self.drafts_beside_steps = config.speculative is not None and config.speculative.method == "mtp"
         self.output_estimate = OutputEstimate(config.context_len, config.schedule_conservativeness)
         self.kv_cache = KVCacheManager(
             config.kv_layout,
@@ -79,6 +81,8 @@ class Scheduler:
             config.enable_prefix_caching,
             config.kv_lookback,
             num_state_slots,
+            # the MTP layer's further drafts write K/V at up to k - 1 positions past a step's end
+            config.speculative.num_speculative_tokens - 1 if self.drafts_beside_steps else 0,
         )
         self.structured = structured or StructuredOutputs(None)
         self.requests: dict[str, Request] = {}
@@ -389,6 +393,8 @@ class Scheduler:
         if with_penalties:
             out.penalty_token_ids = []
         drafts = []
+        if self.drafts_beside_steps:
+            out.next_token_ids = []
         for req, n in zip(reqs, counts):
             out.req_ids.append(req.request_id)
             out.token_ids.append(req.chunk_token_ids(n))
@@ -400,6 +406,8 @@ class Scheduler:
             req.num_computed_tokens += n
             samples = req.num_computed_tokens == req.num_tokens
             out.samples.append(samples)
+            if out.next_token_ids is not None:
+                out.next_token_ids.append(PLACEHOLDER if samples else req.token_ids[req.num_computed_tokens])
             if samples:
                 out.sampled_req_ids.append(req.request_id)
                 out.sampling_params.append(req.params)
@@ -458,6 +466,8 @@ class Scheduler:
             else:
                 if drafts:
                     req.drop_rejected(len(drafts) + 1 - len(token_ids))
+                if result.draft_token_ids is not None:
+                    self.proposer.receive(request_id, req.num_tokens, result.draft_token_ids[i])
             stop_reason = token_id if reason == "stop" and token_id in req.params.stop_token_ids else None
             new_logprobs = None if logprobs is None or logprobs[i] is None else logprobs[i][: len(token_ids)]
             outputs.append(

@@ -43,6 +43,10 @@ class SchedulerOutput:
     draft's position and one after the last, and keeps its drafts while each
     equals the token drawn for its position.
     `prompt_scoring` lists the prompt positions to score for prompt logprobs.
+    With speculative method "mtp", `next_token_ids` holds per request the token
+    after its chunk where the chunk does not sample (the next prompt token),
+    else PLACEHOLDER: the multi-token-prediction layer reads the token after
+    each position (`worker/mtp_drafter.py`); elsewhere it is None.
     On a model with recurrent layers, `state_slots` holds each request's state
     slot (-1 elsewhere), `state_restores` the (source slot, or -1 for zeros;
     live slot) copies to make before the forward pass, and `state_snapshots`
@@ -63,6 +67,7 @@ class SchedulerOutput:
     penalty_token_ids: list[tuple[list[int], list[int]]] | None = None
     draft_token_ids: list[list[int]] | None = None
     prompt_scoring: list[PromptScoring] = field(default_factory=list)
+    next_token_ids: list[int] | None = None
     state_slots: list[int] = field(default_factory=list)
     state_restores: list[tuple[int, int]] = field(default_factory=list)
     state_snapshots: list[tuple[int, int]] = field(default_factory=list)
@@ -96,6 +101,7 @@ class SchedulerOutput:
             self.sampled_req_ids,
             draft_token_ids=self.draft_token_ids,
             prompt_scoring=self.prompt_scoring,
+            next_token_ids=self.next_token_ids,
             state_slots=self.state_slots,
             state_restores=self.state_restores,
             state_snapshots=self.state_snapshots,

@@ -18,7 +18,12 @@ __all__ = ["FAMILIES", "family_of", "model_class", "supported_architecture"]
 
 def model_class(model_config: "ModelConfig") -> "type[nn.Module]":
     """The class that builds the model of `model_config`: the decoder of `blocks` for every family, whose
-    differences come in through `model_config` (imported now, with torch)."""
+    differences come in through `model_config`, with the multi-token-prediction layer where it asks for it
+    (`mtp`; imported now, with torch)."""
+    if model_config.with_mtp:
+        from nanovllm.models.mtp import DecoderWithMTP
+
+        return DecoderWithMTP
     from nanovllm.models.blocks import DecoderForCausalLM
 
     return DecoderForCausalLM

@@ -189,10 +189,20 @@ class DecoderLayer(nn.Module):
     then the MLP (experts where config.moe_layers names the layer), each behind its RMSNorm. With
     config.sandwich_norms each block's output is normalised too before it joins the residual stream (Gemma 2);
     the checkpoint then names the norms input_layernorm, post_attention_layernorm (on the attention's output),
-    pre_feedforward_layernorm and post_feedforward_layernorm."""
+    pre_feedforward_layernorm and post_feedforward_layernorm. A layer beyond the decoder's (a
+    multi-token-prediction layer) gives its `layer_type` and whether its MLP is `moe` itself."""
 
-    def __init__(self, config: ModelConfig, index: int, rotary: RotaryEmbedding | None):
+    def __init__(
+        self,
+        config: ModelConfig,
+        index: int,
+        rotary: RotaryEmbedding | None,
+        layer_type: str | None = None,
+        moe: bool | None = None,
+    ):
         super().__init__()
+        layer_type = layer_type or config.layer_types[index]
+        moe = index in config.moe_layers if moe is None else moe
         self.input_layernorm = _norm(config)
         self.post_attention_layernorm = _norm(config)
         mlp_norm = self.post_attention_layernorm
@@ -201,11 +211,12 @@ class DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm = mlp_norm = _norm(config)
             self.post_feedforward_layernorm = _norm(config)
         self.self_attn = self.linear_attn = None
-        if config.layer_types[index] == "linear_attention":
+        if layer_type == "linear_attention":
             self.linear_attn = _gated_delta_net(config, self.input_layernorm)
         else:
-            self.self_attn = AttentionBlock(config, self.input_layernorm, rotary, config.layer_window(index))
-        mlp = SparseMoeBlock if index in config.moe_layers else GatedMLP
+            window = config.layer_window(index) if index < len(config.layer_specs) else None
+            self.self_attn = AttentionBlock(config, self.input_layernorm, rotary, window)
+        mlp = SparseMoeBlock if moe else GatedMLP
         self.mlp = mlp(config, mlp_norm)
 
     def forward(
@@ -243,6 +254,8 @@ class DecoderModel(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.embed_scale = config.embed_scale
         rotary = rotary_embeddings(config)
+        # (not registered here: the layers that rotate hold them) a multi-token-prediction layer shares them too
+        self.rotary = rotary
         self.layers = nn.ModuleList(
             DecoderLayer(config, i, rotary.get(layer_type)) for i, layer_type in enumerate(config.layer_types)
         )

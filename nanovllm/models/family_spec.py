@@ -151,4 +151,7 @@ class FamilySpec:
     attn_output_gate: bool = False
     attention_sinks: bool = False  # a learned logit per head joins each row's softmax sum (gpt-oss's `sinks`)
     language_model_in_text_config: bool = False  # the settings are in the config's text_config (image-text models)
+    # the checkpoints may hold multi-token-prediction layers (mtp.*, as many as the config's mtp_num_hidden_layers):
+    # a gated full-attention decoder layer that drafts the token after next (`models/mtp.py`)
+    multi_token_prediction: bool = False
     checkpoint: CheckpointNames = field(default_factory=CheckpointNames)

@@ -115,11 +115,25 @@ class ModelConfig:
     linear_key_head_dim: int
     linear_value_head_dim: int
     linear_conv_kernel_dim: int
+    # the multi-token-prediction layers the config declares (mtp_num_hidden_layers; 1 where a family with them
+    # leaves it out, as Qwen3-Next's configs may); 0 for a family without them
+    mtp_num_hidden_layers: int
     dtype: str | None  # the checkpoint's dtype as torch names it ("bfloat16"), None if unsaid
     weight_quantization: Fp8Weights | None  # how an FP8 checkpoint stores its linear weights (None: unquantized)
     expert_quantization: Mxfp4Experts | None  # how an MXFP4 checkpoint stores its experts (None: unquantized)
     eos_token_id: int | tuple[int, ...] | None
     checkpoint_names: CheckpointNames = field(hash=False)  # how the family's checkpoints name their tensors
+    # the model builds and loads its multi-token-prediction layer (`models/mtp.py`), whose K/V one more
+    # full-attention layer keeps (`cache_specs`): set for speculative method "mtp" only
+    with_mtp: bool = False
+
+    @property
+    def cache_specs(self) -> tuple[CacheSpec, ...]:
+        """The cache each paged or recurrent layer needs: the decoder layers' (`layer_specs`), then with the
+        multi-token-prediction layer its full attention's."""
+        if not self.with_mtp:
+            return self.layer_specs
+        return (*self.layer_specs, FullAttention(self.num_key_value_heads, self.head_dim))
 
     def layer_window(self, layer: int) -> int | None:
         """The sliding window of decoder layer `layer` (None: it attends over the whole sequence)."""
@@ -214,12 +228,21 @@ class ModelConfig:
             expert_bias=family.experts is not None and family.experts.biased,
             expert_act=_expert_act(family.experts, hidden_act),
             **linear,
+            mtp_num_hidden_layers=_mtp_layers(hf_config, family),
             dtype=None if dtype is None else str(dtype).removeprefix("torch."),
             weight_quantization=quantization if isinstance(quantization, Fp8Weights) else None,
             expert_quantization=quantization if isinstance(quantization, Mxfp4Experts) else None,
             eos_token_id=tuple(eos) if isinstance(eos, (list, tuple)) else eos,
             checkpoint_names=family.checkpoint,
         )
+
+
+def _mtp_layers(hf_config, family: FamilySpec) -> int:
+    """The multi-token-prediction layers of a family that has them: the config's mtp_num_hidden_layers (or
+    num_nextn_predict_layers), 1 where it names neither; 0 for any other family."""
+    if not family.multi_token_prediction:
+        return 0
+    return _get(hf_config, "mtp_num_hidden_layers", _get(hf_config, "num_nextn_predict_layers", 1))
 
 
 def _get(hf_config, name: str, default):

@@ -4,7 +4,8 @@ Qwen3's RMSNorm on each q and k head, an output gate (q_proj gives each head its
 attention's output is multiplied by sigmoid(gate)) and rotary on the first quarter of each head; every
 RMSNorm but the Gated DeltaNet's own scales by 1 + weight. The checkpoints keep the Gated DeltaNet's input
 projections as four tensors (q|k|v, z, b, a), which fill two fused projections (q|k|v|z and b|a); their
-multi-token-prediction head and, in image-text checkpoints, their vision tower are not loaded.
+multi-token-prediction layer (mtp.) is loaded only for speculative method "mtp" (`models/mtp.py`), and the
+vision tower of image-text checkpoints never.
 
 `Qwen3_5ForCausalLM` checkpoints hold the language model alone; `Qwen3_5ForConditionalGeneration` ones
 (every released size) run as their language model: its settings come from the config's text_config and its
@@ -43,6 +44,7 @@ QWEN3_5 = FamilySpec(
     qk_norm=True,
     norm_unit_offset=True,
     attn_output_gate=True,
+    multi_token_prediction=True,
     linear_attention=LinearAttentionDefaults(
         linear_num_key_heads=16,
         linear_num_value_heads=32,

@@ -9,8 +9,8 @@ the chosen experts' weights are renormalised, and the layers in mlp_only_layers 
 decoder_sparse_step-th keep a dense MLP of intermediate_size. The checkpoints hold the Gated DeltaNet's input
 projections as two tensors, in_proj_qkvz and in_proj_ba, whose rows are grouped per key head (for each key
 head its q, k, then the v and z of the value heads that read it; and its value heads' b, then their a): they
-fill the shards of the fused projections of the same names (`PerKeyHead`). The multi-token-prediction head
-(mtp.) is not loaded.
+fill the shards of the fused projections of the same names (`PerKeyHead`). The multi-token-prediction layer
+(mtp.) is loaded only for speculative method "mtp" (`models/mtp.py`).
 """
 
 from dataclasses import replace

@@ -28,6 +28,10 @@ class Proposer(ABC):
         """Per request (its prompt then completion, every token confirmed, and its id): at most
         `max_drafts[i]` guesses of the tokens that follow, possibly none."""
 
+    def receive(self, request_id: str, num_tokens: int, drafts: list[int]) -> None:
+        """Drafts the model runner made beside a step (method "mtp"), for the request once it has `num_tokens`
+        tokens, all confirmed. A method that proposes on the host gets none."""
+
     def release(self, request_id: str) -> None:
         """The request no longer runs (it finished, was aborted or preempted): drop what is kept for it.
         A method that keeps nothing per request ignores it."""

@@ -2,6 +2,7 @@
 
 from typing import TYPE_CHECKING
 
+from nanovllm.spec_decode.mtp_proposer import MTPProposer
 from nanovllm.spec_decode.ngram_proposer import NgramProposer
 from nanovllm.spec_decode.proposer import Proposer
 
@@ -20,4 +21,6 @@ def make_proposer(config: "Config", num_kvcache_blocks: int) -> Proposer | None:
         from nanovllm.spec_decode.draft_model_proposer import DraftModelProposer
 
         return DraftModelProposer(config, num_kvcache_blocks)
+    if spec.method == "mtp":  # the target's runner drafts beside each step
+        return MTPProposer(spec.num_speculative_tokens)
     return NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)

@@ -6,7 +6,7 @@ Imports nothing heavy: the command line builds its flags from `Config` without t
 import os
 from dataclasses import dataclass
 
-_METHODS = ("ngram", "draft_model")
+_METHODS = ("ngram", "draft_model", "mtp")
 _KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "disable_by_batch_size")
 _LOOKUP_KEYS = ("prompt_lookup_min", "prompt_lookup_max")
 # vLLM's n-gram size when neither bound is given
@@ -46,8 +46,10 @@ class SpeculativeConfig:
     from `prompt_lookup_max` down to `prompt_lookup_min`) in its prompt and
     completion. Method "draft_model" proposes the `num_speculative_tokens`
     tokens that the model in folder `model` (smaller, with the target's
-    vocabulary) decodes greedily after them. Each method leaves the other's
-    fields None. With more than `disable_by_batch_size` requests running,
+    vocabulary) decodes greedily after them. Method "mtp" proposes the tokens
+    that the target checkpoint's own multi-token-prediction layer decodes
+    greedily from the target's hidden states (`models/mtp.py`). Each method
+    leaves the others' fields None. With more than `disable_by_batch_size` requests running,
     none drafts (`drafting_batch_limit` gives the default).
     """
 
@@ -89,6 +91,14 @@ class SpeculativeConfig:
         if num_tokens is None:
             raise ValueError("speculative_config needs 'num_speculative_tokens', the tokens proposed per step (>= 1)")
         batch_limit = _positive_int(settings, "disable_by_batch_size")
+        if method == "mtp":
+            given = [key for key in ("model", *_LOOKUP_KEYS) if key in settings]
+            if given:
+                raise ValueError(
+                    f"speculative_config method 'mtp' drafts with the target model's own layer and takes no "
+                    f"{', '.join(map(repr, given))}"
+                )
+            return cls(method, num_tokens, disable_by_batch_size=batch_limit)
         if method == "draft_model":
             lookup = [key for key in _LOOKUP_KEYS if key in settings]
             if lookup:

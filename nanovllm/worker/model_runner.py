@@ -21,13 +21,14 @@ from nanovllm.utils.context import forward_context
 from nanovllm.utils.parallel import destroy_process_group, init_process_group, share_cpu_cores
 from nanovllm.worker.cuda_graphs import MAX_VERIFY_GRAPH_ROWS, DecodeGraphs, max_graph_rows
 from nanovllm.worker.decode_buffers import DecodeBuffers
-from nanovllm.worker.decode_step import DecodeStep, DeviceInputForward
+from nanovllm.worker.decode_step import DecodeStep, DeviceInputForward, resolve_placeholders
 from nanovllm.worker.draft_states import DraftStates
 from nanovllm.worker.executor import Executor, LaunchedForward
 from nanovllm.worker.grammar_mask_buffers import GrammarMaskBuffers
 from nanovllm.worker.kv_cache import KVCache
 from nanovllm.worker.kv_cache_sizing import bind_kv_cache, cache_capacity, kv_cache_spec
 from nanovllm.worker.model_loading import build_model, tensor_bytes
+from nanovllm.worker.mtp_drafter import MTPDrafter, StepTokens
 from nanovllm.worker.pending_output import PendingOutput, PromptScores
 from nanovllm.worker.start_up_report import StartUpReport
 from nanovllm.worker.state_cache import StateCache, StateCacheSpec
@@ -77,6 +78,13 @@ class ModelRunner(Executor):
     `tensor_parallel_size > 1` this is rank `rank`: it joins the group at
     `store` (rank 0 serves it) and holds its share of the model and the cache;
     rank 0 samples and broadcasts the ids to the others.
+
+    With speculative method "mtp" the runner also drafts: every step runs
+    packed (the varlen path, whose hidden states it keeps for every token; no
+    decode graphs for now), and after its sampling the model's
+    multi-token-prediction layer runs over the step's tokens and drafts after
+    each sampling request's last new token (`MTPDrafter`); the drafts go back
+    with the step's output.
     """
 
     def __init__(self, config: Config, eos_token_ids: tuple[int, ...] = (), rank: int = 0, store=None):
@@ -133,8 +141,23 @@ class ModelRunner(Executor):
                 self.state_cache_spec, config.max_num_seqs, self.verify_queries, self.device
             )
         self._grammar_masks = GrammarMaskBuffers(self.max_sampling_rows, self.device)
+        self._mtp = self._mtp_step = None  # method "mtp": the drafter, and the tokens of the step it drafts after
+        if config.speculative is not None and config.speculative.method == "mtp":
+            self._mtp = MTPDrafter(
+                self.model,
+                config.speculative.num_speculative_tokens,
+                self.block_size,
+                config.context_len,
+                self.kv_cache_spec.prefill_reads_cache,
+                self._to_device,
+            )
         self.graphs = None
-        use_graphs = self.device.type == "cuda" and not config.enforce_eager and backend.supports_cuda_graphs
+        use_graphs = (
+            self.device.type == "cuda"
+            and not config.enforce_eager
+            and backend.supports_cuda_graphs
+            and self._mtp is None
+        )
         if use_graphs and self._decode_step.samples:
             # one buffer for every graph's logits, rather than one output per captured shape; taken before
             # the KV cache is sized, so that the cache leaves room for it
@@ -262,8 +285,14 @@ class ModelRunner(Executor):
         context, input_ids, src_rows, positions, cu_q = varlen_inputs(
             out, self._src_rows(out), self.block_size, new_keys_from_cache, self._to_device, has_state
         )
+        if self._mtp is not None:
+            # resolved now, for the MTP layer after the step's sampling overwrites the samples its placeholders
+            # come from (resolving them again in the forward pass gives the same ids)
+            input_ids = resolve_placeholders(input_ids, src_rows, self.last_sampled)
         with forward_context(context):
             hidden_states = self._forward(input_ids, src_rows, positions)
+        if self._mtp is not None:
+            self._mtp_step = StepTokens(context, input_ids, positions, hidden_states, cu_q)
         return hidden_states, cu_q
 
     def _score_prompts(self, out: SchedulerOutput, hidden_states: torch.Tensor, cu_q: list[int]) -> PromptScores | None:
@@ -298,7 +327,12 @@ class ModelRunner(Executor):
     def _rows_per_request(self, out: SchedulerOutput) -> int | None:
         """Sampling rows per request of a verify step (padded to fixed shapes); None where each request has
         one per draft and one after them."""
-        return self.verify_queries if out.is_decode and out.draft_token_ids is not None else None
+        return self.verify_queries if self._runs_decode(out) and out.draft_token_ids is not None else None
+
+    def _runs_decode(self, out: SchedulerOutput) -> bool:
+        """Whether the step runs as a decode step (`DecodeBuffers`, graphs); else packed (`varlen_inputs`), as
+        every step is where the MTP layer reads the step's hidden states of every token."""
+        return out.is_decode and self._mtp is None
 
     def _run_decode(self, out: SchedulerOutput, sample: bool) -> torch.Tensor:
         """Each request's last token (and in a verify step its drafts, padded), the batch padded to a
@@ -371,7 +405,7 @@ class ModelRunner(Executor):
         sampling) without waiting for the device; `constrained`: some sampling row is held to a grammar."""
         prompt_scores = logits = num_logprobs = drafts_on_device = None
         self._copy_states(out.state_restores)
-        if out.is_decode:
+        if self._runs_decode(out):
             asked = None
             if self._decode_step.samples:
                 asked = step_sampling(out, self.eos_token_ids, constrained, self._rows_per_request(out))
@@ -416,11 +450,24 @@ class ModelRunner(Executor):
             self._verify_step.share_rejections(out)
             if self.draft_states is not None and out.draft_token_ids is not None and not step.sampled_in_step:
                 self._keep_draft_states(step)
+        drafts = None
+        if self._mtp is not None:
+            drafts = self._draft_with_mtp(out, sampled, verified)
         self._last_sampled_rows = {req_id: row for row, req_id in enumerate(out.sampled_req_ids)}
         if self.rank != 0 or (sampled is None and prompt_scores is None):
             return None
         params = out.sampling_params if verified is None else sampling_rows(out, self._rows_per_request(out)).params
-        return PendingOutput(sampled, [p.logprobs for p in params], prompt_scores, verified)
+        return PendingOutput(sampled, [p.logprobs for p in params], prompt_scores, verified, drafts)
+
+    def _draft_with_mtp(
+        self, out: SchedulerOutput, sampled: SamplerOutput | None, verified: VerifiedDrafts | None
+    ) -> torch.Tensor | None:
+        """The MTP layer over the step's tokens and, where requests sampled, their drafts [requests, k]
+        (`MTPDrafter.draft`), from the ids each emitted last."""
+        step, self._mtp_step = self._mtp_step, None
+        if verified is not None:
+            return self._mtp.draft(out, step, verified.last_token_ids, verified.num_emitted)
+        return self._mtp.draft(out, step, None if sampled is None else sampled.token_ids, None)
 
     def _keep_draft_states(self, step: LaunchedForward) -> None:
         """After the check of a step with drafts that the decode step did not check itself: each drafting
@@ -428,7 +475,7 @@ class ModelRunner(Executor):
         from the counts of rejected drafts every rank has (`VerifyStep.share_rejections`); no host sync."""
         out = step.out
         n = len(out.sampled_req_ids)
-        if out.is_decode:  # a verify step: its rows are its requests, its drafts and state slots on the device
+        if self._runs_decode(out):  # a verify step: its rows are its requests, its drafts and state slots on the device
             _, is_draft = step.drafts_on_device  # [n, queries - 1]
             size = self.decode_size(n, self.verify_queries)
             slots = self.decode_buffers.views(size, self.verify_queries)[-1][:n]

@@ -40,7 +40,9 @@ class PendingOutput:
     too), so later steps may overwrite the tensors they came from, as each
     step does `last_sampled`. `logprob_counts` holds each sampling row's number
     of logprob alternatives; `verified` says, in a step with drafts, which rows
-    each request emits (else each request has one row, which it emits).
+    each request emits (else each request has one row, which it emits);
+    `drafts`, [sampling requests, k] (-1 past a request's last), the drafts made
+    beside the step (method "mtp").
     """
 
     def __init__(
@@ -49,6 +51,7 @@ class PendingOutput:
         logprob_counts: list[int | None],
         prompt_scores: PromptScores | None = None,
         verified: VerifiedDrafts | None = None,
+        drafts: torch.Tensor | None = None,
     ):
         host = lambda t: None if t is None else t.to("cpu", non_blocking=True, copy=True)
         self._token_ids = host(sampled.token_ids) if sampled is not None else None
@@ -56,6 +59,7 @@ class PendingOutput:
         self._logprobs = None
         if sampled is not None and sampled.logprobs is not None:
             self._logprobs = (host(sampled.logprob_token_ids), host(sampled.logprobs), host(sampled.ranks))
+        self._drafts = host(drafts)
         self._logprob_counts = logprob_counts
         self._prompt = None
         if prompt_scores is not None:
@@ -88,6 +92,7 @@ class PendingOutput:
             [token_ids[run] for run in runs],
             None if logprobs is None else [None if logprobs[run.start] is None else logprobs[run] for run in runs],
             self._prompt_logprobs(),
+            None if self._drafts is None else [[t for t in row if t >= 0] for row in self._drafts.tolist()],
         )
 
     def _prompt_logprobs(self) -> dict[str, list[TokenLogprobs]]:

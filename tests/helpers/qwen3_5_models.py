@@ -1,5 +1,6 @@
 """Tiny random Qwen3.5 models saved with transformers: three Gated DeltaNet layers to one gated
-full-attention layer, twice, dense and with experts, each as a text model and as an image-text checkpoint."""
+full-attention layer, twice, dense and with experts, each as a text model and as an image-text checkpoint,
+each with a random multi-token-prediction layer (`mtp_layers.add_mtp_layer`)."""
 
 import torch
 from transformers import (
@@ -13,6 +14,7 @@ from transformers import (
     Qwen3_5TextConfig,
 )
 
+from helpers.mtp_layers import add_mtp_layer
 from helpers.tiny_models import save_tiny_tokenizer, tiny_config
 
 LAYER_TYPES = (["linear_attention"] * 3 + ["full_attention"]) * 2
@@ -52,6 +54,7 @@ def _save(model: torch.nn.Module, path) -> str:
     randomize(model)
     model.to(torch.float32).save_pretrained(path)
     save_tiny_tokenizer(path)
+    add_mtp_layer(path)
     return str(path)
 
 

@@ -1,9 +1,11 @@
 """A tiny random Qwen3-Next model saved with transformers: Gated DeltaNet and gated full-attention layers,
-experts with a shared expert in all but one layer, which keeps a dense MLP."""
+experts with a shared expert in all but one layer, which keeps a dense MLP, and a random multi-token-prediction
+layer (`mtp_layers.add_mtp_layer`)."""
 
 import torch
 from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
+from helpers.mtp_layers import add_mtp_layer
 from helpers.qwen3_5_models import FIELDS, randomize
 from helpers.tiny_models import save_tiny_tokenizer
 
@@ -25,10 +27,12 @@ FIELDS = dict(
 
 
 def save_qwen3_next(path) -> str:
-    """Qwen3NextForCausalLM of FIELDS in fp32, its norms and dt_bias drawn at random, with the tiny tokenizer."""
+    """Qwen3NextForCausalLM of FIELDS in fp32, its norms and dt_bias drawn at random, with the tiny tokenizer
+    and an MTP layer."""
     torch.manual_seed(0)
     model = Qwen3NextForCausalLM(Qwen3NextConfig(**FIELDS))
     randomize(model)
     model.to(torch.float32).save_pretrained(path)
     save_tiny_tokenizer(path)
+    add_mtp_layer(path)
     return str(path)

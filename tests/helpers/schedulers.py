@@ -27,9 +27,11 @@ def make_scheduler(
     lookback=0,
     num_state_slots=0,
     conservativeness=0.0,
+    speculative=None,
 ):
     """A scheduler of `num_blocks` blocks for the cache groups of `layout`; the other arguments set its
-    config's fields. It admits while prompts fit (`conservativeness` 0) unless told otherwise."""
+    config's fields (`speculative`: a SpeculativeConfig, whose proposer the caller sets). It admits while
+    prompts fit (`conservativeness` 0) unless told otherwise."""
     config = SimpleNamespace(
         max_num_seqs=max_num_seqs,
         token_budget=max_num_batched_tokens,
@@ -37,7 +39,7 @@ def make_scheduler(
         enable_chunked_prefill=chunked,
         kv_block_size=BS,
         device_type="cpu",
-        speculative=None,
+        speculative=speculative,
         enable_prefix_caching=prefix_caching,
         kv_layout=layout,
         kv_lookback=lookback,

@@ -39,7 +39,7 @@ def test_requests_stop_drafting_above_a_batch_size_that_keeps_verify_steps_memor
     [
         ([("method", "ngram")], "must be a dict"),
         ({"method": "ngram", "num_speculative_tokens": 2, "n": 1}, r"unknown key\(s\) 'n'; valid ones are: method"),
-        ({"num_speculative_tokens": 2}, "'method' must be one of ngram, draft_model, got None"),
+        ({"num_speculative_tokens": 2}, "'method' must be one of ngram, draft_model, mtp, got None"),
         ({"method": "eagle", "num_speculative_tokens": 2}, "got 'eagle'"),
         ({"method": "draft_model", "num_speculative_tokens": 2}, "needs 'model', the local folder"),
         ({"method": "draft_model", "model": 3, "num_speculative_tokens": 2}, "needs 'model'.*got 3"),
