@@ -127,15 +127,16 @@ class HarmonyReasoningStream:
 
     def _decoded(self, token_ids: list[int]) -> str:
         """The text of `token_ids`, the plain tokens' "<|" changed so that only the tag ids read as tags."""
-        text = self._text
+        pieces, last = [], self._text[-1:]
         for token_id in token_ids:
             piece = self._decoder.step(self._backend, token_id) or ""
             if token_id not in self._tag_ids:
-                if piece.startswith("|") and text.endswith("<"):  # a "<|" split between two plain tokens
+                if piece.startswith("|") and last == "<":  # a "<|" split between two plain tokens
                     piece = _PLAIN_OPENING[1:] + piece[1:]
                 piece = piece.replace("<|", _PLAIN_OPENING)
-            text += piece
-        return text[len(self._text) :]
+            pieces.append(piece)
+            last = piece[-1:] or last
+        return "".join(pieces)
 
     def finish(self) -> tuple[str, str]:
         return self._settle(split_harmony(self._text, whole=True))

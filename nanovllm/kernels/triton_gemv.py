@@ -71,12 +71,13 @@ import torch
 import triton
 import triton.language as tl
 
+from nanovllm.kernels.fp8_kv import FP8_MAX as FP8_KV_MAX
 from nanovllm.kernels.triton_gated_activation import ACTIVATIONS, SILU, gated
 from nanovllm.kernels.triton_pdl import let_next_kernel_start, pdl_launch, wait_for_previous_kernel
 
 PLAIN, RMS_NORM, GATED = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # PROLOGUE
 NO_SCALES, PER_ROW, PER_BLOCK = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # SCALES of FP8 weights
-FP8_MAX = tl.constexpr(448.0)  # e4m3fn's largest finite value
+FP8_MAX = tl.constexpr(FP8_KV_MAX)  # e4m3fn's largest finite value, for the kernels
 # PROLOGUE -> (BLOCK_N, BLOCK_K, num_warps)
 BLOCKS = {PLAIN.value: (4, 2048, 4), RMS_NORM.value: (8, 512, 4), GATED.value: (8, 2048, 4)}
 # the same for FP8 weights, from `benchmarks/gemv.py --fp8 --sweep --shapes 8b`: narrower chunks, since wider

@@ -160,9 +160,8 @@ class FusedMoE(nn.Module):
         """Every expert's gate | up MXFP4 values ([experts, 2 * I, hidden / 32, 16]) or scales ([experts, 2 * I,
         hidden / 32]), gate and up rows interleaved: this rank's rows, every gate row before every up row."""
         width = param.size(1) // 2
-        rows = _uint8(
-            shard(loaded, 1, 2 * self.tp_rank * width, 2 * width), "gate_up_proj"
-        )  # [experts, 2 * width, ...]
+        # [experts, 2 * width, ...]: this rank's gate and up rows, interleaved
+        rows = _uint8(shard(loaded, 1, 2 * self.tp_rank * width, 2 * width), "gate_up_proj")
         param.data.copy_(torch.cat([rows[:, 0::2], rows[:, 1::2]], dim=1).flatten(2))
 
     def _load_w2_mxfp4(self, param: nn.Parameter, loaded) -> None:
@@ -238,19 +237,19 @@ class FusedMoE(nn.Module):
 
             norm = dict(norm_weight=input_norm.weight, eps=input_norm.eps) if norm_in_kernel else {}
             weights, ids = route_experts(router_logits, self.top_k, self.renormalize)
-            extras = dict(
-                w13_bias=self.w13_bias, w2_bias=self.w2_bias, w13_scale=self.w13_scale, w2_scale=self.w2_scale
-            )
-            y = fused_experts(x, self.w13, self.w2, weights, ids, self.hidden_act, **norm, **extras)
+            y = fused_experts(x, self.w13, self.w2, weights, ids, self.hidden_act, **norm, **self._extras())
         else:
             weights, ids = route(router_logits, self.top_k, self.renormalize)
-            extras = dict(w13_scale=self.w13_scale, w2_scale=self.w2_scale)
-            y = moe_experts(x, self.w13, self.w2, weights, ids, self.hidden_act, self.w13_bias, self.w2_bias, **extras)
+            y = moe_experts(x, self.w13, self.w2, weights, ids, self.hidden_act, **self._extras())
         if shared is not None:
             y = y + shared
         if self.tp_size > 1:
             dist.all_reduce(y)
         return y
+
+    def _extras(self) -> dict:
+        """The biases and MXFP4 scales the experts' products take beside their weights (None where absent)."""
+        return dict(w13_bias=self.w13_bias, w2_bias=self.w2_bias, w13_scale=self.w13_scale, w2_scale=self.w2_scale)
 
 
 def _uint8_param(*shape: int) -> nn.Parameter:

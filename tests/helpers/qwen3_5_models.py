@@ -2,7 +2,10 @@
 full-attention layer, twice, dense and with experts, each as a text model and as an image-text checkpoint,
 each with a random multi-token-prediction layer (`mtp_layers.add_mtp_layer`)."""
 
+from pathlib import Path
+
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import (
     Qwen3_5Config,
     Qwen3_5ForCausalLM,
@@ -62,6 +65,21 @@ def save_qwen3_5(path) -> str:
     """The text model (Qwen3_5ForCausalLM) of FIELDS."""
     torch.manual_seed(0)
     return _save(Qwen3_5ForCausalLM(Qwen3_5TextConfig(**FIELDS)), path)
+
+
+def save_repeating_qwen3_5(path) -> str:
+    """`save_qwen3_5` with its layers' outputs scaled by a quarter and its LM head the embeddings: its greedy
+    tokens repeat their input a few times, in runs whose ends the states decide, so that drafts are kept at
+    times (the random model's never are)."""
+    save_qwen3_5(path)
+    file = Path(path) / "model.safetensors"  # the decoder's weights (the MTP layer's have a file of their own)
+    weights = load_file(file)
+    for name, weight in weights.items():
+        if name.endswith(("out_proj.weight", "o_proj.weight", "down_proj.weight")):
+            weight.mul_(0.25)
+    weights["lm_head.weight"] = weights["model.embed_tokens.weight"].clone()
+    save_file(weights, file, metadata={"format": "pt"})
+    return str(path)
 
 
 def _image_text_config(config_class, text_fields: dict):

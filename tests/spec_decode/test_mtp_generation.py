@@ -17,7 +17,7 @@ from helpers.engine_probes import BLOCK, acceptance, engine, record_preemptions
 from helpers.hf_reference import hf_greedy
 from helpers.mtp_layers import MTP_FILE
 from helpers.prompts import repetitive_prompts, token_ids
-from helpers.qwen3_5_models import save_qwen3_5, save_qwen3_5_moe
+from helpers.qwen3_5_models import save_qwen3_5, save_qwen3_5_moe, save_repeating_qwen3_5
 from helpers.qwen3_next_models import save_qwen3_next
 
 K = 3
@@ -97,14 +97,7 @@ def repeating_dir(tmp_path_factory):
     """The tiny Qwen3.5 made to repeat its input tokens in runs (its layers' outputs scaled by a quarter, its
     LM head the embeddings), with an MTP layer that guesses the token it is given again: fc passes the normed
     embedding through and the layer adds nothing, so the LM head (the embeddings) picks that token back."""
-    path = save_qwen3_5(tmp_path_factory.mktemp("tiny-qwen3_5-repeating"))
-    file = Path(path) / "model.safetensors"
-    weights = load_file(file)
-    for name, weight in weights.items():
-        if name.endswith(("out_proj.weight", "o_proj.weight", "down_proj.weight")):
-            weight.mul_(0.25)
-    weights["lm_head.weight"] = weights["model.embed_tokens.weight"].clone()
-    save_file(weights, file, metadata={"format": "pt"})
+    path = save_repeating_qwen3_5(tmp_path_factory.mktemp("tiny-qwen3_5-repeating"))
     layer = load_file(Path(path) / MTP_FILE)
     hidden = layer["mtp.fc.weight"].size(0)
     layer["mtp.fc.weight"] = torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1)

@@ -6,11 +6,9 @@ after it (top-k rows), in varlen steps beside prompt chunks and in steps launche
 checked; every state slot comes back once the requests end."""
 
 import random
-from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from nanovllm import SamplingParams
 from nanovllm.config import Config
@@ -19,7 +17,7 @@ from nanovllm.spec_decode.proposer import Proposer
 from helpers.engine_probes import acceptance, engine
 from helpers.graphs_replayed_eagerly import GraphsReplayedEagerly
 from helpers.prompts import repetitive_prompts, token_ids
-from helpers.qwen3_5_models import save_qwen3_5, save_qwen3_5_moe
+from helpers.qwen3_5_models import save_qwen3_5, save_qwen3_5_moe, save_repeating_qwen3_5
 from helpers.qwen3_next_models import save_qwen3_next
 
 K = 3  # drafts per step
@@ -56,18 +54,7 @@ def qwen3_5_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def repeating_qwen3_5_dir(tmp_path_factory):
-    """The tiny Qwen3.5 with its layers' outputs scaled by a quarter and its LM head the embeddings: its greedy
-    tokens repeat their input a few times, in runs whose ends the states decide, so that n-gram drafts are
-    kept at times (the random model's never are)."""
-    path = save_qwen3_5(tmp_path_factory.mktemp("tiny-qwen3_5-repeating"))
-    file = Path(path) / "model.safetensors"  # the decoder's weights (the MTP layer's have a file of their own)
-    weights = load_file(file)
-    for name, weight in weights.items():
-        if name.endswith(("out_proj.weight", "o_proj.weight", "down_proj.weight")):
-            weight.mul_(0.25)
-    weights["lm_head.weight"] = weights["model.embed_tokens.weight"].clone()
-    save_file(weights, file, metadata={"format": "pt"})
-    return path
+    return save_repeating_qwen3_5(tmp_path_factory.mktemp("tiny-qwen3_5-repeating"))
 
 
 @pytest.fixture(scope="module")
