@@ -1,5 +1,7 @@
 """A mixture-of-experts layer alone: the fused Triton experts of a Qwen3-30B-A3B-shaped layer (128 experts,
-top-8, hidden 2048, expert width 768, bf16), routing included, on a GPU.
+top-8, hidden 2048, expert width 768, bf16), routing included, on a GPU; `--shape gpt-oss-20b` times
+gpt-oss-20b's (32 experts, top-4, hidden and width 2880, biased, clamped SwiGLU) in bf16, and
+`--shape gpt-oss-20b-mxfp4` the same experts in MXFP4 as the checkpoint ships them (4.25 bits a weight).
 
 - Prefill (16,384 tokens): TFLOP/s beside one dense GEMM of the same FLOPs ([16,384 x 2,048] times
   [2,048 x 18,432]: each token's 8 experts' gate, up and down) in the same run.
@@ -9,20 +11,45 @@ top-8, hidden 2048, expert width 768, bf16), routing included, on a GPU.
 Each time is of the layer replayed in a CUDA graph, as the engine runs it. `--sweep` also times every
 tile setting per token count and prints the fastest, the rows of `kernels/triton_moe.TILES`.
 
-    python benchmarks/moe.py [--sweep]
+    python benchmarks/moe.py [--shape gpt-oss-20b-mxfp4] [--sweep]
 """
 
 import argparse
 import itertools
+from dataclasses import dataclass
 
 import torch
 import triton.testing
 from throughput import hbm_bandwidth
 
-from nanovllm.kernels import triton_moe
+from nanovllm.kernels import mxfp4, triton_moe
 from nanovllm.kernels.triton_moe_routing import route_experts
 
-EXPERTS, TOP_K, HIDDEN, WIDTH = 128, 8, 2048, 768
+
+@dataclass(frozen=True)
+class Experts:
+    """A layer's experts: how many, how many each token picks, their sizes, activation and format."""
+
+    experts: int
+    top_k: int
+    hidden: int
+    width: int
+    act: str = "silu"
+    biased: bool = False
+    mxfp4: bool = False
+
+    def bytes_per_expert(self) -> float:
+        """Gate, up and down as stored: bf16, or MXFP4's half byte a weight and a byte per 32."""
+        weights = 3 * self.width * self.hidden
+        return weights * (17 / 32 if self.mxfp4 else 2)
+
+
+SHAPES = {
+    "qwen3-30b-a3b": Experts(128, 8, 2048, 768),
+    "gpt-oss-20b": Experts(32, 4, 2880, 2880, "gpt_oss_swiglu", biased=True),
+    "gpt-oss-20b-mxfp4": Experts(32, 4, 2880, 2880, "gpt_oss_swiglu", biased=True, mxfp4=True),
+}
+SHAPE = SHAPES["qwen3-30b-a3b"]
 DTYPE = torch.bfloat16
 DECODE_TOKENS = [1, 8, 64, 256]
 PREFILL_TOKENS = 16384
@@ -31,16 +58,23 @@ PREFILL_TOKENS = 16384
 def layer(num_tokens: int, seed: int = 0):
     """The layer's inputs for `num_tokens` tokens, routed by random logits, and a function that runs it."""
     torch.manual_seed(seed)
-    x = torch.randn(num_tokens, HIDDEN, device="cuda", dtype=DTYPE)
-    w13 = torch.randn(EXPERTS, 2 * WIDTH, HIDDEN, device="cuda", dtype=DTYPE) / HIDDEN**0.5
-    w2 = torch.randn(EXPERTS, HIDDEN, WIDTH, device="cuda", dtype=DTYPE) / WIDTH**0.5
-    logits = torch.randn(num_tokens, EXPERTS, device="cuda")
+    e, hidden, width = SHAPE.experts, SHAPE.hidden, SHAPE.width
+    x = torch.randn(num_tokens, hidden, device="cuda", dtype=DTYPE)
+    w13 = torch.randn(e, 2 * width, hidden, device="cuda", dtype=DTYPE) / hidden**0.5
+    w2 = torch.randn(e, hidden, width, device="cuda", dtype=DTYPE) / width**0.5
+    extras = {}
+    if SHAPE.biased:
+        extras.update(w13_bias=torch.randn(e, 2 * width, device="cuda", dtype=DTYPE) * 0.1)
+        extras.update(w2_bias=torch.randn(e, hidden, device="cuda", dtype=DTYPE) * 0.1)
+    if SHAPE.mxfp4:
+        (w13, extras["w13_scale"]), (w2, extras["w2_scale"]) = mxfp4.quantize(w13), mxfp4.quantize(w2)
+    logits = torch.randn(num_tokens, e, device="cuda")
 
     def run() -> torch.Tensor:
-        weights, ids = route_experts(logits, TOP_K, renormalize=True)
-        return triton_moe.fused_experts(x, w13, w2, weights, ids, "silu")
+        weights, ids = route_experts(logits, SHAPE.top_k, renormalize=True)
+        return triton_moe.fused_experts(x, w13, w2, weights, ids, SHAPE.act, **extras)
 
-    selected = route_experts(logits, TOP_K, renormalize=True)[1].unique().numel()
+    selected = route_experts(logits, SHAPE.top_k, renormalize=True)[1].unique().numel()
     return run, selected
 
 
@@ -51,14 +85,14 @@ def graph_ms(fn) -> float:
 
 
 def flops(num_tokens: int) -> float:
-    """Each token's top-k experts: gate and up (2 x WIDTH x HIDDEN) and down (HIDDEN x WIDTH), 2 FLOPs a term."""
-    return 2.0 * num_tokens * TOP_K * 3 * WIDTH * HIDDEN
+    """Each token's top-k experts: gate and up (2 x width x hidden) and down (hidden x width), 2 FLOPs a term."""
+    return 2.0 * num_tokens * SHAPE.top_k * 3 * SHAPE.width * SHAPE.hidden
 
 
 def dense_gemm_ms() -> float:
     """One GEMM of the prefill's FLOPs, [tokens, hidden] x [hidden, top_k * 3 * width], through cuBLAS."""
-    a = torch.randn(PREFILL_TOKENS, HIDDEN, device="cuda", dtype=DTYPE)
-    b = torch.randn(HIDDEN, TOP_K * 3 * WIDTH, device="cuda", dtype=DTYPE)
+    a = torch.randn(PREFILL_TOKENS, SHAPE.hidden, device="cuda", dtype=DTYPE)
+    b = torch.randn(SHAPE.hidden, SHAPE.top_k * 3 * SHAPE.width, device="cuda", dtype=DTYPE)
     return graph_ms(lambda: a @ b)
 
 
@@ -78,13 +112,17 @@ def sweep(num_tokens: int) -> tuple[float, tuple]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-30b-a3b", help="the layer's experts")
     parser.add_argument("--sweep", action="store_true", help="time every tile setting per token count")
     args = parser.parse_args()
+    global SHAPE
+    SHAPE = SHAPES[args.shape]
     bandwidth, source = hbm_bandwidth()
-    expert_bytes = 3 * WIDTH * HIDDEN * 2
+    expert_bytes = SHAPE.bytes_per_expert()
     print(
         f"machine: {torch.cuda.get_device_name()}, torch {torch.__version__}, HBM {bandwidth / 1e12:.2f} TB/s "
-        f"({source}); {EXPERTS} experts, top-{TOP_K}, hidden {HIDDEN}, width {WIDTH}, bf16, in a CUDA graph"
+        f"({source}); {args.shape}: {SHAPE.experts} experts, top-{SHAPE.top_k}, hidden {SHAPE.hidden}, width "
+        f"{SHAPE.width}, {'MXFP4' if SHAPE.mxfp4 else 'bf16'} weights, bf16 activations, in a CUDA graph"
     )
     run, _ = layer(PREFILL_TOKENS)
     moe_ms, dense_ms = graph_ms(run), dense_gemm_ms()

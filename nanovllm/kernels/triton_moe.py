@@ -23,9 +23,9 @@ the blocks of one expert run close together and share its weights in L2.
 
 MXFP4 experts (`MXFP4`, gpt-oss: w13 [experts, 2I, hidden / 2] and w2
 [experts, hidden, I / 2] uint8 with their blocks' scales) are read as stored,
-4.25 bits a weight: each chunk of BLOCK_K inputs is BLOCK_K / 2 bytes of each
-column, dequantized in registers (`triton_mxfp4.py`) into its even and odd
-elements, which multiply the even and odd columns of the rows, in two dots.
+4.25 bits a weight: each chunk of BLOCK_K inputs is BLOCK_K / 2 bytes and
+BLOCK_K / 32 scales of each column, which `triton_mxfp4.scaled_dot` multiplies
+by the rows (on a GPU, with Triton's scaled dot).
 
 A one-token step reads only its top_k experts' weights: the other experts own
 no block. Up to FEW_TOKENS tokens skip all of this for `triton_moe_gemv.py`.
@@ -43,7 +43,7 @@ import triton.language as tl
 from nanovllm.kernels.triton_gated_activation import ACTIVATIONS, gated
 from nanovllm.kernels.triton_moe_align import align_by_expert
 from nanovllm.kernels.triton_moe_gemv import few_token_experts
-from nanovllm.kernels.triton_mxfp4 import dequantize_pairs
+from nanovllm.kernels.triton_mxfp4 import scaled_dot
 
 # up to this many tokens, each choice reads its expert's rows directly (`triton_moe_gemv.py`): blocks of
 # 16 rows would be nearly all padding; past it the grouped GEMMs win (docs/tuning.md)
@@ -80,16 +80,6 @@ def _block_rows(sorted_slots_ptr, block_experts_ptr, block, num_slots, BLOCK_M: 
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     slots = tl.load(sorted_slots_ptr + rows)
     return tl.load(block_experts_ptr + block).to(tl.int64), rows, slots, slots < num_slots
-
-
-@triton.jit
-def _mxfp4_dot(a_even, a_odd, values, scales, mask, acc, PRECISION: tl.constexpr):
-    """acc + a . w for MXFP4 columns w: `values` and `scales` [BLOCK_K / 2, BLOCK_N] point at their bytes and
-    their blocks' scales, whose even elements multiply `a_even` and odd ones `a_odd` ([BLOCK_M, BLOCK_K / 2]:
-    a's even and odd columns), in a's dtype."""
-    even, odd = dequantize_pairs(tl.load(values, mask=mask, other=0), tl.load(scales, mask=mask, other=0))
-    acc = tl.dot(a_even, even.to(a_even.dtype), acc, input_precision=PRECISION)
-    return tl.dot(a_odd, odd.to(a_odd.dtype), acc, input_precision=PRECISION)
 
 
 @triton.jit
@@ -136,6 +126,7 @@ def _mxfp4_products(
     stride_wn,
     stride_sn,
     TWO: tl.constexpr,
+    NATIVE: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -143,23 +134,38 @@ def _mxfp4_products(
 ):
     """`_dense_products` of MXFP4 columns: their bytes from `w_values` and their blocks' scales from
     `w_scales` ([1, BLOCK_N] each, at each column's start; with TWO the other columns stride_wn and stride_sn
-    on), a chunk of BLOCK_K inputs being BLOCK_K / 2 bytes (BLOCK_K a multiple of 32: whole blocks)."""
+    on), a chunk of BLOCK_K inputs being BLOCK_K / 2 bytes and BLOCK_K / 32 scales of each column (BLOCK_K a
+    multiple of 32: whole blocks), multiplied by `triton_mxfp4.scaled_dot`."""
+    k = tl.arange(0, BLOCK_K)
     b = tl.arange(0, BLOCK_K // 2)  # byte b of a chunk holds its inputs 2b and 2b + 1
-    a_rows = a_rows + 2 * b[None, :]  # [BLOCK_M, BLOCK_K / 2]: a's even columns
+    g = tl.arange(0, BLOCK_K // 32)  # the chunk's blocks
+    a_rows = a_rows + k[None, :]  # [BLOCK_M, BLOCK_K]
     w_values = w_values + b[:, None]  # [BLOCK_K / 2, BLOCK_N]
-    w_scales = w_scales + b[:, None] // 16
+    w_scales = tl.trans(w_scales) + g[None, :]  # [BLOCK_N, BLOCK_K / 32]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for start in range(0, K, BLOCK_K):
-        b_ok = b + start // 2 < K // 2
-        a_mask = row_ok[:, None] & b_ok[None, :]
-        a_even = tl.load(a_rows + start, mask=a_mask, other=0.0)
-        a_odd = tl.load(a_rows + start + 1, mask=a_mask, other=0.0)
-        w_mask = b_ok[:, None] & n_ok[None, :]
+        a = tl.load(a_rows + start, mask=row_ok[:, None] & (k + start < K)[None, :], other=0.0)
+        values_mask = (b + start // 2 < K // 2)[:, None] & n_ok[None, :]
+        scales_mask = n_ok[:, None] & (g + start // 32 < K // 32)[None, :]
         values, scales = w_values + start // 2, w_scales + start // 32
-        acc = _mxfp4_dot(a_even, a_odd, values, scales, w_mask, acc, PRECISION)
+        acc = scaled_dot(
+            a,
+            tl.load(values, mask=values_mask, other=0),
+            tl.load(scales, mask=scales_mask, other=0),
+            acc,
+            NATIVE,
+            PRECISION,
+        )
         if TWO:
-            acc2 = _mxfp4_dot(a_even, a_odd, values + stride_wn, scales + stride_sn, w_mask, acc2, PRECISION)
+            acc2 = scaled_dot(
+                a,
+                tl.load(values + stride_wn, mask=values_mask, other=0),
+                tl.load(scales + stride_sn, mask=scales_mask, other=0),
+                acc2,
+                NATIVE,
+                PRECISION,
+            )
     return acc, acc2
 
 
@@ -187,6 +193,7 @@ def _gate_up_kernel(
     ACT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     MXFP4: tl.constexpr,
+    NATIVE_MXFP4: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -214,6 +221,7 @@ def _gate_up_kernel(
             I * stride_wn,
             I * stride_sn,
             True,
+            NATIVE_MXFP4,
             PRECISION,
             BLOCK_M,
             BLOCK_N,
@@ -257,6 +265,7 @@ def _down_kernel(
     stride_be,
     HAS_BIAS: tl.constexpr,
     MXFP4: tl.constexpr,
+    NATIVE_MXFP4: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -274,7 +283,7 @@ def _down_kernel(
         values = w2_ptr + expert * stride_we + columns * stride_wn
         scales = s2_ptr + expert * stride_se + columns * stride_sn
         acc, _ = _mxfp4_products(
-            h_rows, values, scales, row_ok, n_ok, I, 0, 0, False, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K
+            h_rows, values, scales, row_ok, n_ok, I, 0, 0, False, NATIVE_MXFP4, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K
         )
     else:
         w_cols = w2_ptr + expert * stride_we + columns * stride_wn
@@ -328,6 +337,8 @@ def fused_experts(
     launch = dict(
         # fp32 models multiply in full fp32, as the PyTorch path does, not in TF32
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        # `triton_mxfp4.scaled_dot`: Triton's scaled dot on a GPU, for the bf16 rows it takes
+        NATIVE_MXFP4=x.is_cuda and x.dtype == torch.bfloat16,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_K=block_k,

@@ -22,7 +22,7 @@ the one-row GEMV (`triton_gemv.py`) does.
    written and summed after.
 
 MXFP4 experts (`MXFP4`, gpt-oss) are read as stored, 4.25 bits a weight:
-each chunk of a row is its bytes and their blocks' scales, dequantized in
+each chunk of a row is blocks of 16 bytes and one scale each, dequantized in
 registers (`triton_mxfp4.py`) into the row's even and odd elements, which
 multiply the even and odd inputs.
 
@@ -44,6 +44,9 @@ from nanovllm.kernels.triton_pdl import pdl_launch, wait_for_previous_kernel
 # (BLOCK_N, BLOCK_K, num_warps): the fastest of a sweep at one token of a Qwen3-30B-A3B layer
 _GATE_UP_BLOCKS = (8, 1024, 4)  # 2 x 8 rows of the slot's expert's gate and up per program
 _DOWN_BLOCKS = (1, 128, 4)  # a row of each of the token's top_k experts per program
+# MXFP4 rows: the fastest of a sweep at one token of a gpt-oss-20b layer (H200), 8 warps to hide the decoding
+_MXFP4_GATE_UP_BLOCKS = (8, 512, 8)
+_MXFP4_DOWN_BLOCKS = (1, 128, 4)
 
 
 @triton.jit
@@ -71,6 +74,15 @@ def _dense_gate_up_sums(
 
 
 @triton.jit
+def _mxfp4_row_products(values, scales, x_even, x_odd, mask):
+    """The products of MXFP4 rows' elements with their inputs, [rows, BLOCK_K / 32, 16] fp32: the rows'
+    bytes at `values` [rows, BLOCK_K / 32, 16] and their blocks' scales at `scales` [rows, BLOCK_K / 32, 1]
+    (one load per block, broadcast over its 16 bytes), the even and odd inputs `x_even`, `x_odd`."""
+    even, odd = dequantize_pairs(tl.load(values, mask=mask, other=0), tl.load(scales, mask=mask, other=0))
+    return even * x_even + odd * x_odd
+
+
+@triton.jit
 def _mxfp4_gate_up_sums(
     x_row,
     gate_values,
@@ -84,32 +96,30 @@ def _mxfp4_gate_up_sums(
     BLOCK_K: tl.constexpr,
 ):
     """`_dense_gate_up_sums` of MXFP4 rows: their bytes from `gate_values` and their blocks' scales from
-    `gate_scales` ([BLOCK_N, 1] each, at each row's start), a chunk of BLOCK_K inputs being BLOCK_K / 2 bytes
-    (BLOCK_K a multiple of 32: whole blocks)."""
-    b = tl.arange(0, BLOCK_K // 2)  # byte b of a chunk holds its inputs 2b and 2b + 1
-    gate_values = gate_values + b[None, :]  # [BLOCK_N, BLOCK_K / 2]
-    gate_scales = gate_scales + b[None, :] // 16
+    `gate_scales` ([BLOCK_N, 1] each, at each row's start), a chunk of BLOCK_K inputs being BLOCK_K / 32
+    blocks of 16 bytes (BLOCK_K a multiple of 32)."""
+    g = tl.arange(0, BLOCK_K // 32)[None, :, None]  # the chunk's blocks
+    j = tl.arange(0, 16)[None, None, :]  # byte j of a block holds its inputs 2j and 2j + 1
+    gate_values = gate_values[:, :, None] + g * 16 + j  # [BLOCK_N, BLOCK_K / 32, 16]
+    gate_scales = gate_scales[:, :, None] + g  # [BLOCK_N, BLOCK_K / 32, 1]
     up_values = gate_values + I * (H // 2)
     up_scales = gate_scales + I * (H // 32)
-    gate = tl.zeros((BLOCK_N, BLOCK_K // 2), dtype=tl.float32)
-    up = tl.zeros((BLOCK_N, BLOCK_K // 2), dtype=tl.float32)
-    squares = tl.zeros((BLOCK_K // 2,), dtype=tl.float32)
+    inputs = g * 32 + 2 * j  # [1, BLOCK_K / 32, 16]: the even inputs of each byte
+    gate = tl.zeros((BLOCK_N, BLOCK_K // 32, 16), dtype=tl.float32)
+    up = tl.zeros((BLOCK_N, BLOCK_K // 32, 16), dtype=tl.float32)
+    squares = tl.zeros((1, BLOCK_K // 32, 16), dtype=tl.float32)
     for start in range(0, H, BLOCK_K):
-        b_ok = b + start // 2 < H // 2
-        x_even = tl.load(x_row + start + 2 * b, mask=b_ok, other=0.0).to(tl.float32)
-        x_odd = tl.load(x_row + start + 2 * b + 1, mask=b_ok, other=0.0).to(tl.float32)
+        g_ok = g + start // 32 < H // 32
+        x_even = tl.load(x_row + start + inputs, mask=g_ok, other=0.0).to(tl.float32)
+        x_odd = tl.load(x_row + start + inputs + 1, mask=g_ok, other=0.0).to(tl.float32)
         if NORM:
             squares += x_even * x_even + x_odd * x_odd
-            x_even *= tl.load(norm_weight_ptr + start + 2 * b, mask=b_ok, other=0.0).to(tl.float32)
-            x_odd *= tl.load(norm_weight_ptr + start + 2 * b + 1, mask=b_ok, other=0.0).to(tl.float32)
-        w_mask = n_ok[:, None] & b_ok[None, :]
-        packed = tl.load(gate_values + start // 2, mask=w_mask, other=0)
-        even, odd = dequantize_pairs(packed, tl.load(gate_scales + start // 32, mask=w_mask, other=0))
-        gate += even * x_even[None, :] + odd * x_odd[None, :]
-        packed = tl.load(up_values + start // 2, mask=w_mask, other=0)
-        even, odd = dequantize_pairs(packed, tl.load(up_scales + start // 32, mask=w_mask, other=0))
-        up += even * x_even[None, :] + odd * x_odd[None, :]
-    return tl.sum(gate, axis=1), tl.sum(up, axis=1), tl.sum(squares, axis=0)
+            x_even *= tl.load(norm_weight_ptr + start + inputs, mask=g_ok, other=0.0).to(tl.float32)
+            x_odd *= tl.load(norm_weight_ptr + start + inputs + 1, mask=g_ok, other=0.0).to(tl.float32)
+        w_mask = n_ok[:, None, None] & g_ok
+        gate += _mxfp4_row_products(gate_values + start // 2, gate_scales + start // 32, x_even, x_odd, w_mask)
+        up += _mxfp4_row_products(up_values + start // 2, up_scales + start // 32, x_even, x_odd, w_mask)
+    return tl.sum(tl.sum(gate, axis=2), axis=1), tl.sum(tl.sum(up, axis=2), axis=1), tl.sum(squares)
 
 
 @triton.jit
@@ -214,30 +224,33 @@ def _mxfp4_down_sums(
     PDL: tl.constexpr,
 ):
     """`_dense_down_sums` of MXFP4 rows: their bytes from `down_values` and their blocks' scales from
-    `down_scales` ([BLOCK_J, BLOCK_N, 1] each), a chunk of BLOCK_K inputs being BLOCK_K / 2 bytes (BLOCK_K a
-    multiple of 32: whole blocks)."""
-    b = tl.arange(0, BLOCK_K // 2)[None, None, :]  # byte b of a chunk holds its inputs 2b and 2b + 1
-    down_values = down_values + b  # [BLOCK_J, BLOCK_N, BLOCK_K / 2]
-    down_scales = down_scales + b // 16
-    h_rows = h_rows + 2 * b  # [BLOCK_J, 1, BLOCK_K / 2]: the even inputs
-    w_mask = rows_ok & (b < I // 2)
+    `down_scales` ([BLOCK_J, BLOCK_N, 1] each), a chunk of BLOCK_K inputs being BLOCK_K / 32 blocks of 16
+    bytes (BLOCK_K a multiple of 32). The choices' rows are taken as one list of BLOCK_J * BLOCK_N."""
+    R: tl.constexpr = BLOCK_J * BLOCK_N
+    g = tl.arange(0, BLOCK_K // 32)[None, :, None]  # the chunk's blocks
+    j = tl.arange(0, 16)[None, None, :]  # byte j of a block holds its inputs 2j and 2j + 1
+    down_values = tl.reshape(down_values, (R, 1, 1)) + g * 16 + j  # [R, BLOCK_K / 32, 16]
+    down_scales = tl.reshape(down_scales, (R, 1, 1)) + g  # [R, BLOCK_K / 32, 1]
+    h_rows = tl.reshape(tl.broadcast_to(h_rows, (BLOCK_J, BLOCK_N, 1)), (R, 1, 1)) + g * 32 + 2 * j
+    rows_ok = tl.reshape(rows_ok, (R, 1, 1))
+    h_ok = tl.reshape(tl.broadcast_to(choice_ok[:, None, None], (BLOCK_J, BLOCK_N, 1)), (R, 1, 1))
+    w_mask = rows_ok & (g < I // 32)
     packed = tl.load(down_values, mask=w_mask, other=0)
     scales = tl.load(down_scales, mask=w_mask, other=0)
     wait_for_previous_kernel(PDL)
-    acc = tl.zeros((BLOCK_J, BLOCK_N, BLOCK_K // 2), dtype=tl.float32)
+    acc = tl.zeros((R, BLOCK_K // 32, 16), dtype=tl.float32)
     for start in range(0, I, BLOCK_K):
-        b_ok = b + start // 2 < I // 2
-        next_mask = rows_ok & (b + (start + BLOCK_K) // 2 < I // 2)
+        g_ok = g + start // 32 < I // 32
+        next_mask = rows_ok & (g + (start + BLOCK_K) // 32 < I // 32)
         # the next chunk's bytes and scales are in flight while this one is multiplied
         packed_next = tl.load(down_values + (start + BLOCK_K) // 2, mask=next_mask, other=0)
         scales_next = tl.load(down_scales + (start + BLOCK_K) // 32, mask=next_mask, other=0)
-        h_mask = choice_ok[:, None, None] & b_ok
-        h_even = tl.load(h_rows + start, mask=h_mask, other=0.0).to(tl.float32)
-        h_odd = tl.load(h_rows + start + 1, mask=h_mask, other=0.0).to(tl.float32)
+        h_even = tl.load(h_rows + start, mask=h_ok & g_ok, other=0.0).to(tl.float32)
+        h_odd = tl.load(h_rows + start + 1, mask=h_ok & g_ok, other=0.0).to(tl.float32)
         even, odd = dequantize_pairs(packed, scales)
         acc += even * h_even + odd * h_odd
         packed, scales = packed_next, scales_next
-    return tl.sum(acc, axis=2)
+    return tl.reshape(tl.sum(tl.sum(acc, axis=2), axis=1), (BLOCK_J, BLOCK_N))
 
 
 @triton.jit
@@ -329,7 +342,7 @@ def few_token_experts(
         w13_bias = w2_bias = weights
     if not mxfp4:  # never read: the scales are compiled out
         w13_scale, w2_scale = w13, w2
-    block_n, block_k, num_warps = _GATE_UP_BLOCKS
+    block_n, block_k, num_warps = _MXFP4_GATE_UP_BLOCKS if mxfp4 else _GATE_UP_BLOCKS
     _slot_gate_up_kernel[(num_slots, triton.cdiv(width, block_n))](
         x,
         w13,
@@ -356,7 +369,7 @@ def few_token_experts(
         **pdl,
     )
     out = torch.empty(num_tokens, hidden, dtype=x.dtype, device=x.device)
-    block_n, block_k, num_warps = _DOWN_BLOCKS
+    block_n, block_k, num_warps = _MXFP4_DOWN_BLOCKS if mxfp4 else _DOWN_BLOCKS
     _token_down_kernel[(num_tokens, triton.cdiv(hidden, block_n))](
         h,
         w2,

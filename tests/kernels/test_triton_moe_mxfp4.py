@@ -55,8 +55,8 @@ def test_few_token_kernels_dequantize_as_the_pytorch_experts_interpreted(tokens)
 @interpreted
 def test_few_token_kernels_over_several_chunks_interpreted(monkeypatch):
     # chunks of 32 inputs (one block each): several per row, the last of the down rows half masked
-    monkeypatch.setattr(triton_moe_gemv, "_GATE_UP_BLOCKS", (8, 32, 4))
-    monkeypatch.setattr(triton_moe_gemv, "_DOWN_BLOCKS", (8, 64, 4))
+    monkeypatch.setattr(triton_moe_gemv, "_MXFP4_GATE_UP_BLOCKS", (8, 32, 4))
+    monkeypatch.setattr(triton_moe_gemv, "_MXFP4_DOWN_BLOCKS", (8, 64, 4))
     case = mxfp4_case(2, experts=3, top_k=2, hidden=96, width=96, dtype=torch.float32)
     case["ids"][1, 0] = case["ids"][0, 0]  # two tokens through one expert
     check(case, few_token_experts)
