@@ -27,7 +27,13 @@ per-head scales) and the settings are timed over it; each case also prints the
 bf16 cache's default-tile time and the speed-up, and bandwidth counts the bytes
 an FP8 cache holds (values and scales).
 
+With `--head-dim`, `--heads` and `--kv-heads` the tile sweep runs at another
+layer shape, e.g. Gemma 4's global layers (head_dim 512, 8 query heads on one KV
+head); settings whose tiles do not fit an SM's shared memory are reported and
+skipped.
+
     python benchmarks/decode_attention.py [--kv-cache-dtype fp8] [--sliding gemma-3-4b] [--sinks gpt-oss-20b]
+    python benchmarks/decode_attention.py --head-dim 512 --heads 8 --kv-heads 1 [--kv-cache-dtype fp8]
 """
 
 import argparse
@@ -38,10 +44,12 @@ import torch
 import triton.testing
 from model_shapes import SHAPES
 from throughput import hbm_bandwidth, workload
+from triton.runtime.errors import OutOfResources
 
 from nanovllm.kernels.fp8_kv import quantize_paged_cache
 from nanovllm.kernels.torch_attention import TorchAttentionBackend
-from nanovllm.kernels.triton_decode_attention import decode_attention, default_block_n, default_num_splits
+from nanovllm.kernels.triton_attention_tile_shapes import decode_tiles
+from nanovllm.kernels.triton_decode_attention import decode_attention, default_num_splits
 from nanovllm.utils.context import Context
 
 HEADS, KV_HEADS, HEAD_DIM, PAGE = 16, 8, 128, 256
@@ -166,6 +174,9 @@ def main() -> None:
     parser.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto")
     parser.add_argument("--sliding", choices=[s for s in SHAPES if SHAPES[s].get("sliding_window")])
     parser.add_argument("--sinks", choices=[s for s in SHAPES if SHAPES[s].get("model_type") == "gpt_oss"])
+    parser.add_argument("--head-dim", type=int, default=HEAD_DIM)
+    parser.add_argument("--heads", type=int, default=HEADS)
+    parser.add_argument("--kv-heads", type=int, default=KV_HEADS)
     args = parser.parse_args()
     fp8 = args.kv_cache_dtype == "fp8"
     random.seed(0)
@@ -178,19 +189,26 @@ def main() -> None:
         print(f"machine: {torch.cuda.get_device_name()}, torch {torch.__version__}")
         sliding_layer(args.sliding)
         return
+    tile_sweep(fp8, args.heads, args.kv_heads, args.head_dim)
+
+
+def tile_sweep(fp8: bool, heads: int, kv_heads: int, head_dim: int) -> None:
+    """Every case's time under each tile setting, the best five and the default's, and by context splits."""
     bandwidth, source = hbm_bandwidth()
     read = streaming_read_bandwidth()
     print(
         f"machine: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
         f"HBM {bandwidth / 1e12:.2f} TB/s ({source}), a streaming read {read / 1e12:.2f} TB/s "
-        f"({read / bandwidth:.0%}); KV cache {'fp8 + fp32 scales' if fp8 else 'bf16'}"
+        f"({read / bandwidth:.0%}); KV cache {'fp8 + fp32 scales' if fp8 else 'bf16'}; "
+        f"{heads} heads, {kv_heads} KV heads, head_dim {head_dim}"
     )
-    scale = HEAD_DIM**-0.5
-    settings = list(itertools.product([32, 64, 128], [2, 4, 8], [1, 2, 3, 4]))
+    scale = head_dim**-0.5
+    block_ns = [16, 32, 64] if head_dim > 256 else [32, 64, 128]
+    settings = list(itertools.product(block_ns, [2, 4, 8], [1, 2, 3, 4]))
     totals = {s: 0.0 for s in settings}
     for name, context_lens in cases().items():
-        q, k_cache, v_cache, block_tables, lens, order = paged_inputs(context_lens)
-        bf16_bytes = 2 * sum(context_lens) * KV_HEADS * HEAD_DIM * k_cache.element_size()
+        q, k_cache, v_cache, block_tables, lens, order = paged_inputs(context_lens, heads, kv_heads, head_dim)
+        bf16_bytes = 2 * sum(context_lens) * kv_heads * head_dim * k_cache.element_size()
         context = Context(
             is_prefill=False, max_seqlen_k=max(context_lens), context_lens=lens, block_tables=block_tables
         )
@@ -200,11 +218,11 @@ def main() -> None:
                 lambda: decode_attention(q, k_cache, v_cache, block_tables, lens, scale, seq_order=order)
             )
             (k_cache, scales["k_scale"]), (v_cache, scales["v_scale"]) = map(quantize_paged_cache, (k_cache, v_cache))
-        kv_bytes = 2 * sum(context_lens) * KV_HEADS * (HEAD_DIM * k_cache.element_size() + (4 if fp8 else 0))
+        kv_bytes = 2 * sum(context_lens) * kv_heads * (head_dim * k_cache.element_size() + (4 if fp8 else 0))
         torch_ms = triton.testing.do_bench(
             lambda: TorchAttentionBackend().decode(q, k_cache, v_cache, context, scale, *scales.values())
         )
-        splits = default_num_splits(len(context_lens), KV_HEADS, q.device)
+        splits = default_num_splits(len(context_lens), kv_heads, q.device)
         print(
             f"\n{name}: {kv_bytes / 1e6:.0f} MB of KV, {splits} splits; torch backend {torch_ms * 1e3:.0f} us; "
             f"HBM limit {kv_bytes / bandwidth * 1e6:.0f} us"
@@ -212,21 +230,25 @@ def main() -> None:
         results = []
         for setting in settings:
             block_n, warps, stages = setting
-            ms = triton.testing.do_bench(
-                lambda: decode_attention(
-                    q,
-                    k_cache,
-                    v_cache,
-                    block_tables,
-                    lens,
-                    scale,
-                    block_n=block_n,
-                    num_warps=warps,
-                    num_stages=stages,
-                    seq_order=order,
-                    **scales,
+            try:
+                ms = triton.testing.do_bench(
+                    lambda: decode_attention(
+                        q,
+                        k_cache,
+                        v_cache,
+                        block_tables,
+                        lens,
+                        scale,
+                        block_n=block_n,
+                        num_warps=warps,
+                        num_stages=stages,
+                        seq_order=order,
+                        **scales,
+                    )
                 )
-            )
+            except OutOfResources as error:  # tiles too large for the SM at this head_dim
+                print(f"  block_n={block_n:3d} warps={warps} stages={stages}: does not fit ({error})")
+                ms = float("inf")
             totals[setting] += ms
             results.append((ms, setting))
         for ms, (block_n, warps, stages) in sorted(results)[:5]:
@@ -234,9 +256,14 @@ def main() -> None:
                 f"  block_n={block_n:3d} warps={warps} stages={stages}: {ms * 1e3:7.1f} us, "
                 f"{kv_bytes / ms / 1e6:6.0f} GB/s = {kv_bytes / ms / 1e-3 / bandwidth:.0%} of HBM"
             )
-        default_setting = (default_block_n(fp8), 4, 2)
-        default = next(ms for ms, s in results if s == default_setting)
-        print(f"  current default {default_setting}: {default * 1e3:.1f} us")
+        tiles = decode_tiles(head_dim, DTYPE, fp8, heads // kv_heads)
+        default = triton.testing.do_bench(
+            lambda: decode_attention(q, k_cache, v_cache, block_tables, lens, scale, seq_order=order, **scales)
+        )
+        print(
+            f"  current default (block_n, warps, stages) = {(tiles.block_n, tiles.num_warps, tiles.num_stages)}: "
+            f"{default * 1e3:.1f} us"
+        )
         if fp8:
             print(
                 f"  bf16 cache, current default: {bf16_ms * 1e3:.1f} us; fp8 is {bf16_ms / default:.2f}x faster "

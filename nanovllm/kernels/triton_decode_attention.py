@@ -22,7 +22,10 @@ to 16 rows for tl.dot, share each K/V tile it loads: a verify step reads the
 context once, not once per query. It keeps an online softmax and writes its
 slice's normalised output and log-sum-exp (base 2).
 Pass 2, grid (seqs * QUERIES, heads): merges the slices, weighting each by exp2(lse - max).
-With one split pass 1 writes the final output and pass 2 is skipped.
+With one split pass 1 writes the final output and pass 2 is skipped. Pass 1's
+tile (BLOCK_N) and launch settings come by head_dim, dtype and rows from
+`decode_tiles` (triton_attention_tile_shapes.py), which keeps head_dim 512's
+within an SM's shared memory and registers; the merge is the same at any.
 
 With a sliding window (SLIDING, `window` W) a sequence's slices cover only its
 last W positions, all of which its query sees: the cost is bounded by the window,
@@ -42,6 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
+from nanovllm.kernels.triton_attention_tile_shapes import decode_tiles, padded_head_dim
 from nanovllm.kernels.triton_attention_tiles import (
     LOG2E,
     online_softmax_step,
@@ -52,11 +56,6 @@ from nanovllm.kernels.triton_attention_tiles import (
 )
 from nanovllm.kernels.triton_pdl import pdl_launch, wait_for_previous_kernel
 
-_BLOCK_N = 64  # context tokens per tile
-# an FP8 tile is half the bytes: twice the tokens per tile keep as many bytes in flight
-_BLOCK_N_FP8 = 128
-_NUM_WARPS = 4
-_NUM_STAGES = 2
 _MAX_SPLITS = 32
 
 
@@ -254,11 +253,6 @@ def _merge_splits_kernel(
     tl.store(o_ptr + seq * stride_os + head * stride_oh + d, out.to(o_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
 
-def default_block_n(quantized: bool) -> int:
-    """Context tokens per tile of the split kernel for a model-dtype or an FP8 cache."""
-    return _BLOCK_N_FP8 if quantized else _BLOCK_N
-
-
 def default_num_splits(num_seqs: int, num_kv_heads: int, device: torch.device) -> int:
     """Enough context slices that seqs x kv_heads x splits programs fill every SM about twice."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
@@ -274,8 +268,8 @@ def decode_attention(
     scale: float,
     num_splits: int | None = None,
     block_n: int | None = None,
-    num_warps: int = _NUM_WARPS,
-    num_stages: int = _NUM_STAGES,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     seq_order: torch.Tensor | None = None,
@@ -288,9 +282,9 @@ def decode_attention(
     [rows, heads, head_dim]; every sequence has `queries` rows, one after another (a verify step's last
     token and drafts, padded), and one row of `block_tables`.
 
-    `block_n` (None: `default_block_n`), `num_warps` and `num_stages` are the split
-    kernel's tile and launch settings (benchmarks/decode_attention.py sweeps them). `k_scale`/`v_scale`
-    come with an FP8 cache. `seq_order` (None: batch order) is the order the sequences start in,
+    `block_n`, `num_warps` and `num_stages` are the split kernel's tile and launch settings, each by
+    default `decode_tiles`'s for the head_dim, dtype and rows (benchmarks/decode_attention.py sweeps them).
+    `k_scale`/`v_scale` come with an FP8 cache. `seq_order` (None: batch order) is the order the sequences start in,
     best longest context first; it is followed where the batch takes one split per sequence. `window`:
     the query sees only the last `window` positions; `softcap`: each score s becomes softcap * tanh(s / softcap);
     `sinks` ([heads]): each head's sink logit joins its softmax sum.
@@ -302,7 +296,7 @@ def decode_attention(
     if num_splits is None:
         num_splits = default_num_splits(num_seqs, num_kv_heads, q.device)
     group = num_heads // num_kv_heads
-    block_d = triton.next_power_of_2(head_dim)
+    block_d = padded_head_dim(head_dim)
     # partial: [rows, heads, splits, head_dim] -- with one split it is the output itself
     partial_dtype = q.dtype if num_splits == 1 else torch.float32
     partial = torch.empty(num_rows, num_heads, num_splits, head_dim, dtype=partial_dtype, device=q.device)
@@ -310,7 +304,7 @@ def decode_attention(
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     pdl = pdl_launch(q.device)
     quantized = k_scale is not None
-    block_n = block_n or default_block_n(quantized)
+    tiles = decode_tiles(head_dim, q.dtype, quantized, group * queries)
     if not quantized:  # never read: the scaling is compiled out
         k_scale = v_scale = lse
     # the order decides the tail when one split per sequence fills the SMs several times over; with
@@ -346,10 +340,10 @@ def decode_attention(
         PAGE=page,
         GROUP=group,
         QUERIES=queries,
-        ROWS_PAD=max(16, triton.next_power_of_2(group * queries)),
+        ROWS_PAD=tiles.block_m,
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
-        BLOCK_N=block_n,
+        BLOCK_N=block_n or tiles.block_n,
         NUM_SPLITS=num_splits,
         PRECISION=precision,
         QUANTIZED=quantized,
@@ -358,8 +352,8 @@ def decode_attention(
         SLIDING=window is not None,
         SOFTCAP=softcap is not None,
         SINKS=sinks is not None,
-        num_warps=num_warps,
-        num_stages=num_stages,
+        num_warps=num_warps or tiles.num_warps,
+        num_stages=num_stages or tiles.num_stages,
         **pdl,
     )
     if num_splits == 1:

@@ -15,7 +15,9 @@ whether its prefix was cached or computed in this step.
 Grid: (cdiv(max_seqlen_q, BLOCK_M), seqs, heads). A program owns BLOCK_M query
 rows of one head of one sequence: it first sweeps the prefix tiles (no mask),
 then the new-token tiles up to its last row (causal mask), with an online
-softmax in fp32.
+softmax in fp32. BLOCK_M, BLOCK_N and the launch settings come by head_dim and
+dtype from `prefill_tiles` (triton_attention_tile_shapes.py), which keeps
+head_dim 512's tiles within an SM's shared memory and registers.
 
 With a sliding window (SLIDING, `window` W: a query at position p sees keys
 p - W + 1 .. p) both sweeps start at the window of the program's first row and
@@ -35,6 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
+from nanovllm.kernels.triton_attention_tile_shapes import padded_head_dim, prefill_tiles
 from nanovllm.kernels.triton_attention_tiles import (
     LOG2E,
     online_softmax_step,
@@ -271,8 +274,8 @@ def prefill_attention(
     if not quantized:  # never read: the scaling is compiled out
         k_scale = v_scale = cu_seqlens_k
     fp32 = q.dtype == torch.float32
-    block_m, block_n = (32, 32) if fp32 else (64, 64)
-    grid = (triton.cdiv(max_seqlen_q, block_m), num_seqs, num_heads)
+    tiles = prefill_tiles(head_dim, q.dtype)
+    grid = (triton.cdiv(max_seqlen_q, tiles.block_m), num_seqs, num_heads)
     _prefill_kernel[grid](
         q,
         k,
@@ -305,9 +308,9 @@ def prefill_attention(
         PAGE=k_cache.size(1) if has_prefix else 16,
         GROUP=num_heads // num_kv_heads,
         HEAD_DIM=head_dim,
-        BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
+        BLOCK_D=padded_head_dim(head_dim),
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
         HAS_PREFIX=has_prefix,
         QUANTIZED=quantized,
         TILE_DTYPE=tile_dtype(q.dtype, quantized),
@@ -315,7 +318,7 @@ def prefill_attention(
         SLIDING=window is not None,
         SOFTCAP=softcap is not None,
         SINKS=sinks is not None,
-        num_warps=4,
-        num_stages=2,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
     )
     return o
