@@ -38,7 +38,7 @@ def test_the_spec_follows_the_config_and_the_attention_layers(qwen3_dir):
     from nanovllm.config import Config
 
     # the heads are the attention layers' (this rank's share); the layers a block holds, the cache layout's
-    layers = [SimpleNamespace(num_kv_heads=1, head_dim=64)] * 2
+    layers = [SimpleNamespace(num_kv_heads=1, head_dim=64, owns_cache=True)] * 2
     for kv_cache_dtype, want in (("auto", torch.float32), ("fp8", FP8_DTYPE)):
         config = Config(qwen3_dir, device="cpu", kv_cache_dtype=kv_cache_dtype, block_size=32)
         s = kv_cache_spec(config, layers)
@@ -96,7 +96,9 @@ def test_a_layers_store_writes_its_slots_of_the_shared_cache(dtype):
 
 
 class BindingProbe:
-    """An attention layer that only keeps the cache it is bound to."""
+    """An attention layer of KV_HEADS heads of HEAD_DIM that only keeps the cache it is bound to."""
+
+    owns_cache, num_kv_heads, head_dim = True, KV_HEADS, HEAD_DIM
 
     def bind_kv_cache(self, cache):
         self.kv_cache = cache
