@@ -92,7 +92,7 @@ class Gemma4Router(nn.Module):
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        num_experts = config.gemma4.num_experts
+        num_experts = config.num_experts
         self.eps, self.root = config.rms_norm_eps, config.hidden_size**-0.5
         self.proj = ReplicatedLinear(config.hidden_size, num_experts)
         self.scale = nn.Parameter(torch.ones(config.hidden_size), requires_grad=False)
@@ -122,15 +122,15 @@ class Gemma4DecoderLayer(nn.Module):
         )
         self.post_feedforward_layernorm = norm()
         self.router = self.experts = None
-        if gemma4.num_experts:
+        if config.num_experts:
             self.router = Gemma4Router(config)
             self.experts = FusedMoE(
-                gemma4.num_experts,
-                gemma4.top_k_experts,
+                config.num_experts,
+                config.num_experts_per_tok,
                 config.hidden_size,
-                gemma4.moe_intermediate_size,
-                config.hidden_act,
-                renormalize=True,
+                config.moe_intermediate_size,
+                config.expert_act,
+                config.norm_topk_prob,
             )
             self.pre_feedforward_layernorm_2 = norm()
             self.post_feedforward_layernorm_1 = norm()

@@ -10,7 +10,8 @@ num_global_key_value_heads instead. The last num_kv_shared_layers layers keep no
 K/V of their own and attend over those of the last earlier layer of their type
 (their MLP twice as wide where use_double_wide_mlp is set). Per-layer input
 embeddings (hidden_size_per_layer_input wide) feed each layer's residual, and
-with enable_moe_block each layer runs experts beside its dense MLP.
+with enable_moe_block each layer runs experts beside its dense MLP (ModelConfig's
+expert fields, `expert_fields`).
 
 This module imports neither torch nor transformers.
 """
@@ -30,9 +31,6 @@ class Gemma4Layers:
     mlp_sizes: tuple[int, ...]  # per layer, the dense MLP's width
     hidden_size_per_layer_input: int  # each layer's slice of the per-layer input embeddings (0: none)
     vocab_size_per_layer_input: int
-    num_experts: int  # experts beside each layer's dense MLP (0: no mixture-of-experts block)
-    top_k_experts: int
-    moe_intermediate_size: int
 
 
 def with_global_fields(hf_config):
@@ -60,16 +58,6 @@ def read_gemma4_layers(hf_config, layer_types: tuple[str, ...], intermediate_siz
     double = bool(_get(hf_config, "use_double_wide_mlp", False))
     mlp_sizes = tuple(intermediate_size * (2 if double and source is not None else 1) for source in kv_sources)
     per_layer = _get(hf_config, "hidden_size_per_layer_input", 0)
-    experts = dict(num_experts=0, top_k_experts=0, moe_intermediate_size=0)
-    if _get(hf_config, "enable_moe_block", False):
-        experts = {name: _get(hf_config, name, None) for name in experts}
-        unset = [name for name, value in experts.items() if not isinstance(value, int) or value <= 0]
-        if unset:
-            raise ValueError(f"enable_moe_block needs {', '.join(unset)} (positive whole numbers) in the config")
-        if experts["top_k_experts"] > experts["num_experts"]:
-            raise ValueError(
-                f"top_k_experts ({experts['top_k_experts']}) must be at most num_experts ({experts['num_experts']})"
-            )
     assert len(mlp_sizes) == num_layers
     return Gemma4Layers(
         attention_k_eq_v=bool(_get(hf_config, "attention_k_eq_v", False)),
@@ -77,7 +65,39 @@ def read_gemma4_layers(hf_config, layer_types: tuple[str, ...], intermediate_siz
         mlp_sizes=mlp_sizes,
         hidden_size_per_layer_input=per_layer,
         vocab_size_per_layer_input=_get(hf_config, "vocab_size_per_layer_input", 0) if per_layer else 0,
-        **experts,
+    )
+
+
+def expert_fields(hf_config) -> dict:
+    """The mixture-of-experts fields of ModelConfig for Gemma 4: with enable_moe_block, num_experts experts of
+    moe_intermediate_size beside every layer's dense MLP (so that no layer's MLP is replaced: `moe_layers`
+    empty), top_k_experts a token, their weights renormalised; none without. ValueError for a missing size."""
+    fields = dict(
+        num_experts=0,
+        num_experts_per_tok=0,
+        moe_intermediate_size=0,
+        norm_topk_prob=False,
+        moe_layers=(),
+        shared_expert_intermediate_size=0,
+    )
+    if not _get(hf_config, "enable_moe_block", False):
+        return fields
+    sizes = {name: _get(hf_config, name, None) for name in ("num_experts", "top_k_experts", "moe_intermediate_size")}
+    unset = [
+        name for name, value in sizes.items() if isinstance(value, bool) or not isinstance(value, int) or value <= 0
+    ]
+    if unset:
+        raise ValueError(f"enable_moe_block needs {', '.join(unset)} (positive whole numbers) in the config")
+    if sizes["top_k_experts"] > sizes["num_experts"]:
+        raise ValueError(
+            f"top_k_experts ({sizes['top_k_experts']}) must be at most num_experts ({sizes['num_experts']})"
+        )
+    return dict(
+        fields,
+        num_experts=sizes["num_experts"],
+        num_experts_per_tok=sizes["top_k_experts"],
+        moe_intermediate_size=sizes["moe_intermediate_size"],
+        norm_topk_prob=True,
     )
 
 

@@ -22,7 +22,13 @@ from nanovllm.models.family_spec import (
     LinearAttentionDefaults,
     SlidingLayers,
 )
-from nanovllm.models.gemma4_layers import Gemma4Layers, layer_shapes, read_gemma4_layers, with_global_fields
+from nanovllm.models.gemma4_layers import (
+    Gemma4Layers,
+    expert_fields,
+    layer_shapes,
+    read_gemma4_layers,
+    with_global_fields,
+)
 from nanovllm.models.quantization_config import Fp8Weights, Mxfp4Experts, read_quantization
 
 _SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
@@ -103,7 +109,9 @@ class ModelConfig:
     num_experts_per_tok: int  # the top-k experts each token runs through
     moe_intermediate_size: int  # each expert's MLP width
     norm_topk_prob: bool  # the chosen experts' weights are renormalised to sum to 1
-    moe_layers: tuple[int, ...]  # the layers whose MLP is a mixture of experts; the others' is dense
+    # the layers whose MLP is a mixture of experts; the others' is dense (Gemma 4's experts sit beside every
+    # layer's dense MLP, and this is empty)
+    moe_layers: tuple[int, ...]
     # the width of the shared expert beside each layer's routed ones, scaled by sigmoid(shared_expert_gate) (0: none)
     shared_expert_intermediate_size: int
     attn_output_gate: bool  # q_proj also gives each head a gate: attention's output times sigmoid(gate) (Qwen3.5)
@@ -204,9 +212,13 @@ class ModelConfig:
         rope, sliding_rope = _layer_rope_parameters(hf_config, family, max_position_embeddings, rotary_dim)
         intermediate_size = read("intermediate_size")
         gemma4, shapes = None, ((num_kv_heads, head_dim),) * num_layers
+        experts = _moe_fields(hf_config, family.experts, intermediate_size, num_layers)
+        expert_act = _expert_act(family.experts, hidden_act)
         if family.gemma4_layers:
             gemma4 = read_gemma4_layers(hf_config, layer_types, intermediate_size)
             shapes = layer_shapes(hf_config, layer_types, num_kv_heads, head_dim)
+            experts = expert_fields(hf_config)
+            expert_act = hidden_act if experts["num_experts"] else ""
         return cls(
             architecture=architecture,
             architectures=architectures,
@@ -239,11 +251,11 @@ class ModelConfig:
             norm_unit_offset=family.norm_unit_offset,
             sandwich_norms=family.sandwich_norms,
             embed_scale=hidden_size**0.5 if family.scaled_embeddings else None,
-            **_moe_fields(hf_config, family.experts, intermediate_size, num_layers),
+            **experts,
             attn_output_gate=family.attn_output_gate,
             attention_sinks=family.attention_sinks,
             expert_bias=family.experts is not None and family.experts.biased,
-            expert_act=_expert_act(family.experts, hidden_act),
+            expert_act=expert_act,
             **linear,
             mtp_num_hidden_layers=_mtp_layers(hf_config, family),
             dtype=None if dtype is None else str(dtype).removeprefix("torch."),

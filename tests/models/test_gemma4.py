@@ -10,6 +10,7 @@ import pytest
 from nanovllm import LLM
 from nanovllm.cache.specs import FullAttention, SharedKV, SlidingWindow
 from nanovllm.models.model_config import ModelConfig
+from nanovllm.utils.parallel import check_divisible
 
 from helpers.family_checks import (
     ENGINE,
@@ -63,6 +64,8 @@ def test_each_layer_kind_gets_its_shape_rotary_and_cache(tmp_path):
     }
     assert dense.sliding_rope_parameters == {"rope_type": "default", "rope_theta": 10000.0}
     assert dense.attention_scale == 1.0 and dense.final_logit_softcapping == 5.0 and not dense.norm_unit_offset
+    with pytest.raises(ValueError, match=r"KV heads of the global layers \(num_global_key_value_heads\) = 2"):
+        check_divisible(dense, 4)
     shared = _config(save_gemma4_shared_kv(tmp_path / "shared"))
     # the last two layers read layer 3's (sliding) and layer 2's (full) K/V and keep none; without
     # attention_k_eq_v a global layer keeps num_key_value_heads
@@ -76,6 +79,9 @@ def test_each_layer_kind_gets_its_shape_rotary_and_cache(tmp_path):
     )
     assert [shared.layer_window(i) for i in (4, 5)] == [WINDOW, None]
     assert shared.gemma4.mlp_sizes == (128,) * 4 + (256,) * 2 and shared.gemma4.hidden_size_per_layer_input == 8
+    moe = _config(save_gemma4_moe(tmp_path / "moe"))
+    # experts beside every layer's dense MLP, which none of them replaces
+    assert (moe.num_experts, moe.num_experts_per_tok, moe.moe_intermediate_size, moe.moe_layers) == (4, 2, 32, ())
 
 
 def test_greedy_across_the_window_matches_transformers(gemma4_dir):
