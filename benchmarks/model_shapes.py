@@ -11,7 +11,9 @@ token, on every layer), and the hybrids of three Gated DeltaNet layers to one ga
 Qwen3.5-9B, Qwen3.6-27B (also as its FP8 checkpoint: 128 x 128 blocks) and Qwen3.6-35B-A3B (256 experts, 8
 per token, and a shared expert); and gpt-oss-20b (32 biased experts, 4 per token, sliding and full layers
 in turn, attention sinks) in bf16 and, as published, with MXFP4 experts ("-mxfp4"), and gpt-oss-120b (36
-layers, 128 experts) with MXFP4 experts. The values are
+layers, 128 experts) with MXFP4 experts; and Gemma 4 (`_gemma4_bytes` counts it layer by layer): E4B (KV-shared
+last layers, per-layer inputs), 26B-A4B (experts beside each dense MLP) and 31B (global layers of 4 KV heads
+of 512, V from K's projection). The values are
 those of the published config.json files (of the hybrids, their text_config); LongRoPE's factor lists are
 placeholders of the right length, which change no speed.
 
@@ -57,6 +59,37 @@ def _qwen3_5(**shape) -> dict:
         "linear_num_key_heads": 16,
         "mamba_ssm_dtype": "float32",
         "tie_word_embeddings": False,
+        **shape,
+    }
+
+
+def _gemma4(num_hidden_layers: int, **shape) -> dict:
+    """Gemma 4's text config: five sliding layers of head_dim 256 to one global of global_head_dim 512
+    (proportional rotary over a quarter of its pairs), logits soft-capped at 30."""
+    return {
+        "architectures": ["Gemma4ForCausalLM"],
+        "model_type": "gemma4_text",
+        "vocab_size": 262144,
+        "num_hidden_layers": num_hidden_layers,
+        "layer_types": [
+            "full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(num_hidden_layers)
+        ],
+        "head_dim": 256,
+        "global_head_dim": 512,
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": {
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+        "hidden_activation": "gelu_pytorch_tanh",
+        "final_logit_softcapping": 30.0,
+        "tie_word_embeddings": True,
+        "use_bidirectional_attention": "vision",
+        "attention_k_eq_v": False,
+        "num_kv_shared_layers": 0,
+        "hidden_size_per_layer_input": 0,
+        "use_double_wide_mlp": False,
+        "enable_moe_block": False,
         **shape,
     }
 
@@ -269,6 +302,49 @@ SHAPES = {
         moe_intermediate_size=512,
         shared_expert_intermediate_size=512,
     ),
+    # Gemma 4, the text config of google/gemma-4-E4B-it, -26B-A4B-it and -31B-it (their config.json's
+    # text_config, as several public repositories quote it; the Hub itself was not reachable from here):
+    # E4B's last 18 layers read earlier layers' K/V and every layer has a 256-wide per-layer input; 26B-A4B
+    # and 31B's global layers have fewer KV heads and V from the K projection, 26B-A4B 128 experts of 704
+    # (8 a token) beside each layer's dense MLP
+    "gemma-4-e4b": _gemma4(
+        num_hidden_layers=42,
+        hidden_size=2560,
+        intermediate_size=10240,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        sliding_window=512,
+        max_position_embeddings=131072,
+        num_kv_shared_layers=18,
+        hidden_size_per_layer_input=256,
+        vocab_size_per_layer_input=262144,
+    ),
+    "gemma-4-26b-a4b": _gemma4(
+        num_hidden_layers=30,
+        hidden_size=2816,
+        intermediate_size=2112,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        num_global_key_value_heads=2,
+        attention_k_eq_v=True,
+        sliding_window=1024,
+        max_position_embeddings=262144,
+        enable_moe_block=True,
+        num_experts=128,
+        top_k_experts=8,
+        moe_intermediate_size=704,
+    ),
+    "gemma-4-31b": _gemma4(
+        num_hidden_layers=60,
+        hidden_size=5376,
+        intermediate_size=21504,
+        num_attention_heads=32,
+        num_key_value_heads=16,
+        num_global_key_value_heads=4,
+        attention_k_eq_v=True,
+        sliding_window=1024,
+        max_position_embeddings=262144,
+    ),
     "gpt-oss-20b": _gpt_oss(num_hidden_layers=24, num_local_experts=32),
     # as the published checkpoints store them: the experts in MXFP4, every other weight bf16
     "gpt-oss-20b-mxfp4": _gpt_oss(num_hidden_layers=24, num_local_experts=32, quantization_config=_GPT_OSS_MXFP4),
@@ -371,6 +447,8 @@ def model_bytes(
     written once a step. A shape stored in FP8 blocks counts as "fp8" (its block scales are a 16,384th of its
     weights); one with MXFP4 experts reads 4.25 bits per expert weight (a byte per 32 of them its scale)."""
     s = SHAPES[shape]
+    if s["model_type"] == "gemma4_text":
+        return _gemma4_bytes(s, kv_cache_dtype, tensor_parallel_size)
     method = s.get("quantization_config", {}).get("quant_method")
     if method == "fp8":
         quantization = "fp8"
@@ -418,3 +496,49 @@ def model_bytes(
     if s["model_type"] == "gpt_oss":  # each expert's gate|up and down biases
         expert += 2 * layers * (2 * expert_width + h) // tensor_parallel_size
     return WeightRead(dense, expert, experts, s.get("num_experts_per_tok", 0)), KVRead(read, states)
+
+
+def _gemma4_sources(s: dict) -> list[int]:
+    """Each Gemma 4 layer's K/V layer: its own, or for the last num_kv_shared_layers the last earlier layer of
+    their type."""
+    types, first_shared = s["layer_types"], s["num_hidden_layers"] - s["num_kv_shared_layers"]
+    last = {t: i for i, t in enumerate(types[:first_shared])}
+    return [i if i < first_shared else last[t] for i, t in enumerate(types)]
+
+
+def _gemma4_bytes(s: dict, kv_cache_dtype: str, tensor_parallel_size: int) -> tuple[WeightRead, KVRead]:
+    """`model_bytes` of a Gemma 4 shape, layer by layer: a global layer's head size and KV heads (and, with
+    attention_k_eq_v, no v_proj: V is the K projection's output, normalised but not rotated, and is still
+    cached beside K); a KV-shared layer's q and o projections only, its K/V read from its source layer's
+    cache (read again, stored once); per-layer inputs (a gate and a projection per layer, and one
+    projection of the embedding into every layer's slice: of the per-layer table a step reads its tokens'
+    rows only); experts beside the dense MLP with a router, its scales and three more norms."""
+    h, heads, layers = s["hidden_size"], s["num_attention_heads"], s["num_hidden_layers"]
+    per_layer_input = s["hidden_size_per_layer_input"]
+    experts = s["num_experts"] if s["enable_moe_block"] else 0
+    decoder = h * layers * per_layer_input + per_layer_input  # the embedding's projection and its norm
+    read: dict[int | None, int] = {}
+    sources = _gemma4_sources(s)
+    for i, (layer_type, source) in enumerate(zip(s["layer_types"], sources)):
+        full = layer_type == "full_attention"
+        d = s["global_head_dim"] if full else s["head_dim"]
+        k_eq_v = full and s["attention_k_eq_v"]
+        kv_heads = s["num_global_key_value_heads"] if k_eq_v else s["num_key_value_heads"]
+        q = heads * d
+        own_kv = source == i
+        attention = 2 * q * h + d  # q and o projections, q's norm
+        if own_kv:
+            attention += h * kv_heads * d * (1 if k_eq_v else 2) + d  # k (and v) projections, k's norm
+        width = s["intermediate_size"] * (2 if s["use_double_wide_mlp"] and not own_kv else 1)
+        norms = 4 * h + 1  # four norms and the layer's scalar
+        if per_layer_input:
+            norms += 2 * h * per_layer_input + h  # the per-layer input's gate, projection and norm
+        if experts:
+            norms += h * experts + h + experts + 3 * h  # the router, its scales and the experts' norms
+        decoder += attention + 3 * h * width + norms
+        per_head = kv_heads * (d + 4 if kv_cache_dtype == "fp8" else 2 * d)
+        window = None if full else s["sliding_window"]
+        read[window] = read.get(window, 0) + 2 * per_head // tensor_parallel_size
+    dense = 2 * (s["vocab_size"] * h + decoder + h) // tensor_parallel_size
+    expert = 2 * layers * 3 * h * s.get("moe_intermediate_size", 0) // tensor_parallel_size if experts else 0
+    return WeightRead(dense, expert, experts, s.get("top_k_experts", 0) if experts else 0), KVRead(read)

@@ -15,7 +15,10 @@ A sliding group's block table holds -1 where a block lies wholly before the
 window of every query the request may still run: those blocks went back to the
 pool (`CacheGroup.first_kept_position`).
 
-Paged layers must agree on the shape of a token's K/V (KV heads and head size).
+Paged layers of different K/V shapes (KV heads and head size: Gemma 4's sliding
+and global layers) share the pool's block ids: the worker keeps one tensor per
+shape, each with a slot per page layer for every block, so that a block id a
+group of one shape holds is unused in the others' tensors (`shapes`).
 Recurrent-state layers keep no blocks but state slots: every recurrent layer
 has its states of slot s for the same sequence (`state_groups`, one per
 spec, for the tensors of its layers). Shared-KV layers keep nothing.
@@ -105,6 +108,11 @@ class CacheLayout:
     def head_dim(self) -> int:
         return self.groups[0].spec.head_dim
 
+    @property
+    def shapes(self) -> tuple[tuple[int, int], ...]:
+        """The distinct (KV heads, head_dim) of the paged layers, in the order of their first group."""
+        return tuple(dict.fromkeys((g.spec.num_kv_heads, g.spec.head_dim) for g in self.groups))
+
     def blocks_held(self, num_tokens: int, block_size: int, lookback: int, chunk: int = 1) -> int:
         """The most blocks a request of up to `num_tokens` tokens holds over every group (`CacheGroup.blocks_held`)."""
         return sum(group.blocks_held(num_tokens, block_size, lookback, chunk) for group in self.groups)
@@ -125,19 +133,16 @@ class CacheLayout:
 def cache_layout(specs: Sequence[CacheSpec], full_attention_only: bool = False) -> CacheLayout:
     """The cache groups of the paged layers among `specs` (one per decoder layer). `full_attention_only`
     keeps every token of a sliding layer too (vLLM's disable_hybrid_kv_cache_manager), as a measure of
-    what the groups save. ValueError where paged layers differ in the shape of a token's K/V."""
+    what the groups save."""
     paged = {
         spec: layers for spec, layers in group_layers(specs).items() if isinstance(spec, (FullAttention, SlidingWindow))
     }
     if full_attention_only:
-        full = {FullAttention(spec.num_kv_heads, spec.head_dim) for spec in paged}
-        paged = {spec: tuple(i for i, s in enumerate(specs) if s in paged) for spec in full}
-    shapes = {(spec.num_kv_heads, spec.head_dim) for spec in paged}
-    if len(shapes) > 1:
-        raise ValueError(
-            f"layers that keep K/V in blocks must agree on KV heads and head size; this model has "
-            f"{sorted(shapes)} (kv heads, head_dim)"
-        )
+        full = dict.fromkeys(FullAttention(spec.num_kv_heads, spec.head_dim) for spec in paged)
+        paged = {
+            spec: tuple(i for i, s in enumerate(specs) if s in paged and (s.num_kv_heads, s.head_dim) == _shape(spec))
+            for spec in full
+        }
     page_layers = min(len(layers) for layers in paged.values())
     groups = tuple(
         CacheGroup(spec, layers[start : start + page_layers])
@@ -148,3 +153,7 @@ def cache_layout(specs: Sequence[CacheSpec], full_attention_only: bool = False) 
         StateGroup(spec, layers) for spec, layers in group_layers(specs).items() if isinstance(spec, RecurrentState)
     )
     return CacheLayout(groups, page_layers, states)
+
+
+def _shape(spec: PagedSpec) -> tuple[int, int]:
+    return spec.num_kv_heads, spec.head_dim

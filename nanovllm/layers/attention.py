@@ -78,6 +78,11 @@ class Attention(nn.Module):
     layer's sliding window), `softcap` (its score soft-cap) and `sinks` (its
     heads' sink logits [heads], a parameter of the model's that it loads) go to
     the backend with every call; None turns each off.
+
+    A layer given `kv_source` (Gemma 4's last layers) keeps no cache: it rotates
+    its queries only and attends over the source layer's K/V, this step's (which
+    the source keeps for it, `step_kv`) and those the source stored; it gets no
+    cache of its own (`owns_cache`).
     """
 
     def __init__(
@@ -91,6 +96,7 @@ class Attention(nn.Module):
         window: int | None = None,
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
+        kv_source: "Attention | None" = None,
     ):
         super().__init__()
         self.num_heads = num_heads
@@ -102,6 +108,17 @@ class Attention(nn.Module):
         self.rotary_emb = rotary
         self.backend = backend or TorchAttentionBackend()
         self.kv_cache: LayerKVCache | None = None
+        # in a tuple, so that the source is not registered as a submodule a second time
+        self.kv_source = () if kv_source is None else (kv_source,)
+        self.keeps_step_kv = False  # whether later layers read this step's K/V (`step_kv`) of this one
+        self.step_kv: tuple[torch.Tensor, torch.Tensor] | None = None
+        if kv_source is not None:
+            kv_source.keeps_step_kv = True
+
+    @property
+    def owns_cache(self) -> bool:
+        """Whether the layer stores K/V in a cache of its own (not one that reads another layer's)."""
+        return not self.kv_source
 
     def bind_kv_cache(self, cache: "LayerKVCache") -> None:
         """Give this layer its slice of the KV cache."""
@@ -145,21 +162,33 @@ class Attention(nn.Module):
         self,
         positions: torch.Tensor,
         q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
         q_norm: RMSNorm | None = None,
         k_norm: RMSNorm | None = None,
     ) -> torch.Tensor:
         """Attention of each token's q over its sequence's keys; q_norm/k_norm (Qwen3) normalise each
-        q and k head before the rotation."""
+        q and k head before the rotation. A layer with a `kv_source` takes no k and v."""
         # positions: [tokens]; q: [tokens, heads, d]; k, v: [tokens, kv_heads, d] -> [tokens, heads * d]
         context = get_context()
-        cache = self.kv_cache
-        if cache is None:  # the start-up step before the cache exists: no prefix to read, nothing stored
+        if self.kv_source:
+            source = self.kv_source[0]
+            cache = source.kv_cache
+            # the kernel rotates a k beside q: q stands in for it, its rotation unused
+            q, _ = self.rotary_emb(positions, q, q, q_norm, q_norm)
+            k, v = source.step_kv
+        elif self.kv_cache is None:  # the start-up step before the cache exists: nothing stored
+            cache = None
             q, k = self.rotary_emb(positions, q, k, q_norm, k_norm)
+        else:
+            cache = self.kv_cache
+            slot_mapping = context.for_group(cache.group).slot_mapping
+            q, k = self._rotate_and_store(positions, q, k, v, q_norm, k_norm, cache, slot_mapping)
+        if self.keeps_step_kv:
+            self.step_kv = (k, v)
+        if cache is None:  # no prefix to read
             return self.backend.prefill(q, k, v, None, None, context, self.scale, **self.scoring).flatten(1)
         context = context.for_group(cache.group)  # the slots and block tables of the layer's cache group
-        q, k = self._rotate_and_store(positions, q, k, v, q_norm, k_norm, cache, context.slot_mapping)
         if context.is_prefill:
             o = self.backend.prefill(q, k, v, cache.k, cache.v, context, self.scale, *cache.scales, **self.scoring)
         else:

@@ -222,11 +222,14 @@ class FusedMoE(nn.Module):
         router_logits: torch.Tensor,
         input_norm: RMSNorm | None = None,
         shared: torch.Tensor | None = None,
+        expert_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The experts' weighted sum for each token, summed over the ranks. With `input_norm`, x is the norm's
         input and the experts run on input_norm(x): a single row on CUDA is normalised inside the experts'
         first kernel (one launch fewer in a one-sequence step), anything else first. `shared`, this rank's
-        partial output of a shared expert (`SharedExpert`), is added before the sum, which then sums both."""
+        partial output of a shared expert (`SharedExpert`), is added before the sum, which then sums both.
+        `expert_scale` [experts] multiplies each choice's weight by its expert's scale, after the top-k's
+        renormalisation (Gemma 4's per_expert_scale)."""
         # x: [tokens, hidden]; router_logits: [tokens, experts]; shared: [tokens, hidden] -> [tokens, hidden]
         norm_in_kernel = input_norm is not None and one_row_on_cuda(x)
         if input_norm is not None and not norm_in_kernel:
@@ -236,10 +239,10 @@ class FusedMoE(nn.Module):
             from nanovllm.kernels.triton_moe_routing import route_experts
 
             norm = dict(norm_weight=input_norm.weight, eps=input_norm.eps) if norm_in_kernel else {}
-            weights, ids = route_experts(router_logits, self.top_k, self.renormalize)
+            weights, ids = _scaled(*route_experts(router_logits, self.top_k, self.renormalize), expert_scale)
             y = fused_experts(x, self.w13, self.w2, weights, ids, self.hidden_act, **norm, **self._extras())
         else:
-            weights, ids = route(router_logits, self.top_k, self.renormalize)
+            weights, ids = _scaled(*route(router_logits, self.top_k, self.renormalize), expert_scale)
             y = moe_experts(x, self.w13, self.w2, weights, ids, self.hidden_act, **self._extras())
         if shared is not None:
             y = y + shared
@@ -250,6 +253,13 @@ class FusedMoE(nn.Module):
     def _extras(self) -> dict:
         """The biases and MXFP4 scales the experts' products take beside their weights (None where absent)."""
         return dict(w13_bias=self.w13_bias, w2_bias=self.w2_bias, w13_scale=self.w13_scale, w2_scale=self.w2_scale)
+
+
+def _scaled(
+    weights: torch.Tensor, ids: torch.Tensor, expert_scale: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The routing weights [tokens, top_k] times their experts' scales (as they are without scales)."""
+    return (weights if expert_scale is None else weights * expert_scale[ids]), ids
 
 
 def _uint8_param(*shape: int) -> nn.Parameter:

@@ -6,11 +6,16 @@ from torch import nn
 from nanovllm.layers.fusion import fused_on_cuda
 
 
+def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x * rsqrt(mean(x^2) + eps) over the last dimension, computed in fp32 and returned in x's dtype: a norm
+    with no weight (Gemma 4's on each value head)."""
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x * rsqrt(mean(x^2) + eps) * weight over the last dimension, computed in fp32."""
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
+    return weight * rms_normalize(x, eps)
 
 
 _rms_norm = fused_on_cuda(rms_norm)

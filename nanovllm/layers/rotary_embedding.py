@@ -42,6 +42,18 @@ def _yarn_inv_freq(inv_freq: torch.Tensor, rotary_dim: int, params: dict) -> tor
     return inv_freq / factor * ramp + inv_freq * (1 - ramp)
 
 
+def _proportional_inv_freq(inv_freq: torch.Tensor, params: dict) -> torch.Tensor:
+    """Gemma 4's "proportional" rotary: every dimension pair of the head (j, j + head_dim / 2) keeps the
+    frequency a full rotation gives it, but only the first partial_rotary_factor of the pairs turn; the
+    others get frequency 0 (they pass through), and all are divided by `factor`. Unlike a partial rotary
+    over the first dimensions, the turning pairs span the whole head."""
+    head_dim = 2 * inv_freq.numel()
+    turning = int(params["partial_rotary_factor"] * head_dim // 2)  # transformers' rounding
+    inv_freq = inv_freq.clone()
+    inv_freq[turning:] = 0.0
+    return inv_freq / params.get("factor", 1.0)
+
+
 def _yarn_attention_factor(params: dict) -> float:
     """YaRN's scale on cos and sin, which sharpens attention at long range: 0.1 ln(factor) + 1 unless given."""
     if params.get("attention_factor") is not None:
@@ -99,6 +111,8 @@ def _angles_and_scale(positions: torch.Tensor, rotary_dim: int, params: dict) ->
         inv_freq = _llama3_inv_freq(inv_freq, params)
     elif params["rope_type"] == "yarn":
         inv_freq, scale = _yarn_inv_freq(inv_freq, rotary_dim, params), _yarn_attention_factor(params)
+    elif params["rope_type"] == "proportional":
+        inv_freq = _proportional_inv_freq(inv_freq, params)
     return torch.outer(positions, inv_freq), scale
 
 
@@ -111,7 +125,8 @@ class RotaryEmbedding(nn.Module):
     """
 
     def __init__(self, head_dim: int, max_position: int, params: dict, rotary_dim: int | None = None):
-        """`params`: ModelConfig.rope_parameters (rope_type 'default', 'linear', 'llama3', 'yarn' or 'longrope',
+        """`params`: ModelConfig.rope_parameters (rope_type 'default', 'linear', 'llama3', 'yarn', 'longrope' or
+        'proportional',
         rope_theta, the type's scaling keys); `rotary_dim`: ModelConfig.rotary_dim, every dimension if None."""
         super().__init__()
         rotary_dim = head_dim if rotary_dim is None else rotary_dim

@@ -264,7 +264,7 @@ class DecoderModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None
         if self.embed_scale is not None:
-            x = x * _rounded_to(self.embed_scale, x.dtype)
+            x = x * rounded_to(self.embed_scale, x.dtype)
         for layer in self.layers:
             x, residual = layer(positions, x, residual)
         x, _ = self.norm(x, residual)
@@ -272,7 +272,7 @@ class DecoderModel(nn.Module):
 
 
 @functools.cache
-def _rounded_to(value: float, dtype: torch.dtype) -> float:
+def rounded_to(value: float, dtype: torch.dtype) -> float:
     """`value` as `dtype` holds it: Gemma's embedding scale is applied in the model's dtype (sqrt(3584) is
     59.75 in bfloat16), and the checkpoints expect that."""
     return torch.tensor(value, dtype=dtype).item()

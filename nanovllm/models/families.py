@@ -23,6 +23,8 @@ FAMILIES: dict[str, str] = {
     "Gemma2ForCausalLM": "nanovllm.models.gemma2:GEMMA2",
     "Gemma3ForCausalLM": "nanovllm.models.gemma3:GEMMA3",
     "Gemma3ForConditionalGeneration": "nanovllm.models.gemma3:GEMMA3_IMAGE_TEXT",
+    "Gemma4ForCausalLM": "nanovllm.models.gemma4:GEMMA4",
+    "Gemma4ForConditionalGeneration": "nanovllm.models.gemma4:GEMMA4_MULTIMODAL",
     "GptOssForCausalLM": "nanovllm.models.gpt_oss:GPT_OSS",
     "LlamaForCausalLM": "nanovllm.models.llama:LLAMA",
     "MistralForCausalLM": "nanovllm.models.mistral:MISTRAL",

@@ -154,4 +154,7 @@ class FamilySpec:
     # the checkpoints may hold multi-token-prediction layers (mtp.*, as many as the config's mtp_num_hidden_layers):
     # a gated full-attention decoder layer that drafts the token after next (`models/mtp.py`)
     multi_token_prediction: bool = False
+    # Gemma 4's decoder (`gemma4_decoder`, its traits read by `gemma4_layers`): two attention shapes, K/V shared
+    # by the last layers, per-layer input embeddings, experts beside the dense MLP
+    gemma4_layers: bool = False
     checkpoint: CheckpointNames = field(default_factory=CheckpointNames)

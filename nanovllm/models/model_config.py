@@ -12,7 +12,7 @@ This module imports neither torch nor transformers.
 
 from dataclasses import dataclass, field
 
-from nanovllm.cache.specs import CacheSpec, FullAttention, RecurrentState, SlidingWindow
+from nanovllm.cache.specs import CacheSpec, FullAttention, RecurrentState, SharedKV, SlidingWindow
 from nanovllm.models.families import family_of, supported_architecture
 from nanovllm.models.family_spec import (
     CheckpointNames,
@@ -21,6 +21,13 @@ from nanovllm.models.family_spec import (
     HFDefaults,
     LinearAttentionDefaults,
     SlidingLayers,
+)
+from nanovllm.models.gemma4_layers import (
+    Gemma4Layers,
+    expert_fields,
+    layer_shapes,
+    read_gemma4_layers,
+    with_global_fields,
 )
 from nanovllm.models.quantization_config import Fp8Weights, Mxfp4Experts, read_quantization
 
@@ -37,7 +44,7 @@ _LINEAR_ATTENTION_SIZES = (
     "linear_value_head_dim",
     "linear_conv_kernel_dim",
 )
-_SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+_SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "proportional")
 # the keys each rope type needs besides rope_theta (and original_max_position_embeddings, which defaults)
 _ROPE_KEYS = {
     "default": (),
@@ -45,6 +52,7 @@ _ROPE_KEYS = {
     "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
     "yarn": ("factor",),
     "longrope": ("short_factor", "long_factor"),
+    "proportional": (),
 }
 # the types that stretch a model trained at original_max_position_embeddings
 _EXTENDED_CONTEXT_TYPES = ("llama3", "yarn", "longrope")
@@ -101,7 +109,9 @@ class ModelConfig:
     num_experts_per_tok: int  # the top-k experts each token runs through
     moe_intermediate_size: int  # each expert's MLP width
     norm_topk_prob: bool  # the chosen experts' weights are renormalised to sum to 1
-    moe_layers: tuple[int, ...]  # the layers whose MLP is a mixture of experts; the others' is dense
+    # the layers whose MLP is a mixture of experts; the others' is dense (Gemma 4's experts sit beside every
+    # layer's dense MLP, and this is empty)
+    moe_layers: tuple[int, ...]
     # the width of the shared expert beside each layer's routed ones, scaled by sigmoid(shared_expert_gate) (0: none)
     shared_expert_intermediate_size: int
     attn_output_gate: bool  # q_proj also gives each head a gate: attention's output times sigmoid(gate) (Qwen3.5)
@@ -126,6 +136,9 @@ class ModelConfig:
     # the model builds and loads its multi-token-prediction layer (`models/mtp.py`), whose K/V one more
     # full-attention layer keeps (`cache_specs`): set for speculative method "mtp" only
     with_mtp: bool = False
+    # Gemma 4's traits (`gemma4_layers`): two attention shapes, K/V shared by the last layers, per-layer input
+    # embeddings, experts beside the MLP; None for every other family
+    gemma4: Gemma4Layers | None = None
 
     @property
     def cache_specs(self) -> tuple[CacheSpec, ...]:
@@ -136,8 +149,11 @@ class ModelConfig:
         return (*self.layer_specs, FullAttention(self.num_key_value_heads, self.head_dim))
 
     def layer_window(self, layer: int) -> int | None:
-        """The sliding window of decoder layer `layer` (None: it attends over the whole sequence)."""
+        """The sliding window of decoder layer `layer` (None: it attends over the whole sequence); a layer that
+        reads another's K/V has that layer's."""
         spec = self.layer_specs[layer]
+        if isinstance(spec, SharedKV):
+            spec = self.layer_specs[spec.source_layer]
         return spec.window if isinstance(spec, SlidingWindow) else None
 
     def rope_parameters_of(self, layer_type: str) -> dict:
@@ -154,6 +170,8 @@ class ModelConfig:
         defaults = family.defaults
         if family.language_model_in_text_config:
             hf_config = _get(hf_config, "text_config", hf_config)
+        if family.gemma4_layers:
+            hf_config = with_global_fields(hf_config)
 
         def read(name: str):
             return _get(hf_config, name, getattr(defaults, name))
@@ -167,7 +185,8 @@ class ModelConfig:
             raise ValueError(
                 f"{activation_key} {hidden_act!r} is not supported; supported: {', '.join(_SUPPORTED_ACTIVATIONS)}"
             )
-        if _get(hf_config, "use_bidirectional_attention", False):
+        # "vision" (Gemma 4) lets image tokens see each other, which text alone never has
+        if _get(hf_config, "use_bidirectional_attention", False) not in (False, "vision"):
             raise ValueError(
                 "use_bidirectional_attention=True is not supported: a causal LM attends only to earlier "
                 "tokens; use a checkpoint without it"
@@ -192,6 +211,14 @@ class ModelConfig:
         max_position_embeddings = read("max_position_embeddings")
         rope, sliding_rope = _layer_rope_parameters(hf_config, family, max_position_embeddings, rotary_dim)
         intermediate_size = read("intermediate_size")
+        gemma4, shapes = None, ((num_kv_heads, head_dim),) * num_layers
+        experts = _moe_fields(hf_config, family.experts, intermediate_size, num_layers)
+        expert_act = _expert_act(family.experts, hidden_act)
+        if family.gemma4_layers:
+            gemma4 = read_gemma4_layers(hf_config, layer_types, intermediate_size)
+            shapes = layer_shapes(hf_config, layer_types, num_kv_heads, head_dim)
+            experts = expert_fields(hf_config)
+            expert_act = hidden_act if experts["num_experts"] else ""
         return cls(
             architecture=architecture,
             architectures=architectures,
@@ -215,18 +242,20 @@ class ModelConfig:
             qk_norm=family.qk_norm,
             sliding_window=sliding_window,
             layer_types=layer_types,
-            layer_specs=_layer_specs(layer_types, num_kv_heads, head_dim, sliding_window, linear),
+            layer_specs=_layer_specs(
+                layer_types, shapes, sliding_window, linear, gemma4.kv_sources if gemma4 else None
+            ),
             attention_scale=_positive("query_pre_attn_scalar", read("query_pre_attn_scalar") or head_dim) ** -0.5,
             attn_logit_softcapping=_softcap(hf_config, "attn_logit_softcapping", defaults),
             final_logit_softcapping=_softcap(hf_config, "final_logit_softcapping", defaults),
             norm_unit_offset=family.norm_unit_offset,
             sandwich_norms=family.sandwich_norms,
             embed_scale=hidden_size**0.5 if family.scaled_embeddings else None,
-            **_moe_fields(hf_config, family.experts, intermediate_size, num_layers),
+            **experts,
             attn_output_gate=family.attn_output_gate,
             attention_sinks=family.attention_sinks,
             expert_bias=family.experts is not None and family.experts.biased,
-            expert_act=_expert_act(family.experts, hidden_act),
+            expert_act=expert_act,
             **linear,
             mtp_num_hidden_layers=_mtp_layers(hf_config, family),
             dtype=None if dtype is None else str(dtype).removeprefix("torch."),
@@ -234,6 +263,7 @@ class ModelConfig:
             expert_quantization=quantization if isinstance(quantization, Mxfp4Experts) else None,
             eos_token_id=tuple(eos) if isinstance(eos, (list, tuple)) else eos,
             checkpoint_names=family.checkpoint,
+            gemma4=gemma4,
         )
 
 
@@ -372,20 +402,27 @@ def _sliding_layers(hf_config, family: FamilySpec, num_layers: int) -> tuple[int
 
 
 def _layer_specs(
-    layer_types: tuple[str, ...], num_kv_heads: int, head_dim: int, window: int | None, linear: dict
+    layer_types: tuple[str, ...],
+    shapes: tuple[tuple[int, int], ...],
+    window: int | None,
+    linear: dict,
+    kv_sources: tuple[int | None, ...] | None = None,
 ) -> tuple[CacheSpec, ...]:
-    """The cache each layer needs: paged K/V over its window for a sliding layer, over every token for a
-    full-attention one, and a Gated DeltaNet's states (`_gated_delta_net_state`, of the sizes in `linear`)
-    for a linear-attention one."""
+    """The cache each layer needs: paged K/V (of its (KV heads, head_dim) in `shapes`) over its window for a
+    sliding layer, over every token for a full-attention one, a Gated DeltaNet's states
+    (`_gated_delta_net_state`, of the sizes in `linear`) for a linear-attention one, and none for a layer
+    that reads another's K/V (`kv_sources`, Gemma 4)."""
 
-    def spec(layer_type: str) -> CacheSpec:
+    def spec(layer: int, layer_type: str) -> CacheSpec:
+        if kv_sources is not None and kv_sources[layer] is not None:
+            return SharedKV(kv_sources[layer])
         if layer_type == "sliding_attention":
-            return SlidingWindow(num_kv_heads, head_dim, window)
+            return SlidingWindow(*shapes[layer], window)
         if layer_type == "linear_attention":
             return _gated_delta_net_state(**linear)
-        return FullAttention(num_kv_heads, head_dim)
+        return FullAttention(*shapes[layer])
 
-    return tuple(spec(layer_type) for layer_type in layer_types)
+    return tuple(spec(layer, layer_type) for layer, layer_type in enumerate(layer_types))
 
 
 def _gated_delta_net_state(
@@ -503,11 +540,14 @@ def _rope_parameters(
     """The rope settings `params` (a copy of a rope dict of the config) as one dict with at least `rope_type`
     and `rope_theta`, the latter from the config's top level where the dict leaves it out, and the keys
     the type needs, those the config may leave out filled in as transformers fills them. The partial
-    rotary factor is read apart (`_rotary_dim`)."""
-    params.pop("partial_rotary_factor", None)
+    rotary factor is read apart (`_rotary_dim`), but for the "proportional" type, which keeps it."""
     params.setdefault("rope_theta", _get(hf_config, "rope_theta", family.defaults.rope_theta))
     rope_type = params.get("rope_type", params.get("type", "default"))
     params["rope_type"] = family.rope_type_aliases.get(rope_type, rope_type)
+    factor = params.pop("partial_rotary_factor", None)
+    if params["rope_type"] == "proportional":
+        # the share of the head's dimension pairs that turn, which this type reads itself (over the whole head)
+        params["partial_rotary_factor"] = 1.0 if factor is None else factor
     if params["rope_type"] not in _SUPPORTED_ROPE_TYPES:
         raise ValueError(
             f"rope_type {params['rope_type']!r} is not supported; supported: {', '.join(_SUPPORTED_ROPE_TYPES)}"

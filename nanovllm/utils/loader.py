@@ -111,6 +111,8 @@ def load_model(model: nn.Module, path: str, dequantize: Callable | None = None) 
                 name = _renamed(model, checkpoint_name)
                 if name is None or name.endswith(_IGNORED_SUFFIXES) or (tied and name.startswith("lm_head.weight")):
                     continue
+                if name in getattr(model, "unused_checkpoint_tensors", ()):
+                    continue  # held by the checkpoint for layers that do not run it (Gemma 4's KV-shared ones)
                 param_name, shard_id = _target(model, name)
                 if _scales_full_precision_weight(params, param_name):
                     continue  # read with its weight, which is dequantized

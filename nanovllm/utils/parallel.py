@@ -50,8 +50,12 @@ def check_divisible(model_config, size: int) -> None:
     # an MLP's width is split, a dense one's where some layer has one, and every expert's where some has experts
     if len(model_config.moe_layers) < model_config.num_hidden_layers:
         dims["MLP width (intermediate_size)"] = model_config.intermediate_size
-    if model_config.moe_layers:
+    if model_config.num_experts:
         dims["expert MLP width (moe_intermediate_size)"] = model_config.moe_intermediate_size
+    # layers of other KV heads than num_key_value_heads (Gemma 4's global ones)
+    for heads in sorted({getattr(spec, "num_kv_heads", 0) for spec in model_config.layer_specs} - {0}):
+        if heads != model_config.num_key_value_heads:
+            dims["KV heads of the global layers (num_global_key_value_heads)"] = heads
     if model_config.linear_num_key_heads:  # Gated DeltaNet layers, split by their heads
         dims["linear-attention key heads (linear_num_key_heads)"] = model_config.linear_num_key_heads
         dims["linear-attention value heads (linear_num_value_heads)"] = model_config.linear_num_value_heads

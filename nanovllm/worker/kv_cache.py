@@ -14,6 +14,14 @@ kv_heads, block_size]` (`kernels/fp8_kv.py` describes the number format). This
 is the only file outside `kernels/` that knows an FP8 cache exists: layers and
 the runner see a `LayerKVCache` whose scales are None for a cache in the
 model's dtype, and hand them to the kernels as they are.
+
+A model whose paged layers differ in K/V shape (Gemma 4: sliding layers of
+many narrow heads, global ones of few wide heads) has one such tensor per shape
+(`KVCacheSpec.shapes`), each holding every block: the block ids are shared, and a
+block a group of one shape holds lies unused in the other shapes' tensors, so
+a block's bytes are those of every shape together. (Views of one flat pool cut
+per shape would waste nothing, but a layer's view must stay a contiguous
+[blocks, block_size, kv_heads, head_dim] tensor for the attention kernels.)
 """
 
 from dataclasses import dataclass
@@ -76,6 +84,13 @@ class KVCacheSpec:
     num_kv_heads: int
     head_dim: int
     page_layers: int
+    # the further (KV heads per rank, head_dim) shapes of paged layers, each in a tensor of its own (Gemma 4)
+    other_shapes: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def shapes(self) -> tuple[tuple[int, int], ...]:
+        """Every (KV heads per rank, head_dim) of the paged layers, the first one's first."""
+        return ((self.num_kv_heads, self.head_dim), *self.other_shapes)
 
     @property
     def is_fp8(self) -> bool:
@@ -95,13 +110,17 @@ class KVCacheSpec:
     def head_bytes(self) -> int:
         """Bytes of one head of one token's K (or V), with its scale: 256 for bf16 and 132 for FP8 at
         head_dim 128."""
+        return self._head_bytes(self.head_dim)
+
+    def _head_bytes(self, head_dim: int) -> int:
         scale_bytes = self.scale_dtype.itemsize if self.is_fp8 else 0
-        return self.head_dim * self.dtype.itemsize + scale_bytes
+        return head_dim * self.dtype.itemsize + scale_bytes
 
     @property
     def bytes_per_token(self) -> int:
-        """Bytes one token of a block takes: K and V of each of its layers and KV heads, with the scales."""
-        return 2 * self.page_layers * self.num_kv_heads * self.head_bytes
+        """Bytes one token of a block takes: K and V of each of its layers and KV heads, with the scales, in
+        every shape's tensor."""
+        return 2 * self.page_layers * sum(heads * self._head_bytes(d) for heads, d in self.shapes)
 
     @property
     def block_bytes(self) -> int:
@@ -116,15 +135,20 @@ class KVCacheSpec:
 
     def allocate(self, num_blocks: int, device: torch.device | str) -> "KVCache":
         """The whole cache of `num_blocks` blocks, zeroed (FP8 scales set to 1, so that an unwritten slot
-        reads as zeros), with each slot's views (of group 0: `bind_kv_cache` gives each layer its own)."""
+        reads as zeros), with each slot's views (of group 0: `bind_kv_cache` gives each layer its own), in a
+        tensor per shape."""
+        parts = tuple(self._allocate_shape(heads, d, num_blocks, device) for heads, d in self.shapes)
+        return KVCache(self, parts)
+
+    def _allocate_shape(self, num_kv_heads: int, head_dim: int, num_blocks: int, device) -> "KVCachePart":
         # kv: [2, page_layers, blocks, block_size, kv_heads, head_dim]
         kv = torch.zeros(
             2,
             self.page_layers,
             num_blocks,
             self.block_size,
-            self.num_kv_heads,
-            self.head_dim,
+            num_kv_heads,
+            head_dim,
             dtype=self.dtype,
             device=device,
         )
@@ -135,7 +159,7 @@ class KVCacheSpec:
                 2,
                 self.page_layers,
                 num_blocks,
-                self.num_kv_heads,
+                num_kv_heads,
                 self.block_size,
                 dtype=self.scale_dtype,
                 device=device,
@@ -144,18 +168,42 @@ class KVCacheSpec:
             LayerKVCache(kv[0, j], kv[1, j], *((scales[0, j], scales[1, j]) if scales is not None else ()))
             for j in range(self.page_layers)
         ]
-        return KVCache(self, kv, scales, slots)
+        return KVCachePart(kv, scales, slots)
+
+
+@dataclass(frozen=True, eq=False)
+class KVCachePart:
+    """The cache of one K/V shape: `kv` [2, page_layers, blocks, block_size, kv_heads, head_dim], the FP8
+    scales [2, page_layers, blocks, kv_heads, block_size] or None, and `slots[j]`, slot j's views of both."""
+
+    kv: torch.Tensor
+    scales: torch.Tensor | None
+    slots: list[LayerKVCache]
 
 
 @dataclass(frozen=True, eq=False)
 class KVCache:
-    """One rank's allocated cache: `kv` [2, page_layers, blocks, block_size, kv_heads, head_dim], the FP8
-    scales [2, page_layers, blocks, kv_heads, block_size] or None, and `slots[j]`, slot j's views of both."""
+    """One rank's allocated cache: a part per shape of `spec.shapes`; `kv`, `scales` and `slots` are the first
+    shape's (the only one of a model whose paged layers are all alike)."""
 
     spec: KVCacheSpec
-    kv: torch.Tensor
-    scales: torch.Tensor | None
-    slots: list[LayerKVCache]
+    parts: tuple[KVCachePart, ...]
+
+    @property
+    def kv(self) -> torch.Tensor:
+        return self.parts[0].kv
+
+    @property
+    def scales(self) -> torch.Tensor | None:
+        return self.parts[0].scales
+
+    @property
+    def slots(self) -> list[LayerKVCache]:
+        return self.parts[0].slots
+
+    def slot(self, num_kv_heads: int, head_dim: int, j: int) -> LayerKVCache:
+        """Slot j's views in the tensor of the shape (KV heads per rank, head_dim)."""
+        return self.parts[self.spec.shapes.index((num_kv_heads, head_dim))].slots[j]
 
     @property
     def num_blocks(self) -> int:

@@ -61,12 +61,12 @@ def available_memory_bytes() -> int:
 
 def kv_cache_spec(config: Config, attention_layers: Sequence[Attention]) -> KVCacheSpec:
     """The layout of one rank's cache: blocks of K and V for the layers of one cache group
-    (`config.kv_layout.page_layers`), every one shaped as the first of `attention_layers` (its KV heads this
-    rank's share), in the element type `config.kv_cache_dtype` asks for."""
-    first = attention_layers[0]
+    (`config.kv_layout.page_layers`), in a tensor per shape of the `attention_layers` that keep a cache (their
+    KV heads this rank's share), in the element type `config.kv_cache_dtype` asks for."""
+    shapes = tuple(dict.fromkeys((m.num_kv_heads, m.head_dim) for m in attention_layers if m.owns_cache))
     dtype = kv_cache_dtype(config.kv_cache_dtype, config.torch_dtype)
     page_layers = config.kv_layout.page_layers
-    return KVCacheSpec(dtype, config.kv_block_size, first.num_kv_heads, first.head_dim, page_layers)
+    return KVCacheSpec(dtype, config.kv_block_size, *shapes[0], page_layers, shapes[1:])
 
 
 def most_blocks_used(config: Config) -> int:
@@ -158,14 +158,15 @@ def bind_kv_cache(
     layout: CacheLayout,
     device: torch.device,
 ) -> KVCache:
-    """The cache of `num_blocks` blocks, allocated, with each of `attention_layers` (in module order: the
-    paged decoder layers in increasing order) bound to its slot's views and its cache group
-    (`CacheLayout.group_of`)."""
+    """The cache of `num_blocks` blocks, allocated, with each of `attention_layers` that keeps a cache (in
+    module order: the paged decoder layers in increasing order) bound to its slot's views, in its shape's
+    tensor, and its cache group (`CacheLayout.group_of`); the others read their source layer's."""
     cache = spec.allocate(num_blocks, device)
     paged_layers = sorted(layer for group in layout.groups for layer in group.layers)
-    for module, layer in zip(attention_layers, paged_layers, strict=True):
+    owners = [module for module in attention_layers if module.owns_cache]
+    for module, layer in zip(owners, paged_layers, strict=True):
         group, slot = layout.group_of(layer)
-        module.bind_kv_cache(replace(cache.slots[slot], group=group))
+        module.bind_kv_cache(replace(cache.slot(module.num_kv_heads, module.head_dim, slot), group=group))
     return cache
 
 

@@ -4,7 +4,7 @@ layers' state groups, and what a sequence holds in each."""
 import pytest
 
 from nanovllm.cache.layout import cache_layout
-from nanovllm.cache.specs import FullAttention, RecurrentState, SlidingWindow
+from nanovllm.cache.specs import FullAttention, RecurrentState, SharedKV, SlidingWindow
 
 BS = 4
 WINDOW = 8
@@ -31,14 +31,27 @@ def test_layout_cuts_each_spec_into_groups_of_the_smallest_ones_size():
     assert everything.page_layers == 15 and [g.window for g in everything.groups] == [None]
 
 
-def test_layout_skips_recurrent_layers_and_refuses_mixed_head_sizes():
+def test_layout_skips_recurrent_and_shared_layers():
     recurrent = RecurrentState(((4, 3),), (None,))
-    layout = cache_layout((recurrent, recurrent, recurrent, FULL) * 2)
-    assert [g.layers for g in layout.groups] == [(3, 7)]
-    assert [(g.spec, g.layers) for g in layout.state_groups] == [(recurrent, (0, 1, 2, 4, 5, 6))]
+    layout = cache_layout((recurrent, recurrent, recurrent, FULL, SharedKV(3)) * 2)
+    assert [g.layers for g in layout.groups] == [(3, 8)]
+    assert [(g.spec, g.layers) for g in layout.state_groups] == [(recurrent, (0, 1, 2, 5, 6, 7))]
     assert layout.has_state and not ALTERNATING.has_state
-    with pytest.raises(ValueError, match=r"agree on KV heads and head size.*\(2, 8\), \(2, 16\)"):
-        cache_layout((FULL, SlidingWindow(2, 16, WINDOW)))
+
+
+def test_layers_of_two_kv_shapes_keep_their_groups_and_list_both_shapes():
+    # Gemma 4's shape: sliding layers of many narrow heads, a global one of few wide heads
+    wide = FullAttention(1, 16)
+    layout = cache_layout((SLIDING,) * 5 + (wide,))
+    assert [(g.spec, g.layers) for g in layout.groups] == [
+        (SLIDING, (0,)),
+        *[(SLIDING, (i,)) for i in range(1, 5)],
+        (wide, (5,)),
+    ]
+    assert layout.shapes == ((2, 8), (1, 16))
+    # every token kept: one full-attention spec per shape, each shape's layers only in its own groups
+    everything = cache_layout((SLIDING, SLIDING, wide, SLIDING, wide), full_attention_only=True)
+    assert [(g.spec, g.layers) for g in everything.groups] == [(FULL, (0, 1)), (FULL, (3,)), (wide, (2, 4))]
 
 
 def test_blocks_held_by_a_long_sequence_are_bounded_by_the_window_in_sliding_groups():

@@ -6,7 +6,14 @@ from functools import partial
 
 from transformers import MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from helpers.gemma_models import WINDOW, save_gemma2, save_gemma3, save_gemma3_image_text
+from helpers.gemma_models import (
+    WINDOW,
+    save_gemma2,
+    save_gemma3,
+    save_gemma3_image_text,
+    save_gemma4_multimodal,
+    save_gemma4_shared_kv,
+)
 from helpers.moe_models import save_gpt_oss, save_mixtral, save_qwen3_moe
 from helpers.qwen3_5_models import (
     save_qwen3_5,
@@ -28,6 +35,8 @@ FAMILY_MODELS: dict[str, Callable[..., str]] = {
     "Gemma2ForCausalLM": save_gemma2,
     "Gemma3ForCausalLM": save_gemma3,
     "Gemma3ForConditionalGeneration": save_gemma3_image_text,
+    "Gemma4ForCausalLM": save_gemma4_shared_kv,
+    "Gemma4ForConditionalGeneration": save_gemma4_multimodal,
     "LlamaForCausalLM": partial(_save_tiny, "llama", tie=True),
     # every layer slides over WINDOW tokens, which the families' checks run past
     "MistralForCausalLM": partial(

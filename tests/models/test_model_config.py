@@ -231,8 +231,9 @@ def test_a_llama_longrope_takes_its_original_context_from_the_rope_dict_else_its
         (
             {"architectures": ["MysteryForCausalLM"]},
             r"unsupported architecture \['MysteryForCausalLM'\]; supported: Gemma2ForCausalLM, Gemma3ForCausalLM, "
-            r"Gemma3ForConditionalGeneration, GptOssForCausalLM, LlamaForCausalLM, MistralForCausalLM, "
-            r"MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM",
+            r"Gemma3ForConditionalGeneration, Gemma4ForCausalLM, Gemma4ForConditionalGeneration, GptOssForCausalLM, "
+            r"LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, "
+            r"Qwen3ForCausalLM, Qwen3MoeForCausalLM",
         ),
         ({"architectures": None}, r"unsupported architecture \(none in config.json\)"),
     ],

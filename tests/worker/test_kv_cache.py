@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from nanovllm.cache.layout import cache_layout
-from nanovllm.cache.specs import FullAttention, SlidingWindow
+from nanovllm.cache.specs import FullAttention, SharedKV, SlidingWindow
 from nanovllm.kernels.fp8_kv import FP8_DTYPE, SCALE_DTYPE
 from nanovllm.worker.kv_cache import KVCacheSpec
 from nanovllm.worker.kv_cache_sizing import bind_kv_cache, kv_cache_spec, kv_capacity
@@ -38,7 +38,7 @@ def test_the_spec_follows_the_config_and_the_attention_layers(qwen3_dir):
     from nanovllm.config import Config
 
     # the heads are the attention layers' (this rank's share); the layers a block holds, the cache layout's
-    layers = [SimpleNamespace(num_kv_heads=1, head_dim=64)] * 2
+    layers = [SimpleNamespace(num_kv_heads=1, head_dim=64, owns_cache=True)] * 2
     for kv_cache_dtype, want in (("auto", torch.float32), ("fp8", FP8_DTYPE)):
         config = Config(qwen3_dir, device="cpu", kv_cache_dtype=kv_cache_dtype, block_size=32)
         s = kv_cache_spec(config, layers)
@@ -96,7 +96,9 @@ def test_a_layers_store_writes_its_slots_of_the_shared_cache(dtype):
 
 
 class BindingProbe:
-    """An attention layer that only keeps the cache it is bound to."""
+    """An attention layer of KV_HEADS heads of HEAD_DIM that only keeps the cache it is bound to."""
+
+    owns_cache, num_kv_heads, head_dim = True, KV_HEADS, HEAD_DIM
 
     def bind_kv_cache(self, cache):
         self.kv_cache = cache
@@ -147,3 +149,35 @@ def test_the_capacity_is_capped_at_the_blocks_every_sequence_holds_over_the_grou
     )
     assert config.kv_layout.blocks_held(64, 4, 4) == 16 + 4
     assert kv_capacity(config, 1024, torch.device("cpu"), 1) == 3 * (16 + 4)
+
+
+class ShapedProbe(BindingProbe):
+    """A binding probe of its own K/V shape; one that reads another layer's K/V keeps no cache."""
+
+    def __init__(self, num_kv_heads: int, head_dim: int, owns_cache: bool = True):
+        self.num_kv_heads, self.head_dim, self.owns_cache = num_kv_heads, head_dim, owns_cache
+
+
+def test_each_kv_shape_gets_a_tensor_over_the_shared_block_ids_and_a_shared_layer_none():
+    # Gemma 4's kinds: sliding layers of 4 heads of 16, a global one of 2 heads of 32, and a last layer that
+    # reads layer 0's K/V
+    specs = [SlidingWindow(4, 16, 8), FullAttention(2, 32), SharedKV(0)]
+    layout = cache_layout(specs)
+    assert [g.layers for g in layout.groups] == [(0,), (1,)] and layout.shapes == ((4, 16), (2, 32))
+    modules = [ShapedProbe(4, 16), ShapedProbe(2, 32), ShapedProbe(4, 16, owns_cache=False)]
+    config = SimpleNamespace(
+        kv_cache_dtype="auto", torch_dtype=torch.float32, kv_block_size=BLOCK_SIZE, kv_layout=layout
+    )
+    spec = kv_cache_spec(config, modules)
+    assert spec.shapes == ((4, 16), (2, 32))
+    # a block holds K and V of one layer of each shape; the shared layer adds nothing
+    assert spec.bytes_per_token == 2 * (4 * 16 + 2 * 32) * 4
+    cache = bind_kv_cache(spec, BLOCKS, modules, layout, "cpu")
+    assert [part.kv.shape for part in cache.parts] == [
+        (2, 1, BLOCKS, BLOCK_SIZE, 4, 16),
+        (2, 1, BLOCKS, BLOCK_SIZE, 2, 32),
+    ]
+    bound = [(m.kv_cache.group, m.kv_cache.k.data_ptr(), m.kv_cache.v.data_ptr()) for m in modules[:2]]
+    views = lambda part: (part.kv[0, 0].data_ptr(), part.kv[1, 0].data_ptr())  # K and V of slot 0
+    assert bound == [(0, *views(cache.parts[0])), (1, *views(cache.parts[1]))]
+    assert not hasattr(modules[2], "kv_cache")
