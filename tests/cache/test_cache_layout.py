@@ -1,8 +1,6 @@
 """Cache layout: the paged layers cut into cache groups that share one pool of equal blocks, the recurrent
 layers' state groups, and what a sequence holds in each."""
 
-import pytest
-
 from nanovllm.cache.layout import cache_layout
 from nanovllm.cache.specs import FullAttention, RecurrentState, SharedKV, SlidingWindow
 

@@ -110,12 +110,14 @@ def _save_gemma4(model: torch.nn.Module, path) -> str:
     return str(path)
 
 
-def save_gemma4_dense(path) -> str:
-    """Five sliding layers to one global whose V is its K projection's output (attention_k_eq_v)."""
+def save_gemma4_dense(path, **fields) -> str:
+    """Five sliding layers to one global whose V is its K projection's output (attention_k_eq_v); `fields`
+    override the config's (head sizes, for example)."""
     from transformers import Gemma4ForCausalLM, Gemma4TextConfig
 
     torch.manual_seed(0)
-    return _save_gemma4(Gemma4ForCausalLM(Gemma4TextConfig(**_gemma4_fields(attention_k_eq_v=True))), path)
+    config = Gemma4TextConfig(**_gemma4_fields(attention_k_eq_v=True, **fields))
+    return _save_gemma4(Gemma4ForCausalLM(config), path)
 
 
 def save_gemma4_shared_kv(path) -> str:

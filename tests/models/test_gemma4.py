@@ -123,3 +123,23 @@ def test_an_image_or_audio_in_a_request_is_refused(multimodal_dir, modality):
     with pytest.raises(ValueError, match="multi_modal_data is not supported"):
         llm.generate({"prompt_token_ids": PROMPTS[0], "multi_modal_data": {modality: object()}}, GREEDY)
     llm.close()
+
+
+@pytest.mark.gpu
+def test_the_triton_kernels_give_transformers_tokens_on_the_gpu(gemma4_dir):
+    """On CUDA: the Triton attention kernels over a cache of two head sizes (and KV-shared layers reading
+    their source's), the experts in the fused MoE kernels; whole prompts, prompts cut every 16 tokens,
+    decode steps in CUDA graphs."""
+    expected = hf_greedy(gemma4_dir, PROMPTS, GREEDY.max_tokens)
+    assert greedy(gemma4_dir, PROMPTS, device="cuda") == expected
+    assert greedy(gemma4_dir, PROMPTS, device="cuda", max_num_batched_tokens=16) == expected
+
+
+@pytest.mark.gpu
+def test_global_layers_of_head_dim_512_give_transformers_tokens_on_the_gpu(tmp_path):
+    """Gemma 4's real head sizes: sliding layers of 256, global ones of 512, in the Triton kernels' tiles
+    for them, eagerly and in CUDA graphs."""
+    model_dir = save_gemma4_dense(tmp_path, head_dim=256, global_head_dim=512)
+    expected = hf_greedy(model_dir, PROMPTS, GREEDY.max_tokens)
+    assert greedy(model_dir, PROMPTS, device="cuda") == expected
+    assert greedy(model_dir, PROMPTS, device="cuda", max_num_batched_tokens=16, enforce_eager=True) == expected
