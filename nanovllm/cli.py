@@ -80,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--served-model-name", default=None, help="the model name clients send (default: MODEL as given)"
     )
+    serve.add_argument(
+        "--headless",
+        action="store_true",
+        help="with --nnodes > 1 on a node other than 0 (--node-rank K): run this node's tensor-parallel ranks and "
+        "no server, until node 0's engine stops",
+    )
     _server_options(serve)
     _engine_options(serve)
     return parser
@@ -89,6 +95,8 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of the `nanovllm` console script."""
     args = vars(build_parser().parse_args(argv))
     args.pop("command")
+    if args.pop("headless"):
+        sys.exit(_run_headless(args))
     from nanovllm.engine.core_client import EngineStartupError
     from nanovllm.entrypoints.api_server import serve
 
@@ -96,6 +104,22 @@ def main(argv: list[str] | None = None) -> None:
         serve(**args)
     except (ValueError, FileNotFoundError, EngineStartupError) as e:
         sys.exit(f"nanovllm serve: {e}")
+
+
+def _run_headless(args: dict) -> int | str:
+    """`nanovllm serve --headless`: this node's ranks with the engine flags of `args` (the server's are
+    not used); the exit code, or the error's message."""
+    from nanovllm.frontend.model_source import resolve_model
+    from nanovllm.utils.log_setup import configure_logging
+    from nanovllm.worker.headless import run_headless
+
+    engine = {f.name for f in fields(Config) if f.init} - {"model"}
+    configure_logging()
+    try:
+        config = Config.from_kwargs(resolve_model(args["model"]), **{k: v for k, v in args.items() if k in engine})
+        return run_headless(config)
+    except (ValueError, FileNotFoundError) as e:
+        return f"nanovllm serve --headless: {e}"
 
 
 if __name__ == "__main__":

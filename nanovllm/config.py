@@ -92,8 +92,13 @@ class Config:
     `attention_backend="auto"` picks the Triton kernels on CUDA and PyTorch on
     the CPU; "flash_attn" uses the flash-attn package if it is installed.
     `tensor_parallel_size=N` splits the model over N ranks (one GPU each on
-    CUDA, N processes on CPU) that meet at $MASTER_ADDR (default 127.0.0.1) on
-    `master_port` ($MASTER_PORT when 0 and set, else a free port).
+    CUDA, N processes on CPU) that meet at `master_addr` ($MASTER_ADDR when empty, default 127.0.0.1) on
+    `master_port` ($MASTER_PORT when 0 and set, else a free port). With `nnodes=M` the ranks are spread over
+    M machines, N / M each: node `node_rank` runs global ranks node_rank * N / M onwards, rank r on local GPU
+    r mod N / M; node 0 runs the engine and the others only their ranks (`nanovllm serve --headless`), and
+    every node names node 0's address and a fixed port.
+    `data_parallel_size=D` runs D engine replicas, each with its own core process and KV cache (and its own
+    `tensor_parallel_size` ranks), behind one server (`OnlineEngine`), on one machine.
     `kv_cache_dtype="fp8"` stores K/V as float8 (e4m3) with one fp32 scale per
     token and KV head, about half the bytes of a bf16 cache: twice the tokens
     fit, and decode reads half as much; "auto" stores them in the model's dtype.
@@ -207,7 +212,26 @@ class Config:
         "'vllm': none, the engine's own; or a folder that holds a generation_config.json",
     )
     seed: int = _option(0, "seed of the engine's random numbers: dummy weights, and draws of requests without a seed")
-    master_port: int = _option(0, "port where tensor-parallel ranks meet; 0: $MASTER_PORT if set, else a free port")
+    master_port: int = _option(
+        0,
+        "port where tensor-parallel ranks meet (on node 0 with nnodes > 1); 0: $MASTER_PORT if set, else a free "
+        "port (one node only)",
+    )
+    master_addr: str = _option(
+        "", "address where tensor-parallel ranks meet: node 0's with nnodes > 1; empty: $MASTER_ADDR, else 127.0.0.1"
+    )
+    nnodes: int = _option(1, "machines the tensor-parallel ranks are spread over, tensor_parallel_size / nnodes each")
+    node_rank: int = _option(
+        0, "which of the nnodes machines this is: 0 runs the engine, the others run their ranks headless"
+    )
+    data_parallel_size: int = _option(
+        1, "independent engine replicas (each its own KV cache and core process) behind one server, on one machine"
+    )
+    data_parallel_rank: int = _option(
+        0,
+        "which replica this engine is, of data_parallel_size: its ranks run on GPUs data_parallel_rank * "
+        "tensor_parallel_size onwards (the server sets it for each replica it starts)",
+    )
     speculative_config: dict | None = _option(
         None,
         'speculative decoding as vLLM takes it, e.g. \'{"method": "ngram", "num_speculative_tokens": 3, '
@@ -230,6 +254,7 @@ class Config:
     speculative: SpeculativeConfig | None = field(init=False)  # speculative_config read; None: no speculation
     # with method "draft_model": the draft model's runner's Config (see `_resolve_draft_config`); else None
     draft_config: "Config | None" = field(init=False, repr=False)
+    ranks_per_node: int = field(init=False)  # tensor_parallel_size / nnodes: the ranks (and GPUs) of each node
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs) -> "Config":
@@ -245,6 +270,8 @@ class Config:
             self.model = os.fspath(self.model)
         self._check_types()
         self._check_ranges()
+        self._check_nodes()
+        self.ranks_per_node = self.tensor_parallel_size // self.nnodes
         self.speculative = (
             None if self.speculative_config is None else SpeculativeConfig.from_dict(self.speculative_config)
         )
@@ -356,6 +383,44 @@ class Config:
             f"load_format must be one of {', '.join(_LOAD_FORMATS)}, got {self.load_format!r}",
         )
 
+    def _check_nodes(self) -> None:
+        """The nodes, ranks and replicas fit together: ValueError naming what to change."""
+        if self.nnodes < 1:
+            raise ValueError(f"nnodes must be >= 1, got {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank must be in [0, nnodes - 1] = [0, {self.nnodes - 1}], got {self.node_rank}")
+        if self.tensor_parallel_size % self.nnodes:
+            raise ValueError(
+                f"tensor_parallel_size={self.tensor_parallel_size} must be divisible by nnodes={self.nnodes} "
+                "(every node runs as many ranks); change one of them"
+            )
+        if self.nnodes > 1 and not (self.master_port or os.environ.get("MASTER_PORT")):
+            raise ValueError(
+                "nnodes > 1 needs a fixed master_port (or $MASTER_PORT) that every node names: the port on node 0 "
+                "where the ranks meet"
+            )
+        if self.data_parallel_size < 1:
+            raise ValueError(f"data_parallel_size must be >= 1, got {self.data_parallel_size}")
+        if not 0 <= self.data_parallel_rank < self.data_parallel_size:
+            raise ValueError(
+                f"data_parallel_rank must be in [0, data_parallel_size - 1] = [0, {self.data_parallel_size - 1}], "
+                f"got {self.data_parallel_rank}"
+            )
+        if self.data_parallel_size > 1 and self.nnodes > 1:
+            raise ValueError(
+                "data_parallel_size > 1 runs its replicas on one machine; use nnodes=1 with it, or run one server "
+                "per group of nodes behind a router (docs/multi-node.md)"
+            )
+
+    def rank_range(self) -> range:
+        """The global tensor-parallel ranks this node runs."""
+        return range(self.node_rank * self.ranks_per_node, (self.node_rank + 1) * self.ranks_per_node)
+
+    def device_index(self, rank: int) -> int:
+        """The GPU of its machine that global rank `rank` runs on: past the GPUs of the replicas before this
+        one, its index among the ranks of its node."""
+        return self.data_parallel_rank * self.ranks_per_node + rank % self.ranks_per_node
+
     def _resolve_device(self) -> str:
         """'auto' as 'cuda' when a GPU is visible, else 'cpu'; a CUDA device must have a GPU per rank."""
         import torch
@@ -368,11 +433,19 @@ class Config:
         if not torch.cuda.is_available():
             raise ValueError("device='cuda' was asked for but no CUDA GPU is visible; use device='cpu'")
         num_gpus = torch.cuda.device_count()
-        if num_gpus < self.tensor_parallel_size:
+        needed = self.ranks_per_node * self.data_parallel_size
+        if num_gpus < needed:
+            nodes = f" over nnodes={self.nnodes}" if self.nnodes > 1 else ""
+            replicas = (
+                f" in each of data_parallel_size={self.data_parallel_size} replicas"
+                if self.data_parallel_size > 1
+                else ""
+            )
+            here = f" ({needed} on this machine)" if needed != self.tensor_parallel_size else ""
             raise ValueError(
-                f"tensor_parallel_size={self.tensor_parallel_size} needs one GPU per rank but {num_gpus} "
-                f"{'is' if num_gpus == 1 else 'are'} visible; lower tensor_parallel_size or make more "
-                f"GPUs visible (CUDA_VISIBLE_DEVICES)"
+                f"tensor_parallel_size={self.tensor_parallel_size}{nodes}{replicas} needs one GPU per rank{here} but "
+                f"{num_gpus} {'is' if num_gpus == 1 else 'are'} visible; lower tensor_parallel_size or "
+                f"data_parallel_size, raise nnodes, or make more GPUs visible (CUDA_VISIBLE_DEVICES)"
             )
         return "cuda"
 

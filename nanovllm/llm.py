@@ -25,7 +25,8 @@ class LLM(EngineFrontend):
     `nanovllm.config.Config` fields. Start-up is logged on the `nanovllm` logger (model, device, memory,
     timings; `nanovllm.utils.log_setup` says where the log goes). The engine core runs in the caller's
     thread. With `tensor_parallel_size > 1` it also owns worker processes; `close()`, deleting the object
-    or leaving the interpreter stops them.
+    or leaving the interpreter stops them. With `data_parallel_size > 1` each replica's core runs in a process
+    of its own instead, which `close()` stops.
     """
 
     def __init__(self, model: str, **kwargs):

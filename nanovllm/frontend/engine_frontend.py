@@ -10,6 +10,7 @@ from transformers import PreTrainedTokenizerBase
 
 from nanovllm.config import Config
 from nanovllm.core.structured_output import grammar_vocabulary
+from nanovllm.engine.data_parallel_client import DataParallelClient
 from nanovllm.engine.engine_client import EngineClient, EngineDeadError
 from nanovllm.engine.messages import EngineCoreRequest
 from nanovllm.frontend.generation_defaults import generation_config_path, generation_defaults
@@ -53,7 +54,8 @@ class EngineFrontend:
 
     Starts the core for `model`, a model folder or a Hugging Face Hub id (`resolve_model`), with the
     `Config` fields as keywords (an unknown one is a ValueError that names it), through a client
-    of `client_class`, which it talks to from then on, and logs what started (`log_start_up`).
+    of `client_class` (a `DataParallelClient` of several core processes with data_parallel_size > 1), which it
+    talks to from then on, and logs what started (`log_start_up`).
     `eos_token_ids` are the end-of-sequence ids found in the folder, which the core stops on.
     """
 
@@ -61,6 +63,11 @@ class EngineFrontend:
         configure_logging()
         start = time.perf_counter()
         self.config = Config.from_kwargs(resolve_model(model), **kwargs)
+        if self.config.node_rank != 0:
+            raise ValueError(
+                f"node_rank={self.config.node_rank} runs no engine, only its share of the ranks: start that node with "
+                "`nanovllm serve MODEL --headless --node-rank K ...` and this engine with node_rank=0"
+            )
         # what requests that leave a sampling value out get: the generation config's, if it has one
         self.sampling_defaults = generation_defaults(self.config)
         if self.sampling_defaults:
@@ -77,6 +84,8 @@ class EngineFrontend:
             if self.tokenizer is None
             else grammar_vocabulary(self.tokenizer, self.config.model_config.vocab_size, self.eos_token_ids)
         )
+        if self.config.data_parallel_size > 1:
+            client_class = DataParallelClient  # each replica's core in a process of its own
         self.client = client_class(self.config, self.eos_token_ids, vocabulary)
         self.input_processor = InputProcessor(self.tokenizer, self.client.info)
         self.token_texts = (

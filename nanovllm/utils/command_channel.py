@@ -23,6 +23,11 @@ _LENGTH = struct.Struct("<Q")
 _ERROR_SLOT = 4096
 
 
+def encode_command(method: str, *args) -> bytes:
+    """The bytes of a command: the pickled (method name, args), as the channel and `rank_link` carry it."""
+    return pickle.dumps((method, args), protocol=pickle.HIGHEST_PROTOCOL)
+
+
 class CommandChannel:
     """A shared-memory mailbox from rank 0 to `num_workers` workers, with events to wake them.
 
@@ -44,11 +49,14 @@ class CommandChannel:
 
     def send(self, method: str, *args) -> None:
         """Rank 0: post a command and wake every worker."""
-        data = pickle.dumps((method, args), protocol=pickle.HIGHEST_PROTOCOL)
+        self.send_encoded(encode_command(method, *args))
+
+    def send_encoded(self, data: bytes) -> None:
+        """Rank 0: post a command `encode_command` made and wake every worker."""
         if len(data) > self.capacity:
             raise RuntimeError(
-                f"command {method!r} takes {len(data)} bytes, more than the "
-                f"{self.capacity}-byte channel; this is a bug in sizing the channel"
+                f"a command of {len(data)} bytes, more than the {self.capacity}-byte channel; this is a bug in "
+                "sizing the channel"
             )
         buf = self.shm.buf
         _LENGTH.pack_into(buf, 0, len(data))

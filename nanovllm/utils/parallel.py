@@ -18,6 +18,9 @@ _rank, _size = 0, 1
 # How long rank 0 waits for the workers to reach the rendezvous; their start-up
 # is a Python import, not model loading, so a minute is generous.
 RENDEZVOUS_TIMEOUT = timedelta(seconds=60)
+# How long the nodes of a multi-node engine wait for each other: they are started by hand, or by a
+# scheduler, one after the other, and each loads its share of the model first.
+NODES_TIMEOUT = timedelta(minutes=10)
 
 
 @contextmanager
@@ -66,18 +69,18 @@ def check_divisible(model_config, size: int) -> None:
         )
 
 
-def rendezvous_address(master_port: int) -> tuple[str, int]:
-    """Where ranks meet: $MASTER_ADDR (default 127.0.0.1) and `master_port`, else $MASTER_PORT,
-    else 0 (rank 0 takes a free port, so engines on one host never collide)."""
-    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+def rendezvous_address(master_port: int, master_addr: str = "") -> tuple[str, int]:
+    """Where ranks meet: `master_addr`, else $MASTER_ADDR, else 127.0.0.1; and `master_port`, else
+    $MASTER_PORT, else 0 (rank 0 takes a free port, so engines on one host never collide)."""
+    host = master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
     port = master_port or int(os.environ.get("MASTER_PORT", "0"))
     return host, port
 
 
-def rendezvous_store(host: str, port: int, is_master: bool) -> dist.TCPStore:
-    """The key-value store ranks meet at; rank 0 serves it, the workers connect."""
+def rendezvous_store(host: str, port: int, is_master: bool, timeout: timedelta = RENDEZVOUS_TIMEOUT) -> dist.TCPStore:
+    """The key-value store ranks meet at; rank 0 serves it, the workers connect (trying for `timeout`)."""
     try:
-        return dist.TCPStore(host, port, is_master=is_master, wait_for_workers=False, timeout=RENDEZVOUS_TIMEOUT)
+        return dist.TCPStore(host, port, is_master=is_master, wait_for_workers=False, timeout=timeout)
     except (RuntimeError, OSError) as e:
         role = "serve" if is_master else "reach"
         raise RuntimeError(
@@ -99,8 +102,8 @@ def init_process_group(store: dist.Store, rank: int, size: int, device: torch.de
 
 
 def share_cpu_cores(size: int) -> None:
-    """Give this rank its share of the CPU cores: `size` ranks each running on every core slow
-    each other down several-fold."""
+    """Give this rank its share of the CPU cores: `size` ranks on this machine each running on every
+    core slow each other down several-fold."""
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // size))
 
 

@@ -93,7 +93,9 @@ class ModelRunner(Executor):
         self.block_size = config.kv_block_size
         self.rank = rank
         self.world_size = config.tensor_parallel_size
-        self.device = torch.device("cuda", rank) if config.device_type == "cuda" else torch.device("cpu")
+        self.device = (
+            torch.device("cuda", config.device_index(rank)) if config.device_type == "cuda" else torch.device("cpu")
+        )
         self.dtype = config.torch_dtype
         self._join_device(store)
         # None without recurrent layers; refuses a tensor-parallel size that splits no state evenly, before loading
@@ -212,8 +214,10 @@ class ModelRunner(Executor):
             torch.cuda.set_device(self.device)
         if self.world_size > 1:
             init_process_group(store, self.rank, self.world_size, self.device)
-            if self.device.type == "cpu":
-                share_cpu_cores(self.world_size)
+        # the ranks of every replica on this machine share its cores
+        processes = self.config.ranks_per_node * self.config.data_parallel_size
+        if self.device.type == "cpu" and processes > 1:
+            share_cpu_cores(processes)
 
     def _capture_graphs(self) -> DecodeGraphs:
         """The decode step's graphs, on the decode buffers, for every batch size (and verify step) captured."""

@@ -1,11 +1,15 @@
-"""Tensor parallelism across processes: rank 0 in the caller, ranks 1..N-1 as spawned workers.
+"""Tensor parallelism across processes: rank 0 in the caller, ranks 1..N-1 as spawned workers, or, with
+nnodes > 1, the ranks of node 0 spawned here and those of the other nodes connected over TCP.
 
-Rank 0 posts each call (method name and arguments) on a `CommandChannel`, runs
-the same method on its own `ModelRunner`, then waits for every worker to
-finish; the ranks meet in the collectives inside the model. A worker that
-fails leaves its error in the channel and exits, which also breaks rank 0 out
-of any collective it waits in, so the caller gets the worker's message
-instead of a hang. Workers exit when rank 0's process dies.
+Rank 0 posts each call (method name and arguments) to every other rank, on a
+`CommandChannel` (shared memory) for the workers of its own machine and over a
+`RemoteRank` connection (`utils/rank_link.py`) for the ranks of other nodes,
+runs the same method on its own `ModelRunner`, then waits for every rank to
+finish; the ranks meet in the collectives inside the model. A rank that fails
+leaves its error in the channel (or sends it) and exits, which also breaks
+rank 0 out of any collective it waits in, so the caller gets the rank's message
+instead of a hang. Workers exit when rank 0's process dies (the ranks of other
+nodes when their connection closes).
 """
 
 import multiprocessing as mp
@@ -22,9 +26,10 @@ import torch.distributed as dist
 from nanovllm.config import Config
 from nanovllm.core.scheduler_output import SchedulerOutput
 from nanovllm.core.structured_output import GrammarBitmasks
-from nanovllm.utils.command_channel import CommandChannel
-from nanovllm.utils.parallel import destroy_process_group, rendezvous_address, rendezvous_store
+from nanovllm.utils.command_channel import CommandChannel, encode_command
+from nanovllm.utils.parallel import NODES_TIMEOUT, destroy_process_group, rendezvous_address, rendezvous_store
 from nanovllm.utils.processes import exit_with_parent, ignore_interrupts
+from nanovllm.utils.rank_link import COMMAND_PORT_KEY, RankListener, RemoteRank
 from nanovllm.worker.executor import Executor, LaunchedForward
 from nanovllm.worker.model_runner import ModelRunner
 from nanovllm.worker.pending_output import PendingOutput
@@ -40,23 +45,44 @@ def channel_capacity(config: Config) -> int:
     return config.max_num_seqs * (6 * (config.context_len + config.max_blocks_per_seq) + 256) + (1 << 16)
 
 
+def serve_commands(config: Config, rank: int, store, endpoint) -> None:
+    """Build rank `rank`'s runner, then run rank 0's commands from `endpoint` (a `CommandChannel` worker's
+    `_LocalEndpoint`, or a `RankLink`) until "exit"."""
+    runner = ModelRunner(config, rank=rank, store=store)
+    endpoint.mark_done()  # built
+    while True:
+        method, args = endpoint.receive()
+        if method == "exit":
+            break
+        getattr(runner, method)(*args)
+        endpoint.mark_done()
+    runner.close()
+
+
+@dataclass
+class _LocalEndpoint:
+    """Worker `worker`'s side of the channel, as `serve_commands` reads it."""
+
+    channel: CommandChannel
+    worker: int
+
+    def receive(self) -> tuple[str, tuple]:
+        return self.channel.receive(self.worker)
+
+    def mark_done(self) -> None:
+        self.channel.mark_done(self.worker)
+
+
 def run_worker(config: Config, rank: int, host: str, port: int, channel: CommandChannel) -> None:
-    """Entry point of rank `rank` >= 1: build the runner, then run rank 0's commands until "exit"."""
+    """Entry point of rank `rank` >= 1 on rank 0's machine: build the runner, then run rank 0's commands
+    until "exit"."""
     exit_with_parent()
     ignore_interrupts()
     worker = rank - 1
     try:
         store = rendezvous_store(host, port, is_master=False)
         channel.mark_done(worker)  # reached the rendezvous
-        runner = ModelRunner(config, rank=rank, store=store)
-        channel.mark_done(worker)  # built
-        while True:
-            method, args = channel.receive(worker)
-            if method == "exit":
-                break
-            getattr(runner, method)(*args)
-            channel.mark_done(worker)
-        runner.close()
+        serve_commands(config, rank, store, _LocalEndpoint(channel, worker))
     except BaseException as e:
         channel.write_error(worker, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}")
         channel.close()
@@ -65,24 +91,61 @@ def run_worker(config: Config, rank: int, host: str, port: int, channel: Command
 
 
 @dataclass
+class _LocalRank:
+    """Rank 0's view of one worker process of its own machine, as of a `RemoteRank`: its answers on the
+    channel, its life, and why it ended."""
+
+    channel: CommandChannel
+    worker: int  # its index in the channel: rank - 1
+    process: mp.Process
+
+    def wait_done(self, timeout: float) -> bool:
+        return self.channel.wait_done(self.worker, timeout)
+
+    def alive(self, timeout: float = 0.0) -> bool:
+        """Whether the process runs, waiting up to `timeout` seconds for one that is exiting."""
+        self.process.join(timeout)
+        return self.process.is_alive()
+
+    def describe(self) -> str:
+        message = self.channel.read_error(self.worker)
+        if message:
+            return f"tensor-parallel worker {self.worker + 1} failed: {message}"
+        return (
+            f"tensor-parallel worker {self.worker + 1} (pid {self.process.pid}) exited unexpectedly with code "
+            f"{self.process.exitcode}"
+        )
+
+
+@dataclass
 class _Workers:
     """What shutting down needs, apart from the TensorParallelRunner so that a finalizer can hold it:
-    the channel, the worker processes, rank 0's ModelRunner once built, and the thread that aborts
-    the group when a worker dies."""
+    the channel, the worker processes, the connections to the ranks of other nodes, rank 0's
+    ModelRunner once built, and the thread that aborts the group when a rank dies."""
 
     channel: CommandChannel
     processes: list = field(default_factory=list)
+    remote: list[RemoteRank] = field(default_factory=list)
+    listener: RankListener | None = None
     rank0: ModelRunner | None = None
     watcher: threading.Thread | None = None
     healthy: bool = True
     closing: threading.Event = field(default_factory=threading.Event)
 
+    def ranks(self) -> list:
+        """Every rank but 0, in rank order: `_LocalRank`s, then `RemoteRank`s."""
+        local = [_LocalRank(self.channel, i, p) for i, p in enumerate(self.processes)]
+        return local + self.remote
+
 
 def _shut_down(workers: _Workers) -> None:
     """Stop the workers (politely when they are idle and well), leave the group, free the segment."""
     workers.closing.set()
-    if workers.healthy and all(p.is_alive() for p in workers.processes):
-        workers.channel.send("exit")
+    if workers.healthy and all(rank.alive() for rank in workers.ranks()):
+        command = encode_command("exit")
+        workers.channel.send_encoded(command)
+        for remote in workers.remote:
+            remote.send(command)
         _leave_group(workers)  # the workers leave the group at the same time
         for p in workers.processes:
             p.join(_EXIT_WAIT_S)
@@ -93,6 +156,10 @@ def _shut_down(workers: _Workers) -> None:
         if p.is_alive():
             p.kill()
             p.join()
+    for remote in workers.remote:
+        remote.close()  # a remote rank still running exits when its connection closes
+    if workers.listener is not None:
+        workers.listener.close()
     _leave_group(workers)
     workers.channel.close(unlink=True)
 
@@ -102,7 +169,7 @@ def _leave_group(workers: _Workers) -> None:
     # communicator nor finish an abort that the watcher started when a worker died.
     if workers.rank0 is not None:
         workers.rank0.release_graphs()
-    if workers.watcher is not None and not any(p.is_alive() for p in workers.processes):
+    if workers.watcher is not None:  # it stops on `closing`, or once its abort returns
         workers.watcher.join(_EXIT_WAIT_S)
     destroy_process_group()
 
@@ -110,19 +177,29 @@ def _leave_group(workers: _Workers) -> None:
 def _abort_group_when_a_worker_dies(workers: _Workers) -> None:
     # NCCL waits for a dead peer forever; aborting the group releases rank 0's kernels at once,
     # though the abort itself returns only after rank 0's graphs are destroyed.
-    # (gloo notices the closed connection by itself.)
-    wait([p.sentinel for p in workers.processes])
+    # (gloo notices the closed connection by itself.) A remote rank's connection is peeked at,
+    # never read: the thread that steps reads its answers.
+    sentinels = [p.sentinel for p in workers.processes]
+    while not workers.closing.is_set():
+        if sentinels and wait(sentinels, _POLL_S):
+            break
+        if not sentinels:
+            workers.closing.wait(_POLL_S)
+        if any(remote.lost() for remote in workers.remote):
+            break
     if not workers.closing.is_set() and dist.is_initialized():
         with suppress(RuntimeError, ValueError):  # PyTorch's own watchdog may have aborted it first
             dist.distributed_c10d._abort_process_group()
 
 
 class TensorParallelRunner(Executor):
-    """Rank 0's model runner together with N-1 worker processes that mirror every call.
+    """Rank 0's model runner together with the other ranks, which mirror every call: worker processes it
+    spawns for the ranks of its own machine, and, with nnodes > 1, the ranks of the other nodes, which
+    connect to it (`nanovllm serve --headless` runs them).
 
     `close()` (also called when the object is collected
     or the interpreter exits) stops the workers and removes the shared-memory
-    segment.
+    segment; the ranks of other nodes stop with it.
     """
 
     def __init__(self, config: Config, eos_token_ids: tuple[int, ...] = ()):
@@ -131,14 +208,17 @@ class TensorParallelRunner(Executor):
                 "another engine with tensor_parallel_size > 1 is running in this process; close it "
                 "(llm.close() or del llm) first"
             )
-        size = config.tensor_parallel_size
-        host, port = rendezvous_address(config.master_port)
+        host, port = rendezvous_address(config.master_port, config.master_addr)
         store = rendezvous_store(host, port, is_master=True)
         self.port = store.port
+        local_ranks = range(1, config.ranks_per_node)
         context = mp.get_context("spawn")
-        self._workers = _Workers(CommandChannel(size - 1, channel_capacity(config), context))
+        self._workers = _Workers(CommandChannel(len(local_ranks), channel_capacity(config), context))
         self._finalizer = weakref.finalize(self, _shut_down, self._workers)
-        for rank in range(1, size):
+        if config.nnodes > 1:
+            self._workers.listener = RankListener(host)
+            store.set(COMMAND_PORT_KEY, str(self._workers.listener.port))
+        for rank in local_ranks:
             process = context.Process(
                 target=run_worker,
                 args=(config, rank, host, self.port, self.channel),
@@ -147,12 +227,20 @@ class TensorParallelRunner(Executor):
             )
             process.start()
             self._workers.processes.append(process)
+        self._guarded(lambda: None)  # every worker reached the rendezvous
+        if config.nnodes > 1:
+            remote_ranks = range(config.ranks_per_node, config.tensor_parallel_size)
+            self._workers.remote = self._guarded(
+                lambda: self._workers.listener.accept(
+                    remote_ranks, config.ranks_per_node, NODES_TIMEOUT.total_seconds()
+                ),
+                wait_for_workers=False,
+            )
         if config.device_type == "cuda":
             self._workers.watcher = threading.Thread(
                 target=_abort_group_when_a_worker_dies, args=(self._workers,), daemon=True
             )
             self._workers.watcher.start()
-        self._guarded(lambda: None)  # every worker reached the rendezvous
         self.runner = self._workers.rank0 = self._guarded(lambda: ModelRunner(config, eos_token_ids, 0, store))
         self.num_kvcache_blocks = self.runner.num_kvcache_blocks
         self.num_state_slots = self.runner.num_state_slots  # every rank's: the sizing takes the least over them
@@ -165,7 +253,13 @@ class TensorParallelRunner(Executor):
 
     @property
     def processes(self) -> list[mp.Process]:
+        """The worker processes of rank 0's machine."""
         return self._workers.processes
+
+    @property
+    def remote_ranks(self) -> list[RemoteRank]:
+        """The connections to the ranks of the other nodes."""
+        return self._workers.remote
 
     def launch_forward(self, out: SchedulerOutput, constrained: bool = False) -> LaunchedForward:
         """Launch a step on every rank, rank 0's forward pass alone; the workers run all of their part
@@ -177,7 +271,10 @@ class TensorParallelRunner(Executor):
 
     def _post_and_launch(self, out: SchedulerOutput, constrained: bool) -> LaunchedForward:
         self._raise_if_a_worker_exited()
-        self.channel.send("execute", out.without_sampling())
+        command = encode_command("execute", out.without_sampling())
+        self.channel.send_encoded(command)
+        for remote in self.remote_ranks:
+            remote.send(command)
         return self.runner.launch_forward(out, constrained)
 
     def launch_sampling(self, step: LaunchedForward, grammar: GrammarBitmasks | None = None) -> PendingOutput | None:
@@ -186,14 +283,14 @@ class TensorParallelRunner(Executor):
         return None if pending is None else _GuardedOutput(self, pending)
 
     def check_workers(self) -> None:
-        """RuntimeError naming the first worker that has exited, after stopping the others; for an
-        idle engine, which no step would tell."""
+        """RuntimeError naming the first rank that has exited (or, on another node, lost its connection),
+        after stopping the others; for an idle engine, which no step would tell."""
         self._guarded(self._raise_if_a_worker_exited, wait_for_workers=False)
 
     def _raise_if_a_worker_exited(self) -> None:
-        for i, process in enumerate(self.processes):
-            if not process.is_alive():
-                raise RuntimeError(self._describe_exit(i))
+        for rank in self._workers.ranks():
+            if not rank.alive():
+                raise RuntimeError(rank.describe())
 
     def close(self) -> None:
         """Stop the workers and free the shared memory (idempotent)."""
@@ -201,7 +298,7 @@ class TensorParallelRunner(Executor):
 
     def _guarded(self, rank0_work, wait_for_workers: bool = True):
         """Do rank 0's part, then (by default) wait for the workers; on any failure shut everything
-        down and raise, naming the worker that failed when one did."""
+        down and raise, naming the rank that failed when one did."""
         try:
             result = rank0_work()
             if wait_for_workers:
@@ -216,25 +313,17 @@ class TensorParallelRunner(Executor):
             raise
 
     def _wait_for_workers(self) -> None:
-        for i, process in enumerate(self.processes):
-            while not self.channel.wait_done(i, _POLL_S):
-                if not process.is_alive():
-                    raise RuntimeError(self._describe_exit(i))
+        for rank in self._workers.ranks():
+            while not rank.wait_done(_POLL_S):
+                if not rank.alive():
+                    raise RuntimeError(rank.describe())
 
     def _worker_failure(self) -> str:
-        """What went wrong with the first worker that ended, or '' if all still run."""
-        for i, process in enumerate(self.processes):
-            process.join(_POLL_S)  # a worker that broke rank 0's collective is exiting now
-            if not process.is_alive():
-                return self._describe_exit(i)
+        """What went wrong with the first rank that ended, or '' if all still run."""
+        for rank in self._workers.ranks():
+            if not rank.alive(_POLL_S):  # a rank that broke rank 0's collective is exiting now
+                return rank.describe()
         return ""
-
-    def _describe_exit(self, i: int) -> str:
-        process = self.processes[i]
-        message = self.channel.read_error(i)
-        if message:
-            return f"tensor-parallel worker {i + 1} failed: {message}"
-        return f"tensor-parallel worker {i + 1} (pid {process.pid}) exited unexpectedly with code {process.exitcode}"
 
 
 class _GuardedOutput:

@@ -52,18 +52,23 @@ class RunningServer:
 
     def metric(self, name: str, headers=None, **labels) -> float:
         """The sum of the /metrics samples called `name` that carry `labels`."""
-        text = httpx.get(f"{self.url}/metrics", headers=headers).text
-        return sum(
-            sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if sample.name == name and labels.items() <= sample.labels.items()
-        )
+        return read_metric(self.url, name, headers, **labels)
 
     def close(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
         self.online.shutdown()
+
+
+def read_metric(url: str, name: str, headers=None, **labels) -> float:
+    """The sum of the /metrics samples called `name` that carry `labels`, of the server at `url`."""
+    text = httpx.get(f"{url}/metrics", headers=headers).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    )
 
 
 def wait_until(condition, timeout=20.0):
