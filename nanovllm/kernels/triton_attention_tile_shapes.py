@@ -35,6 +35,9 @@ KB = 1024
 SHARED_MEMORY_BUDGET = 200 * KB
 ACCUMULATOR_REGISTERS = 128  # per thread, of the 255 one may hold
 MAX_HEAD_DIM = 512
+# decode rows per KV head at head_dim 512: 128 rows of 16-bit tiles asked Triton for 256 KB of shared memory on
+# an H200 even unpipelined (the estimate says 192), past the 227 KB an SM gives a block
+MAX_ROWS_AT_512 = 64
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,11 @@ def decode_tiles(head_dim: int, dtype: torch.dtype, quantized: bool, rows: int) 
     if padded_head_dim(head_dim) <= 256:
         # an FP8 tile is half the bytes: twice the keys per tile keep as many bytes in flight
         return AttentionTiles(block_m, 128 if quantized else 64, 4, 2)
+    if block_m > MAX_ROWS_AT_512:
+        raise ValueError(
+            f"decode attention at head_dim {head_dim} holds at most {MAX_ROWS_AT_512} query rows per KV head, "
+            f"not {rows} (GQA group x queries per sequence): use fewer speculative tokens"
+        )
     fp32 = dtype == torch.float32
     # 32 keys of 512 are the bytes of 64 keys of 256 in flight per tile: for 16-bit tiles 16*512*2 = 16 KB q +
     # 2*32*512*2 = 64 KB K, V + 64 KB ahead (32 KB FP8) = 144 KB (112 KB) at 16 rows, 192 KB (160 KB) at 64.
@@ -101,12 +109,6 @@ def decode_tiles(head_dim: int, dtype: torch.dtype, quantized: bool, rows: int) 
     # The accumulator: 16*512 / 128 threads = 64 registers; 4 warps hold up to 32 rows, 8 up to 64.
     tiles = AttentionTiles(block_m, 16 if fp32 else 32, 4 if block_m <= 32 else 8, 2)
     if shared_memory_bytes(tiles, head_dim, dtype, quantized) > SHARED_MEMORY_BUDGET:
-        # 128 rows of 16-bit tiles: 128 KB q + 64 KB K, V, unpipelined = 192 KB; their accumulator takes 256
-        # registers a thread on 8 warps (the most at which a thread may keep 255), so it spills: slow, not wrong
+        # 64 rows of fp32 tiles: 128 KB q + 64 KB K, V, unpipelined = 192 KB
         tiles = replace(tiles, num_stages=1)
-    if shared_memory_bytes(tiles, head_dim, dtype, quantized) > SHARED_MEMORY_BUDGET:
-        raise ValueError(
-            f"decode attention at head_dim {head_dim} holds at most 128 query rows of a 16-bit model or 64 of "
-            f"fp32 per KV head, not {rows} (GQA group x queries per sequence): use fewer speculative tokens"
-        )
     return tiles

@@ -137,13 +137,6 @@ def test_verify_with_window_softcap_and_sinks_interpreted(scoring):
     check_verify(case, 3, num_splits=2, **scoring)
 
 
-@interpreter
-def test_verify_of_128_rows_a_kv_head_interpreted():
-    # a group of 16 heads x 8 queries: the 16-bit decode tile's most rows, unpipelined
-    case = verify_case([9, 20], 8, block_size=16, heads=16, kv_heads=1, head_dim=512, dtype=torch.bfloat16)
-    check_verify(case, 8, num_splits=2, fp8=True)
-
-
 # ---- GPU, compiled: a global layer's heads, a few hundred to a few thousand tokens ----
 
 GLOBAL_LAYER = dict(heads=8, kv_heads=1, head_dim=512)
@@ -230,18 +223,6 @@ def test_verify_on_gpu(dtype, num_splits, queries, fp8):
     case = verify_case(lengths, queries, block_size=16, dtype=dtype, device="cuda", **GLOBAL_LAYER)
     real = [1 + i % queries for i in range(len(lengths))]
     check_verify(case, queries, num_splits, fp8=fp8, real=real, longest_first=num_splits == 1)
-
-
-@pytest.mark.gpu
-@requires_gpu
-@pytest.mark.parametrize("fp8", [False, True])
-def test_verify_of_128_rows_a_kv_head_on_gpu(fp8):
-    # a group of 16 x 8 queries: the 16-bit decode tile's most rows, unpipelined, its accumulator spilled
-    lengths = [n + 8 for n in GPU_LENGTHS]
-    case = verify_case(
-        lengths, 8, block_size=16, heads=16, kv_heads=1, head_dim=512, dtype=torch.bfloat16, device="cuda"
-    )
-    check_verify(case, 8, fp8=fp8)
 
 
 @pytest.mark.gpu
