@@ -28,7 +28,8 @@ BLOCK_K / 32 scales of each column, which `triton_mxfp4.scaled_dot` multiplies
 by the rows (on a GPU, with Triton's scaled dot).
 
 A one-token step reads only its top_k experts' weights: the other experts own
-no block. Up to FEW_TOKENS tokens skip all of this for `triton_moe_gemv.py`.
+no block. Up to FEW_TOKENS tokens (MXFP4_FEW_TOKENS of MXFP4 experts) skip all
+of this for `triton_moe_gemv.py`.
 Roundings follow the PyTorch path (`layers/fused_moe.moe_experts`): gate, up
 and down rounded to the model's dtype, the activation as
 `triton_gated_activation` computes it, each weighted choice rounded to the
@@ -46,8 +47,11 @@ from nanovllm.kernels.triton_moe_gemv import few_token_experts
 from nanovllm.kernels.triton_mxfp4 import scaled_dot
 
 # up to this many tokens, each choice reads its expert's rows directly (`triton_moe_gemv.py`): blocks of
-# 16 rows would be nearly all padding; past it the grouped GEMMs win (docs/tuning.md)
+# 16 rows would be nearly all padding; past it the grouped GEMMs win (docs/tuning.md). MXFP4 experts cross
+# over sooner: each choice decodes its expert's bytes again on the CUDA cores, where a grouped GEMM's block
+# decodes them once for its rows, inside the tensor cores' scaled dot
 FEW_TOKENS = 12
+MXFP4_FEW_TOKENS = 4
 
 # the fewest tokens each row applies from -> (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): the fastest
 # of `benchmarks/moe.py --sweep` on a Qwen3-30B-A3B layer
@@ -58,11 +62,14 @@ TILES = {
     1024: (64, 64, 64, 4, 3),
     2048: (128, 128, 64, 8, 3),
 }
+# MXFP4 experts where another row is faster: a gpt-oss-20b layer (`benchmarks/moe.py --shape gpt-oss-20b-mxfp4`)
+MXFP4_TILES = {**TILES, 64: (16, 64, 128, 4, 3), 256: (64, 64, 128, 4, 3)}
 
 
-def tiles_for(num_tokens: int) -> tuple[int, int, int, int, int]:
-    """The tile sizes and launch settings for a batch of `num_tokens` tokens."""
-    return TILES[max(n for n in TILES if n <= max(num_tokens, 1))]
+def tiles_for(num_tokens: int, mxfp4: bool = False) -> tuple[int, int, int, int, int]:
+    """The tile sizes and launch settings for a batch of `num_tokens` tokens (of MXFP4 experts or not)."""
+    tiles = MXFP4_TILES if mxfp4 else TILES
+    return tiles[max(n for n in tiles if n <= max(num_tokens, 1))]
 
 
 @triton.jit
@@ -325,11 +332,11 @@ def fused_experts(
     num_experts, width = w2.size(0), w2.size(2) * (2 if mxfp4 else 1)
     top_k = ids.size(1)
     assert x.stride(1) == 1 and w13.is_contiguous() and w2.is_contiguous() and weights.dtype == torch.float32
-    if num_tokens <= FEW_TOKENS:
+    if num_tokens <= (MXFP4_FEW_TOKENS if mxfp4 else FEW_TOKENS):
         scales = dict(w13_scale=w13_scale, w2_scale=w2_scale)
         return few_token_experts(x, w13, w2, weights, ids, hidden_act, norm_weight, eps, w13_bias, w2_bias, **scales)
     assert norm_weight is None, "only the few-token kernels normalise their input"
-    block_m, block_n, block_k, num_warps, num_stages = tiles_for(num_tokens)
+    block_m, block_n, block_k, num_warps, num_stages = tiles_for(num_tokens, mxfp4)
     if x.dtype == torch.float32:  # tiles of twice the bytes: fewer in flight, or they overflow shared memory
         block_k, num_stages = min(block_k, 32), 2
     sorted_slots, block_experts, num_rows = align_by_expert(ids, num_experts, block_m)

@@ -75,15 +75,15 @@ def test_few_token_kernels_normalise_their_input_interpreted():
 @interpreted
 @pytest.mark.parametrize("tokens", [3, 20])
 def test_grouped_gemms_dequantize_as_the_pytorch_experts_interpreted(monkeypatch, tokens):
-    monkeypatch.setattr(triton_moe, "FEW_TOKENS", 0)
+    monkeypatch.setattr(triton_moe, "MXFP4_FEW_TOKENS", 0)
     check(mxfp4_case(tokens, experts=4, top_k=2, hidden=64, width=96, dtype=torch.float32))
 
 
 @interpreted
 def test_grouped_gemms_over_several_chunks_interpreted(monkeypatch):
     # chunks of 32 inputs (16 bytes, one block): several per row, the last of the down rows half masked
-    monkeypatch.setattr(triton_moe, "FEW_TOKENS", 0)
-    monkeypatch.setattr(triton_moe, "TILES", {1: (16, 32, 32, 4, 2)})
+    monkeypatch.setattr(triton_moe, "MXFP4_FEW_TOKENS", 0)
+    monkeypatch.setattr(triton_moe, "MXFP4_TILES", {1: (16, 32, 32, 4, 2)})
     check(mxfp4_case(9, experts=3, top_k=2, hidden=96, width=96, dtype=torch.float32))
 
 
