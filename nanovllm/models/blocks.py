@@ -282,7 +282,9 @@ class DecoderForCausalLM(nn.Module):
     """Decoder plus LM head (tied to the embedding when the config says so); logits soft-capped where the
     config says (config.final_logit_softcapping). Every family's model: what sets one apart comes in through
     `config`, its checkpoint's tensor names too (config.checkpoint_names, kept as the attributes the weight
-    loader reads)."""
+    loader reads). A family with a decoder of its own names it in `decoder_class`."""
+
+    decoder_class: type[nn.Module] = DecoderModel
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -292,7 +294,7 @@ class DecoderForCausalLM(nn.Module):
         self.packed_modules_mapping = names.packed_modules
         self.expert_weights = names.expert_weights
         self.stacked_expert_weights = names.stacked_expert_weights
-        self.model = DecoderModel(config)
+        self.model = self.decoder_class(config)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         self.tie_word_embeddings = config.tie_word_embeddings
         if self.tie_word_embeddings:

@@ -29,12 +29,12 @@ from torch import nn
 
 from nanovllm.cache.specs import SharedKV
 from nanovllm.layers.attention import Attention
-from nanovllm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
+from nanovllm.layers.embed_head import VocabParallelEmbedding
 from nanovllm.layers.fused_moe import FusedMoE
 from nanovllm.layers.layernorm import RMSNorm, rms_normalize
 from nanovllm.layers.linear import FusedColumnParallelLinear, ReplicatedLinear, RowParallelLinear, divide
 from nanovllm.layers.rotary_embedding import RotaryEmbedding
-from nanovllm.models.blocks import GatedMLP, rounded_to
+from nanovllm.models.blocks import DecoderForCausalLM, GatedMLP, rounded_to
 from nanovllm.models.model_config import ModelConfig
 from nanovllm.utils.parallel import tp_size
 
@@ -208,18 +208,14 @@ class Gemma4Model(nn.Module):
         return (projected + tokens.view(embeds.size(0), -1, size)) * 2.0**-0.5
 
 
-class Gemma4ForCausalLM(nn.Module):
+class Gemma4ForCausalLM(DecoderForCausalLM):
     """Gemma 4's decoder and its LM head (tied to the embedding unless the config says not), the logits
     soft-capped where the config says."""
 
+    decoder_class = Gemma4Model
+
     def __init__(self, config: ModelConfig):
-        super().__init__()
-        names = config.checkpoint_names
-        self.checkpoint_prefixes = names.prefixes
-        self.checkpoint_renames = names.renames
-        self.packed_modules_mapping = names.packed_modules
-        self.expert_weights = names.expert_weights
-        self.stacked_expert_weights = names.stacked_expert_weights
+        super().__init__(config)
         # a KV-shared layer's own K/V projections and norm, which checkpoints may hold but it never runs
         self.unused_checkpoint_tensors = frozenset(
             f"model.layers.{i}.self_attn.{name}.weight"
@@ -227,21 +223,3 @@ class Gemma4ForCausalLM(nn.Module):
             if source is not None
             for name in ("k_proj", "v_proj", "k_norm")
         )
-        self.model = Gemma4Model(config)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
-        self.tie_word_embeddings = config.tie_word_embeddings
-        if self.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-        self.final_logit_softcapping = config.final_logit_softcapping
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        # input_ids, positions: [tokens] -> hidden states [tokens, hidden]
-        return self.model(input_ids, positions)
-
-    def compute_logits(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor | None:
-        """Logits [rows, vocab] of the hidden states (written into `out` when given; None off rank 0)."""
-        logits = self.lm_head(hidden_states, out)
-        cap = self.final_logit_softcapping
-        if logits is not None and cap is not None:
-            logits.div_(cap).tanh_().mul_(cap)  # in place, so that `out` holds the capped logits
-        return logits
