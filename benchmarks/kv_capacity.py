@@ -10,7 +10,12 @@ requests of max_model_len tokens each (a prompt of random token ids and
 public API, and the benchmark prints the most requests that ran at once and the
 preemptions. The physical limit is the KV memory itself: the bytes the cache
 has, over what one sequence of max_model_len tokens needs in the layers that
-read it (every token in a full layer, the window in a sliding one).
+read it (every token in a full layer, the window in a sliding one, nothing in
+a layer that reads another layer's K/V), each layer at its own KV heads and
+head size. First, without a GPU, the KV memory one sequence of max_model_len
+tokens takes: what the grouped engine reserves for it, what its layers need,
+and what it would take with every layer full attention and a cache of its
+own.
 
     python benchmarks/kv_capacity.py [--model-shape gemma-3-4b] [--max-model-len 32768] [--output-len 1024]
                                      [--requests N]   # default: the grouped engine's capacity, rounded down
@@ -20,12 +25,20 @@ import argparse
 import math
 import random
 import time
+from dataclasses import dataclass
 
 import torch
-from model_shapes import SHAPES, layer_windows, model_config
+from model_shapes import SHAPES
 from throughput import write_model_dir
+from transformers import AutoConfig
 
 from nanovllm import LLM, SamplingParams
+from nanovllm.cache.layout import cache_layout
+from nanovllm.cache.specs import FullAttention, SharedKV, SlidingWindow
+from nanovllm.models.model_config import ModelConfig
+from nanovllm.worker.kv_cache import KVCacheSpec
+
+BLOCK_SIZE = 16
 
 
 def engine(model_dir: str, max_model_len: int, full_attention_only: bool) -> LLM:
@@ -45,12 +58,34 @@ def capacity_line(llm: LLM) -> str:
     return f"{info.max_concurrency:.2f} sequences of {info.max_model_len:,} tokens in {gib:.1f} GiB ({groups})"
 
 
-def physical_limit(shape: str, kv_bytes: int, max_model_len: int) -> float:
-    """Sequences of max_model_len tokens that `kv_bytes` holds when each layer keeps only what it reads."""
-    config = model_config(shape)
-    per_token_layer = 2 * config["num_key_value_heads"] * config["head_dim"] * 2  # K and V, bf16
-    tokens = sum(max_model_len if w is None else min(w, max_model_len) for w in layer_windows(shape))
-    return kv_bytes / (tokens * per_token_layer)
+@dataclass
+class SequenceBytes:
+    """The bf16 KV bytes of one sequence of max_model_len tokens: as the grouped engine reserves them (its
+    blocks in every cache group, a block holding every K/V shape's tensor), as its layers need them, and
+    with every layer full attention and a cache of its own (a KV-shared layer at its source's shape)."""
+
+    reserved: int
+    needed: int
+    all_full: int
+
+
+def sequence_bytes(model_dir: str, max_model_len: int) -> SequenceBytes:
+    specs = ModelConfig.from_hf(AutoConfig.from_pretrained(model_dir)).layer_specs
+    needed = all_full = 0
+    for spec in specs:
+        own = specs[spec.source_layer] if isinstance(spec, SharedKV) else spec
+        if not isinstance(own, FullAttention | SlidingWindow):
+            continue  # a recurrent layer's state is no KV
+        per_token = 2 * own.num_kv_heads * own.head_dim * 2  # K and V in bf16
+        all_full += max_model_len * per_token
+        if own is spec:
+            tokens = max_model_len if isinstance(spec, FullAttention) else min(spec.window, max_model_len)
+            needed += tokens * per_token
+    layout = cache_layout(specs)
+    (kv_heads, head_dim), *others = layout.shapes
+    block = KVCacheSpec(torch.bfloat16, BLOCK_SIZE, kv_heads, head_dim, layout.page_layers, tuple(others))
+    reserved = layout.blocks_held(max_model_len, BLOCK_SIZE, 0) * block.block_bytes
+    return SequenceBytes(reserved, needed, all_full)
 
 
 def run_requests(llm: LLM, num_requests: int, max_model_len: int, output_len: int) -> tuple[int, int, float]:
@@ -76,6 +111,12 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=None)
     args = parser.parse_args()
     model_dir = write_model_dir(args.model_shape)
+    one = sequence_bytes(model_dir, args.max_model_len)
+    print(
+        f"one sequence of {args.max_model_len:,} tokens: the grouped engine reserves {one.reserved / 2**30:.2f} GiB "
+        f"of KV, its layers need {one.needed / 2**30:.2f} GiB; every layer full attention with a cache of its own "
+        f"{one.all_full / 2**30:.2f} GiB (ratios {one.reserved / one.all_full:.3f} and {one.needed / one.all_full:.3f})"
+    )
     print(f"device: {torch.cuda.get_device_name()}; shape {args.model_shape}, bf16, dummy weights")
     results = {}
     num_requests = args.requests
@@ -85,7 +126,7 @@ def main() -> None:
         # both engines get the requests the grouped one holds
         num_requests = num_requests or max(1, math.floor(info.max_concurrency))
         running, preemptions, seconds = run_requests(llm, num_requests, args.max_model_len, args.output_len)
-        limit = physical_limit(args.model_shape, info.start_up.kv_cache_bytes, args.max_model_len)
+        limit = info.start_up.kv_cache_bytes / one.needed
         print(f"{name}: capacity {capacity_line(llm)}")
         print(
             f"  {num_requests} requests of {args.max_model_len:,} tokens: at most {running} at once, "
