@@ -49,32 +49,31 @@ SHAPES = {
     "gpt-oss-20b": Experts(32, 4, 2880, 2880, "gpt_oss_swiglu", biased=True),
     "gpt-oss-20b-mxfp4": Experts(32, 4, 2880, 2880, "gpt_oss_swiglu", biased=True, mxfp4=True),
 }
-SHAPE = SHAPES["qwen3-30b-a3b"]
 DTYPE = torch.bfloat16
 DECODE_TOKENS = [1, 8, 64, 256]
 PREFILL_TOKENS = 16384
 
 
-def layer(num_tokens: int, seed: int = 0):
+def layer(shape: Experts, num_tokens: int, seed: int = 0):
     """The layer's inputs for `num_tokens` tokens, routed by random logits, and a function that runs it."""
     torch.manual_seed(seed)
-    e, hidden, width = SHAPE.experts, SHAPE.hidden, SHAPE.width
+    e, hidden, width = shape.experts, shape.hidden, shape.width
     x = torch.randn(num_tokens, hidden, device="cuda", dtype=DTYPE)
     w13 = torch.randn(e, 2 * width, hidden, device="cuda", dtype=DTYPE) / hidden**0.5
     w2 = torch.randn(e, hidden, width, device="cuda", dtype=DTYPE) / width**0.5
     extras = {}
-    if SHAPE.biased:
+    if shape.biased:
         extras.update(w13_bias=torch.randn(e, 2 * width, device="cuda", dtype=DTYPE) * 0.1)
         extras.update(w2_bias=torch.randn(e, hidden, device="cuda", dtype=DTYPE) * 0.1)
-    if SHAPE.mxfp4:
+    if shape.mxfp4:
         (w13, extras["w13_scale"]), (w2, extras["w2_scale"]) = mxfp4.quantize(w13), mxfp4.quantize(w2)
     logits = torch.randn(num_tokens, e, device="cuda")
 
     def run() -> torch.Tensor:
-        weights, ids = route_experts(logits, SHAPE.top_k, renormalize=True)
-        return triton_moe.fused_experts(x, w13, w2, weights, ids, SHAPE.act, **extras)
+        weights, ids = route_experts(logits, shape.top_k, renormalize=True)
+        return triton_moe.fused_experts(x, w13, w2, weights, ids, shape.act, **extras)
 
-    selected = route_experts(logits, SHAPE.top_k, renormalize=True)[1].unique().numel()
+    selected = route_experts(logits, shape.top_k, renormalize=True)[1].unique().numel()
     return run, selected
 
 
@@ -84,29 +83,31 @@ def graph_ms(fn) -> float:
     return triton.testing.do_bench_cudagraph(fn, rep=100)
 
 
-def flops(num_tokens: int) -> float:
+def flops(shape: Experts, num_tokens: int) -> float:
     """Each token's top-k experts: gate and up (2 x width x hidden) and down (hidden x width), 2 FLOPs a term."""
-    return 2.0 * num_tokens * SHAPE.top_k * 3 * SHAPE.width * SHAPE.hidden
+    return 2.0 * num_tokens * shape.top_k * 3 * shape.width * shape.hidden
 
 
-def dense_gemm_ms() -> float:
+def dense_gemm_ms(shape: Experts) -> float:
     """One GEMM of the prefill's FLOPs, [tokens, hidden] x [hidden, top_k * 3 * width], through cuBLAS."""
-    a = torch.randn(PREFILL_TOKENS, SHAPE.hidden, device="cuda", dtype=DTYPE)
-    b = torch.randn(SHAPE.hidden, SHAPE.top_k * 3 * SHAPE.width, device="cuda", dtype=DTYPE)
+    a = torch.randn(PREFILL_TOKENS, shape.hidden, device="cuda", dtype=DTYPE)
+    b = torch.randn(shape.hidden, shape.top_k * 3 * shape.width, device="cuda", dtype=DTYPE)
     return graph_ms(lambda: a @ b)
 
 
-def sweep(num_tokens: int) -> tuple[float, tuple]:
-    """The fastest tile setting for `num_tokens` tokens and its time."""
-    run, _ = layer(num_tokens)
-    default, results = triton_moe.TILES, []
+def sweep(shape: Experts, num_tokens: int) -> tuple[float, tuple]:
+    """The fastest tile setting for `num_tokens` tokens and its time, set in the table the shape's format
+    reads (`triton_moe.TILES`, or `MXFP4_TILES`)."""
+    run, _ = layer(shape, num_tokens)
+    table = "MXFP4_TILES" if shape.mxfp4 else "TILES"
+    default, results = getattr(triton_moe, table), []
     for tiles in itertools.product((16, 32, 64, 128), (32, 64, 128), (64, 128), (4, 8), (3,)):
-        triton_moe.TILES = {1: tiles}
+        setattr(triton_moe, table, {1: tiles})
         try:
             results.append((graph_ms(run), tiles))
         except triton.runtime.errors.OutOfResources:
             continue
-    triton_moe.TILES = default
+    setattr(triton_moe, table, default)
     return min(results)
 
 
@@ -115,24 +116,24 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-30b-a3b", help="the layer's experts")
     parser.add_argument("--sweep", action="store_true", help="time every tile setting per token count")
     args = parser.parse_args()
-    global SHAPE
-    SHAPE = SHAPES[args.shape]
+    shape = SHAPES[args.shape]
     bandwidth, source = hbm_bandwidth()
-    expert_bytes = SHAPE.bytes_per_expert()
+    expert_bytes = shape.bytes_per_expert()
     print(
         f"machine: {torch.cuda.get_device_name()}, torch {torch.__version__}, HBM {bandwidth / 1e12:.2f} TB/s "
-        f"({source}); {args.shape}: {SHAPE.experts} experts, top-{SHAPE.top_k}, hidden {SHAPE.hidden}, width "
-        f"{SHAPE.width}, {'MXFP4' if SHAPE.mxfp4 else 'bf16'} weights, bf16 activations, in a CUDA graph"
+        f"({source}); {args.shape}: {shape.experts} experts, top-{shape.top_k}, hidden {shape.hidden}, width "
+        f"{shape.width}, {'MXFP4' if shape.mxfp4 else 'bf16'} weights, bf16 activations, in a CUDA graph"
     )
-    run, _ = layer(PREFILL_TOKENS)
-    moe_ms, dense_ms = graph_ms(run), dense_gemm_ms()
-    moe_tflops, dense_tflops = flops(PREFILL_TOKENS) / moe_ms / 1e9, flops(PREFILL_TOKENS) / dense_ms / 1e9
+    run, _ = layer(shape, PREFILL_TOKENS)
+    moe_ms, dense_ms = graph_ms(run), dense_gemm_ms(shape)
+    prefill_flops = flops(shape, PREFILL_TOKENS)
+    moe_tflops, dense_tflops = prefill_flops / moe_ms / 1e9, prefill_flops / dense_ms / 1e9
     print(
         f"prefill {PREFILL_TOKENS:,} tokens: {moe_ms * 1e3:,.0f} us, {moe_tflops:,.0f} TFLOP/s; one dense GEMM of "
         f"the same FLOPs {dense_ms * 1e3:,.0f} us, {dense_tflops:,.0f} TFLOP/s; {moe_tflops / dense_tflops:.0%} of it"
     )
     for num_tokens in DECODE_TOKENS:
-        run, selected = layer(num_tokens)
+        run, selected = layer(shape, num_tokens)
         ms = graph_ms(run)
         roofline_us = selected * expert_bytes / bandwidth * 1e6
         print(
@@ -141,7 +142,7 @@ def main() -> None:
         )
     if args.sweep:
         for num_tokens in (16, 64, 256, 1024, 2048, PREFILL_TOKENS):
-            ms, tiles = sweep(num_tokens)
+            ms, tiles = sweep(shape, num_tokens)
             print(f"  fastest for {num_tokens} tokens: {tiles} (BLOCK_M, N, K, warps, stages), {ms * 1e3:.1f} us")
 
 

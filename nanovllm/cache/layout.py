@@ -101,17 +101,9 @@ class CacheLayout:
         raise ValueError(f"layer {layer} keeps no paged K/V")
 
     @property
-    def num_kv_heads(self) -> int:
-        return self.groups[0].spec.num_kv_heads
-
-    @property
-    def head_dim(self) -> int:
-        return self.groups[0].spec.head_dim
-
-    @property
     def shapes(self) -> tuple[tuple[int, int], ...]:
         """The distinct (KV heads, head_dim) of the paged layers, in the order of their first group."""
-        return tuple(dict.fromkeys((g.spec.num_kv_heads, g.spec.head_dim) for g in self.groups))
+        return tuple(dict.fromkeys(_shape(g.spec) for g in self.groups))
 
     def blocks_held(self, num_tokens: int, block_size: int, lookback: int, chunk: int = 1) -> int:
         """The most blocks a request of up to `num_tokens` tokens holds over every group (`CacheGroup.blocks_held`)."""
@@ -138,10 +130,9 @@ def cache_layout(specs: Sequence[CacheSpec], full_attention_only: bool = False) 
         spec: layers for spec, layers in group_layers(specs).items() if isinstance(spec, (FullAttention, SlidingWindow))
     }
     if full_attention_only:
-        full = dict.fromkeys(FullAttention(spec.num_kv_heads, spec.head_dim) for spec in paged)
+        full = dict.fromkeys(FullAttention(*_shape(spec)) for spec in paged)
         paged = {
-            spec: tuple(i for i, s in enumerate(specs) if s in paged and (s.num_kv_heads, s.head_dim) == _shape(spec))
-            for spec in full
+            spec: tuple(i for i, s in enumerate(specs) if s in paged and _shape(s) == _shape(spec)) for spec in full
         }
     page_layers = min(len(layers) for layers in paged.values())
     groups = tuple(
@@ -156,4 +147,5 @@ def cache_layout(specs: Sequence[CacheSpec], full_attention_only: bool = False) 
 
 
 def _shape(spec: PagedSpec) -> tuple[int, int]:
+    """The shape of a token's K/V in the layers of `spec`: (KV heads, head_dim)."""
     return spec.num_kv_heads, spec.head_dim

@@ -126,8 +126,8 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, max_position: int, params: dict, rotary_dim: int | None = None):
         """`params`: ModelConfig.rope_parameters (rope_type 'default', 'linear', 'llama3', 'yarn', 'longrope' or
-        'proportional',
-        rope_theta, the type's scaling keys); `rotary_dim`: ModelConfig.rotary_dim, every dimension if None."""
+        'proportional', rope_theta, the type's scaling keys); `rotary_dim`: ModelConfig.rotary_dim, every
+        dimension if None."""
         super().__init__()
         rotary_dim = head_dim if rotary_dim is None else rotary_dim
         assert rotary_dim % 2 == 0 and 0 < rotary_dim <= head_dim
