@@ -5,6 +5,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from nanovllm.layers.all_reduce import all_reduce
 from nanovllm.layers.linear import divide, linear
 from nanovllm.utils.loader import shard
 from nanovllm.utils.parallel import tp_rank, tp_size
@@ -31,8 +32,7 @@ class VocabParallelEmbedding(nn.Module):
         local = input_ids - self.vocab_start
         mine = (local >= 0) & (local < self.rows_per_rank)
         y = F.embedding(local.clamp(0, self.rows_per_rank - 1), self.weight) * mine.unsqueeze(1)
-        dist.all_reduce(y)
-        return y
+        return all_reduce(y)
 
 
 class ParallelLMHead(VocabParallelEmbedding):

@@ -23,12 +23,12 @@ scales), so a rank's slice of I must be whole blocks of 32.
 """
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from nanovllm.kernels.mxfp4 import BLOCK, dequantize
 from nanovllm.layers.activation import gated_activation
+from nanovllm.layers.all_reduce import all_reduce
 from nanovllm.layers.layernorm import RMSNorm
 from nanovllm.layers.linear import divide, one_row_on_cuda
 from nanovllm.layers.moe_routing import group_by_expert, route
@@ -246,9 +246,7 @@ class FusedMoE(nn.Module):
             y = moe_experts(x, self.w13, self.w2, weights, ids, self.hidden_act, **self._extras())
         if shared is not None:
             y = y + shared
-        if self.tp_size > 1:
-            dist.all_reduce(y)
-        return y
+        return all_reduce(y) if self.tp_size > 1 else y
 
     def _extras(self) -> dict:
         """The biases and MXFP4 scales the experts' products take beside their weights (None where absent)."""

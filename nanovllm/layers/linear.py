@@ -12,12 +12,12 @@ weight's rows and columns are (`kernels/fp8_weights.py` has the layout).
 """
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from nanovllm.kernels.fp8_gemm import block_scaled_mm_linear, scaled_mm_linear, takes_block_scaled_mm
 from nanovllm.kernels.fp8_weights import dequantize_to, fp8_linear
+from nanovllm.layers.all_reduce import all_reduce
 from nanovllm.layers.fusion import fused_on_cuda
 from nanovllm.utils.loader import shard
 from nanovllm.utils.parallel import tp_rank, tp_size
@@ -246,6 +246,4 @@ class RowParallelLinear(LinearBase):
 
     def all_reduce(self, y: torch.Tensor) -> torch.Tensor:
         """The sum of every rank's partial output `y`, in place."""
-        if self.tp_size > 1:
-            dist.all_reduce(y)
-        return y
+        return all_reduce(y) if self.tp_size > 1 else y

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from nanovllm.config import Config
 from nanovllm.core.scheduler_output import PLACEHOLDER, SchedulerOutput
 from nanovllm.core.structured_output import GrammarBitmasks
+from nanovllm.layers.all_reduce import set_up_peer_all_reduce, tear_down_peer_all_reduce
 from nanovllm.layers.attention import Attention, make_attention_backend
 from nanovllm.layers.recurrent_state import RecurrentLayer
 from nanovllm.sample.metadata import SamplingTensors, sampling_rows, sampling_tensors, step_sampling
@@ -214,6 +215,8 @@ class ModelRunner(Executor):
             torch.cuda.set_device(self.device)
         if self.world_size > 1:
             init_process_group(store, self.rank, self.world_size, self.device)
+            if self.config.nnodes == 1:  # the peer buffers are reached over one host's links
+                set_up_peer_all_reduce(self.device)
         # the ranks of every replica on this machine share its cores
         processes = self.config.ranks_per_node * self.config.data_parallel_size
         if self.device.type == "cpu" and processes > 1:
@@ -505,4 +508,5 @@ class ModelRunner(Executor):
         """Destroy the decode graphs, then leave the tensor-parallel group (a no-op with one rank)."""
         self.release_graphs()
         if self.world_size > 1:
+            tear_down_peer_all_reduce()
             destroy_process_group()

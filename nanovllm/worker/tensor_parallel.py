@@ -26,6 +26,7 @@ import torch.distributed as dist
 from nanovllm.config import Config
 from nanovllm.core.scheduler_output import SchedulerOutput
 from nanovllm.core.structured_output import GrammarBitmasks
+from nanovllm.layers.all_reduce import abort_peer_waits
 from nanovllm.utils.command_channel import CommandChannel, encode_command
 from nanovllm.utils.parallel import NODES_TIMEOUT, destroy_process_group, rendezvous_address, rendezvous_store
 from nanovllm.utils.processes import exit_with_parent, ignore_interrupts
@@ -187,6 +188,8 @@ def _abort_group_when_a_worker_dies(workers: _Workers) -> None:
             workers.closing.wait(_POLL_S)
         if any(remote.lost() for remote in workers.remote):
             break
+    if not workers.closing.is_set():
+        abort_peer_waits()  # the peer all-reduce spins on the device, where no group abort reaches
     if not workers.closing.is_set() and dist.is_initialized():
         with suppress(RuntimeError, ValueError):  # PyTorch's own watchdog may have aborted it first
             dist.distributed_c10d._abort_process_group()

@@ -1,0 +1,125 @@
+"""All-reduce (sum) of a small tensor between the GPUs of one host, through buffers every rank maps.
+
+Each rank owns one buffer that every other rank can read and write (symmetric memory, reached over
+NVLink): a signal pad of `PAD_BYTES` in front, then the data. A call copies the rank's tensor into its
+own buffer, meets the other ranks at a barrier, and then either
+
+- one-shot: reads every rank's copy and sums it, in rank order, so that every rank holds the same
+  bits; or
+- two-shot: sums only the chunks it owns (every `world`-th chunk of each program) and writes each sum
+  into every rank's buffer, meets the others again, then reads its own buffer back,
+
+and meets them a last time before returning, so that no rank overwrites a buffer another still reads.
+One-shot moves the least latency-bound traffic for a few kilobytes; two-shot moves 2/world of the
+bytes one-shot does over each link, which pays from a few hundred kilobytes at 4 ranks and up.
+
+Barriers are pairwise between the same program on two ranks: a program sets its flag in the peer's
+pad (compare-and-swap 0 -> 1, release, system scope) and takes the peer's flag from its own pad
+(1 -> 0, acquire), so the pads return to zero by themselves and a CUDA graph can replay the kernel.
+The grid never exceeds `MAX_PROGRAMS`, so every program is resident and no barrier waits on a program
+that cannot start. A program that waits also reads `abort` (pinned host memory): set by the host when
+a rank has died, it releases every wait, so the process can report the failure instead of hanging.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_PROGRAMS = 64  # resident at once on any GPU this runs on (an H100 has 132 multiprocessors)
+MAX_RANKS = 8
+PAD_BYTES = MAX_PROGRAMS * MAX_RANKS * 4  # int32 flags, [program, rank]
+_PAD = tl.constexpr(PAD_BYTES)
+_BLOCK = 2048  # elements a program moves at a time
+
+
+@triton.jit
+def _spin_swap(flag, expected, desired, abort, SEM: tl.constexpr):
+    """Swap `flag` from `expected` to `desired` once it holds `expected`, or give up when `abort` is set."""
+    old = tl.atomic_cas(flag, expected, desired, sem=SEM, scope="sys")
+    while old != expected:
+        old = tl.atomic_cas(flag, expected, desired, sem=SEM, scope="sys")
+        old = tl.where(tl.load(abort, volatile=True) != 0, expected, old)
+
+
+@triton.jit
+def _barrier(buffers, abort, rank, WORLD: tl.constexpr):
+    """Wait until the same program on every other rank has reached this barrier; what this program stored
+    before it is visible to them after it, and theirs to it."""
+    slot = tl.program_id(0) * WORLD
+    tl.debug_barrier()  # every thread's stores precede the signal
+    for peer in tl.static_range(WORLD):
+        if peer != rank:
+            pad = tl.load(buffers + peer).to(tl.pointer_type(tl.int32))
+            _spin_swap(pad + slot + rank, 0, 1, abort, "release")
+    own = tl.load(buffers + rank).to(tl.pointer_type(tl.int32))
+    for peer in tl.static_range(WORLD):
+        if peer != rank:
+            _spin_swap(own + slot + peer, 1, 0, abort, "acquire")
+    tl.debug_barrier()
+
+
+@triton.jit
+def _data(buffers, r, x):
+    """Rank `r`'s data area, typed as `x`."""
+    base = tl.load(buffers + r) + _PAD
+    return base.to(tl.pointer_type(x.dtype.element_ty))
+
+
+@triton.jit
+def _sum_over_ranks(buffers, x, offs, mask, WORLD: tl.constexpr):
+    """Every rank's data at `offs`, added in rank order so that every rank gets the same bits."""
+    total = tl.zeros(offs.shape, tl.float32)
+    for r in tl.static_range(WORLD):
+        total += tl.load(_data(buffers, r, x) + offs, mask=mask, other=0.0).to(tl.float32)
+    return total.to(x.dtype.element_ty)
+
+
+@triton.jit
+def _peer_all_reduce_kernel(
+    x,  # [n] this rank's part in, the sum out
+    n,
+    buffers,  # [WORLD] int64: each rank's buffer address
+    abort,  # [1] int32
+    rank,
+    WORLD: tl.constexpr,
+    TWO_SHOT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK
+    own = _data(buffers, rank, x)
+    for start in range(pid * BLOCK, n, step):
+        offs = start + tl.arange(0, BLOCK)
+        tl.store(own + offs, tl.load(x + offs, mask=offs < n), mask=offs < n)
+    _barrier(buffers, abort, rank, WORLD)
+    if TWO_SHOT:
+        # this rank owns every WORLD-th chunk of each program, from its rank on
+        for start in range(pid * BLOCK + rank * step, n, WORLD * step):
+            offs = start + tl.arange(0, BLOCK)
+            total = _sum_over_ranks(buffers, x, offs, offs < n, WORLD)
+            for r in tl.static_range(WORLD):
+                tl.store(_data(buffers, r, x) + offs, total, mask=offs < n)
+        _barrier(buffers, abort, rank, WORLD)
+        for start in range(pid * BLOCK, n, step):
+            offs = start + tl.arange(0, BLOCK)
+            tl.store(x + offs, tl.load(own + offs, mask=offs < n), mask=offs < n)
+    else:
+        for start in range(pid * BLOCK, n, step):
+            offs = start + tl.arange(0, BLOCK)
+            tl.store(x + offs, _sum_over_ranks(buffers, x, offs, offs < n, WORLD), mask=offs < n)
+    _barrier(buffers, abort, rank, WORLD)
+
+
+def peer_all_reduce(
+    x: torch.Tensor, buffers: torch.Tensor, abort: torch.Tensor, rank: int, two_shot: bool = False
+) -> torch.Tensor:
+    """Sum `x` over the ranks whose buffers `buffers` holds (every rank calls this with its own `x`), in
+    place. Each buffer holds at least PAD_BYTES + x.nbytes bytes, its pad zero before the first call."""
+    # x: [...] contiguous; buffers: [world] int64 addresses; abort: [1] int32
+    assert x.is_contiguous() and buffers.numel() <= MAX_RANKS
+    n = x.numel()
+    programs = max(1, min(MAX_PROGRAMS, triton.cdiv(n, _BLOCK)))
+    _peer_all_reduce_kernel[(programs,)](
+        x, n, buffers, abort, rank, WORLD=buffers.numel(), TWO_SHOT=two_shot, BLOCK=_BLOCK, num_warps=8
+    )
+    return x

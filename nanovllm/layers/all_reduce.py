@@ -1,0 +1,86 @@
+"""The sum of every tensor-parallel rank's partial output: through buffers the GPUs of one host map for
+small messages, NCCL (or gloo on the CPU) otherwise.
+
+At one sequence a decode step all-reduces a few kilobytes twice per layer, where NCCL's latency, not
+the link's bandwidth, sets the time. `set_up_peer_all_reduce` allocates one symmetric-memory buffer per
+rank (PyTorch's, without NVLink multicast) once the process group exists; `all_reduce` then takes the
+Triton kernel for messages that fit it and NCCL for the rest. Every rank chooses alike, since the
+choice depends only on the message's size and type, which every rank shares.
+"""
+
+import logging
+import os
+
+import torch
+import torch.distributed as dist
+
+from nanovllm.kernels.triton_all_reduce import PAD_BYTES, peer_all_reduce
+
+log = logging.getLogger(__name__)
+
+# Largest message the peer kernel takes, and, with more than two ranks, the largest it takes one-shot
+# (two ranks move the same bytes over each link either way, and one-shot meets the others fewer times).
+PEER_MAX_BYTES = 8 << 20
+ONE_SHOT_MAX_BYTES = 256 << 10
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+class PeerAllReduce:
+    """This rank's symmetric buffer, the table of every rank's buffer address, and the abort flag its
+    waits read."""
+
+    def __init__(self, device: torch.device, group: dist.ProcessGroup):
+        # NVLink multicast can take a host's GPUs out of service; the peer kernel needs none
+        os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+        import torch.distributed._symmetric_memory as symm_mem
+
+        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+        self.buffer = symm_mem.empty(PAD_BYTES + PEER_MAX_BYTES, dtype=torch.uint8, device=device)
+        self.buffer.zero_()  # the pads start clear
+        handle = symm_mem.rendezvous(self.buffer, group.group_name)
+        self.buffers = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device)  # [world]
+        self.abort = torch.zeros(1, dtype=torch.int32, pin_memory=True)  # the device reads it through UVA
+        torch.cuda.synchronize(device)
+        dist.barrier(group)  # no rank signals before every pad is clear
+
+    def takes(self, y: torch.Tensor) -> bool:
+        return y.dtype in _DTYPES and y.is_contiguous() and y.numel() * y.element_size() <= PEER_MAX_BYTES
+
+    def __call__(self, y: torch.Tensor) -> torch.Tensor:
+        two_shot = self.world > 2 and y.numel() * y.element_size() > ONE_SHOT_MAX_BYTES
+        return peer_all_reduce(y, self.buffers, self.abort, self.rank, two_shot)
+
+
+_peer: PeerAllReduce | None = None
+
+
+def set_up_peer_all_reduce(device: torch.device) -> None:
+    """With several CUDA ranks on one host, the peer all-reduce for small messages; NCCL alone where the
+    GPUs cannot map each other's memory (said once in the log)."""
+    global _peer
+    if device.type != "cuda" or not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    try:
+        _peer = PeerAllReduce(device, dist.group.WORLD)
+    except (RuntimeError, NotImplementedError) as e:
+        log.warning("GPUs cannot map each other's buffers (%s); every all-reduce goes through NCCL", e)
+
+
+def tear_down_peer_all_reduce() -> None:
+    """Release the peer buffers (before the process group goes)."""
+    global _peer
+    _peer = None
+
+
+def abort_peer_waits() -> None:
+    """Release every rank-waiting peer kernel of this process: a rank has died and will never come."""
+    if _peer is not None:
+        _peer.abort.fill_(1)
+
+
+def all_reduce(y: torch.Tensor) -> torch.Tensor:
+    """The sum of every rank's `y`, in place."""
+    if _peer is not None and _peer.takes(y):
+        return _peer(y)
+    dist.all_reduce(y)
+    return y

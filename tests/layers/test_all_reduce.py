@@ -1,0 +1,87 @@
+"""The all-reduce layers call: on two GPUs, the peer kernel (one-shot and two-shot) and the size-chosen path
+against NCCL's result, eager and replayed in a CUDA graph, from 1 KB to 64 MB. (Without peers it is the
+process group's own all-reduce, which the tensor-parallel tests run on the CPU.)"""
+
+import multiprocessing as mp
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from nanovllm.kernels.triton_all_reduce import peer_all_reduce
+from nanovllm.layers import all_reduce as all_reduce_module
+from nanovllm.layers.all_reduce import PEER_MAX_BYTES, PeerAllReduce, all_reduce, set_up_peer_all_reduce
+
+from helpers.ports import free_port
+
+SIZES = [1 << 10, 8 << 10, 64 << 10, 2 << 20, 8 << 20, 64 << 20]  # bytes
+
+
+def _cases(dtype: torch.dtype, rank: int, nbytes: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(rank * 7919 + nbytes)
+    return torch.randn(nbytes // torch.tensor([], dtype=dtype).element_size(), generator=generator).to(dtype)
+
+
+def _graphed(fn, x: torch.Tensor) -> torch.Tensor:
+    """`fn(x)` captured in a CUDA graph, replayed on a fresh copy of x."""
+    static = x.clone()
+    fn(static.clone())  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn(static)
+    static.copy_(x)
+    graph.replay()
+    return static
+
+
+def _check_rank(rank: int, world: int, port: int, failures) -> None:
+    try:
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        peer = PeerAllReduce(torch.device("cuda", rank), dist.group.WORLD)
+        set_up_peer_all_reduce(torch.device("cuda", rank))
+        assert all_reduce_module._peer is not None
+        for dtype in (torch.bfloat16, torch.float32):
+            for nbytes in SIZES:
+                x = _cases(dtype, rank, nbytes).cuda()
+                expected = x.clone()
+                dist.all_reduce(expected)
+                paths = {"chosen": all_reduce}
+                if nbytes <= PEER_MAX_BYTES:
+                    paths["one-shot"] = lambda y: _forced(peer, y, two_shot=False)
+                    paths["two-shot"] = lambda y: _forced(peer, y, two_shot=True)
+                for name, fn in paths.items():
+                    for mode, got in (("eager", fn(x.clone())), ("graph", _graphed(fn, x))):
+                        if not torch.equal(got, expected):
+                            err = (got.float() - expected.float()).abs().max().item()
+                            failures.append(f"rank {rank} {dtype} {nbytes} B {name} {mode}: max error {err}")
+        torch.cuda.synchronize()
+    except Exception as e:  # reported by the parent
+        failures.append(f"rank {rank}: {type(e).__name__}: {e}")
+    finally:
+        all_reduce_module.tear_down_peer_all_reduce()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _forced(peer: PeerAllReduce, y: torch.Tensor, two_shot: bool) -> torch.Tensor:
+    return peer_all_reduce(y, peer.buffers, peer.abort, peer.rank, two_shot)
+
+
+@pytest.mark.gpu
+@pytest.mark.whole_gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_two_gpus_sum_as_nccl_does():
+    context = mp.get_context("spawn")
+    failures = context.Manager().list()
+    port = free_port()
+    processes = [context.Process(target=_check_rank, args=(r, 2, port, failures)) for r in range(2)]
+    for p in processes:
+        p.start()
+    for p in processes:
+        p.join(300)
+        if p.is_alive():
+            p.kill()
+            failures.append("a rank hung")
+    # two ranks add each pair once, in fp32, rounded once: the same bits as NCCL
+    assert not list(failures)
