@@ -13,9 +13,12 @@ and meets them a last time before returning, so that no rank overwrites a buffer
 One-shot moves the least latency-bound traffic for a few kilobytes; two-shot moves 2/world of the
 bytes one-shot does over each link, which pays from a few hundred kilobytes at 4 ranks and up.
 
-Barriers are pairwise between the same program on two ranks: a program sets its flag in the peer's
-pad (compare-and-swap 0 -> 1, release, system scope) and takes the peer's flag from its own pad
-(1 -> 0, acquire), so the pads return to zero by themselves and a CUDA graph can replay the kernel.
+Barriers are pairwise between the same program on two ranks. Each program counts the barriers it has
+passed in its own rank's buffer (read at the start of a call, written back at its end, so that a CUDA
+graph can replay the kernel); at barrier number e it writes e into its flag in every peer's pad
+(release, system scope) and waits until its own pad holds at least e from every peer (acquire). Every
+thread of the program may do both: writing and awaiting a number, unlike flipping a flag, gives the
+same result however many threads do it.
 The grid never exceeds `MAX_PROGRAMS`, so every program is resident and no barrier waits on a program
 that cannot start. A program that waits also reads `abort` (pinned host memory): set by the host when
 a rank has died, it releases every wait, so the process can report the failure instead of hanging.
@@ -27,34 +30,33 @@ import triton.language as tl
 
 MAX_PROGRAMS = 64  # resident at once on any GPU this runs on (an H100 has 132 multiprocessors)
 MAX_RANKS = 8
-PAD_BYTES = MAX_PROGRAMS * MAX_RANKS * 4  # int32 flags, [program, rank]
+# int32 flags [program, rank], then each program's barrier count [program]
+_COUNTS = tl.constexpr(MAX_PROGRAMS * MAX_RANKS * 4)
+PAD_BYTES = 4096
 _PAD = tl.constexpr(PAD_BYTES)
 _BLOCK = 2048  # elements a program moves at a time
 
 
 @triton.jit
-def _spin_swap(flag, expected, desired, abort, SEM: tl.constexpr):
-    """Swap `flag` from `expected` to `desired` once it holds `expected`, or give up when `abort` is set."""
-    old = tl.atomic_cas(flag, expected, desired, sem=SEM, scope="sys")
-    while old != expected:
-        old = tl.atomic_cas(flag, expected, desired, sem=SEM, scope="sys")
-        old = tl.where(tl.load(abort, volatile=True) != 0, expected, old)
-
-
-@triton.jit
-def _barrier(buffers, abort, rank, WORLD: tl.constexpr):
-    """Wait until the same program on every other rank has reached this barrier; what this program stored
-    before it is visible to them after it, and theirs to it."""
+def _barrier(buffers, abort, rank, epoch, WORLD: tl.constexpr):
+    """Wait until the same program on every other rank has reached the barrier numbered `epoch`; what this
+    program stored before it is visible to them after it, and theirs to it."""
     slot = tl.program_id(0) * WORLD
     tl.debug_barrier()  # every thread's stores precede the signal
     for peer in tl.static_range(WORLD):
         if peer != rank:
             pad = tl.load(buffers + peer).to(tl.pointer_type(tl.int32))
-            _spin_swap(pad + slot + rank, 0, 1, abort, "release")
-    own = tl.load(buffers + rank).to(tl.pointer_type(tl.int32))
+            tl.atomic_xchg(pad + slot + rank, epoch, sem="release", scope="sys")
+    own = tl.load(buffers + rank).to(tl.pointer_type(tl.int32)) + slot
     for peer in tl.static_range(WORLD):
         if peer != rank:
-            _spin_swap(own + slot + peer, 1, 0, abort, "acquire")
+            # a peer may already have signalled the next barrier: "reached" is seen - epoch >= 0, which
+            # also holds across the counter's wrap-around
+            seen = tl.load(own + peer, volatile=True)
+            while seen - epoch < 0:
+                seen = tl.load(own + peer, volatile=True)
+                seen = tl.where(tl.load(abort, volatile=True) != 0, epoch, seen)
+            tl.atomic_add(own + peer, 0, sem="acquire", scope="sys")  # order the reads after it
     tl.debug_barrier()
 
 
@@ -88,10 +90,12 @@ def _peer_all_reduce_kernel(
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK
     own = _data(buffers, rank, x)
+    count = (tl.load(buffers + rank) + _COUNTS).to(tl.pointer_type(tl.int32)) + pid
+    epoch = tl.load(count)
     for start in range(pid * BLOCK, n, step):
         offs = start + tl.arange(0, BLOCK)
         tl.store(own + offs, tl.load(x + offs, mask=offs < n), mask=offs < n)
-    _barrier(buffers, abort, rank, WORLD)
+    _barrier(buffers, abort, rank, epoch + 1, WORLD)
     if TWO_SHOT:
         # this rank owns every WORLD-th chunk of each program, from its rank on
         for start in range(pid * BLOCK + rank * step, n, WORLD * step):
@@ -99,7 +103,8 @@ def _peer_all_reduce_kernel(
             total = _sum_over_ranks(buffers, x, offs, offs < n, WORLD)
             for r in tl.static_range(WORLD):
                 tl.store(_data(buffers, r, x) + offs, total, mask=offs < n)
-        _barrier(buffers, abort, rank, WORLD)
+        epoch += 1
+        _barrier(buffers, abort, rank, epoch + 1, WORLD)
         for start in range(pid * BLOCK, n, step):
             offs = start + tl.arange(0, BLOCK)
             tl.store(x + offs, tl.load(own + offs, mask=offs < n), mask=offs < n)
@@ -107,14 +112,16 @@ def _peer_all_reduce_kernel(
         for start in range(pid * BLOCK, n, step):
             offs = start + tl.arange(0, BLOCK)
             tl.store(x + offs, _sum_over_ranks(buffers, x, offs, offs < n, WORLD), mask=offs < n)
-    _barrier(buffers, abort, rank, WORLD)
+    _barrier(buffers, abort, rank, epoch + 2, WORLD)
+    tl.store(count, epoch + 2)
 
 
 def peer_all_reduce(
     x: torch.Tensor, buffers: torch.Tensor, abort: torch.Tensor, rank: int, two_shot: bool = False
 ) -> torch.Tensor:
     """Sum `x` over the ranks whose buffers `buffers` holds (every rank calls this with its own `x`), in
-    place. Each buffer holds at least PAD_BYTES + x.nbytes bytes, its pad zero before the first call."""
+    place. Each buffer holds at least PAD_BYTES + x.nbytes bytes, its first PAD_BYTES zero before the
+    first call on any rank."""
     # x: [...] contiguous; buffers: [world] int64 addresses; abort: [1] int32
     assert x.is_contiguous() and buffers.numel() <= MAX_RANKS
     n = x.numel()

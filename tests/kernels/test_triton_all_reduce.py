@@ -1,5 +1,6 @@
 """The peer all-reduce kernel: ranks as processes that map each other's buffers (shared memory on the CPU,
-under Triton's interpreter), against the sum; the barrier's pads return to zero, so a second call works."""
+under Triton's interpreter), against the sum, twice, the second call meeting the barriers' counts the first
+left (as a replayed CUDA graph does)."""
 
 import multiprocessing as mp
 
@@ -9,6 +10,9 @@ import torch
 from nanovllm.kernels.triton_all_reduce import PAD_BYTES, peer_all_reduce
 
 _TIMEOUT_S = 240
+
+# the buffers are host memory, which only the interpreter reaches
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs tests/layers/test_all_reduce.py")
 
 
 def _parts(world: int, n: int, dtype: torch.dtype) -> list[torch.Tensor]:
@@ -44,8 +48,6 @@ def _run_ranks(world: int, n: int, dtype: torch.dtype, two_shot: bool) -> list[t
         p.kill()
     assert not alive, "a rank hung in the all-reduce"
     assert all(p.exitcode == 0 for p in processes)
-    for buffer in buffers:
-        assert not buffer[:PAD_BYTES].any(), "a barrier left a flag set"
     return results, parts
 
 
