@@ -17,8 +17,9 @@ Barriers are pairwise between the same program on two ranks. Each program counts
 passed in its own rank's buffer (read at the start of a call, written back at its end, so that a CUDA
 graph can replay the kernel); at barrier number e it writes e into its flag in every peer's pad
 (release, system scope) and waits until its own pad holds at least e from every peer (acquire). Every
-thread of the program may do both: writing and awaiting a number, unlike flipping a flag, gives the
-same result however many threads do it.
+thread of the program waits, one signals and acquires for all (with the program's threads synchronised
+around it). Reads of the buffers bypass the L1 cache, which could still hold a line a peer has since
+written.
 The grid never exceeds `MAX_PROGRAMS`, so every program is resident and no barrier waits on a program
 that cannot start. A program that waits also reads `abort` (pinned host memory): set by the host when
 a rank has died, it releases every wait, so the process can report the failure instead of hanging.
@@ -42,22 +43,27 @@ def _barrier(buffers, abort, rank, epoch, WORLD: tl.constexpr):
     """Wait until the same program on every other rank has reached the barrier numbered `epoch`; what this
     program stored before it is visible to them after it, and theirs to it."""
     slot = tl.program_id(0) * WORLD
-    tl.debug_barrier()  # every thread's stores precede the signal
+    lane = tl.arange(0, 32)
+    first = lane == 0  # one thread signals: many would queue their atomics on one remote address
+    tl.debug_barrier()  # every thread's stores precede the signal, which releases them all
     for peer in tl.static_range(WORLD):
         if peer != rank:
             pad = tl.load(buffers + peer).to(tl.pointer_type(tl.int32))
-            tl.atomic_xchg(pad + slot + rank, epoch, sem="release", scope="sys")
+            tl.atomic_xchg(pad + slot + rank + lane * 0, epoch, mask=first, sem="release", scope="sys")
     own = tl.load(buffers + rank).to(tl.pointer_type(tl.int32)) + slot
     for peer in tl.static_range(WORLD):
         if peer != rank:
             # a peer may already have signalled the next barrier: "reached" is seen - epoch >= 0, which
             # also holds across the counter's wrap-around
             seen = tl.load(own + peer, volatile=True)
+            spins = 0
             while seen - epoch < 0:
                 seen = tl.load(own + peer, volatile=True)
-                seen = tl.where(tl.load(abort, volatile=True) != 0, epoch, seen)
-            tl.atomic_add(own + peer, 0, sem="acquire", scope="sys")  # order the reads after it
-    tl.debug_barrier()
+                spins += 1
+                if spins % 64 == 0:  # the flag lives in host memory: a read costs a PCIe round trip
+                    seen = tl.where(tl.load(abort, volatile=True) != 0, epoch, seen)
+            tl.atomic_add(own + peer + lane * 0, 0, mask=first, sem="acquire", scope="sys")
+    tl.debug_barrier()  # the acquire precedes every thread's reads
 
 
 @triton.jit
@@ -72,7 +78,7 @@ def _sum_over_ranks(buffers, x, offs, mask, WORLD: tl.constexpr):
     """Every rank's data at `offs`, added in rank order so that every rank gets the same bits."""
     total = tl.zeros(offs.shape, tl.float32)
     for r in tl.static_range(WORLD):
-        total += tl.load(_data(buffers, r, x) + offs, mask=mask, other=0.0).to(tl.float32)
+        total += tl.load(_data(buffers, r, x) + offs, mask=mask, other=0.0, cache_modifier=".cv").to(tl.float32)
     return total.to(x.dtype.element_ty)
 
 
@@ -107,7 +113,7 @@ def _peer_all_reduce_kernel(
         _barrier(buffers, abort, rank, epoch + 1, WORLD)
         for start in range(pid * BLOCK, n, step):
             offs = start + tl.arange(0, BLOCK)
-            tl.store(x + offs, tl.load(own + offs, mask=offs < n), mask=offs < n)
+            tl.store(x + offs, tl.load(own + offs, mask=offs < n, cache_modifier=".cv"), mask=offs < n)
     else:
         for start in range(pid * BLOCK, n, step):
             offs = start + tl.arange(0, BLOCK)
