@@ -95,10 +95,10 @@ def save_qwen3_5_image_text(path) -> str:
     return _save(Qwen3_5ForConditionalGeneration(_image_text_config(Qwen3_5Config, FIELDS)), path)
 
 
-def save_qwen3_5_moe(path) -> str:
-    """The mixture-of-experts text model (Qwen3_5MoeForCausalLM) of MOE_FIELDS."""
+def save_qwen3_5_moe(path, **fields) -> str:
+    """The mixture-of-experts text model (Qwen3_5MoeForCausalLM) of MOE_FIELDS and `fields`."""
     torch.manual_seed(0)
-    return _save(Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**MOE_FIELDS)), path)
+    return _save(Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**{**MOE_FIELDS, **fields})), path)
 
 
 def save_qwen3_5_moe_image_text(path) -> str:
