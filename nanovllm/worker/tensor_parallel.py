@@ -46,8 +46,9 @@ _EXIT_WAIT_S = 10  # how long a worker may take to leave on "exit" before it is 
 
 def channel_capacity(config: Config) -> int:
     """Bytes that hold the largest possible step: every sequence at full length with its tables sent whole (a
-    prefill with cached prefixes), with its id. Encoded token and block ids take at most 5 bytes
-    each (6 with a table's update header); pages of the segment cost memory only once written."""
+    prefill with cached prefixes, or the first step after a preemption), with its id and the tables' update
+    headers. Encoded token and block ids take at most 5 bytes each; pages of the segment cost memory only
+    once written."""
     return config.max_num_seqs * (6 * (config.context_len + config.max_blocks_per_seq) + 256) + (1 << 16)
 
 
