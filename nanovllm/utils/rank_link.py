@@ -25,6 +25,8 @@ import time
 _FRAME = struct.Struct("<cQ")
 _HELLO, _COMMAND, _DONE, _ERROR = b"H", b"C", b"D", b"E"
 _RANK = struct.Struct("<Q")
+# the peer closed its end (Linux reports that even with data still unread), or the connection broke
+_HUNG_UP = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR
 _KEEPALIVE_S = (5, 2, 5)  # idle seconds before the first probe, seconds between probes, probes: ~15 s
 _HELLO_TIMEOUT_S = 10  # how long an accepted connection may take to say which rank it is
 COMMAND_PORT_KEY = "nanovllm/rank_link_port"  # where rank 0 publishes its listener's port in the store
@@ -104,14 +106,20 @@ class RemoteRank:
 
     def lost(self) -> bool:
         """Whether the connection has closed or carries the rank's error, without reading it: safe from a
-        thread other than the one that sends and waits."""
+        thread other than the one that sends and waits. "done" answers not read yet may stand before the
+        error or the end (rank 0 reads them only between its steps), so the kernel is also asked whether
+        the rank hung up."""
         try:
             head = self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            if head in (b"", _ERROR):
+                return True
+            poller = select.poll()
+            poller.register(self._sock, _HUNG_UP)
+            return bool(poller.poll(0))
         except BlockingIOError:
             return False
         except OSError:
             return True
-        return head in (b"", _ERROR)
 
     def describe(self) -> str:
         """Why the rank is gone, for the engine's error."""

@@ -2,6 +2,7 @@
 connection seen as a rank gone, and ranks that never connect named."""
 
 import threading
+import time
 
 import pytest
 
@@ -51,6 +52,19 @@ def test_a_closed_connection_is_a_rank_gone(linked):
     link.close()
     assert not remote.wait_done(2, 5)
     assert "lost its connection" in remote.failure
+
+
+def test_a_rank_that_ends_behind_answers_not_read_yet_is_lost(linked):
+    # rank 0 reads the answers between its steps; the watcher thread must see the end behind them
+    remote, link = linked
+    link.mark_done()
+    link.write_error("RuntimeError: out of memory")
+    link.close()
+    deadline = time.monotonic() + 5
+    while not remote.lost() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert remote.lost()
+    assert not remote.alive() and remote.marks == 2 and remote.failure.endswith("out of memory")
 
 
 def test_rank_0_gone_is_an_error_for_the_rank(linked):
