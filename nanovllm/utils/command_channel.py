@@ -31,9 +31,9 @@ import time
 from multiprocessing.context import BaseContext
 from multiprocessing.shared_memory import SharedMemory
 
-# Rank 0 runs at most a step or two ahead of the workers on the device (the collectives in the model, and the
-# engine reading a step's samples back soon after launching the next one); the other slots let a worker fall
-# behind for a moment (a garbage collection, a long prefill's inputs) without holding rank 0 up.
+# Rank 0 runs only two or three steps ahead of a worker anyway (the model's collectives hold its device to the
+# worker's, and the engine reads each step's samples back soon after launching the next); the other slots let
+# a worker fall behind for a moment (a garbage collection, a long prefill's inputs) without holding rank 0 up.
 RING_SLOTS = 8
 _WORD = struct.Struct("Q")  # native: one store, one load
 _SLOT = struct.Struct("QQQ")  # sequence number, data offset, data length
