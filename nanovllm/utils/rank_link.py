@@ -4,9 +4,11 @@ rank 0's own machine, which shared memory and semaphores cannot reach.
 Every rank of a node other than 0 connects to rank 0's `RankListener` (whose
 port rank 0 publishes in the rendezvous store) and says which rank it is. Each
 message is a frame, [1 byte kind][8 bytes length][payload]: rank 0 sends a
-command (the same pickled (method name, args) bytes the channel carries) and
-the rank answers "done" once it ran, or "error" with its message before it
-exits. A closed connection is a rank gone: the kernel closes the sockets of a
+command (the same bytes the channel carries) without waiting for the commands
+before it to have run, and the rank answers "done" once one ran (a mark, as a
+channel's worker makes), or "error" with its message before it exits; rank 0
+reads the answers as they come and waits for them only where it relies on a
+command's effect. A closed connection is a rank gone: the kernel closes the sockets of a
 killed process at once, and keep-alive probes notice a machine that vanished
 within `_KEEPALIVE_S` seconds. A rank likewise exits when rank 0's end closes.
 Tensors never travel here; the commands are small (a step's token and block ids).
@@ -15,7 +17,6 @@ The connections are not authenticated (nor is torch.distributed's store):
 the nodes must share a trusted network.
 """
 
-import pickle
 import select
 import socket
 import struct
@@ -24,6 +25,8 @@ import time
 _FRAME = struct.Struct("<cQ")
 _HELLO, _COMMAND, _DONE, _ERROR = b"H", b"C", b"D", b"E"
 _RANK = struct.Struct("<Q")
+# the peer closed its end (Linux reports that even with data still unread), or the connection broke
+_HUNG_UP = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR
 _KEEPALIVE_S = (5, 2, 5)  # idle seconds before the first probe, seconds between probes, probes: ~15 s
 _HELLO_TIMEOUT_S = 10  # how long an accepted connection may take to say which rank it is
 COMMAND_PORT_KEY = "nanovllm/rank_link_port"  # where rank 0 publishes its listener's port in the store
@@ -75,24 +78,26 @@ class RemoteRank:
         self.address = address
         self.failure: str | None = None
         self._sock = sock
-        self._done = 0  # "done" answers read but not yet waited for
+        # its marks so far: connecting is the first, as it met the rendezvous first (a channel's worker marks that)
+        self.marks = 1
 
     def send(self, command: bytes) -> None:
-        """Post a command (`command_channel.encode_command`); a rank that is gone is left to `wait_done` to report."""
+        """Post a command without waiting for it to run; a rank that is gone is left to `alive` to report."""
         if self.failure is None:
             try:
                 _send_frame(self._sock, _COMMAND, command)
             except OSError as e:
                 self._lose(f"sending it a command failed ({e})")
 
-    def wait_done(self, timeout: float) -> bool:
-        """Whether the rank finished its command within `timeout` seconds (False also once it is gone)."""
-        if not self._done:
-            self._read(timeout)
-        if self._done:
-            self._done -= 1
-            return True
-        return False
+    def wait_done(self, marks: int, timeout: float) -> bool:
+        """Whether the rank has made `marks` marks ("done" answers, its connection the first) within `timeout`
+        seconds (False also once it is gone)."""
+        deadline = time.monotonic() + timeout
+        while self.marks < marks and self.failure is None:
+            self._read(max(0.0, deadline - time.monotonic()))
+            if time.monotonic() >= deadline:
+                break
+        return self.marks >= marks
 
     def alive(self, timeout: float = 0.0) -> bool:
         """Whether the rank is still connected and well, reading what it sent within `timeout` seconds."""
@@ -101,14 +106,20 @@ class RemoteRank:
 
     def lost(self) -> bool:
         """Whether the connection has closed or carries the rank's error, without reading it: safe from a
-        thread other than the one that sends and waits."""
+        thread other than the one that sends and waits. "done" answers not read yet may stand before the
+        error or the end (rank 0 reads them only between its steps), so the kernel is also asked whether
+        the rank hung up."""
         try:
             head = self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            if head in (b"", _ERROR):
+                return True
+            poller = select.poll()
+            poller.register(self._sock, _HUNG_UP)
+            return bool(poller.poll(0))
         except BlockingIOError:
             return False
         except OSError:
             return True
-        return head in (b"", _ERROR)
 
     def describe(self) -> str:
         """Why the rank is gone, for the engine's error."""
@@ -120,7 +131,7 @@ class RemoteRank:
         self._sock.close()
 
     def _read(self, timeout: float) -> None:
-        """Read the answers that arrive within `timeout` seconds."""
+        """Read the answers there are, waiting up to `timeout` seconds for the first."""
         deadline = time.monotonic() + timeout
         while self.failure is None:
             try:
@@ -137,8 +148,7 @@ class RemoteRank:
                 self._lose(f"failed: {frame[1].decode(errors='replace')}")
             else:
                 assert frame[0] == _DONE, f"unexpected frame {frame[0]!r} from rank {self.rank}"
-                self._done += 1
-                timeout = 0.0
+                self.marks += 1
                 deadline = time.monotonic()
 
     def _lose(self, why: str) -> None:
@@ -207,16 +217,16 @@ class RankLink:
         _keep_alive(self._sock)
         _send_frame(self._sock, _HELLO, _RANK.pack(rank))
 
-    def receive(self) -> tuple[str, tuple]:
-        """Block until rank 0 sends a command; (method name, args). ConnectionError once rank 0 is gone."""
+    def receive(self) -> bytes:
+        """Block until rank 0 sends a command; its bytes. ConnectionError once rank 0 is gone."""
         frame = _receive_frame(self._sock)
         if frame is None:
             raise ConnectionError("rank 0 closed the connection (its engine stopped or failed)")
         assert frame[0] == _COMMAND, f"unexpected frame {frame[0]!r} from rank 0"
-        return pickle.loads(frame[1])
+        return frame[1]
 
     def mark_done(self) -> None:
-        """The command ran."""
+        """One more step done (built the runner, ran a command)."""
         _send_frame(self._sock, _DONE)
 
     def write_error(self, message: str) -> None:

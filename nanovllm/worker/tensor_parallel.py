@@ -1,11 +1,16 @@
 """Tensor parallelism across processes: rank 0 in the caller, ranks 1..N-1 as spawned workers, or, with
 nnodes > 1, the ranks of node 0 spawned here and those of the other nodes connected over TCP.
 
-Rank 0 posts each call (method name and arguments) to every other rank, on a
-`CommandChannel` (shared memory) for the workers of its own machine and over a
-`RemoteRank` connection (`utils/rank_link.py`) for the ranks of other nodes,
-runs the same method on its own `ModelRunner`, then waits for every rank to
-finish; the ranks meet in the collectives inside the model. A rank that fails
+Rank 0 posts each step (`worker/rank_commands.py`) to every other rank, on a
+`CommandChannel` (a shared-memory ring) for the workers of its own machine and
+over a `RemoteRank` connection (`utils/rank_link.py`) for the ranks of other
+nodes, and runs it on its own `ModelRunner` without waiting for the other ranks
+to have run it, or the steps before: the ranks meet in the collectives inside
+the model, which keep them in step on the device, so rank 0's host work per
+step does not grow with the ranks (it waits only while a rank is
+`RING_SLOTS` commands behind). Rank 0 waits for every rank to be done
+only where it relies on that: the start-up (each rank met the rendezvous,
+then built its runner) and shutting down (the workers exit). A rank that fails
 leaves its error in the channel (or sends it) and exits, which also breaks
 rank 0 out of any collective it waits in, so the caller gets the rank's message
 instead of a hang. Workers exit when rank 0's process dies (the ranks of other
@@ -27,22 +32,24 @@ from nanovllm.config import Config
 from nanovllm.core.scheduler_output import SchedulerOutput
 from nanovllm.core.structured_output import GrammarBitmasks
 from nanovllm.layers.all_reduce import abort_peer_waits
-from nanovllm.utils.command_channel import CommandChannel, encode_command
+from nanovllm.utils.command_channel import RING_SLOTS, CommandChannel
 from nanovllm.utils.parallel import NODES_TIMEOUT, destroy_process_group, rendezvous_address, rendezvous_store
 from nanovllm.utils.processes import exit_with_parent, ignore_interrupts
 from nanovllm.utils.rank_link import COMMAND_PORT_KEY, RankListener, RemoteRank
 from nanovllm.worker.executor import Executor, LaunchedForward
 from nanovllm.worker.model_runner import ModelRunner
 from nanovllm.worker.pending_output import PendingOutput
+from nanovllm.worker.rank_commands import CommandDecoder, CommandEncoder, encode_call
 
 _POLL_S = 0.2  # how often a waiting rank 0 checks that the workers live
 _EXIT_WAIT_S = 10  # how long a worker may take to leave on "exit" before it is terminated
 
 
 def channel_capacity(config: Config) -> int:
-    """Bytes that hold the largest possible step: every sequence at full length sent whole (a
-    prefill with cached prefixes), with its id. Pickled token and block ids take at most 5 bytes
-    each; pages of the segment cost memory only once written."""
+    """Bytes that hold the largest possible step: every sequence at full length with its tables sent whole (a
+    prefill with cached prefixes, or the first step after a preemption), with its id and the tables' update
+    headers. Encoded token and block ids take at most 5 bytes each; pages of the segment cost memory only
+    once written."""
     return config.max_num_seqs * (6 * (config.context_len + config.max_blocks_per_seq) + 256) + (1 << 16)
 
 
@@ -51,8 +58,9 @@ def serve_commands(config: Config, rank: int, store, endpoint) -> None:
     `_LocalEndpoint`, or a `RankLink`) until "exit"."""
     runner = ModelRunner(config, rank=rank, store=store)
     endpoint.mark_done()  # built
+    commands = CommandDecoder()
     while True:
-        method, args = endpoint.receive()
+        method, args = commands.decode(endpoint.receive())
         if method == "exit":
             break
         getattr(runner, method)(*args)
@@ -67,7 +75,7 @@ class _LocalEndpoint:
     channel: CommandChannel
     worker: int
 
-    def receive(self) -> tuple[str, tuple]:
+    def receive(self) -> bytes:
         return self.channel.receive(self.worker)
 
     def mark_done(self) -> None:
@@ -100,8 +108,8 @@ class _LocalRank:
     worker: int  # its index in the channel: rank - 1
     process: mp.Process
 
-    def wait_done(self, timeout: float) -> bool:
-        return self.channel.wait_done(self.worker, timeout)
+    def wait_done(self, marks: int, timeout: float) -> bool:
+        return self.channel.wait_done(self.worker, marks, timeout)
 
     def alive(self, timeout: float = 0.0) -> bool:
         """Whether the process runs, waiting up to `timeout` seconds for one that is exiting."""
@@ -142,9 +150,13 @@ class _Workers:
 def _shut_down(workers: _Workers) -> None:
     """Stop the workers (politely when they are idle and well), leave the group, free the segment."""
     workers.closing.set()
-    if workers.healthy and all(rank.alive() for rank in workers.ranks()):
-        command = encode_command("exit")
-        workers.channel.send_encoded(command)
+    command = encode_call("exit")
+    if (
+        workers.healthy
+        and all(rank.alive() for rank in workers.ranks())
+        and workers.channel.wait_for_room(len(command), _EXIT_WAIT_S)
+    ):
+        workers.channel.post(command)
         for remote in workers.remote:
             remote.send(command)
         _leave_group(workers)  # the workers leave the group at the same time
@@ -218,6 +230,10 @@ class TensorParallelRunner(Executor):
         context = mp.get_context("spawn")
         self._workers = _Workers(CommandChannel(len(local_ranks), channel_capacity(config), context))
         self._finalizer = weakref.finalize(self, _shut_down, self._workers)
+        self._commands = CommandEncoder()
+        # the marks each other rank has made once it did all it was asked: met the rendezvous, built its runner,
+        # then one per command (`synchronize`)
+        self._marks = 1
         if config.nnodes > 1:
             self._workers.listener = RankListener(host)
             store.set(COMMAND_PORT_KEY, str(self._workers.listener.port))
@@ -230,21 +246,24 @@ class TensorParallelRunner(Executor):
             )
             process.start()
             self._workers.processes.append(process)
-        self._guarded(lambda: None)  # every worker reached the rendezvous
+        self._guarded(lambda: None, synchronize=True)  # a worker's failure to meet is reported now
         if config.nnodes > 1:
             remote_ranks = range(config.ranks_per_node, config.tensor_parallel_size)
             self._workers.remote = self._guarded(
                 lambda: self._workers.listener.accept(
                     remote_ranks, config.ranks_per_node, NODES_TIMEOUT.total_seconds()
                 ),
-                wait_for_workers=False,
             )
         if config.device_type == "cuda":
             self._workers.watcher = threading.Thread(
                 target=_abort_group_when_a_worker_dies, args=(self._workers,), daemon=True
             )
             self._workers.watcher.start()
-        self.runner = self._workers.rank0 = self._guarded(lambda: ModelRunner(config, eos_token_ids, 0, store))
+        self._marks += 1  # built
+        # the ranks' runners are all built before the first step is posted; and a rank that fails to is named here
+        self.runner = self._workers.rank0 = self._guarded(
+            lambda: ModelRunner(config, eos_token_ids, 0, store), synchronize=True
+        )
         self.num_kvcache_blocks = self.runner.num_kvcache_blocks
         self.num_state_slots = self.runner.num_state_slots  # every rank's: the sizing takes the least over them
         self.kv_cache_dtype_name = self.runner.kv_cache_dtype_name
@@ -265,20 +284,28 @@ class TensorParallelRunner(Executor):
         return self._workers.remote
 
     def launch_forward(self, out: SchedulerOutput, constrained: bool = False) -> LaunchedForward:
-        """Launch a step on every rank, rank 0's forward pass alone; the workers run all of their part
-        (only rank 0 samples, so they get the step without the sampling settings) and are waited for
-        once rank 0 has launched the sampling too."""
+        """Post a step to every other rank, which runs all of its part (only rank 0 samples, so they get the
+        step without the sampling settings), then launch rank 0's forward pass alone. The other ranks are
+        not waited for: the model's collectives keep them in step."""
         if not self._finalizer.alive:
             raise RuntimeError("this engine's tensor-parallel workers were shut down; create a new LLM")
-        return self._guarded(lambda: self._post_and_launch(out, constrained), wait_for_workers=False)
+        return self._guarded(lambda: self._post_and_launch(out, constrained))
 
     def _post_and_launch(self, out: SchedulerOutput, constrained: bool) -> LaunchedForward:
         self._raise_if_a_worker_exited()
-        command = encode_command("execute", out.without_sampling())
-        self.channel.send_encoded(command)
-        for remote in self.remote_ranks:
-            remote.send(command)
+        self._post(self._commands.step(out))
         return self.runner.launch_forward(out, constrained)
+
+    def _post(self, command: bytes) -> None:
+        """Post `command` to every other rank, waiting only while one is `RING_SLOTS` commands behind."""
+        self._marks += 1
+        while not self.channel.wait_for_room(len(command), _POLL_S):
+            self._raise_if_a_worker_exited()
+        self.channel.post(command)
+        for remote in self.remote_ranks:
+            # TCP would buffer more, but a rank far behind holds rank 0 up as a full ring does
+            self._wait_for(remote, self._marks - RING_SLOTS)
+            remote.send(command)
 
     def launch_sampling(self, step: LaunchedForward, grammar: GrammarBitmasks | None = None) -> PendingOutput | None:
         """Rank 0 samples (and sends the ids to the workers); rank 0's handle of the sampled ids."""
@@ -288,7 +315,12 @@ class TensorParallelRunner(Executor):
     def check_workers(self) -> None:
         """RuntimeError naming the first rank that has exited (or, on another node, lost its connection),
         after stopping the others; for an idle engine, which no step would tell."""
-        self._guarded(self._raise_if_a_worker_exited, wait_for_workers=False)
+        self._guarded(self._raise_if_a_worker_exited)
+
+    def synchronize(self) -> None:
+        """Wait until every other rank has run every command posted to it; RuntimeError naming a rank that
+        failed, after stopping the others."""
+        self._guarded(lambda: None, synchronize=True)
 
     def _raise_if_a_worker_exited(self) -> None:
         for rank in self._workers.ranks():
@@ -299,13 +331,14 @@ class TensorParallelRunner(Executor):
         """Stop the workers and free the shared memory (idempotent)."""
         self._finalizer()
 
-    def _guarded(self, rank0_work, wait_for_workers: bool = True):
-        """Do rank 0's part, then (by default) wait for the workers; on any failure shut everything
-        down and raise, naming the rank that failed when one did."""
+    def _guarded(self, rank0_work, synchronize: bool = False):
+        """Do rank 0's part, then (`synchronize`) wait until every other rank has done all it was asked; on
+        any failure shut everything down and raise, naming the rank that failed when one did."""
         try:
             result = rank0_work()
-            if wait_for_workers:
-                self._wait_for_workers()
+            if synchronize:
+                for rank in self._workers.ranks():
+                    self._wait_for(rank, self._marks)
             return result
         except BaseException as e:
             failure = self._worker_failure()
@@ -315,11 +348,12 @@ class TensorParallelRunner(Executor):
                 raise RuntimeError(failure) from e
             raise
 
-    def _wait_for_workers(self) -> None:
-        for rank in self._workers.ranks():
-            while not rank.wait_done(_POLL_S):
-                if not rank.alive():
-                    raise RuntimeError(rank.describe())
+    @staticmethod
+    def _wait_for(rank, marks: int) -> None:
+        """Wait until `rank` (a `_LocalRank` or a `RemoteRank`) has made `marks` marks; RuntimeError if it ends."""
+        while not rank.wait_done(marks, _POLL_S):
+            if not rank.alive():
+                raise RuntimeError(rank.describe())
 
     def _worker_failure(self) -> str:
         """What went wrong with the first rank that ended, or '' if all still run."""
@@ -337,4 +371,4 @@ class _GuardedOutput:
         self._pending = pending
 
     def result(self):
-        return self._runner._guarded(self._pending.result, wait_for_workers=False)
+        return self._runner._guarded(self._pending.result)

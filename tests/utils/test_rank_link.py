@@ -2,10 +2,10 @@
 connection seen as a rank gone, and ranks that never connect named."""
 
 import threading
+import time
 
 import pytest
 
-from nanovllm.utils.command_channel import encode_command
 from nanovllm.utils.rank_link import RankLink, RankListener
 
 
@@ -27,11 +27,15 @@ def linked():
 def test_a_command_and_its_answer_cross(linked):
     remote, link = linked
     assert (remote.rank, remote.node) == (1, 1)
-    remote.send(encode_command("execute", [1, 2, 3]))
-    assert link.receive() == ("execute", ([1, 2, 3],))
-    assert not remote.wait_done(0.05)  # not answered yet
+    remote.send(b"first")
+    remote.send(b"second")  # posted without waiting for the first to run
+    assert link.receive() == b"first"
+    assert remote.marks == 1  # connecting is its first mark
+    assert not remote.wait_done(2, 0.05)  # not answered yet
     link.mark_done()
-    assert remote.wait_done(5) and remote.alive()
+    assert link.receive() == b"second"
+    link.mark_done()
+    assert remote.wait_done(3, 5) and remote.alive()
 
 
 def test_an_error_the_rank_sends_is_its_failure(linked):
@@ -46,8 +50,21 @@ def test_a_closed_connection_is_a_rank_gone(linked):
     remote, link = linked
     assert not remote.lost()
     link.close()
-    assert not remote.wait_done(5)
+    assert not remote.wait_done(2, 5)
     assert "lost its connection" in remote.failure
+
+
+def test_a_rank_that_ends_behind_answers_not_read_yet_is_lost(linked):
+    # rank 0 reads the answers between its steps; the watcher thread must see the end behind them
+    remote, link = linked
+    link.mark_done()
+    link.write_error("RuntimeError: out of memory")
+    link.close()
+    deadline = time.monotonic() + 5
+    while not remote.lost() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert remote.lost()
+    assert not remote.alive() and remote.marks == 2 and remote.failure.endswith("out of memory")
 
 
 def test_rank_0_gone_is_an_error_for_the_rank(linked):

@@ -3,7 +3,6 @@ there are two (those tests are marked `gpu`)."""
 
 import json
 import os
-import pickle
 import random
 import shutil
 import signal
@@ -20,6 +19,9 @@ from safetensors.torch import load_file, save_file
 from nanovllm import LLM, SamplingParams, StructuredOutputsParams
 from nanovllm.config import Config
 from nanovllm.core.scheduler_output import SchedulerOutput
+from nanovllm.worker import tensor_parallel
+from nanovllm.worker.model_runner import ModelRunner
+from nanovllm.worker.rank_commands import CommandEncoder
 from nanovllm.worker.tensor_parallel import channel_capacity
 
 from helpers.near_ties import NEAR_TIE, gaps_where_greedy_diverges
@@ -62,14 +64,13 @@ def test_channel_holds_the_largest_step(qwen3_dir):
         req_ids,
         [[2**31 - 1] * 256] * 8,
         [2**31 - 1] * 8,
-        [[2**31 - 1] * 16] * 8,
+        [[[2**31 - 1] * 16]] * 8,  # one cache group
         [True] * 8,
         req_ids,
         [GREEDY] * 8,
         [2**31 - 1] * 8,
     )
-    command = pickle.dumps(("execute", (step.without_sampling(),)), protocol=pickle.HIGHEST_PROTOCOL)
-    assert len(command) <= channel_capacity(config)
+    assert len(CommandEncoder().step(step)) <= channel_capacity(config)
 
 
 @pytest.fixture(scope="class")
@@ -132,6 +133,71 @@ class TestTwoRanks:
         layers = tp_qwen3.config.model_config.num_hidden_layers
         # per step: the embedding's, then attention's and the MLP's in every layer
         assert calls == {"all_reduce": steps * (2 * layers + 1), "gather": steps}
+
+
+SLOW_STEP_S = 0.5
+
+
+def run_slow_worker(config, rank, host, port, channel):
+    """A worker that rests `SLOW_STEP_S` after each step, once its part in the step's collectives is over."""
+    execute = ModelRunner.execute
+
+    def execute_then_rest(self, *args):
+        execute(self, *args)
+        time.sleep(SLOW_STEP_S)
+
+    ModelRunner.execute = execute_then_rest
+    tensor_parallel.run_worker(config, rank, host, port, channel)
+
+
+@pytest.mark.slow
+def test_rank_0_does_not_wait_for_a_slow_worker(qwen3_dir, monkeypatch):
+    # Over gloo a rank's collectives block until every rank joins them, so rank 0 can be at most a step
+    # ahead: it finishes each step while the worker still rests after it, where it used to wait for that.
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    expected = token_ids(LLM(qwen3_dir, **ENGINE).generate(random_prompts(), params, use_tqdm=False))
+    monkeypatch.setattr(tensor_parallel, "run_worker", run_slow_worker)
+    llm = LLM(qwen3_dir, tensor_parallel_size=2, **ENGINE)
+    try:
+        executor = llm.client.core.executor
+        launch_sampling, sampling_seconds = executor.launch_sampling, []
+
+        def timed_launch_sampling(*args):
+            start = time.monotonic()
+            pending = launch_sampling(*args)
+            sampling_seconds.append(time.monotonic() - start)
+            return pending
+
+        executor.launch_sampling = timed_launch_sampling
+        outputs = llm.generate(random_prompts(), params, use_tqdm=False)
+        marks = executor.channel.marks(0)
+        start = time.monotonic()
+        executor.synchronize()
+        caught_up = time.monotonic() - start
+        assert token_ids(outputs) == expected
+        assert len(sampling_seconds) >= params.max_tokens and max(sampling_seconds) < SLOW_STEP_S / 2
+        # rank 0 has every output while the worker still rests after the last step, which synchronize waits for
+        assert executor.channel.marks(0) == marks + 1 and SLOW_STEP_S / 4 < caught_up < 2 * SLOW_STEP_S
+    finally:
+        llm.close()
+
+
+@pytest.mark.slow
+def test_preempted_requests_match_one_rank(qwen3_dir):
+    # the workers hold the block tables of the step before and get only what changed: every request is
+    # admitted, then some are preempted, leave the steps and come back with tables sent whole (without the
+    # prefix cache, of blocks taken afresh)
+    engine = {**ENGINE, "num_kvcache_blocks": 8, "schedule_conservativeness": 0.0, "enable_prefix_caching": False}
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    one = LLM(qwen3_dir, **engine)
+    expected = token_ids(one.generate(random_prompts(), params, use_tqdm=False))
+    assert one.client.core.scheduler.num_preemptions > 0
+    two = LLM(qwen3_dir, tensor_parallel_size=2, **engine)
+    try:
+        assert token_ids(two.generate(random_prompts(), params, use_tqdm=False)) == expected
+        assert two.client.core.scheduler.num_preemptions > 0
+    finally:
+        two.close()
 
 
 @pytest.mark.slow
