@@ -1,6 +1,7 @@
 """Paged KV-cache bookkeeping: one pool of blocks for every cache group, with a hash-chained prefix cache."""
 
 from array import array
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass
 
@@ -13,6 +14,12 @@ from nanovllm.core.state_slots import ZERO_STATE, StateSlots
 
 # a block table's entry for a block the request gave back (behind a sliding window)
 NO_BLOCK = -1
+
+
+def given_back_run_end(table: list[int], start: int, stop: int) -> int:
+    """Where the leading run of given-back (NO_BLOCK) entries of `table` ends, searched within [start, stop)
+    (a sliding group gives back a table's blocks from its front, so those entries lead it)."""
+    return bisect_left(table, True, start, stop, key=lambda block: block != NO_BLOCK)
 
 
 class Block:
@@ -323,15 +330,8 @@ class KVCacheManager:
         """Indices of the blocks `req` still holds in sliding `group` that its next step's window (`lookback`
         positions wider) has left: those after the leading run it gave back already."""
         first = group.first_kept_position(req.num_computed_tokens, self.lookback) // self.block_size
-        # the given-back entries are a leading run: find its end by bisection
-        low, high = 0, min(first, len(table))
-        while low < high:
-            mid = (low + high) // 2
-            if table[mid] == NO_BLOCK:
-                low = mid + 1
-            else:
-                high = mid
-        return range(low, min(first, len(table)))
+        stop = min(first, len(table))
+        return range(given_back_run_end(table, 0, stop), stop)
 
     def _block_hashes(self, req: Request, num_blocks: int) -> list[int]:
         """`req`'s chained block hashes, those of its first `num_blocks` blocks (full, confirmed) computed by

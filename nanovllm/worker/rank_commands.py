@@ -26,7 +26,7 @@ from operator import getitem
 
 import msgspec
 
-from nanovllm.core.kv_cache_manager import NO_BLOCK
+from nanovllm.core.kv_cache_manager import NO_BLOCK, given_back_run_end
 from nanovllm.core.scheduler_output import SchedulerOutput
 
 _STEP, _CALL = b"S", b"C"
@@ -49,20 +49,6 @@ class _Step(msgspec.Struct, array_like=True, gc=False):
 def encode_call(method: str, *args) -> bytes:
     """A call of `method` on every other rank's runner, with `args` (pickled)."""
     return _CALL + pickle.dumps((method, args), protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def _leading_run(table: list[int], start: int) -> int:
-    """Where the leading run of given-back entries of `table` ends, known to reach `start` at least."""
-    low, high = start, len(table)
-    if low == high or table[low] != NO_BLOCK:
-        return low
-    while low < high:
-        mid = (low + high) // 2
-        if table[mid] == NO_BLOCK:
-            low = mid + 1
-        else:
-            high = mid
-    return low
 
 
 class CommandEncoder:
@@ -99,7 +85,7 @@ class CommandEncoder:
                 kept = lead = 0
                 if held is not None and held[0] is tables:
                     kept, lead = min(held[1][g], len(table)), held[2][g]
-                lead_to = _leading_run(table, lead)
+                lead_to = given_back_run_end(table, lead, len(table))
                 groups.append([lead, min(lead_to, kept), kept, *table[kept:]])
                 leads.append(lead_to)
             updates.append(_TableUpdate(index, groups))
