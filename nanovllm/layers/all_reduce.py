@@ -14,8 +14,6 @@ import os
 import torch
 import torch.distributed as dist
 
-from nanovllm.kernels.triton_all_reduce import PAD_BYTES, peer_all_reduce
-
 log = logging.getLogger(__name__)
 
 # Largest message the peer kernel takes: on two H200s it beats NCCL up to 1 MB (13.9 against 17.0 us)
@@ -36,6 +34,9 @@ class PeerAllReduce:
         os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
         import torch.distributed._symmetric_memory as symm_mem
 
+        from nanovllm.kernels.triton_all_reduce import PAD_BYTES, peer_all_reduce  # Triton: on CUDA only
+
+        self.kernel = peer_all_reduce
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         self.buffer = symm_mem.empty(PAD_BYTES + PEER_MAX_BYTES, dtype=torch.uint8, device=device)
         self.buffer.zero_()  # the pads start clear
@@ -50,7 +51,7 @@ class PeerAllReduce:
 
     def __call__(self, y: torch.Tensor) -> torch.Tensor:
         two_shot = self.world > 2 and y.numel() * y.element_size() > ONE_SHOT_MAX_BYTES
-        return peer_all_reduce(y, self.buffers, self.abort, self.rank, two_shot)
+        return self.kernel(y, self.buffers, self.abort, self.rank, two_shot)
 
 
 _peer: PeerAllReduce | None = None
