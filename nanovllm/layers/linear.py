@@ -20,7 +20,7 @@ from nanovllm.kernels.fp8_weights import dequantize_to, fp8_linear
 from nanovllm.layers.all_reduce import all_reduce
 from nanovllm.layers.fusion import fused_on_cuda
 from nanovllm.utils.loader import shard
-from nanovllm.utils.parallel import tp_rank, tp_size
+from nanovllm.utils.parallel import kv_heads_per_rank, tp_rank, tp_size
 
 
 def divide(numerator: int, denominator: int, what: str) -> int:
@@ -132,9 +132,12 @@ class LinearBase(nn.Module):
         which stands for the same scale on each of its tensor's rows)."""
         loaded = loaded[...]
         if loaded.numel() == 1:
-            rows = self.output_size if shard_id is None else self.shard_sizes[shard_id]
-            loaded = loaded.reshape(1, 1).expand(rows, 1)
+            loaded = loaded.reshape(1, 1).expand(self.loaded_rows(shard_id), 1)
         self.weight_loader(param, loaded, shard_id)
+
+    def loaded_rows(self, shard_id) -> int:
+        """Rows of the checkpoint tensor of `shard_id` (None: the whole layer's)."""
+        return self.output_size if shard_id is None else self.shard_sizes[shard_id]
 
     def fp8_weights(self) -> dict:
         """The GEMV's arguments for this layer's FP8 weight (none for a full-precision one)."""
@@ -225,10 +228,40 @@ class QKVParallelLinear(FusedColumnParallelLinear):
         output_gate: bool = False,
     ):
         divide(num_heads, tp_size(), "attention heads")
-        divide(num_kv_heads, tp_size(), "KV heads")
+        heads_per_rank, self.kv_repeats = kv_heads_per_rank(num_kv_heads, tp_size())
+        self.num_kv_heads = num_kv_heads
         q_rows = num_heads * head_dim * (2 if output_gate else 1)
-        sizes = {"q": q_rows, "k": num_kv_heads * head_dim, "v": num_kv_heads * head_dim}
-        super().__init__(hidden_size, sizes, bias)
+        # with repeated KV heads the layer is built as if the checkpoint held every repeat
+        kv_rows = heads_per_rank * tp_size() * head_dim
+        super().__init__(hidden_size, {"q": q_rows, "k": kv_rows, "v": kv_rows}, bias)
+
+    def loaded_rows(self, shard_id) -> int:
+        if shard_id is None:  # q|k|v in one tensor
+            return sum(map(self.loaded_rows, self.shard_sizes))
+        rows = self.shard_sizes[shard_id]
+        return rows // self.kv_repeats if shard_id in ("k", "v") else rows
+
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id=None) -> None:
+        """As `FusedColumnParallelLinear`'s, with each KV head repeated first where ranks outnumber them."""
+        if self.kv_repeats > 1:
+            loaded = self._kv_heads_repeated(loaded, shard_id, getattr(param, "rows_per_entry", 1))
+        super().weight_loader(param, loaded, shard_id)
+
+    def _kv_heads_repeated(self, loaded, shard_id, unit: int) -> torch.Tensor:
+        """`loaded` (the checkpoint's rows of `shard_id`: one shard, a tuple of them, or None for q|k|v) with
+        the rows of each KV head repeated `kv_repeats` times, in place."""
+        parts = (
+            tuple(self.shard_sizes) if shard_id is None else shard_id if isinstance(shard_id, tuple) else (shard_id,)
+        )
+        pieces = loaded[...].split([self.loaded_rows(part) // unit for part in parts])
+        return torch.cat(
+            [
+                piece.unflatten(0, (self.num_kv_heads, -1)).repeat_interleave(self.kv_repeats, 0).flatten(0, 1)
+                if part in ("k", "v")
+                else piece
+                for part, piece in zip(parts, pieces)
+            ]
+        )
 
 
 class RowParallelLinear(LinearBase):

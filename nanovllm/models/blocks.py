@@ -37,7 +37,7 @@ from nanovllm.layers.rotary_embedding import RotaryEmbedding
 from nanovllm.layers.shared_expert import SharedExpert
 from nanovllm.models.model_config import ModelConfig
 from nanovllm.utils.loader import shard
-from nanovllm.utils.parallel import tp_rank, tp_size
+from nanovllm.utils.parallel import kv_heads_per_rank, tp_rank, tp_size
 
 
 class AttentionBlock(nn.Module):
@@ -51,7 +51,7 @@ class AttentionBlock(nn.Module):
         super().__init__()
         self.head_dim = config.head_dim
         self.num_heads = config.num_attention_heads // tp_size()
-        self.num_kv_heads = config.num_key_value_heads // tp_size()
+        self.num_kv_heads, _ = kv_heads_per_rank(config.num_key_value_heads, tp_size())
         self.output_gate = config.attn_output_gate
         self.qkv_proj = QKVParallelLinear(
             config.hidden_size,

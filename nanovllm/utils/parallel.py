@@ -43,13 +43,30 @@ def tp_size() -> int:
     return _size
 
 
+def kv_heads_per_rank(num_kv_heads: int, size: int) -> tuple[int, int]:
+    """(KV heads each of `size` ranks holds, ranks that hold each of them): the heads split evenly, or, with
+    more ranks than heads (a multiple of them), one head a rank, each repeated on size / num_kv_heads ranks,
+    as the query heads of its group are split among them."""
+    if num_kv_heads % size == 0:
+        return num_kv_heads // size, 1
+    if size % num_kv_heads == 0:
+        return 1, size // num_kv_heads
+    raise ValueError(
+        f"tensor_parallel_size ({size}) must divide the model's KV heads ({num_kv_heads}) or be a multiple of them"
+    )
+
+
 def check_divisible(model_config, size: int) -> None:
-    """ValueError naming every dimension of `model_config` (a ModelConfig) that `size` ranks cannot split evenly."""
+    """ValueError naming every dimension of `model_config` (a ModelConfig) that `size` ranks cannot split evenly:
+    KV heads may also be fewer than the ranks (a multiple of them), and are then repeated, except in Gemma 4."""
     dims = {
         "attention heads (num_attention_heads)": model_config.num_attention_heads,
-        "KV heads (num_key_value_heads)": model_config.num_key_value_heads,
         "vocabulary (vocab_size)": model_config.vocab_size,
     }
+    kv_heads = model_config.num_key_value_heads
+    if kv_heads % size and (size % kv_heads or model_config.gemma4 is not None):
+        multiple = "" if model_config.gemma4 is not None else ", or be a multiple of them"
+        dims[f"KV heads (num_key_value_heads{multiple})"] = kv_heads
     # an MLP's width is split, a dense one's where some layer has one, and every expert's where some has experts
     if len(model_config.moe_layers) < model_config.num_hidden_layers:
         dims["MLP width (intermediate_size)"] = model_config.intermediate_size

@@ -1,9 +1,10 @@
 """Tensor parallelism with N=4 over CPU processes (gloo): greedy tokens equal transformers' on tiny models
 whose every split dimension four ranks divide, a dense Qwen3 and a Qwen3.5 with experts (Gated DeltaNet
-and gated attention layers, routed and shared experts)."""
+and gated attention layers, routed and shared experts); and on models of two KV heads, which four ranks
+hold one each, repeated."""
 
 import pytest
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from helpers.family_checks import GREEDY, greedy
 from helpers.hf_reference import hf_greedy
@@ -26,5 +27,18 @@ PROMPTS = random_prompts([3, 20, 45])
 )
 def test_four_ranks_match_transformers(tmp_path, save):
     model_dir = save(tmp_path / "model")
+    expected = hf_greedy(model_dir, PROMPTS, GREEDY.max_tokens)
+    assert greedy(model_dir, PROMPTS, tensor_parallel_size=4, device="cpu") == expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "config_class, model_class, fields",
+    [(Qwen2Config, Qwen2ForCausalLM, dict(randomize_biases=True)), (Phi3Config, Phi3ForCausalLM, {})],
+    ids=["qwen2-q-k-v-biases", "phi3-fused-q-k-v"],
+)
+def test_four_ranks_repeat_two_kv_heads_and_match_transformers(tmp_path, config_class, model_class, fields):
+    # 2 KV heads for 4 ranks: each rank holds one, the query heads of its group split between two ranks
+    model_dir = save_model(tmp_path / "model", config_class, model_class, **fields)
     expected = hf_greedy(model_dir, PROMPTS, GREEDY.max_tokens)
     assert greedy(model_dir, PROMPTS, tensor_parallel_size=4, device="cpu") == expected
