@@ -26,10 +26,10 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 class PeerAllReduce:
-    """This rank's symmetric buffer, the table of every rank's buffer address, and the abort flag its
-    waits read."""
+    """This rank's symmetric buffer (for messages up to `max_bytes`), the table of every rank's buffer
+    address, and the abort flag its waits read."""
 
-    def __init__(self, device: torch.device, group: dist.ProcessGroup):
+    def __init__(self, device: torch.device, group: dist.ProcessGroup, max_bytes: int = PEER_MAX_BYTES):
         # NVLink multicast can take a host's GPUs out of service; the peer kernel needs none
         os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
         import torch.distributed._symmetric_memory as symm_mem
@@ -38,7 +38,8 @@ class PeerAllReduce:
 
         self.kernel = peer_all_reduce
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
-        self.buffer = symm_mem.empty(PAD_BYTES + PEER_MAX_BYTES, dtype=torch.uint8, device=device)
+        self.max_bytes = max_bytes
+        self.buffer = symm_mem.empty(PAD_BYTES + max_bytes, dtype=torch.uint8, device=device)
         self.buffer.zero_()  # the pads start clear
         handle = symm_mem.rendezvous(self.buffer, group.group_name)
         self.buffers = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device)  # [world]
@@ -47,7 +48,7 @@ class PeerAllReduce:
         dist.barrier(group)  # no rank signals before every pad is clear
 
     def takes(self, y: torch.Tensor) -> bool:
-        return y.dtype in _DTYPES and y.is_contiguous() and y.numel() * y.element_size() <= PEER_MAX_BYTES
+        return y.dtype in _DTYPES and y.is_contiguous() and y.numel() * y.element_size() <= self.max_bytes
 
     def __call__(self, y: torch.Tensor) -> torch.Tensor:
         two_shot = self.world > 2 and y.numel() * y.element_size() > ONE_SHOT_MAX_BYTES

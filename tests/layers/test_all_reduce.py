@@ -10,11 +10,12 @@ import torch.distributed as dist
 
 from nanovllm.kernels.triton_all_reduce import peer_all_reduce
 from nanovllm.layers import all_reduce as all_reduce_module
-from nanovllm.layers.all_reduce import PEER_MAX_BYTES, PeerAllReduce, all_reduce, set_up_peer_all_reduce
+from nanovllm.layers.all_reduce import PeerAllReduce, all_reduce, set_up_peer_all_reduce
 
 from helpers.ports import free_port
 
 SIZES = [1 << 10, 8 << 10, 64 << 10, 2 << 20, 8 << 20, 64 << 20]  # bytes
+FORCED_UP_TO = 8 << 20  # the kernel is checked past the size the layers give it
 
 
 def _cases(dtype: torch.dtype, rank: int, nbytes: int) -> torch.Tensor:
@@ -38,7 +39,7 @@ def _check_rank(rank: int, world: int, port: int, failures) -> None:
     try:
         torch.cuda.set_device(rank)
         dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-        peer = PeerAllReduce(torch.device("cuda", rank), dist.group.WORLD)
+        peer = PeerAllReduce(torch.device("cuda", rank), dist.group.WORLD, max_bytes=FORCED_UP_TO)
         set_up_peer_all_reduce(torch.device("cuda", rank))
         assert all_reduce_module._peer is not None
         for dtype in (torch.bfloat16, torch.float32):
@@ -47,7 +48,7 @@ def _check_rank(rank: int, world: int, port: int, failures) -> None:
                 expected = x.clone()
                 dist.all_reduce(expected)
                 paths = {"chosen": all_reduce}
-                if nbytes <= PEER_MAX_BYTES:
+                if nbytes <= FORCED_UP_TO:
                     paths["one-shot"] = lambda y: _forced(peer, y, two_shot=False)
                     paths["two-shot"] = lambda y: _forced(peer, y, two_shot=True)
                 for name, fn in paths.items():
