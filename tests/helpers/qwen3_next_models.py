@@ -26,11 +26,11 @@ FIELDS = dict(
 )
 
 
-def save_qwen3_next(path) -> str:
-    """Qwen3NextForCausalLM of FIELDS in fp32, its norms and dt_bias drawn at random, with the tiny tokenizer
-    and an MTP layer."""
+def save_qwen3_next(path, **fields) -> str:
+    """Qwen3NextForCausalLM of FIELDS and `fields` in fp32, its norms and dt_bias drawn at random, with the tiny
+    tokenizer and an MTP layer."""
     torch.manual_seed(0)
-    model = Qwen3NextForCausalLM(Qwen3NextConfig(**FIELDS))
+    model = Qwen3NextForCausalLM(Qwen3NextConfig(**{**FIELDS, **fields}))
     randomize(model)
     model.to(torch.float32).save_pretrained(path)
     save_tiny_tokenizer(path)
