@@ -61,10 +61,10 @@ def _save(model: torch.nn.Module, path) -> str:
     return str(path)
 
 
-def save_qwen3_5(path) -> str:
-    """The text model (Qwen3_5ForCausalLM) of FIELDS."""
+def save_qwen3_5(path, **fields) -> str:
+    """The text model (Qwen3_5ForCausalLM) of FIELDS and `fields`."""
     torch.manual_seed(0)
-    return _save(Qwen3_5ForCausalLM(Qwen3_5TextConfig(**FIELDS)), path)
+    return _save(Qwen3_5ForCausalLM(Qwen3_5TextConfig(**{**FIELDS, **fields})), path)
 
 
 def save_repeating_qwen3_5(path) -> str:
