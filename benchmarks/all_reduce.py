@@ -59,7 +59,9 @@ def run_rank(rank: int, world: int, port: int, link_gbs: float) -> None:
         shots = ["-", "-"]
         if nbytes <= PEER_SIZES_UP_TO:
             for i, two_shot in enumerate((False, True)):
-                us = time_graph(lambda y, t=two_shot: peer_all_reduce(y, peer.buffers, peer.abort, rank, t), x)
+                us = time_graph(
+                    lambda y, t=two_shot: peer_all_reduce(y, peer.buffers, peer.abort, rank, t, peer.max_programs), x
+                )
                 shots[i] = f"{us:.1f}"
         limit = nbytes * 2 * (world - 1) / world / (link_gbs * 1e3)
         if rank == 0:

@@ -6,7 +6,8 @@ own buffer, meets the other ranks at a barrier, and then either
 
 - one-shot: reads every rank's copy and sums it, in rank order, so that every rank holds the same
   bits; or
-- two-shot: sums only the chunks it owns (every `world`-th chunk of each program) and writes each sum
+- two-shot: sums only the pieces it owns (each block a program moves is cut into a power of two of
+  pieces, dealt out to the ranks in turn) and writes each sum
   into every rank's buffer, meets the others again, then reads its own buffer back,
 
 and meets them a last time before returning, so that no rank overwrites a buffer another still reads.
@@ -16,12 +17,12 @@ bytes one-shot does over each link, which pays from a few hundred kilobytes at 4
 Barriers are pairwise between the same program on two ranks. Each program counts the barriers it has
 passed in its own rank's buffer (read at the start of a call, written back at its end, so that a CUDA
 graph can replay the kernel); at barrier number e it writes e into its flag in every peer's pad
-(release, system scope) and waits until its own pad holds at least e from every peer (acquire). Every
-thread of the program waits, one signals and acquires for all (with the program's threads synchronised
+(release, system scope) and waits until its own pad holds at least e from every peer (acquire). One
+thread of the program signals, waits and acquires for all (with the program's threads synchronised
 around it). Reads of the buffers bypass the L1 cache, which could still hold a line a peer has since
 written.
-The grid never exceeds `MAX_PROGRAMS`, so every program is resident and no barrier waits on a program
-that cannot start. A program that waits also reads `abort` (pinned host memory): set by the host when
+The grid never exceeds the GPU's multiprocessors, so every program is resident and no barrier waits on a
+program that cannot start. A program that waits also reads `abort` (pinned host memory): set by the host when
 a rank has died, it releases every wait, so the process can report the failure instead of hanging.
 """
 
@@ -29,40 +30,48 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_PROGRAMS = 64  # resident at once on any GPU this runs on (an H100 has 132 multiprocessors)
+# Programs at most, and never more than the GPU's multiprocessors, so that every one is resident. A read
+# from a peer takes about a microsecond and a program waits for each of its blocks before the next: the
+# bytes in flight, programs x block, set the bandwidth.
+MAX_PROGRAMS = 128
 MAX_RANKS = 8
 # int32 flags [program, rank], then each program's barrier count [program]
 _COUNTS = tl.constexpr(MAX_PROGRAMS * MAX_RANKS * 4)
-PAD_BYTES = 4096
+PAD_BYTES = 8192
 _PAD = tl.constexpr(PAD_BYTES)
-_BLOCK = 2048  # elements a program moves at a time
+_BLOCK = 8192  # elements a program moves at a time
+_WARPS = 8
 
 
 @triton.jit
-def _barrier(buffers, abort, rank, epoch, WORLD: tl.constexpr):
+def _barrier(buffers, abort, rank, epoch, WORLD: tl.constexpr, THREADS: tl.constexpr):
     """Wait until the same program on every other rank has reached the barrier numbered `epoch`; what this
     program stored before it is visible to them after it, and theirs to it."""
     slot = tl.program_id(0) * WORLD
-    lane = tl.arange(0, 32)
-    first = lane == 0  # one thread signals: many would queue their atomics on one remote address
+    # one thread signals and waits for the program (a tensor of one element per thread, masked to the
+    # first): many would queue their atomics on one remote address, and their polls, together with the
+    # other programs', slowed every signal (1 ms for a 64-program call, against 14 us with one)
+    first = tl.arange(0, THREADS) == 0
+    zero = tl.zeros([THREADS], tl.int32)
     tl.debug_barrier()  # every thread's stores precede the signal, which releases them all
     for peer in tl.static_range(WORLD):
         if peer != rank:
             pad = tl.load(buffers + peer).to(tl.pointer_type(tl.int32))
-            tl.atomic_xchg(pad + slot + rank + lane * 0, epoch, mask=first, sem="release", scope="sys")
+            tl.atomic_xchg(pad + slot + rank + zero, epoch, mask=first, sem="release", scope="sys")
     own = tl.load(buffers + rank).to(tl.pointer_type(tl.int32)) + slot
     for peer in tl.static_range(WORLD):
         if peer != rank:
             # a peer may already have signalled the next barrier: "reached" is seen - epoch >= 0, which
             # also holds across the counter's wrap-around
-            seen = tl.load(own + peer, volatile=True)
+            seen = tl.load(own + peer + zero, mask=first, other=epoch, volatile=True)
             spins = 0
-            while seen - epoch < 0:
-                seen = tl.load(own + peer, volatile=True)
+            while tl.min(seen - epoch, 0) < 0:
+                seen = tl.load(own + peer + zero, mask=first, other=epoch, volatile=True)
                 spins += 1
-                if spins % 64 == 0:  # the flag lives in host memory: a read costs a PCIe round trip
-                    seen = tl.where(tl.load(abort, volatile=True) != 0, epoch, seen)
-            tl.atomic_add(own + peer + lane * 0, 0, mask=first, sem="acquire", scope="sys")
+                if spins % 1024 == 0:  # the flag lives in host memory: a read costs a PCIe round trip
+                    stop = tl.load(abort + zero, mask=first, other=0, volatile=True)
+                    seen = tl.where(stop != 0, epoch, seen)
+            tl.atomic_add(own + peer + zero, 0, mask=first, sem="acquire", scope="sys")
     tl.debug_barrier()  # the acquire precedes every thread's reads
 
 
@@ -91,7 +100,9 @@ def _peer_all_reduce_kernel(
     rank,
     WORLD: tl.constexpr,
     TWO_SHOT: tl.constexpr,
+    PIECES: tl.constexpr,  # the pieces of a block two-shot deals out: WORLD, rounded up to a power of two
     BLOCK: tl.constexpr,
+    THREADS: tl.constexpr,  # the program's threads: 32 per warp
 ):
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK
@@ -101,16 +112,18 @@ def _peer_all_reduce_kernel(
     for start in range(pid * BLOCK, n, step):
         offs = start + tl.arange(0, BLOCK)
         tl.store(own + offs, tl.load(x + offs, mask=offs < n), mask=offs < n)
-    _barrier(buffers, abort, rank, epoch + 1, WORLD)
+    _barrier(buffers, abort, rank, epoch + 1, WORLD, THREADS)
     if TWO_SHOT:
-        # this rank owns every WORLD-th chunk of each program, from its rank on
-        for start in range(pid * BLOCK + rank * step, n, WORLD * step):
-            offs = start + tl.arange(0, BLOCK)
-            total = _sum_over_ranks(buffers, x, offs, offs < n, WORLD)
-            for r in tl.static_range(WORLD):
-                tl.store(_data(buffers, r, x) + offs, total, mask=offs < n)
+        # within each of its blocks the same program on every rank reads the sums, so the ranks share
+        # the block: this rank owns every WORLD-th of its PIECES pieces, from its rank on
+        for start in range(pid * BLOCK, n, step):
+            for piece in range(rank, PIECES, WORLD):
+                offs = start + piece * (BLOCK // PIECES) + tl.arange(0, BLOCK // PIECES)
+                total = _sum_over_ranks(buffers, x, offs, offs < n, WORLD)
+                for r in tl.static_range(WORLD):
+                    tl.store(_data(buffers, r, x) + offs, total, mask=offs < n)
         epoch += 1
-        _barrier(buffers, abort, rank, epoch + 1, WORLD)
+        _barrier(buffers, abort, rank, epoch + 1, WORLD, THREADS)
         for start in range(pid * BLOCK, n, step):
             offs = start + tl.arange(0, BLOCK)
             tl.store(x + offs, tl.load(own + offs, mask=offs < n, cache_modifier=".cv"), mask=offs < n)
@@ -118,21 +131,37 @@ def _peer_all_reduce_kernel(
         for start in range(pid * BLOCK, n, step):
             offs = start + tl.arange(0, BLOCK)
             tl.store(x + offs, _sum_over_ranks(buffers, x, offs, offs < n, WORLD), mask=offs < n)
-    _barrier(buffers, abort, rank, epoch + 2, WORLD)
+    _barrier(buffers, abort, rank, epoch + 2, WORLD, THREADS)
     tl.store(count, epoch + 2)
 
 
 def peer_all_reduce(
-    x: torch.Tensor, buffers: torch.Tensor, abort: torch.Tensor, rank: int, two_shot: bool = False
+    x: torch.Tensor,
+    buffers: torch.Tensor,
+    abort: torch.Tensor,
+    rank: int,
+    two_shot: bool = False,
+    max_programs: int = MAX_PROGRAMS,
 ) -> torch.Tensor:
     """Sum `x` over the ranks whose buffers `buffers` holds (every rank calls this with its own `x`), in
     place. Each buffer holds at least PAD_BYTES + x.nbytes bytes, its first PAD_BYTES zero before the
-    first call on any rank."""
+    first call on any rank; `max_programs` is at most the GPU's multiprocessors (and MAX_PROGRAMS), the
+    same on every rank."""
     # x: [...] contiguous; buffers: [world] int64 addresses; abort: [1] int32
-    assert x.is_contiguous() and buffers.numel() <= MAX_RANKS
+    assert x.is_contiguous() and buffers.numel() <= MAX_RANKS and max_programs <= MAX_PROGRAMS
     n = x.numel()
-    programs = max(1, min(MAX_PROGRAMS, triton.cdiv(n, _BLOCK)))
+    programs = max(1, min(max_programs, triton.cdiv(n, _BLOCK)))
     _peer_all_reduce_kernel[(programs,)](
-        x, n, buffers, abort, rank, WORLD=buffers.numel(), TWO_SHOT=two_shot, BLOCK=_BLOCK, num_warps=8
+        x,
+        n,
+        buffers,
+        abort,
+        rank,
+        WORLD=buffers.numel(),
+        TWO_SHOT=two_shot,
+        PIECES=triton.next_power_of_2(buffers.numel()),
+        BLOCK=_BLOCK,
+        THREADS=32 * _WARPS,
+        num_warps=_WARPS,
     )
     return x

@@ -53,7 +53,7 @@ def _run_ranks(world: int, n: int, dtype: torch.dtype, two_shot: bool) -> list[t
 
 @pytest.mark.parametrize(
     "world, n, two_shot",
-    [(2, 37, False), (2, 5000, False), (3, 4500, True), (4, 9000, True)],
+    [(2, 37, False), (2, 20000, False), (3, 4500, True), (4, 20000, True)],
     ids=["one-shot-tiny", "one-shot-3-programs", "two-shot-3-ranks", "two-shot-4-ranks"],
 )
 def test_every_rank_gets_the_sum(world, n, two_shot):

@@ -14,7 +14,7 @@ from nanovllm.layers.all_reduce import PeerAllReduce, all_reduce, set_up_peer_al
 
 from helpers.ports import free_port
 
-SIZES = [1 << 10, 8 << 10, 64 << 10, 2 << 20, 8 << 20, 64 << 20]  # bytes
+SIZES = [1 << 10, 8 << 10, 64 << 10, 2 << 20, 4 << 20, 8 << 20, 64 << 20]  # bytes
 FORCED_UP_TO = 8 << 20  # the kernel is checked past the size the layers give it
 
 
@@ -66,7 +66,7 @@ def _check_rank(rank: int, world: int, port: int, failures) -> None:
 
 
 def _forced(peer: PeerAllReduce, y: torch.Tensor, two_shot: bool) -> torch.Tensor:
-    return peer_all_reduce(y, peer.buffers, peer.abort, peer.rank, two_shot)
+    return peer_all_reduce(y, peer.buffers, peer.abort, peer.rank, two_shot, peer.max_programs)
 
 
 @pytest.mark.gpu
