@@ -1,29 +1,35 @@
 """All-reduce (sum) of a small tensor between the GPUs of one host, through buffers every rank maps.
 
 Each rank owns one buffer that every other rank can read and write (symmetric memory, reached over
-NVLink): a signal pad of `PAD_BYTES` in front, then the data. A call copies the rank's tensor into its
-own buffer, meets the other ranks at a barrier, and then either
+NVLink): a signal pad of `PAD_BYTES` in front, then two data areas that calls take in turn. A call copies
+the rank's tensor into its own buffer's area, meets the other ranks at a barrier, and then either
 
 - one-shot: reads every rank's copy and sums it, in rank order, so that every rank holds the same
   bits; or
 - two-shot: sums only the pieces it owns (each block a program moves is cut into a power of two of
-  pieces, dealt out to the ranks in turn) and writes each sum
-  into every rank's buffer, meets the others again, then reads its own buffer back,
+  pieces, dealt out to the ranks in turn), writes each sum into every rank's area, meets the others
+  again, then reads its own area back.
 
-and meets them a last time before returning, so that no rank overwrites a buffer another still reads.
 One-shot moves the least latency-bound traffic for a few kilobytes; two-shot moves 2/world of the
 bytes one-shot does over each link, which pays from a few hundred kilobytes at 4 ranks and up.
 
-Barriers are pairwise between the same program on two ranks. Each program counts the barriers it has
-passed in its own rank's buffer (read at the start of a call, written back at its end, so that a CUDA
-graph can replay the kernel); at barrier number e it writes e into its flag in every peer's pad
-(release, system scope) and waits until its own pad holds at least e from every peer (acquire). One
-thread of the program signals, waits and acquires for all (with the program's threads synchronised
-around it). Reads of the buffers bypass the L1 cache, which could still hold a line a peer has since
-written.
+No barrier ends a call: a rank may return while another still reads its area. The next call writes the
+other area, and the one after, which writes this one again, starts only after the rank met every other
+at the next call's barrier, which they reach only after they finished this call (a GPU runs one
+kernel of a stream after the other).
+
+Barriers are pairwise between the same program on two ranks. Every call launches the same programs, and
+each counts the calls it has seen in its own rank's pad (read at the start of a call, written back at
+its end, so that a CUDA graph can replay the kernel): call c uses area c % 2, and its barriers are
+numbered 2c + 1 and 2c + 2. At barrier e a program writes e into its flag in every peer's pad (release,
+system scope) and waits until its own pad holds at least e from every peer (acquire); a program with
+no data in this call skips them. One thread of the program signals, waits and acquires for all (with
+the program's threads synchronised around it). Reads of the buffers bypass the L1 cache, which could
+still hold a line a peer has since written.
+
 The grid never exceeds the GPU's multiprocessors, so every program is resident and no barrier waits on a
-program that cannot start. A program that waits also reads `abort` (pinned host memory): set by the host when
-a rank has died, it releases every wait, so the process can report the failure instead of hanging.
+program that cannot start. A program that waits also reads `abort` (pinned host memory): set by the host
+when a rank has died, it releases every wait, so the process can report the failure instead of hanging.
 """
 
 import torch
@@ -35,7 +41,7 @@ import triton.language as tl
 # bytes in flight, programs x block, set the bandwidth.
 MAX_PROGRAMS = 128
 MAX_RANKS = 8
-# int32 flags [program, rank], then each program's barrier count [program]
+# int32 flags [program, rank], then each program's call count [program]
 _COUNTS = tl.constexpr(MAX_PROGRAMS * MAX_RANKS * 4)
 PAD_BYTES = 8192
 _PAD = tl.constexpr(PAD_BYTES)
@@ -49,8 +55,7 @@ def _barrier(buffers, abort, rank, epoch, WORLD: tl.constexpr, THREADS: tl.const
     program stored before it is visible to them after it, and theirs to it."""
     slot = tl.program_id(0) * WORLD
     # one thread signals and waits for the program (a tensor of one element per thread, masked to the
-    # first): many would queue their atomics on one remote address, and their polls, together with the
-    # other programs', slowed every signal (1 ms for a 64-program call, against 14 us with one)
+    # first): many would queue their atomics on one remote address, and their polls slow the signals
     first = tl.arange(0, THREADS) == 0
     zero = tl.zeros([THREADS], tl.int32)
     tl.debug_barrier()  # every thread's stores precede the signal, which releases them all
@@ -68,7 +73,9 @@ def _barrier(buffers, abort, rank, epoch, WORLD: tl.constexpr, THREADS: tl.const
             while tl.min(seen - epoch, 0) < 0:
                 seen = tl.load(own + peer + zero, mask=first, other=epoch, volatile=True)
                 spins += 1
-                if spins % 1024 == 0:  # the flag lives in host memory: a read costs a PCIe round trip
+                # the flag lives in host memory: every thread of 64 programs reading it every 64 polls
+                # made a 256 KB call cost 1 ms instead of 9 us
+                if spins % 1024 == 0:
                     stop = tl.load(abort + zero, mask=first, other=0, volatile=True)
                     seen = tl.where(stop != 0, epoch, seen)
             tl.atomic_add(own + peer + zero, 0, mask=first, sem="acquire", scope="sys")
@@ -76,18 +83,19 @@ def _barrier(buffers, abort, rank, epoch, WORLD: tl.constexpr, THREADS: tl.const
 
 
 @triton.jit
-def _data(buffers, r, x):
-    """Rank `r`'s data area, typed as `x`."""
-    base = tl.load(buffers + r) + _PAD
+def _data(buffers, r, area, x):
+    """Rank `r`'s data area at byte offset `area`, typed as `x`."""
+    base = tl.load(buffers + r) + _PAD + area
     return base.to(tl.pointer_type(x.dtype.element_ty))
 
 
 @triton.jit
-def _sum_over_ranks(buffers, x, offs, mask, WORLD: tl.constexpr):
+def _sum_over_ranks(buffers, area, x, offs, mask, WORLD: tl.constexpr):
     """Every rank's data at `offs`, added in rank order so that every rank gets the same bits."""
     total = tl.zeros(offs.shape, tl.float32)
     for r in tl.static_range(WORLD):
-        total += tl.load(_data(buffers, r, x) + offs, mask=mask, other=0.0, cache_modifier=".cv").to(tl.float32)
+        data = _data(buffers, r, area, x)
+        total += tl.load(data + offs, mask=mask, other=0.0, cache_modifier=".cv").to(tl.float32)
     return total.to(x.dtype.element_ty)
 
 
@@ -98,6 +106,7 @@ def _peer_all_reduce_kernel(
     buffers,  # [WORLD] int64: each rank's buffer address
     abort,  # [1] int32
     rank,
+    area_bytes,  # the size of each of a buffer's two data areas
     WORLD: tl.constexpr,
     TWO_SHOT: tl.constexpr,
     PIECES: tl.constexpr,  # the pieces of a block two-shot deals out: WORLD, rounded up to a power of two
@@ -106,33 +115,33 @@ def _peer_all_reduce_kernel(
 ):
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK
-    own = _data(buffers, rank, x)
     count = (tl.load(buffers + rank) + _COUNTS).to(tl.pointer_type(tl.int32)) + pid
-    epoch = tl.load(count)
-    for start in range(pid * BLOCK, n, step):
-        offs = start + tl.arange(0, BLOCK)
-        tl.store(own + offs, tl.load(x + offs, mask=offs < n), mask=offs < n)
-    _barrier(buffers, abort, rank, epoch + 1, WORLD, THREADS)
-    if TWO_SHOT:
-        # within each of its blocks the same program on every rank reads the sums, so the ranks share
-        # the block: this rank owns every WORLD-th of its PIECES pieces, from its rank on
-        for start in range(pid * BLOCK, n, step):
-            for piece in range(rank, PIECES, WORLD):
-                offs = start + piece * (BLOCK // PIECES) + tl.arange(0, BLOCK // PIECES)
-                total = _sum_over_ranks(buffers, x, offs, offs < n, WORLD)
-                for r in tl.static_range(WORLD):
-                    tl.store(_data(buffers, r, x) + offs, total, mask=offs < n)
-        epoch += 1
-        _barrier(buffers, abort, rank, epoch + 1, WORLD, THREADS)
+    call = tl.load(count)
+    area = (call & 1).to(tl.int64) * area_bytes
+    own = _data(buffers, rank, area, x)
+    if pid * BLOCK < n:
         for start in range(pid * BLOCK, n, step):
             offs = start + tl.arange(0, BLOCK)
-            tl.store(x + offs, tl.load(own + offs, mask=offs < n, cache_modifier=".cv"), mask=offs < n)
-    else:
-        for start in range(pid * BLOCK, n, step):
-            offs = start + tl.arange(0, BLOCK)
-            tl.store(x + offs, _sum_over_ranks(buffers, x, offs, offs < n, WORLD), mask=offs < n)
-    _barrier(buffers, abort, rank, epoch + 2, WORLD, THREADS)
-    tl.store(count, epoch + 2)
+            tl.store(own + offs, tl.load(x + offs, mask=offs < n), mask=offs < n)
+        _barrier(buffers, abort, rank, 2 * call + 1, WORLD, THREADS)
+        if TWO_SHOT:
+            # within each of its blocks the same program on every rank reads the sums, so the ranks
+            # share the block: this rank owns every WORLD-th of its PIECES pieces, from its rank on
+            for start in range(pid * BLOCK, n, step):
+                for piece in range(rank, PIECES, WORLD):
+                    offs = start + piece * (BLOCK // PIECES) + tl.arange(0, BLOCK // PIECES)
+                    total = _sum_over_ranks(buffers, area, x, offs, offs < n, WORLD)
+                    for r in tl.static_range(WORLD):
+                        tl.store(_data(buffers, r, area, x) + offs, total, mask=offs < n)
+            _barrier(buffers, abort, rank, 2 * call + 2, WORLD, THREADS)
+            for start in range(pid * BLOCK, n, step):
+                offs = start + tl.arange(0, BLOCK)
+                tl.store(x + offs, tl.load(own + offs, mask=offs < n, cache_modifier=".cv"), mask=offs < n)
+        else:
+            for start in range(pid * BLOCK, n, step):
+                offs = start + tl.arange(0, BLOCK)
+                tl.store(x + offs, _sum_over_ranks(buffers, area, x, offs, offs < n, WORLD), mask=offs < n)
+    tl.store(count, call + 1)
 
 
 def peer_all_reduce(
@@ -140,23 +149,24 @@ def peer_all_reduce(
     buffers: torch.Tensor,
     abort: torch.Tensor,
     rank: int,
+    area_bytes: int,
     two_shot: bool = False,
-    max_programs: int = MAX_PROGRAMS,
+    programs: int = MAX_PROGRAMS,
 ) -> torch.Tensor:
     """Sum `x` over the ranks whose buffers `buffers` holds (every rank calls this with its own `x`), in
-    place. Each buffer holds at least PAD_BYTES + x.nbytes bytes, its first PAD_BYTES zero before the
-    first call on any rank; `max_programs` is at most the GPU's multiprocessors (and MAX_PROGRAMS), the
-    same on every rank."""
+    place. Each buffer holds PAD_BYTES + 2 * area_bytes bytes (x.nbytes <= area_bytes), its first
+    PAD_BYTES zero before the first call on any rank. `programs`, the grid, is the same in every call
+    on these buffers, and at most the GPU's multiprocessors (and MAX_PROGRAMS)."""
     # x: [...] contiguous; buffers: [world] int64 addresses; abort: [1] int32
-    assert x.is_contiguous() and buffers.numel() <= MAX_RANKS and max_programs <= MAX_PROGRAMS
-    n = x.numel()
-    programs = max(1, min(max_programs, triton.cdiv(n, _BLOCK)))
+    assert x.is_contiguous() and x.numel() * x.element_size() <= area_bytes
+    assert buffers.numel() <= MAX_RANKS and programs <= MAX_PROGRAMS
     _peer_all_reduce_kernel[(programs,)](
         x,
-        n,
+        x.numel(),
         buffers,
         abort,
         rank,
+        area_bytes,
         WORLD=buffers.numel(),
         TWO_SHOT=two_shot,
         PIECES=triton.next_power_of_2(buffers.numel()),

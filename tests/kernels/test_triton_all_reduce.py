@@ -1,6 +1,6 @@
 """The peer all-reduce kernel: ranks as processes that map each other's buffers (shared memory on the CPU,
-under Triton's interpreter), against the sum, twice, the second call meeting the barriers' counts the first
-left (as a replayed CUDA graph does)."""
+under Triton's interpreter), against the sum, three times: later calls meet the counts the earlier left (as
+a replayed CUDA graph does), and the third writes the area the first did."""
 
 import multiprocessing as mp
 
@@ -23,18 +23,19 @@ def _parts(world: int, n: int, dtype: torch.dtype) -> list[torch.Tensor]:
 def _rank_main(rank, buffers, abort, parts, two_shot, results):
     # buffers: every rank's shared buffer, mapped at this process's own addresses
     table = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64)
-    for call in range(2):  # the second call finds the pads the first left
+    area = parts[rank].numel() * parts[rank].element_size()
+    for call in range(3):  # later calls find the pads the earlier left, and take the areas in turn
         x = parts[rank].clone() * (call + 1)
-        peer_all_reduce(x, table, abort, rank, two_shot)
+        peer_all_reduce(x, table, abort, rank, area, two_shot)
         results[rank][call].copy_(x)
 
 
 def _run_ranks(world: int, n: int, dtype: torch.dtype, two_shot: bool) -> list[torch.Tensor]:
     parts = _parts(world, n, dtype)
     item = parts[0].element_size()
-    buffers = [torch.zeros(PAD_BYTES + n * item, dtype=torch.uint8).share_memory_() for _ in range(world)]
+    buffers = [torch.zeros(PAD_BYTES + 2 * n * item, dtype=torch.uint8).share_memory_() for _ in range(world)]
     abort = torch.zeros(1, dtype=torch.int32).share_memory_()
-    results = [torch.zeros(2, n, dtype=dtype).share_memory_() for _ in range(world)]
+    results = [torch.zeros(3, n, dtype=dtype).share_memory_() for _ in range(world)]
     context = mp.get_context("spawn")
     processes = [
         context.Process(target=_rank_main, args=(r, buffers, abort, parts, two_shot, results)) for r in range(world)
@@ -60,14 +61,14 @@ def test_every_rank_gets_the_sum(world, n, two_shot):
     results, parts = _run_ranks(world, n, torch.float32, two_shot)
     expected = torch.stack(parts).sum(0)
     for rank in range(world):
-        for call in range(2):
+        for call in range(3):
             torch.testing.assert_close(results[rank][call], expected * (call + 1), rtol=1e-6, atol=1e-5)
         assert torch.equal(results[rank], results[0]), "ranks disagree on the bits"
 
 
 def test_an_abort_releases_a_rank_whose_peer_never_comes():
-    buffers = [torch.zeros(PAD_BYTES + 64, dtype=torch.uint8) for _ in range(2)]
+    buffers = [torch.zeros(PAD_BYTES + 2 * 64, dtype=torch.uint8) for _ in range(2)]
     table = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64)
     abort = torch.ones(1, dtype=torch.int32)
     x = torch.ones(16)
-    peer_all_reduce(x, table, abort, rank=0)  # returns although rank 1 never calls
+    peer_all_reduce(x, table, abort, rank=0, area_bytes=x.nbytes)  # returns although rank 1 never calls

@@ -8,14 +8,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from nanovllm.kernels.triton_all_reduce import peer_all_reduce
 from nanovllm.layers import all_reduce as all_reduce_module
 from nanovllm.layers.all_reduce import PeerAllReduce, all_reduce, set_up_peer_all_reduce
 
 from helpers.ports import free_port
 
 SIZES = [1 << 10, 8 << 10, 64 << 10, 2 << 20, 4 << 20, 8 << 20, 64 << 20]  # bytes
-FORCED_UP_TO = 8 << 20  # the kernel is checked past the size the layers give it
+FORCED_UP_TO = 8 << 20  # both paths are checked up to here, whatever size the layers give the kernel
 
 
 def _cases(dtype: torch.dtype, rank: int, nbytes: int) -> torch.Tensor:
@@ -49,8 +48,8 @@ def _check_rank(rank: int, world: int, port: int, failures) -> None:
                 dist.all_reduce(expected)
                 paths = {"chosen": all_reduce}
                 if nbytes <= FORCED_UP_TO:
-                    paths["one-shot"] = lambda y: _forced(peer, y, two_shot=False)
-                    paths["two-shot"] = lambda y: _forced(peer, y, two_shot=True)
+                    paths["one-shot"] = lambda y: peer(y, two_shot=False)
+                    paths["two-shot"] = lambda y: peer(y, two_shot=True)
                 for name, fn in paths.items():
                     for mode, got in (("eager", fn(x.clone())), ("graph", _graphed(fn, x))):
                         if not torch.equal(got, expected):
@@ -63,10 +62,6 @@ def _check_rank(rank: int, world: int, port: int, failures) -> None:
         all_reduce_module.tear_down_peer_all_reduce()
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _forced(peer: PeerAllReduce, y: torch.Tensor, two_shot: bool) -> torch.Tensor:
-    return peer_all_reduce(y, peer.buffers, peer.abort, peer.rank, two_shot, peer.max_programs)
 
 
 @pytest.mark.gpu
