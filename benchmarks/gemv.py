@@ -13,11 +13,14 @@ a CUDA graph, each on a different copy of the weight (copies of 256 MB in all,
 so none is read from L2), and the time includes the gaps between them.
 `--sweep` also times each BLOCK_N, BLOCK_K and warp count (and pipeline stages, for several rows) and prints
 the best per shape and row count.
+`--tensor-parallel-size N` times one rank's share of each product instead (q/k/v, gate/up and the LM head
+split by output features, o and down by input features; the KV heads repeated where N exceeds them).
 `--fp8` times the products with the weights in FP8 (a byte per weight; per-channel scales, or with
 `--fp8 128x128` one scale per block of 128 x 128 as block-FP8 checkpoints hold them) instead, beside the same
 torch + cuBLAS bf16 product.
 
     python benchmarks/gemv.py [--sweep] [--fp8 [per-channel | 128x128]] [--rows 1 5 16] [--shapes 0.6b 8b ...]
+                              [--tensor-parallel-size N]
 """
 
 import argparse
@@ -33,6 +36,7 @@ from nanovllm.kernels import triton_gemv
 from nanovllm.kernels.fp8_weights import quantize_blocks
 from nanovllm.layers.activation import gated_activation
 from nanovllm.layers.layernorm import rms_norm
+from nanovllm.utils.parallel import kv_heads_per_rank
 
 EPS = 1e-6
 
@@ -43,15 +47,16 @@ def hidden_act(shape: str) -> str:
     return c.get("hidden_activation") or c["hidden_act"]
 
 
-def projections(shape: str, rows: int) -> dict[str, tuple[int, int, str]]:
+def projections(shape: str, rows: int, ranks: int = 1) -> dict[str, tuple[int, int, str]]:
     """(output features, input features, what is fused into it) of each projection of one decoder layer in a
-    step of `rows` rows, and of the LM head."""
+    step of `rows` rows, and of the LM head: on one of `ranks` tensor-parallel ranks, its share."""
     c = SHAPES[shape]
     head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
-    q, kv = c["num_attention_heads"] * head_dim, c["num_key_value_heads"] * head_dim
-    h, inter = c["hidden_size"], c["intermediate_size"]
+    kv_heads, _ = kv_heads_per_rank(c["num_key_value_heads"], ranks)
+    q, kv = c["num_attention_heads"] // ranks * head_dim, kv_heads * head_dim
+    h, inter = c["hidden_size"], c["intermediate_size"] // ranks
     attention = {"qkv": (q + 2 * kv, h, "norm"), "o": (h, q, "none")}
-    lm_head = {"lm_head": (c["vocab_size"], h, "none")}
+    lm_head = {"lm_head": (c["vocab_size"] // ranks, h, "none")}
     if "num_experts" in c:  # the experts run in the MoE kernels (benchmarks/moe.py); the router is a GEMV
         return attention | {"router": (c["num_experts"], h, "none")} | lm_head
     if rows == 1:
@@ -186,12 +191,15 @@ def main() -> None:
     parser.add_argument(
         "--rows", nargs="+", type=int, default=[1], help=f"rows of x, 1 to {triton_gemv.MAX_ROWS} (default 1)"
     )
+    parser.add_argument(
+        "--tensor-parallel-size", type=int, default=1, help="time one rank's share of each product (default 1)"
+    )
     args = parser.parse_args()
     bandwidth, source = hbm_bandwidth()
     weights_label = f"FP8 weights, {args.fp8} scales (cuBLAS: bf16)" if args.fp8 else "bf16"
     print(
         f"machine: {torch.cuda.get_device_name()}, HBM {bandwidth / 1e12:.2f} TB/s ({source}); {weights_label}; "
-        f"products back to back in a CUDA graph, weights not in L2"
+        f"products back to back in a CUDA graph, weights not in L2; one of {args.tensor_parallel_size} rank(s)"
     )
     print(
         "| shape | proj | fused | rows | torch + cuBLAS us | GEMV us | GEMV / cuBLAS | GEMV TB/s "
@@ -200,7 +208,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for shape in args.shapes:
         for rows in args.rows:
-            for name, (n, k, prologue) in projections(shape, rows).items():
+            for name, (n, k, prologue) in projections(shape, rows, args.tensor_parallel_size).items():
                 print(time_row(shape, name, n, k, prologue, rows, args), flush=True)
 
 
