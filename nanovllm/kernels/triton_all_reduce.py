@@ -49,6 +49,7 @@ _COUNTS = tl.constexpr(MAX_PROGRAMS * MAX_RANKS * 4)
 PAD_BYTES = 8192
 _PAD = tl.constexpr(PAD_BYTES)
 _BLOCK = 8192  # elements a program moves at a time
+MAX_NORM_HIDDEN = _BLOCK  # the widest row the fused norm takes: a program holds whole rows
 _WARPS = 8
 
 
@@ -103,9 +104,36 @@ def _sum_over_ranks(buffers, area, x, offs, mask, WORLD: tl.constexpr):
 
 
 @triton.jit
+def _row_tile(tile, hidden, rows, ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
+    """The offsets [ROWS, BLOCK_H] of the rows of tile number `tile` in a [rows, hidden] tensor, and their
+    mask."""
+    row = tile * ROWS + tl.arange(0, ROWS)
+    column = tl.arange(0, BLOCK_H)
+    return row[:, None] * hidden + column[None, :], (row < rows)[:, None] & (column < hidden)[None, :]
+
+
+@triton.jit
+def _add_rms_norm_rows(buffers, area, x, residual, weight, offs, mask, hidden, eps, WORLD: tl.constexpr):
+    """At `offs` ([ROWS, BLOCK_H] of whole rows): h = sum + residual, written to `residual`, and
+    RMSNorm(h) * weight, written to `x`, each rounded to the dtype as `layers/layernorm.py` rounds it."""
+    total = _sum_over_ranks(buffers, area, x, offs, mask, WORLD)
+    h = (total.to(tl.float32) + tl.load(residual + offs, mask=mask, other=0.0).to(tl.float32)).to(total.dtype)
+    tl.store(residual + offs, h, mask=mask)
+    h = h.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=1) / hidden + eps)  # [ROWS]
+    normed = (h * rstd[:, None]).to(total.dtype).to(tl.float32)
+    scale = tl.load(weight + (offs % hidden), mask=mask, other=0.0).to(tl.float32)
+    tl.store(x + offs, (normed * scale).to(total.dtype), mask=mask)
+
+
+@triton.jit
 def _peer_all_reduce_kernel(
-    x,  # [n] this rank's part in, the sum out
+    x,  # [n] this rank's part in, the sum out (with NORM: [rows, hidden], the sum's norm out)
     n,
+    residual,  # with NORM: [rows, hidden], h = sum + residual out
+    weight,  # with NORM: [hidden]
+    hidden,
+    eps,
     buffers,  # [WORLD] int64: each rank's buffer address
     abort,  # [1] int32
     rank,
@@ -113,7 +141,10 @@ def _peer_all_reduce_kernel(
     WORLD: tl.constexpr,
     TWO_SHOT: tl.constexpr,
     PIECES: tl.constexpr,  # the pieces of a block two-shot deals out: WORLD, rounded up to a power of two
+    NORM: tl.constexpr,  # one-shot, then the residual add and the RMSNorm, a program taking whole rows
     BLOCK: tl.constexpr,
+    ROWS: tl.constexpr,  # with NORM, the rows a program takes at a time
+    BLOCK_H: tl.constexpr,  # with NORM, hidden rounded up to a power of two
     THREADS: tl.constexpr,  # the program's threads: 32 per warp
     PDL: tl.constexpr,
 ):
@@ -126,7 +157,18 @@ def _peer_all_reduce_kernel(
     call = tl.load(count)
     area = (call & 1).to(tl.int64) * area_bytes
     own = _data(buffers, rank, area, x)
-    if pid * BLOCK < n:
+    if NORM:
+        rows = n // hidden
+        tiles = tl.cdiv(rows, ROWS)
+        if pid < tiles:
+            for tile in range(pid, tiles, tl.num_programs(0)):
+                offs, mask = _row_tile(tile, hidden, rows, ROWS, BLOCK_H)
+                tl.store(own + offs, tl.load(x + offs, mask=mask), mask=mask)
+            _barrier(buffers, abort, rank, 2 * call + 1, WORLD, THREADS)
+            for tile in range(pid, tiles, tl.num_programs(0)):
+                offs, mask = _row_tile(tile, hidden, rows, ROWS, BLOCK_H)
+                _add_rms_norm_rows(buffers, area, x, residual, weight, offs, mask, hidden, eps, WORLD)
+    elif pid * BLOCK < n:
         for start in range(pid * BLOCK, n, step):
             offs = start + tl.arange(0, BLOCK)
             tl.store(own + offs, tl.load(x + offs, mask=offs < n), mask=offs < n)
@@ -165,11 +207,43 @@ def peer_all_reduce(
     PAD_BYTES zero before the first call on any rank. `programs`, the grid, is the same in every call
     on these buffers, and at most the GPU's multiprocessors (and MAX_PROGRAMS)."""
     # x: [...] contiguous; buffers: [world] int64 addresses; abort: [1] int32
+    _launch(x, buffers, abort, rank, area_bytes, programs, two_shot=two_shot)
+    return x
+
+
+def peer_all_reduce_add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    buffers: torch.Tensor,
+    abort: torch.Tensor,
+    rank: int,
+    area_bytes: int,
+    programs: int = MAX_PROGRAMS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For `x` a part of a sum over the ranks, as `peer_all_reduce` takes it: h = the sum + residual and
+    RMSNorm(h) * weight (one-shot), written over `residual` and `x`; (the norm, h). The rows must fit a
+    program (hidden <= MAX_NORM_HIDDEN)."""
+    # x, residual: [rows, hidden] contiguous; weight: [hidden]
+    hidden = x.size(-1)
+    assert residual.shape == x.shape and residual.is_contiguous() and hidden <= MAX_NORM_HIDDEN
+    block_h = triton.next_power_of_2(hidden)
+    _launch(x, buffers, abort, rank, area_bytes, programs, norm=(residual, weight, eps), block_h=block_h)
+    return x, residual
+
+
+def _launch(x, buffers, abort, rank, area_bytes, programs, two_shot=False, norm=None, block_h=1) -> None:
     assert x.is_contiguous() and x.numel() * x.element_size() <= area_bytes
     assert buffers.numel() <= MAX_RANKS and programs <= MAX_PROGRAMS
+    residual, weight, eps = norm or (x, x, 0.0)
     _peer_all_reduce_kernel[(programs,)](
         x,
         x.numel(),
+        residual,
+        weight,
+        x.size(-1) if x.dim() else 1,
+        eps,
         buffers,
         abort,
         rank,
@@ -177,9 +251,11 @@ def peer_all_reduce(
         WORLD=buffers.numel(),
         TWO_SHOT=two_shot,
         PIECES=triton.next_power_of_2(buffers.numel()),
+        NORM=norm is not None,
         BLOCK=_BLOCK,
+        ROWS=max(1, _BLOCK // block_h),
+        BLOCK_H=block_h,
         THREADS=32 * _WARPS,
         num_warps=_WARPS,
         **pdl_launch(x.device),
     )
-    return x

@@ -34,13 +34,14 @@ class PeerAllReduce:
         os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
         import torch.distributed._symmetric_memory as symm_mem
 
-        from nanovllm.kernels.triton_all_reduce import MAX_PROGRAMS, PAD_BYTES, peer_all_reduce  # Triton: CUDA only
+        from nanovllm.kernels import triton_all_reduce  # Triton: on CUDA only
 
-        self.kernel = peer_all_reduce
+        self.kernels = triton_all_reduce
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         self.max_bytes = max_bytes
-        self.programs = min(MAX_PROGRAMS, torch.cuda.get_device_properties(device).multi_processor_count)
-        self.buffer = symm_mem.empty(PAD_BYTES + 2 * max_bytes, dtype=torch.uint8, device=device)
+        processors = torch.cuda.get_device_properties(device).multi_processor_count
+        self.programs = min(triton_all_reduce.MAX_PROGRAMS, processors)
+        self.buffer = symm_mem.empty(triton_all_reduce.PAD_BYTES + 2 * max_bytes, dtype=torch.uint8, device=device)
         self.buffer.zero_()  # the pads start clear
         handle = symm_mem.rendezvous(self.buffer, group.group_name)
         self.buffers = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device)  # [world]
@@ -55,7 +56,24 @@ class PeerAllReduce:
         """The sum of every rank's `y`, in place; two-shot or one-shot as asked, else as its size suits."""
         if two_shot is None:
             two_shot = self.world > 2 and y.numel() * y.element_size() > ONE_SHOT_MAX_BYTES
-        return self.kernel(y, self.buffers, self.abort, self.rank, self.max_bytes, two_shot, self.programs)
+        return self.kernels.peer_all_reduce(
+            y, self.buffers, self.abort, self.rank, self.max_bytes, two_shot, self.programs
+        )
+
+    def takes_add_rms_norm(self, y: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> bool:
+        """Whether the fused sum, residual add and RMSNorm takes these: one-shot sizes, whole rows a program
+        holds, all of one dtype."""
+        one_shot = self.world == 2 or y.numel() * y.element_size() <= ONE_SHOT_MAX_BYTES
+        same = residual.dtype == weight.dtype == y.dtype and residual.shape == y.shape and residual.is_contiguous()
+        return self.takes(y) and one_shot and same and y.size(-1) <= self.kernels.MAX_NORM_HIDDEN
+
+    def add_rms_norm(
+        self, y: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(RMSNorm(sum + residual) * weight, sum + residual) for `y` this rank's part of the sum, written
+        over `y` and `residual`."""
+        kernel = self.kernels.peer_all_reduce_add_rms_norm
+        return kernel(y, residual, weight, eps, self.buffers, self.abort, self.rank, self.max_bytes, self.programs)
 
 
 _peer: PeerAllReduce | None = None
@@ -91,3 +109,13 @@ def all_reduce(y: torch.Tensor) -> torch.Tensor:
         return _peer(y)
     dist.all_reduce(y)
     return y
+
+
+def all_reduce_add_rms_norm(
+    y: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """For `y` this rank's part of a sum: (RMSNorm(sum + residual) * weight, sum + residual) in one kernel
+    where the peer kernel takes them, else None (the caller all-reduces and normalises)."""
+    if _peer is not None and _peer.takes_add_rms_norm(y, residual, weight):
+        return _peer.add_rms_norm(y, residual, weight, eps)
+    return None

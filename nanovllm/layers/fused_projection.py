@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from nanovllm.layers.activation import ACTIVATIONS, gated_activation
+from nanovllm.layers.all_reduce import all_reduce
 from nanovllm.layers.layernorm import RMSNorm
 from nanovllm.layers.linear import ColumnParallelLinear, RowParallelLinear, one_row_on_cuda, uses_gemv
 
@@ -39,11 +40,15 @@ def norm_in_gemv(x: torch.Tensor, hidden_act: str | None = None) -> bool:
 
 
 class NormedProjection:
-    """proj(norm(x + residual)), and x + residual, the next residual (x itself when there is none yet)."""
+    """proj(norm(x + residual)), and x + residual, the next residual (x itself when there is none yet). With
+    `partial_input`, an x that comes with a residual is this rank's part of a sum over the tensor-parallel
+    ranks (the projection before it left the sum to this norm), summed first; the first layer's x, the
+    embedding, comes without one and whole."""
 
-    def __init__(self, norm: nn.Module, proj: ColumnParallelLinear):
+    def __init__(self, norm: nn.Module, proj: ColumnParallelLinear, partial_input: bool = False):
         self.norm, self.proj = norm, proj
         self.rms_norm = isinstance(norm, RMSNorm)  # the fused kernels compute an RMSNorm
+        self.partial_input = partial_input
 
     def __call__(
         self, x: torch.Tensor, residual: torch.Tensor | None, hidden_act: str | None = None
@@ -51,29 +56,39 @@ class NormedProjection:
         """With `hidden_act`, proj being gate | up: act(gate) * up of the projection."""
         # x, residual: [tokens, in] -> [tokens, out] (out / 2 with hidden_act), [tokens, in]
         norm, proj = self.norm, self.proj
+        reduce = self.partial_input and residual is not None
         if self.rms_norm and norm_in_gemv(x, hidden_act):
             from nanovllm.kernels.triton_gemv import rms_norm_gemv  # Triton is needed on CUDA only
 
             weights = dict(bias=proj.bias, hidden_act=hidden_act, **proj.fp8_weights())
+            x = all_reduce(x) if reduce else x
             return rms_norm_gemv(x, residual, norm.weight, norm.eps, proj.weight, **weights)
         if not self.rms_norm:
+            x = all_reduce(x) if reduce else x
             residual = x if residual is None else x + residual
             y = proj(norm(residual))
         elif residual is None:
             y, residual = proj(norm(x)), x
         else:
-            x, residual = norm(x, residual)
+            x, residual = norm(x, residual, reduce=reduce)
             y = proj(x)
         return (y if hidden_act is None else gated_activation(y, hidden_act)), residual
 
 
 class NormedGatedProjections:
     """down(act(gate) * up) for gate | up = gate_up(norm(x + residual)), act being `hidden_act`, and
-    x + residual, the next residual."""
+    x + residual, the next residual; x a part of a sum with `partial_input` (`NormedProjection`)."""
 
-    def __init__(self, norm: nn.Module, gate_up: ColumnParallelLinear, down: RowParallelLinear, hidden_act: str):
+    def __init__(
+        self,
+        norm: nn.Module,
+        gate_up: ColumnParallelLinear,
+        down: RowParallelLinear,
+        hidden_act: str,
+        partial_input: bool = False,
+    ):
         assert hidden_act in ACTIVATIONS  # ModelConfig refuses the others
-        self.normed_gate_up = NormedProjection(norm, gate_up)
+        self.normed_gate_up = NormedProjection(norm, gate_up, partial_input)
         self.down, self.hidden_act = down, hidden_act
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,8 +1,10 @@
-"""RMSNorm, optionally fused with the residual add that precedes it."""
+"""RMSNorm, optionally fused with the residual add that precedes it, and with the tensor-parallel sum before
+that."""
 
 import torch
 from torch import nn
 
+from nanovllm.layers.all_reduce import all_reduce, all_reduce_add_rms_norm
 from nanovllm.layers.fusion import fused_on_cuda
 
 
@@ -50,9 +52,16 @@ class RMSNorm(nn.Module):
             self.weight.weight_loader = _load_plus_one
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, reduce: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Normalise `x`; with `residual`, first add it and also return the sum."""
+        """Normalise `x`; with `residual`, first add it and also return the sum. With `reduce`, `x` is this
+        rank's part of a sum over the tensor-parallel ranks, summed first (with a residual, in one kernel
+        with the add and the norm where the GPUs map each other's memory)."""
+        if reduce:
+            fused = None if residual is None else all_reduce_add_rms_norm(x, residual, self.weight, self.eps)
+            if fused is not None:
+                return fused
+            x = all_reduce(x)
         if residual is None:
             return _rms_norm(x, self.weight, self.eps)
         return _add_rms_norm(x, residual, self.weight, self.eps)

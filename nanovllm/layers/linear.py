@@ -265,10 +265,12 @@ class QKVParallelLinear(FusedColumnParallelLinear):
 
 
 class RowParallelLinear(LinearBase):
-    """Input features split across ranks; partial outputs summed by all-reduce."""
+    """Input features split across ranks; partial outputs summed by all-reduce, or, without
+    `reduce_results`, left to the layer after it to sum (with the norm it runs)."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False):
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, reduce_results: bool = True):
         super().__init__(input_size, output_size, bias, tp_dim=1)
+        self.reduce_results = reduce_results
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.all_reduce(self.project(x, self.rank_bias()))
@@ -278,5 +280,5 @@ class RowParallelLinear(LinearBase):
         return self.bias if self.tp_rank == 0 else None
 
     def all_reduce(self, y: torch.Tensor) -> torch.Tensor:
-        """The sum of every rank's partial output `y`, in place."""
-        return all_reduce(y) if self.tp_size > 1 else y
+        """The sum of every rank's partial output `y`, in place (`y` itself without `reduce_results`)."""
+        return all_reduce(y) if self.tp_size > 1 and self.reduce_results else y

@@ -47,7 +47,14 @@ class AttentionBlock(nn.Module):
     multiplied by sigmoid(gate) before the output projection. With config.attention_sinks each head has a
     learned sink logit (`sinks`, this rank's heads) in its softmax sum."""
 
-    def __init__(self, config: ModelConfig, input_norm: nn.Module, rotary: RotaryEmbedding, window: int | None = None):
+    def __init__(
+        self,
+        config: ModelConfig,
+        input_norm: nn.Module,
+        rotary: RotaryEmbedding,
+        window: int | None = None,
+        sums_in_norms: bool = False,
+    ):
         super().__init__()
         self.head_dim = config.head_dim
         self.num_heads = config.num_attention_heads // tp_size()
@@ -62,7 +69,10 @@ class AttentionBlock(nn.Module):
             output_gate=self.output_gate,
         )
         self.o_proj = RowParallelLinear(
-            config.num_attention_heads * self.head_dim, config.hidden_size, bias=config.o_proj_bias
+            config.num_attention_heads * self.head_dim,
+            config.hidden_size,
+            bias=config.o_proj_bias,
+            reduce_results=not sums_in_norms,
         )
         # this rank's q (and gates), k and v, as the projection gives them
         kv_size = self.num_kv_heads * self.head_dim
@@ -84,7 +94,7 @@ class AttentionBlock(nn.Module):
             softcap=config.attn_logit_softcapping,
             sinks=self.sinks,
         )
-        self.normed_qkv = NormedProjection(input_norm, self.qkv_proj)
+        self.normed_qkv = NormedProjection(input_norm, self.qkv_proj, partial_input=sums_in_norms)
 
     def _load_sinks(self, param: nn.Parameter, loaded) -> None:
         """This rank's heads' sink logits of the checkpoint's [num_attention_heads]."""
@@ -110,12 +120,16 @@ class AttentionBlock(nn.Module):
 class GatedMLP(nn.Module):
     """down(act(gate(y)) * up(y)) for y = input_norm(x + residual), with gate and up in one projection."""
 
-    def __init__(self, config: ModelConfig, input_norm: nn.Module):
+    def __init__(self, config: ModelConfig, input_norm: nn.Module, sums_in_norms: bool = False):
         super().__init__()
         bias = config.mlp_bias
         self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [config.intermediate_size] * 2, bias=bias)
-        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, bias=bias)
-        self.projections = NormedGatedProjections(input_norm, self.gate_up_proj, self.down_proj, config.hidden_act)
+        self.down_proj = RowParallelLinear(
+            config.intermediate_size, config.hidden_size, bias=bias, reduce_results=not sums_in_norms
+        )
+        self.projections = NormedGatedProjections(
+            input_norm, self.gate_up_proj, self.down_proj, config.hidden_act, partial_input=sums_in_norms
+        )
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The MLP of input_norm(x + residual), and x + residual, the next residual."""
@@ -190,7 +204,9 @@ class DecoderLayer(nn.Module):
     config.sandwich_norms each block's output is normalised too before it joins the residual stream (Gemma 2);
     the checkpoint then names the norms input_layernorm, post_attention_layernorm (on the attention's output),
     pre_feedforward_layernorm and post_feedforward_layernorm. A layer beyond the decoder's (a
-    multi-token-prediction layer) gives its `layer_type` and whether its MLP is `moe` itself."""
+    multi-token-prediction layer) gives its `layer_type` and whether its MLP is `moe` itself. With
+    `sums_in_norms` (attention and a dense MLP, no sandwich norms) its o and down projections leave their
+    tensor-parallel sums to the norms after them: its output is this rank's part of a sum."""
 
     def __init__(
         self,
@@ -199,6 +215,7 @@ class DecoderLayer(nn.Module):
         rotary: RotaryEmbedding | None,
         layer_type: str | None = None,
         moe: bool | None = None,
+        sums_in_norms: bool = False,
     ):
         super().__init__()
         layer_type = layer_type or config.layer_types[index]
@@ -215,9 +232,12 @@ class DecoderLayer(nn.Module):
             self.linear_attn = _gated_delta_net(config, self.input_layernorm)
         else:
             window = config.layer_window(index) if index < len(config.layer_specs) else None
-            self.self_attn = AttentionBlock(config, self.input_layernorm, rotary, window)
-        mlp = SparseMoeBlock if moe else GatedMLP
-        self.mlp = mlp(config, mlp_norm)
+            self.self_attn = AttentionBlock(config, self.input_layernorm, rotary, window, sums_in_norms)
+        if sums_in_norms:
+            assert self.self_attn is not None and not moe and not self.sandwich_norms
+            self.mlp = GatedMLP(config, mlp_norm, sums_in_norms)
+        else:
+            self.mlp = (SparseMoeBlock if moe else GatedMLP)(config, mlp_norm)
 
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
@@ -247,7 +267,12 @@ def rotary_embeddings(config: ModelConfig) -> dict[str, RotaryEmbedding]:
 
 
 class DecoderModel(nn.Module):
-    """Embedding (times config.embed_scale when set), decoder layers, final norm."""
+    """Embedding (times config.embed_scale when set), decoder layers, final norm.
+
+    With several ranks, where every layer is attention and a dense MLP with no norms on their outputs,
+    each row-parallel projection leaves its sum to the norm after it, which sums, adds the residual and
+    normalises in one kernel between the GPUs of one host (`RMSNorm`'s `reduce`): one launch and one pass
+    over the rows fewer per sum."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -256,8 +281,15 @@ class DecoderModel(nn.Module):
         rotary = rotary_embeddings(config)
         # (not registered here: the layers that rotate hold them) a multi-token-prediction layer shares them too
         self.rotary = rotary
+        self.sums_in_norms = (
+            tp_size() > 1
+            and not config.sandwich_norms
+            and not config.moe_layers
+            and "linear_attention" not in config.layer_types
+        )
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, rotary.get(layer_type)) for i, layer_type in enumerate(config.layer_types)
+            DecoderLayer(config, i, rotary.get(layer_type), sums_in_norms=self.sums_in_norms)
+            for i, layer_type in enumerate(config.layer_types)
         )
         self.norm = _norm(config)
 
@@ -267,7 +299,7 @@ class DecoderModel(nn.Module):
             x = x * rounded_to(self.embed_scale, x.dtype)
         for layer in self.layers:
             x, residual = layer(positions, x, residual)
-        x, _ = self.norm(x, residual)
+        x, _ = self.norm(x, residual, reduce=self.sums_in_norms)
         return x
 
 

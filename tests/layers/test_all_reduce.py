@@ -1,5 +1,6 @@
 """The all-reduce layers call: on two GPUs, the peer kernel (one-shot and two-shot) and the size-chosen path
-against NCCL's result, eager and replayed in a CUDA graph, from 1 KB to 64 MB. (Without peers it is the
+against NCCL's result, eager and replayed in a CUDA graph, from 1 KB to 64 MB; and the sum fused with the
+residual add and the RMSNorm against NCCL's sum, added and normalised by torch. (Without peers it is the
 process group's own all-reduce, which the tensor-parallel tests run on the CPU.)"""
 
 import multiprocessing as mp
@@ -9,11 +10,14 @@ import torch
 import torch.distributed as dist
 
 from nanovllm.layers import all_reduce as all_reduce_module
-from nanovllm.layers.all_reduce import PeerAllReduce, all_reduce, set_up_peer_all_reduce
+from nanovllm.layers.all_reduce import PeerAllReduce, all_reduce, all_reduce_add_rms_norm, set_up_peer_all_reduce
+from nanovllm.layers.layernorm import rms_norm
 
 from helpers.ports import free_port
 
 SIZES = [1 << 10, 8 << 10, 64 << 10, 2 << 20, 4 << 20, 8 << 20, 64 << 20]  # bytes
+NORM_SHAPES = [(1, 4096), (7, 5000), (256, 4096)]  # (rows, hidden): one sequence, odd sizes, 2 MB in bf16
+EPS = 1e-6
 FORCED_UP_TO = 8 << 20  # both paths are checked up to here, whatever size the layers give the kernel
 
 
@@ -55,6 +59,8 @@ def _check_rank(rank: int, world: int, port: int, failures) -> None:
                         if not torch.equal(got, expected):
                             err = (got.float() - expected.float()).abs().max().item()
                             failures.append(f"rank {rank} {dtype} {nbytes} B {name} {mode}: max error {err}")
+            for rows, hidden in NORM_SHAPES:
+                _check_fused_norm(rank, dtype, rows, hidden, failures)
         torch.cuda.synchronize()
     except Exception as e:  # reported by the parent
         failures.append(f"rank {rank}: {type(e).__name__}: {e}")
@@ -62,6 +68,40 @@ def _check_rank(rank: int, world: int, port: int, failures) -> None:
         all_reduce_module.tear_down_peer_all_reduce()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _check_fused_norm(rank: int, dtype: torch.dtype, rows: int, hidden: int, failures) -> None:
+    x = _cases(dtype, rank, rows * hidden * torch.tensor([], dtype=dtype).element_size()).view(rows, hidden).cuda()
+    generator = torch.Generator().manual_seed(rows + hidden)  # the residual and weight every rank holds alike
+    residual = torch.randn(rows, hidden, generator=generator).to(dtype).cuda()
+    weight = (torch.rand(hidden, generator=generator) + 0.5).to(dtype).cuda()
+    total = x.clone()
+    dist.all_reduce(total)
+    h = total + residual
+    expected = rms_norm(h, weight, EPS)
+
+    def fused(y, r):
+        out = all_reduce_add_rms_norm(y, r, weight, EPS)
+        assert out is not None, "the peer kernel did not take the fused norm"
+        return out
+
+    got = {"eager": fused(x.clone(), residual.clone())}
+    static_x, static_r = x.clone(), residual.clone()
+    fused(static_x.clone(), static_r.clone())  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fused(static_x, static_r)
+    static_x.copy_(x)
+    static_r.copy_(residual)
+    graph.replay()
+    got["graph"] = (static_x, static_r)
+    tolerance = dict(rtol=1.6e-2, atol=1e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    for mode, (y, r) in got.items():
+        try:
+            assert torch.equal(r, h), "h = sum + residual differs"
+            torch.testing.assert_close(y, expected, **tolerance)
+        except AssertionError as e:
+            failures.append(f"rank {rank} {dtype} fused norm {rows}x{hidden} {mode}: {e}")
 
 
 @pytest.mark.gpu
