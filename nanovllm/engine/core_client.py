@@ -134,10 +134,13 @@ class CoreProcessClient(EngineClient):
     def get_outputs(self) -> list[EngineCoreOutput] | None:
         """The next outputs the core sent; None after `shutdown`; EngineDeadError if the core died."""
         while True:
-            message = self._receive()
+            message = None if self._outputs.closed else self._receive()
             if message is None:
+                # the outputs are over: their socket is closed here, in the one thread that reads it. Left
+                # open, it would hang the collector: a context collected with a socket open waits for it
+                # forever, and the collector has already dropped the context's weak references to it
+                self._outputs.close(linger=0)
                 if self._stopping:
-                    self._outputs.close(linger=0)
                     return None
                 reason = self._failure or f"the engine core process exited unexpectedly (code {self.process.exitcode})"
                 raise EngineDeadError(reason)
