@@ -15,9 +15,8 @@ bytes one-shot does over each link, which pays from a few hundred kilobytes at 4
 
 No barrier ends a call: a rank may return while another still reads its area. The next call writes the
 other area, and the one after, which writes this one again, starts only after the rank met every other
-at the next call's barrier, which they reach only after they finished this call (a kernel of a
-stream starts its work only once the one before it has finished, even when placed early by programmatic
-dependent launch).
+at the next call's barrier, which they reach only after they finished this call (a GPU runs one
+kernel of a stream after the other).
 
 Barriers are pairwise between the same program on two ranks. Every call launches the same programs, and
 each counts the calls it has seen in its own rank's pad (read at the start of a call, written back at
@@ -36,8 +35,6 @@ when a rank has died, it releases every wait, so the process can report the fail
 import torch
 import triton
 import triton.language as tl
-
-from nanovllm.kernels.triton_pdl import pdl_launch, wait_for_previous_kernel
 
 # Programs at most, and never more than the GPU's multiprocessors, so that every one is resident. A read
 # from a peer takes about a microsecond and a program waits for each of its blocks before the next: the
@@ -146,11 +143,7 @@ def _peer_all_reduce_kernel(
     ROWS: tl.constexpr,  # with NORM, the rows a program takes at a time
     BLOCK_H: tl.constexpr,  # with NORM, hidden rounded up to a power of two
     THREADS: tl.constexpr,  # the program's threads: 32 per warp
-    PDL: tl.constexpr,
 ):
-    # placed while the product before it finishes, and lets the next one's programs start loading their
-    # weights at once (every program is already resident, so none of them can be kept waiting for an SM)
-    wait_for_previous_kernel(PDL)
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK
     count = (tl.load(buffers + rank) + _COUNTS).to(tl.pointer_type(tl.int32)) + pid
@@ -257,5 +250,4 @@ def _launch(x, buffers, abort, rank, area_bytes, programs, two_shot=False, norm=
         BLOCK_H=block_h,
         THREADS=32 * _WARPS,
         num_warps=_WARPS,
-        **pdl_launch(x.device),
     )
