@@ -235,7 +235,7 @@ def _launch(x, buffers, abort, rank, area_bytes, programs, two_shot=False, norm=
         x.numel(),
         residual,
         weight,
-        x.size(-1) if x.dim() else 1,
+        x.size(-1) if norm else 1,  # the row width only the norm reads
         eps,
         buffers,
         abort,

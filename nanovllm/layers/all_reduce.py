@@ -55,7 +55,7 @@ class PeerAllReduce:
     def __call__(self, y: torch.Tensor, two_shot: bool | None = None) -> torch.Tensor:
         """The sum of every rank's `y`, in place; two-shot or one-shot as asked, else as its size suits."""
         if two_shot is None:
-            two_shot = self.world > 2 and y.numel() * y.element_size() > ONE_SHOT_MAX_BYTES
+            two_shot = self._two_shot_suits(y)
         return self.kernels.peer_all_reduce(
             y, self.buffers, self.abort, self.rank, self.max_bytes, two_shot, self.programs
         )
@@ -63,9 +63,12 @@ class PeerAllReduce:
     def takes_add_rms_norm(self, y: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> bool:
         """Whether the fused sum, residual add and RMSNorm takes these: one-shot sizes, whole rows a program
         holds, all of one dtype."""
-        one_shot = self.world == 2 or y.numel() * y.element_size() <= ONE_SHOT_MAX_BYTES
         same = residual.dtype == weight.dtype == y.dtype and residual.shape == y.shape and residual.is_contiguous()
-        return self.takes(y) and one_shot and same and y.size(-1) <= self.kernels.MAX_NORM_HIDDEN
+        fits = self.takes(y) and y.size(-1) <= self.kernels.MAX_NORM_HIDDEN
+        return fits and same and not self._two_shot_suits(y)
+
+    def _two_shot_suits(self, y: torch.Tensor) -> bool:
+        return self.world > 2 and y.numel() * y.element_size() > ONE_SHOT_MAX_BYTES
 
     def add_rms_norm(
         self, y: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float

@@ -57,14 +57,16 @@ class NormedProjection:
         # x, residual: [tokens, in] -> [tokens, out] (out / 2 with hidden_act), [tokens, in]
         norm, proj = self.norm, self.proj
         reduce = self.partial_input and residual is not None
-        if self.rms_norm and norm_in_gemv(x, hidden_act):
+        in_gemv = self.rms_norm and norm_in_gemv(x, hidden_act)
+        if reduce and (in_gemv or not self.rms_norm):
+            # only the RMSNorm of several rows sums x itself (with the add, in one kernel where it can)
+            x, reduce = all_reduce(x), False
+        if in_gemv:
             from nanovllm.kernels.triton_gemv import rms_norm_gemv  # Triton is needed on CUDA only
 
             weights = dict(bias=proj.bias, hidden_act=hidden_act, **proj.fp8_weights())
-            x = all_reduce(x) if reduce else x
             return rms_norm_gemv(x, residual, norm.weight, norm.eps, proj.weight, **weights)
         if not self.rms_norm:
-            x = all_reduce(x) if reduce else x
             residual = x if residual is None else x + residual
             y = proj(norm(residual))
         elif residual is None:
