@@ -112,15 +112,15 @@ def _row_tile(tile, hidden, rows, ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
 @triton.jit
 def _add_rms_norm_rows(buffers, area, x, residual, weight, offs, mask, hidden, eps, WORLD: tl.constexpr):
     """At `offs` ([ROWS, BLOCK_H] of whole rows): h = sum + residual, written to `residual`, and
-    RMSNorm(h) * weight, written to `x`, each rounded to the dtype as `layers/layernorm.py` rounds it."""
+    RMSNorm(h) * weight, written to `x`. The sum is rounded to the dtype, as the all-reduce returns it; the
+    rest runs in fp32 and is rounded once, as the compiled add and norm of `layers/layernorm.py` (which
+    one rank runs) compute it: rounding h and the normalised values on the way flipped greedy tokens."""
     total = _sum_over_ranks(buffers, area, x, offs, mask, WORLD)
-    h = (total.to(tl.float32) + tl.load(residual + offs, mask=mask, other=0.0).to(tl.float32)).to(total.dtype)
-    tl.store(residual + offs, h, mask=mask)
-    h = h.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=1) / hidden + eps)  # [ROWS]
-    normed = (h * rstd[:, None]).to(total.dtype).to(tl.float32)
+    h = total.to(tl.float32) + tl.load(residual + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(residual + offs, h.to(total.dtype), mask=mask)
+    rstd = tl.rsqrt(tl.sum(h * h, axis=1) / hidden + eps)  # [ROWS]
     scale = tl.load(weight + (offs % hidden), mask=mask, other=0.0).to(tl.float32)
-    tl.store(x + offs, (normed * scale).to(total.dtype), mask=mask)
+    tl.store(x + offs, (h * rstd[:, None] * scale).to(total.dtype), mask=mask)
 
 
 @triton.jit

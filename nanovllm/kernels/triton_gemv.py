@@ -84,8 +84,16 @@ BLOCKS = {PLAIN.value: (4, 2048, 4), RMS_NORM.value: (8, 512, 4), GATED.value: (
 # ones spill the fp32 sums out of registers
 FP8_BLOCKS = {PLAIN.value: (4, 1024, 8), RMS_NORM.value: (4, 1024, 4), GATED.value: (8, 1024, 8)}
 # (PROLOGUE, N, K) -> (BLOCK_N, BLOCK_K, num_warps) of full-precision weights where `BLOCKS` is not the
-# fastest: Qwen3-30B-A3B's qkv and o (`benchmarks/gemv.py --sweep --shapes qwen3-30b-a3b`)
-SHAPE_BLOCKS = {(RMS_NORM.value, 5120, 2048): (4, 512, 4), (PLAIN.value, 2048, 4096): (8, 2048, 8)}
+# fastest: Qwen3-30B-A3B's qkv and o (`benchmarks/gemv.py --sweep --shapes qwen3-30b-a3b`), and one rank's
+# qkv, o, down and LM head of Qwen3-8B at two ranks (`--shapes 8b --tensor-parallel-size 2`)
+SHAPE_BLOCKS = {
+    (RMS_NORM.value, 5120, 2048): (4, 512, 4),
+    (PLAIN.value, 2048, 4096): (8, 2048, 8),
+    (RMS_NORM.value, 3072, 4096): (4, 512, 4),
+    (PLAIN.value, 4096, 2048): (8, 1024, 4),
+    (GATED.value, 4096, 6144): (16, 1024, 4),
+    (PLAIN.value, 75968, 4096): (4, 1024, 4),
+}
 # the most rows a product takes: the rows kernel pads them to 16, the smallest tensor-core tile
 MAX_ROWS = 16
 
