@@ -32,6 +32,8 @@ program that cannot start. A program that waits also reads `abort` (pinned host 
 when a rank has died, it releases every wait, so the process can report the failure instead of hanging.
 """
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -251,3 +253,58 @@ def _launch(x, buffers, abort, rank, area_bytes, programs, two_shot=False, norm=
         THREADS=32 * _WARPS,
         num_warps=_WARPS,
     )
+
+
+# A one-row product (`triton_gemv`, with a `ProductSum`) sums its output over the ranks itself, with no
+# kernel of its own: each program pushes its features' sums, rounded to the dtype as a partial output is,
+# into row `rank` of every rank's data area, meets the same program on every other rank at a barrier, and
+# adds the rows of its own area in rank order (every rank gets the bits `peer_all_reduce` gives). Programs
+# of a lane own the same features in every call, which is what lets consecutive calls take the two areas
+# in turn with no barrier at the end, as above: a lane serves one BLOCK_N, and a buffer holds a lane for
+# each of PRODUCT_LANES. The products of a decode step are launched early (programmatic dependent
+# launch), so this sum, unlike a kernel of its own, lets the next product read its weights meanwhile.
+PRODUCT_LANES = (4, 8, 16, 32)
+PRODUCT_MAX_FEATURES = 16384
+_FEATURES = tl.constexpr(PRODUCT_MAX_FEATURES)
+_LANE_PROGRAMS = PRODUCT_MAX_FEATURES // min(PRODUCT_LANES)
+_LANE_COUNTS = tl.constexpr(_LANE_PROGRAMS * MAX_RANKS * 4)  # int32 flags [program, rank], then counts
+_LANE_PAD = tl.constexpr(_LANE_PROGRAMS * (MAX_RANKS + 1) * 4)
+_LANE_AREA = tl.constexpr(MAX_RANKS * PRODUCT_MAX_FEATURES * 4)  # [rank, feature], 4-byte values at most
+LANE_BYTES = _LANE_PAD.value + 2 * _LANE_AREA.value
+
+
+@dataclass(frozen=True)
+class ProductSum:
+    """What a one-row product needs to sum its output over the ranks itself: for each BLOCK_N of
+    PRODUCT_LANES, every rank's lane address ([world] int64, in a buffer of LANE_BYTES per lane whose pads
+    start zero), the abort flag its waits read, and this rank."""
+
+    lanes: dict[int, torch.Tensor]
+    abort: torch.Tensor
+    rank: int
+
+    def takes(self, features: int) -> bool:
+        """Whether a product of `features` outputs can sum them this way."""
+        return features <= PRODUCT_MAX_FEATURES
+
+
+@triton.jit
+def sum_in_program(y, features, feature_ok, out_ptr, lanes, abort, rank, WORLD: tl.constexpr, THREADS: tl.constexpr):
+    """The sum over the ranks of this program's fp32 output sums `y` [BLOCK_N] at `features`, rounded to
+    `out_ptr`'s dtype: every rank's program of this number calls it with its own part."""
+    dtype = out_ptr.dtype.element_ty
+    own = tl.load(lanes + rank)
+    count = (own + _LANE_COUNTS).to(tl.pointer_type(tl.int32)) + tl.program_id(0)
+    call = tl.load(count)
+    area = _LANE_PAD + (call & 1).to(tl.int64) * _LANE_AREA
+    part = y.to(dtype)
+    for r in tl.static_range(WORLD):
+        row = (tl.load(lanes + r) + area).to(tl.pointer_type(dtype)) + rank * _FEATURES
+        tl.store(row + features, part, mask=feature_ok)
+    _barrier(lanes, abort, rank, call + 1, WORLD, THREADS)
+    total = tl.zeros(y.shape, tl.float32)
+    for r in tl.static_range(WORLD):
+        row = (own + area).to(tl.pointer_type(dtype)) + r * _FEATURES
+        total += tl.load(row + features, mask=feature_ok, other=0.0, cache_modifier=".cv").to(tl.float32)
+    tl.store(count, call + 1)
+    return total.to(dtype)

@@ -33,7 +33,9 @@ inputs that stay in cache (a launch costs more than the redundant arithmetic):
 
 A bias b [N], when given, is added to the fp32 sums before they are rounded to
 the dtype (the epilogue HAS_BIAS): biased layers (Qwen2's q, k, v) keep the
-one-launch path.
+one-launch path. With SUM_RANKS (a row-parallel product under tensor
+parallelism) each program then sums its features over the ranks itself
+(`triton_all_reduce.sum_in_program`), so no all-reduce kernel follows.
 
 W may be float8 e4m3 with fp32 scales (`kernels/fp8_weights.py` has the
 layout), by the constexpr SCALES: PER_ROW (one scale per output feature,
@@ -72,6 +74,7 @@ import triton
 import triton.language as tl
 
 from nanovllm.kernels.fp8_kv import FP8_MAX as FP8_KV_MAX
+from nanovllm.kernels.triton_all_reduce import ProductSum, sum_in_program
 from nanovllm.kernels.triton_gated_activation import ACTIVATIONS, SILU, gated
 from nanovllm.kernels.triton_pdl import let_next_kernel_start, pdl_launch, wait_for_previous_kernel
 
@@ -179,6 +182,9 @@ def _gemv_kernel(
     N,
     K,
     eps,
+    lanes,  # with SUM_RANKS: [WORLD] int64, every rank's lane of BLOCK_N (`triton_all_reduce.ProductSum`)
+    abort,  # with SUM_RANKS: [1] int32
+    rank,
     PROLOGUE: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     ACT: tl.constexpr,
@@ -188,6 +194,9 @@ def _gemv_kernel(
     SCALE_COLUMNS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SUM_RANKS: tl.constexpr,  # y is this rank's part of a sum over WORLD ranks: write the sum
+    WORLD: tl.constexpr,
+    THREADS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     features = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -220,6 +229,8 @@ def _gemv_kernel(
         y *= tl.load(scale_ptr + features, mask=feature_ok, other=0.0)
     if HAS_BIAS:
         y += tl.load(bias_ptr + features, mask=feature_ok, other=0.0).to(tl.float32)
+    if SUM_RANKS:
+        y = sum_in_program(y, features, feature_ok, y_ptr, lanes, abort, rank, WORLD, THREADS)
     tl.store(y_ptr + features, y.to(y_ptr.dtype.element_ty), mask=feature_ok)
 
 
@@ -457,6 +468,7 @@ def _launch(
     act: tl.constexpr = SILU,
     weight_scale: torch.Tensor | None = None,
     weight_block: tuple[int, int] | None = None,
+    ranks_sum: ProductSum | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     n, k = weight.shape
     assert a.size(0) == 1 and a.stride(1) == 1 and weight.is_contiguous()
@@ -465,6 +477,8 @@ def _launch(
     h = torch.empty(1, k, dtype=a.dtype, device=a.device) if residual is not None else None
     block_n, block_k, num_warps = blocks_for(prologue, n, k, weight_scale is not None)
     assert scales != PER_BLOCK or scale_rows % block_n == 0  # a program's features in one block of rows
+    assert ranks_sum is None or ranks_sum.takes(n) and block_n in ranks_sum.lanes
+    lanes = ranks_sum.lanes[block_n] if ranks_sum is not None else y
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         a,
         residual if residual is not None else a,
@@ -477,6 +491,9 @@ def _launch(
         n,
         k,
         eps,
+        lanes,
+        ranks_sum.abort if ranks_sum is not None else y,
+        ranks_sum.rank if ranks_sum is not None else 0,
         PROLOGUE=prologue.value,
         HAS_RESIDUAL=residual is not None,
         ACT=act.value,
@@ -486,6 +503,9 @@ def _launch(
         SCALE_COLUMNS=scale_columns,
         BLOCK_N=block_n,
         BLOCK_K=min(block_k, triton.next_power_of_2(k)),
+        SUM_RANKS=ranks_sum is not None,
+        WORLD=lanes.numel() if ranks_sum is not None else 1,
+        THREADS=32 * num_warps,
         num_warps=num_warps,
         **pdl_launch(a.device),
     )
@@ -563,13 +583,18 @@ def gemv(
     bias: torch.Tensor | None = None,
     weight_scale: torch.Tensor | None = None,
     weight_block: tuple[int, int] | None = None,
+    ranks_sum: ProductSum | None = None,
 ) -> torch.Tensor:
     """x @ weight^T (+ bias) for 1 to MAX_ROWS rows x, written to `out` when given; an FP8 weight with its
-    `weight_scale` per `weight_block`."""
+    `weight_scale` per `weight_block`. With `ranks_sum` (one row), x @ weight^T is this rank's part of a sum
+    over the tensor-parallel ranks, and the launch writes the sum."""
     # x: [M, K]; weight: [N, K]; bias: [N] -> [M, N]
     assert x.size(1) == weight.size(1)
-    launch = _launch_rows if x.size(0) > 1 else _launch
-    return launch(x, weight, PLAIN, out=out, bias=bias, weight_scale=weight_scale, weight_block=weight_block)[0]
+    fp8 = dict(weight_scale=weight_scale, weight_block=weight_block)
+    if x.size(0) > 1:
+        assert ranks_sum is None
+        return _launch_rows(x, weight, PLAIN, out=out, bias=bias, **fp8)[0]
+    return _launch(x, weight, PLAIN, out=out, bias=bias, ranks_sum=ranks_sum, **fp8)[0]
 
 
 def rms_norm_gemv(
@@ -606,11 +631,12 @@ def gated_gemv(
     bias: torch.Tensor | None = None,
     weight_scale: torch.Tensor | None = None,
     weight_block: tuple[int, int] | None = None,
+    ranks_sum: ProductSum | None = None,
 ) -> torch.Tensor:
     """(act(gate) * up) @ weight^T (+ bias) for a single row gate_up = gate | up, act being `hidden_act`
     (a key of `triton_gated_activation.ACTIVATIONS`): an MLP's activation and down projection in one launch.
-    An FP8 weight as for `gemv`."""
+    An FP8 weight and `ranks_sum` as for `gemv`."""
     # gate_up: [1, 2K]; weight: [N, K]; bias: [N] -> [1, N]
     assert gate_up.shape == (1, 2 * weight.size(1))
     fp8 = dict(weight_scale=weight_scale, weight_block=weight_block)
-    return _launch(gate_up, weight, GATED, bias=bias, act=ACTIVATIONS[hidden_act], **fp8)[0]
+    return _launch(gate_up, weight, GATED, bias=bias, act=ACTIVATIONS[hidden_act], ranks_sum=ranks_sum, **fp8)[0]

@@ -10,9 +10,13 @@ choice depends only on the message's size and type, which every rank shares.
 
 import logging
 import os
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from nanovllm.kernels.triton_all_reduce import ProductSum
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +36,6 @@ class PeerAllReduce:
     def __init__(self, device: torch.device, group: dist.ProcessGroup, max_bytes: int = PEER_MAX_BYTES):
         # NVLink multicast can take a host's GPUs out of service; the peer kernel needs none
         os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-        import torch.distributed._symmetric_memory as symm_mem
-
         from nanovllm.kernels import triton_all_reduce  # Triton: on CUDA only
 
         self.kernels = triton_all_reduce
@@ -41,11 +43,17 @@ class PeerAllReduce:
         self.max_bytes = max_bytes
         processors = torch.cuda.get_device_properties(device).multi_processor_count
         self.programs = min(triton_all_reduce.MAX_PROGRAMS, processors)
-        self.buffer = symm_mem.empty(triton_all_reduce.PAD_BYTES + 2 * max_bytes, dtype=torch.uint8, device=device)
-        self.buffer.zero_()  # the pads start clear
-        handle = symm_mem.rendezvous(self.buffer, group.group_name)
-        self.buffers = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device)  # [world]
+        # one buffer (each rendezvous counts, `set_up_peer_all_reduce`): the all-reduce's pad and areas, then
+        # a lane per BLOCK_N for the one-row GEMV's own sums over the ranks
+        lanes, lane_bytes = triton_all_reduce.PRODUCT_LANES, triton_all_reduce.LANE_BYTES
+        all_reduce_bytes = triton_all_reduce.PAD_BYTES + 2 * max_bytes
+        self.buffer, addresses = _symmetric_buffer(all_reduce_bytes + len(lanes) * lane_bytes, device, group)
+        addresses = torch.tensor(addresses, dtype=torch.int64)  # [world]
+        self.buffers = addresses.to(device)
         self.abort = torch.zeros(1, dtype=torch.int32, pin_memory=True)  # the device reads it through UVA
+        lane_starts = all_reduce_bytes + torch.arange(len(lanes), dtype=torch.int64) * lane_bytes
+        table = (addresses[None, :] + lane_starts[:, None]).to(device)  # [lanes, world]
+        self.gemv_sum = triton_all_reduce.ProductSum(dict(zip(lanes, table)), self.abort, self.rank)
         torch.cuda.synchronize(device)
         dist.barrier(group)  # no rank signals before every pad is clear
 
@@ -79,7 +87,30 @@ class PeerAllReduce:
         return kernel(y, residual, weight, eps, self.buffers, self.abort, self.rank, self.max_bytes, self.programs)
 
 
+def _symmetric_buffer(nbytes: int, device: torch.device, group: dist.ProcessGroup) -> tuple[torch.Tensor, list[int]]:
+    """A zeroed buffer of `nbytes` that every rank of `group` maps, and its address on every rank."""
+    global _paired_group
+    import torch.distributed._symmetric_memory as symm_mem
+
+    buffer = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
+    buffer.zero_()
+    addresses = symm_mem.rendezvous(buffer, group.group_name).buffer_ptrs
+    _paired_group = id(group)
+    return buffer, addresses
+
+
 _peer: PeerAllReduce | None = None
+# the process group this process last paired buffers in (its id)
+_paired_group: int | None = None
+
+
+def _paired_in_an_earlier_group(device: torch.device) -> bool:
+    """Whether any rank paired buffers in a process group before this one (a tensor-parallel engine before
+    this one, in rank 0's process). PyTorch numbers the rendezvous a process makes, not a group's, so a
+    rank that made one before would wait, for a minute, for keys its peers never write (pytorch#196082)."""
+    earlier = torch.tensor([int(_paired_group not in (None, id(dist.group.WORLD)))], device=device)
+    dist.all_reduce(earlier, op=dist.ReduceOp.MAX)
+    return bool(earlier.item())
 
 
 def set_up_peer_all_reduce(device: torch.device) -> None:
@@ -87,6 +118,13 @@ def set_up_peer_all_reduce(device: torch.device) -> None:
     GPUs cannot map each other's memory (said once in the log)."""
     global _peer
     if device.type != "cuda" or not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    if _paired_in_an_earlier_group(device):
+        log.warning(
+            "an earlier tensor-parallel engine in this process paired GPU buffers, which PyTorch %s cannot "
+            "do twice per process; every all-reduce goes through NCCL",
+            torch.__version__,
+        )
         return
     try:
         _peer = PeerAllReduce(device, dist.group.WORLD)
@@ -112,6 +150,20 @@ def all_reduce(y: torch.Tensor) -> torch.Tensor:
         return _peer(y)
     dist.all_reduce(y)
     return y
+
+
+def gemv_ranks_sum(rows: int, features: int, dtype: torch.dtype, device: torch.device) -> "ProductSum | None":
+    """What the GEMV of `rows` rows with `features` outputs, each rank's part of a sum, sums them over the
+    ranks through, where it does that itself (one row, through the peer buffers); else None."""
+    if _peer is None or rows != 1 or device.type != "cuda" or dtype not in _DTYPES:
+        return None
+    return _peer.gemv_sum if _peer.gemv_sum.takes(features) else None
+
+
+def summed_in_gemv(y: torch.Tensor) -> bool:
+    """Whether `y`, a row-parallel product's output that was left to the layer after it to sum, was summed
+    by its GEMV already (`gemv_ranks_sum`)."""
+    return gemv_ranks_sum(y.size(0), y.size(-1), y.dtype, y.device) is not None
 
 
 def all_reduce_add_rms_norm(

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from nanovllm.layers.activation import ACTIVATIONS, gated_activation
-from nanovllm.layers.all_reduce import all_reduce
+from nanovllm.layers.all_reduce import all_reduce, summed_in_gemv
 from nanovllm.layers.layernorm import RMSNorm
 from nanovllm.layers.linear import ColumnParallelLinear, RowParallelLinear, one_row_on_cuda, uses_gemv
 
@@ -56,7 +56,7 @@ class NormedProjection:
         """With `hidden_act`, proj being gate | up: act(gate) * up of the projection."""
         # x, residual: [tokens, in] -> [tokens, out] (out / 2 with hidden_act), [tokens, in]
         norm, proj = self.norm, self.proj
-        reduce = self.partial_input and residual is not None
+        reduce = self.partial_input and residual is not None and not summed_in_gemv(x)
         in_gemv = self.rms_norm and norm_in_gemv(x, hidden_act)
         if reduce and (in_gemv or not self.rms_norm):
             # only the RMSNorm of several rows sums x itself (with the add, in one kernel where it can)
@@ -102,5 +102,7 @@ class NormedGatedProjections:
         from nanovllm.kernels.triton_gemv import gated_gemv  # Triton is needed on CUDA only
 
         gate_up, residual = self.normed_gate_up(x, residual)
-        activated_down = gated_gemv(gate_up, down.weight, self.hidden_act, down.rank_bias(), **down.fp8_weights())
-        return down.all_reduce(activated_down), residual
+        ranks_sum = down.ranks_sum_in_gemv(gate_up)
+        weights = dict(ranks_sum=ranks_sum, **down.fp8_weights())
+        activated_down = gated_gemv(gate_up, down.weight, self.hidden_act, down.rank_bias(), **weights)
+        return (activated_down if ranks_sum is not None else down.all_reduce(activated_down)), residual

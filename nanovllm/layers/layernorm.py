@@ -4,7 +4,7 @@ that."""
 import torch
 from torch import nn
 
-from nanovllm.layers.all_reduce import all_reduce, all_reduce_add_rms_norm
+from nanovllm.layers.all_reduce import all_reduce, all_reduce_add_rms_norm, summed_in_gemv
 from nanovllm.layers.fusion import fused_on_cuda
 
 
@@ -57,7 +57,7 @@ class RMSNorm(nn.Module):
         """Normalise `x`; with `residual`, first add it and also return the sum. With `reduce`, `x` is this
         rank's part of a sum over the tensor-parallel ranks, summed first (with a residual, in one kernel
         with the add and the norm where the GPUs map each other's memory)."""
-        if reduce:
+        if reduce and not summed_in_gemv(x):
             fused = None if residual is None else all_reduce_add_rms_norm(x, residual, self.weight, self.eps)
             if fused is not None:
                 return fused

@@ -11,16 +11,21 @@ float8 and `weight_scale` one fp32 scale per `weight_block` of it, sharded as th
 weight's rows and columns are (`kernels/fp8_weights.py` has the layout).
 """
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from nanovllm.kernels.fp8_gemm import block_scaled_mm_linear, scaled_mm_linear, takes_block_scaled_mm
 from nanovllm.kernels.fp8_weights import dequantize_to, fp8_linear
-from nanovllm.layers.all_reduce import all_reduce
+from nanovllm.layers.all_reduce import all_reduce, gemv_ranks_sum
 from nanovllm.layers.fusion import fused_on_cuda
 from nanovllm.utils.loader import shard
 from nanovllm.utils.parallel import kv_heads_per_rank, tp_rank, tp_size
+
+if TYPE_CHECKING:
+    from nanovllm.kernels.triton_all_reduce import ProductSum
 
 
 def divide(numerator: int, denominator: int, what: str) -> int:
@@ -143,17 +148,20 @@ class LinearBase(nn.Module):
         """The GEMV's arguments for this layer's FP8 weight (none for a full-precision one)."""
         return {} if self.weight_scale is None else dict(weight_scale=self.weight_scale, weight_block=self.weight_block)
 
-    def project(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def project(
+        self, x: torch.Tensor, bias: torch.Tensor | None, ranks_sum: "ProductSum | None" = None
+    ) -> torch.Tensor:
         """x W^T (+ bias), W in FP8 where the layer holds it so: a few rows on CUDA through the GEMV, more
         rows of a 16-bit model on FP8 tensor cores (per-channel scales, or 128 x 128 blocks on Hopper), with
-        other block scales (whole blocks) by a 16-bit GEMM of W dequantized, the rest in PyTorch."""
+        other block scales (whole blocks) by a 16-bit GEMM of W dequantized, the rest in PyTorch. With
+        `ranks_sum` (one row on CUDA), the GEMV sums the product over the tensor-parallel ranks too."""
         # x: [tokens, in] -> [tokens, out]
-        if self.weight_scale is None:
-            return linear(x, self.weight, bias)
-        if uses_gemv(x):
+        if ranks_sum is not None or self.weight_scale is not None and uses_gemv(x):
             from nanovllm.kernels.triton_gemv import gemv  # Triton is needed on CUDA only
 
-            return gemv(x, self.weight, bias=bias, **self.fp8_weights())
+            return gemv(x, self.weight, bias=bias, ranks_sum=ranks_sum, **self.fp8_weights())
+        if self.weight_scale is None:
+            return linear(x, self.weight, bias)
         per_channel = self.weight_block == (1, self.weight.size(1))
         if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
             if per_channel:
@@ -273,11 +281,18 @@ class RowParallelLinear(LinearBase):
         self.reduce_results = reduce_results
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.all_reduce(self.project(x, self.rank_bias()))
+        ranks_sum = self.ranks_sum_in_gemv(x)
+        y = self.project(x, self.rank_bias(), ranks_sum)
+        return y if ranks_sum is not None else self.all_reduce(y)
 
     def rank_bias(self) -> torch.Tensor | None:
         """The bias this rank adds: all of it on rank 0, none elsewhere, so the all-reduce counts it once."""
         return self.bias if self.tp_rank == 0 else None
+
+    def ranks_sum_in_gemv(self, x: torch.Tensor) -> "ProductSum | None":
+        """For input rows `x` that the GEMV multiplies and can sum over the ranks itself, what it sums
+        through (with or without `reduce_results`: the layer after finds the sum, `summed_in_gemv`)."""
+        return None if self.tp_size == 1 else gemv_ranks_sum(x.size(0), self.output_size, x.dtype, x.device)
 
     def all_reduce(self, y: torch.Tensor) -> torch.Tensor:
         """The sum of every rank's partial output `y`, in place (`y` itself without `reduce_results`)."""

@@ -1,14 +1,24 @@
 """The peer all-reduce kernel: ranks as processes that map each other's buffers (shared memory on the CPU,
 under Triton's interpreter), against the sum, three times: later calls meet the counts the earlier left (as
 a replayed CUDA graph does), and the third writes the area the first did. Also the sum fused with the
-residual add and the RMSNorm, between plain sums on the same buffers."""
+residual add and the RMSNorm, between plain sums on the same buffers; and the one-row products that sum
+their outputs over the ranks themselves."""
 
 import multiprocessing as mp
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from nanovllm.kernels.triton_all_reduce import PAD_BYTES, peer_all_reduce, peer_all_reduce_add_rms_norm
+from nanovllm.kernels.triton_all_reduce import (
+    LANE_BYTES,
+    PAD_BYTES,
+    PRODUCT_LANES,
+    ProductSum,
+    peer_all_reduce,
+    peer_all_reduce_add_rms_norm,
+)
+from nanovllm.kernels.triton_gemv import BLOCKS, FP8_BLOCKS, SHAPE_BLOCKS, gated_gemv, gemv
 from nanovllm.layers.layernorm import rms_norm
 
 _TIMEOUT_S = 240
@@ -55,10 +65,13 @@ def _run_ranks(world: int, n: int, dtype: torch.dtype, two_shot: bool) -> list[t
     return results, parts
 
 
-def _spawn_ranks(target, parts: list[torch.Tensor], args: tuple) -> None:
-    """`target(rank, buffers, abort, parts, *args)` in a process per rank, over shared buffers."""
-    world, nbytes = len(parts), parts[0].numel() * parts[0].element_size()
-    buffers = [torch.zeros(PAD_BYTES + 2 * nbytes, dtype=torch.uint8).share_memory_() for _ in range(world)]
+def _spawn_ranks(target, parts: list, args: tuple, buffers: list[torch.Tensor] | None = None) -> None:
+    """`target(rank, buffers, abort, parts, *args)` in a process per rank, over shared buffers (by default
+    each of a pad and two areas the size of a part)."""
+    world = len(parts)
+    if buffers is None:
+        nbytes = parts[0].numel() * parts[0].element_size()
+        buffers = [torch.zeros(PAD_BYTES + 2 * nbytes, dtype=torch.uint8).share_memory_() for _ in range(world)]
     abort = torch.zeros(1, dtype=torch.int32).share_memory_()
     context = mp.get_context("spawn")
     processes = [context.Process(target=target, args=(r, buffers, abort, parts, *args)) for r in range(world)]
@@ -112,3 +125,42 @@ def test_the_fused_norm_sums_adds_and_normalises_between_plain_sums(world, rows,
             assert torch.equal(results[rank][call], results[0][call]), "ranks disagree on the bits"
     for rank in range(world):
         torch.testing.assert_close(results[rank][1][0], total * 2, rtol=1e-6, atol=1e-5)
+
+
+def _product_rank_main(rank, buffers, abort, parts, results, gate_ups, downs):
+    # parts[rank]: (x [1, K_r], W [N, K_r]), this rank's columns of a row-parallel product; the calls
+    # alternate plain and gated products, which take different lanes, and come back to each lane's areas
+    lanes = {n: torch.tensor([b.data_ptr() + i * LANE_BYTES for b in buffers]) for i, n in enumerate(PRODUCT_LANES)}
+    ranks_sum = ProductSum(lanes, abort, rank)
+    x, weight = parts[rank]
+    for call in range(3):
+        results[rank][call].copy_(gemv(x * (call + 1), weight, ranks_sum=ranks_sum)[0])
+        results[rank][3 + call].copy_(
+            gated_gemv(gate_ups[rank] * (call + 1), downs[rank], "silu", ranks_sum=ranks_sum)[0]
+        )
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_one_row_products_sum_their_outputs_over_the_ranks(world):
+    n, k, inner = 40, 24, 16  # outputs, and each rank's columns of the plain and the gated product
+    generator = torch.Generator().manual_seed(world)
+    parts = [(torch.randn(1, k, generator=generator), torch.randn(n, k, generator=generator)) for _ in range(world)]
+    gate_ups = [torch.randn(1, 2 * inner, generator=generator) for _ in range(world)]
+    downs = [torch.randn(n, inner, generator=generator) for _ in range(world)]
+    results = [torch.zeros(6, n).share_memory_() for _ in range(world)]
+    buffers = [torch.zeros(len(PRODUCT_LANES) * LANE_BYTES, dtype=torch.uint8).share_memory_() for _ in range(world)]
+    _spawn_ranks(_product_rank_main, parts, (results, gate_ups, downs), buffers)
+    plain = sum(x @ w.T for x, w in parts)[0]
+    for call in range(3):
+        scaled = [g * (call + 1) for g in gate_ups]
+        gated = sum((F.silu(g[:, :inner]) * g[:, inner:]) @ d.T for g, d in zip(scaled, downs))[0]
+        for rank in range(world):
+            torch.testing.assert_close(results[rank][call], plain * (call + 1), rtol=1e-5, atol=1e-4)
+            torch.testing.assert_close(results[rank][3 + call], gated, rtol=1e-5, atol=1e-4)
+    for rank in range(world):
+        assert torch.equal(results[rank], results[0]), "ranks disagree on the bits"
+
+
+def test_every_block_n_of_the_one_row_product_has_a_lane():
+    widths = {block_n for table in (BLOCKS, FP8_BLOCKS, SHAPE_BLOCKS) for block_n, _, _ in table.values()}
+    assert widths <= set(PRODUCT_LANES)

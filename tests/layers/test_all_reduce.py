@@ -1,6 +1,7 @@
 """The all-reduce layers call: on two GPUs, the peer kernel (one-shot and two-shot) and the size-chosen path
 against NCCL's result, eager and replayed in a CUDA graph, from 1 KB to 64 MB; and the sum fused with the
-residual add and the RMSNorm against NCCL's sum, added and normalised by torch. (Without peers it is the
+residual add and the RMSNorm against NCCL's sum, added and normalised by torch; and one-row products that
+sum their outputs over the ranks themselves against NCCL's sum of their parts. (Without peers it is the
 process group's own all-reduce, which the tensor-parallel tests run on the CPU.)"""
 
 import multiprocessing as mp
@@ -61,6 +62,7 @@ def _check_rank(rank: int, world: int, port: int, failures) -> None:
                             failures.append(f"rank {rank} {dtype} {nbytes} B {name} {mode}: max error {err}")
             for rows, hidden in NORM_SHAPES:
                 _check_fused_norm(rank, dtype, rows, hidden, failures)
+            _check_gemv_sums(rank, dtype, failures)
         torch.cuda.synchronize()
     except Exception as e:  # reported by the parent
         failures.append(f"rank {rank}: {type(e).__name__}: {e}")
@@ -102,6 +104,40 @@ def _check_fused_norm(rank: int, dtype: torch.dtype, rows: int, hidden: int, fai
             torch.testing.assert_close(y, expected, **tolerance)
         except AssertionError as e:
             failures.append(f"rank {rank} {dtype} fused norm {rows}x{hidden} {mode}: {e}")
+
+
+def _check_gemv_sums(rank: int, dtype: torch.dtype, failures) -> None:
+    """One row's plain and gated products of one rank's share of Qwen3-8B's o and down at two ranks, summed
+    over the ranks by the GEMV itself, against the GEMV's parts summed by NCCL: eager, then in a graph
+    replayed twice (the second replay takes the other areas)."""
+    from nanovllm.kernels.triton_gemv import gated_gemv, gemv
+
+    generator = torch.Generator().manual_seed(rank)
+    x, o = torch.randn(1, 2048, generator=generator), torch.randn(4096, 2048, generator=generator) / 45
+    gate_up, down = torch.randn(1, 12288, generator=generator), torch.randn(4096, 6144, generator=generator) / 78
+    x, o, gate_up, down = (t.to(dtype).cuda() for t in (x, o, gate_up, down))
+    ranks_sum = all_reduce_module.gemv_ranks_sum(1, 4096, dtype, x.device)
+    assert ranks_sum is not None, "the GEMV does not sum a one-row product"
+    products = {
+        "plain": lambda summed: gemv(x, o, ranks_sum=summed),
+        "gated": lambda summed: gated_gemv(gate_up, down, "silu", ranks_sum=summed),
+    }
+    for name, product in products.items():
+        expected = product(None)
+        dist.all_reduce(expected)
+        got = {"eager": product(ranks_sum)}
+        product(ranks_sum)  # compile outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static = product(ranks_sum)
+        for replay in ("graph", "graph again"):
+            static.zero_()
+            graph.replay()
+            got[replay] = static.clone()
+        for mode, y in got.items():
+            if not torch.equal(y, expected):
+                err = (y.float() - expected.float()).abs().max().item()
+                failures.append(f"rank {rank} {dtype} {name} GEMV sum {mode}: max error {err}")
 
 
 @pytest.mark.gpu
