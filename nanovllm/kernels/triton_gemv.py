@@ -477,8 +477,8 @@ def _launch(
     h = torch.empty(1, k, dtype=a.dtype, device=a.device) if residual is not None else None
     block_n, block_k, num_warps = blocks_for(prologue, n, k, weight_scale is not None)
     assert scales != PER_BLOCK or scale_rows % block_n == 0  # a program's features in one block of rows
-    assert ranks_sum is None or ranks_sum.takes(n) and block_n in ranks_sum.lanes
-    lanes = ranks_sum.lanes[block_n] if ranks_sum is not None else y
+    assert ranks_sum is None or (ranks_sum.takes(n) and block_n in ranks_sum.lanes)
+    lanes, abort, rank = (y, y, 0) if ranks_sum is None else (ranks_sum.lanes[block_n], ranks_sum.abort, ranks_sum.rank)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         a,
         residual if residual is not None else a,
@@ -492,8 +492,8 @@ def _launch(
         k,
         eps,
         lanes,
-        ranks_sum.abort if ranks_sum is not None else y,
-        ranks_sum.rank if ranks_sum is not None else 0,
+        abort,
+        rank,
         PROLOGUE=prologue.value,
         HAS_RESIDUAL=residual is not None,
         ACT=act.value,

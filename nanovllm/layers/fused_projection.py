@@ -102,7 +102,6 @@ class NormedGatedProjections:
         from nanovllm.kernels.triton_gemv import gated_gemv  # Triton is needed on CUDA only
 
         gate_up, residual = self.normed_gate_up(x, residual)
-        ranks_sum = down.ranks_sum_in_gemv(gate_up)
-        weights = dict(ranks_sum=ranks_sum, **down.fp8_weights())
+        weights = dict(ranks_sum=down.ranks_sum_in_gemv(gate_up), **down.fp8_weights())
         activated_down = gated_gemv(gate_up, down.weight, self.hidden_act, down.rank_bias(), **weights)
-        return (activated_down if ranks_sum is not None else down.all_reduce(activated_down)), residual
+        return down.all_reduce(activated_down), residual

@@ -19,7 +19,7 @@ from torch import nn
 
 from nanovllm.kernels.fp8_gemm import block_scaled_mm_linear, scaled_mm_linear, takes_block_scaled_mm
 from nanovllm.kernels.fp8_weights import dequantize_to, fp8_linear
-from nanovllm.layers.all_reduce import all_reduce, gemv_ranks_sum
+from nanovllm.layers.all_reduce import all_reduce, gemv_ranks_sum, summed_in_gemv
 from nanovllm.layers.fusion import fused_on_cuda
 from nanovllm.utils.loader import shard
 from nanovllm.utils.parallel import kv_heads_per_rank, tp_rank, tp_size
@@ -156,7 +156,7 @@ class LinearBase(nn.Module):
         other block scales (whole blocks) by a 16-bit GEMM of W dequantized, the rest in PyTorch. With
         `ranks_sum` (one row on CUDA), the GEMV sums the product over the tensor-parallel ranks too."""
         # x: [tokens, in] -> [tokens, out]
-        if ranks_sum is not None or self.weight_scale is not None and uses_gemv(x):
+        if ranks_sum is not None or (self.weight_scale is not None and uses_gemv(x)):
             from nanovllm.kernels.triton_gemv import gemv  # Triton is needed on CUDA only
 
             return gemv(x, self.weight, bias=bias, ranks_sum=ranks_sum, **self.fp8_weights())
@@ -281,9 +281,7 @@ class RowParallelLinear(LinearBase):
         self.reduce_results = reduce_results
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        ranks_sum = self.ranks_sum_in_gemv(x)
-        y = self.project(x, self.rank_bias(), ranks_sum)
-        return y if ranks_sum is not None else self.all_reduce(y)
+        return self.all_reduce(self.project(x, self.rank_bias(), self.ranks_sum_in_gemv(x)))
 
     def rank_bias(self) -> torch.Tensor | None:
         """The bias this rank adds: all of it on rank 0, none elsewhere, so the all-reduce counts it once."""
@@ -295,5 +293,6 @@ class RowParallelLinear(LinearBase):
         return None if self.tp_size == 1 else gemv_ranks_sum(x.size(0), self.output_size, x.dtype, x.device)
 
     def all_reduce(self, y: torch.Tensor) -> torch.Tensor:
-        """The sum of every rank's partial output `y`, in place (`y` itself without `reduce_results`)."""
-        return all_reduce(y) if self.tp_size > 1 and self.reduce_results else y
+        """The sum of every rank's partial output `y`, in place (`y` itself without `reduce_results`, or
+        where the GEMV summed it already)."""
+        return all_reduce(y) if self.tp_size > 1 and self.reduce_results and not summed_in_gemv(y) else y
