@@ -14,6 +14,14 @@ int64. Grid (rows, chunks): a program scores BLOCK (4096, or the vocabulary if
 smaller) logits of one row and keeps its best (score, index). Then grid
 (rows,): a program picks its row's best chunk (ties go to the lower index,
 like torch.argmax) and writes the token id.
+
+With the vocabulary split across tensor-parallel ranks, each rank scores its
+own slice of token ids (`gumbel_max_keys`): chunks and noise counters stay
+those of the whole vocabulary, so a token's score is the one a single rank
+would give it, and the rank's best draw is written as one int64 key, the
+score's order-preserving bits above the complement of the token id. The
+largest key over the ranks (an all-reduce MAX) is then the draw of the whole
+vocabulary, ties to the lower id (`ids_of_keys` reads it back).
 """
 
 import torch
@@ -25,6 +33,7 @@ from nanovllm.kernels.triton_pdl import compiled_for_gpu, pdl_launch, wait_for_p
 
 _BLOCK = 4096
 _LOG2E = tl.constexpr(1.4426950408889634)
+_ID_MASK = tl.constexpr(0xFFFFFFFF)  # a key's low 32 bits: the complement of its token id
 
 
 @triton.jit
@@ -45,6 +54,8 @@ def _gumbel_max_chunk_kernel(
     best_score_ptr,
     best_index_ptr,
     vocab,
+    slice_start,
+    slice_end,
     stride_row,
     NUM_CHUNKS: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -52,14 +63,17 @@ def _gumbel_max_chunk_kernel(
     HAS_THRESHOLDS: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    # the logits hold token ids slice_start .. slice_end - 1 of a `vocab`-wide vocabulary
     row = tl.program_id(0)
-    chunk = tl.program_id(1)
-    offsets = chunk * BLOCK + tl.arange(0, BLOCK)
-    mask = offsets < vocab
+    program = tl.program_id(1)
+    chunk = slice_start // BLOCK + program
+    offsets = chunk * BLOCK + tl.arange(0, BLOCK)  # token ids
+    mask = (offsets >= slice_start) & (offsets < slice_end)
     temperature = tl.load(temperatures_ptr + row).to(tl.float32)
     seed = tl.load(seeds_ptr + row)
     wait_for_previous_kernel(PDL)  # for the logits
-    x = tl.load(logits_ptr + row.to(tl.int64) * stride_row + offsets, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(logits_ptr + row.to(tl.int64) * stride_row + offsets - slice_start, mask=mask, other=0.0)
+    x = x.to(tl.float32)
     if HAS_THRESHOLDS:  # truncation: only logits at or above the row's threshold may be drawn
         x = tl.where(x >= tl.load(thresholds_ptr + row), x, float("-inf"))
     score = x
@@ -73,20 +87,41 @@ def _gumbel_max_chunk_kernel(
     score = tl.where(score != score, float("inf"), score)
     score = tl.where(mask, score, float("-inf"))
     best = tl.argmax(score, 0)
-    tl.store(best_score_ptr + row * NUM_CHUNKS + chunk, tl.max(score, 0))
-    tl.store(best_index_ptr + row * NUM_CHUNKS + chunk, chunk * BLOCK + best)
+    tl.store(best_score_ptr + row * NUM_CHUNKS + program, tl.max(score, 0))
+    tl.store(best_index_ptr + row * NUM_CHUNKS + program, chunk * BLOCK + best)
 
 
 @triton.jit
 def _best_chunk_kernel(
-    best_score_ptr, best_index_ptr, out_ptr, NUM_CHUNKS: tl.constexpr, CHUNKS_PAD: tl.constexpr, PDL: tl.constexpr
+    best_score_ptr,
+    best_index_ptr,
+    out_ptr,
+    NUM_CHUNKS: tl.constexpr,
+    CHUNKS_PAD: tl.constexpr,
+    AS_KEY: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     row = tl.program_id(0)
     wait_for_previous_kernel(PDL)
     chunks = tl.arange(0, CHUNKS_PAD)
     scores = tl.load(best_score_ptr + row * NUM_CHUNKS + chunks, mask=chunks < NUM_CHUNKS, other=float("-inf"))
     best = tl.argmax(scores, 0)  # ties go to the lower chunk
-    tl.store(out_ptr + row, tl.load(best_index_ptr + row * NUM_CHUNKS + best))
+    index = tl.load(best_index_ptr + row * NUM_CHUNKS + best)
+    if AS_KEY:
+        # a float's bits order as signed integers once a negative one's magnitude bits are flipped
+        bits = tl.max(scores, 0).to(tl.int32, bitcast=True)
+        ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+        tl.store(out_ptr + row, (ordered.to(tl.int64) << 32) | (_ID_MASK - index))
+    else:
+        tl.store(out_ptr + row, index)
+
+
+@triton.jit
+def _ids_of_keys_kernel(keys_ptr, out_ptr, rows, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    wait_for_previous_kernel(PDL)
+    keys = tl.load(keys_ptr + offsets, mask=offsets < rows)
+    tl.store(out_ptr + offsets, _ID_MASK - (keys & _ID_MASK), mask=offsets < rows)
 
 
 def gumbel_max_sample(
@@ -102,10 +137,46 @@ def gumbel_max_sample(
     on the device, so a CUDA graph draws afresh at each replay when its seeds are refilled."""
     # logits: [rows, vocab]; temperatures: [rows] (any float dtype); seeds: [rows] int64;
     # thresholds: [rows] float32 -> [rows] int64
-    rows, vocab = logits.shape
+    vocab = logits.size(1)
+    return _draw(logits, temperatures, seeds, out, thresholds, 0, vocab, as_key=False)
+
+
+def gumbel_max_keys(
+    logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor, slice_start: int, vocab: int
+) -> torch.Tensor:
+    """Each row's best draw among token ids slice_start .. slice_start + logits.size(1) - 1 of a
+    `vocab`-wide vocabulary, as an int64 key: the largest key over every slice is the draw
+    `gumbel_max_sample` makes from the whole row (`ids_of_keys` gives its token id)."""
+    # logits: [rows, slice]; temperatures: [rows]; seeds: [rows] int64 -> [rows] int64
+    return _draw(logits, temperatures, seeds, None, None, slice_start, vocab, as_key=True)
+
+
+def ids_of_keys(keys: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The token ids of draws' keys (`gumbel_max_keys`), written to `out`."""
+    # keys, out: [rows] int64
+    block = 256
+    _ids_of_keys_kernel[(triton.cdiv(keys.numel(), block),)](
+        keys, out, keys.numel(), BLOCK=block, **pdl_launch(keys.device)
+    )
+    return out
+
+
+def _draw(
+    logits: torch.Tensor,
+    temperatures: torch.Tensor,
+    seeds: torch.Tensor,
+    out: torch.Tensor | None,
+    thresholds: torch.Tensor | None,
+    slice_start: int,
+    vocab: int,
+    as_key: bool,
+) -> torch.Tensor:
+    """Per row, the best draw over the logits of token ids slice_start onwards: its token id, or its key."""
+    rows, width = logits.shape
     assert logits.stride(1) == 1
     block = min(_BLOCK, max(4, triton.next_power_of_2(vocab)))  # four logits per draw
-    num_chunks = triton.cdiv(vocab, block)
+    slice_end = slice_start + width
+    num_chunks = triton.cdiv(slice_end, block) - slice_start // block
     best_score = torch.empty(rows, num_chunks, dtype=torch.float32, device=logits.device)
     best_index = torch.empty(rows, num_chunks, dtype=torch.int64, device=logits.device)
     out = torch.empty(rows, dtype=torch.int64, device=logits.device) if out is None else out
@@ -118,6 +189,8 @@ def gumbel_max_sample(
         best_score,
         best_index,
         vocab,
+        slice_start,
+        slice_end,
         logits.stride(0),
         NUM_CHUNKS=num_chunks,
         BLOCK=block,
@@ -126,6 +199,12 @@ def gumbel_max_sample(
         **pdl,
     )
     _best_chunk_kernel[(rows,)](
-        best_score, best_index, out, NUM_CHUNKS=num_chunks, CHUNKS_PAD=triton.next_power_of_2(num_chunks), **pdl
+        best_score,
+        best_index,
+        out,
+        NUM_CHUNKS=num_chunks,
+        CHUNKS_PAD=triton.next_power_of_2(num_chunks),
+        AS_KEY=as_key,
+        **pdl,
     )
     return out

@@ -38,21 +38,24 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Hidden states to logits. The runner passes only the rows that sample.
 
-    Rank 0 gathers the full vocabulary's logits; other ranks return None.
+    Each rank computes the logits of its own slice of the vocabulary; `gather` brings the slices to rank 0.
     """
 
-    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor | None:
-        """With one rank, the logits are written to `out` when given (a buffer that outlives the call)."""
-        # x: [sampling rows, hidden] -> logits: [sampling rows, vocab]
-        assert out is None or self.tp_size == 1
-        if x.device.type == "cpu":
-            # MKL runs this [vocab, hidden] @ [hidden, seqs] orientation faster
-            # than x @ weight.T when there are few rows; same products,
-            # another summation order.
-            logits = (self.weight @ x.T).T
-            logits = logits.contiguous() if out is None else out.copy_(logits)
-        else:
-            logits = linear(x, self.weight, out=out)  # a few rows: the Triton GEMV
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """This rank's slice of the logits (the whole vocabulary's with one rank), written to `out` when given
+        (a buffer that outlives the call)."""
+        # x: [sampling rows, hidden] -> logits: [sampling rows, vocab / ranks]
+        if x.device.type != "cpu":
+            return linear(x, self.weight, out=out)  # a few rows: the Triton GEMV
+        # MKL runs this [vocab, hidden] @ [hidden, seqs] orientation faster
+        # than x @ weight.T when there are few rows; same products,
+        # another summation order.
+        logits = (self.weight @ x.T).T
+        return logits.contiguous() if out is None else out.copy_(logits)
+
+    def gather(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """Every rank's slice of the logits joined on rank 0 ([rows, vocab]); None on the other ranks.
+        Every rank calls it."""
         if self.tp_size == 1:
             return logits
         parts = [torch.empty_like(logits) for _ in range(self.tp_size)] if self.tp_rank == 0 else None

@@ -338,9 +338,14 @@ class DecoderForCausalLM(nn.Module):
         return self.model(input_ids, positions)
 
     def compute_logits(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor | None:
-        """Logits [rows, vocab] of the hidden states (written into `out` when given; None off rank 0)."""
+        """Logits [rows, vocab] of the hidden states on rank 0 (None on the other ranks, which join the gather);
+        with one rank written into `out` when given."""
+        return self.lm_head.gather(self.compute_local_logits(hidden_states, out))
+
+    def compute_local_logits(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """This rank's slice of the logits [rows, vocab / ranks], written into `out` when given."""
         logits = self.lm_head(hidden_states, out)
         cap = self.final_logit_softcapping
-        if logits is not None and cap is not None:
+        if cap is not None:
             logits.div_(cap).tanh_().mul_(cap)  # in place, so that `out` holds the capped logits
         return logits

@@ -252,3 +252,31 @@ def sampling_tensors(
         # the new token's position: the same at this point of the request whatever the batch
         tensors.positions = to_device([positions[row] for row in asked.seeded], torch.int64)
     return tensors
+
+
+@dataclass
+class DecodeDraw:
+    """How a decode step's rows are drawn, decided where the sampling settings are (rank 0) and sent with
+    the step to every other rank, which draws too: each request's temperature, whether the decode step's
+    own draw stands (no row needs the full sampler) and the most logprob alternatives a row asks for."""
+
+    temperatures: list[float]  # per request; 0 = greedy
+    in_step: bool
+    num_logprobs: int | None = None  # None: no row asks for logprobs
+
+    @property
+    def needs_logits(self) -> bool:
+        """Whether the sampling rank reads the step's logits after the draw: to sample again, or for logprobs."""
+        return not self.in_step or self.num_logprobs is not None
+
+
+def decode_draw(
+    out: SchedulerOutput, eos_token_ids: tuple[int, ...], grammar: bool = False, rows_per_request: int | None = None
+) -> DecodeDraw:
+    """How the decode step `out` draws (`step_sampling`'s arguments)."""
+    asked = step_sampling(out, eos_token_ids, grammar, rows_per_request)
+    return DecodeDraw(
+        [p.temperature for p in out.sampling_params],
+        not asked.needs_full_sampler,
+        max(asked.logprobs) if asked.logprobs else None,
+    )

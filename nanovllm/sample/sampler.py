@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from nanovllm.sample.bitmask import apply_bitmask_
@@ -153,3 +154,23 @@ def sample_with_temperatures(
         sampled = (scaled - torch.log(exponential)).argmax(dim=-1)
         ids = torch.where(is_greedy, logits.argmax(dim=-1), sampled)
     return ids if out is None else out.copy_(ids)
+
+
+def sample_across_ranks(
+    logits: torch.Tensor,
+    temperatures: torch.Tensor,
+    seeds: torch.Tensor,
+    out: torch.Tensor,
+    slice_start: int,
+    vocab: int,
+) -> torch.Tensor:
+    """`sample_with_temperatures` on CUDA where each tensor-parallel rank holds the logits of token ids
+    slice_start onwards of a `vocab`-wide vocabulary: every rank draws among its own with the whole row's
+    noise, and an all-reduce MAX of the draws' keys gives every rank, in `out`, the draw one rank holding
+    every logit would make. Every rank calls it (inside the decode graphs too)."""
+    # logits: [rows, vocab / ranks]; temperatures, seeds, out: [rows]
+    from nanovllm.kernels.triton_sampling import gumbel_max_keys, ids_of_keys
+
+    keys = gumbel_max_keys(logits, temperatures, seeds, slice_start, vocab)
+    dist.all_reduce(keys, op=dist.ReduceOp.MAX)
+    return ids_of_keys(keys, out)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from nanovllm.layers.fusion import fused_on_cuda
-from nanovllm.sample.sampler import sample_with_temperatures
+from nanovllm.sample.sampler import sample_across_ranks, sample_with_temperatures
 from nanovllm.spec_decode.verification import check_padded, drafts_in_step
 from nanovllm.utils.context import Context, forward_context
 
@@ -99,16 +99,18 @@ class DeviceInputForward:
 
 
 class DecodeStep:
-    """One token per row through the model and, with `samples` (one rank, whose LM head gathers
-    nothing), the LM head and the common sampling too: argmax at temperature 0, else a Gumbel-max
-    draw from the row's seed, each row's id written to `last_sampled[row]`. Captured in a graph, a
-    step of greedy or plain-temperature rows is then one replay.
+    """One token per row through the model and, with `samples`, the LM head and the common sampling
+    too: argmax at temperature 0, else a Gumbel-max draw from the row's seed, each row's id written to
+    `last_sampled[row]`. Captured in a graph, a step of greedy or plain-temperature rows is then one
+    replay. With several ranks (`vocab_slice`: the first token id of this rank's slice of the logits,
+    and the vocabulary's size) every rank draws from its slice and the ranks agree on the best draw
+    (`sample_across_ranks`), so that every rank has the step's ids.
 
-    With `samples` it returns the logits, so that a step that needs the full sampler samples them
-    (its ids then overwrite these) and the LM head runs once per step, in a graph or not. They are
-    written to `logits` when the runner sets that buffer, [max_num_seqs, vocab]: the graphs share it
-    rather than each holding a [rows, vocab] output of its own. Without `samples` it returns the
-    hidden states, which the runner scores across the ranks.
+    With `samples` it returns the logits (this rank's slice), so that a step that needs the full
+    sampler samples them (its ids then overwrite these) and the LM head runs once per step, in a graph
+    or not. They are written to `logits` when the runner sets that buffer, [max_num_seqs, vocab /
+    ranks]: the graphs share it rather than each holding a [rows, vocab] output of its own. Without
+    `samples` it returns the hidden states, which the runner scores across the ranks.
 
     With `verify` (speculative decoding) the step first moves its sequences back by the drafts each row of
     the step before rejected (`moved_back`), for the host may launch it before it knows them; KV blocks are
@@ -119,10 +121,16 @@ class DecodeStep:
     here with the graph)."""
 
     def __init__(
-        self, forward: DeviceInputForward, samples: bool, block_size: int, verify: VerifyOutputs | None = None
+        self,
+        forward: DeviceInputForward,
+        samples: bool,
+        block_size: int,
+        verify: VerifyOutputs | None = None,
+        vocab_slice: tuple[int, int] | None = None,
     ):
         self.forward = forward
         self.samples = samples
+        self.vocab_slice = vocab_slice
         self.block_size = block_size
         self.verify = verify
         self.logits: torch.Tensor | None = None
@@ -169,7 +177,7 @@ class DecodeStep:
         rows = hidden_states.size(0)
         # an eager step larger than every graph (a verify step's queries) gets logits of its own
         out = None if self.logits is None or rows > self.logits.size(0) else self.logits[:rows]
-        logits = self.forward.model.compute_logits(hidden_states, out)
+        logits = self.forward.model.compute_local_logits(hidden_states, out)
         if sample and rows > seq_order.numel():
             # group 0's slots tell a padding query (-1) as well as any group's
             self._sample_and_check(logits, temperatures, seeds, input_ids, slot_mapping[0], seq_order.numel())
@@ -179,8 +187,15 @@ class DecodeStep:
                     torch.arange(num_emitted.numel(), device=num_emitted.device), num_emitted - 1, state_slots
                 )
         elif sample:
-            sample_with_temperatures(logits, temperatures, seeds, out=self.forward.last_sampled[:rows])
+            self._draw(logits, temperatures, seeds, self.forward.last_sampled[:rows])
         return logits
+
+    def _draw(self, logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor, out: torch.Tensor) -> None:
+        # logits: [rows, vocab / ranks]; temperatures, seeds, out: [rows]
+        if self.vocab_slice is None:
+            sample_with_temperatures(logits, temperatures, seeds, out=out)
+        else:
+            sample_across_ranks(logits, temperatures, seeds, out, *self.vocab_slice)
 
     def _sample_and_check(
         self,
@@ -194,7 +209,7 @@ class DecodeStep:
         """A verify step's sampling: every query's id, then the check of the drafts against them."""
         # logits: [size * queries, vocab]; temperatures, seeds, input_ids, slot_mapping: [size * queries]
         query_samples = self.verify.query_samples[: logits.size(0)]
-        sample_with_temperatures(logits, temperatures, seeds, out=query_samples)
+        self._draw(logits, temperatures, seeds, query_samples)
         check_drafts_in_step(
             query_samples,
             input_ids,

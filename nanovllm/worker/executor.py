@@ -23,7 +23,10 @@ class LaunchedForward:
     """A step whose forward pass is queued and whose sampling is not: what `launch_sampling` needs."""
 
     out: "SchedulerOutput"
-    logits: "torch.Tensor | None"  # [sampling rows, vocab]; None where nothing samples, or on a worker rank
+    # [sampling rows, vocab] on rank 0, None on the other ranks; but where every rank drew in the decode step
+    # and rank 0 reads no logits after it, each rank's slice [sampling rows, vocab / ranks]; None where
+    # nothing samples
+    logits: "torch.Tensor | None"
     sampled_in_step: bool  # the decode step drew every row itself
     prompt_scores: "PromptScores | None"
     num_logprobs: int | None = None  # with `sampled_in_step`: the most alternatives a row's logprobs list

@@ -15,7 +15,7 @@ from nanovllm.core.structured_output import GrammarBitmasks
 from nanovllm.layers.all_reduce import set_up_peer_all_reduce, tear_down_peer_all_reduce
 from nanovllm.layers.attention import Attention, make_attention_backend
 from nanovllm.layers.recurrent_state import RecurrentLayer
-from nanovllm.sample.metadata import SamplingTensors, sampling_rows, sampling_tensors, step_sampling
+from nanovllm.sample.metadata import DecodeDraw, SamplingTensors, decode_draw, sampling_rows, sampling_tensors
 from nanovllm.sample.sampler import Sampler, SamplerOutput, token_logprobs
 from nanovllm.spec_decode.verification import VerifiedDrafts, first_sampling_rows
 from nanovllm.utils.context import forward_context
@@ -134,9 +134,18 @@ class ModelRunner(Executor):
                 self.world_size,
                 self.device,
             )
-        # with several ranks the LM head gathers to rank 0, which samples outside the graphs
+        # with several ranks every rank draws from its slice of the vocabulary where the noise is counted per
+        # token id (CUDA); elsewhere the LM head gathers to rank 0, which samples outside the step
         verify_outputs = self._verify_step.outputs if self._verify_step is not None else None
-        self._decode_step = DecodeStep(self._forward, self.world_size == 1, self.block_size, verify_outputs)
+        vocab_size = config.model_config.vocab_size
+        vocab_slice = (self.rank * vocab_size // self.world_size, vocab_size) if self.world_size > 1 else None
+        self._decode_step = DecodeStep(
+            self._forward,
+            self.world_size == 1 or self.device.type == "cuda",
+            self.block_size,
+            verify_outputs,
+            vocab_slice,
+        )
         # per-position states of steps with drafts; taken before the caches are sized, so that they leave room
         self.draft_states = None
         if config.speculative is not None and self.state_cache_spec is not None:
@@ -166,7 +175,7 @@ class ModelRunner(Executor):
             # the KV cache is sized, so that the cache leaves room for it
             rows = max_graph_rows(config.max_num_seqs, self.verify_queries)
             self._decode_step.logits = torch.empty(
-                rows, config.model_config.vocab_size, dtype=self.dtype, device=self.device
+                rows, vocab_size // self.world_size, dtype=self.dtype, device=self.device
             )
         if self.device.type == "cuda":
             self._warm_up_on_the_scratch_slot()
@@ -341,16 +350,15 @@ class ModelRunner(Executor):
         every step is where the MTP layer reads the step's hidden states of every token."""
         return out.is_decode and self._mtp is None
 
-    def _run_decode(self, out: SchedulerOutput, sample: bool) -> torch.Tensor:
+    def _run_decode(self, out: SchedulerOutput, draw: DecodeDraw | None) -> torch.Tensor:
         """Each request's last token (and in a verify step its drafts, padded), the batch padded to a
-        captured graph's size and replayed (or run eagerly): the decode step's logits [queries, vocab] on a
-        rank that samples, else hidden states [queries, hidden], a request's queries one after another.
-        Where the decode step samples (always in a graph; eagerly when `sample`), the ids drawn at each
+        captured graph's size and replayed (or run eagerly): where the decode step samples, its logits
+        [queries, vocab / ranks], else hidden states [queries, hidden], a request's queries one after
+        another. Where it draws (always in a graph; eagerly when `draw.in_step`), the ids drawn at each
         request's temperature are in `last_sampled` too."""
         n, queries = len(out.req_ids), self._queries(out)
         size = self.decode_size(n, queries)
-        # workers get steps without sampling settings; only a step that samples reads temperatures
-        temperatures = [p.temperature for p in out.sampling_params] if self._decode_step.samples else [0.0] * n
+        temperatures = [0.0] * n if draw is None else draw.temperatures
         inputs = self.decode_buffers.load(
             [ids[0] for ids in out.token_ids],
             self._src_rows(out),
@@ -364,7 +372,7 @@ class ModelRunner(Executor):
         )
         if self.graphs is not None and self.graphs.captured(size, queries):
             return self.graphs.replay(size, queries)[: n * queries]
-        return self._decode_step(*inputs, sample=sample)[: n * queries]
+        return self._decode_step(*inputs, sample=draw is not None and draw.in_step)[: n * queries]
 
     def _sample(
         self, step: LaunchedForward, grammar: GrammarBitmasks | None
@@ -406,35 +414,51 @@ class ModelRunner(Executor):
         if pairs:
             self.state_cache.copy_states(pairs)
 
+    def plan_draw(self, out: SchedulerOutput, constrained: bool = False) -> DecodeDraw | None:
+        """How the step `out` draws its rows inside the decode step (`constrained`: some sampling row is held
+        to a grammar); None where the decode step draws nothing: not a decode step, or one that returns
+        hidden states. Rank 0 decides, where the sampling settings are, and sends it with the step."""
+        if not (self._runs_decode(out) and self._decode_step.samples):
+            return None
+        return decode_draw(out, self.eos_token_ids, constrained, self._rows_per_request(out))
+
     @torch.inference_mode()
-    def launch_forward(self, out: SchedulerOutput, constrained: bool = False) -> LaunchedForward:
+    def launch_forward(
+        self, out: SchedulerOutput, constrained: bool = False, draw: DecodeDraw | None = None
+    ) -> LaunchedForward:
         """Queue a step's forward pass and LM head (and, in a decode step whose rows need no more, its
-        sampling) without waiting for the device; `constrained`: some sampling row is held to a grammar."""
+        sampling) without waiting for the device; `constrained`: some sampling row is held to a grammar.
+        `draw`: rank 0's `plan_draw` of the step, which the other ranks get with it."""
         prompt_scores = logits = num_logprobs = drafts_on_device = None
         self._copy_states(out.state_restores)
+        if draw is None and self.rank == 0:
+            draw = self.plan_draw(out, constrained)
+        sampled_in_step = draw is not None and draw.in_step
         if self._runs_decode(out):
-            asked = None
-            if self._decode_step.samples:
-                asked = step_sampling(out, self.eos_token_ids, constrained, self._rows_per_request(out))
-            sampled_in_step = asked is not None and not asked.needs_full_sampler
-            num_logprobs = max(asked.logprobs) if asked is not None and asked.logprobs else None
-            decoded = self._run_decode(out, sampled_in_step)
+            num_logprobs = draw.num_logprobs if draw is not None else None
+            decoded = self._run_decode(out, draw)
             if out.draft_token_ids is not None and not sampled_in_step:  # only the sampler's check reads them
                 n = len(out.req_ids)
                 size = self.decode_size(n, self.verify_queries)
                 drafts_on_device = self._verify_step.drafts_on_device(self.decode_buffers, size, n)
-            # the LM head runs once per step: a rank that samples has the decode step's logits
+            # the LM head runs once per step: where the decode step samples, it has the step's logits
             logits, hidden_states = (decoded, None) if self._decode_step.samples else (None, decoded)
+            if logits is not None and draw.needs_logits:
+                logits = self.model.lm_head.gather(logits)  # every rank's slice, to rank 0
         else:
             hidden_states, cu_q = self._run_varlen(out)
             if out.prompt_scoring:
                 prompt_scores = self._score_prompts(out, hidden_states, cu_q)
             hidden_states = hidden_states[self._to_device(scored_tokens(out, cu_q), torch.int64)]
-            sampled_in_step = False
         self._copy_states(out.state_snapshots)
-        if out.sampled_req_ids and logits is None:
+        if out.sampled_req_ids and hidden_states is not None:
             logits = self.model.compute_logits(hidden_states)  # every rank joins the gather to rank 0
         return LaunchedForward(out, logits, sampled_in_step, prompt_scores, num_logprobs, drafts_on_device)
+
+    def run_step(self, out: SchedulerOutput, draw: DecodeDraw | None) -> None:
+        """A rank other than 0: the step rank 0 posted, with its `plan_draw`; this rank's part of the forward
+        pass and of the sampling."""
+        self.launch_sampling(self.launch_forward(out, draw=draw))
 
     @torch.inference_mode()
     def launch_sampling(self, step: LaunchedForward, grammar: GrammarBitmasks | None = None) -> PendingOutput | None:
@@ -451,7 +475,7 @@ class ModelRunner(Executor):
                     sampled, verified = self._sampled_in_step(step)
                 else:
                     sampled, verified = self._sample(step, grammar)
-            if self.world_size > 1:
+            if self.world_size > 1 and not step.sampled_in_step:  # else every rank drew the same ids
                 dist.broadcast(self.last_sampled[:num_sampled], src=0)
         if self._verify_step is not None:
             self._verify_step.share_rejections(out)

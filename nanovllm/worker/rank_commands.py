@@ -28,6 +28,7 @@ import msgspec
 
 from nanovllm.core.kv_cache_manager import NO_BLOCK, given_back_run_end
 from nanovllm.core.scheduler_output import SchedulerOutput
+from nanovllm.sample.metadata import DecodeDraw
 
 _STEP, _CALL = b"S", b"C"
 
@@ -40,10 +41,12 @@ class _TableUpdate(msgspec.Struct, array_like=True, gc=False):
 
 
 class _Step(msgspec.Struct, array_like=True, gc=False):
-    """A step less its block tables, and the updates that rebuild them from the step before's."""
+    """A step less its block tables, the updates that rebuild them from the step before's, and how its rows
+    are drawn inside the decode step (None where they are not)."""
 
     out: SchedulerOutput
     table_updates: list[_TableUpdate]
+    draw: DecodeDraw | None
 
 
 def encode_call(method: str, *args) -> bytes:
@@ -60,12 +63,12 @@ class CommandEncoder:
         # back, and the entry to look at for more given back (the first kept, or the last when none is)
         self._sent: dict[str, tuple[list[list[int]], tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = {}
 
-    def step(self, out: SchedulerOutput) -> bytes:
-        """The bytes of `out` for the ranks that do not sample: 'execute' with the step less its sampling
-        settings, block tables as updates."""
+    def step(self, out: SchedulerOutput, draw: DecodeDraw | None) -> bytes:
+        """The bytes of `out` for the ranks that do not sample: 'run_step' with the step less its sampling
+        settings, block tables as updates, and its `draw` (`ModelRunner.plan_draw`)."""
         message = out.without_sampling()
         message.block_tables = []
-        return _STEP + self._encoder.encode(_Step(message, self._table_updates(out)))
+        return _STEP + self._encoder.encode(_Step(message, self._table_updates(out), draw))
 
     def _table_updates(self, out: SchedulerOutput) -> list[_TableUpdate]:
         sent, self._sent = self._sent, {}
@@ -111,7 +114,7 @@ class CommandDecoder:
         assert data[:1] == _STEP, f"unknown command kind {data[:1]!r}"
         step = self._decoder.decode(body)
         step.out.block_tables = self._apply(step.out.req_ids, step.table_updates)
-        return "execute", (step.out,)
+        return "run_step", (step.out, step.draw)
 
     def _apply(self, req_ids: list[str], updates: list[_TableUpdate]) -> list[list[list[int]]]:
         tables = list(map(self._tables.get, req_ids))  # a request without an update has its tables of the step before

@@ -284,17 +284,18 @@ class TensorParallelRunner(Executor):
         return self._workers.remote
 
     def launch_forward(self, out: SchedulerOutput, constrained: bool = False) -> LaunchedForward:
-        """Post a step to every other rank, which runs all of its part (only rank 0 samples, so they get the
-        step without the sampling settings), then launch rank 0's forward pass alone. The other ranks are
-        not waited for: the model's collectives keep them in step."""
+        """Post a step to every other rank, which runs all of its part (they get the step without the sampling
+        settings, and with how its rows are drawn inside the decode step), then launch rank 0's forward pass
+        alone. The other ranks are not waited for: the model's collectives keep them in step."""
         if not self._finalizer.alive:
             raise RuntimeError("this engine's tensor-parallel workers were shut down; create a new LLM")
         return self._guarded(lambda: self._post_and_launch(out, constrained))
 
     def _post_and_launch(self, out: SchedulerOutput, constrained: bool) -> LaunchedForward:
         self._raise_if_a_worker_exited()
-        self._post(self._commands.step(out))
-        return self.runner.launch_forward(out, constrained)
+        draw = self.runner.plan_draw(out, constrained)
+        self._post(self._commands.step(out, draw))
+        return self.runner.launch_forward(out, constrained, draw)
 
     def _post(self, command: bytes) -> None:
         """Post `command` to every other rank, waiting only while one is `RING_SLOTS` commands behind."""
@@ -308,7 +309,8 @@ class TensorParallelRunner(Executor):
             remote.send(command)
 
     def launch_sampling(self, step: LaunchedForward, grammar: GrammarBitmasks | None = None) -> PendingOutput | None:
-        """Rank 0 samples (and sends the ids to the workers); rank 0's handle of the sampled ids."""
+        """Rank 0 samples (and sends the ids to the workers, unless every rank drew them in the decode step);
+        rank 0's handle of the sampled ids."""
         pending = self._guarded(lambda: self.runner.launch_sampling(step, grammar))
         return None if pending is None else _GuardedOutput(self, pending)
 

@@ -87,7 +87,10 @@ class WithRecurrentLayers(nn.Module):
         return hidden_states
 
     def compute_logits(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        return self.inner.compute_logits(hidden_states, out)
+        return self.inner.lm_head.gather(self.compute_local_logits(hidden_states, out))
+
+    def compute_local_logits(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        return self.inner.compute_local_logits(hidden_states, out)
 
 
 def with_recurrent_layers(monkeypatch) -> None:

@@ -7,7 +7,7 @@ import torch
 from helpers.chi_square import chi_square_p_value
 
 pytest.importorskip("triton")
-from nanovllm.kernels.triton_sampling import gumbel_max_sample  # noqa: E402
+from nanovllm.kernels.triton_sampling import gumbel_max_keys, gumbel_max_sample, ids_of_keys  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # the interpreter runs one program per row slowly: fewer draws, over a small vocabulary, on the CPU
@@ -63,3 +63,38 @@ def test_rows_of_nan_logits_still_give_token_ids_inside_the_vocabulary():
         ids = gumbel_max_sample(logits, temperatures, seed(7, 2))
         assert ((ids >= 0) & (ids < 9000)).all(), ids
         assert ids[1] >= 8900  # NaN counts as the largest value, as in torch.argmax
+
+
+def draw_over_slices(logits, temperatures, seeds, bounds):
+    """The draw the ranks make together when each holds the token ids between two of `bounds`: the
+    largest of their keys (the all-reduce MAX), read back as a token id."""
+    vocab = logits.size(1)
+    keys = [
+        gumbel_max_keys(logits[:, start:end].contiguous(), temperatures, seeds, start, vocab)
+        for start, end in zip(bounds, bounds[1:])
+    ]
+    best = torch.stack(keys).max(dim=0).values
+    return ids_of_keys(best, torch.empty_like(best))
+
+
+@pytest.mark.parametrize("bounds", [[0, 4500, 9000], [0, 3001, 6002, 9000]])
+def test_the_best_key_over_vocabulary_slices_is_the_draw_of_the_whole_row(bounds):
+    # slices that start inside a chunk and at no multiple of four: the noise is the whole row's
+    torch.manual_seed(0)
+    logits = torch.randn(4, 9000, device=DEVICE) * 3
+    logits[3, 5000] = float("nan")
+    temperatures = torch.tensor([0.0, 0.7, 1.3, 1.0], device=DEVICE)
+    for value in (11, 12, 13):
+        seeds = seed(value, 4)
+        whole = gumbel_max_sample(logits, temperatures, seeds)
+        assert torch.equal(draw_over_slices(logits, temperatures, seeds, bounds), whole)
+    assert whole[3] == 5000  # NaN ranks highest on any rank, as in torch.argmax
+
+
+def test_equal_best_scores_on_two_slices_go_to_the_lower_token_id():
+    logits = torch.zeros(2, 9000, device=DEVICE)
+    logits[1] = -5.0  # negative scores order too
+    logits[0, [8200, 100]] = 3.0
+    logits[1, [8200, 100]] = -3.0
+    ids = draw_over_slices(logits, torch.zeros(2, device=DEVICE), seed(1, 2), [0, 4500, 9000])
+    assert ids.tolist() == [100, 100]

@@ -49,8 +49,8 @@ class Run:
 
     def __init__(self, runner: ModelRunner, tables):
         self.runner, self.tables, self.logits = runner, tables, []
-        compute_logits = runner.model.compute_logits
-        runner.model.compute_logits = lambda *args: self.logits.append(compute_logits(*args)) or self.logits[-1]
+        compute_logits = runner.model.compute_local_logits
+        runner.model.compute_local_logits = lambda *args: self.logits.append(compute_logits(*args)) or self.logits[-1]
 
     def generate(self, prompt: list[int]) -> list[int]:
         """Greedy tokens after `prompt`, prefilled in CHUNKS, then decoded one step each."""

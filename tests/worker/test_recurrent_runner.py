@@ -94,8 +94,8 @@ def test_a_new_requests_slot_is_zeroed_before_its_step_and_its_state_carries_ove
 def test_a_request_restored_from_a_snapshot_continues_as_the_request_that_took_it(runner):
     prompt = random_prompts([40], seed=6)[0]
     logits = []
-    compute_logits = runner.model.compute_logits
-    runner.model.compute_logits = lambda *args: logits.append(compute_logits(*args)) or logits[-1]
+    compute_logits = runner.model.compute_local_logits
+    runner.model.compute_local_logits = lambda *args: logits.append(compute_logits(*args)) or logits[-1]
     # the first request's prompt ends on a block boundary (32 tokens): its state there is snapshotted to slot 5
     tokens = sampled(runner, step([prompt[:32]], [0], [[0, 1]], [4], [(-1, 4)], [(4, 5)]))
     tokens = sampled(runner, step([prompt[32:]], [32], [[0, 1, 2]], [4]))

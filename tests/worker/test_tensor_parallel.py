@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 from nanovllm import LLM, SamplingParams, StructuredOutputsParams
 from nanovllm.config import Config
 from nanovllm.core.scheduler_output import SchedulerOutput
+from nanovllm.sample.metadata import DecodeDraw
 from nanovllm.worker import tensor_parallel
 from nanovllm.worker.model_runner import ModelRunner
 from nanovllm.worker.rank_commands import CommandEncoder
@@ -70,7 +71,8 @@ def test_channel_holds_the_largest_step(qwen3_dir):
         [GREEDY] * 8,
         [2**31 - 1] * 8,
     )
-    assert len(CommandEncoder().step(step)) <= channel_capacity(config)
+    draw = DecodeDraw([0.1] * 8, False, 20)
+    assert len(CommandEncoder().step(step, draw)) <= channel_capacity(config)
 
 
 @pytest.fixture(scope="class")
@@ -140,13 +142,13 @@ SLOW_STEP_S = 0.5
 
 def run_slow_worker(config, rank, host, port, channel):
     """A worker that rests `SLOW_STEP_S` after each step, once its part in the step's collectives is over."""
-    execute = ModelRunner.execute
+    run_step = ModelRunner.run_step
 
-    def execute_then_rest(self, *args):
-        execute(self, *args)
+    def run_step_then_rest(self, *args):
+        run_step(self, *args)
         time.sleep(SLOW_STEP_S)
 
-    ModelRunner.execute = execute_then_rest
+    ModelRunner.run_step = run_step_then_rest
     tensor_parallel.run_worker(config, rank, host, port, channel)
 
 
@@ -279,15 +281,25 @@ def test_two_gpus_match_one_on_a_dummy_qwen3_06b_in_fp32(qwen3_06b_shape_dir):
         max_model_len=1024,
         gpu_memory_utilization=0.5,
     )
-    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    settings = dict(max_tokens=32, ignore_eos=True)
+    cases = [
+        (prompts, SamplingParams(temperature=0.0, **settings)),
+        # a sequence alone: one row, whose products sum over the ranks themselves
+        (prompts[3:4], SamplingParams(temperature=0.0, **settings)),
+        # drawn in the decode step, every rank among its slice of the vocabulary
+        (prompts, SamplingParams(temperature=0.8, **settings)),
+        # the same draw, then logprobs from the logits gathered to rank 0
+        (prompts[:2], SamplingParams(temperature=0.8, logprobs=2, **settings)),
+        # the full sampler on rank 0, which sends the ids to the other rank
+        (prompts, SamplingParams(temperature=0.8, top_p=0.9, seed=5, **settings)),
+    ]
     one = LLM(qwen3_06b_shape_dir, **engine)
-    # the batch, then a sequence alone: one row, whose products sum over the ranks themselves
-    expected = [token_ids(one.generate(batch, params, use_tqdm=False)) for batch in (prompts, prompts[3:4])]
+    expected = [token_ids(one.generate(batch, params, use_tqdm=False)) for batch, params in cases]
     del one
     torch.cuda.empty_cache()
     two = LLM(qwen3_06b_shape_dir, tensor_parallel_size=2, **engine)
     try:
-        assert [token_ids(two.generate(batch, params, use_tqdm=False)) for batch in (prompts, prompts[3:4])] == expected
+        assert [token_ids(two.generate(batch, params, use_tqdm=False)) for batch, params in cases] == expected
     finally:
         two.close()
 
