@@ -156,6 +156,13 @@ def sample_with_temperatures(
     return ids if out is None else out.copy_(ids)
 
 
+def ranks_draw_in_step(device: torch.device) -> bool:
+    """Whether tensor-parallel ranks on `device` draw each decode step's tokens among their own slices of the
+    vocabulary (`sample_across_ranks`): where the sampling kernel's noise is counted per token id, on CUDA.
+    Elsewhere rank 0 gathers the logits and samples them."""
+    return device.type == "cuda"
+
+
 def sample_across_ranks(
     logits: torch.Tensor,
     temperatures: torch.Tensor,

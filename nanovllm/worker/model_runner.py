@@ -16,7 +16,7 @@ from nanovllm.layers.all_reduce import set_up_peer_all_reduce, tear_down_peer_al
 from nanovllm.layers.attention import Attention, make_attention_backend
 from nanovllm.layers.recurrent_state import RecurrentLayer
 from nanovllm.sample.metadata import DecodeDraw, SamplingTensors, decode_draw, sampling_rows, sampling_tensors
-from nanovllm.sample.sampler import Sampler, SamplerOutput, token_logprobs
+from nanovllm.sample.sampler import Sampler, SamplerOutput, ranks_draw_in_step, token_logprobs
 from nanovllm.spec_decode.verification import VerifiedDrafts, first_sampling_rows
 from nanovllm.utils.context import forward_context
 from nanovllm.utils.parallel import destroy_process_group, init_process_group, share_cpu_cores
@@ -134,14 +134,12 @@ class ModelRunner(Executor):
                 self.world_size,
                 self.device,
             )
-        # with several ranks every rank draws from its slice of the vocabulary where the noise is counted per
-        # token id (CUDA); elsewhere the LM head gathers to rank 0, which samples outside the step
         verify_outputs = self._verify_step.outputs if self._verify_step is not None else None
         vocab_size = config.model_config.vocab_size
         vocab_slice = (self.rank * vocab_size // self.world_size, vocab_size) if self.world_size > 1 else None
         self._decode_step = DecodeStep(
             self._forward,
-            self.world_size == 1 or self.device.type == "cuda",
+            self.world_size == 1 or ranks_draw_in_step(self.device),
             self.block_size,
             verify_outputs,
             vocab_slice,

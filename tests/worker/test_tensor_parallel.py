@@ -20,7 +20,7 @@ from nanovllm import LLM, SamplingParams, StructuredOutputsParams
 from nanovllm.config import Config
 from nanovllm.core.scheduler_output import SchedulerOutput
 from nanovllm.sample.metadata import DecodeDraw
-from nanovllm.worker import tensor_parallel
+from nanovllm.worker import model_runner, tensor_parallel
 from nanovllm.worker.model_runner import ModelRunner
 from nanovllm.worker.rank_commands import CommandEncoder
 from nanovllm.worker.tensor_parallel import channel_capacity
@@ -150,6 +150,40 @@ def run_slow_worker(config, rank, host, port, channel):
 
     ModelRunner.run_step = run_step_then_rest
     tensor_parallel.run_worker(config, rank, host, port, channel)
+
+
+def run_worker_drawing_in_step(config, rank, host, port, channel):
+    """A worker whose decode steps draw among its slice of the vocabulary on the CPU too (the Triton
+    interpreter runs the sampling kernels), as on CUDA."""
+    model_runner.ranks_draw_in_step = lambda device: True
+    tensor_parallel.run_worker(config, rank, host, port, channel)
+
+
+def test_ranks_that_draw_in_the_decode_step_match_one_rank(qwen3_dir, monkeypatch):
+    # the CUDA path on the CPU: rank 0 sends how each step draws, every rank draws greedy rows itself, and
+    # rank 0 gathers the logits for logprobs and for the full sampler (then sends its ids)
+    pytest.importorskip("triton")
+    cases = [
+        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=2),
+        SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=8, ignore_eos=True),
+    ]
+    one = LLM(qwen3_dir, **ENGINE)
+    expected = [one.generate(random_prompts(), params, use_tqdm=False) for params in cases]
+    monkeypatch.setattr(model_runner, "ranks_draw_in_step", lambda device: True)
+    monkeypatch.setattr(tensor_parallel, "run_worker", run_worker_drawing_in_step)
+    two = LLM(qwen3_dir, tensor_parallel_size=2, **ENGINE)
+    try:
+        assert two.client.core.executor.runner._decode_step.vocab_slice == (0, two.config.model_config.vocab_size)
+        got = [two.generate(random_prompts(), params, use_tqdm=False) for params in cases]
+    finally:
+        two.close()
+    assert [token_ids(outputs) for outputs in got] == [token_ids(outputs) for outputs in expected]
+    for a, b in zip(got[1], expected[1]):
+        for step_a, step_b in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+            assert step_a.keys() == step_b.keys()
+            for token_id in step_a:
+                assert step_a[token_id].logprob == pytest.approx(step_b[token_id].logprob, abs=1e-4)
 
 
 @pytest.mark.slow
