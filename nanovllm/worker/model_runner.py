@@ -78,7 +78,9 @@ class ModelRunner(Executor):
     right after the full sampler's check, on every rank. With
     `tensor_parallel_size > 1` this is rank `rank`: it joins the group at
     `store` (rank 0 serves it) and holds its share of the model and the cache;
-    rank 0 samples and broadcasts the ids to the others.
+    every rank draws a decode step's greedy and plain-temperature rows itself
+    where `ranks_draw_in_step` (CUDA), as rank 0's `plan_draw` says; else rank 0
+    samples the gathered logits and broadcasts the ids to the others.
 
     With speculative method "mtp" the runner also drafts: every step runs
     packed (the varlen path, whose hidden states it keeps for every token; no
