@@ -478,7 +478,7 @@ class ModelRunner(Executor):
             if self.world_size > 1 and not step.sampled_in_step:  # else every rank drew the same ids
                 dist.broadcast(self.last_sampled[:num_sampled], src=0)
         if self._verify_step is not None:
-            self._verify_step.share_rejections(out)
+            self._verify_step.share_rejections(out, step.sampled_in_step)
             if self.draft_states is not None and out.draft_token_ids is not None and not step.sampled_in_step:
                 self._keep_draft_states(step)
         drafts = None

@@ -89,12 +89,13 @@ class VerifyStep:
         )
         return self.outputs.query_samples[:rows], verified
 
-    def share_rejections(self, out: SchedulerOutput) -> None:
-        """Keep `num_rejected` true of the step just launched: a step's counts (rank 0 wrote them; the other
-        ranks get them), or zeros after a step without drafts."""
+    def share_rejections(self, out: SchedulerOutput, checked_on_every_rank: bool) -> None:
+        """Keep `num_rejected` true of the step just launched: a step's counts (rank 0 wrote them and the other
+        ranks get them, unless every rank checked the drafts in the decode step), or zeros after a step without
+        drafts."""
         num_rejected = self.outputs.num_rejected
         if out.draft_token_ids is not None:
-            if self.world_size > 1:
+            if self.world_size > 1 and not checked_on_every_rank:
                 dist.broadcast(num_rejected[: len(out.sampled_req_ids)], src=0)
             self._rejections_pending = True
         elif self._rejections_pending:

@@ -159,6 +159,13 @@ def run_worker_drawing_in_step(config, rank, host, port, channel):
     tensor_parallel.run_worker(config, rank, host, port, channel)
 
 
+def two_ranks_drawing_in_step(model_dir, monkeypatch, **engine) -> LLM:
+    """An engine of two CPU ranks that draw in the decode step, as CUDA ranks do."""
+    monkeypatch.setattr(model_runner, "ranks_draw_in_step", lambda device: True)
+    monkeypatch.setattr(tensor_parallel, "run_worker", run_worker_drawing_in_step)
+    return LLM(model_dir, tensor_parallel_size=2, **ENGINE, **engine)
+
+
 def test_ranks_that_draw_in_the_decode_step_match_one_rank(qwen3_dir, monkeypatch):
     # the CUDA path on the CPU: rank 0 sends how each step draws, every rank draws greedy rows itself, and
     # rank 0 gathers the logits for logprobs and for the full sampler (then sends its ids)
@@ -170,9 +177,7 @@ def test_ranks_that_draw_in_the_decode_step_match_one_rank(qwen3_dir, monkeypatc
     ]
     one = LLM(qwen3_dir, **ENGINE)
     expected = [one.generate(random_prompts(), params, use_tqdm=False) for params in cases]
-    monkeypatch.setattr(model_runner, "ranks_draw_in_step", lambda device: True)
-    monkeypatch.setattr(tensor_parallel, "run_worker", run_worker_drawing_in_step)
-    two = LLM(qwen3_dir, tensor_parallel_size=2, **ENGINE)
+    two = two_ranks_drawing_in_step(qwen3_dir, monkeypatch)
     try:
         assert two.client.core.executor.runner._decode_step.vocab_slice == (0, two.config.model_config.vocab_size)
         got = [two.generate(random_prompts(), params, use_tqdm=False) for params in cases]
@@ -184,6 +189,36 @@ def test_ranks_that_draw_in_the_decode_step_match_one_rank(qwen3_dir, monkeypatc
             assert step_a.keys() == step_b.keys()
             for token_id in step_a:
                 assert step_a[token_id].logprob == pytest.approx(step_b[token_id].logprob, abs=1e-4)
+
+
+def test_ranks_that_draw_in_the_decode_step_check_drafts_as_one_rank(qwen3_dir, monkeypatch):
+    # verify steps: every rank samples its queries and checks the n-gram drafts inside the decode step
+    pytest.importorskip("triton")
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    prompts = [[7, 8, 9, 7, 8, 9, 7, 8], [5] * 12, random_prompts()[2]]
+    expected = token_ids(LLM(qwen3_dir, **ENGINE).generate(prompts, params, use_tqdm=False))
+    two = two_ranks_drawing_in_step(qwen3_dir, monkeypatch, speculative_config=ngram)
+    try:
+        drafted = []
+        two.client.core.executor.runner.launch_forward = recording_drafts(
+            two.client.core.executor.runner.launch_forward, drafted
+        )
+        assert token_ids(two.generate(prompts, params, use_tqdm=False)) == expected
+    finally:
+        two.close()
+    assert any(drafted), "no step had drafts"
+
+
+def recording_drafts(launch_forward, drafted: list):
+    """`launch_forward` that notes whether each decode step it launches has drafts."""
+
+    def launch(out, *args, **kwargs):
+        if out.is_decode:
+            drafted.append(out.draft_token_ids is not None)
+        return launch_forward(out, *args, **kwargs)
+
+    return launch
 
 
 @pytest.mark.slow
