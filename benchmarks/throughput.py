@@ -313,6 +313,52 @@ def greedy_token_ids(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
 
 
+class HostPhases:
+    """Wall time of rank 0's host loop by phase while attached: the engine core's scheduling, its launches of
+    the forward pass and of the sampling (with several ranks, posting the step to the others too), its read
+    back of the step before (which waits for the device) with the requests' update inside it, and the front
+    end's processing of the outputs."""
+
+    def __init__(self, llm: LLM):
+        core = llm.client.core
+        self.phases = [
+            (core.scheduler, "schedule", "scheduling"),
+            (core.executor, "launch_forward", "launching the forward pass"),
+            (core.executor, "launch_sampling", "launching the sampling"),
+            (core, "_finish_in_flight", "reading back the step before"),
+            (core.scheduler, "update", "  of which updating the requests"),
+            (llm.output_processor, "process", "processing the outputs"),
+        ]
+        self.seconds = dict.fromkeys([label for _, _, label in self.phases], 0.0)
+        # what each owner held of its own (another recorder's wrapper), put back on detach
+        self._held = [vars(owner).get(name) for owner, name, _ in self.phases]
+        for owner, name, label in self.phases:
+            setattr(owner, name, self._timed(getattr(owner, name), label))
+
+    def _timed(self, method, label: str):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.seconds[label] += time.perf_counter() - start
+
+        return timed
+
+    def detach(self) -> None:
+        """Stop timing: the owners' own methods again."""
+        for (owner, name, _), held in zip(self.phases, self._held):
+            if held is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, held)
+
+    def summary(self, num_steps: int, elapsed: float) -> str:
+        """Milliseconds per step of each phase over `num_steps` steps that took `elapsed` seconds."""
+        parts = [f"{label.strip()} {s / num_steps * 1e3:.2f}" for label, s in self.seconds.items()]
+        return f"wall time {elapsed / num_steps * 1e3:.2f} ms per step; by phase (ms): " + ", ".join(parts)
+
+
 def print_profile(label: str, steps) -> None:
     """Per-kernel GPU time of running `steps()`."""
     from torch.profiler import ProfilerActivity, profile
@@ -341,7 +387,11 @@ def profile_steps(llm: LLM, num_seqs: int, weight_read: WeightRead, kv_read: KVR
 
     print_profile(f"the prefill of {num_seqs} prompts", prefill)
     recorder = StepRecorder(llm)
+    phases = HostPhases(llm)
+    start = time.perf_counter()
     decode()
+    elapsed = time.perf_counter() - start
+    phases.detach()
     recorder.detach()
     torch.cuda.synchronize()
     # decode step j of a sequence with a p-token prompt reads p + 1 + j cached tokens
@@ -354,6 +404,7 @@ def profile_steps(llm: LLM, num_seqs: int, weight_read: WeightRead, kv_read: KVR
         f"{gpu_ms:.3f} ms (median of 32, CUDA events); roofline {roofline_ms:.3f} ms (weights and every "
         f"sequence's KV read once); {gpu_ms / roofline_ms:.2f}x the roofline"
     )
+    print(f"  {phases.summary(32, elapsed)}")
     print_profile(f"32 decode steps of {num_seqs} sequences", decode)
     while llm.has_unfinished_requests():
         llm.step()
@@ -540,7 +591,9 @@ def main() -> None:
         help="room admission keeps for decoding, as a multiple of what requests are expected to write "
         "(default: the engine's, 1; 0: admit while prompts fit, as vLLM does)",
     )
-    parser.add_argument("--profile", action="store_true", help="print per-kernel GPU time of decode steps")
+    parser.add_argument(
+        "--profile", action="store_true", help="print per-kernel GPU time and per-phase host time of decode steps"
+    )
     parser.add_argument(
         "--sampling",
         nargs="+",
