@@ -6,7 +6,10 @@ program takes the softmax of its token's logits in fp32, picks the top_k
 most probable experts one at a time (the lowest index among equals), and
 renormalises their probabilities to sum to 1 when asked: what
 `layers/moe_routing.route` computes in PyTorch in seven launches (softmax,
-top-k's sort and gather, the sum, the division, the copies).
+top-k's sort and gather, the sum, the division, the copies). With
+SHARED_GATE the row's last logit is a shared expert's gate: the program
+appends that expert (id num_experts) to the choices, weighted by the gate's
+sigmoid, so the experts' kernels run it as one more choice.
 
 Launched with programmatic dependent launch (`triton_pdl.py`): it reads
 nothing before the router's product is done, but lets the experts' kernel
@@ -19,6 +22,9 @@ import triton.language as tl
 
 from nanovllm.kernels.triton_pdl import pdl_launch, wait_for_previous_kernel
 
+# the most experts whose row one warp routes (8 logits a thread at 256)
+ONE_WARP_EXPERTS = 256
+
 
 @triton.jit
 def _route_kernel(
@@ -29,6 +35,7 @@ def _route_kernel(
     stride_lt,
     TOP_K: tl.constexpr,
     RENORMALIZE: tl.constexpr,
+    SHARED_GATE: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_J: tl.constexpr,
     PDL: tl.constexpr,
@@ -53,20 +60,29 @@ def _route_kernel(
         probs = tl.where(experts == best_id, -1.0, probs)
     if RENORMALIZE:
         weights = weights / tl.sum(weights, axis=0)  # the unused choices past TOP_K hold 0
-    out = token * TOP_K + choices
-    tl.store(weights_ptr + out, weights, mask=choices < TOP_K)
-    tl.store(ids_ptr + out, ids, mask=choices < TOP_K)
+    CHOICES: tl.constexpr = TOP_K + SHARED_GATE
+    if SHARED_GATE:
+        gate = tl.load(logits_ptr + token * stride_lt + num_experts).to(tl.float32)
+        weights = tl.where(choices == TOP_K, tl.sigmoid(gate), weights)
+        ids = tl.where(choices == TOP_K, num_experts, ids)
+    out = token * CHOICES + choices
+    tl.store(weights_ptr + out, weights, mask=choices < CHOICES)
+    tl.store(ids_ptr + out, ids, mask=choices < CHOICES)
 
 
-def route_experts(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def route_experts(
+    logits: torch.Tensor, top_k: int, renormalize: bool, shared_gate: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """What `layers/moe_routing.route` returns, in one launch.
 
-    logits: [tokens, experts] -> weights [tokens, top_k] fp32, ids [tokens, top_k] int64 (most probable first)
+    logits: [tokens, experts (+ 1)] -> weights [tokens, top_k (+ 1)] fp32, ids [tokens, top_k (+ 1)] int64
+    (most probable first)
     """
-    num_tokens, num_experts = logits.shape
+    num_tokens, num_experts = logits.size(0), logits.size(1) - shared_gate
+    choices = top_k + shared_gate
     assert logits.stride(1) == 1 and top_k <= num_experts
-    weights = torch.empty(num_tokens, top_k, dtype=torch.float32, device=logits.device)
-    ids = torch.empty(num_tokens, top_k, dtype=torch.int64, device=logits.device)
+    weights = torch.empty(num_tokens, choices, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(num_tokens, choices, dtype=torch.int64, device=logits.device)
     if num_tokens:
         _route_kernel[(num_tokens,)](
             logits,
@@ -76,9 +92,11 @@ def route_experts(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[
             logits.stride(0),
             TOP_K=top_k,
             RENORMALIZE=renormalize,
+            SHARED_GATE=shared_gate,
             BLOCK_E=triton.next_power_of_2(num_experts),
-            BLOCK_J=triton.next_power_of_2(top_k),
-            num_warps=1 if num_experts <= 128 else 4,
+            BLOCK_J=triton.next_power_of_2(choices),
+            # one warp reduces with shuffles alone: each pick's two reductions then need no barrier
+            num_warps=1 if num_experts <= ONE_WARP_EXPERTS else 4,
             **pdl_launch(logits.device),
         )
     return weights, ids

@@ -89,7 +89,10 @@ class FusedMoE(nn.Module):
     """`num_experts` gated MLPs of width `intermediate_size`, each token through the `top_k` its router
     logits choose (`route`), their outputs weighted and summed; this rank's slice of every expert. With
     `bias` each projection adds one; `inputs_first`: the checkpoint stacks them as gpt-oss does; `mxfp4`: its
-    experts are MXFP4, as gpt-oss's published checkpoints store them."""
+    experts are MXFP4, as gpt-oss's published checkpoints store them. With `shared_expert`, one more slot
+    after the routed experts holds a shared expert of the same width (`take_shared_expert` fills it once
+    loaded), which every token runs as one more choice, weighted by the sigmoid of the router logits' last
+    column, its gate: the kernels then run it beside the routed ones instead of in launches of its own."""
 
     def __init__(
         self,
@@ -102,8 +105,11 @@ class FusedMoE(nn.Module):
         bias: bool = False,
         inputs_first: bool = False,
         mxfp4: bool = False,
+        shared_expert: bool = False,
     ):
         super().__init__()
+        assert not (shared_expert and (mxfp4 or bias or inputs_first))
+        self.has_shared_expert = shared_expert
         self.inputs_first = inputs_first
         self.top_k, self.renormalize, self.hidden_act = top_k, renormalize, hidden_act
         self.tp_rank, self.tp_size = tp_rank(), tp_size()
@@ -113,15 +119,20 @@ class FusedMoE(nn.Module):
         if mxfp4:
             self._make_mxfp4_weights(num_experts, hidden_size, width)
         else:
-            self.w13 = nn.Parameter(torch.empty(num_experts, 2 * width, hidden_size), requires_grad=False)
-            self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, width), requires_grad=False)
+            slots = num_experts + shared_expert
+            self.w13 = nn.Parameter(torch.empty(slots, 2 * width, hidden_size), requires_grad=False)
+            self.w2 = nn.Parameter(torch.empty(slots, hidden_size, width), requires_grad=False)
             self.w13.weight_loader, self.w2.weight_loader = self._load_w13, self._load_w2
             # the one-expert checkpoint tensors each parameter is made of, which the loader checks it got
             self.w13.shard_ids = [(e, part) for e in range(num_experts) for part in ("gate", "up")]
             self.w2.shard_ids = [(e, "down") for e in range(num_experts)]
-            if inputs_first:  # the whole tensors' shapes in the checkpoint, which dummy weights take
+            # the whole tensors' shapes in the checkpoint, which dummy weights take
+            if inputs_first:
                 self.w13.checkpoint_shape = (num_experts, hidden_size, 2 * intermediate_size)
                 self.w2.checkpoint_shape = (num_experts, intermediate_size, hidden_size)
+            elif shared_expert:
+                self.w13.checkpoint_shape = (num_experts, 2 * intermediate_size, hidden_size)
+                self.w2.checkpoint_shape = (num_experts, hidden_size, intermediate_size)
         self.w13_bias = self.w2_bias = None
         if bias:
             self.w13_bias = nn.Parameter(torch.empty(num_experts, 2 * width), requires_grad=False)
@@ -181,7 +192,7 @@ class FusedMoE(nn.Module):
         """Every expert's gate | up ([experts, 2 * I, hidden], shard_id None), or one expert's gate or up
         ([I, hidden], shard_id (expert, "gate" or "up")): this rank's rows of each."""
         if shard_id is None:
-            self._copy_gate_up(param.data, self._halves_first(loaded) if self.inputs_first else loaded)
+            self._copy_gate_up(self._routed(param), self._halves_first(loaded) if self.inputs_first else loaded)
             return
         expert = param.data[shard_id[0]]  # [2 * width, hidden]
         width = expert.size(0) // 2
@@ -202,9 +213,19 @@ class FusedMoE(nn.Module):
         assert shard_id is None or shard_id[1] == "down"
         if shard_id is None and self.inputs_first:
             loaded = loaded[:].transpose(1, 2)  # gpt-oss's [experts, I, hidden]
-        experts = param.data if shard_id is None else param.data[shard_id[0]]  # [(experts,) hidden, width]
+        experts = self._routed(param) if shard_id is None else param.data[shard_id[0]]  # [(experts,) hidden, width]
         width = param.size(2)
         experts.copy_(shard(loaded, experts.dim() - 1, self.tp_rank * width, width))
+
+    def _routed(self, param: nn.Parameter) -> torch.Tensor:
+        """The routed experts' part of a stacked weight: all of it but the shared expert's slot."""
+        return param.data[: param.size(0) - self.has_shared_expert]
+
+    def take_shared_expert(self, gate_up: torch.Tensor, down: torch.Tensor) -> None:
+        """Copy this rank's slice of the shared expert (gate | up [2 * width, hidden], down [hidden, width],
+        as `SharedExpert` holds them) into the last slot."""
+        self.w13.data[-1].copy_(gate_up)
+        self.w2.data[-1].copy_(down)
 
     def _load_w13_bias(self, param: nn.Parameter, loaded) -> None:
         """Every expert's gate | up bias ([experts, 2 * I], interleaved where `inputs_first`): this rank's part
@@ -229,8 +250,9 @@ class FusedMoE(nn.Module):
         first kernel (one launch fewer in a one-sequence step), anything else first. `shared`, this rank's
         partial output of a shared expert (`SharedExpert`), is added before the sum, which then sums both.
         `expert_scale` [experts] multiplies each choice's weight by its expert's scale, after the top-k's
-        renormalisation (Gemma 4's per_expert_scale)."""
-        # x: [tokens, hidden]; router_logits: [tokens, experts]; shared: [tokens, hidden] -> [tokens, hidden]
+        renormalisation (Gemma 4's per_expert_scale). With a shared expert in the last slot, router_logits
+        end with its gate's logit."""
+        # x: [tokens, hidden]; router_logits: [tokens, experts (+ 1)]; shared: [tokens, hidden] -> [tokens, hidden]
         norm_in_kernel = input_norm is not None and one_row_on_cuda(x)
         if input_norm is not None and not norm_in_kernel:
             x = input_norm(x)
@@ -239,10 +261,13 @@ class FusedMoE(nn.Module):
             from nanovllm.kernels.triton_moe_routing import route_experts
 
             norm = dict(norm_weight=input_norm.weight, eps=input_norm.eps) if norm_in_kernel else {}
-            weights, ids = _scaled(*route_experts(router_logits, self.top_k, self.renormalize), expert_scale)
+            routing = route_experts(router_logits, self.top_k, self.renormalize, self.has_shared_expert)
+            weights, ids = _scaled(*routing, expert_scale)
             y = fused_experts(x, self.w13, self.w2, weights, ids, self.hidden_act, **norm, **self._extras())
         else:
-            weights, ids = _scaled(*route(router_logits, self.top_k, self.renormalize), expert_scale)
+            weights, ids = _scaled(
+                *route(router_logits, self.top_k, self.renormalize, self.has_shared_expert), expert_scale
+            )
             y = moe_experts(x, self.w13, self.w2, weights, ids, self.hidden_act, **self._extras())
         if shared is not None:
             y = y + shared

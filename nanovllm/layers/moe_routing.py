@@ -5,16 +5,25 @@ grouped-GEMM kernel read the same output."""
 import torch
 
 
-def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def route(
+    logits: torch.Tensor, top_k: int, renormalize: bool, shared_gate: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The top_k experts of each token by softmax probability (computed in fp32), and their weights: those
-    probabilities, renormalised to sum to 1 when `renormalize` (Mixtral; Qwen3-MoE's norm_topk_prob).
+    probabilities, renormalised to sum to 1 when `renormalize` (Mixtral; Qwen3-MoE's norm_topk_prob). With
+    `shared_gate`, the last logit is a shared expert's gate rather than a routed expert's: the shared expert
+    (the last id) joins every token's choices last, weighted by the gate's sigmoid.
 
-    logits: [tokens, experts] -> weights [tokens, top_k] fp32, ids [tokens, top_k] int64 (most probable first)
+    logits: [tokens, experts (+ 1)] -> weights [tokens, top_k (+ 1)] fp32, ids [tokens, top_k (+ 1)] int64
+    (most probable first)
     """
-    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    routed = logits[:, :-1] if shared_gate else logits
+    probs = torch.softmax(routed, dim=-1, dtype=torch.float32)
     weights, ids = probs.topk(top_k, dim=-1)
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
+    if shared_gate:
+        weights = torch.cat([weights, logits[:, -1:].float().sigmoid()], dim=-1)
+        ids = torch.cat([ids, torch.full_like(ids[:, :1], routed.size(1))], dim=-1)
     return weights, ids
 
 

@@ -139,13 +139,24 @@ class GatedMLP(nn.Module):
 class SparseMoeBlock(nn.Module):
     """Experts in place of the MLP: for y = input_norm(x + residual), the router (gate) scores every expert
     of each token, and the num_experts_per_tok best run on it, their outputs weighted (`FusedMoE`). Where
-    config.shared_expert_intermediate_size is set, a shared expert's gated output is added (`SharedExpert`)."""
+    config.shared_expert_intermediate_size is set, a shared expert's gated output is added (`SharedExpert`).
+    A shared expert as wide as the routed ones (Qwen3.5/3.6-MoE, Qwen3-Next) loads as its own module, then
+    moves into the experts' last slot and its gate into the router's last row (`finish_loading`): it runs
+    inside the experts' kernels, which in a one-sequence step saves the launches of its products, gate and
+    sum, and of the norm, which then runs inside the router's and the experts' first kernels."""
 
     def __init__(self, config: ModelConfig, input_norm: RMSNorm):
         super().__init__()
         # a bound method, not the module: the norm's weight stays registered (and named) in its decoder layer
         self.input_norm = input_norm.__call__
         self.gate = ReplicatedLinear(config.hidden_size, config.num_experts, bias=config.expert_bias)
+        shared_width = config.shared_expert_intermediate_size
+        # the experts' slots hold 16-bit weights: not an FP8 checkpoint's shared expert, nor MXFP4 experts
+        shared_in_experts = (
+            shared_width == config.moe_intermediate_size
+            and config.weight_quantization is None
+            and config.expert_quantization is None
+        )
         self.experts = FusedMoE(
             config.num_experts,
             config.num_experts_per_tok,
@@ -156,13 +167,23 @@ class SparseMoeBlock(nn.Module):
             bias=config.expert_bias,
             inputs_first=config.checkpoint_names.experts_inputs_first,
             mxfp4=config.expert_quantization is not None,
+            shared_expert=shared_in_experts,
         )
         self.normed_gate = NormedProjection(input_norm, self.gate)
         self.shared_expert = None
-        if config.shared_expert_intermediate_size:
-            self.shared_expert = SharedExpert(
-                config.hidden_size, config.shared_expert_intermediate_size, config.hidden_act
-            )
+        if shared_width:
+            self.shared_expert = SharedExpert(config.hidden_size, shared_width, config.hidden_act)
+
+    def finish_loading(self) -> None:
+        """Move a shared expert that the experts' last slot takes there, and its gate into the router."""
+        if self.shared_expert is None or not self.experts.has_shared_expert:
+            return
+        shared = self.shared_expert
+        self.experts.take_shared_expert(shared.gate_up_proj.weight, shared.down_proj.weight)
+        # [experts + 1, hidden]: the router's logits end with the shared expert's gate
+        router = torch.cat([self.gate.weight, shared.gate.weight])
+        self.gate.weight = nn.Parameter(router, requires_grad=False)
+        self.shared_expert = None
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The experts' output for input_norm(x + residual), and x + residual, the next residual."""

@@ -126,6 +126,15 @@ def load_model(model: nn.Module, path: str, dequantize: Callable | None = None) 
                 _load_into(params[param_name], tensor, shard_id)
                 loaded.add(f"{param_name}:{shard_id}")
     _check_complete(model, params, loaded, path)
+    finish_loading(model)
+
+
+def finish_loading(model: nn.Module) -> None:
+    """Let the modules that lay their weights out anew once loaded (a `finish_loading` method) do so."""
+    for module in list(model.modules()):
+        finish = getattr(module, "finish_loading", None)
+        if finish is not None:
+            finish()
 
 
 def _tensor_files(files: list[str]) -> dict[str, str]:
@@ -213,3 +222,4 @@ def load_dummy_weights(model: nn.Module, model_config, seed: int = 0, low: float
             _load_into(
                 param, RandomTensor((rows, *shape[1:]), tensor_seed, param.dtype, param.device, *bounds), shard_id
             )
+    finish_loading(model)

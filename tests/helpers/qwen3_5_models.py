@@ -33,10 +33,13 @@ FIELDS = dict(
     linear_conv_kernel_dim=4,
     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
 )
-# FIELDS with experts in every layer's place of the MLP: eight of width 32, top-2, and a shared expert of 48
+# FIELDS with experts in every layer's place of the MLP: eight of width 32, top-2, and a shared expert as wide,
+# as the published models have it (it then runs in the experts' last slot)
 MOE_FIELDS = dict(
-    FIELDS, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48
+    FIELDS, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32
 )
+# a shared expert wider than the routed ones, which runs as a module of its own
+WIDER_SHARED_EXPERT = dict(shared_expert_intermediate_size=48)
 IMAGE_TEXT_TOKENS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
 
 

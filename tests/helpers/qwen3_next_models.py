@@ -12,7 +12,7 @@ from helpers.tiny_models import save_tiny_tokenizer
 LAYER_TYPES = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
 DENSE_LAYER = 2  # a Gated DeltaNet layer whose MLP is dense (mlp_only_layers)
 # Qwen3.5's tiny sizes (two key heads, each read by two value heads) with eight experts of width 32, top-2, a
-# shared expert of 48, and the chosen experts' weights left as the softmax gives them
+# shared expert as wide, and the chosen experts' weights left as the softmax gives them
 FIELDS = dict(
     FIELDS,
     num_hidden_layers=len(LAYER_TYPES),
@@ -20,7 +20,7 @@ FIELDS = dict(
     num_experts=8,
     num_experts_per_tok=2,
     moe_intermediate_size=32,
-    shared_expert_intermediate_size=48,
+    shared_expert_intermediate_size=32,
     norm_topk_prob=False,
     mlp_only_layers=[DENSE_LAYER],
 )

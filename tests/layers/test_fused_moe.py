@@ -36,6 +36,16 @@ def test_route_picks_each_tokens_most_probable_experts_and_weighs_them_by_their_
         assert weights[t].tolist() == pytest.approx(want_weights, rel=1e-5)
 
 
+def test_a_shared_expert_joins_every_token_last_weighted_by_its_gates_sigmoid():
+    torch.manual_seed(3)
+    logits = torch.randn(4, EXPERTS + 1)  # the last column: the shared expert's gate
+    weights, ids = route(logits, TOP_K, renormalize=True, shared_gate=True)
+    routed_weights, routed_ids = route(logits[:, :EXPERTS], TOP_K, renormalize=True)
+    assert ids.tolist() == [row + [EXPERTS] for row in routed_ids.tolist()]
+    torch.testing.assert_close(weights[:, :TOP_K], routed_weights)
+    torch.testing.assert_close(weights[:, TOP_K], logits[:, EXPERTS].sigmoid())
+
+
 def test_renormalised_weights_are_the_softmax_of_the_chosen_logits_in_fp32():
     # Mixtral's formulation of the same weights; bfloat16 logits are routed in fp32
     torch.manual_seed(1)

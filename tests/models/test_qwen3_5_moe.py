@@ -25,7 +25,12 @@ from helpers.family_checks import (
 from helpers.hf_reference import hf_greedy
 from helpers.moe_models import save_stacked, tensor_names
 from helpers.prompts import random_prompts
-from helpers.qwen3_5_models import LAYER_TYPES, save_qwen3_5_moe, save_qwen3_5_moe_image_text
+from helpers.qwen3_5_models import (
+    LAYER_TYPES,
+    WIDER_SHARED_EXPERT,
+    save_qwen3_5_moe,
+    save_qwen3_5_moe_image_text,
+)
 
 PROMPTS = random_prompts([5, 20, 45], seed=6)
 
@@ -41,6 +46,11 @@ def model_config(moe_dir) -> ModelConfig:
 
 
 @pytest.fixture(scope="module")
+def wider_dir(tmp_path_factory):
+    return save_qwen3_5_moe(tmp_path_factory.mktemp("tiny-qwen3_5-moe-wider"), **WIDER_SHARED_EXPERT)
+
+
+@pytest.fixture(scope="module")
 def expected(moe_dir):
     return hf_greedy(moe_dir, PROMPTS, GREEDY.max_tokens)
 
@@ -49,7 +59,7 @@ def test_the_config_puts_experts_and_a_shared_expert_in_every_layer(model_config
     assert model_config.layer_types == tuple(LAYER_TYPES)
     assert model_config.moe_layers == tuple(range(len(LAYER_TYPES)))
     assert (model_config.num_experts, model_config.num_experts_per_tok) == (8, 2)
-    assert (model_config.moe_intermediate_size, model_config.shared_expert_intermediate_size) == (32, 48)
+    assert (model_config.moe_intermediate_size, model_config.shared_expert_intermediate_size) == (32, 32)
     assert model_config.norm_topk_prob and model_config.attn_output_gate and model_config.rotary_dim == 4
 
 
@@ -75,24 +85,56 @@ def test_an_image_text_config_reads_its_text_config():
     assert config.checkpoint_names.prefixes["model.language_model."] == "model."
 
 
-def test_the_shared_expert_gives_transformers_output_and_its_rank_parts_add_up(moe_dir, model_config):
+def hf_first_mlp(model_dir):
+    return Qwen3_5MoeForCausalLM.from_pretrained(model_dir, dtype=torch.float32).model.layers[0].mlp
+
+
+def first_mlps(model_dir, ranks_of: list[tuple[int, int]]) -> list:
+    """The first layer's MoE block of the engine's model, loaded as each (rank, ranks) of `ranks_of`."""
+    config = ModelConfig.from_hf(AutoConfig.from_pretrained(model_dir))
+    mlps = []
+    for rank, ranks in ranks_of:
+        with tensor_parallel(rank, ranks):
+            model = DecoderForCausalLM(config)
+            load_model(model, model_dir)
+        mlps.append(model.model.layers[0].mlp)
+    return mlps
+
+
+def test_a_wider_shared_expert_gives_transformers_output_and_its_rank_parts_add_up(wider_dir):
     """sigmoid(shared_expert_gate(y)) * shared_expert(y) of transformers' first layer; each rank's unsummed
     part (half the width, the whole gate) sums to it."""
     torch.manual_seed(0)
     y = torch.randn(5, 64)
-    hf_mlp = Qwen3_5MoeForCausalLM.from_pretrained(moe_dir, dtype=torch.float32).model.layers[0].mlp
+    hf_mlp = hf_first_mlp(wider_dir)
     with torch.inference_mode():
         want = hf_mlp.shared_expert_gate(y).sigmoid() * hf_mlp.shared_expert(y)
-    outputs = []
-    for rank, ranks in [(0, 1), (0, 2), (1, 2)]:
-        with tensor_parallel(rank, ranks):
-            model = DecoderForCausalLM(model_config)
-            load_model(model, moe_dir)
-        with torch.inference_mode():
-            outputs.append(model.model.layers[0].mlp.shared_expert(y))
-    whole, *parts = outputs
+        whole, *parts = [mlp.shared_expert(y) for mlp in first_mlps(wider_dir, [(0, 1), (0, 2), (1, 2)])]
     torch.testing.assert_close(whole, want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(sum(parts), whole, atol=1e-5, rtol=1e-5)
+
+
+def test_a_shared_expert_as_wide_as_the_experts_runs_in_their_last_slot(moe_dir):
+    """Once loaded, the shared expert is the experts' last slot (each rank its half of the width) and its
+    gate the router's last row; the block's output is transformers' routed and shared experts' sum."""
+    torch.manual_seed(0)
+    y = torch.randn(5, 64)
+    hf_mlp = hf_first_mlp(moe_dir)
+    hf_shared = hf_mlp.shared_expert
+    down = hf_shared.down_proj.weight
+    ranks_of = [(0, 1), (0, 2), (1, 2)]
+    mlps = first_mlps(moe_dir, ranks_of)
+    for mlp, (rank, ranks) in zip(mlps, ranks_of):
+        assert mlp.shared_expert is None and mlp.experts.w13.size(0) == 9 and mlp.gate.weight.size(0) == 9
+        gate, up = (w.chunk(ranks)[rank] for w in (hf_shared.gate_proj.weight, hf_shared.up_proj.weight))
+        torch.testing.assert_close(mlp.experts.w13[-1], torch.cat([gate, up]), atol=0, rtol=0)
+        torch.testing.assert_close(mlp.experts.w2[-1], down.chunk(ranks, 1)[rank], atol=0, rtol=0)
+        torch.testing.assert_close(mlp.gate.weight[-1:], hf_mlp.shared_expert_gate.weight, atol=0, rtol=0)
+    with torch.inference_mode():
+        want = hf_mlp(y[None])
+        got = mlps[0].experts(y, mlps[0].gate(y))
+    want = want[0] if isinstance(want, tuple) else want  # [1, 5, hidden]
+    torch.testing.assert_close(got, want[0], atol=1e-5, rtol=1e-5)
 
 
 def test_greedy_tokens_in_small_prefill_chunks_equal_transformers(moe_dir, expected):
@@ -114,6 +156,10 @@ def test_stacked_experts_load_and_give_the_same_tokens(moe_dir, expected, tmp_pa
     assert greedy(stacked, PROMPTS) == expected
 
 
+def test_a_wider_shared_expert_gives_transformers_tokens(wider_dir):
+    assert greedy(wider_dir, PROMPTS) == hf_greedy(wider_dir, PROMPTS, GREEDY.max_tokens)
+
+
 def test_an_image_text_checkpoint_runs_as_its_language_model(tmp_path):
     model_dir = save_qwen3_5_moe_image_text(tmp_path / "image-text")
     assert greedy(model_dir, PROMPTS) == hf_greedy(model_dir, PROMPTS, GREEDY.max_tokens)
@@ -126,9 +172,13 @@ def test_two_ranks_equal_transformers(moe_dir, expected):
 
 
 @pytest.mark.gpu
-def test_the_fused_kernels_give_transformers_tokens_on_the_gpu(moe_dir, expected):
-    """On CUDA the experts run in the fused kernels (one-sequence decode steps in the few-token ones) and the
-    shared expert beside them; prompts whole and cut every 16 tokens, decode steps in CUDA graphs."""
+def test_the_fused_kernels_give_transformers_tokens_on_the_gpu(moe_dir, expected, wider_dir):
+    """On CUDA the experts run in the fused kernels (one-sequence decode steps in the few-token ones), the
+    shared expert in their last slot or, wider, beside them; prompts whole and cut every 16 tokens, decode
+    steps in CUDA graphs."""
     assert greedy(moe_dir, PROMPTS, device="cuda") == expected
     assert greedy(moe_dir, PROMPTS[:1], device="cuda") == expected[:1]
     assert greedy(moe_dir, PROMPTS, device="cuda", max_num_batched_tokens=16) == expected
+    wider_expected = hf_greedy(wider_dir, PROMPTS, GREEDY.max_tokens)
+    assert greedy(wider_dir, PROMPTS, device="cuda") == wider_expected
+    assert greedy(wider_dir, PROMPTS[:1], device="cuda") == wider_expected[:1]

@@ -51,7 +51,7 @@ def test_the_config_names_the_layers_their_experts_and_the_router(model_config):
     assert model_config.layer_types == tuple(LAYER_TYPES)
     assert model_config.moe_layers == tuple(i for i in range(len(LAYER_TYPES)) if i != DENSE_LAYER)
     assert (model_config.num_experts, model_config.num_experts_per_tok) == (8, 2)
-    assert (model_config.moe_intermediate_size, model_config.shared_expert_intermediate_size) == (32, 48)
+    assert (model_config.moe_intermediate_size, model_config.shared_expert_intermediate_size) == (32, 32)
     assert not model_config.norm_topk_prob  # read from the config, which Qwen3.5-MoE's class ignores
     assert model_config.attn_output_gate and model_config.qk_norm and model_config.norm_unit_offset
     assert model_config.rotary_dim == 4 and model_config.linear_num_value_heads == 4
