@@ -11,8 +11,8 @@ prints the HBM bandwidth that reading the weight once at that speed means,
 beside the data-sheet peak. As in a decode step, products run back to back in
 a CUDA graph, each on a different copy of the weight (copies of 256 MB in all,
 so none is read from L2), and the time includes the gaps between them.
-`--sweep` also times each BLOCK_N, BLOCK_K and warp count (and pipeline stages, for several rows) and prints
-the best per shape and row count.
+`--sweep` also times each BLOCK_N, BLOCK_K and warp count (and pipeline stages, for several rows; for one row of
+FP8 weights, the tiles of `triton_gemv.FP8_TILES`) and prints the best per shape and row count.
 `--tensor-parallel-size N` times one rank's share of each product instead (q/k/v, gate/up and the LM head
 split by output features, o and down by input features; the KV heads repeated where N exceeds them).
 `--fp8` times the products with the weights in FP8 (a byte per weight; per-channel scales, or with
@@ -148,9 +148,10 @@ def with_blocks(product, rows: int, blocks: tuple[int, ...]):
 def sweep_choices(rows: int, fp8: str | None) -> list[tuple[int, ...]]:
     """The tiles a sweep times: (BLOCK_N, BLOCK_K, warps) for one row, (BLOCK_N, BLOCK_K, warps, stages) for
     several."""
+    if rows == 1 and fp8:
+        return list(triton_gemv.FP8_TILES)
     if rows == 1:
-        columns = (1024, 2048, 4096) if fp8 else (512, 1024, 2048)
-        return list(itertools.product((4, 8, 16), columns, (4, 8)))
+        return list(itertools.product((4, 8, 16), (512, 1024, 2048), (4, 8)))
     return list(itertools.product((16, 32, 64), (128, 256, 512), (4,), (3, 4)))
 
 

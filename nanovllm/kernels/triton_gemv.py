@@ -40,10 +40,21 @@ parallelism) each program then sums its features over the ranks itself
 W may be float8 e4m3 with fp32 scales (`kernels/fp8_weights.py` has the
 layout), by the constexpr SCALES: PER_ROW (one scale per output feature,
 applied to the row's sum) or PER_BLOCK (one per block of SCALE_ROWS x
-SCALE_COLUMNS, folded into x column group by column group; a program's
-features lie in one block of rows). The product reads half the bytes of a
-bf16 one and multiplies the dequantized weights with x unquantized, in fp32:
-`fp8_weights.fp8_linear(..., quantize_x=False)` is its reference.
+SCALE_COLUMNS; a program's features lie in one block of rows). The product
+reads half the bytes of a bf16 one and multiplies the dequantized weights
+with x unquantized, in fp32: `fp8_weights.fp8_linear(..., quantize_x=False)`
+is its reference. Each thread loads VEC = 16 contiguous bytes of a row at
+once and sums their products before it adds them to its sums, which hold one
+value per group of 16 columns, [BLOCK_N, BLOCK_K / VEC], instead of one per
+column: 16x fewer registers, so that a thread keeps 64 to 128 bytes of W in
+flight (`FP8_BLOCKS`), as with bf16 weights, where sums per column spilled
+beyond 16 bytes. PER_BLOCK scales each group's sum (a group lies in one block of
+columns): a load per group, not per column. Where K is a multiple of 4, W is
+read as int32 words of four values (WORD), which inline PTX converts two at
+a time: carried over to the next iteration (the prefetch), float8 values took
+a register each, and Triton's own conversion several instructions a byte to
+pack them again (docs/benchmarks.md has the figures). `benchmarks/gemv.py
+--fp8 [128x128] --sweep` times `FP8_TILES`.
 
 A few rows (2 to MAX_ROWS) run in a kernel of their own, `_rows_kernel`,
 which reads each chunk of W once for all of them: the rows, padded to 16 (the
@@ -76,16 +87,35 @@ import triton.language as tl
 from nanovllm.kernels.fp8_kv import FP8_MAX as FP8_KV_MAX
 from nanovllm.kernels.triton_all_reduce import ProductSum, sum_in_program
 from nanovllm.kernels.triton_gated_activation import ACTIVATIONS, SILU, gated
-from nanovllm.kernels.triton_pdl import let_next_kernel_start, pdl_launch, wait_for_previous_kernel
+from nanovllm.kernels.triton_pdl import compiled_for_gpu, let_next_kernel_start, pdl_launch, wait_for_previous_kernel
 
 PLAIN, RMS_NORM, GATED = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # PROLOGUE
 NO_SCALES, PER_ROW, PER_BLOCK = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # SCALES of FP8 weights
 FP8_MAX = tl.constexpr(FP8_KV_MAX)  # e4m3fn's largest finite value, for the kernels
 # PROLOGUE -> (BLOCK_N, BLOCK_K, num_warps)
 BLOCKS = {PLAIN.value: (4, 2048, 4), RMS_NORM.value: (8, 512, 4), GATED.value: (8, 2048, 4)}
-# the same for FP8 weights, from `benchmarks/gemv.py --fp8 --sweep --shapes 8b`: narrower chunks, since wider
-# ones spill the fp32 sums out of registers
-FP8_BLOCKS = {PLAIN.value: (4, 1024, 8), RMS_NORM.value: (4, 1024, 4), GATED.value: (8, 1024, 8)}
+# the same for FP8 weights: the fastest of `FP8_TILES` on the Qwen3.6-27B shape's largest product of each
+# prologue, 128 x 128 scales (docs/tuning.md)
+FP8_BLOCKS = {PLAIN.value: (8, 1024, 4), RMS_NORM.value: (16, 1024, 4), GATED.value: (16, 1024, 4)}
+# the tiles `benchmarks/gemv.py --fp8 [128x128] --sweep` times for one row: 64 to 256 bytes of W a thread per
+# chunk (BLOCK_N * BLOCK_K / 32 / warps), none spilling registers in any prologue (ptxas, sm_90a); BLOCK_N
+# divides 128 (a block-FP8 weight's rows a scale) and is a lane of `triton_all_reduce.PRODUCT_LANES`
+FP8_TILES = (
+    (4, 2048, 4),
+    (4, 4096, 4),
+    (4, 4096, 8),
+    (4, 8192, 8),
+    (8, 1024, 4),
+    (8, 2048, 4),
+    (8, 2048, 8),
+    (8, 4096, 8),
+    (16, 1024, 4),
+    (16, 2048, 8),
+    (16, 4096, 8),
+)
+# FP8 weights are read as int32 words of FP8_WORD values, and summed in groups of FP8_VEC columns: a thread's
+# 16-byte load (the widest), where K is a multiple of 16
+FP8_WORD, FP8_VEC = 4, 16
 # (PROLOGUE, N, K) -> (BLOCK_N, BLOCK_K, num_warps) of full-precision weights where `BLOCKS` is not the
 # fastest: Qwen3-30B-A3B's qkv and o (`benchmarks/gemv.py --sweep --shapes qwen3-30b-a3b`), and one rank's
 # qkv, o, down and LM head of Qwen3-8B at two ranks (`--shapes 8b --tensor-parallel-size 2`)
@@ -97,14 +127,22 @@ SHAPE_BLOCKS = {
     (GATED.value, 4096, 6144): (16, 1024, 4),
     (PLAIN.value, 75968, 4096): (4, 1024, 4),
 }
+# products of at most this many features (a router, a Gated DeltaNet's b and a) take one or two rows a program
+# and 2048 columns a chunk: at the default tiles they gave too few programs to fill the GPU (Qwen3.6-35B-A3B on
+# an H200, with the norm in front: the router and shared gate 257 x 2048 3.50 -> 1.71 us, b and a 64 x 2048
+# 3.29 -> 1.47 us)
+NARROW_FEATURES = 512
 # the most rows a product takes: the rows kernel pads them to 16, the smallest tensor-core tile
 MAX_ROWS = 16
 
 
-def blocks_for(prologue: tl.constexpr, n: int, k: int, fp8: bool) -> tuple[int, int, int]:
-    """BLOCK_N, BLOCK_K and the warps of the product of an [n, k] weight (FP8 or not) with `prologue`."""
+def blocks_for(prologue: tl.constexpr, n: int, k: int, fp8: bool, summed: bool = False) -> tuple[int, int, int]:
+    """BLOCK_N, BLOCK_K and the warps of the product of an [n, k] weight (FP8 or not) with `prologue`;
+    `summed`: summed over the ranks in the kernel, whose lanes take BLOCK_N of PRODUCT_LANES."""
     if fp8:
         return FP8_BLOCKS[prologue.value]
+    if n <= NARROW_FEATURES and not summed:
+        return (1 if n <= NARROW_FEATURES // 4 else 2), 2048, 4
     return SHAPE_BLOCKS.get((prologue.value, n, k), BLOCKS[prologue.value])
 
 
@@ -170,6 +208,71 @@ def _weight_chunk(w_ptr, features, feature_ok, start, columns, K):
 
 
 @triton.jit
+def _e4m3_values(words, PTX: tl.constexpr):
+    """The float8 e4m3 values packed four to an int32 of `words` [BLOCK_N, WORDS] (the first in the low byte),
+    in fp32: [BLOCK_N, 4 * WORDS]. Compiled for a GPU, in PTX, two values a conversion; Triton's own cast takes
+    several more instructions a byte to gather each pair. Triton's interpreter runs no PTX: there, the casts."""
+    if PTX:
+        v0, v1, v2, v3 = tl.inline_asm_elementwise(
+            """{
+            .reg .b16 lo, hi;
+            .reg .b32 v01, v23;
+            mov.b32 {lo, hi}, $4;
+            cvt.rn.f16x2.e4m3x2 v01, lo;
+            cvt.rn.f16x2.e4m3x2 v23, hi;
+            mov.b32 {lo, hi}, v01;
+            cvt.f32.f16 $0, lo;
+            cvt.f32.f16 $1, hi;
+            mov.b32 {lo, hi}, v23;
+            cvt.f32.f16 $2, lo;
+            cvt.f32.f16 $3, hi;
+            }""",
+            "=r,=r,=r,=r,r",
+            [words],
+            dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
+            is_pure=True,
+            pack=1,
+        )
+    else:
+        v0 = words.to(tl.int8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        v1 = (words >> 8).to(tl.int8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        v2 = (words >> 16).to(tl.int8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        v3 = (words >> 24).to(tl.int8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    values = tl.join(tl.join(v0, v2), tl.join(v1, v3))  # [BLOCK_N, WORDS, 2, 2]: value 2p + q of a word at [p, q]
+    return tl.reshape(values, (words.shape[0], 4 * words.shape[1]))
+
+
+@triton.jit
+def _weight_values(w, WORD: tl.constexpr, PTX: tl.constexpr):
+    """A chunk of W as loaded, [BLOCK_N, BLOCK_K // WORD], in fp32: [BLOCK_N, BLOCK_K]."""
+    if WORD == 1:
+        values = w.to(tl.float32)
+    else:
+        values = _e4m3_values(w, PTX)
+    return values
+
+
+@triton.jit
+def _group_sums(t, VEC: tl.constexpr):
+    """t [BLOCK_N, BLOCK_K] summed over each group of VEC contiguous columns, which one thread holds (16-byte
+    loads): [BLOCK_N, BLOCK_K // VEC]; t itself for VEC 1."""
+    if VEC > 1:
+        t = tl.sum(tl.reshape(t, (t.shape[0], t.shape[1] // VEC, VEC)), axis=2)
+    return t
+
+
+@triton.jit
+def _group_scales(
+    scale_ptr, start, K, SCALE_ROWS, SCALE_COLUMNS, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr
+):
+    """The PER_BLOCK scales of the chunk at `start`, in this program's block of rows, one per group of VEC
+    columns (a group lies in one block of columns): [BLOCK_K // VEC]."""
+    k = start + tl.arange(0, BLOCK_K // VEC) * VEC  # each group's first column
+    block_row = tl.program_id(0) * BLOCK_N // SCALE_ROWS
+    return tl.load(scale_ptr + block_row * tl.cdiv(K, SCALE_COLUMNS) + k // SCALE_COLUMNS, mask=k < K, other=0.0)
+
+
+@triton.jit
 def _gemv_kernel(
     a_ptr,
     r_ptr,
@@ -194,6 +297,9 @@ def _gemv_kernel(
     SCALE_COLUMNS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    WORD: tl.constexpr,  # W's values in an element of w_ptr: 1, or FP8_WORD (FP8 W as int32 [N, K / WORD])
+    VEC: tl.constexpr,  # columns a thread sums before accumulating: 1 (full-precision W) or FP8_VEC
+    PTX: tl.constexpr,  # compiled for a GPU, not run in Triton's interpreter
     SUM_RANKS: tl.constexpr,  # y is this rank's part of a sum over WORLD ranks: write the sum
     WORLD: tl.constexpr,
     THREADS: tl.constexpr,
@@ -201,26 +307,26 @@ def _gemv_kernel(
 ):
     features = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     columns = tl.arange(0, BLOCK_K)
+    elements = tl.arange(0, BLOCK_K // WORD)  # of w_ptr in a chunk
     feature_ok = features < N
     # the weights depend on no earlier kernel: the first chunk is read while that kernel finishes
-    w = _weight_chunk(w_ptr, features, feature_ok, 0, columns, K)
+    w = _weight_chunk(w_ptr, features, feature_ok, 0, elements, K // WORD)
     wait_for_previous_kernel(PDL)
     a, b = _input_loads(a_ptr, r_ptr, 0, columns, K, PROLOGUE, HAS_RESIDUAL)
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)  # a sum per feature and column, or group
     squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
     for start in range(0, K, BLOCK_K):
         # the next chunk's weights and inputs are in flight while this one is multiplied
-        w_next = _weight_chunk(w_ptr, features, feature_ok, start + BLOCK_K, columns, K)
+        w_next = _weight_chunk(w_ptr, features, feature_ok, (start + BLOCK_K) // WORD, elements, K // WORD)
         a_next, b_next = _input_loads(a_ptr, r_ptr, start + BLOCK_K, columns, K, PROLOGUE, HAS_RESIDUAL)
         x, squared = _prologue(a, b, g_ptr, h_ptr, start + columns, K, PROLOGUE, HAS_RESIDUAL, ACT)
         if PROLOGUE == RMS_NORM:
             squares += squared
-        if SCALES == PER_BLOCK:  # the scales of this program's block of rows, one per group of columns
-            k = start + columns
-            block_row = tl.program_id(0) * BLOCK_N // SCALE_ROWS
-            x *= tl.load(scale_ptr + block_row * tl.cdiv(K, SCALE_COLUMNS) + k // SCALE_COLUMNS, mask=k < K, other=0.0)
-        # w: [BLOCK_N, BLOCK_K]; x: [BLOCK_K]
-        acc += w.to(tl.float32) * x[None, :]
+        # W's values [BLOCK_N, BLOCK_K] times x [BLOCK_K], summed by groups of VEC columns
+        products = _group_sums(_weight_values(w, WORD, PTX) * x[None, :], VEC)
+        if SCALES == PER_BLOCK:
+            products *= _group_scales(scale_ptr, start, K, SCALE_ROWS, SCALE_COLUMNS, BLOCK_N, BLOCK_K, VEC)[None, :]
+        acc += products
         w, a, b = w_next, a_next, b_next
     y = tl.sum(acc, axis=1)
     if PROLOGUE == RMS_NORM:
@@ -475,15 +581,20 @@ def _launch(
     scales, scale_rows, scale_columns = _scale_layout(weight, weight_scale, weight_block)
     y = _output(a, n, out)
     h = torch.empty(1, k, dtype=a.dtype, device=a.device) if residual is not None else None
-    block_n, block_k, num_warps = blocks_for(prologue, n, k, weight_scale is not None)
-    assert scales != PER_BLOCK or scale_rows % block_n == 0  # a program's features in one block of rows
+    fp8 = scales != NO_SCALES
+    block_n, block_k, num_warps = blocks_for(prologue, n, k, fp8, ranks_sum is not None)
+    word = FP8_WORD if fp8 and k % FP8_WORD == 0 else 1  # int32 words where the rows are whole words
+    vec = FP8_VEC if fp8 else 1
+    block_k = max(vec, min(block_k, triton.next_power_of_2(k)))
+    # a program's features in one block of rows, and each group of a thread's columns in one block of columns
+    assert scales != PER_BLOCK or scale_rows % block_n == 0 and scale_columns % vec == 0
     assert ranks_sum is None or (ranks_sum.takes(n) and block_n in ranks_sum.lanes)
     lanes, abort, rank = (y, y, 0) if ranks_sum is None else (ranks_sum.lanes[block_n], ranks_sum.abort, ranks_sum.rank)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         a,
         residual if residual is not None else a,
         norm_weight if norm_weight is not None else a,
-        weight,
+        weight.view(torch.int32) if word > 1 else weight,
         weight_scale if weight_scale is not None else a,
         bias if bias is not None else weight,
         y,
@@ -502,7 +613,10 @@ def _launch(
         SCALE_ROWS=scale_rows,
         SCALE_COLUMNS=scale_columns,
         BLOCK_N=block_n,
-        BLOCK_K=min(block_k, triton.next_power_of_2(k)),
+        BLOCK_K=block_k,
+        WORD=word,
+        VEC=vec,
+        PTX=compiled_for_gpu(a.device),
         SUM_RANKS=ranks_sum is not None,
         WORLD=lanes.numel() if ranks_sum is not None else 1,
         THREADS=32 * num_warps,

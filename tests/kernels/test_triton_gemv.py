@@ -8,7 +8,8 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
-from nanovllm.kernels.fp8_weights import dequantize_blocks, quantize_blocks  # noqa: E402
+from nanovllm.kernels import triton_gemv  # noqa: E402
+from nanovllm.kernels.fp8_weights import dequantize_blocks, fp8_linear, quantize_blocks  # noqa: E402
 from nanovllm.kernels.triton_gemv import MAX_ROWS, gated_gemv, gemv, rms_norm_gemv  # noqa: E402
 
 ON_GPU = torch.cuda.is_available()
@@ -206,6 +207,41 @@ def test_fp8_weights_in_every_prologue(dtype, block, rows):
         )[0]
         want = (torch.nn.functional.silu(gate) * up).to(dtype)
         torch.testing.assert_close(got, want, atol=tolerance(dtype) * 4, rtol=tolerance(dtype) * 2)
+
+
+@pytest.mark.skipif(ON_GPU and torch.cuda.get_device_capability() < (8, 9), reason="FP8 needs compute capability 8.9")
+@pytest.mark.parametrize("inputs", [300, 298], ids=["int32 words", "bytes"])
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no bias"])
+@pytest.mark.parametrize("fused", ["none", "norm", "norm+residual", "activation"])
+@pytest.mark.parametrize("block", FP8_BLOCKS.values(), ids=FP8_BLOCKS.keys())
+def test_fp8_one_row_over_several_chunks_equals_the_reference(block, fused, with_bias, inputs, monkeypatch):
+    # chunks of 64 columns: five over the inputs, the last one partial, as is its last group of 16 columns (rows
+    # of 298 bytes are no whole int32 words); 270 features: the last program's partial, and so are the last
+    # blocks of scales on both axes
+    monkeypatch.setattr(triton_gemv, "FP8_BLOCKS", dict.fromkeys(triton_gemv.FP8_BLOCKS, (8, 64, 4)))
+    features = 270
+    torch.manual_seed(6)
+    block = (1, inputs) if block is None else block
+    rows, columns = torch.arange(features, device=DEVICE), torch.arange(inputs, device=DEVICE)
+    # every row and every block of 128 x 128 at its own magnitude: a scale applied to another's values is far off
+    magnitude = (1 + torch.rand(features, 1, device=DEVICE)) * (1 + rows[:, None] // 128 + 3 * (columns // 128))
+    values, scale = quantize_blocks(random_weight(features, inputs, torch.float32) * magnitude, block)
+    fp8 = dict(weight_scale=scale, weight_block=block)
+    bias = torch.randn(features, device=DEVICE) if with_bias else None
+    x, residual = random_rows(1, inputs, torch.float32), random_rows(1, inputs, torch.float32)
+    norm_weight = torch.rand(inputs, device=DEVICE) + 0.5
+    if fused == "activation":
+        gate_up = random_rows(1, 2 * inputs, torch.float32) * 4
+        gate, up = gate_up.chunk(2, dim=-1)
+        got, product = gated_gemv(gate_up, values, "silu", bias, **fp8), torch.nn.functional.silu(gate) * up
+    elif fused == "none":
+        got, product = gemv(x, values, bias=bias, **fp8), x
+    else:
+        residual = residual if fused == "norm+residual" else None
+        got = rms_norm_gemv(x, residual, norm_weight, 1e-6, values, bias, **fp8)[0]
+        product = normed(x if residual is None else x + residual, norm_weight).float()
+    want = fp8_linear(product, values, scale, block, bias, quantize_x=False)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.gpu
