@@ -17,6 +17,8 @@ from nanovllm.layers.linear import ReplicatedLinear  # noqa: E402
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
+# on a GPU every test here runs there, so the GPU suite (`scripts/gpu_test.sh`, marker `gpu`) takes them all
+pytestmark = pytest.mark.gpu if DEVICE == "cuda" else []
 FP8_GPU = ON_GPU and torch.cuda.get_device_capability() >= (8, 9)
 HOPPER = ON_GPU and torch.cuda.get_device_capability()[0] == 9
 # (features, inputs): the Qwen3-8B projections (qkv, o, gate_up, down) on a GPU; small uneven ones on the CPU

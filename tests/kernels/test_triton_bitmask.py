@@ -9,6 +9,8 @@ from nanovllm.kernels.triton_bitmask import apply_bitmask_ as apply_on_device  #
 from nanovllm.sample.bitmask import apply_bitmask_  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# on a GPU every test here runs there, so the GPU suite (`scripts/gpu_test.sh`, marker `gpu`) takes them all
+pytestmark = pytest.mark.gpu if DEVICE == "cuda" else []
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

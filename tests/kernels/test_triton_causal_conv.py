@@ -13,6 +13,8 @@ from nanovllm.kernels.triton_causal_conv import conv_queries, conv_varlen  # noq
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
+# on a GPU every test here runs there, so the GPU suite (`scripts/gpu_test.sh`, marker `gpu`) takes them all
+pytestmark = pytest.mark.gpu if DEVICE == "cuda" else []
 UNUSED_SLOTS = 4  # besides those of the sequences and the scratch slot
 # one rounding of the output to bf16 past fp32 sums in another order: to nearest on the GPU (half an ulp, 2^-8
 # of the value at most), toward zero in the interpreter (an ulp)

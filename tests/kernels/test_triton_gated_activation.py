@@ -10,6 +10,8 @@ from nanovllm.layers.activation import ACTIVATIONS  # noqa: E402
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
+# on a GPU every test here runs there, so the GPU suite (`scripts/gpu_test.sh`, marker `gpu`) takes them all
+pytestmark = pytest.mark.gpu if DEVICE == "cuda" else []
 DTYPES = [torch.float32, torch.bfloat16] if ON_GPU else [torch.float32, torch.bfloat16]
 # (rows, intermediate): a partial block, several blocks, and Qwen2.5-7B's width on the GPU
 SHAPES = [(3, 70), (2, 2500), (0, 16)] + ([(256, 18944)] if ON_GPU else [])

@@ -14,6 +14,8 @@ from nanovllm.kernels.triton_gated_delta_chunked import CHUNK, gated_delta_chunk
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
+# on a GPU every test here runs there, so the GPU suite (`scripts/gpu_test.sh`, marker `gpu`) takes them all
+pytestmark = pytest.mark.gpu if DEVICE == "cuda" else []
 BT = CHUNK if ON_GPU else 16  # tokens per chunk
 
 

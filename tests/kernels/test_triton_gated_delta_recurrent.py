@@ -11,6 +11,8 @@ from nanovllm.kernels.triton_gated_delta_recurrent import gated_delta_recurrent 
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
+# on a GPU every test here runs there, so the GPU suite (`scripts/gpu_test.sh`, marker `gpu`) takes them all
+pytestmark = pytest.mark.gpu if DEVICE == "cuda" else []
 DTYPES = [torch.float32, torch.bfloat16]
 # (key_heads, heads, dk, dv): plain; GQA with a dk and dv of no power of two; GQA with two value blocks, one partial
 SHAPES = [(2, 2, 16, 16), (1, 2, 24, 20), (2, 4, 8, 40)]

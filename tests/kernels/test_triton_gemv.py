@@ -14,6 +14,8 @@ from nanovllm.kernels.triton_gemv import MAX_ROWS, gated_gemv, gemv, rms_norm_ge
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
+# on a GPU every test here runs there, so the GPU suite (`scripts/gpu_test.sh`, marker `gpu`) takes them all
+pytestmark = pytest.mark.gpu if DEVICE == "cuda" else []
 # (features, inputs): uneven sizes leave partial tiles; the GPU shapes are the Qwen3-0.6B projections
 SHAPES = (
     [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072), (1000, 3000), (3, 5000)]

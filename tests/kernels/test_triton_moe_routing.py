@@ -10,6 +10,8 @@ from nanovllm.layers.moe_routing import route  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
+# on a GPU every test here runs there, so the GPU suite (`scripts/gpu_test.sh`, marker `gpu`) takes them all
+pytestmark = pytest.mark.gpu if DEVICE == "cuda" else []
 
 
 def check(tokens, experts, top_k, renormalize, dtype=torch.float32, seed=0, shared_gate=False):

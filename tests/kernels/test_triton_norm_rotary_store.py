@@ -13,6 +13,8 @@ from nanovllm.worker.kv_cache import LayerKVCache  # noqa: E402
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
+# on a GPU every test here runs there, so the GPU suite (`scripts/gpu_test.sh`, marker `gpu`) takes them all
+pytestmark = pytest.mark.gpu if DEVICE == "cuda" else []
 # (tokens, heads, kv_heads, head_dim): Qwen3-0.6B's heads at one and many tokens, Gemma 2's head_dim 256;
 # uneven head_dims; up to 16 tokens a program takes one KV head and its query heads, past that one token's heads
 SHAPES = (

@@ -10,6 +10,8 @@ pytest.importorskip("triton")
 from nanovllm.kernels.triton_sampling import gumbel_max_keys, gumbel_max_sample, ids_of_keys  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# on a GPU every test here runs there, so the GPU suite (`scripts/gpu_test.sh`, marker `gpu`) takes them all
+pytestmark = pytest.mark.gpu if DEVICE == "cuda" else []
 # the interpreter runs one program per row slowly: fewer draws, over a small vocabulary, on the CPU
 DRAWS = 40000 if DEVICE == "cuda" else 600
 TEMPERATURES = [0.5, 1.5] if DEVICE == "cuda" else [1.0]

@@ -13,6 +13,8 @@ from nanovllm.kernels.triton_top_logits import top_logprobs, truncation_threshol
 from nanovllm.sample.truncation import apply_min_p, apply_top_k_top_p  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# on a GPU every test here runs there, so the GPU suite (`scripts/gpu_test.sh`, marker `gpu`) takes them all
+pytestmark = pytest.mark.gpu if DEVICE == "cuda" else []
 VOCAB = 2500  # three chunks of 1024, the last one partial
 # (temperature, top_k, top_p, min_p) per row; top_k VOCAB and top_p 1 are off
 ROWS = [

@@ -2,12 +2,15 @@
 sequences whose input token the step before sampled, by the drafts it rejected there), and a verify
 step's check of its own drafts."""
 
+import pytest
 import torch
 
 from nanovllm.spec_decode.verification import verify_padded
 from nanovllm.worker.decode_step import check_drafts_in_step, moved_back
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# on a GPU every test here runs there, so the GPU suite (`scripts/gpu_test.sh`, marker `gpu`) takes them all
+pytestmark = pytest.mark.gpu if DEVICE == "cuda" else []
 
 
 def test_sequences_move_back_by_the_drafts_rejected_in_their_row_and_padding_stores_nothing():
