@@ -100,8 +100,12 @@ class RemoteRank:
         return self.marks >= marks
 
     def alive(self, timeout: float = 0.0) -> bool:
-        """Whether the rank is still connected and well, reading what it sent within `timeout` seconds."""
-        self._read(timeout)
+        """Whether the rank is still connected and well, reading what it sends within `timeout` seconds (its
+        "done" answers do not cut the wait short: a rank that is exiting may still have some queued)."""
+        deadline = time.monotonic() + timeout
+        self._read(0.0)
+        while self.failure is None and time.monotonic() < deadline:
+            self._read(deadline - time.monotonic())
         return self.failure is None
 
     def lost(self) -> bool:

@@ -20,6 +20,7 @@ nodes when their connection closes).
 import multiprocessing as mp
 import os
 import threading
+import time
 import traceback
 import weakref
 from contextlib import suppress
@@ -42,6 +43,8 @@ from nanovllm.worker.pending_output import PendingOutput
 from nanovllm.worker.rank_commands import CommandDecoder, CommandEncoder, encode_call
 
 _POLL_S = 0.2  # how often a waiting rank 0 checks that the workers live
+_FAILURE_GRACE_S = 2.0  # how long a failed step waits for a rank to be seen ending, to name it
+_FAILURE_POLL_S = 0.05  # how long each rank is watched a round of that wait
 _EXIT_WAIT_S = 10  # how long a worker may take to leave on "exit" before it is terminated
 
 
@@ -358,11 +361,16 @@ class TensorParallelRunner(Executor):
                 raise RuntimeError(rank.describe())
 
     def _worker_failure(self) -> str:
-        """What went wrong with the first rank that ended, or '' if all still run."""
-        for rank in self._workers.ranks():
-            if not rank.alive(_POLL_S):  # a rank that broke rank 0's collective is exiting now
-                return rank.describe()
-        return ""
+        """What went wrong with the first rank that ended, or '' if all still run after `_FAILURE_GRACE_S`."""
+        # a rank that broke rank 0's collective is exiting now: its process or its link may end a moment after
+        # the collective's connection did, later still on a loaded machine
+        deadline = time.monotonic() + _FAILURE_GRACE_S
+        while True:
+            for rank in self._workers.ranks():
+                if not rank.alive(_FAILURE_POLL_S):
+                    return rank.describe()
+            if time.monotonic() >= deadline:
+                return ""
 
 
 class _GuardedOutput:
