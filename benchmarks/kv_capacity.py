@@ -36,7 +36,7 @@ from nanovllm import LLM, SamplingParams
 from nanovllm.cache.layout import cache_layout
 from nanovllm.cache.specs import FullAttention, SharedKV, SlidingWindow
 from nanovllm.models.model_config import ModelConfig
-from nanovllm.worker.kv_cache import KVCacheSpec
+from nanovllm.worker.kv_cache import KVCacheSpec, KVShape
 
 BLOCK_SIZE = 16
 
@@ -61,7 +61,7 @@ def capacity_line(llm: LLM) -> str:
 @dataclass
 class SequenceBytes:
     """The bf16 KV bytes of one sequence of max_model_len tokens: as the grouped engine reserves them (its
-    blocks in every cache group, a block holding every K/V shape's tensor), as its layers need them, and
+    blocks in every cache group, each as large as the widest group's), as its layers need them, and
     with every layer full attention and a cache of its own (a KV-shared layer at its source's shape)."""
 
     reserved: int
@@ -82,8 +82,8 @@ def sequence_bytes(model_dir: str, max_model_len: int) -> SequenceBytes:
             tokens = max_model_len if isinstance(spec, FullAttention) else min(spec.window, max_model_len)
             needed += tokens * per_token
     layout = cache_layout(specs)
-    (kv_heads, head_dim), *others = layout.shapes
-    block = KVCacheSpec(torch.bfloat16, BLOCK_SIZE, kv_heads, head_dim, layout.page_layers, tuple(others))
+    slots = lambda shape: max(len(g.layers) for g in layout.groups if (g.spec.num_kv_heads, g.spec.head_dim) == shape)
+    block = KVCacheSpec(torch.bfloat16, BLOCK_SIZE, tuple(KVShape(*shape, slots(shape)) for shape in layout.shapes))
     reserved = layout.blocks_held(max_model_len, BLOCK_SIZE, 0) * block.block_bytes
     return SequenceBytes(reserved, needed, all_full)
 

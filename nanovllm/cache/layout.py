@@ -2,23 +2,23 @@
 
 Every block of the pool has the same size, so that a block freed by one kind of
 layer can hold another kind's tokens: one block is `block_size` tokens of K and V
-for `page_layers` layers. The paged layers of one spec (`specs.group_layers`)
-are cut into cache groups of at most `page_layers` layers; a request has one
-block table per cache group, and layer j of a group keeps its K/V in slot j of
-the group's blocks. `page_layers` is the size of the smallest spec's set of
-layers, so a model whose layers are all alike has one group and one table, and
-Gemma 3 (5 full-attention layers, 29 sliding ones) has one full group of 5
-layers and 6 sliding groups (the last of 4 layers, so a fifth of its blocks'
-room is unused).
+for the layers of one cache group. The paged layers of one spec
+(`specs.group_layers`) are cut into cache groups that fill a block
+(`page_width`: values of K per token a block holds, the same for every group),
+so that a group of narrow layers holds more of them than one of wide layers; a
+request has one block table per cache group, and layer j of a group keeps its
+K/V in slot j of the group's blocks. The page is the smallest spec's layers
+together (or the widest layer, where one is wider), so a model whose layers are
+all alike has one group and one table, and Gemma 3 (5 full-attention layers, 29
+sliding ones, all of one shape) has one full group of 5 layers and 6 sliding
+groups (the last of 4 layers, so a fifth of its blocks' room is unused).
+Gemma-4-31B's 10 global layers of 4 heads of 512 and 50 sliding ones of 16
+heads of 256 make one global group of 10 and ten sliding groups of 5.
 
 A sliding group's block table holds -1 where a block lies wholly before the
 window of every query the request may still run: those blocks went back to the
 pool (`CacheGroup.first_kept_position`).
 
-Paged layers of different K/V shapes (KV heads and head size: Gemma 4's sliding
-and global layers) share the pool's block ids: the worker keeps one tensor per
-shape, each with a slot per page layer for every block, so that a block id a
-group of one shape holds is unused in the others' tensors (`shapes`).
 Recurrent-state layers keep no blocks but state slots: every recurrent layer
 has its states of slot s for the same sequence (`state_groups`, one per
 spec, for the tensors of its layers). Shared-KV layers keep nothing.
@@ -81,11 +81,11 @@ class StateGroup:
 
 @dataclass(frozen=True)
 class CacheLayout:
-    """The paged layers' cache groups (in the order of their first layer), the layers a block holds, and the
+    """The paged layers' cache groups (in the order of their first layer), the room a block has, and the
     recurrent layers' state groups."""
 
     groups: tuple[CacheGroup, ...]
-    page_layers: int
+    page_width: int  # values of K (and as many of V) per token a block holds, over its group's layers
     state_groups: tuple[StateGroup, ...] = ()
 
     @property
@@ -134,18 +134,25 @@ def cache_layout(specs: Sequence[CacheSpec], full_attention_only: bool = False) 
         paged = {
             spec: tuple(i for i, s in enumerate(specs) if s in paged and _shape(s) == _shape(spec)) for spec in full
         }
-    page_layers = min(len(layers) for layers in paged.values())
+    page_width = max(
+        max(_width(spec) for spec in paged), min(len(layers) * _width(spec) for spec, layers in paged.items())
+    )
     groups = tuple(
-        CacheGroup(spec, layers[start : start + page_layers])
+        CacheGroup(spec, layers[start : start + page_width // _width(spec)])
         for spec, layers in paged.items()
-        for start in range(0, len(layers), page_layers)
+        for start in range(0, len(layers), page_width // _width(spec))
     )
     states = tuple(
         StateGroup(spec, layers) for spec, layers in group_layers(specs).items() if isinstance(spec, RecurrentState)
     )
-    return CacheLayout(groups, page_layers, states)
+    return CacheLayout(groups, page_width, states)
 
 
 def _shape(spec: PagedSpec) -> tuple[int, int]:
     """The shape of a token's K/V in the layers of `spec`: (KV heads, head_dim)."""
     return spec.num_kv_heads, spec.head_dim
+
+
+def _width(spec: PagedSpec) -> int:
+    """Values of one token's K (or V) in a layer of `spec`."""
+    return spec.num_kv_heads * spec.head_dim

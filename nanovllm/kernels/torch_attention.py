@@ -284,7 +284,7 @@ def store_kvcache(
         if scales is not None:
             x, head_scales = quantize_heads(x)
             scales[slots // block_size, :, slots % block_size] = head_scales
-        cache.flatten(0, 1)[slots] = x
+        cache[slots // block_size, slots % block_size] = x  # a view whose blocks may lie apart: no flatten
 
 
 class TorchAttentionBackend:

@@ -1,10 +1,12 @@
 """Triton building blocks both attention kernels use: a K/V tile read through a
 block table, and one online-softmax update over it.
 
-The cache layout is k_cache, v_cache: [num_blocks, PAGE, kv_heads, head_dim];
-a tile is BLOCK_N consecutive positions of one sequence and one KV head. An
-FP8 cache (QUANTIZED) has scales k_scale, v_scale: [num_blocks, kv_heads,
-PAGE] fp32 beside it; the tile read converts the values and loads their
+The cache layout is k_cache, v_cache: [num_blocks, PAGE, kv_heads, head_dim],
+each block contiguous, the blocks `stride(0)` apart, the same for K and V
+(`paged_view`: one layer's slot in a cache whose blocks hold several); a tile
+is BLOCK_N consecutive positions of one sequence and one KV head. An FP8 cache
+(QUANTIZED) has scales k_scale, v_scale: [num_blocks, kv_heads, PAGE] fp32
+beside it, each block's contiguous too; the tile read converts the values and loads their
 scales, and the softmax step applies the scales, so no full-precision copy of
 the cache exists outside registers. A soft-cap (SOFTCAP) turns each score s into
 c * tanh(s / c) in the softmax step; off, it is compiled out.
@@ -30,6 +32,12 @@ def tile_dtype(q_dtype: torch.dtype, quantized: bool) -> tl.dtype:
     sequence that makes the conversions, not the memory, bound the decode kernel; fp16 also holds every
     bf16 query of realistic size (|q| < 65504) with more mantissa."""
     return tl.float16 if quantized and q_dtype != torch.float32 else _TILE_DTYPES[q_dtype]
+
+
+def paged_view(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether K and V caches [num_blocks, PAGE, kv_heads, head_dim] are laid out as the kernels read them:
+    each block contiguous, K's and V's blocks equally far apart."""
+    return k_cache.stride() == v_cache.stride() and k_cache[0].is_contiguous()
 
 
 @triton.jit

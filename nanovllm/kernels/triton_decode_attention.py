@@ -50,6 +50,7 @@ from nanovllm.kernels.triton_attention_tiles import (
     LOG2E,
     online_softmax_step,
     paged_kv_tile,
+    paged_view,
     sink_logit,
     sink_share,
     tile_dtype,
@@ -292,7 +293,7 @@ def decode_attention(
     num_rows, num_heads, head_dim = q.shape
     num_seqs = num_rows // queries
     page, num_kv_heads = k_cache.size(1), k_cache.size(2)
-    assert q.stride(2) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
+    assert q.stride(2) == 1 and paged_view(k_cache, v_cache)
     if num_splits is None:
         num_splits = default_num_splits(num_seqs, num_kv_heads, q.device)
     group = num_heads // num_kv_heads

@@ -7,9 +7,10 @@ QKV projection's output are); positions [tokens] (int); cos_sin
 [max_position, 2, rotary_dim] fp32, the rotate-half table over each head's
 first rotary_dim dimensions (all of them, or fewer for a partial rotary
 factor, whose remaining dimensions pass through unrotated); q_weight, k_weight
-[head_dim]; k_cache, v_cache [num_blocks, block_size, kv_heads, head_dim]
-contiguous, so flat slot s of head h starts at (s * kv_heads + h) * head_dim;
-slot_mapping [tokens], -1 = store nothing (a padded CUDA-graph row, or a token
+[head_dim]; k_cache, v_cache [num_blocks, block_size, kv_heads, head_dim],
+each block contiguous and the blocks `stride(0)` apart (`paged_view`), so flat
+slot s of head h starts at (s // block_size) * stride(0) + ((s % block_size) *
+kv_heads + h) * head_dim; slot_mapping [tokens], -1 = store nothing (a padded CUDA-graph row, or a token
 whose K/V is already cached). The rotated q and k are new contiguous tensors of
 q's and k's shapes. Grid: (tokens, kv_heads / KV_PER_PROGRAM): a program
 takes KV_PER_PROGRAM KV heads of one token and their query heads; it
@@ -41,6 +42,7 @@ import triton
 import triton.language as tl
 
 from nanovllm.kernels.fp8_kv import FP8_MAX
+from nanovllm.kernels.triton_attention_tiles import paged_view
 from nanovllm.kernels.triton_pdl import pdl_launch, wait_for_previous_kernel
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
@@ -134,6 +136,8 @@ def _store_heads(
     mask,
     pass_lanes,
     pass_mask,
+    stride_cb,
+    stride_sb,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HALF: tl.constexpr,
@@ -144,7 +148,9 @@ def _store_heads(
     rotary) the rest x3 [HEADS, PASS_BLOCK] in the model's dtype, to flat slot `slot` (quantized for an FP8
     cache: one scale per head)."""
     partial: tl.constexpr = HEAD_DIM > 2 * HALF
-    target = cache_ptr + (slot * NUM_KV_HEADS + kv_heads[:, None]) * HEAD_DIM + lanes[None, :]
+    block = (slot // PAGE).to(tl.int64)
+    row = cache_ptr + block * stride_cb + (slot % PAGE) * (NUM_KV_HEADS * HEAD_DIM)
+    target = row + kv_heads[:, None] * HEAD_DIM + lanes[None, :]
     both = head_mask[:, None] & mask[None, :]
     pass_both = head_mask[:, None] & pass_mask[None, :]
     if QUANTIZED:
@@ -155,14 +161,14 @@ def _store_heads(
         if partial:
             amax = tl.maximum(amax, tl.max(tl.where(pass_both, tl.abs(x3), 0.0), 1))
         scale = tl.where(amax > 0, amax / _FP8_MAX, 1.0)  # [HEADS]
-        tl.store(scale_ptr + ((slot // PAGE) * NUM_KV_HEADS + kv_heads) * PAGE + slot % PAGE, scale, mask=head_mask)
+        tl.store(scale_ptr + block * stride_sb + kv_heads * PAGE + slot % PAGE, scale, mask=head_mask)
         x1 = x1 / scale[:, None]
         x2 = x2 / scale[:, None]
         x3 = x3 / scale[:, None]
     tl.store(target, x1.to(cache_ptr.dtype.element_ty), mask=both)
     tl.store(target + HALF, x2.to(cache_ptr.dtype.element_ty), mask=both)
     if partial:
-        pass_target = cache_ptr + (slot * NUM_KV_HEADS + kv_heads[:, None]) * HEAD_DIM + 2 * HALF + pass_lanes[None, :]
+        pass_target = row + kv_heads[:, None] * HEAD_DIM + 2 * HALF + pass_lanes[None, :]
         tl.store(pass_target, x3.to(cache_ptr.dtype.element_ty), mask=pass_both)
 
 
@@ -189,6 +195,8 @@ def _norm_rotate_store_kernel(
     stride_kh,
     stride_vt,
     stride_vh,
+    stride_cb,
+    stride_sb,
     NUM_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     KV_PER_PROGRAM: tl.constexpr,
@@ -289,6 +297,8 @@ def _norm_rotate_store_kernel(
             mask,
             pass_lanes,
             pass_mask,
+            stride_cb,
+            stride_sb,
             NUM_KV_HEADS,
             HEAD_DIM,
             HALF,
@@ -319,6 +329,8 @@ def _norm_rotate_store_kernel(
             mask,
             pass_lanes,
             pass_mask,
+            stride_cb,
+            stride_sb,
             NUM_KV_HEADS,
             HEAD_DIM,
             HALF,
@@ -359,7 +371,7 @@ def norm_rotate_store(
         return q_out, k_out
     norm = q_weight is not None
     if store:
-        assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.shape[-2:] == (num_kv_heads, head_dim)
+        assert paged_view(k_cache, v_cache) and k_cache.shape[-2:] == (num_kv_heads, head_dim)
     quantized = k_scale is not None
     # few tokens: a program per KV head (with its query heads), so that one token's heads run side by
     # side; many: a program per token, which reads the table row and the weights once
@@ -387,6 +399,8 @@ def norm_rotate_store(
         k.stride(1),
         v.stride(0),
         v.stride(1),
+        k_cache.stride(0) if store else 0,
+        k_scale.stride(0) if quantized else 0,
         NUM_HEADS=num_heads,
         NUM_KV_HEADS=num_kv_heads,
         KV_PER_PROGRAM=kv_per_program,

@@ -42,6 +42,7 @@ from nanovllm.kernels.triton_attention_tiles import (
     LOG2E,
     online_softmax_step,
     paged_kv_tile,
+    paged_view,
     sink_logit,
     sink_share,
     tile_dtype,
@@ -269,6 +270,7 @@ def prefill_attention(
     has_prefix = block_tables is not None
     quantized = k_scale is not None
     assert has_prefix or not quantized
+    assert not has_prefix or paged_view(k_cache, v_cache)
     if not has_prefix:  # never read: the prefix sweep is compiled out
         k_cache = v_cache = block_tables = k
     if not quantized:  # never read: the scaling is compiled out

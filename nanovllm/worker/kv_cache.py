@@ -1,27 +1,29 @@
 """The paged KV cache: its shape and element type (`KVCacheSpec`), the one allocation of it (`KVCache`)
 and the views each attention layer works on (`LayerKVCache`).
 
-Layout: one tensor `[2, page_layers, blocks, block_size, kv_heads, head_dim]`
-(kv_heads per rank) for K and V of every paged layer. A block holds
-`block_size` tokens of `page_layers` layers: those of one cache group
-(`CacheLayout.groups`), layer j of the group in slot j, so that the groups
+Layout: one tensor `[units, blocks, block_size * unit_width]` of K and V for
+every paged layer. A block holds `block_size` tokens of the layers of one cache
+group (`CacheLayout.groups`), layer j of the group in slot j, so that the groups
 share one pool of blocks. Token t of a sequence lives, for a layer of group g,
-in block `block_tables[g][t // block_size]` at offset `t % block_size`; a
-model whose layers are all alike has one group and a slot per layer. The
-element type is the model's, or float8 e4m3 (`kv_cache_dtype="fp8"`), which
-also keeps one fp32 scale per token and KV head in `[2, page_layers, blocks,
-kv_heads, block_size]` (`kernels/fp8_kv.py` describes the number format). This
-is the only file outside `kernels/` that knows an FP8 cache exists: layers and
-the runner see a `LayerKVCache` whose scales are None for a cache in the
-model's dtype, and hand them to the kernels as they are.
+in block `block_tables[g][t // block_size]` at offset `t % block_size`. A unit
+is one stretch of each block of `unit_width` values a token: the K or the V of
+one layer of the widest shape (kv_heads x head_dim, kv_heads per rank), or
+several narrower ones side by side (a shape's items: its slots' K, then their
+V, in order). A layer's K and its V are each a `[blocks, block_size, kv_heads,
+head_dim]` view of a unit: contiguous where the layer fills the unit, as it
+does in a model whose layers are all alike (whose tensor is then `[2, layers,
+blocks, block_size, kv_heads, head_dim]`), else strided over blocks. So layers
+of different shapes (Gemma 4: sliding layers of many narrow heads, global ones
+of few wide heads) share the blocks' bytes: a group of narrow layers holds
+more of them a block.
 
-A model whose paged layers differ in K/V shape (Gemma 4: sliding layers of
-many narrow heads, global ones of few wide heads) has one such tensor per shape
-(`KVCacheSpec.shapes`), each holding every block: the block ids are shared, and a
-block a group of one shape holds lies unused in the other shapes' tensors, so
-a block's bytes are those of every shape together. (Views of one flat pool cut
-per shape would waste nothing, but a layer's view must stay a contiguous
-[blocks, block_size, kv_heads, head_dim] tensor for the attention kernels.)
+The element type is the model's, or float8 e4m3 (`kv_cache_dtype="fp8"`), which
+also keeps one fp32 scale per token and KV head in `[units, blocks,
+scale_width * block_size]` (a layer's `[blocks, kv_heads, block_size]`;
+`kernels/fp8_kv.py` describes the number format). This is the only file
+outside `kernels/` that knows an FP8 cache exists: layers and the runner see a
+`LayerKVCache` whose scales are None for a cache in the model's dtype, and hand
+them to the kernels as they are.
 """
 
 from dataclasses import dataclass
@@ -74,23 +76,51 @@ class LayerKVCache:
 
 
 @dataclass(frozen=True)
+class KVShape:
+    """The paged layers of one K/V shape: `num_kv_heads` (this rank's share) heads of `head_dim` values, of
+    which a block holds `slots` layers."""
+
+    num_kv_heads: int
+    head_dim: int
+    slots: int
+
+    @property
+    def width(self) -> int:
+        """Values of one token's K (or V) in one layer."""
+        return self.num_kv_heads * self.head_dim
+
+
+@dataclass(frozen=True)
 class KVCacheSpec:
-    """What one rank's cache holds per token of a block: K and V of `page_layers` layers (those of one cache
-    group), `num_kv_heads` (this rank's share) heads of `head_dim` values each, in `dtype` (the model's, or
-    float8 e4m3 with an fp32 scale per token and head); `block_size` tokens a block."""
+    """What one rank's cache holds per token of a block: K and V of the layers of one cache group, each of
+    one of `shapes` (their number of slots the most any group of that shape has), in `dtype` (the model's,
+    or float8 e4m3 with an fp32 scale per token and head); `block_size` tokens a block."""
 
     dtype: torch.dtype
     block_size: int
-    num_kv_heads: int
-    head_dim: int
-    page_layers: int
-    # the further (KV heads per rank, head_dim) shapes of paged layers, each in a tensor of its own (Gemma 4)
-    other_shapes: tuple[tuple[int, int], ...] = ()
+    shapes: tuple[KVShape, ...]
 
     @property
-    def shapes(self) -> tuple[tuple[int, int], ...]:
-        """Every (KV heads per rank, head_dim) of the paged layers, the first one's first."""
-        return ((self.num_kv_heads, self.head_dim), *self.other_shapes)
+    def unit_width(self) -> int:
+        """Values a token of a unit holds: one layer's K (or V) of the widest shape."""
+        return max(shape.width for shape in self.shapes)
+
+    def per_unit(self, shape: KVShape) -> int:
+        """Layers' K or V of `shape` a unit holds side by side."""
+        return self.unit_width // shape.width
+
+    def units_of(self, shape: KVShape) -> int:
+        """Units the K and V of `shape.slots` layers take: every slot's K, then every slot's V, in order."""
+        return -(-2 * shape.slots // self.per_unit(shape))
+
+    @property
+    def num_units(self) -> int:
+        return max(self.units_of(shape) for shape in self.shapes)
+
+    @property
+    def scale_width(self) -> int:
+        """Scales a token of a unit holds in an FP8 cache: one per KV head of each layer the unit holds."""
+        return max(self.per_unit(shape) * shape.num_kv_heads for shape in self.shapes)
 
     @property
     def is_fp8(self) -> bool:
@@ -107,20 +137,10 @@ class KVCacheSpec:
         return "fp8_e4m3" if self.is_fp8 else str(self.dtype).removeprefix("torch.")
 
     @property
-    def head_bytes(self) -> int:
-        """Bytes of one head of one token's K (or V), with its scale: 256 for bf16 and 132 for FP8 at
-        head_dim 128."""
-        return self._head_bytes(self.head_dim)
-
-    def _head_bytes(self, head_dim: int) -> int:
-        scale_bytes = self.scale_dtype.itemsize if self.is_fp8 else 0
-        return head_dim * self.dtype.itemsize + scale_bytes
-
-    @property
     def bytes_per_token(self) -> int:
-        """Bytes one token of a block takes: K and V of each of its layers and KV heads, with the scales, in
-        every shape's tensor."""
-        return 2 * self.page_layers * sum(heads * self._head_bytes(d) for heads, d in self.shapes)
+        """Bytes one token of a block takes: every unit, with the scales of an FP8 cache."""
+        scale_bytes = self.scale_width * self.scale_dtype.itemsize if self.is_fp8 else 0
+        return self.num_units * (self.unit_width * self.dtype.itemsize + scale_bytes)
 
     @property
     def block_bytes(self) -> int:
@@ -135,76 +155,63 @@ class KVCacheSpec:
 
     def allocate(self, num_blocks: int, device: torch.device | str) -> "KVCache":
         """The whole cache of `num_blocks` blocks, zeroed (FP8 scales set to 1, so that an unwritten slot
-        reads as zeros), with each slot's views (of group 0: `bind_kv_cache` gives each layer its own), in a
-        tensor per shape."""
-        parts = tuple(self._allocate_shape(heads, d, num_blocks, device) for heads, d in self.shapes)
-        return KVCache(self, parts)
-
-    def _allocate_shape(self, num_kv_heads: int, head_dim: int, num_blocks: int, device) -> "KVCachePart":
-        # kv: [2, page_layers, blocks, block_size, kv_heads, head_dim]
-        kv = torch.zeros(
-            2,
-            self.page_layers,
-            num_blocks,
-            self.block_size,
-            num_kv_heads,
-            head_dim,
-            dtype=self.dtype,
-            device=device,
+        reads as zeros), with each shape's slots' views (of group 0: `bind_kv_cache` gives each layer its
+        own)."""
+        # values: [units, blocks, block_size * unit_width]
+        values = torch.zeros(
+            self.num_units, num_blocks, self.block_size * self.unit_width, dtype=self.dtype, device=device
         )
         scales = None
         if self.is_fp8:
-            # scales: [2, page_layers, blocks, kv_heads, block_size]
+            # scales: [units, blocks, scale_width * block_size]
             scales = torch.ones(
-                2,
-                self.page_layers,
-                num_blocks,
-                num_kv_heads,
-                self.block_size,
-                dtype=self.scale_dtype,
-                device=device,
+                self.num_units, num_blocks, self.scale_width * self.block_size, dtype=self.scale_dtype, device=device
             )
-        slots = [
-            LayerKVCache(kv[0, j], kv[1, j], *((scales[0, j], scales[1, j]) if scales is not None else ()))
-            for j in range(self.page_layers)
-        ]
-        return KVCachePart(kv, scales, slots)
+        slots = {shape: [self._views(values, scales, shape, j) for j in range(shape.slots)] for shape in self.shapes}
+        return KVCache(self, values, scales, slots)
 
+    def _views(self, values: torch.Tensor, scales: torch.Tensor | None, shape: KVShape, j: int) -> "LayerKVCache":
+        """Slot j of `shape`: its K is the shape's item j and its V item slots + j, item i at place i % n of
+        unit i // n (n the items a unit holds)."""
+        num_blocks, size, scale_size = (
+            values.size(1),
+            self.block_size * shape.width,
+            shape.num_kv_heads * self.block_size,
+        )
 
-@dataclass(frozen=True, eq=False)
-class KVCachePart:
-    """The cache of one K/V shape: `kv` [2, page_layers, blocks, block_size, kv_heads, head_dim], the FP8
-    scales [2, page_layers, blocks, kv_heads, block_size] or None, and `slots[j]`, slot j's views of both."""
+        def view(item: int) -> torch.Tensor:
+            # [blocks, block_size * unit_width] of the unit -> [blocks, block_size, kv_heads, head_dim]
+            unit, place = divmod(item, self.per_unit(shape))
+            x = values[unit, :, place * size : (place + 1) * size]
+            return x.view(num_blocks, self.block_size, shape.num_kv_heads, shape.head_dim)
 
-    kv: torch.Tensor
-    scales: torch.Tensor | None
-    slots: list[LayerKVCache]
+        def scale_view(item: int) -> torch.Tensor:
+            # [blocks, scale_width * block_size] of the unit -> [blocks, kv_heads, block_size]
+            unit, place = divmod(item, self.per_unit(shape))
+            x = scales[unit, :, place * scale_size : (place + 1) * scale_size]
+            return x.view(num_blocks, shape.num_kv_heads, self.block_size)
+
+        k_item, v_item = j, shape.slots + j
+        if scales is None:
+            return LayerKVCache(view(k_item), view(v_item))
+        return LayerKVCache(view(k_item), view(v_item), scale_view(k_item), scale_view(v_item))
 
 
 @dataclass(frozen=True, eq=False)
 class KVCache:
-    """One rank's allocated cache: a part per shape of `spec.shapes`; `kv`, `scales` and `slots` are the first
-    shape's (the only one of a model whose paged layers are all alike)."""
+    """One rank's allocated cache: `values` [units, blocks, block_size * unit_width], the FP8 scales
+    [units, blocks, scale_width * block_size] or None, and each shape's slots' views."""
 
     spec: KVCacheSpec
-    parts: tuple[KVCachePart, ...]
-
-    @property
-    def kv(self) -> torch.Tensor:
-        return self.parts[0].kv
-
-    @property
-    def scales(self) -> torch.Tensor | None:
-        return self.parts[0].scales
-
-    @property
-    def slots(self) -> list[LayerKVCache]:
-        return self.parts[0].slots
+    values: torch.Tensor
+    scales: torch.Tensor | None
+    slots: dict[KVShape, list[LayerKVCache]]
 
     def slot(self, num_kv_heads: int, head_dim: int, j: int) -> LayerKVCache:
-        """Slot j's views in the tensor of the shape (KV heads per rank, head_dim)."""
-        return self.parts[self.spec.shapes.index((num_kv_heads, head_dim))].slots[j]
+        """Slot j's views of the layers of (KV heads per rank, head_dim)."""
+        shape = next(s for s in self.spec.shapes if (s.num_kv_heads, s.head_dim) == (num_kv_heads, head_dim))
+        return self.slots[shape][j]
 
     @property
     def num_blocks(self) -> int:
-        return self.kv.size(2)
+        return self.values.size(1)

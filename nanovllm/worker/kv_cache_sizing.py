@@ -38,7 +38,7 @@ from nanovllm.config import Config
 from nanovllm.core.state_slots import SLOTS_PER_SEQUENCE
 from nanovllm.layers.attention import Attention
 from nanovllm.utils.parallel import all_ranks_min
-from nanovllm.worker.kv_cache import KVCache, KVCacheSpec, kv_cache_dtype
+from nanovllm.worker.kv_cache import KVCache, KVCacheSpec, KVShape, kv_cache_dtype
 
 _GIB = 1 << 30
 _CPU_KV_CACHE_SHARE = 0.9  # of the available memory; the rest is headroom for activations
@@ -61,12 +61,22 @@ def available_memory_bytes() -> int:
 
 def kv_cache_spec(config: Config, attention_layers: Sequence[Attention]) -> KVCacheSpec:
     """The layout of one rank's cache: blocks of K and V for the layers of one cache group
-    (`config.kv_layout.page_layers`), in a tensor per shape of the `attention_layers` that keep a cache (their
-    KV heads this rank's share), in the element type `config.kv_cache_dtype` asks for."""
-    shapes = tuple(dict.fromkeys((m.num_kv_heads, m.head_dim) for m in attention_layers if m.owns_cache))
+    (`config.kv_layout`), as many slots of each shape of the `attention_layers` that keep a cache (their
+    KV heads this rank's share) as its groups have, in the element type `config.kv_cache_dtype` asks for."""
+    slots: dict[tuple[int, int], int] = {}
+    for module, _, slot in _paged_owners(attention_layers, config.kv_layout):
+        shape = (module.num_kv_heads, module.head_dim)
+        slots[shape] = max(slots.get(shape, 0), slot + 1)
     dtype = kv_cache_dtype(config.kv_cache_dtype, config.torch_dtype)
-    page_layers = config.kv_layout.page_layers
-    return KVCacheSpec(dtype, config.kv_block_size, *shapes[0], page_layers, shapes[1:])
+    return KVCacheSpec(dtype, config.kv_block_size, tuple(KVShape(*shape, n) for shape, n in slots.items()))
+
+
+def _paged_owners(attention_layers: Sequence[Attention], layout: CacheLayout) -> list[tuple[Attention, int, int]]:
+    """(module, cache group, slot) of each of `attention_layers` that keeps a cache (in module order: the
+    paged decoder layers in increasing order); ValueError where their number is not the paged layers'."""
+    paged_layers = sorted(layer for group in layout.groups for layer in group.layers)
+    owners = [module for module in attention_layers if module.owns_cache]
+    return [(module, *layout.group_of(layer)) for module, layer in zip(owners, paged_layers, strict=True)]
 
 
 def most_blocks_used(config: Config) -> int:
@@ -159,13 +169,10 @@ def bind_kv_cache(
     device: torch.device,
 ) -> KVCache:
     """The cache of `num_blocks` blocks, allocated, with each of `attention_layers` that keeps a cache (in
-    module order: the paged decoder layers in increasing order) bound to its slot's views, in its shape's
-    tensor, and its cache group (`CacheLayout.group_of`); the others read their source layer's."""
+    module order: the paged decoder layers in increasing order) bound to its slot's views and its cache
+    group (`CacheLayout.group_of`); the others read their source layer's."""
     cache = spec.allocate(num_blocks, device)
-    paged_layers = sorted(layer for group in layout.groups for layer in group.layers)
-    owners = [module for module in attention_layers if module.owns_cache]
-    for module, layer in zip(owners, paged_layers, strict=True):
-        group, slot = layout.group_of(layer)
+    for module, group, slot in _paged_owners(attention_layers, layout):
         module.bind_kv_cache(replace(cache.slot(module.num_kv_heads, module.head_dim, slot), group=group))
     return cache
 

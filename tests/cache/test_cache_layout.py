@@ -13,7 +13,7 @@ ALTERNATING = cache_layout((SLIDING, FULL) * 2)
 def test_layout_cuts_each_spec_into_groups_of_the_smallest_ones_size():
     specs = (SLIDING,) * 5 + (FULL,) + (SLIDING,) * 5 + (FULL,) + (SLIDING,) * 3
     layout = cache_layout(specs)
-    assert layout.page_layers == 2
+    assert layout.page_width == 2 * 2 * 8  # the full spec's two layers
     assert [(g.window, g.layers) for g in layout.groups] == [
         (WINDOW, (0, 1)),
         (WINDOW, (2, 3)),
@@ -26,7 +26,7 @@ def test_layout_cuts_each_spec_into_groups_of_the_smallest_ones_size():
     ]
     assert layout.group_of(11) == (7, 1) and layout.group_of(6) == (2, 1)
     everything = cache_layout(specs, full_attention_only=True)
-    assert everything.page_layers == 15 and [g.window for g in everything.groups] == [None]
+    assert everything.page_width == 15 * 2 * 8 and [g.window for g in everything.groups] == [None]
 
 
 def test_layout_skips_recurrent_and_shared_layers():
@@ -52,13 +52,27 @@ def test_layers_of_two_kv_shapes_keep_their_groups_and_list_both_shapes():
     assert [(g.spec, g.layers) for g in everything.groups] == [(FULL, (0, 1)), (FULL, (3,)), (wide, (2, 4))]
 
 
+def test_a_block_holds_as_many_narrow_layers_as_fill_the_room_of_the_wide_ones():
+    # Gemma-4-31B's kinds: 50 sliding layers of 16 heads of 256, 10 global ones of 4 heads of 512, five
+    # sliding to one global: a block holds the 10 global layers, or 5 sliding ones
+    sliding, wide = SlidingWindow(16, 256, 1024), FullAttention(4, 512)
+    layout = cache_layout(((sliding,) * 5 + (wide,)) * 10)
+    assert layout.page_width == 10 * 4 * 512
+    assert [len(g.layers) for g in layout.groups] == [5] * 10 + [10]
+    assert layout.groups[-1].layers == tuple(range(5, 60, 6))
+    # a layer wider than the smallest spec's layers together sets the room: one a block
+    few_narrow = cache_layout((FullAttention(1, 8),) * 2 + (SlidingWindow(4, 16, 8),) * 3)
+    assert few_narrow.page_width == 4 * 16
+    assert [g.layers for g in few_narrow.groups] == [(0, 1), (2,), (3,), (4,)]
+
+
 def test_blocks_held_by_a_long_sequence_are_bounded_by_the_window_in_sliding_groups():
     # Gemma 3's shape: 5 sliding layers of window 1024 to 1 full one, 34 layers
     specs = ((SlidingWindow(4, 256, 1024),) * 5 + (FullAttention(4, 256),)) * 6
     hybrid, full = cache_layout(specs[:34]), cache_layout(specs[:34], full_attention_only=True)
     tokens = 32768
-    hybrid_bytes = hybrid.blocks_held(tokens, 16, 0) * hybrid.page_layers
-    full_bytes = full.blocks_held(tokens, 16, 0) * full.page_layers
+    hybrid_bytes = hybrid.blocks_held(tokens, 16, 0) * hybrid.page_width
+    full_bytes = full.blocks_held(tokens, 16, 0) * full.page_width
     assert full_bytes / hybrid_bytes > 5.5
     assert hybrid.groups[0].blocks_held(tokens, 16, 0) == 1024 // 16 + 1
     assert hybrid.groups[0].blocks_held(tokens, 16, 3, chunk=512) == (1024 - 1 + 3 + 512 + 15) // 16 + 1

@@ -25,7 +25,7 @@ def test_llm_logs_its_start_up_with_the_measured_figures(qwen3_dir, caplog):
     llm = LLM(qwen3_dir, block_size=16, num_kvcache_blocks=32, max_model_len=256)
     runner = llm.client.core.executor
     weights = sum(t.numel() * t.element_size() for t in [*runner.model.parameters(), *runner.model.buffers()])
-    kv_cache = runner.kv_cache.kv
+    kv_cache = runner.kv_cache.values
     report = llm.client.info.start_up
     assert report.weights_bytes == weights and report.kv_cache_bytes == kv_cache.numel() * kv_cache.element_size()
     assert report.load_seconds > 0 and report.graph_capture_seconds is None  # no CUDA graphs on the CPU

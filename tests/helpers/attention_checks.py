@@ -15,7 +15,7 @@ from nanovllm.kernels.triton_norm_rotary_store import norm_rotate_store
 from nanovllm.layers.rotary_embedding import RotaryEmbedding, norm_rotate_qk_reference
 from nanovllm.utils.context import Context
 
-from helpers.paged_cases import paged_case
+from helpers.paged_cases import paged_case, spread_blocks
 
 CUDA = torch.cuda.is_available()
 requires_gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
@@ -23,16 +23,19 @@ interpreter = pytest.mark.skipif(CUDA, reason="the compiled kernels are tested o
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
 
 
-def stored(case, fp8=False):
+def stored(case, fp8=False, spread=False):
     """The case's caches after the new K/V were stored (the store is tested with the rotary kernel):
-    (k_cache, v_cache), and for an FP8 cache their scales too."""
-    if not fp8:
-        k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
-        store_kvcache(case.k, case.v, k_cache, v_cache, case.slot_mapping)
-        return k_cache, v_cache
-    (k_cache, k_scale), (v_cache, v_scale) = quantize_paged_cache(case.k_cache), quantize_paged_cache(case.v_cache)
-    store_kvcache(case.k, case.v, k_cache, v_cache, case.slot_mapping, k_scale, v_scale)
-    return k_cache, v_cache, k_scale, v_scale
+    (k_cache, v_cache), and for an FP8 cache their scales too; `spread`: each a view whose blocks lie
+    apart (`spread_blocks`)."""
+    if fp8:
+        (k_cache, k_scale), (v_cache, v_scale) = quantize_paged_cache(case.k_cache), quantize_paged_cache(case.v_cache)
+        caches = (k_cache, v_cache, k_scale, v_scale)
+    else:
+        caches = (case.k_cache.clone(), case.v_cache.clone())
+    if spread:
+        caches = tuple(spread_blocks(cache) for cache in caches)
+    store_kvcache(case.k, case.v, *caches[:2], case.slot_mapping, *caches[2:])
+    return caches
 
 
 def nan_before(case, caches, first_seen):
@@ -49,10 +52,10 @@ def nan_before(case, caches, first_seen):
     return caches
 
 
-def check_prefill(case, fp8=False, nan_outside=False, **scoring):
+def check_prefill(case, fp8=False, nan_outside=False, spread=False, **scoring):
     """`scoring`: window, softcap and sinks, passed to both backends; `nan_outside`: the cache holds NaN before
-    each sequence's first query's window, which neither may read."""
-    caches = stored(case, fp8)
+    each sequence's first query's window, which neither may read; `spread`: the caches' blocks lie apart."""
+    caches = stored(case, fp8, spread)
     if nan_outside:
         nan_before(case, caches, [max(0, c - scoring["window"] + 1) for c in case.cached])
     context, scale = case.prefill_context(), case.q.size(-1) ** -0.5
@@ -64,10 +67,11 @@ def check_prefill(case, fp8=False, nan_outside=False, **scoring):
     torch.testing.assert_close(got, want, atol=TOLERANCE[case.q.dtype], rtol=TOLERANCE[case.q.dtype])
 
 
-def check_decode(case, num_splits=None, fp8=False, longest_first=False, nan_outside=False, **scoring):
+def check_decode(case, num_splits=None, fp8=False, longest_first=False, nan_outside=False, spread=False, **scoring):
     """`longest_first`: the sequences start in the order the engine gives, longest context first.
-    `scoring`: window, softcap and sinks; `nan_outside`: the cache holds NaN before each sequence's window."""
-    k_cache, v_cache, *scales = stored(case, fp8)
+    `scoring`: window, softcap and sinks; `nan_outside`: the cache holds NaN before each sequence's window;
+    `spread`: the caches' blocks lie apart."""
+    k_cache, v_cache, *scales = stored(case, fp8, spread)
     if nan_outside:
         nan_before(case, (k_cache, v_cache), [max(0, n - scoring["window"]) for n in case.lengths])
     context, scale = case.decode_context(), case.q.size(-1) ** -0.5

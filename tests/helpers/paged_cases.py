@@ -91,3 +91,13 @@ def paged_case(
         lengths=list(lengths),
         cached=list(cached),
     )
+
+
+def spread_blocks(cache: torch.Tensor) -> torch.Tensor:
+    """`cache` [blocks, ...] copied into the second half of each block of a tensor twice as wide, whose
+    first halves hold NaN: a layer's view in a cache whose blocks hold two layers' K (or V) side by side,
+    its blocks strided."""
+    flat = cache.reshape(cache.size(0), -1)
+    wide = torch.full((cache.size(0), 2 * flat.size(1)), float("nan"), dtype=cache.dtype, device=cache.device)
+    wide[:, flat.size(1) :] = flat
+    return wide[:, flat.size(1) :].view(cache.shape)

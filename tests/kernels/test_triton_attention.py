@@ -118,6 +118,23 @@ def test_windowed_decode_reads_only_its_window_interpreted(num_splits):
 
 
 @interpreter
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("cached", [[0, 0], [17, 5]])
+def test_prefill_over_blocks_that_lie_apart_interpreted(cached, fp8):
+    # a layer's view in a cache whose blocks hold two layers side by side (Gemma 4's global layers beside
+    # its wider sliding ones): the other half of every block is NaN, which the kernel must never read
+    check_prefill(paged_case([40, 21], cached, block_size=16, **TINY), fp8=fp8, spread=True)
+
+
+@interpreter
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_over_blocks_that_lie_apart_interpreted(num_splits, fp8):
+    case = decode_case([1, 17, 70], block_size=16, heads=8, kv_heads=2, head_dim=16)
+    check_decode(case, num_splits, fp8=fp8, spread=True)
+
+
+@interpreter
 def test_decode_interpreted_reads_no_output_of_an_empty_split(monkeypatch):
     check_decode_reads_only_written_splits(monkeypatch, decode_case([1, 17, 70], block_size=16, **TINY), 3)
 
@@ -289,6 +306,16 @@ def test_prefill_over_an_fp8_cache_on_gpu(dtype, block_size, cached):
         device="cuda",
     )
     check_prefill(case, fp8=True)
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("num_splits", [None, 1])
+def test_decode_and_prefill_over_blocks_that_lie_apart_on_gpu(num_splits, fp8):
+    shape = dict(block_size=16, heads=8, kv_heads=2, head_dim=128, dtype=torch.bfloat16, device="cuda")
+    check_decode(decode_case(GPU_LENGTHS, **shape), num_splits, fp8=fp8, spread=True)
+    check_prefill(paged_case([1, 40, 300, 257], [0, 39, 200, 16], **shape), fp8=fp8, spread=True)
 
 
 @pytest.mark.gpu

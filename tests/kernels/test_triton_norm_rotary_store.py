@@ -11,6 +11,8 @@ from nanovllm.kernels.triton_norm_rotary_store import norm_rotate_store  # noqa:
 from nanovllm.layers.rotary_embedding import RotaryEmbedding, norm_rotate_qk_reference  # noqa: E402
 from nanovllm.worker.kv_cache import LayerKVCache  # noqa: E402
 
+from helpers.paged_cases import spread_blocks  # noqa: E402
+
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
 # on a GPU every test here runs there, so the GPU suite (`scripts/gpu_test.sh`, marker `gpu`) takes them all
@@ -146,6 +148,24 @@ def test_quantizes_into_an_fp8_cache_as_the_torch_store_does(shape, rotary_facto
         assert differ.float().mean() < 1e-3
         torch.testing.assert_close(got.float(), want.float(), rtol=2**-3, atol=2**-9)
     assert (scales[1] > 0).sum() == (slots >= 0).sum() * kv_heads
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("shape", [shape for shape in SHAPES if shape[0] > BLOCK_SIZE])  # several blocks
+def test_stores_into_blocks_that_lie_apart_as_into_contiguous_ones(shape, fp8):
+    # a layer's view in a cache whose blocks hold two layers side by side: the other halves stay NaN
+    tokens, heads, kv_heads, head_dim = shape
+    rotary, weights, positions, (q, k, v), num_blocks = store_inputs(shape, torch.float32, 3, 1.0)
+    dtype = FP8_DTYPE if fp8 else torch.float32
+    dense = [torch.zeros(num_blocks, BLOCK_SIZE, kv_heads, head_dim, device=DEVICE, dtype=dtype) for _ in range(2)]
+    dense += [torch.ones(num_blocks, kv_heads, BLOCK_SIZE, device=DEVICE) for _ in range(2)] if fp8 else []
+    apart = [spread_blocks(x) for x in dense]
+    slots = scattered_slots(tokens, num_blocks * BLOCK_SIZE)
+    norm_rotate_store(positions, q, k, rotary.cos_sin, *weights, v, *dense[:2], slots, *dense[2:])
+    norm_rotate_store(positions, q, k, rotary.cos_sin, *weights, v, *apart[:2], slots, *apart[2:])
+    for got, want in zip(apart, dense):
+        assert torch.equal(got.float(), want.float())
+        assert torch.isnan(got._base.float()).sum() == got.numel()
 
 
 @pytest.mark.parametrize("shape", SHAPES)

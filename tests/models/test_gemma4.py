@@ -8,6 +8,7 @@ Triton kernels interpreted."""
 import pytest
 
 from nanovllm import LLM
+from nanovllm.cache.layout import cache_layout
 from nanovllm.cache.specs import FullAttention, SharedKV, SlidingWindow
 from nanovllm.models.model_config import ModelConfig
 from nanovllm.utils.parallel import check_divisible
@@ -78,6 +79,8 @@ def test_each_layer_kind_gets_its_shape_rotary_and_cache(tmp_path):
         SharedKV(2),
     )
     assert [shared.layer_window(i) for i in (4, 5)] == [WINDOW, None]
+    # its sliding layers are half as wide as its global one: a block holds two of them, or the global one
+    assert [g.layers for g in cache_layout(shared.layer_specs).groups] == [(0, 1), (3,), (2,)]
     assert shared.gemma4.mlp_sizes == (128,) * 4 + (256,) * 2 and shared.gemma4.hidden_size_per_layer_input == 8
     moe = _config(save_gemma4_moe(tmp_path / "moe"))
     # experts beside every layer's dense MLP, which none of them replaces

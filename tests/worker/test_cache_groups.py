@@ -102,11 +102,11 @@ def test_a_sliding_groups_freed_blocks_are_never_read(gemma2_dir, backend):
         # where another request's K/V (here NaN) fills them
         kept_from = sliding.first_kept_position(start, 0) // BLOCK
         freed = sliding_blocks[:kept_from]
-        runner.kv_cache.kv[:, :, freed] = float("nan")
+        runner.kv_cache.values[:, freed] = float("nan")
         return [[-1] * kept_from + sliding_blocks[kept_from:], full_blocks]
 
     # a -1 read as an index would reach the pool's last block
-    runner.kv_cache.kv[:, :, -1] = float("nan")
+    runner.kv_cache.values[:, -1] = float("nan")
     assert tables(sum(CHUNKS), sum(CHUNKS) + 1)[0][:2] == [-1, -1]
     grouped = Run(runner, tables)
     assert grouped.generate(prompt) == expected

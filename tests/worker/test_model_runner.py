@@ -34,10 +34,10 @@ def test_start_up_step_without_blocks_stores_nothing_and_samples_every_request(q
     # the warm-up at the largest batch: whole prompts that own no KV blocks
     llm = LLM(qwen3_dir, block_size=16, num_kvcache_blocks=16, max_model_len=128)
     runner = llm.client.core.executor
-    cache = runner.kv_cache.kv.clone()
+    cache = runner.kv_cache.values.clone()
     pending = runner.execute(start_up_step([[5] * 100, [6] * 37], [0, 0], [[[]], [[]]]))
     assert len(pending.result().sampled_token_ids) == 2
-    assert torch.equal(runner.kv_cache.kv, cache)
+    assert torch.equal(runner.kv_cache.values, cache)
 
 
 TOP_P = [
