@@ -15,10 +15,11 @@ A layer, for the residual stream h (`config.gemma4` names what a checkpoint has)
 
 The per-layer inputs of a token are (norm(W e / sqrt(hidden)) + E_pl[token] * sqrt(P)) / sqrt(2), e its scaled
 embedding and P hidden_size_per_layer_input, one slice of P per layer. Sliding and global layers have their
-own head size and KV heads (the cache keeps a tensor per shape); a global layer with attention_k_eq_v has no
-v_proj, its V being the K projection's output (normalised without weight, not rotated, so it differs from K
-and is stored beside it). A KV-shared layer projects queries only and attends over its source layer's K/V
-(`Attention`'s kv_source). Norms scale by their weight; attention scores are not scaled.
+own head size and KV heads (a cache block holds as many layers of one shape as fit); a global layer with
+attention_k_eq_v has no v_proj, its V being the K projection's output (normalised without weight, not
+rotated, so it differs from K and is stored beside it). A KV-shared layer projects queries only and attends
+over its source layer's K/V (`Attention`'s kv_source). Norms scale by their weight; attention scores are not
+scaled.
 """
 
 import dataclasses
