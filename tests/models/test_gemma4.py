@@ -13,6 +13,7 @@ from nanovllm.cache.specs import FullAttention, SharedKV, SlidingWindow
 from nanovllm.models.model_config import ModelConfig
 from nanovllm.utils.parallel import check_divisible
 
+from helpers.engine_probes import engine, record_preemptions
 from helpers.family_checks import (
     ENGINE,
     GREEDY,
@@ -101,6 +102,24 @@ def test_a_second_turn_read_from_the_prefix_cache_matches_transformers(gemma4_di
 
 def test_preempted_requests_resume_with_transformers_tokens(gemma4_dir):
     assert_preempted_requests_match_transformers(gemma4_dir, num_blocks=32)
+
+
+def test_an_fp8_cache_over_layers_of_two_widths_gives_a_lone_engines_tokens(tmp_path):
+    # the KV-shared model's sliding layers take half a unit each, their K/V views strided over blocks: on an
+    # FP8 cache, prefix hits and preemption read back the quantized K/V a lone engine computes
+    model_dir = save_gemma4_shared_kv(tmp_path)
+    shared = random_prompts([40], seed=23)[0]
+    prompts = [shared + p for p in random_prompts([2, 9, 20, 5, 13], seed=24)]
+    crowded = engine(model_dir, device="cpu", kv_cache_dtype="fp8", num_kvcache_blocks=20, schedule_conservativeness=0)
+    preempted = record_preemptions(crowded)
+    outputs = crowded.generate(prompts, GREEDY, use_tqdm=False)
+    assert preempted and any(o.num_cached_tokens for o in outputs)
+    alone = [
+        engine(model_dir, device="cpu", kv_cache_dtype="fp8").generate([p], GREEDY, use_tqdm=False)[0] for p in prompts
+    ]
+    assert [o.outputs[0].token_ids for o in outputs] == [o.outputs[0].token_ids for o in alone]
+    # FP8 keys move this random model's later picks, but its first ones read the stored K/V as they should
+    assert [o.outputs[0].token_ids[0] for o in outputs] == [t[0] for t in hf_greedy(model_dir, prompts, 1)]
 
 
 @pytest.mark.slow
