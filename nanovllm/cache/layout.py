@@ -137,10 +137,11 @@ def cache_layout(specs: Sequence[CacheSpec], full_attention_only: bool = False) 
     page_width = max(
         max(_width(spec) for spec in paged), min(len(layers) * _width(spec) for spec, layers in paged.items())
     )
+    per_block = {spec: page_width // _width(spec) for spec in paged}
     groups = tuple(
-        CacheGroup(spec, layers[start : start + page_width // _width(spec)])
+        CacheGroup(spec, layers[start : start + per_block[spec]])
         for spec, layers in paged.items()
-        for start in range(0, len(layers), page_width // _width(spec))
+        for start in range(0, len(layers), per_block[spec])
     )
     states = tuple(
         StateGroup(spec, layers) for spec, layers in group_layers(specs).items() if isinstance(spec, RecurrentState)

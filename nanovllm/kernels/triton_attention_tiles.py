@@ -6,9 +6,9 @@ each block contiguous, the blocks `stride(0)` apart, the same for K and V
 (`paged_view`: one layer's slot in a cache whose blocks hold several); a tile
 is BLOCK_N consecutive positions of one sequence and one KV head. An FP8 cache
 (QUANTIZED) has scales k_scale, v_scale: [num_blocks, kv_heads, PAGE] fp32
-beside it, each block's contiguous too; the tile read converts the values and loads their
-scales, and the softmax step applies the scales, so no full-precision copy of
-the cache exists outside registers. A soft-cap (SOFTCAP) turns each score s into
+beside it, each block's contiguous too; the tile read converts the values and
+loads their scales, and the softmax step applies the scales, so no
+full-precision copy of the cache exists outside registers. A soft-cap (SOFTCAP) turns each score s into
 c * tanh(s / c) in the softmax step; off, it is compiled out.
 
 An attention sink (gpt-oss: one learned logit per head) joins each row's softmax

@@ -10,8 +10,8 @@ factor, whose remaining dimensions pass through unrotated); q_weight, k_weight
 [head_dim]; k_cache, v_cache [num_blocks, block_size, kv_heads, head_dim],
 each block contiguous and the blocks `stride(0)` apart (`paged_view`), so flat
 slot s of head h starts at (s // block_size) * stride(0) + ((s % block_size) *
-kv_heads + h) * head_dim; slot_mapping [tokens], -1 = store nothing (a padded CUDA-graph row, or a token
-whose K/V is already cached). The rotated q and k are new contiguous tensors of
+kv_heads + h) * head_dim; slot_mapping [tokens], -1 = store nothing (a padded
+CUDA-graph row, or a token whose K/V is already cached). The rotated q and k are new contiguous tensors of
 q's and k's shapes. Grid: (tokens, kv_heads / KV_PER_PROGRAM): a program
 takes KV_PER_PROGRAM KV heads of one token and their query heads; it
 normalises and rotates the q heads and then the k heads, [heads, rotary_dim / 2]

@@ -26,6 +26,7 @@ outside `kernels/` that knows an FP8 cache exists: layers and the runner see a
 them to the kernels as they are.
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -171,30 +172,20 @@ class KVCacheSpec:
         return KVCache(self, values, scales, slots)
 
     def _views(self, values: torch.Tensor, scales: torch.Tensor | None, shape: KVShape, j: int) -> "LayerKVCache":
-        """Slot j of `shape`: its K is the shape's item j and its V item slots + j, item i at place i % n of
-        unit i // n (n the items a unit holds)."""
-        num_blocks, size, scale_size = (
-            values.size(1),
-            self.block_size * shape.width,
-            shape.num_kv_heads * self.block_size,
-        )
-
-        def view(item: int) -> torch.Tensor:
-            # [blocks, block_size * unit_width] of the unit -> [blocks, block_size, kv_heads, head_dim]
-            unit, place = divmod(item, self.per_unit(shape))
-            x = values[unit, :, place * size : (place + 1) * size]
-            return x.view(num_blocks, self.block_size, shape.num_kv_heads, shape.head_dim)
-
-        def scale_view(item: int) -> torch.Tensor:
-            # [blocks, scale_width * block_size] of the unit -> [blocks, kv_heads, block_size]
-            unit, place = divmod(item, self.per_unit(shape))
-            x = scales[unit, :, place * scale_size : (place + 1) * scale_size]
-            return x.view(num_blocks, shape.num_kv_heads, self.block_size)
-
-        k_item, v_item = j, shape.slots + j
+        """Slot j of `shape`: its K is the shape's item j and its V item slots + j (`_item`)."""
+        bs, heads, d = self.block_size, shape.num_kv_heads, shape.head_dim
+        k, v = (self._item(values, shape, item, (bs, heads, d)) for item in (j, shape.slots + j))
         if scales is None:
-            return LayerKVCache(view(k_item), view(v_item))
-        return LayerKVCache(view(k_item), view(v_item), scale_view(k_item), scale_view(v_item))
+            return LayerKVCache(k, v)
+        k_scale, v_scale = (self._item(scales, shape, item, (heads, bs)) for item in (j, shape.slots + j))
+        return LayerKVCache(k, v, k_scale, v_scale)
+
+    def _item(self, x: torch.Tensor, shape: KVShape, item: int, dims: tuple[int, ...]) -> torch.Tensor:
+        """Item `item` of `shape` in `x` ([units, blocks, per-block values]): place i % n of unit i // n, n the
+        items a unit holds -> [blocks, *dims]."""
+        unit, place = divmod(item, self.per_unit(shape))
+        size = math.prod(dims)
+        return x[unit, :, place * size : (place + 1) * size].view(x.size(1), *dims)
 
 
 @dataclass(frozen=True, eq=False)
